@@ -1,0 +1,66 @@
+"""trainguard keeps deep-learning training runs honest.
+
+    import trainguard
+    guard = trainguard.watch(model, optimizer, scheduler, total_steps=10_000, grad_accum=8)
+
+This module stays light: nothing here imports torch; the probe is loaded when `watch` is called.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from trainguard.findings import Finding
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from trainguard.probe.guard import Guard
+
+__all__ = ["Finding", "Guard", "NullGuard", "__version__", "watch"]
+
+
+def watch(
+    model: Any = None,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    total_steps: int | None = None,
+    grad_accum: int = 1,
+    *,
+    scaler: Any = None,
+    run_dir: str | os.PathLike | None = None,
+    name: str | None = None,
+    config: dict | None = None,
+    stats_every: int = 10,
+) -> Guard | NullGuard:
+    """Starts watching this training process and returns its guard.
+
+    `total_steps` is the planned number of optimizer steps and `grad_accum` the micro-batches per
+    optimizer step; `scaler` is an AMP GradScaler, if any (its loss scale is watched). Alone, the run
+    folder goes under ./trainguard-runs/; under `trainguard run` the probe joins that run's folder.
+    `stats_every`: gradient norm and update ratio are measured every N optimizer steps (and on each
+    of the first N). With TRAINGUARD_DISABLE=1 this returns a `NullGuard` that does nothing.
+    """
+    if os.environ.get("TRAINGUARD_DISABLE"):
+        return NullGuard(grad_accum)
+    from trainguard.probe.guard import Guard
+
+    return Guard(model, optimizer, scheduler, total_steps=total_steps, grad_accum=grad_accum, scaler=scaler,
+                 run_dir=run_dir, name=name, config=config, stats_every=stats_every)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Guard":
+        from trainguard.probe.guard import Guard
+
+        return Guard
+    if name == "NullGuard":
+        from trainguard.probe.null import NullGuard
+
+        return NullGuard
+    raise AttributeError(f"module 'trainguard' has no attribute {name!r}")
+
+
+if not TYPE_CHECKING:  # NullGuard is light; import it eagerly for `watch`'s return path
+    from trainguard.probe.null import NullGuard

@@ -1,0 +1,76 @@
+"""A finding: one thing trainguard is sure went wrong (or is worth knowing), with its evidence.
+
+Every part of trainguard speaks in findings: the watchdog (crashes, hangs, missing artifacts), the
+rules (silent failures), preflight and `check`. A finding is a plain dataclass that round-trips
+through JSON, so the run folder, status.json and the report all hold the same thing.
+
+A finding without evidence is not shown (DESIGN.md): `evidence` is a dict of the numbers, frames or
+lines that support it, and `fix` says what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES = ("info", "warning", "error")
+_SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
+
+
+@dataclass(kw_only=True)
+class Finding:
+    code: str
+    """Stable rule code, e.g. "TG101". A code is never reused."""
+    name: str
+    """Kebab-case name of the pattern flagged, e.g. "lr-reaches-zero"."""
+    severity: str
+    """One of "info", "warning", "error"."""
+    summary: str
+    """One sentence stating the problem with the run's own numbers."""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    """The numbers, frames or lines behind the finding."""
+    fix: str = ""
+    """What to change."""
+    step: int | None = None
+    """Optimizer step where the problem starts (None when it has no step, e.g. a config finding)."""
+    t: float | None = None
+    """Unix time when it was found."""
+    cause: str | None = None
+    """Short cause label where the rule has one (hang causes, crash signatures)."""
+    where: str | None = None
+    """file:line (function) of the innermost frame in the user's code, where there is one."""
+    exception: str | None = None
+    """Exception type name, for crash findings."""
+    source: str = "trainguard"
+    """What produced it: "watchdog", "probe", "rules", "preflight", "check", "diagnose"."""
+
+    def __post_init__(self) -> None:
+        if self.severity not in _SEVERITY_RANK:
+            raise ValueError(f"finding severity must be one of {SEVERITIES}, got {self.severity!r}")
+
+    @property
+    def rank(self) -> int:
+        return _SEVERITY_RANK[self.severity]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        # Optional fields stay out of status.json when empty, so readers see only what is known.
+        for key in ("cause", "where", "exception", "t"):
+            if data[key] is None:
+                del data[key]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def one_line(self) -> str:
+        at = f" at step {self.step}" if self.step is not None else ""
+        return f"{self.code} {self.name} [{self.severity}]{at}: {self.summary}"
+
+
+def most_severe_first(findings: list[Finding]) -> list[Finding]:
+    """Errors before warnings before info; within a severity, earliest step first."""
+    return sorted(findings, key=lambda f: (-f.rank, f.step if f.step is not None else -1))

@@ -1,0 +1,694 @@
+"""The probe: the part of trainguard that lives inside the training process.
+
+    guard = trainguard.watch(model, optimizer, scheduler, total_steps=10_000, grad_accum=8)
+    with guard.phase("train"):
+        for batch in guard.batches(loader):
+            loss = ...; loss.backward()
+            guard.step(loss, parts={"kd": kd, "lm": lm})
+            ...
+    guard.finish()
+
+Definitions used everywhere in trainguard:
+- a *micro-batch* is one forward/backward, one `guard.step` call;
+- a *step* is one optimizer update (`grad_accum` micro-batches), as in Hugging Face and Lightning.
+
+The hot path (`step`, `batches`, the optimizer hooks) appends to lists and launches a few tiny kernels;
+it never reads a number back from the device. A background thread turns finished device copies into
+rows and commits them to the run store a few times a second. Every public method catches its own errors:
+a broken guard logs to `guard.log` in the run folder and steps aside, it never breaks the training loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from trainguard.probe import devicestats
+from trainguard.probe.selflog import GuardLog
+from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
+from trainguard.store.status import write_status
+from trainguard.store.writer import StoreWriter
+
+ENV_WATCHDOG = "TRAINGUARD_WATCHDOG"
+ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"
+ENV_RESUME = "TRAINGUARD_RESUME_FROM"
+ENV_DISABLE = "TRAINGUARD_DISABLE"
+
+FLUSH_INTERVAL = 0.2  # seconds between commits: bounds what a SIGKILL can lose
+STATUS_INTERVAL = 1.0  # seconds between status.json rewrites when no watchdog owns it
+MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
+
+
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+class Guard:
+    """Watches one training process. Make it with `trainguard.watch(...)`."""
+
+    def __init__(
+        self,
+        model: Any = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        *,
+        total_steps: int | None = None,
+        grad_accum: int = 1,
+        scaler: Any = None,
+        run_dir: str | os.PathLike | None = None,
+        name: str | None = None,
+        config: dict | None = None,
+        stats_every: int = 10,
+    ) -> None:
+        if grad_accum < 1:
+            raise ValueError(f"trainguard.watch: grad_accum must be >= 1, got {grad_accum}")
+        if total_steps is not None and total_steps < 1:
+            raise ValueError(f"trainguard.watch: total_steps must be >= 1 or None, got {total_steps}")
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scaler = scaler
+        self.total_steps = total_steps
+        self.grad_accum = int(grad_accum)
+        self.stats_every = max(1, int(stats_every))
+        self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.attempt = int(os.environ.get(ENV_ATTEMPT, "0") or 0)
+        self.under_watchdog = bool(os.environ.get(ENV_WATCHDOG))
+        self._pid = os.getpid()
+        self._t0 = time.time()
+
+        script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python"
+        label = name or script
+        if run_dir is not None:
+            self.run_dir = prepare_run_dir(run_dir)
+        elif os.environ.get(ENV_RUN_DIR):
+            self.run_dir = prepare_run_dir(os.environ[ENV_RUN_DIR])
+        else:
+            self.run_dir = new_run_dir(label)
+        self.log = GuardLog(self.run_dir, self.rank)
+        self._writer = StoreWriter(self.run_dir, rank=self.rank, attempt=self.attempt)
+
+        # counters: micro-batches seen, optimizer steps seen by the hooks, steps closed by `step()`
+        self.micro = 0
+        self.opt_steps = 0
+        self._loss_steps = 0
+        self._uses_step = False
+        self._records: dict[int, dict[str, Any]] = {}
+        self._inflight: list[tuple[dict[str, Any], list[devicestats.DevicePack]]] = []
+        self._pending: list[tuple[str, Any]] = []  # named tensors of the current step (device)
+        self._pending_floats: dict[str, list[float]] = {}
+        self._n_losses = 0
+        self._weights: dict[str, float] = {}
+        self._extra: dict[str, float] = {}
+        self._data_wait = 0.0
+        self._t_last_close: float | None = None
+        self._t_progress: float | None = None
+        self._phases: list[str] = []
+        self.phases_seen: dict[str, int] = {}
+        self._due_last: dict[str, int] = {}
+        self._snapshot: Any = None
+        self._errors = 0
+        self._disabled = False
+        self.finished = False
+        self.crashed = False
+        self._observers: list[Any] = []  # callables fed each resolved step row (online rules)
+        self._last_status = 0.0
+        self._summary: dict[str, Any] = {"step": 0, "loss": None, "lr": None}
+
+        self._write_meta(label, config)
+        self._install_hooks()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._background, name="trainguard-probe", daemon=True)
+        self._thread.start()
+        _install_crash_hook(self)
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
+        import atexit
+
+        atexit.register(self._at_exit)
+
+    # ---------------------------------------------------------------------------------------------
+    # public API: each method checks "enabled?" once, does its work, and never raises
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps done so far."""
+        return max(self.opt_steps, self._loss_steps)
+
+    @property
+    def resume_from(self) -> str | None:
+        """The checkpoint to resume from when the watchdog (or preflight) restarted this script, else None."""
+        return os.environ.get(ENV_RESUME) or None
+
+    def step(self, loss: Any, parts: dict[str, Any] | None = None, weights: dict[str, float] | None = None) -> None:
+        """Called once per micro-batch (each forward/backward), before or after `optimizer.step()`.
+
+        `loss` is the total loss (tensor or float); `parts` are its named components, `weights` the
+        (scheduled) weight each part carries in the total. Nothing is read back from the device here.
+        """
+        if os.getpid() != self._pid:
+            return
+        # Counting goes on even when the guard switched itself off: the loop's `due()` depends on it.
+        self.micro += 1
+        closes = self.micro % self.grad_accum == 0
+        if closes:
+            self._loss_steps += 1
+        if self._disabled:
+            return
+        try:
+            now = time.time()
+            self._t_progress = now
+            self._uses_step = True
+            self._add_value("loss", loss)
+            if parts:
+                for key, value in parts.items():
+                    self._add_value(f"part:{key}", value)
+            if weights:
+                self._weights = {k: float(v) for k, v in weights.items()}
+            if closes:
+                self._close_loss_side(self._loss_steps, now)
+        except Exception as exc:  # the guard never becomes the failure
+            self._fail("step", exc)
+
+    def log(self, **values: Any) -> None:
+        """Extra per-step scalars (tensors or floats), stored with the current step."""
+        if self._disabled or os.getpid() != self._pid:
+            return
+        try:
+            for key, value in values.items():
+                self._add_value(f"x:{key}", value)
+        except Exception as exc:
+            self._fail("log", exc)
+
+    def batches(self, iterable: Iterable) -> Iterator:
+        """Yields from `iterable`, measuring the time spent waiting for each item (data wait)."""
+        iterator = iter(iterable)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            if not self._disabled:
+                self._data_wait += time.perf_counter() - t0
+                self._t_progress = time.time()
+            yield item
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Marks a phase of the run ("train", "eval", "save", ...): start, end and duration are recorded."""
+        self._phase_event("begin", name)
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self._phase_event("end", name, seconds=time.time() - t0)
+
+    def due(self, name: str, every: int) -> bool:
+        """True once at every `every`-th optimizer step (e.g. `if guard.due("eval", every=2000): ...`)."""
+        try:
+            step = self.step_count
+            if every <= 0 or step <= 0 or step % every != 0:
+                return False
+            if self._due_last.get(name) == step:
+                return False  # already answered for this step (the loop may ask once per micro-batch)
+            self._due_last[name] = step
+            return True
+        except Exception as exc:
+            self._fail("due", exc)
+            return False
+
+    def eval(self, **metrics: Any) -> None:
+        """Records evaluation results, e.g. `guard.eval(loss=val_loss, accuracy=acc)`."""
+        if self._disabled or os.getpid() != self._pid:
+            return
+        try:
+            # Evaluation is rare and off the hot path: reading a tensor here may synchronise, once.
+            values = {k: _to_float(v) for k, v in metrics.items()}
+            self._t_progress = time.time()
+            self._writer.add_event("eval", None, values, step=self.step_count)
+        except Exception as exc:
+            self._fail("eval", exc)
+
+    def checkpoint_saved(self, path: str | os.PathLike) -> None:
+        """Tells trainguard a checkpoint was written; restarts and preflight resume from the newest one."""
+        if self._disabled or os.getpid() != self._pid:
+            return
+        try:
+            p = Path(path)
+            size = p.stat().st_size if p.exists() and p.is_file() else None
+            self._t_progress = time.time()
+            self._writer.add_event(
+                "checkpoint", str(p), {"path": str(p.resolve()), "bytes": size}, step=self.step_count
+            )
+        except Exception as exc:
+            self._fail("checkpoint_saved", exc)
+
+    def finish(self) -> None:
+        """The script reached its end: flush everything and mark the probe finished."""
+        if self._disabled or self.finished or os.getpid() != self._pid:
+            return
+        try:
+            self._emit_all()
+            self.finished = True
+            self._writer.add_event("probe", "finish", {"steps": self.step_count, "micro": self.micro},
+                                   step=self.step_count)
+            self._stop.set()
+            self._thread.join(timeout=5.0)
+            self._drain(final=True)
+            self._writer.flush()
+            if not self.under_watchdog and self.rank == 0:
+                self._write_own_status(state="completed")
+        except Exception as exc:
+            self._fail("finish", exc)
+
+    def add_observer(self, fn: Any) -> None:
+        """Registers `fn(row)` to be called from the background thread with each resolved step row."""
+        self._observers.append(fn)
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.finish()
+
+    # ---------------------------------------------------------------------------------------------
+    # the hot path's helpers
+
+    def _add_value(self, name: str, value: Any) -> None:
+        if _is_tensor(value):
+            self._pending.append((name, devicestats.as_scalar(value)))
+        else:
+            self._pending_floats.setdefault(name, []).append(float(value))
+
+    def _close_loss_side(self, step: int, now: float) -> None:
+        rec = self._records.setdefault(step, {"step": step})
+        rec["t"] = now
+        rec["micro"] = self.micro
+        rec["pending"] = self._pending
+        rec["floats"] = self._pending_floats
+        rec["weights"] = dict(self._weights)
+        rec["data_wait"] = self._data_wait
+        rec["step_time"] = (now - self._t_last_close) if self._t_last_close is not None else None
+        rec["loss_done"] = True
+        self._pending, self._pending_floats = [], {}
+        self._data_wait = 0.0
+        self._t_last_close = now
+        self._maybe_emit(step)
+
+    def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._disabled or os.getpid() != self._pid:
+            return
+        try:
+            step = self.opt_steps + 1
+            rec = self._records.setdefault(step, {"step": step})
+            groups = optimizer.param_groups
+            lr = groups[0].get("lr") if groups else None
+            if _is_tensor(lr):
+                rec.setdefault("opt_tensors", []).append(("lr", devicestats.as_scalar(lr)))
+            elif lr is not None:
+                rec["lr"] = float(lr)
+            if len(groups) > 1:
+                rec["lrs"] = [float(g["lr"]) if not _is_tensor(g["lr"]) else None for g in groups]
+            if self.scheduler is not None:
+                rec["sched_epoch"] = getattr(self.scheduler, "last_epoch", None)
+            if self.scaler is not None:
+                scale = getattr(self.scaler, "_scale", None)  # a device tensor; get_scale() would sync
+                if scale is not None:
+                    rec.setdefault("opt_tensors", []).append(("loss_scale", devicestats.as_scalar(scale)))
+            if step <= self.stats_every or step % self.stats_every == 0:
+                self._grad_stats(optimizer, rec)
+        except Exception as exc:
+            self._fail("optimizer pre-hook", exc)
+
+    def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if os.getpid() != self._pid:
+            return
+        self.opt_steps += 1  # counted even when switched off: `due()` depends on it
+        if self._disabled:
+            return
+        try:
+            self._t_progress = time.time()
+            rec = self._records.setdefault(self.opt_steps, {"step": self.opt_steps})
+            if self._snapshot is not None:
+                before, params, stride = self._snapshot
+                self._snapshot = None
+                after = _sample_params(params, stride)
+                import torch
+
+                delta = torch.linalg.vector_norm(after - before)
+                ratio = delta / (torch.linalg.vector_norm(before) + 1e-12)
+                rec.setdefault("opt_tensors", []).append(("update_ratio", ratio))
+            rec["opt_done"] = True
+            if not self._uses_step:
+                rec.setdefault("t", time.time())
+            self._maybe_emit(self.opt_steps)
+        except Exception as exc:
+            self._fail("optimizer post-hook", exc)
+
+    def _grad_stats(self, optimizer: Any, rec: dict[str, Any]) -> None:
+        import torch
+
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        grads = [p.grad for p in params if p.grad is not None and not p.grad.is_sparse]
+        if grads:
+            norms = torch._foreach_norm(grads)
+            total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+            rec.setdefault("opt_tensors", []).append(("grad_norm", total))
+        rec["no_grad"] = len(params) - len(grads)
+        watched = [p for p in (self._model_params or params) if p.requires_grad]
+        if watched:
+            stride = max(1, sum(p.numel() for p in watched) // 65536)
+            self._snapshot = (_sample_params(watched, stride), watched, stride)
+
+    def _maybe_emit(self, step: int) -> None:
+        rec = self._records.get(step)
+        if rec is None:
+            return
+        need_loss = self._uses_step
+        need_opt = self.optimizer is not None
+        if (not need_loss or rec.get("loss_done")) and (not need_opt or rec.get("opt_done")):
+            self._emit(self._records.pop(step))
+        # A step whose other half never came (an optimizer step skipped by the GradScaler, a loop that
+        # steps the optimizer without `guard.step`) is emitted once two newer steps exist.
+        for old in [k for k in self._records if k < step - 1]:
+            rec = self._records.pop(old)
+            rec["incomplete"] = True
+            self._emit(rec)
+
+    def _emit(self, rec: dict[str, Any]) -> None:
+        named = list(rec.pop("pending", [])) + list(rec.pop("opt_tensors", []))
+        packs = devicestats.pack(named) if named else []
+        self._inflight.append((rec, packs))
+
+    def _emit_all(self) -> None:
+        if self._pending or self._pending_floats:
+            # micro-batches of a last, partial accumulation window still belong to a step
+            self._close_loss_side(self._loss_steps + 1, time.time())
+        for key in sorted(self._records):
+            rec = self._records.pop(key)
+            if not (rec.get("loss_done") or rec.get("opt_done")):
+                continue
+            self._emit(rec)
+
+    def _phase_event(self, kind: str, name: str, **data: Any) -> None:
+        if self._disabled or os.getpid() != self._pid:
+            return
+        try:
+            self._t_progress = time.time()
+            if kind == "begin":
+                self._phases.append(name)
+                self.phases_seen[name] = self.phases_seen.get(name, 0) + 1
+                data["nth"] = self.phases_seen[name]
+            elif self._phases and self._phases[-1] == name:
+                self._phases.pop()
+            self._writer.add_event("phase", name, {"edge": kind, **data}, step=self.step_count)
+        except Exception as exc:
+            self._fail("phase", exc)
+
+    # ---------------------------------------------------------------------------------------------
+    # the background thread: resolve device copies, commit, keep status current
+
+    def _background(self) -> None:
+        while not self._stop.wait(FLUSH_INTERVAL):
+            try:
+                self._drain()
+                self._writer.flush()
+                if not self.under_watchdog and self.rank == 0 and time.time() - self._last_status > STATUS_INTERVAL:
+                    self._write_own_status(state="running")
+            except Exception as exc:
+                # Why not let it die: a dead flusher would silently stop recording the run.
+                self._fail("background flush", exc)
+
+    def _drain(self, final: bool = False) -> None:
+        keep = []
+        for rec, packs in list(self._inflight):
+            if not final and not all(p.ready() for p in packs):
+                keep.append((rec, packs))
+                continue
+            pairs: list[tuple[str, float]] = []
+            for p in packs:
+                pairs.extend(p.pairs())
+            row = self._row(rec, pairs)
+            self._writer.add_step(row)
+            for fn in self._observers:
+                try:
+                    fn(row)
+                except Exception as exc:
+                    self._fail("observer", exc)
+        self._inflight[: len(self._inflight) - len(keep)] = []  # only this thread removes; hot path appends
+        phase = self._phases[-1] if self._phases else None
+        self._writer.set_heartbeat(
+            t_progress=self._t_progress, micro=self.micro, step=self.step_count, phase=phase,
+            state="finished" if self.finished else "running",
+        )
+
+    def _row(self, rec: dict[str, Any], pairs: list[tuple[str, float]]) -> dict[str, Any]:
+        """One steps-table row from a record and its resolved device values (micro-batches averaged)."""
+        collected: dict[str, list[float]] = {}
+        for name, value in pairs:
+            collected.setdefault(name, []).append(value)
+        for name, vs in rec.get("floats", {}).items():
+            collected.setdefault(name, []).extend(vs)
+        values = {name: vs[-1] for name, vs in collected.items()}
+        loss_vals = collected.get("loss", [])
+        parts = {n[5:]: _mean(vs) for n, vs in collected.items() if n.startswith("part:")}
+        extra: dict[str, Any] = {n[2:]: vs[-1] for n, vs in collected.items() if n.startswith("x:")}
+        if rec.get("lrs"):
+            extra["lrs"] = rec["lrs"]
+        if rec.get("no_grad"):
+            extra["params_without_grad"] = rec["no_grad"]
+        if rec.get("incomplete"):
+            extra["incomplete"] = True
+            if self._uses_step and self.optimizer is not None and not rec.get("opt_done"):
+                extra["optimizer_step_skipped"] = True
+        grad_norm = values.get("grad_norm")
+        row = {
+            "step": rec["step"],
+            "t": rec.get("t") or time.time(),
+            "micro": rec.get("micro"),
+            "loss": _mean(loss_vals) if loss_vals else None,
+            "lr": values.get("lr", rec.get("lr")),
+            "grad_norm": grad_norm,
+            "update_ratio": values.get("update_ratio"),
+            "nonfinite": (0 if math.isfinite(grad_norm) else 1) if grad_norm is not None else None,
+            "step_time": rec.get("step_time"),
+            "data_wait": rec.get("data_wait"),
+            "loss_scale": values.get("loss_scale"),
+            "sched_epoch": rec.get("sched_epoch"),
+            "parts": parts,
+            "weights": rec.get("weights") or {},
+            "extra": extra,
+        }
+        self._summary = {"step": row["step"], "loss": row["loss"], "lr": row["lr"]}
+        return row
+
+    # ---------------------------------------------------------------------------------------------
+    # setup, failure and exit
+
+    def _write_meta(self, label: str, config: dict | None) -> None:
+        import getpass
+        import platform
+
+        from trainguard import __version__
+
+        w = self._writer
+        if self.rank == 0 and self.attempt == 0 and not self.under_watchdog:
+            w.set_meta("command", sys.argv)
+            w.set_meta("cwd", os.getcwd())
+            w.set_meta("started", self._t0)
+            w.set_meta("host", platform.node())
+            w.set_meta("user", _safe(getpass.getuser))
+        w.set_meta("label", label)
+        w.set_meta(f"probe.{self.rank}", {
+            "pid": self._pid, "python": sys.version.split()[0], "trainguard": __version__,
+            "torch": _torch_version(), "attempt": self.attempt,
+        })
+        if self.rank == 0:
+            w.set_meta("plan", {
+                "total_steps": self.total_steps, "grad_accum": self.grad_accum,
+                "scheduler": type(self.scheduler).__name__ if self.scheduler is not None else None,
+                "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
+                "model": type(self.model).__name__ if self.model is not None else None,
+                "scaler": type(self.scaler).__name__ if self.scaler is not None else None,
+            })
+            if config is not None:
+                w.set_meta("config", config)
+        w.add_event("probe", "start", {"pid": self._pid, "attempt": self.attempt})
+        w.flush()
+
+    def _install_hooks(self) -> None:
+        self._model_params = None
+        if self.model is not None and hasattr(self.model, "parameters"):
+            self._model_params = list(self.model.parameters())
+        if self.optimizer is None:
+            return
+        try:
+            self._hook_handles = [
+                self.optimizer.register_step_pre_hook(self._on_opt_pre),
+                self.optimizer.register_step_post_hook(self._on_opt_post),
+            ]
+        except AttributeError:
+            self.log.write("optimizer has no step hooks (torch < 2.0?): optimizer steps counted from guard.step")
+            self.optimizer = None
+        if self._model_params is not None and self.optimizer is not None:
+            in_opt = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+            missing = [n for n, p in self.model.named_parameters() if p.requires_grad and id(p) not in in_opt]
+            if missing:
+                self._writer.add_event("params-not-in-optimizer", None, {
+                    "count": len(missing), "names": missing[:20],
+                    "total_trainable": sum(1 for p in self._model_params if p.requires_grad),
+                })
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        self._errors += 1
+        self.log.error(where, exc)
+        if self._errors >= MAX_GUARD_ERRORS and not self._disabled:
+            self._disabled = True
+            self.log.write(f"too many errors ({self._errors}): the guard switched itself off")
+
+    def _after_fork_in_child(self) -> None:
+        # A forked DataLoader worker inherits this object but not its thread, and must never touch the
+        # parent's SQLite connection: the guard goes quiet in the child.
+        self._disabled = True
+
+    def _at_exit(self) -> None:
+        if os.getpid() != self._pid or self._disabled:
+            return
+        try:
+            self._emit_all()
+            self._stop.set()
+            self._thread.join(timeout=2.0)
+            self._drain(final=True)
+            self._writer.add_event("probe", "exit", {"finished": self.finished, "crashed": self.crashed})
+            self._writer.flush()
+            if not self.under_watchdog and self.rank == 0 and not self.finished and not self.crashed:
+                self._write_own_status(state="failed", reason="probe-not-finished")
+            self._writer.close()
+        except Exception as exc:
+            self._fail("exit", exc)
+
+    def record_crash(self, exc_type: type, exc: BaseException, tb: Any) -> None:
+        """Called by the crash hook: records the exception with the step and phase it happened in."""
+        if os.getpid() != self._pid:
+            return
+        try:
+            self.crashed = True
+            frames = [
+                {"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line}
+                for f in traceback.extract_tb(tb)
+            ]
+            data = {
+                "exception": exc_type.__name__,
+                "message": str(exc)[:2000],
+                "frames": frames[-30:],
+                "phase": self._phases[-1] if self._phases else None,
+                "phases": list(self._phases),
+                "phases_seen": dict(self.phases_seen),
+                "elapsed": time.time() - self._t0,
+                "micro": self.micro,
+            }
+            self._emit_all()
+            self._drain(final=True)
+            self._writer.add_event("crash", exc_type.__name__, data, step=self.step_count)
+            self._writer.flush()
+            if not self.under_watchdog and self.rank == 0:
+                from trainguard.watchdog.crash import crash_finding
+
+                finding = crash_finding(
+                    exception=data["exception"], message=data["message"], frames=frames,
+                    step=self.step_count, phase=data["phase"], elapsed=data["elapsed"],
+                    phases_seen=data["phases_seen"],
+                )
+                self._write_own_status(state="crashed", exit_code=1, findings=[finding.to_dict()])
+        except Exception as exc2:
+            self._fail("crash record", exc2)
+
+    def _write_own_status(self, *, state: str, reason: str | None = None, exit_code: int | None = None,
+                          findings: list | None = None) -> None:
+        """status.json for a script running alone; under `trainguard run` the watchdog owns it."""
+        from trainguard.store.reader import RunReader
+
+        self._last_status = time.time()
+        if findings is None:
+            with RunReader(self.run_dir) as reader:
+                findings = [f.to_dict() for f in reader.findings()]
+        if reason == "probe-not-finished":
+            from trainguard.watchdog.verdict import probe_not_finished
+
+            findings.append(probe_not_finished(self.step_count).to_dict())
+        status = {
+            "state": state,
+            "step": self._summary.get("step", self.step_count),
+            "total_steps": self.total_steps,
+            "phase": self._phases[-1] if self._phases else None,
+            "exit_code": exit_code,
+            "signal": None,
+            "loss": self._summary.get("loss"),
+            "lr": self._summary.get("lr"),
+            "pid": self._pid,
+            "updated": time.time(),
+            "watched_by": "probe",
+            "findings": findings,
+        }
+        write_status(self.run_dir, status)
+
+
+def _mean(values: list[float]) -> float | None:
+    if not values:
+        return None
+    # plain sum: fsum raises on inf + -inf, and a NaN must stay a NaN here
+    return sum(values) / len(values)
+
+
+def _to_float(value: Any) -> Any:
+    if _is_tensor(value):
+        return float(value.detach().float().mean().item()) if value.numel() != 1 else float(value.item())
+    if isinstance(value, (int, float)):
+        return float(value)
+    return value
+
+
+def _sample_params(params: list[Any], stride: int) -> Any:
+    import torch
+
+    return torch.cat([p.detach().reshape(-1)[::stride].float() for p in params])
+
+
+def _torch_version() -> str | None:
+    mod = sys.modules.get("torch")
+    return getattr(mod, "__version__", None) if mod else None
+
+
+def _safe(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+_HOOKED: list[Guard] = []
+
+
+def _install_crash_hook(guard: Guard) -> None:
+    """Chains sys.excepthook so an uncaught exception is recorded with its step and phase."""
+    _HOOKED.append(guard)
+    if len(_HOOKED) > 1:
+        return
+    previous = sys.excepthook
+
+    def hook(exc_type: type, exc: BaseException, tb: Any) -> None:
+        if not issubclass(exc_type, KeyboardInterrupt):
+            for g in _HOOKED:
+                g.record_crash(exc_type, exc, tb)
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = hook

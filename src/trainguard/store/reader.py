@@ -1,0 +1,167 @@
+"""Reading a run folder back: meta, steps, events, heartbeats and findings.
+
+Works on a live run (a read-only connection sees what the writers committed) and on a dead one.
+Values stored as text because SQLite cannot hold them ('nan', 'inf') come back as floats.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import UserError
+from trainguard.findings import Finding
+from trainguard.store.schema import DB_NAME, STEP_COLUMNS, connect
+from trainguard.store.status import read_status
+
+
+def _num(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _loads(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _numdict(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _num(v) for k, v in value.items()}
+    return value
+
+
+class RunReader:
+    """Read-only view of one run folder."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self._conn: sqlite3.Connection | None = None
+        if (self.run_dir / DB_NAME).is_file():
+            try:
+                self._conn = connect(self.run_dir, readonly=True)
+            except sqlite3.Error as exc:
+                raise UserError(f"cannot open {self.run_dir / DB_NAME}: {exc}") from None
+
+    @property
+    def has_db(self) -> bool:
+        return self._conn is not None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> RunReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        if self._conn is None:
+            return []
+        try:
+            return self._conn.execute(sql, args).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return []  # a folder whose writer never got as far as the schema
+            raise
+
+    # -- the pieces ---------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return read_status(self.run_dir)
+
+    def meta(self) -> dict[str, Any]:
+        return {k: _loads(v) for k, v in self._query("SELECT key, value FROM meta")}
+
+    def steps(self, *, rank: int | None = None, since_rowid: int = 0) -> Iterator[dict[str, Any]]:
+        """One dict per optimizer step, in the order they were written."""
+        where = "WHERE rowid > ?"
+        args: tuple = (since_rowid,)
+        if rank is not None:
+            where += " AND rank = ?"
+            args += (rank,)
+        if self._conn is None:
+            return
+        cur = self._conn.execute(f"SELECT rowid, {', '.join(STEP_COLUMNS)} FROM steps {where} ORDER BY rowid", args)
+        for row in cur:
+            rec: dict[str, Any] = {"kind": "step", "rowid": row[0]}
+            for col, value in zip(STEP_COLUMNS, row[1:]):
+                if col in ("parts", "weights", "extra"):
+                    rec[col] = _numdict(_loads(value)) or {}
+                else:
+                    rec[col] = _num(value)
+            yield rec
+
+    def last_step(self) -> dict[str, Any] | None:
+        rows = self._query(f"SELECT rowid, {', '.join(STEP_COLUMNS)} FROM steps ORDER BY rowid DESC LIMIT 1")
+        if not rows:
+            return None
+        rec = {"kind": "step", "rowid": rows[0][0]}
+        for col, value in zip(STEP_COLUMNS, rows[0][1:]):
+            rec[col] = _numdict(_loads(value)) if col in ("parts", "weights", "extra") else _num(value)
+        return rec
+
+    def step_count(self) -> int:
+        rows = self._query("SELECT COUNT(*) FROM steps")
+        return rows[0][0] if rows else 0
+
+    def events(self, kind: str | None = None, *, since_id: int = 0) -> list[dict[str, Any]]:
+        sql = "SELECT id, t, attempt, rank, pid, step, kind, name, data FROM events WHERE id > ?"
+        args: tuple = (since_id,)
+        if kind is not None:
+            sql += " AND kind = ?"
+            args += (kind,)
+        out = []
+        for id_, t, attempt, rank, pid, step, kind_, name, data in self._query(sql + " ORDER BY id", args):
+            out.append({"id": id_, "t": t, "attempt": attempt, "rank": rank, "pid": pid, "step": step,
+                        "kind": kind_, "name": name, "data": _loads(data)})
+        return out
+
+    def heartbeats(self) -> list[dict[str, Any]]:
+        cols = ("pid", "rank", "attempt", "t_progress", "t_flush", "micro", "step", "phase", "state")
+        return [dict(zip(cols, row)) for row in self._query(f"SELECT {', '.join(cols)} FROM heartbeat")]
+
+    def findings(self) -> list[Finding]:
+        """Every finding recorded, the latest record of each (code, name, step) kept."""
+        seen: dict[tuple, Finding] = {}
+        for ev in self.events("finding"):
+            data = ev["data"] or {}
+            try:
+                finding = Finding.from_dict(data)
+            except (TypeError, ValueError):
+                continue
+            seen[(finding.code, finding.name, finding.step, finding.cause)] = finding
+        return list(seen.values())
+
+    def iter_events(self) -> Iterator[dict[str, Any]]:
+        """Steps and events merged in time order: the stream the rules consume offline."""
+        steps = self.steps()
+        events = iter(self.events())
+        nxt_step = next(steps, None)
+        nxt_ev = next(events, None)
+        while nxt_step is not None or nxt_ev is not None:
+            if nxt_ev is None or (nxt_step is not None and (nxt_step["t"] or 0) <= (nxt_ev["t"] or 0)):
+                yield nxt_step
+                nxt_step = next(steps, None)
+            else:
+                yield nxt_ev
+                nxt_ev = next(events, None)
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)

@@ -1,0 +1,142 @@
+"""The buffered writer: rows are queued by the caller and committed in batches.
+
+The probe queues rows from the training thread (a deque append, nothing more) and its background thread
+calls `flush()` a few times a second, so a SIGKILL loses at most the last fraction of a second. Every
+method is cheap to call and never raises into the caller: a store that cannot be written is reported
+once to the guard's own log and then ignored (the guard never becomes the failure).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from trainguard.store.schema import STEP_COLUMNS, connect
+
+_STEP_SQL = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
+_EVENT_SQL = "INSERT INTO events (t, attempt, rank, pid, step, kind, name, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+
+
+def to_json(value: Any) -> str | None:
+    if value is None:
+        return None
+    return json.dumps(value, default=_json_default, allow_nan=True)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    return repr(value)
+
+
+class StoreWriter:
+    """Queues rows for one process of a run and commits them in batches.
+
+    `rank` and `attempt` are stamped on every row; `pid` on every event and on the heartbeat.
+    """
+
+    def __init__(self, run_dir: str | Path, *, rank: int = 0, attempt: int = 0) -> None:
+        self.run_dir = Path(run_dir)
+        self.rank = rank
+        self.attempt = attempt
+        self.pid = os.getpid()
+        self._conn: sqlite3.Connection | None = connect(self.run_dir)
+        self._steps: collections.deque[tuple] = collections.deque()
+        self._events: collections.deque[tuple] = collections.deque()
+        self._meta: dict[str, str] = {}
+        self._beat: tuple | None = None
+        self._lock = threading.Lock()  # one flush at a time; queueing needs no lock (deque is atomic)
+
+    # -- queueing: cheap, any thread ------------------------------------------------------------
+
+    def add_step(self, row: dict[str, Any]) -> None:
+        values = []
+        for col in STEP_COLUMNS:
+            if col == "attempt":
+                values.append(self.attempt)
+            elif col == "rank":
+                values.append(self.rank)
+            elif col in ("parts", "weights", "extra"):
+                values.append(to_json(row.get(col) or None))
+            else:
+                values.append(_finite_or_text(row.get(col)))
+        self._steps.append(tuple(values))
+
+    def add_event(self, kind: str, name: str | None = None, data: Any = None, *,
+                  step: int | None = None, t: float | None = None) -> None:
+        self._events.append(
+            (t if t is not None else time.time(), self.attempt, self.rank, self.pid, step, kind, name, to_json(data))
+        )
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self._meta[key] = to_json(value) or "null"
+
+    def set_heartbeat(self, *, t_progress: float | None, micro: int, step: int, phase: str | None,
+                      state: str) -> None:
+        self._beat = (self.pid, self.rank, self.attempt, t_progress, time.time(), micro, step, phase, state)
+
+    # -- committing ---------------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Commit everything queued so far; returns the number of rows written."""
+        with self._lock:
+            if self._conn is None:
+                return 0
+            steps = _drain(self._steps)
+            events = _drain(self._events)
+            meta, self._meta = self._meta, {}
+            beat, self._beat = self._beat, None
+            if not (steps or events or meta or beat):
+                return 0
+            with self._conn:
+                if meta:
+                    self._conn.executemany(
+                        "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", list(meta.items())
+                    )
+                if steps:
+                    self._conn.executemany(_STEP_SQL, steps)
+                if events:
+                    self._conn.executemany(_EVENT_SQL, events)
+                if beat:
+                    self._conn.execute(
+                        "INSERT OR REPLACE INTO heartbeat (pid, rank, attempt, t_progress, t_flush, micro, step,"
+                        " phase, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        beat,
+                    )
+            return len(steps) + len(events)
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            with self._lock:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+
+
+def _drain(queue: collections.deque) -> list:
+    out = []
+    while True:
+        try:
+            out.append(queue.popleft())
+        except IndexError:
+            return out
+
+
+def _finite_or_text(value: Any) -> Any:
+    # SQLite stores NaN as NULL, which would hide the very thing we must show; keep it as text.
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # 'nan', 'inf', '-inf'
+    return value
