@@ -1,0 +1,220 @@
+"""The failure zoo: every failure trainguard claims to catch, as a small runnable script, plus healthy twins.
+
+    python scenarios/zoo.py                 # run them all, print the table
+    python scenarios/zoo.py seed001_eval_typeerror healthy_instrumented
+    python scenarios/zoo.py --list
+
+Each scenario is a folder `scenarios/<name>/` holding the script(s) and `expect.yaml`:
+
+    summary: what it plants          issue: the issue number it belongs to
+    mode: run                        run (trainguard run) | preflight | check | diagnose | distill
+    args: [--stall-timeout, "5"]     trainguard options before `--`
+    command: [python, train.py]      the command ("python" means this interpreter)
+    state: crashed                   the final state expected (run mode)
+    exit_code: 1                     trainguard's exit code expected (optional)
+    findings: [run-crashed]          finding names that must appear
+    absent: [run-hung]               finding names that must not appear
+    quiet: false                     true: no warning or error at all (healthy twins)
+    cause: none-operand              cause expected on the first finding named (optional)
+    where: "train.py:31"             text expected in that finding's `where` (optional)
+    onset_step: 100                  step where the planted problem starts (optional: latency in steps)
+    timeout: 120                     seconds the scenario may take
+
+The scenario runs in a scratch copy of its folder, so whatever it writes never lands in the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Result:
+    name: str
+    expected: str
+    got: str
+    ok: bool
+    seconds: float
+    detect: str = ""
+    problems: list[str] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+    output: str = ""
+
+
+def scenario_names() -> list[str]:
+    return sorted(p.name for p in HERE.iterdir() if (p / "expect.yaml").is_file())
+
+
+def load_expect(name: str) -> dict[str, Any]:
+    return yaml.safe_load((HERE / name / "expect.yaml").read_text()) or {}
+
+
+def _trainguard() -> list[str]:
+    return [sys.executable, "-m", "trainguard.cli"]
+
+
+def _command(exp: dict[str, Any]) -> list[str]:
+    cmd = exp.get("command") or ["python", "train.py"]
+    return [sys.executable if c == "python" else str(c) for c in cmd]
+
+
+def run_scenario(name: str, keep: str | None = None) -> Result:
+    exp = load_expect(name)
+    mode = exp.get("mode", "run")
+    work = Path(tempfile.mkdtemp(prefix=f"zoo-{name}-"))
+    shutil.copytree(HERE / name, work, dirs_exist_ok=True)
+    run_dir = work / "run"
+    args = [str(a) for a in exp.get("args", [])]
+    if mode == "run":
+        cmd = _trainguard() + ["run", "--quiet", "--run-dir", str(run_dir)] + args + ["--"] + _command(exp)
+    elif mode == "preflight":
+        cmd = _trainguard() + ["preflight", "--run-dir", str(run_dir)] + args + ["--"] + _command(exp)
+    else:  # check, diagnose, distill, ...: `trainguard MODE ARGS...`, run folder where the mode has one
+        cmd = _trainguard() + [mode] + args
+    env = dict(os.environ)
+    env.pop("TRAINGUARD_RUN_DIR", None)
+    env["TRAINGUARD_RUNS_ROOT"] = str(work / "runs")
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True,
+                              timeout=float(exp.get("timeout", 120)))
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc, out = None, f"scenario timed out after {exp.get('timeout', 120)} s\n{exc.stdout or ''}{exc.stderr or ''}"
+    seconds = time.time() - t0
+    status = _read_json(run_dir / "status.json") or _read_json(work / "status.json") or {}
+    if not status and mode != "run":
+        status = _parse_json_output(out)
+    result = judge(name, exp, rc, status, seconds, out)
+    if keep:
+        dest = Path(keep) / name
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(work, dest, ignore=shutil.ignore_patterns("*.pt", "*.bin", "*.safetensors"))
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _parse_json_output(out: str) -> dict[str, Any]:
+    for line in reversed(out.splitlines()):
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return {}
+
+
+def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any], seconds: float, out: str) -> Result:
+    problems: list[str] = []
+    findings = status.get("findings") or []
+    names = [f.get("name") for f in findings]
+    want_state = exp.get("state")
+    got_state = status.get("state", "?")
+    if rc is None:
+        problems.append("timed out")
+    if want_state and got_state != want_state:
+        problems.append(f"state {got_state}, expected {want_state}")
+    if "exit_code" in exp and rc != exp["exit_code"]:
+        problems.append(f"exit code {rc}, expected {exp['exit_code']}")
+    for want in exp.get("findings") or []:
+        if want not in names:
+            problems.append(f"missing finding {want}")
+    for unwanted in exp.get("absent") or []:
+        if unwanted in names:
+            problems.append(f"unexpected finding {unwanted}")
+    if exp.get("quiet"):
+        loud = [f"{f.get('name')}[{f.get('severity')}]" for f in findings if f.get("severity") in ("warning", "error")]
+        if loud:
+            problems.append("not quiet: " + ", ".join(loud))
+    first = next((f for f in findings if f.get("name") in (exp.get("findings") or [])), None)
+    if exp.get("cause") and (first is None or first.get("cause") != exp["cause"]):
+        problems.append(f"cause {first.get('cause') if first else None}, expected {exp['cause']}")
+    if exp.get("where") and (first is None or exp["where"] not in (first.get("where") or "")):
+        problems.append(f"where {first.get('where') if first else None}, expected to contain {exp['where']}")
+    detect = _detect(exp, first, status)
+    expected = want_state or ("quiet" if exp.get("quiet") else "")
+    if exp.get("findings"):
+        expected += " " + ",".join(exp["findings"])
+    got = got_state + (" " + ",".join(n for n in names if n) if names else "")
+    return Result(name, expected.strip(), got, not problems, seconds, detect, problems, status, out[-4000:])
+
+
+def _detect(exp: dict[str, Any], first: dict[str, Any] | None, status: dict[str, Any]) -> str:
+    if first is None:
+        return ""
+    ev = first.get("evidence") or {}
+    if "detected_at" in ev and "last_progress_at" in ev:
+        return f"{ev['detected_at'] - ev['last_progress_at']:.1f} s after last progress"
+    if exp.get("onset_step") is not None and first.get("step") is not None:
+        return f"step {first['step']} (onset {exp['onset_step']}, +{first['step'] - exp['onset_step']})"
+    if first.get("t") and status.get("ended"):
+        return f"{max(0.0, status['ended'] - first['t']):.1f} s"
+    return "at exit" if status.get("ended") else ""
+
+
+def print_table(results: list[Result]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="trainguard scenario zoo")
+    for col in ("scenario", "expected", "got", "detect", "secs", "ok"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        table.add_row(r.name, r.expected, r.got, r.detect, f"{r.seconds:.1f}", "ok" if r.ok else "FAIL")
+    console = Console(width=160)
+    console.print(table)
+    for r in results:
+        if not r.ok:
+            console.print(f"[bold]{r.name}[/bold]: " + "; ".join(r.problems))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Run the scenario zoo and print its table.")
+    parser.add_argument("names", nargs="*", help="scenarios to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    parser.add_argument("--jobs", type=int, default=2, help="scenarios run at once")
+    parser.add_argument("--keep", help="copy each scenario's scratch folder (run folder included) here")
+    parser.add_argument("--json", help="also write the results as JSON to this file")
+    args = parser.parse_args()
+    names = args.names or scenario_names()
+    unknown = [n for n in names if n not in scenario_names()]
+    if unknown:
+        print(f"zoo: unknown scenario(s): {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    if args.list:
+        for n in names:
+            print(f"{n:40} {load_expect(n).get('summary', '')}")
+        return 0
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(lambda n: run_scenario(n, args.keep), names))
+    print_table(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ | {"output": r.output[-1000:]} for r in results], indent=2, default=str))
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The `trainguard` command line.
+
+    trainguard run [--run-dir DIR] [--stall-timeout S] [--expect PATH ...] -- CMD ...
+    trainguard status [RUN]          trainguard ls
+    trainguard rules [CODE-or-NAME]  trainguard demo
+
+Bad input (an unknown run, a command that does not exist, an unwritable folder) is one line on stderr
+and exit code 2, never a traceback. Heavy modules are imported inside the command that needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import click
+
+from trainguard import __version__
+from trainguard.errors import UserError
+
+
+class _Group(click.Group):
+    """Turns UserError into one line and exit 2; an internal error into one line and exit 70."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            click.echo(f"trainguard: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            click.echo("trainguard: interrupted", err=True)
+            ctx.exit(130)
+        except Exception as exc:
+            if os.environ.get("TRAINGUARD_DEBUG"):
+                raise
+            click.echo(f"trainguard: internal error: {type(exc).__name__}: {exc} (TRAINGUARD_DEBUG=1 shows the traceback)",
+                       err=True)
+            ctx.exit(70)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="trainguard")
+def main() -> None:
+    """trainguard keeps deep-learning training runs honest."""
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Run folder (default: a new one under ./trainguard-runs).")
+@click.option("--stall-timeout", type=float, default=None,
+              help="Seconds without progress that count as a hang (default: learned from the run itself).")
+@click.option("--expect", "expects", multiple=True, metavar="PATH",
+              help="An artifact the command must write during the run (repeatable); missing or stale = failed.")
+@click.option("--stop-on", default="", metavar="NAME,...", help="Stop the run when one of these findings appears.")
+@click.option("--on-hang", type=click.Choice(["kill", "wait"]), default="kill", show_default=True,
+              help="What to do with a hung process: stop it, or leave it alive for inspection.")
+@click.option("--quiet", is_flag=True, help="Do not echo the command's output (it still goes to output.log).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ...], stop_on: str, on_hang: str,
+        quiet: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND under the watchdog and tell its true final state.
+
+    Exit codes: the command's own code when it ran to its end (128+N when killed by signal N);
+    123 failed (exit 0 but an expected artifact is missing or stale, or the probe never finished);
+    124 hung; 125 stopped on a finding (--stop-on); 2 bad input.
+    """
+    from trainguard.watchdog.supervisor import RunOptions, Supervisor
+
+    options = RunOptions(
+        command=list(command), run_dir=run_dir, stall_timeout=stall_timeout, expects=list(expects),
+        stop_on=[s.strip() for s in stop_on.split(",") if s.strip()], on_hang=on_hang, echo=not quiet,
+    )
+    sup = Supervisor(options, monitors=_default_monitors())
+    sys.exit(sup.run())
+
+
+def _default_monitors() -> list:
+    """Monitors every `trainguard run` gets. Each family that can watch a live run adds itself here."""
+    return []
+
+
+@main.command()
+@click.argument("run", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print status.json as it is.")
+def status(run: str | None, as_json: bool) -> None:
+    """Print a run's state, step and findings (default: the newest run)."""
+    from trainguard.store.paths import resolve_run
+    from trainguard.store.status import read_status
+    from trainguard.watchdog.verdict import pid_alive
+
+    path = resolve_run(run)
+    st = read_status(path)
+    if not st:
+        raise UserError(f"{path} has no status.json yet")
+    if st.get("state") == "running" and st.get("pid") and not pid_alive(int(st["pid"])):
+        # Truthful states: a "running" run whose process is gone ended without a word.
+        st["state_note"] = "the process is gone but never reported an end: it was killed or its watchdog died"
+    if as_json:
+        click.echo(json.dumps(st, indent=2))
+        return
+    _print_status(path, st)
+
+
+def _print_status(path: Any, st: dict) -> None:
+    state = st.get("state", "?")
+    line = f"{path}: {state}"
+    if st.get("signal"):
+        line += f" ({st['signal']})"
+    elif st.get("exit_code") not in (None, 0):
+        line += f" (exit code {st['exit_code']})"
+    if st.get("step") is not None:
+        line += f", step {st['step']}" + (f"/{st['total_steps']}" if st.get("total_steps") else "")
+    if st.get("phase"):
+        line += f", phase {st['phase']}"
+    click.echo(line)
+    if st.get("state_note"):
+        click.echo(f"  note: {st['state_note']}")
+    findings = st.get("findings") or []
+    if not findings:
+        click.echo("  no findings")
+    for f in findings:
+        at = f" at step {f['step']}" if f.get("step") is not None else ""
+        click.echo(f"  {f.get('code')} {f.get('name')} [{f.get('severity')}]{at}: {f.get('summary')}")
+        if f.get("where"):
+            click.echo(f"    where: {f['where']}")
+        if f.get("fix"):
+            click.echo(f"    fix: {f['fix']}")
+
+
+@main.command("ls")
+@click.option("--root", type=click.Path(file_okay=False), default=None, help="Runs root (default ./trainguard-runs).")
+def ls_runs(root: str | None) -> None:
+    """List runs with their state, steps and start time."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainguard.store.paths import list_runs, runs_root
+    from trainguard.store.status import read_status
+
+    runs = list_runs(root)
+    if not runs:
+        click.echo(f"no runs under {root or runs_root()}")
+        return
+    table = Table(box=None)
+    for col in ("run", "state", "step", "findings", "started", "command"):
+        table.add_column(col)
+    for path in runs:
+        try:
+            st = read_status(path)
+        except UserError:
+            st = {"state": "unreadable"}
+        started = st.get("started")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else ""
+        cmd = " ".join(st.get("command") or [])[:50]
+        errs = sum(1 for f in st.get("findings") or [] if f.get("severity") == "error")
+        table.add_row(path.name, st.get("state", "?"), str(st.get("step", "")), str(errs or ""), when, cmd)
+    Console(width=max(100, Console().width)).print(table)
+
+
+@main.command()
+@click.argument("rule", required=False)
+@click.option("--json", "as_json", is_flag=True, help="The same fields as JSON.")
+def rules(rule: str | None, as_json: bool) -> None:
+    """List the rule catalogue, or explain one rule by CODE or NAME."""
+    from trainguard.rules.catalog import CATALOG, lookup
+
+    if rule is None:
+        if as_json:
+            click.echo(json.dumps([{"code": e.code, "name": e.name, "family": e.family, "severity": e.severity,
+                                    "status": e.status, "summary": e.headline()} for e in CATALOG], indent=2))
+            return
+        for e in CATALOG:
+            click.echo(f"{e.code}  {e.name:<28} {e.severity:<8} {e.family}")
+        return
+    e = lookup(rule)
+    if as_json:
+        click.echo(json.dumps({"code": e.code, "name": e.name, "family": e.family, "severity": e.severity,
+                               "status": e.status, "since": e.since, "summary": e.headline(), "doc": e.doc()},
+                              indent=2))
+        return
+    click.echo(f"{e.name} ({e.code})")
+    click.echo(f"Family: {e.family}. Severity: {e.severity}. Status: {e.status} since {e.since}.")
+    click.echo("")
+    click.echo(e.headline())
+    click.echo("")
+    click.echo(e.doc())
+
+
+@main.command()
+@click.option("--run-dir", type=click.Path(file_okay=False), default=None, help="Run folder for the demo run.")
+@click.option("--steps", type=int, default=300, show_default=True, help="Optimizer steps of the demo.")
+def demo(run_dir: str | None, steps: int) -> None:
+    """Train a small bundled model on the CPU under `trainguard run` and show what it found."""
+    from importlib import resources
+
+    from trainguard.watchdog.supervisor import RunOptions, Supervisor
+
+    script = resources.files("trainguard") / "demo" / "train_tiny.py"
+    options = RunOptions(command=[sys.executable, str(script), "--steps", str(steps)], run_dir=run_dir,
+                         expects=[], echo=True)
+    sys.exit(Supervisor(options, monitors=_default_monitors()).run())
+
+
+if __name__ == "__main__":
+    main()

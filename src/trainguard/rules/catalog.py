@@ -1,0 +1,72 @@
+"""The single code → rule table (ruff's codes.rs, for trainguard).
+
+Each entry names where the rule's page lives: the docstring of the function or class that produces the
+finding ("What it detects / Why it matters / Example / What to change"). A code is never reused; a
+retired rule stays listed with status "removed".
+
+Families: TG1xx schedule and LR, TG2xx learning progress, TG3xx numerics, TG4xx loss composition,
+TG5xx process, hang and data, TG6xx configuration, TG7xx distributed, TG8xx model-specific.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+
+from trainguard.errors import UserError
+
+FAMILIES = {
+    "1": "schedule and LR", "2": "learning progress", "3": "numerics", "4": "loss composition",
+    "5": "process, hang and data", "6": "configuration", "7": "distributed", "8": "model-specific",
+}
+
+
+@dataclass(frozen=True)
+class RuleEntry:
+    code: str
+    name: str
+    severity: str
+    status: str  # preview | stable | deprecated | removed
+    since: str
+    target: str  # "module:attribute" whose docstring is the rule's page
+
+    @property
+    def family(self) -> str:
+        return FAMILIES.get(self.code[2], "other")
+
+    def doc(self) -> str:
+        module, _, attr = self.target.partition(":")
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        text = inspect.getdoc(obj) or ""
+        first, _, rest = text.partition("\n")
+        # the first line repeats "CODE name: summary"; the page is the rest
+        return rest.strip() if first.startswith(self.code) else text
+
+    def headline(self) -> str:
+        module, _, attr = self.target.partition(":")
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        first = (inspect.getdoc(obj) or "").partition("\n")[0]
+        return first.split(":", 1)[1].strip() if ":" in first else first
+
+
+CATALOG: list[RuleEntry] = [
+    RuleEntry("TG501", "run-crashed", "error", "stable", "0.1.0", "trainguard.watchdog.crash:crash_finding"),
+    RuleEntry("TG502", "run-hung", "error", "stable", "0.1.0", "trainguard.watchdog.stall:hang_finding"),
+    RuleEntry("TG503", "run-killed", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:killed_finding"),
+    RuleEntry("TG504", "artifact-missing", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:check_artifacts"),
+    RuleEntry("TG505", "artifact-stale", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:check_artifacts"),
+    RuleEntry("TG506", "probe-not-finished", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:probe_not_finished"),
+]
+
+
+def lookup(key: str) -> RuleEntry:
+    k = key.strip()
+    for entry in CATALOG:
+        if entry.code.lower() == k.lower() or entry.name == k.lower():
+            return entry
+    raise UserError(f"unknown rule: {key} (see `trainguard rules` for the list)")

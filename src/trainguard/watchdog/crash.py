@@ -1,0 +1,179 @@
+"""Crashes: the exception, where it happened in the user's code, and what that usually means.
+
+Two sources feed the same finding: the probe's own record (it saw the exception with the step and the
+phase) and, for scripts without the probe, the traceback parsed from the captured stderr.
+"""
+
+from __future__ import annotations
+
+import re
+import sysconfig
+from dataclasses import dataclass
+from typing import Any
+
+from trainguard.findings import Finding
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+?)\s*$')
+_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Fault|[A-Z]\w*))(?::\s?(?P<msg>.*))?$")
+
+
+@dataclass
+class ParsedTraceback:
+    exception: str
+    message: str
+    frames: list[dict[str, Any]]
+
+
+def parse_traceback(lines: list[str]) -> ParsedTraceback | None:
+    """The last Python traceback in `lines` (stderr), or None when there is none."""
+    start = None
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Traceback (most recent call last):"):
+            start = i
+            break
+    if start is None:
+        return None
+    frames: list[dict[str, Any]] = []
+    exc_type, message = None, ""
+    i = start + 1
+    while i < len(lines):
+        line = lines[i].rstrip("\n")
+        m = _FRAME.match(line)
+        if m:
+            code = None
+            if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) and lines[i + 1].startswith("    "):
+                code = lines[i + 1].strip()
+                i += 1
+            frames.append({"file": m["file"], "line": int(m["line"]), "function": m["function"], "code": code})
+        elif line and not line.startswith(" ") and frames:
+            em = _EXC_LINE.match(line)
+            if em:
+                exc_type = em["type"].rsplit(".", 1)[-1]
+                message = (em["msg"] or "").strip()
+                # a message may continue on following unindented lines until a blank or a new traceback
+                break
+        i += 1
+    if exc_type is None:
+        return None
+    return ParsedTraceback(exception=exc_type, message=message, frames=frames)
+
+
+_LIB_DIRS = tuple(
+    p for p in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("purelib"),
+                sysconfig.get_paths().get("platlib")} if p
+)
+
+
+def is_user_frame(filename: str) -> bool:
+    """A frame of the user's code: not the standard library, not an installed package, not trainguard."""
+    if filename.startswith("<"):
+        return False
+    if "site-packages" in filename or "dist-packages" in filename:
+        return False
+    if "/trainguard/" in filename and "/scenarios/" not in filename:
+        return False
+    return not any(filename.startswith(d) for d in _LIB_DIRS)
+
+
+def innermost_user_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for frame in reversed(frames):
+        if is_user_frame(frame["file"]):
+            return frame
+    return frames[-1] if frames else None
+
+
+def format_where(frame: dict[str, Any] | None) -> str | None:
+    if not frame:
+        return None
+    return f"{frame['file']}:{frame['line']} ({frame['function']})"
+
+
+# Known crash signatures: (cause label, pattern on "Type: message", fix). The hang and crash issue grows
+# this table; each entry says what the message usually means and what to change.
+SIGNATURES: list[tuple[str, re.Pattern[str], str]] = [
+    ("none-operand", re.compile(r"TypeError: .*(NoneType|'None')"),
+     "A value that is None on this path was used as a number or object. The path (often evaluation) "
+     "gets an argument the training path always passes, e.g. `step`. Pass it, or guard the use; run "
+     "`trainguard preflight` to reach such paths in the first minute."),
+    ("dtype-mismatch", re.compile(r"RuntimeError: .*(must have the same dtype|expected scalar type|dtype)"),
+     "Tensors of different dtypes met outside autocast (e.g. an fp16 teacher against an fp32 projector). "
+     "Use one dtype policy for training and evaluation alike: run evaluation under the same autocast "
+     "context, or cast the module to the input's dtype."),
+    ("out-of-memory", re.compile(r"(OutOfMemoryError|CUDA out of memory|DefaultCPUAllocator: can't allocate|MemoryError)"),
+     "The process ran out of memory. Lower the batch size or sequence length, use gradient accumulation, "
+     "activation checkpointing, or a smaller dtype; check for tensors kept across steps (memory creep)."),
+]
+
+
+def classify_crash(exception: str, message: str) -> tuple[str | None, str]:
+    text = f"{exception}: {message}"
+    for cause, pattern, fix in SIGNATURES:
+        if pattern.search(text):
+            return cause, fix
+    return None, "Read the exception and the frame named in `where`; fix the code there and rerun."
+
+
+def crash_finding(
+    *,
+    exception: str,
+    message: str,
+    frames: list[dict[str, Any]],
+    step: int | None,
+    phase: str | None = None,
+    elapsed: float | None = None,
+    phases_seen: dict[str, int] | None = None,
+    exit_code: int | None = None,
+    source: str = "watchdog",
+) -> Finding:
+    """TG501 run-crashed: the run ended with an uncaught exception.
+
+    What it detects: a non-zero exit with a Python exception, from the probe's own record or from the
+    traceback in stderr.
+    Why it matters: a crash late in a run (the first evaluation after 2,000 steps, seed 001; the final
+    evaluation after 12,500, seed 004) costs every step before it.
+    Example: `TypeError: unsupported operand type(s) for %: 'NoneType' and 'int'` at
+    models/distillation_framework.py:809 in phase "eval", first evaluation, at step 1999.
+    What to change: the fix names the signature's usual cause; `trainguard preflight` reaches rare
+    paths (eval, checkpoint) in the first minute.
+    """
+    frame = innermost_user_frame(frames)
+    where = format_where(frame)
+    cause, fix = classify_crash(exception, message)
+    context = []
+    if phase:
+        nth = (phases_seen or {}).get(phase)
+        first = " (the first time this phase ran in this run)" if nth == 1 else (f" (run {nth} of this phase)" if nth else "")
+        context.append(f"in phase '{phase}'{first}")
+    if step is not None:
+        context.append(f"at step {step}")
+    if elapsed is not None:
+        context.append(f"after {_duration(elapsed)}")
+    summary = f"{exception}: {message}"[:300]
+    if context:
+        summary += " — " + ", ".join(context)
+    evidence: dict[str, Any] = {
+        "exception": exception,
+        "message": message[:2000],
+        "frames": [f"{f['file']}:{f['line']} in {f['function']}" + (f": {f['code']}" if f.get("code") else "")
+                   for f in frames[-8:]],
+    }
+    if phase:
+        evidence["phase"] = phase
+        evidence["phase_first_time"] = (phases_seen or {}).get(phase) == 1
+    if elapsed is not None:
+        evidence["elapsed_seconds"] = round(elapsed, 1)
+    if exit_code is not None:
+        evidence["exit_code"] = exit_code
+    return Finding(
+        code="TG501", name="run-crashed", severity="error", step=step, summary=summary, evidence=evidence,
+        fix=fix, cause=cause, where=where, exception=exception, source=source,
+    )
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds / 3600:.1f} h"

@@ -1,0 +1,475 @@
+"""`trainguard run`: start the command, watch it, and tell the true final state.
+
+    trainguard run [--run-dir DIR] [--stall-timeout S] [--expect PATH ...] -- python train.py
+
+The supervisor starts the command in its own process group (so the whole tree can be signalled), tees
+its output into the run folder, and every half second reads the probe's heartbeat and steps from the
+store, updates status.json and the live status line, and asks its monitors (stall detection; the rules
+add theirs) for findings. When the process ends, `verdict.decide` names the state.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from trainguard import __version__
+from trainguard.errors import UserError
+from trainguard.findings import Finding, most_severe_first
+from trainguard.probe.guard import ENV_ATTEMPT, ENV_RESUME, ENV_WATCHDOG
+from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
+from trainguard.store.reader import RunReader
+from trainguard.store.status import write_status
+from trainguard.store.writer import StoreWriter
+from trainguard.watchdog import crash, statusline, verdict
+from trainguard.watchdog.stall import StallPolicy, hang_finding
+from trainguard.watchdog.tee import OutputCapture
+
+POLL_INTERVAL = 0.5
+KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when trainguard stops a run
+WATCHDOG_RANK = -1  # rows the watchdog writes carry rank -1
+
+
+@dataclass
+class WatchState:
+    """What a monitor may look at on each poll. This is the whole surface monitors get."""
+
+    run_dir: Path
+    reader: RunReader
+    pid: int
+    started: float
+    now: float
+    step: int | None
+    phase: str | None
+    t_progress: float | None
+    probe_used: bool
+    output_lines: int
+    last_output: float | None
+    attempt: int = 0
+    scratch: dict[str, Any] = field(default_factory=dict)
+
+
+class Monitor(Protocol):
+    """Something the supervisor polls while the run lives; returns new findings (may be empty).
+
+    A monitor must return quickly (it runs on the supervisor's loop) and must not raise for the run's
+    sake: the supervisor logs and drops a monitor that raises.
+    """
+
+    def poll(self, state: WatchState) -> list[Finding]: ...
+
+
+@dataclass
+class RunOptions:
+    command: list[str]
+    run_dir: str | None = None
+    stall_timeout: float | None = None
+    expects: list[str] = field(default_factory=list)
+    stop_on: list[str] = field(default_factory=list)
+    on_hang: str = "kill"
+    live: bool | None = None  # None: a live status line only when stderr is a terminal
+    echo: bool = True
+
+
+def check_command(command: list[str]) -> None:
+    if not command:
+        raise UserError("no command given: trainguard run [OPTIONS] -- COMMAND [ARGS...]")
+    exe = command[0]
+    if os.sep in exe:
+        if not Path(exe).exists():
+            raise UserError(f"command not found: {exe}")
+        if not os.access(exe, os.X_OK):
+            raise UserError(f"command is not executable: {exe}")
+    elif shutil.which(exe) is None:
+        raise UserError(f"command not found: {exe}")
+
+
+class Supervisor:
+    def __init__(self, options: RunOptions, monitors: list[Monitor] | None = None) -> None:
+        check_command(options.command)
+        self.options = options
+        if options.stall_timeout is not None and options.stall_timeout <= 0:
+            raise UserError(f"--stall-timeout must be a positive number of seconds, got {options.stall_timeout}")
+        label = _label(options.command)
+        self.run_dir = prepare_run_dir(options.run_dir) if options.run_dir else new_run_dir(label)
+        try:
+            self.writer = StoreWriter(self.run_dir, rank=WATCHDOG_RANK)
+        except Exception as exc:  # sqlite3.OperationalError on an unwritable folder, and its kin
+            raise UserError(f"cannot write the run store in {self.run_dir}: {exc}") from None
+        self.stall = StallPolicy(fixed=options.stall_timeout)
+        self.monitors: list[Monitor] = list(monitors or [])
+        self.findings: list[Finding] = []
+        self._seen: set[tuple] = set()
+        self.live = sys.stderr.isatty() if options.live is None else options.live
+        self.attempt = 0
+
+    # -- the run ----------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.started = time.time()
+        self._write_meta()
+        self.capture = OutputCapture(self.run_dir / "output.log", echo=self.options.echo)
+        self.line = statusline.StatusLine(enabled=self.live)
+        self.capture.before_write = self.line.clear
+        env = dict(os.environ)
+        env.update({ENV_RUN_DIR: str(self.run_dir.resolve()), ENV_WATCHDOG: "1", ENV_ATTEMPT: str(self.attempt),
+                    "PYTHONUNBUFFERED": "1"})
+        env.pop(ENV_RESUME, None)
+        try:
+            self.proc = subprocess.Popen(
+                self.options.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise UserError(f"cannot start {self.options.command[0]}: {exc.strerror or exc}") from None
+        self.writer.add_event("run", "start", {"pid": self.proc.pid, "command": self.options.command,
+                                               "attempt": self.attempt})
+        self.writer.flush()
+        self.capture.start(self.proc.stdout, "stdout", _buffer(sys.stdout))
+        self.capture.start(self.proc.stderr, "stderr", _buffer(sys.stderr))
+        self._forward_signals()
+        self.oom_before = _safe_oom()
+        self.reader = RunReader(self.run_dir)
+        hang: Finding | None = None
+        stopped: Finding | None = None
+        try:
+            while self.proc.poll() is None:
+                time.sleep(POLL_INTERVAL)
+                state = self._observe()
+                for finding in self._poll_monitors(state):
+                    self._report(finding)
+                    if finding.name in self.options.stop_on and stopped is None:
+                        stopped = finding
+                        self._note(f"stopping the run on {finding.name} (--stop-on)")
+                        self._terminate()
+                idle = self.stall.stalled(state.now, state.t_progress, self.started, state.phase)
+                if idle is not None and hang is None and stopped is None:
+                    hang = self._on_stall(state, idle)
+                    if self.options.on_hang == "wait":
+                        self._write_status("hung", state, findings_extra=[hang])
+                        self._wait_forever_on_hang(state)
+                    self._terminate()
+                self._write_status("running" if hang is None else "hung", state)
+                self.line.show(state, self.options, self.stall.timeout(state.phase), self.findings)
+        finally:
+            self.line.clear()
+            self._restore_signals()
+        returncode = self.proc.wait()
+        self.capture.join()
+        return self._conclude(returncode, hang, stopped)
+
+    def _observe(self) -> WatchState:
+        beats = self.reader.heartbeats()
+        t_progress = max((b["t_progress"] for b in beats if b["t_progress"]), default=None)
+        probe_used = bool(beats) or bool(self.reader.events("probe"))
+        step = max((b["step"] for b in beats if b["step"] is not None), default=None)
+        phase = next((b["phase"] for b in beats if b["rank"] == 0 and b["phase"]), None)
+        if not probe_used:
+            # Without the probe, new output is the only sign of progress there is.
+            t_progress = self.capture.last_output
+        state = WatchState(
+            run_dir=self.run_dir, reader=self.reader, pid=self.proc.pid, started=self.started, now=time.time(),
+            step=step, phase=phase, t_progress=t_progress, probe_used=probe_used,
+            output_lines=self.capture.lines, last_output=self.capture.last_output, attempt=self.attempt,
+        )
+        self.stall.observe(t_progress, phase)
+        return state
+
+    def _poll_monitors(self, state: WatchState) -> list[Finding]:
+        out = []
+        for mon in list(self.monitors):
+            try:
+                out.extend(mon.poll(state))
+            except Exception as exc:
+                # Why drop it: a monitor that raises would raise again at every poll.
+                self._guard_error(f"monitor {type(mon).__name__} failed and was switched off: {exc!r}")
+                self.monitors.remove(mon)
+        # findings the probe wrote (its online rules, when it has them)
+        for f in self.reader.findings():
+            out.append(f)
+        return [f for f in out if self._is_new(f)]
+
+    def _on_stall(self, state: WatchState, idle: float) -> Finding:
+        """A stall: record what the process looks like now. The hang issue adds stacks and a cause."""
+        process = _process_sample(state.pid)
+        finding = hang_finding(
+            idle=idle, timeout=self.stall.timeout(state.phase), step=state.step, phase=state.phase,
+            last_progress=state.t_progress or self.started, process=process,
+        )
+        self._report(finding)
+        return finding
+
+    def _wait_forever_on_hang(self, state: WatchState) -> None:
+        self._note("--on-hang wait: leaving the hung process alive for inspection (Ctrl-C to stop)")
+        while self.proc.poll() is None:
+            time.sleep(POLL_INTERVAL)
+
+    def _conclude(self, returncode: int, hang: Finding | None, stopped: Finding | None) -> int:
+        beats = self.reader.heartbeats()
+        probe_events = self.reader.events("probe")
+        probe_used = bool(beats) or bool(probe_events)
+        finished = any(e["name"] == "finish" for e in probe_events)
+        last = self.reader.last_step()
+        step = max([b["step"] for b in beats if b["step"] is not None] + ([last["step"]] if last else []),
+                   default=None)
+        probe_crash = None
+        crashes = self.reader.events("crash")
+        if crashes:
+            c = crashes[-1]
+            d = c["data"] or {}
+            probe_crash = crash.crash_finding(
+                exception=d.get("exception", c["name"] or "Exception"), message=d.get("message", ""),
+                frames=d.get("frames", []), step=c["step"], phase=d.get("phase"), elapsed=d.get("elapsed"),
+                phases_seen=d.get("phases_seen"),
+            )
+        stderr_crash = None
+        if probe_crash is None and returncode > 0:
+            parsed = crash.parse_traceback(list(self.capture.stderr_tail))
+            if parsed is not None:
+                stderr_crash = crash.crash_finding(
+                    exception=parsed.exception, message=parsed.message, frames=parsed.frames,
+                    step=step, elapsed=time.time() - self.started,
+                )
+        oom = {}
+        if returncode == -signal.SIGKILL and hang is None and stopped is None:
+            oom = _oom_evidence(self.proc.pid, self.oom_before)
+        v = verdict.decide(
+            returncode=returncode, hang=hang, stopped_on=stopped, probe_used=probe_used, probe_finished=finished,
+            probe_crash=probe_crash, stderr_crash=stderr_crash, expects=self.options.expects,
+            started=self.started, cwd=os.getcwd(), step=step, oom=oom,
+        )
+        for f in v.findings:
+            self._report(f)
+        for f in self.reader.findings():
+            self._is_new(f) and self.findings.append(f)
+        self.writer.add_event("run", "end", {"state": v.state, "exit_code": v.exit_code, "signal": v.signal,
+                                             "duration": time.time() - self.started})
+        self.writer.flush()
+        final = self._observe_final(step)
+        self._write_status(v.state, final, exit_code=returncode if returncode >= 0 else None, signal_name=v.signal,
+                           ended=time.time())
+        self._summary(v, step)
+        self.reader.close()
+        self.writer.close()
+        return v.trainguard_exit
+
+    def _observe_final(self, step: int | None) -> WatchState:
+        return WatchState(run_dir=self.run_dir, reader=self.reader, pid=self.proc.pid, started=self.started,
+                          now=time.time(), step=step, phase=None, t_progress=None, probe_used=False,
+                          output_lines=self.capture.lines, last_output=self.capture.last_output)
+
+    # -- reporting ----------------------------------------------------------------------------------
+
+    def _is_new(self, f: Finding) -> bool:
+        key = (f.code, f.name, f.cause)
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
+    def _report(self, f: Finding) -> None:
+        self._seen.add((f.code, f.name, f.cause))
+        if f.t is None:
+            f.t = time.time()
+        if f not in self.findings:
+            self.findings.append(f)
+        if f.source != "probe":
+            self.writer.add_event("finding", f.name, f.to_dict(), step=f.step)
+            self.writer.flush()
+        self._note(f"trainguard: {f.one_line()}")
+
+    def _note(self, text: str) -> None:
+        self.capture.write_note(text, _buffer(sys.stderr))
+
+    def _guard_error(self, text: str) -> None:
+        try:
+            with open(self.run_dir / "guard.log", "a") as fh:
+                fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} watchdog {text}\n")
+        except OSError:
+            pass
+
+    def _write_status(self, state_name: str, state: WatchState, *, exit_code: int | None = None,
+                      signal_name: str | None = None, ended: float | None = None,
+                      findings_extra: list[Finding] | None = None) -> None:
+        last = self.reader.last_step()
+        plan = self.reader.meta().get("plan") or {}
+        findings = most_severe_first(list(self.findings) + [f for f in findings_extra or [] if f not in self.findings])
+        status = {
+            "state": state_name,
+            "step": state.step if state.step is not None else (last or {}).get("step"),
+            "total_steps": plan.get("total_steps"),
+            "phase": state.phase,
+            "exit_code": exit_code,
+            "signal": signal_name,
+            "loss": (last or {}).get("loss"),
+            "lr": (last or {}).get("lr"),
+            "pid": self.proc.pid,
+            "command": self.options.command,
+            "started": self.started,
+            "updated": time.time(),
+            "ended": ended,
+            "attempt": self.attempt,
+            "stall_timeout": round(self.stall.timeout(state.phase), 1),
+            "output_lines": state.output_lines,
+            "watched_by": "watchdog",
+            "findings": [f.to_dict() for f in findings],
+        }
+        try:
+            write_status(self.run_dir, status)
+        except OSError as exc:
+            self._guard_error(f"cannot write status.json: {exc}")
+
+    def _summary(self, v: verdict.Verdict, step: int | None) -> None:
+        dur = time.time() - self.started
+        head = f"trainguard: run {v.state}"
+        if v.signal:
+            head += f" ({v.signal})"
+        elif v.exit_code not in (None, 0):
+            head += f" (exit code {v.exit_code})"
+        head += f" after {dur:.1f} s"
+        if step is not None:
+            head += f", step {step}"
+        lines = [head]
+        errors = [f for f in self.findings if f.severity == "error"]
+        warnings = [f for f in self.findings if f.severity == "warning"]
+        if not self.findings:
+            lines.append("trainguard: no findings")
+        else:
+            lines.append(f"trainguard: {len(errors)} error(s), {len(warnings)} warning(s)")
+            for f in most_severe_first(self.findings)[:8]:
+                lines.append(f"  {f.one_line()}")
+                if f.where:
+                    lines.append(f"    where: {f.where}")
+                if f.fix:
+                    lines.append(f"    fix: {f.fix}")
+        lines.append(f"trainguard: run folder {self.run_dir}")
+        for text in lines:
+            self._note(text)
+
+    # -- process control ----------------------------------------------------------------------------
+
+    def _terminate(self) -> None:
+        """SIGTERM the command's process group, then SIGKILL whatever is left after a grace period."""
+        pgid = self.proc.pid
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.time() + KILL_GRACE
+        while time.time() < deadline and self.proc.poll() is None:
+            time.sleep(0.1)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def _forward_signals(self) -> None:
+        self._old_handlers = {}
+
+        def forward(signum: int, frame: Any) -> None:
+            try:
+                os.killpg(self.proc.pid, signum)
+            except ProcessLookupError:
+                pass
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            try:
+                self._old_handlers[sig] = signal.signal(sig, forward)
+            except (ValueError, OSError):
+                pass  # not the main thread (tests may run the supervisor in a thread)
+
+    def _restore_signals(self) -> None:
+        for sig, handler in getattr(self, "_old_handlers", {}).items():
+            try:
+                signal.signal(sig, handler)
+            except (ValueError, OSError):
+                pass
+
+    def _write_meta(self) -> None:
+        w = self.writer
+        w.set_meta("command", self.options.command)
+        w.set_meta("cwd", os.getcwd())
+        w.set_meta("started", self.started)
+        w.set_meta("host", platform.node())
+        w.set_meta("user", _safe(getpass.getuser))
+        w.set_meta("watchdog", {"pid": os.getpid(), "trainguard": __version__, "python": sys.version.split()[0],
+                                "platform": platform.platform(), "stall_timeout": self.options.stall_timeout,
+                                "expects": self.options.expects, "on_hang": self.options.on_hang})
+        w.set_meta("env", {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "SLURM_JOB_ID")
+                           if k in os.environ})
+        w.flush()
+
+
+def _label(command: list[str]) -> str:
+    """A short name for the run folder: the script or module a python command runs, else the program."""
+    if Path(command[0]).name.startswith("python") and len(command) > 1:
+        if command[1] == "-m" and len(command) > 2:
+            return command[2].rsplit(".", 1)[-1]
+        return Path(command[1]).stem
+    return Path(command[0]).name
+
+
+def _buffer(stream: Any) -> Any:
+    return getattr(stream, "buffer", None)
+
+
+def _safe(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+def _safe_oom() -> int | None:
+    from trainguard.watchdog.kernel import cgroup_oom_kills
+
+    return cgroup_oom_kills()
+
+
+def _oom_evidence(pid: int, before: int | None) -> dict[str, Any]:
+    from trainguard.watchdog import kernel
+
+    after = kernel.cgroup_oom_kills()
+    log = kernel.kernel_log_tail()
+    return {
+        "oom_kills_before": before,
+        "oom_kills_after": after,
+        "oom_kills_delta": (after - before) if (after is not None and before is not None) else None,
+        "kernel_lines": kernel.oom_lines_for(pid, log),
+        "kernel_log_readable": log is not None,
+    }
+
+
+def _process_sample(pid: int) -> dict[str, Any]:
+    """CPU %, state and RSS of the command's process tree, for the hang finding's evidence."""
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        procs = [proc] + proc.children(recursive=True)
+        cpu = 0.0
+        for p in procs:
+            try:
+                p.cpu_percent(None)
+            except psutil.Error:
+                pass
+        time.sleep(0.5)
+        for p in procs:
+            try:
+                cpu += p.cpu_percent(None)
+            except psutil.Error:
+                pass
+        with proc.oneshot():
+            return {"pid": pid, "cpu_percent": round(cpu, 1), "status": proc.status(),
+                    "rss_mb": round(proc.memory_info().rss / 2**20, 1), "processes": len(procs)}
+    except Exception:
+        return {"pid": pid}

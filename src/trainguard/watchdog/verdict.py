@@ -1,0 +1,222 @@
+"""The truthful final state of a run. Silence is never success.
+
+- completed: exit 0, the probe (if the script used one) finished, every expected artifact exists and was
+  written during this run;
+- failed:    exit 0, but an artifact is missing or stale, or the probe never finished (seed 000's monitor
+  said "Training complete" while the results file was never written);
+- crashed:   non-zero exit;
+- killed:    ended by a signal that trainguard did not send for a hang;
+- hung:      no progress for longer than the stall timeout (trainguard stopped it, or it is still alive).
+
+`trainguard run` exits with the command's own code when the command ran to its end (128 + N for a signal,
+as shells do), and with these codes otherwise:
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.findings import Finding
+
+EXIT_FAILED = 123  # exit 0, but an expected artifact is missing or stale, or the probe never finished
+EXIT_HUNG = 124  # no progress for longer than the stall timeout (as `timeout(1)` uses 124)
+EXIT_STOPPED = 125  # stopped on a finding named in --stop-on
+
+
+@dataclass
+class Verdict:
+    state: str
+    exit_code: int | None
+    signal: str | None
+    findings: list[Finding] = field(default_factory=list)
+    trainguard_exit: int = 0
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def probe_not_finished(step: int | None) -> Finding:
+    """TG506 probe-not-finished: the script exited without reaching `guard.finish()`.
+
+    What it detects: a process that exited (often with code 0) while its probe was never finished, e.g. an
+    `os._exit(0)`, a `sys.exit(0)` from a branch that skips the rest, or a forgotten `guard.finish()`.
+    Why it matters: exit 0 is not proof that the work was done; seed 000's monitor reported "Training
+    complete" while the script had done nothing for 13 minutes.
+    Example: exit code 0 at step 1200 of 5000; the probe never reached finish().
+    What to change: call `guard.finish()` at the true end of the script, or use `with trainguard.watch(...)`.
+    """
+    at = f" at step {step}" if step is not None else ""
+    return Finding(
+        code="TG506", name="probe-not-finished", severity="error", step=step,
+        summary=f"the script exited{at} without reaching guard.finish(): its end was never confirmed",
+        evidence={"step": step},
+        fix="Call guard.finish() at the true end of the script (or use `with trainguard.watch(...) as guard:`);"
+            " if the script left early on purpose, let it say so by finishing the guard first.",
+        source="watchdog",
+    )
+
+
+def check_artifacts(expects: list[str], started: float, cwd: str | None = None) -> list[Finding]:
+    """TG504 artifact-missing / TG505 artifact-stale: every `--expect` path must exist and be new.
+
+    What it detects: an expected output (a results file, a final checkpoint) that does not exist when the
+    command exits 0 (missing), or exists but was not written during this run (stale: left by an earlier
+    run).
+    Why it matters: seed 000's orchestrator waited 20 minutes for phase3_stage3a_comparison.json, which was
+    never created, while its monitor said "Training complete".
+    Example: --expect results/comparison.json: missing when the command exited 0 after 312 s.
+    What to change: find why the script ended before writing it; the run's output.log and findings say
+    where it stopped.
+    """
+    findings = []
+    base = Path(cwd) if cwd else Path.cwd()
+    for raw in expects:
+        path = Path(raw)
+        if not path.is_absolute():
+            path = base / path
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            findings.append(Finding(
+                code="TG504", name="artifact-missing", severity="error",
+                summary=f"expected artifact {raw} does not exist although the command exited 0",
+                evidence={"path": str(path), "exists": False},
+                fix=f"The script ended without writing {raw}. Check the end of output.log and the last phase;"
+                    " make the script fail loudly (non-zero exit) when it cannot write its results.",
+                source="watchdog",
+            ))
+            continue
+        except OSError as exc:
+            findings.append(Finding(
+                code="TG504", name="artifact-missing", severity="error",
+                summary=f"expected artifact {raw} cannot be read: {exc.strerror}",
+                evidence={"path": str(path), "error": str(exc)}, fix="Check the path and its permissions.",
+                source="watchdog",
+            ))
+            continue
+        # one second of slack: some filesystems keep mtimes at a coarse resolution
+        if st.st_mtime < started - 1.0:
+            age = started - st.st_mtime
+            findings.append(Finding(
+                code="TG505", name="artifact-stale", severity="error",
+                summary=f"expected artifact {raw} was not written during this run (last written {age:.0f} s before it started)",
+                evidence={"path": str(path), "mtime": st.st_mtime, "run_started": started,
+                          "written_before_start_s": round(age, 1)},
+                fix=f"The file is left over from an earlier run; this run never wrote {raw}. Find where it stopped"
+                    " (output.log, last phase) and delete stale outputs before a run.",
+                source="watchdog",
+            ))
+    return findings
+
+
+def killed_finding(signum: int, *, step: int | None, oom: dict[str, Any]) -> Finding:
+    """TG503 run-killed: the process was ended by a signal that trainguard did not send.
+
+    What it detects: death by signal (SIGKILL, SIGTERM, SIGSEGV, ...), with what likely sent it. A SIGKILL
+    that nobody in trainguard asked for is usually the kernel's OOM killer; the kernel log and the
+    cgroup's oom_kill counter are read where they are readable.
+    Why it matters: a killed process leaves no traceback; without this the run simply "went quiet".
+    Example: SIGKILL at step 812; cgroup memory.events oom_kill went 0 → 1.
+    What to change: for the OOM killer, reduce host memory (DataLoader workers × prefetch, caching, a
+    memory leak: see memory-creep); otherwise find who sent the signal (scheduler preemption, a timeout).
+    """
+    name = signal_name(signum)
+    cause = None
+    likely = ""
+    if signum == signal.SIGKILL:
+        if oom.get("oom_kills_delta") or oom.get("kernel_lines"):
+            cause = "oom-killer"
+            likely = "the kernel's OOM killer (confirmed by the kernel)"
+        else:
+            cause = "oom-killer?"
+            likely = ("most often the kernel's OOM killer when nobody in trainguard asked for it (the kernel log and"
+                      " cgroup counters could not confirm it)")
+    elif signum == signal.SIGTERM:
+        cause, likely = "terminated", "a SIGTERM: a job scheduler's preemption or time limit, or a person"
+    elif signum == signal.SIGSEGV:
+        cause, likely = "segfault", "a segmentation fault in native code (a CUDA/C++ extension, a driver)"
+    elif signum == signal.SIGINT:
+        cause, likely = "interrupted", "an interrupt (Ctrl-C)"
+    else:
+        cause, likely = name.lower(), f"{name}"
+    at = f" at step {step}" if step is not None else ""
+    fix = {
+        "oom-killer": "Reduce host memory: fewer DataLoader workers or prefetch, no caching of the dataset in RAM,"
+                      " look for a leak (host memory growing step by step); give the job more memory.",
+        "oom-killer?": "Check `dmesg` (as root) for 'Killed process'; if it was the OOM killer, reduce host memory"
+                       " (DataLoader workers × prefetch, dataset caching, leaks).",
+        "segfault": "Run with `PYTHONFAULTHANDLER=1` to get the Python frames; update or pin the native extension.",
+    }.get(cause or "", "Find who sent the signal; resume from the last checkpoint.")
+    return Finding(
+        code="TG503", name="run-killed", severity="error", step=step,
+        summary=f"the process was killed by {name}{at}: {likely}",
+        evidence={"signal": name, **{k: v for k, v in oom.items() if v not in (None, [], 0)}},
+        fix=fix, cause=cause, source="watchdog",
+    )
+
+
+def decide(
+    *,
+    returncode: int,
+    hang: Finding | None,
+    stopped_on: Finding | None,
+    probe_used: bool,
+    probe_finished: bool,
+    probe_crash: Finding | None,
+    stderr_crash: Finding | None,
+    expects: list[str],
+    started: float,
+    cwd: str | None,
+    step: int | None,
+    oom: dict[str, Any],
+) -> Verdict:
+    """The final state from how the process ended and what the probe and the files say."""
+    sig = -returncode if returncode < 0 else None
+    if hang is not None:
+        return Verdict("hung", returncode, signal_name(sig) if sig else None, [hang], EXIT_HUNG)
+    if stopped_on is not None:
+        return Verdict("failed", returncode, signal_name(sig) if sig else None, [stopped_on], EXIT_STOPPED)
+    if sig is not None:
+        return Verdict("killed", returncode, signal_name(sig), [killed_finding(sig, step=step, oom=oom)], 128 + sig)
+    if returncode != 0:
+        crash = probe_crash or stderr_crash
+        if crash is None:
+            crash = Finding(
+                code="TG501", name="run-crashed", severity="error", step=step,
+                summary=f"the command exited with code {returncode} without a Python traceback",
+                evidence={"exit_code": returncode},
+                fix="Read the end of output.log in the run folder: the command said why, or said nothing.",
+                source="watchdog",
+            )
+        else:
+            crash.evidence.setdefault("exit_code", returncode)
+        return Verdict("crashed", returncode, None, [crash], returncode)
+    findings = check_artifacts(expects, started, cwd)
+    if probe_used and not probe_finished:
+        findings.append(probe_not_finished(step))
+    if findings:
+        return Verdict("failed", 0, None, findings, EXIT_FAILED)
+    return Verdict("completed", 0, None, [], 0)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def now() -> float:
+    return time.time()

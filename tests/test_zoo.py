@@ -1,0 +1,21 @@
+"""The scenario zoo as tests: every scenario must end as its expect.yaml says (real processes, real torch).
+
+Run one: pytest tests/test_zoo.py -k seed001
+The same scenarios print their table with: python scenarios/zoo.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import zoo
+
+
+@pytest.mark.parametrize("name", zoo.scenario_names())
+def test_scenario(name: str) -> None:
+    result = zoo.run_scenario(name)
+    assert result.ok, f"{name}: {'; '.join(result.problems)}\n--- output tail ---\n{result.output}"
+
+
+def test_zoo_is_not_empty() -> None:
+    # pytest's exit 5 (no tests) must never pass as green: the zoo is the heart of the suite
+    assert len(zoo.scenario_names()) >= 8
