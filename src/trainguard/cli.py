@@ -85,6 +85,26 @@ def _default_monitors() -> list:
 
 
 @main.command()
+@click.argument("path", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="The diagnosis as one JSON object on one line.")
+def diagnose(path: str, as_json: bool) -> None:
+    """Diagnose a run nobody watched: a log, an output folder (Hugging Face, Lightning, Ultralytics),
+    a metrics file (CSV, JSON Lines, trainer_state.json) or TensorBoard event files.
+
+    Exit codes: 0 no error finding, 1 at least one error finding, 2 bad input.
+    """
+    from trainguard.ingest.diagnose import diagnose_path, render
+
+    d = diagnose_path(path)
+    if as_json:
+        click.echo(json.dumps(d.to_dict(), default=str))
+    else:
+        for line in render(d):
+            click.echo(line)
+    sys.exit(1 if any(f.severity == "error" for f in d.findings) else 0)
+
+
+@main.command()
 @click.argument("run", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print status.json as it is.")
 def status(run: str | None, as_json: bool) -> None:

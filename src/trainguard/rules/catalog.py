@@ -61,6 +61,10 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG504", "artifact-missing", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:check_artifacts"),
     RuleEntry("TG505", "artifact-stale", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:check_artifacts"),
     RuleEntry("TG506", "probe-not-finished", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:probe_not_finished"),
+    # integrations and ingest (issue 8): what a log alone shows, for `trainguard diagnose PATH`
+    RuleEntry("TG151", "scheduler-before-optimizer", "warning", "stable", "0.1.0",
+              "trainguard.ingest.signs:scheduler_before_optimizer"),
+    RuleEntry("TG531", "log-ends-unfinished", "warning", "stable", "0.1.0", "trainguard.ingest.signs:log_ends_unfinished"),
 ]
 
 
