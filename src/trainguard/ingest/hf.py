@@ -65,11 +65,13 @@ def read_trainer_state(path: Path, folder: Path | None = None) -> Source:
     facts = Facts(mtime=path.stat().st_mtime)
     ckpts = checkpoint_dirs(folder) if folder is not None else []
     return Source(path=path, format="hugging face trainer_state.json", plan=plan,
-                  events=_events(state["log_history"], ckpts, facts), facts=facts, log_like=True)
+                  events=_events(state["log_history"], ckpts, facts, plan.get("total_steps")), facts=facts, log_like=True)
 
 
-def _events(history: list[Any], ckpts: list[tuple[int, Path]], facts: Facts) -> Iterator[dict[str, Any]]:
+def _events(history: list[Any], ckpts: list[tuple[int, Path]], facts: Facts,
+            total_steps: int | None) -> Iterator[dict[str, Any]]:
     pending = list(ckpts)
+    last_step: int | None = None
     for entry in history:
         if not isinstance(entry, dict):
             facts.skipped += 1
@@ -78,6 +80,7 @@ def _events(history: list[Any], ckpts: list[tuple[int, Path]], facts: Facts) -> 
         if step is None:
             facts.skipped += 1
             continue
+        last_step = step
         while pending and pending[0][0] <= step:
             n, p = pending.pop(0)
             yield event("checkpoint", n, {"path": str(p)}, name=p.name)
@@ -90,6 +93,9 @@ def _events(history: list[Any], ckpts: list[tuple[int, Path]], facts: Facts) -> 
         yield from metrics_to_events(step, metrics, facts)
     for n, p in pending:
         yield event("checkpoint", n, {"path": str(p)}, name=p.name)
+    if facts.completed is None and total_steps and last_step is not None and last_step >= total_steps:
+        # a checkpoint's own state stops before the summary: reaching max_steps is the sign of the end
+        facts.completed = f"log_history reaches max_steps ({total_steps})"
 
 
 def _int(value: Any) -> int | None:
