@@ -37,6 +37,7 @@ def _loop(run_dir: Path, *, steps: int = 12, grad_accum: int = 2, model: torch.n
             (loss / grad_accum).backward()
             micro_losses.append(loss.item())
             guard.step(loss, parts={"a": loss * 0.25, "b": 0.5}, weights={"a": 1.0, "b": 2.0})
+            guard.log(align_ratio=torch.tensor(0.75), tokens=128)
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item() if grads else None
         reference.append({"loss": sum(micro_losses) / grad_accum, "lr": opt.param_groups[0]["lr"], "grad_norm": norm})
@@ -59,6 +60,7 @@ def test_step_rows_match_a_plain_torch_reference(tmp_path: Path) -> None:
         assert row["parts"]["a"] == pytest.approx(want["loss"] * 0.25, rel=1e-5)
         assert row["parts"]["b"] == pytest.approx(0.5)
         assert row["weights"] == {"a": 1.0, "b": 2.0}
+        assert row["extra"]["align_ratio"] == pytest.approx(0.75) and row["extra"]["tokens"] == 128
         assert row["nonfinite"] == 0
         assert row["update_ratio"] > 0
     assert rows[-1]["micro"] == 2 * len(ref)
