@@ -83,7 +83,7 @@ def diagnose_source(source: Source, now: float | None = None) -> Diagnosis:
         if not (facts.steps or facts.evals or facts.lines):
             raise UserError(f"{source.path}: nothing trainguard can read in it (no metrics, progress or traceback)")
         found.append(signs.log_ends_unfinished(name, facts.last_line, facts.lines, last_step, facts.mtime, now))
-    if not (facts.steps or facts.evals or crashed or facts.warnings):
+    if not (facts.steps or facts.evals or crashed or facts.warnings or facts.completed):
         raise UserError(f"{source.path}: read {facts.lines} lines as {source.format} but found no training "
                         "metrics, progress or traceback in them")
     state = "crashed" if crashed else "completed" if facts.completed else "unfinished" if source.log_like else "unknown"
