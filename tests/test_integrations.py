@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import run_trainguard
 
 pytest.importorskip("transformers")
