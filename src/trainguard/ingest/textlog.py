@@ -144,7 +144,9 @@ class _LineParser:
         if "Traceback (most recent call last)" in line:
             self.tb = [line.strip()]
             return []
-        if COMPLETION.search(line):
+        # cheap substring tests first: most lines are metrics, and a regex per line costs on a 1 GB log
+        if ("omplete" in line or "inish" in line or "one" in line or "runtime" in line or "stopped" in line) \
+                and COMPLETION.search(line):
             facts.completed = stripped[:200]
         if "`" in line:
             for name, pattern in TORCH_WARNINGS:
@@ -168,7 +170,7 @@ class _LineParser:
     def _metrics(self, line: str) -> list[dict[str, Any]]:
         if line.startswith("{") and line.endswith("}"):
             return self._dict_line(line)
-        bar = _TQDM.search(line)
+        bar = _TQDM.search(line) if "/" in line and "[" in line else None
         if bar is not None:
             return self._bar_line(line, bar)
         pairs = {k: v for k, v in ((k, to_number(v)) for k, v in _PAIR.findall(line)) if v is not None}
