@@ -7,6 +7,7 @@ field may be None. Other events are `{"kind", "name", "step", "t", "data"}`.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,40 +100,54 @@ def metrics_to_events(step: int, metrics: dict[str, float], facts: Facts, *, t: 
     `parts_from`: name prefixes whose values are loss parts (Ultralytics' `train/box_loss`...); when
     there is no total loss the parts' sum stands for it, as the framework's own total does.
     """
-    train: dict[str, float] = {}
-    evals: dict[str, float] = {}
-    for name, value in metrics.items():
-        if is_eval_name(name):
-            key = name.split("/", 1)[1] if "/" in name else name.split("_", 1)[1] if "_" in name else name
-            evals[key or name] = value
-        else:
-            train[name.lower()] = value
+    loss_key, lr_key, grad_key, eval_keys, part_keys = _layout(tuple(metrics), parts_from)
     out: list[dict[str, Any]] = []
-    loss = _first(train, LOSS_NAMES)
-    lr = _first(train, LR_NAMES)
-    if lr is None:
-        lr = next((v for k, v in train.items() if k.startswith(("lr-", "lr/", "lr_"))), None)
-    grad = _first(train, GRAD_NAMES)
-    parts = {k.split("/", 1)[-1]: v for k, v in train.items() if parts_from and k.startswith(parts_from)}
+    loss = metrics[loss_key] if loss_key is not None else None
+    lr = metrics[lr_key] if lr_key is not None else None
+    grad = metrics[grad_key] if grad_key is not None else None
+    parts = {short: metrics[name] for name, short in part_keys}
     if loss is None and parts:
         loss = sum(parts.values())
     if loss is not None or lr is not None or grad is not None:
-        row = step_row(step, t=t, loss=loss, lr=lr, grad_norm=grad, parts=parts)
-        for name, value in (("loss", loss), ("lr", lr), ("grad_norm", grad)):
-            if value is not None:
-                facts.fields.add(name)
+        out.append(step_row(step, t=t, loss=loss, lr=lr, grad_norm=grad, parts=parts))
+        if loss is not None:
+            facts.fields.add("loss")
+        if lr is not None:
+            facts.fields.add("lr")
+        if grad is not None:
+            facts.fields.add("grad_norm")
         if parts:
             facts.fields.add("parts")
         facts.steps += 1
-        out.append(row)
-    if evals:
+    if eval_keys:
         facts.evals += 1
         facts.fields.add("eval")
-        out.append(event("eval", step, evals, t=t))
+        out.append(event("eval", step, {short: metrics[name] for name, short in eval_keys}, t=t))
     return out
 
 
-def _first(values: dict[str, float], names: tuple[str, ...]) -> float | None:
+@functools.lru_cache(maxsize=1024)
+def _layout(names: tuple[str, ...], parts_from: tuple[str, ...]) -> tuple[Any, ...]:
+    """Which of a step's metric names is the loss, the LR, the grad norm, an eval metric, a loss part.
+
+    Cached: a log repeats the same few sets of names millions of times.
+    """
+    train: dict[str, str] = {}  # lower-cased name -> name
+    evals: list[tuple[str, str]] = []
+    for name in names:
+        if is_eval_name(name):
+            key = name.split("/", 1)[1] if "/" in name else name.split("_", 1)[1] if "_" in name else name
+            evals.append((name, key or name))
+        else:
+            train.setdefault(name.lower(), name)
+    lr = _first(train, LR_NAMES)
+    if lr is None:
+        lr = next((v for k, v in train.items() if k.startswith(("lr-", "lr/", "lr_"))), None)
+    parts = tuple((v, k.split("/", 1)[-1]) for k, v in train.items() if parts_from and k.startswith(parts_from))
+    return _first(train, LOSS_NAMES), lr, _first(train, GRAD_NAMES), tuple(evals), parts
+
+
+def _first(values: dict[str, str], names: tuple[str, ...]) -> str | None:
     for name in names:
         if name in values:
             return values[name]

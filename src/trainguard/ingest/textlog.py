@@ -15,6 +15,7 @@ Latin-1 (a log whose encoding changed half way still reads), and cut at MAX_LINE
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -173,9 +174,9 @@ class _LineParser:
         bar = _TQDM.search(line) if "/" in line and "[" in line else None
         if bar is not None:
             return self._bar_line(line, bar)
-        pairs = {k: v for k, v in ((k, to_number(v)) for k, v in _PAIR.findall(line)) if v is not None}
-        for k, v in _SPACED.findall(line):
-            pairs.setdefault(k, to_number(v))
+        pairs = {k: float(v) for k, v in _PAIR.findall(line)}  # _NUM only matches what float() reads
+        if not pairs:
+            pairs = {k: float(v) for k, v in _SPACED.findall(line)}
         if not pairs:
             return []
         m = _STEP.search(line)
@@ -230,12 +231,18 @@ class _LineParser:
     def _emit(self, step: int, pairs: dict[str, float], *, parts: bool) -> list[dict[str, Any]]:
         if step <= self.step or not pairs:
             return []  # a bar redrawn at the same count, or a line that says nothing new
-        prefixes = tuple(k for k in pairs if parts and k.lower().endswith("loss") and k.lower() not in
-                         ("loss", "train_loss", "total_loss", "tr_loss", "training_loss"))
+        prefixes = _part_names(tuple(pairs)) if parts else ()
         out = metrics_to_events(step, pairs, self.facts, parts_from=prefixes)
         if out:
             self.step = step
         return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _part_names(keys: tuple[str, ...]) -> tuple[str, ...]:
+    """Keys that are loss parts (`kd_loss`, `lm_loss`): named *loss but not the total."""
+    return tuple(k for k in keys if k.lower().endswith("loss") and k.lower() not in
+                 ("loss", "train_loss", "total_loss", "tr_loss", "training_loss"))
 
 
 def _events(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
