@@ -6,6 +6,7 @@ import argparse
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -61,6 +62,6 @@ val = DataLoader(TensorDataset(xs[:32], ys[:32]), batch_size=16)
 logger = CSVLogger(a.out) if a.logger == "csv" else TensorBoardLogger(a.out)
 trainer = L.Trainer(max_steps=a.steps, accumulate_grad_batches=2, val_check_interval=20, log_every_n_steps=1,
                     accelerator="cpu", devices=1, logger=logger, enable_model_summary=False,
-                    default_root_dir=a.out, callbacks=[TrainguardCallback(run_dir=a.run_dir)])
+                    default_root_dir=a.out, callbacks=[TrainguardCallback(run_dir=a.run_dir), LearningRateMonitor("step")])
 trainer.fit(Tiny(), train, val)
 print("Training complete")

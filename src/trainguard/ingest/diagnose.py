@@ -159,7 +159,10 @@ def render(d: Diagnosis) -> list[str]:
         if f.fix:
             out.append(f"    fix: {f.fix}")
     if d.not_run:
-        out.append("  could not run for lack of data: "
-                   + "; ".join(f"{r} (needs {n})" for r, n in d.not_run))
+        by_need: dict[str, list[str]] = {}
+        for rule, need in d.not_run:
+            by_need.setdefault(need, []).append(rule)
+        out.append("  rules that could not run, for lack of data in this source:")
+        out.extend(f"    no {need}: {', '.join(rules)}" for need, rules in by_need.items())
     out.extend(f"  note: {n}" for n in d.notes)
     return out

@@ -34,7 +34,8 @@ class Facts:
     completed: str | None = None  # the line (or key) that says the run finished
     warnings: list[tuple[int, str]] = field(default_factory=list)  # (line number, text) of PyTorch warnings
     last_line: str | None = None
-    lines: int = 0
+    lines: int = 0  # lines (or rows, records) read; a text log's \r-separated redraws count
+    newlines: int = 0  # newline-ended lines of a text log
     mtime: float | None = None  # when the file was last written
     steps: int = 0
     evals: int = 0

@@ -39,6 +39,7 @@ _TQDM = re.compile(r"(\d+)/(\d+) \[[^\]]*?\]")
 _TQDM_POST = re.compile(r"(\d+)/(\d+) \[[^\]]*?,\s*([^\]]*=[^\]]*)\]")
 _EVAL_WORD = re.compile(r"(?:^|[\s\[(|])(?:eval|evaluation|val|valid|validation)\b", re.IGNORECASE)
 _EPOCH_BAR = re.compile(r"^\s*(?:epoch|validation|sanity)", re.IGNORECASE)
+_CHECKPOINT = re.compile(r"(?:saving|saved) (?:model )?checkpoint (?:to |at |in )?(\S+)", re.IGNORECASE)
 COMPLETION = re.compile(
     r"training (?:is )?(?:complete|completed|finished|done)|finished training|done training|"
     r"train(?:ing)? complete|['\"]train_runtime['\"]|`Trainer\.fit` stopped|all done\b|\brun (?:complete|finished)\b",
@@ -92,6 +93,7 @@ def iter_lines(f: Any, facts: Facts) -> Iterator[str]:
         block = f.read(BLOCK)
         if not block:
             break
+        facts.newlines += block.count(b"\n")
         if dropping:
             m = _NEWLINE.search(block)
             if m is None:
@@ -149,6 +151,8 @@ class _LineParser:
         if ("omplete" in line or "inish" in line or "one" in line or "runtime" in line or "stopped" in line) \
                 and COMPLETION.search(line):
             facts.completed = stripped[:200]
+        if "heckpoint" in line and (m := _CHECKPOINT.search(line)):
+            return [event("checkpoint", self.step, {"path": m.group(1).strip("'\"")}, name=m.group(1))]
         if "`" in line:
             for name, pattern in TORCH_WARNINGS:
                 if pattern.search(line) and len(facts.warnings) < 20:
@@ -247,9 +251,15 @@ def _part_names(keys: tuple[str, ...]) -> tuple[str, ...]:
 
 def _events(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
     parser = _LineParser(facts)
+    # the lines printed per step, as the watchdog counts them live (for `log-flood`): one count at the
+    # start, one at the end
+    yield event("output", 0, {"lines": 0})
     with open(path, "rb") as f:
         for lineno, line in enumerate(iter_lines(f, facts), 1):
             facts.lines = lineno
             yield from parser.feed(lineno, line)
+    if parser.step:
+        # newline-ended lines only: a tqdm bar's carriage-return redraws scroll nothing
+        yield event("output", parser.step, {"lines": facts.newlines})
     if parser.tb is not None and len(parser.tb) > 1:
         facts.traceback = parser.tb  # a traceback cut off by the end of the file
