@@ -32,10 +32,12 @@ class Model:  # the part of ultralytics.engine.model.Model that attach() uses
 
 
 net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 2))
-opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 lam = (lambda e: max(0.0, 1 - e / 1)) if a.plant == "lr-zero" else (lambda e: 1 - 0.1 * e)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lam)
-loader = [(torch.randn(16, 8), torch.randn(16, 2)) for _ in range(40)]
+W = torch.randn(8, 2)
+xs = [torch.randn(16, 8) for _ in range(40)]
+loader = [(x, x @ W) for x in xs]  # learnable targets: a healthy run's loss must fall
 trainer = SimpleNamespace(model=net, optimizer=opt, scheduler=sched, scaler=None, train_loader=loader, epochs=4,
                           accumulate=2, args=SimpleNamespace(epochs=4, batch=16, workers=0, amp=False),
                           loss_items=None, loss_names=(), metrics={}, last=Path("weights/last.pt"), epoch=0)

@@ -22,14 +22,14 @@ from trainguard.ingest.events import Source
 # report lists a rule whose data the source never carried as "could not run", not as "found nothing".
 NEEDS: dict[str, tuple[str, ...]] = {
     "lr-reaches-zero": ("lr",), "schedule-horizon-mismatch": ("sched_epoch",),
-    "weights-not-updating": ("update_ratio",), "params-without-grad": ("probe",),
+    "weights-not-updating": ("update_ratio",), "params-without-grad": ("the optimizer's parameter list (probe only)",),
     "eval-metrics-frozen": ("eval",), "loss-not-decreasing": ("loss",), "initial-loss-off": ("loss", "output_size"),
     "loss-diverging": ("loss",), "loss-spike": ("loss",), "nonfinite-loss": ("loss",),
     "nonfinite-grad": ("grad_norm",), "grad-scaler-collapse": ("loss_scale",), "loss-parts-imbalanced": ("parts",),
     "loss-part-vanished": ("parts",), "loss-parts-dont-sum": ("parts",), "loss-weight-stalled": ("weights",),
-    "log-flood": ("output",), "throughput-drop": ("step_time",), "data-wait-dominant": ("data_wait",),
-    "memory-creep": ("sample",), "device-memory-near-full": ("sample",), "checkpoint-stale": ("checkpoint",),
-    "expert-collapse": ("experts",), "perplexity-implausible": ("eval",),
+    "log-flood": ("output line counts",), "throughput-drop": ("step_time",), "data-wait-dominant": ("data_wait",),
+    "memory-creep": ("memory samples",), "device-memory-near-full": ("memory samples",), "checkpoint-stale": ("checkpoint",),
+    "expert-collapse": ("expert loads",), "perplexity-implausible": ("eval",),
 }
 
 
@@ -88,6 +88,7 @@ def diagnose_source(source: Source, now: float | None = None) -> Diagnosis:
                         "metrics, progress or traceback in them")
     state = "crashed" if crashed else "completed" if facts.completed else "unfinished" if source.log_like else "unknown"
     have = set(facts.fields) | {k for k in kinds if k not in ("step", "eval")}
+    have |= {"output line counts"} if "output" in kinds else set()
     have |= {k for k in ("total_steps",) if source.plan.get(k)}
     not_run = _not_run(engine, have, source.plan)
     return Diagnosis(path=source.path, format=source.format, state=state, findings=most_severe_first(found),
