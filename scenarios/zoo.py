@@ -149,7 +149,9 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
         loud = [f"{f.get('name')}[{f.get('severity')}]" for f in findings if f.get("severity") in ("warning", "error")]
         if loud:
             problems.append("not quiet: " + ", ".join(loud))
-    first = next((f for f in findings if f.get("name") in (exp.get("findings") or [])), None)
+    # "the first finding named": the first name in expect.yaml's list, as found in the run
+    named = [[f for f in findings if f.get("name") == want] for want in exp.get("findings") or []]
+    first = min(next((fs for fs in named if fs), []), default=None, key=_detected_at)
     if exp.get("cause") and (first is None or first.get("cause") != exp["cause"]):
         problems.append(f"cause {first.get('cause') if first else None}, expected {exp['cause']}")
     if exp.get("where") and (first is None or exp["where"] not in (first.get("where") or "")):
@@ -162,14 +164,21 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
     return Result(name, expected.strip(), got, not problems, seconds, detect, problems, status, out[-4000:])
 
 
+def _detected_at(f: dict[str, Any]) -> float:
+    at = (f.get("evidence") or {}).get("detected_step", f.get("step"))
+    return at if isinstance(at, (int, float)) else float("inf")
+
+
 def _detect(exp: dict[str, Any], first: dict[str, Any] | None, status: dict[str, Any]) -> str:
     if first is None:
         return ""
     ev = first.get("evidence") or {}
     if "detected_at" in ev and "last_progress_at" in ev:
         return f"{ev['detected_at'] - ev['last_progress_at']:.1f} s after last progress"
-    if exp.get("onset_step") is not None and first.get("step") is not None:
-        return f"step {first['step']} (onset {exp['onset_step']}, +{first['step'] - exp['onset_step']})"
+    # the health rules say where a problem starts (step) and when they were sure (detected_step)
+    at = ev.get("detected_step", first.get("step"))
+    if exp.get("onset_step") is not None and at is not None:
+        return f"step {at} (onset {exp['onset_step']}, +{at - exp['onset_step']})"
     if first.get("t") and status.get("ended"):
         return f"{max(0.0, status['ended'] - first['t']):.1f} s"
     return "at exit" if status.get("ended") else ""

@@ -428,7 +428,9 @@ class Guard:
         rec = self._records.get(step)
         if rec is None:
             return
-        need_loss = self._uses_step
+        # Step 1 waits for its loss even before the loop's first `guard.step` (a loop that calls
+        # `guard.step` after `optimizer.step()` would otherwise split step 1 into two rows).
+        need_loss = self._uses_step or step == 1
         need_opt = self.optimizer is not None
         if (not need_loss or rec.get("loss_done")) and (not need_opt or rec.get("opt_done")):
             self._emit(self._records.pop(step))
@@ -436,7 +438,8 @@ class Guard:
         # steps the optimizer without `guard.step`) is emitted once two newer steps exist.
         for old in [k for k in self._records if k < step - 1]:
             rec = self._records.pop(old)
-            rec["incomplete"] = True
+            if self._uses_step or not rec.get("opt_done"):
+                rec["incomplete"] = True
             self._emit(rec)
 
     def _emit(self, rec: dict[str, Any]) -> None:

@@ -228,7 +228,7 @@ class LossNotDecreasing(Rule):
 
     ## What it detects
     The median loss of the latest window compared with the median of the run's first steps. The
-    window is 5% of the planned run, at least 30 and at most 200 steps (200 without a plan). The loss
+    window is 5% of the planned run, at least 50 and at most 200 steps (200 without a plan). The loss
     must have fallen by more than twice the standard error of that comparison (from the loss's own
     step-to-step noise) and by at least 1% of its starting level; otherwise the rule fires.
 
@@ -257,7 +257,7 @@ class LossNotDecreasing(Rule):
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
-        self.w = self.window(0.05, 30, 200)
+        self.w = self.window(0.05, 50, 200)
         self.k = max(10, self.w // 2)
         self.first: list[float] = []
         self.first_step: int | None = None
@@ -356,9 +356,9 @@ class LossDiverging(Rule):
 
     ## What it detects
     The loss is summarised by block medians (blocks of 2% of the planned run, 10 to 50 steps). The
-    rule fires when two blocks in a row are each higher than the one before and the latest is above
-    the best block by more than the largest of: 3x that block's noise, half the best level, and a
-    quarter of the progress the run had made (first block minus best).
+    rule fires when the two latest blocks are both above the best earlier block by more than the
+    largest of: 3x that block's noise, half the best level, and a quarter of the progress the run had
+    made (first block minus best).
 
     ## Why it matters
     A loss that turns round and climbs is usually heading for NaN: an LR too high for this stage, a
@@ -366,8 +366,8 @@ class LossDiverging(Rule):
     from the checkpoint before the climb with a lower LR.
 
     ## Example
-    `TG206 loss-diverging [error] at step 240: the loss rose from its best 0.412 (steps 181-200) to 3.87
-    (steps 261-280) and is still rising`
+    `TG206 loss-diverging [error] at step 501: the loss rose from its best 0.412 (steps 481-500) to 2.45
+    (steps 521-540) and stays there (median 3.12 over steps 501-520)`
 
     ## What to change
     Lower the peak LR or lengthen the warmup, clip gradients, and resume from the last good checkpoint.
@@ -403,17 +403,15 @@ class LossDiverging(Rule):
             return None
         best = min(self.blocks[:-2], key=lambda b: b[2])
         b, c = self.blocks[-2], self.blocks[-1]
-        if not (c[2] > b[2] and b[2] > best[2]):
-            return None
         first = self.blocks[0][2]
         need = max(3 * best[3], 0.5 * abs(best[2]), 0.25 * (first - best[2]))
-        if c[2] - best[2] <= need or b[2] - best[2] <= 0.5 * need:
+        if c[2] - best[2] <= need or b[2] - best[2] <= need:
             return None
         onset = next(blk for blk in self.blocks if blk[0] > best[1] and blk[2] > best[2] + 0.5 * need)
         return self.finding(
             step=onset[0],
             summary=f"the loss rose from its best {fmt(best[2])} (steps {best[0]}-{best[1]}) to {fmt(c[2])} "
-                    f"(steps {c[0]}-{c[1]}) and is still rising",
+                    f"(steps {c[0]}-{c[1]}) and stays there (median {fmt(b[2])} over steps {b[0]}-{b[1]})",
             fix="lower the peak LR or lengthen the warmup, clip gradients, resume from the last good checkpoint",
             evidence={"best": best[2], "best_steps": [best[0], best[1]], "latest": c[2],
                       "latest_steps": [c[0], c[1]], "first": first, "threshold": need,
@@ -426,7 +424,8 @@ class LossSpike(Rule):
 
     ## What it detects
     A loss more than 10 robust standard deviations (from the median absolute deviation of the last 50
-    steps) and more than 50% above the median of those steps. Needs 30 steps of history.
+    steps) above the median of those steps, and above it by more than 50% of that median and more
+    than 5% of the run's starting loss (so the noise of a loss near zero is no spike). Needs 30 steps.
 
     ## Why it matters
     A spike is a bad batch (corrupt sample, wrong label scale, an outlier sequence length), a numerical
@@ -453,17 +452,21 @@ class LossSpike(Rule):
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
         self.hist: collections.deque[float] = collections.deque(maxlen=50)
+        self.start: list[float] = []
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         loss = row.get("loss")
         if not finite(loss):
             return None
         found = None
+        if len(self.start) < 10:
+            self.start.append(loss)
         if len(self.hist) >= 30:
             values = list(self.hist)
             med = median(values)
             sd = max(robust_std(values), 1e-3 * abs(med), 1e-12)
-            if loss - med > max(10 * sd, 0.5 * abs(med)):
+            # a jump must also matter on the run's own scale: 5% of where its loss started
+            if loss - med > max(10 * sd, 0.5 * abs(med), 0.05 * abs(median(self.start))):
                 found = self.finding(
                     step=row["step"],
                     summary=f"loss {fmt(loss)} against a median of {fmt(med)} over the last {len(values)} steps "
