@@ -18,6 +18,7 @@ Each scenario is a folder `scenarios/<name>/` holding the script(s) and `expect.
     cause: none-operand              cause expected on the first finding named (optional)
     where: "train.py:31"             text expected in that finding's `where` (optional)
     onset_step: 100                  step where the planted problem starts (optional: latency in steps)
+    requires: cuda                   run only where CUDA is available (reported as skipped elsewhere)
     timeout: 120                     seconds the scenario may take
 
 The scenario runs in a scratch copy of its folder, so whatever it writes never lands in the repository.
@@ -54,6 +55,7 @@ class Result:
     problems: list[str] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
     output: str = ""
+    skipped: bool = False
 
 
 def scenario_names() -> list[str]:
@@ -76,6 +78,8 @@ def _command(exp: dict[str, Any]) -> list[str]:
 def run_scenario(name: str, keep: str | None = None) -> Result:
     exp = load_expect(name)
     mode = exp.get("mode", "run")
+    if exp.get("requires") == "cuda" and not _has_cuda():
+        return Result(name, "needs CUDA", "skipped (no CUDA here)", True, 0.0, skipped=True)
     work = Path(tempfile.mkdtemp(prefix=f"zoo-{name}-"))
     shutil.copytree(HERE / name, work, dirs_exist_ok=True)
     run_dir = work / "run"
@@ -107,6 +111,15 @@ def run_scenario(name: str, keep: str | None = None) -> Result:
         shutil.copytree(work, dest, ignore=shutil.ignore_patterns("*.pt", "*.bin", "*.safetensors"))
     shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _has_cuda() -> bool:
+    """Scenarios with `requires: cuda` run only where a GPU is (checked in a child: torch is heavy)."""
+    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    try:
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

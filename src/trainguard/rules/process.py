@@ -20,8 +20,8 @@ class LogFlood(Rule):
 
     ## What it detects
     Lines the run printed (counted by the watchdog from its captured output; offline, from
-    `output.log`) per optimizer step, over a window of 5% of the planned run (50 to 200 steps): above 8
-    lines a step, with at least 200 lines in the window.
+    `output.log`) per optimizer step, over a window of 2.5% of the planned run (20 to 100 steps): above
+    8 lines a step, with at least 200 lines in the window.
 
     ## Why it matters
     A log that scrolls dozens of lines a step hides the one line that matters, slows the loop (printing
@@ -48,7 +48,7 @@ class LogFlood(Rule):
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
-        self.w = self.window(0.05, 50, 200)
+        self.w = self.window(0.025, 20, 100)
         self.samples: collections.deque[tuple[int, int]] = collections.deque()
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
@@ -153,13 +153,13 @@ class DataWaitDominant(Rule):
 
     ## What it detects
     From `guard.batches(loader)`: the time spent waiting for the next batch as a share of step time,
-    summed over the last 50 steps: above 50%, with at least 2 ms of waiting per step.
+    summed over the last 20 steps: above 50%, with at least 2 ms of waiting per step.
 
     ## Why it matters
     The accelerator idles while the input pipeline catches up: the run costs twice what it should.
 
     ## Example
-    `TG523 data-wait-dominant [warning] at step 60: 78% of step time over the last 50 steps is spent
+    `TG523 data-wait-dominant [warning] at step 60: 78% of step time over the last 20 steps is spent
     waiting for data (31.0 ms of 39.7 ms a step)`
 
     ## What to change
@@ -174,7 +174,7 @@ class DataWaitDominant(Rule):
     """
 
     code, name, severity = "TG523", "data-wait-dominant", "warning"
-    W = 50
+    W = 20
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -187,7 +187,7 @@ class DataWaitDominant(Rule):
             return None
         self.n += 1
         self.recent.append((row["step"], st, wait))
-        if len(self.recent) < self.W or self.n % 10:
+        if len(self.recent) < self.W or self.n % 5:
             return None
         total = sum(t for _, t, _ in self.recent)
         waited = sum(w for _, _, w in self.recent)

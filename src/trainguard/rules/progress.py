@@ -227,10 +227,12 @@ class LossNotDecreasing(Rule):
     """TG204 loss-not-decreasing: no improvement beyond the loss's own noise over a window of the run.
 
     ## What it detects
-    The median loss of the latest window compared with the median of the run's first steps. The
-    window is 5% of the planned run, at least 50 and at most 200 steps (200 without a plan). The loss
-    must have fallen by more than twice the standard error of that comparison (from the loss's own
-    step-to-step noise) and by at least 1% of its starting level; otherwise the rule fires.
+    After a window of 5% of the planned run (at least 50, at most 200 steps; 200 without a plan), the
+    median loss of the first half of the steps so far is compared with the median of the latest half.
+    The loss must have fallen by more than twice the standard error of that comparison (from the
+    loss's own step-to-step noise) and by at least 1% of its starting level, or the rule fires. When
+    the loss is so noisy that a fall of 5% could not be told from noise yet, the rule waits for more
+    steps (up to a quarter of the run) before it decides. It decides once.
 
     ## Why it matters
     A run that does not learn in its first few percent rarely learns later: the data do not match the
@@ -238,8 +240,8 @@ class LossNotDecreasing(Rule):
     far too small. Every step after that is wasted.
 
     ## Example
-    `TG204 loss-not-decreasing [warning] at step 1: after 50 steps the loss is 2.31 (median), against
-    2.30 over its first 25 steps; its step-to-step noise is 0.041`
+    `TG204 loss-not-decreasing [warning] at step 1: after 50 steps the loss is 2.31 (median of the
+    last 25), against 2.30 over its first 25 steps; its step-to-step noise is 0.041`
 
     ## What to change
     Look at a batch: do inputs and targets line up? Is the LR sensible for the optimizer? Do the
@@ -254,41 +256,49 @@ class LossNotDecreasing(Rule):
     """
 
     code, name, severity = "TG204", "loss-not-decreasing", "warning"
+    MAX_KEEP = 2000
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
         self.w = self.window(0.05, 50, 200)
-        self.k = max(10, self.w // 2)
-        self.first: list[float] = []
+        self.patience = max(self.w, int(0.25 * self.total_steps)) if self.total_steps else 1000
+        self.losses: list[float] = []
         self.first_step: int | None = None
-        self.recent: collections.deque[float] = collections.deque(maxlen=self.k)
         self.n = 0
+        self.next_check = self.w
+        self.decided = False
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         loss = row.get("loss")
-        if not finite(loss):
+        if self.decided or not finite(loss):
             return None
         self.n += 1
         if self.first_step is None:
             self.first_step = row["step"]
-        if len(self.first) < self.k:
-            self.first.append(loss)
-        self.recent.append(loss)
-        if self.n < self.w or (self.n - self.w) % max(1, self.k // 2):
+        self.losses.append(loss)
+        if len(self.losses) > self.MAX_KEEP:
+            del self.losses[self.MAX_KEEP // 2 : self.MAX_KEEP // 2 + 1]  # keep the start, thin the middle
+        if self.n < self.next_check:
             return None
-        start, now = median(self.first), median(list(self.recent))
-        noise = robust_std(list(self.recent))
-        se = 1.25 * noise * math.sqrt(2.0 / self.k)
+        k = len(self.losses) // 2
+        self.next_check = self.n + max(5, k // 4)
+        first, recent = self.losses[:k], self.losses[-k:]
+        start, now = median(first), median(recent)
+        noise = robust_std(recent)
+        se = 1.25 * noise * math.sqrt(2.0 / k)
+        if se > 0.025 * abs(start) and self.n < self.patience:
+            return None  # too noisy to tell a 5% fall from chance yet: wait for more steps
+        self.decided = True
         need = max(2 * se, 0.01 * abs(start))
         if start - now > need:
             return None
         return self.finding(
             step=self.first_step,
-            summary=f"after {self.n} steps the loss is {fmt(now)} (median of the last {self.k}), against "
-                    f"{fmt(start)} over its first {self.k} steps; its step-to-step noise is {fmt(noise)}",
+            summary=f"after {self.n} steps the loss is {fmt(now)} (median of the last {k}), against "
+                    f"{fmt(start)} over its first {k} steps; its step-to-step noise is {fmt(noise)}",
             fix="check that inputs and targets line up, the LR suits the optimizer, and gradients reach the model",
             evidence={"start_median": start, "recent_median": now, "noise": noise, "needed_drop": need,
-                      "window": self.w, "detected_step": row["step"]},
+                      "window": k, "detected_step": row["step"]},
         )
 
 
