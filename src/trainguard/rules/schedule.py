@@ -79,12 +79,13 @@ class LrReachesZero(Rule):
         if self.streak < STREAK:
             return None
         onset, onset_lr = self.onset
-        frac = self.fraction(onset)
-        if frac is not None and 1 - frac < LEFT_AT_LEAST:
+        # the onset step itself is one of the wasted ones
+        left_share = (self.total_steps - onset + 1) / self.total_steps if self.total_steps else None
+        if left_share is not None and left_share < LEFT_AT_LEAST:
             return None
         left = ""
         if self.total_steps:
-            left = f"; {1 - frac:.0%} of the planned {fmt(self.total_steps)} steps are left"
+            left = f"; {left_share:.0%} of the planned {fmt(self.total_steps)} steps are left"
         peak = f"peak {fmt(self.peak)} at step {self.peak_step}" if self.peak > 0 else "it was never above 0"
         return self.finding(
             step=onset,
@@ -94,8 +95,8 @@ class LrReachesZero(Rule):
                 "once per optimizer step; give a decaying schedule a floor if it may end before the run",
             evidence={"lr": onset_lr, "onset_step": onset, "detected_step": step, "peak_lr": self.peak,
                       "peak_step": self.peak_step, "total_steps": self.total_steps,
-                      "steps_left": (self.total_steps - onset) if self.total_steps else None,
-                      "fraction_left": round(1 - frac, 4) if frac is not None else None},
+                      "steps_left": (self.total_steps - onset + 1) if self.total_steps else None,
+                      "fraction_left": round(left_share, 4) if left_share is not None else None},
         )
 
 
