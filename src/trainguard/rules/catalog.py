@@ -61,6 +61,8 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG504", "artifact-missing", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:check_artifacts"),
     RuleEntry("TG505", "artifact-stale", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:check_artifacts"),
     RuleEntry("TG506", "probe-not-finished", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:probe_not_finished"),
+    # hang and crash diagnosis (issue 3)
+    RuleEntry("TG507", "hang-repeats", "error", "stable", "0.1.0", "trainguard.watchdog.restart:repeats_finding"),
 ]
 
 
