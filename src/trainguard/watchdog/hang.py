@@ -30,8 +30,9 @@ class StallDiagnosis:
 
     @property
     def moving(self) -> bool:
-        """The run waits on a file and wrote steadily during the sampling window: a slow save, not a hang."""
-        return self.io_bytes_moved >= classify.IO_MOVING_BYTES and self.diagnosis.cause == "io"
+        """The run wrote steadily during the sampling window while waiting (on a file, in a sleep, or where
+        no stack could say): a slow save, not a hang. A lock, a collective or a busy loop never counts."""
+        return self.io_bytes_moved >= classify.IO_MOVING_BYTES and self.diagnosis.cause in ("io", "sleep", "unknown")
 
     def finding(self, *, idle: float, timeout: float, step: int | None, phase: str | None,
                 last_progress: float) -> Finding:

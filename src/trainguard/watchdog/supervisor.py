@@ -204,7 +204,12 @@ class Supervisor:
     def _observe(self) -> WatchState:
         beats = [b for b in self.reader.heartbeats() if b["attempt"] == self.attempt]
         t_progress = max((b["t_progress"] for b in beats if b["t_progress"]), default=None)
-        probe_used = bool(beats) or bool(self.reader.events("probe"))
+        probe_starts = [e["t"] for e in self.reader.events("probe") if e["attempt"] == self.attempt]
+        probe_used = bool(beats) or bool(probe_starts)
+        if t_progress is None and probe_starts:
+            # The probe started (imports and model building are done) but no heartbeat came yet: a process
+            # that then froze with the GIL held (a C call that blocks) never writes one.
+            t_progress = max(probe_starts)
         step = max((b["step"] for b in beats if b["step"] is not None), default=None)
         phase = next((b["phase"] for b in beats if b["rank"] == 0 and b["phase"]), None)
         if not probe_used:
