@@ -310,10 +310,7 @@ def _waits_on_children(p: ProcSample) -> bool:
 
 
 def _rank(p: ProcSample) -> str | None:
-    for a in p.cmdline:
-        if a.startswith("--rank=") or a.startswith("RANK="):
-            return "rank " + a.split("=", 1)[1]
-    return None
+    return f"rank {p.rank}" if p.rank is not None else None
 
 
 def _where(f: Frame | None) -> str | None:

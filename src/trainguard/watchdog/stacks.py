@@ -61,6 +61,7 @@ class ProcSample:
     pid: int
     ppid: int | None = None
     cmdline: list[str] = field(default_factory=list)
+    rank: str | None = None  # RANK from the process's environment, where readable
     status: str | None = None
     cpu_percent: float | None = None
     rss_mb: float | None = None
@@ -174,6 +175,7 @@ def _proc_state(p: Any) -> ProcSample:
     except psutil.Error as exc:
         s.error = f"process gone or unreadable: {type(exc).__name__}"
         return s
+    s.rank = (_safe(p.environ) or {}).get("RANK")
     s.cpu_percent = _safe(lambda: round(p.cpu_percent(None), 1))
     s.io_bytes = _io_bytes(p.pid)
     s.wchan = _read(f"/proc/{p.pid}/wchan")
