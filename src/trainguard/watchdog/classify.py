@@ -128,7 +128,7 @@ def _dataloader(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSa
         return Diagnosis("dataloader-worker", _where(loop), detail, FIXES["dataloader-worker"],
                          _frames(main.main_thread), main.pid)
     w, fr = stuck[0]
-    index = _sample_index(w)
+    index = sample_index(w)
     cpu = w.cpu_percent
     state = "spinning" if cpu is not None and cpu >= BUSY_CPU else "blocked"
     detail = (f"the training process waits for a batch at {_where(loop)}; DataLoader worker pid {w.pid} is "
@@ -287,7 +287,7 @@ def _dataset_frame(w: ProcSample) -> Frame | None:
 _INDEX_NAMES = ("idx", "index", "i", "item", "key", "n")
 
 
-def _sample_index(w: ProcSample) -> str | None:
+def sample_index(w: ProcSample) -> str | None:
     t = w.main_thread
     for f in reversed(t.frames if t else []):
         if f.locals and is_user_frame(f.file):

@@ -84,4 +84,19 @@ def diagnose_stall(run_dir: Path, pid: int, *, attempt: int = 0, samples: int = 
         stacks_file = str(txt.relative_to(run_dir))
     except OSError:
         stacks_file = None
-    return StallDiagnosis(snap, classify.diagnose(snap), stacks_file, classify.io_moving(snap))
+    diag = classify.diagnose(snap)
+    if diag.cause == "dataloader-worker" and diag.extra.get("sample_index") is None and diag.pid:
+        diag.extra["sample_index"] = _sample_index_by_py_spy(diag.pid)
+        if diag.extra["sample_index"] is not None:
+            diag.detail += f", sample index {diag.extra['sample_index']}"
+    return StallDiagnosis(snap, diag, stacks_file, classify.io_moving(snap))
+
+
+def _sample_index_by_py_spy(pid: int) -> str | None:
+    """The signal dump has no local variables; py-spy (where it has ptrace rights) reads the index."""
+    spy = stacks.find_py_spy()
+    if spy is None:
+        return None
+    threads, _ = stacks.py_spy_dump(pid, spy)
+    sample = stacks.ProcSample(pid=pid, threads=threads)
+    return classify.sample_index(sample)

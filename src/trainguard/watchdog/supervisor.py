@@ -140,6 +140,7 @@ class Supervisor:
             self.writer.flush()
             self.attempt += 1
             resume = decision.resume_from
+        self.capture.join()
         return self._conclude(returncode, hang, stopped)
 
     def _attempt(self, resume: str | None) -> tuple[int, Finding | None, Finding | None]:
@@ -198,7 +199,7 @@ class Supervisor:
             self.line.clear()
             self._restore_signals()
         returncode = self.proc.wait()
-        self.capture.join()
+        self.capture.drain()
         return returncode, hang, stopped
 
     def _observe(self) -> WatchState:
