@@ -206,7 +206,7 @@ def _stacks_into(s: ProcSample, stacks_dir: Path, spy: str | None) -> None:
             s.threads, s.source = threads, "signal"
             return
         s.error = "the probe's stack dump did not answer"
-    if spy is None:
+    if not spy:
         s.error = s.error or "no stack source: the probe is not in this process and py-spy is not installed"
         return
     threads, err = py_spy_dump(s.pid, spy)
