@@ -31,7 +31,7 @@ from trainguard.store.reader import RunReader
 from trainguard.store.status import write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.watchdog import crash, restart, statusline, verdict
-from trainguard.watchdog.stall import StallPolicy
+from trainguard.watchdog.stall import StallPolicy, hang_finding
 from trainguard.watchdog.tee import OutputCapture
 
 POLL_INTERVAL = 0.5
@@ -183,9 +183,11 @@ class Supervisor:
                         stopped = finding
                         self._note(f"stopping the run on {finding.name} (--stop-on)")
                         self._terminate()
+                if state.t_progress and self._liveness and state.t_progress > self._liveness:
+                    self._io_graces = 0  # real progress again: the slow save finished
                 mark = max(t for t in (state.t_progress, self._liveness, self.attempt_started) if t is not None)
                 idle = self.stall.stalled(state.now, mark, self.attempt_started, state.phase)
-                if idle is not None and hang is None and stopped is None:
+                if idle is not None and hang is None and stopped is None and self.proc.poll() is None:
                     hang = self._on_stall(state, idle)
                     if hang is None:
                         continue  # slow but moving: not a hang
@@ -246,15 +248,27 @@ class Supervisor:
         """
         from trainguard.watchdog.hang import diagnose_stall
 
-        result = diagnose_stall(self.run_dir, state.pid, attempt=self.attempt)
+        timeout = self.stall.timeout(state.phase)
+        last_progress = state.t_progress or self.attempt_started
+        try:
+            result = diagnose_stall(self.run_dir, state.pid, attempt=self.attempt)
+        except Exception as exc:
+            # Why not raise: a broken diagnosis must not cost the user the hang finding itself.
+            self._guard_error(f"hang diagnosis failed: {exc!r}")
+            finding = hang_finding(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
+                                   last_progress=last_progress, process={"pid": state.pid})
+            self._report(finding)
+            return finding
+        if self.proc.poll() is not None:
+            return None  # it ended while we looked (a slow exit): the exit decides the state, not a stall
         if result.moving and self._io_graces < MAX_IO_GRACE:
             self._io_graces += 1
             self._liveness = time.time()
-            self._guard_error(f"stall of {idle:.0f} s looked at: {result.io_bytes_moved} bytes read/written "
-                              "while sampling, so it is slow I/O, not a hang")
+            self._guard_error(f"stall of {idle:.0f} s looked at: {result.io_bytes_moved} bytes written while "
+                              "sampling, so it is slow I/O, not a hang")
             return None
-        finding = result.finding(idle=idle, timeout=self.stall.timeout(state.phase), step=state.step,
-                                 phase=state.phase, last_progress=state.t_progress or self.attempt_started)
+        finding = result.finding(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
+                                 last_progress=last_progress)
         if self.attempt:
             finding.evidence["attempt"] = self.attempt
         self._report(finding)
