@@ -181,7 +181,10 @@ class Guard:
             self._fail("step", exc)
 
     def log(self, **values: Any) -> None:
-        """Extra per-step scalars (tensors or floats), stored with the current step."""
+        """Extra per-step scalars (tensors or floats), stored with the step being accumulated.
+
+        Called after the step's last `guard.step`, they go with the next step.
+        """
         if self._disabled or os.getpid() != self._pid:
             return
         try:
@@ -399,8 +402,10 @@ class Guard:
         self._inflight.append((rec, packs))
 
     def _emit_all(self) -> None:
-        if self._pending or self._pending_floats:
-            # micro-batches of a last, partial accumulation window still belong to a step
+        has_loss = "loss" in self._pending_floats or any(n == "loss" for n, _ in self._pending)
+        if has_loss:
+            # micro-batches of a last, partial accumulation window still belong to a step (scalars
+            # logged after the last step alone do not make one)
             self._close_loss_side(self._loss_steps + 1, time.time())
         for key in sorted(self._records):
             rec = self._records.pop(key)
