@@ -70,8 +70,8 @@ def test_the_finding_says_how_long_the_run_went_and_that_the_path_never_ran_befo
     f = crash_finding(exception="TypeError", message="unsupported operand type(s) for %: 'NoneType' and 'int'",
                       frames=[{"file": "/home/u/proj/train.py", "line": 809, "function": "evaluate", "code": None}],
                       step=1999, phase="eval", elapsed=41 * 60 + 7, phases_seen={"train": 1, "eval": 1})
-    assert "the first time phase 'eval' ran in this run, at step 1999, after 41 min" in f.summary
+    assert "in phase 'eval' (the first time this phase ran in this run), at step 1999, after 41 min" in f.summary
     assert f.evidence["phase_first_time"] is True and f.cause == "none-operand"
     again = crash_finding(exception="TypeError", message="x", frames=[], step=4000, phase="eval", elapsed=90.0,
                           phases_seen={"eval": 3})
-    assert "run 3 of it; earlier runs passed" in again.summary
+    assert "in phase 'eval' (run 3 of this phase; earlier runs passed)" in again.summary

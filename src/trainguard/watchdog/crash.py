@@ -178,10 +178,9 @@ def crash_finding(
     context = []
     if phase:
         nth = (phases_seen or {}).get(phase)
-        if nth == 1:
-            context.append(f"the first time phase '{phase}' ran in this run")
-        else:
-            context.append(f"in phase '{phase}'" + (f" (run {nth} of it; earlier runs passed)" if nth else ""))
+        first = (" (the first time this phase ran in this run)" if nth == 1
+                 else (f" (run {nth} of this phase; earlier runs passed)" if nth else ""))
+        context.append(f"in phase '{phase}'{first}")
     if step is not None:
         context.append(f"at step {step}")
     if elapsed is not None:
