@@ -57,12 +57,16 @@ def main() -> None:
 @click.option("--expect", "expects", multiple=True, metavar="PATH",
               help="An artifact the command must write during the run (repeatable); missing or stale = failed.")
 @click.option("--stop-on", default="", metavar="NAME,...", help="Stop the run when one of these findings appears.")
-@click.option("--on-hang", type=click.Choice(["kill", "wait"]), default="kill", show_default=True,
-              help="What to do with a hung process: stop it, or leave it alive for inspection.")
+@click.option("--on-hang", type=click.Choice(["kill", "wait", "restart"]), default="kill", show_default=True,
+              help="What to do with a hung process: stop it, leave it alive for inspection, or stop it and "
+                   "start it again from the newest reported checkpoint.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=3, show_default=True,
+              help="With --on-hang restart: restarts at most (0 = never); a hang that repeats at the same "
+                   "place stops restarting sooner.")
 @click.option("--quiet", is_flag=True, help="Do not echo the command's output (it still goes to output.log).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ...], stop_on: str, on_hang: str,
-        quiet: bool, command: tuple[str, ...]) -> None:
+        max_restarts: int, quiet: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND under the watchdog and tell its true final state.
 
     Exit codes: the command's own code when it ran to its end (128+N when killed by signal N);
@@ -73,7 +77,8 @@ def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ..
 
     options = RunOptions(
         command=list(command), run_dir=run_dir, stall_timeout=stall_timeout, expects=list(expects),
-        stop_on=[s.strip() for s in stop_on.split(",") if s.strip()], on_hang=on_hang, echo=not quiet,
+        stop_on=[s.strip() for s in stop_on.split(",") if s.strip()], on_hang=on_hang, max_restarts=max_restarts,
+        echo=not quiet,
     )
     sup = Supervisor(options, monitors=_default_monitors())
     sys.exit(sup.run())
