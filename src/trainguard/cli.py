@@ -107,6 +107,24 @@ def preflight(run_dir: str | None, steps: int, timeout: float, quiet: bool, comm
 
 
 @main.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--dataset-size", type=int, default=None, metavar="N",
+              help="Training samples (else the config's dataset_size); needed to compute the run's length.")
+@click.option("--fix", "do_fix", is_flag=True, help="Write a corrected config to --output and explain each change.")
+@click.option("--output", type=click.Path(dir_okay=False), default=None, help="Where --fix writes (never the input).")
+@click.option("--json", "as_json", is_flag=True, help="End with one JSON line: state, plan and findings.")
+def check(config: str, dataset_size: int | None, do_fix: bool, output: str | None, as_json: bool) -> None:
+    """Check a training CONFIG (JSON or YAML; Hugging Face or common names) before it runs.
+
+    Exit codes: 0 no error finding (with --fix: in the corrected config), 1 error findings, 2 bad input.
+    """
+    from trainguard.preflight.check import run_check
+
+    sys.exit(run_check(config, dataset_size=dataset_size, do_fix=do_fix, output=output, as_json=as_json,
+                       echo=click.echo))
+
+
+@main.command()
 @click.argument("run", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print status.json as it is.")
 def status(run: str | None, as_json: bool) -> None:

@@ -71,8 +71,9 @@ def judge(first: dict[str, Any], resume: dict[str, Any] | None, sim: dict[str, A
         if total and every and every > total:
             findings.append(path_never_runs(name, every, total))
     findings += _dominating(first, seen, total)
-    if writes:
-        findings.append(wrote_outside(writes, first, origin))
+    lasting = [w for w in writes if w["path"].startswith(origin + "/") or not is_temporary(w["path"])]
+    if lasting:  # temp and cache files are listed in preflight.json, not flagged
+        findings.append(wrote_outside(lasting, first))
     return findings
 
 
@@ -88,6 +89,15 @@ def _where_it_crashed(first: dict[str, Any], crash: Finding) -> Finding | None:
     if forced and forced[-1]["data"]["name"] not in closed:
         return path_crashed(forced[-1]["data"], crash)
     return None
+
+
+def _message(crash: Finding) -> str:
+    """The exception's message; for an error re-raised from a DataLoader worker, the original one."""
+    msg = str(crash.evidence.get("message", ""))
+    if "Original Traceback" in msg:
+        lines = [ln for ln in msg.splitlines() if ln.strip()]
+        return f"{lines[-1].strip()} (in a DataLoader worker)" if lines else msg
+    return msg
 
 
 def _crash_evidence(crash: Finding) -> dict[str, Any]:
@@ -118,7 +128,7 @@ def path_crashed(forced: dict[str, Any], crash: Finding) -> Finding:
     return Finding(
         code="TG601", name="periodic-path-crashed", severity="error", step=step,
         summary=(f"the '{name}' path (every {every} steps, {real} of the real run) crashed when preflight"
-                 f" brought it forward to step {step}: {crash.exception}: {crash.evidence.get('message', '')}"[:400]),
+                 f" brought it forward to step {step}: {crash.exception}: {_message(crash)}"[:400]),
         evidence={"path": name, "every": every, "real_first_step": first_real, "preflight_step": step,
                   **_crash_evidence(crash)},
         fix=crash.fix, cause=crash.cause, where=crash.where, exception=crash.exception, source="preflight",
@@ -147,7 +157,7 @@ def second_epoch_failed(first: dict[str, Any], crash: Finding) -> Finding:
     return Finding(
         code="TG603", name="second-epoch-failed", severity="error", step=crash.step,
         summary=(f"the training data loader failed when iterated for the second epoch: {crash.exception}:"
-                 f" {crash.evidence.get('message', '')}"[:300] + real),
+                 f" {_message(crash)}"[:300] + real),
         evidence={"loader": cut.get("type"), "batches_per_epoch": per_epoch, **_crash_evidence(crash)},
         fix=("Make the loader's __iter__ start a fresh pass each time it is called (reopen files, recreate"
              " generators, reset sampler state)."),
@@ -174,7 +184,7 @@ def resume_failed(resume: dict[str, Any], checkpoint: str) -> Finding:
     Known false positives: none known.
     """
     crash = next((f for f in resume["findings"] if f.severity == "error"), None)
-    detail = f"{crash.exception}: {crash.evidence.get('message', '')}" if crash and crash.exception else (
+    detail = f"{crash.exception}: {_message(crash)}" if crash and crash.exception else (
         crash.summary if crash else f"the resumed start ended {resume['state']}")
     return Finding(
         code="TG602", name="checkpoint-resume-failed", severity="error", step=crash.step if crash else None,
@@ -245,7 +255,7 @@ def path_dominates(name: str, every: int, secs: float, path_total: float, train_
     )
 
 
-def wrote_outside(writes: list[dict[str, str]], first: dict[str, Any], origin: str) -> Finding:
+def wrote_outside(writes: list[dict[str, str]], first: dict[str, Any]) -> Finding:
     """TG608 wrote-outside-scratch: the preflight's script wrote files outside its scratch folder.
 
     What it detects: preflight runs the script in a scratch folder of symlinks to the user's files and
@@ -256,17 +266,16 @@ def wrote_outside(writes: list[dict[str, str]], first: dict[str, Any], origin: s
     Example: /data/ckpt/last.pt (written), /home/me/project/results.json (created).
     What to change: delete the files listed before the real run; let the script write relative to its
     working folder (or to a folder given by an option), so the preflight keeps its writes to itself.
-    Known false positives: caches and temporary files (severity info when every file is in one).
+    Known false positives: none known; files in temp and cache folders are not flagged (they are listed in
+    preflight.json).
     """
     ckpts = {c.get("path") for c in first["checkpoints"]}
-    lasting = [w for w in writes if w["path"].startswith(origin) or not is_temporary(w["path"])]
-    severity = "warning" if lasting else "info"
     resumable = [w["path"] for w in writes if w["path"] in ckpts]
-    shown = ", ".join(f"{w['path']} ({w['op']})" for w in (lasting or writes)[:5])
+    shown = ", ".join(f"{w['path']} ({w['op']})" for w in writes[:5])
     more = f" and {len(writes) - 5} more" if len(writes) > 5 else ""
     note = "; it includes a checkpoint the real run could resume from" if resumable else ""
     return Finding(
-        code="TG608", name="wrote-outside-scratch", severity=severity,
+        code="TG608", name="wrote-outside-scratch", severity="warning",
         summary=f"the preflight wrote {len(writes)} file(s) outside its scratch folder: {shown}{more}{note}",
         evidence={"files": writes[:100], "checkpoints_outside": resumable},
         fix="Delete these files before the real run; make the script write relative to its working folder.",

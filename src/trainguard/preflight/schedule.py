@@ -116,7 +116,7 @@ def _stepping(sim: dict[str, Any]) -> str:
 
 
 def schedule_ends_early(sim: dict[str, Any], evidence: dict[str, Any]) -> Finding:
-    """TG604 schedule-ends-early: the simulated LR reaches zero long before the planned run ends.
+    """TG604 schedule-ends-early: the simulated LR schedule is over (often at zero) long before the run ends.
 
     What it detects: preflight steps a copy of the scheduler exactly as the script steps the real one
     (the number of scheduler steps per optimizer step is measured on the first real steps) for the
