@@ -21,14 +21,17 @@ from trainguard.findings import Finding
 
 MAX_SCHED_STEPS = 400_000  # a bound on the simulation's cost (a LambdaLR step is ~5 µs on a CPU)
 CURVE_POINTS = 1000  # points kept in schedule.json for the report
-LOW = 0.01  # "at zero": at most 1% of the peak LR
-ENDS_EARLY_SHARE = 0.10  # an LR at zero for more than this share of the run is an error
-EXTEND = 8  # simulate up to this many times the plan to find where the schedule itself ends
+LOW = 0.01  # LRs within 1% of the peak of each other count as the same value (a flat stretch)
+ZERO = 1e-3  # an LR at most 0.1% of the peak is zero for training purposes
+ZERO_SHARE = 0.10  # an LR at zero for more than this share of the run is an error
+OVER_SHARE = 1 / 3  # a schedule over (flat at a decayed value) for more than this share of the run is an error
+EXTEND = 20  # simulate up to this many times the plan to find where the schedule itself ends
+ENDLESS = ("StepLR", "ExponentialLR", "CyclicLR", "CosineAnnealingWarmRestarts")  # they never end: no "late"
 
 
 def simulate(sched: Any, *, ratio: float, offset: int, total_steps: int | None, grad_accum: int) -> dict[str, Any]:
     """Steps `sched` (a private copy) as the script does and returns the curve and its landmarks."""
-    result: dict[str, Any] = {"ratio": ratio, "offset": offset, "total_steps": total_steps,
+    result: dict[str, Any] = {"scheduler": type(sched).__name__, "ratio": ratio, "offset": offset, "total_steps": total_steps,
                               "grad_accum": grad_accum, "horizon": getattr(sched, "total_steps", None)}
     if not total_steps:
         result["skipped"] = "no total_steps in trainguard.watch(): the plan's length is unknown"
@@ -46,15 +49,20 @@ def simulate(sched: Any, *, ratio: float, offset: int, total_steps: int | None, 
         warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": the copy has no optimizer steps
         for k in range(1, n + 1):
             target = offset + round((k - 1) * ratio)
-            while done < target:
-                sched.step()
-                done += 1
+            try:
+                while done < target:
+                    sched.step()
+                    done += 1
+            except Exception as exc:  # e.g. OneCycleLR stepped past its total_steps raises ValueError
+                if k <= total_steps:
+                    result["raised"] = {"step": k, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                break
             lrs.append(float(sched.optimizer.param_groups[0]["lr"]))
-    if len(lrs) < total_steps:
+    if len(lrs) < total_steps and "raised" not in result:
         result["truncated"] = f"simulated {len(lrs)} of {total_steps} planned steps (bounded cost)"
     plan = lrs[:total_steps]
     result.update(_landmarks(lrs, plan, total_steps))
-    stride = max(1, len(plan) // CURVE_POINTS)
+    stride = max(1, math.ceil(len(plan) / CURVE_POINTS))
     result["curve"] = [[k + 1, plan[k]] for k in range(0, len(plan), stride)] + [[len(plan), plan[-1]]]
     result["simulated_steps"] = len(lrs)
     return result
@@ -65,7 +73,7 @@ def _landmarks(lrs: list[float], plan: list[float], total: int) -> dict[str, Any
     out: dict[str, Any] = {"peak_lr": peak, "final_lr": plan[-1] if plan else None,
                            "planned_simulated": len(plan)}
     if not plan or peak <= 0:
-        out["flat_from"] = 1
+        out.update(flat_from=1, over=True)
         return out
     out["peak_at"] = plan.index(peak) + 1
     # the first step from which the LR stays at its final value (within 1% of the peak) to the plan's end
@@ -75,6 +83,8 @@ def _landmarks(lrs: list[float], plan: list[float], total: int) -> dict[str, Any
     settled = len(lrs) > total and end < len(lrs) - max(10, total // 4)
     out["schedule_end"] = end if settled else None
     out["lr_after_schedule_end"] = lrs[-1] if settled else None
+    # over: flat from `flat_from` to the end of the plan and, as far as simulated, beyond it
+    out["over"] = bool(len(lrs) <= total or (settled and end <= out["flat_from"] + 1))
     return out
 
 
@@ -92,14 +102,18 @@ def schedule_findings(sim: dict[str, Any]) -> list[Finding]:
         return []
     total = sim["total_steps"]
     out = []
+    if sim.get("raised"):
+        return [scheduler_raises(sim)]
     evidence = {k: sim.get(k) for k in ("scheduler", "total_steps", "grad_accum", "ratio", "peak_lr", "peak_at",
                                         "final_lr", "flat_from", "schedule_end")}
     flat_from, peak, final = sim.get("flat_from"), sim.get("peak_lr") or 0.0, sim.get("final_lr") or 0.0
-    if flat_from is not None and final <= 0.5 * peak and (total - flat_from + 1) / total > ENDS_EARLY_SHARE:
+    share = (total - flat_from + 1) / total if flat_from is not None else 0.0
+    zero = final <= ZERO * peak
+    if sim.get("over") and ((zero and share > ZERO_SHARE) or (final <= 0.5 * peak and share > OVER_SHARE)):
         out.append(schedule_ends_early(sim, evidence))
     end = sim.get("schedule_end")
     after = sim.get("lr_after_schedule_end")
-    if (not out and end is not None and end > 1.25 * total and after is not None and peak > 0
+    if (not out and end is not None and sim.get("scheduler") not in ENDLESS and end > 1.25 * total and after is not None and peak > 0
             and abs(final - after) > 0.1 * peak):
         out.append(schedule_ends_late(sim, evidence))
     return out
@@ -120,8 +134,9 @@ def schedule_ends_early(sim: dict[str, Any], evidence: dict[str, Any]) -> Findin
 
     What it detects: preflight steps a copy of the scheduler exactly as the script steps the real one
     (the number of scheduler steps per optimizer step is measured on the first real steps) for the
-    planned `total_steps`; the schedule is over (the LR sits at its final value, at most half its peak)
-    for more than the last 10% of the plan.
+    planned `total_steps`, then past it; the schedule is over, and stays over, with the LR at zero for
+    more than the last 10% of the plan, or at a decayed final value (at most half its peak) for more than
+    the last third.
     Why it matters: seed 002 sized its schedule for 75,000 micro-batches while the optimizer stepped
     4,687 times: the schedule finished in 6% of the run and the LR was zero for the remaining 94%; the
     loss stayed flat for hours. Stepping the scheduler once per micro-batch with accumulation 8 does the
@@ -131,13 +146,16 @@ def schedule_ends_early(sim: dict[str, Any], evidence: dict[str, Any]) -> Findin
     accumulation 8).
     What to change: size the schedule in optimizer steps (`ceil(batches / grad_accum) * epochs`) and step
     it once per optimizer step, right after `optimizer.step()`.
-    Known false positives: a schedule meant to end with a long stretch at a low constant LR.
+    A scheduler that raises when stepped past its length (OneCycleLR) within the plan is reported here
+    too: the real run would crash at that step.
+    Known false positives: a schedule meant to end with a long stretch at a low constant LR (a step
+    schedule whose last stage is over a third of the run).
     """
     total = sim["total_steps"]
     flat_from = sim["flat_from"]
     share = (total - flat_from + 1) / total
     final, peak = sim.get("final_lr") or 0.0, sim["peak_lr"]
-    level = "zero" if final <= LOW * peak else f"{final:.3g} ({final / peak:.0%} of its peak {peak:.3g})"
+    level = "zero" if final <= ZERO * peak else f"{final:.3g} ({final / peak:.0%} of its peak {peak:.3g})"
     return Finding(
         code="TG604", name="schedule-ends-early", severity="error", step=flat_from,
         summary=(f"the simulated LR schedule is over at step {flat_from} of {total}: the LR stays at {level} for"
@@ -145,6 +163,19 @@ def schedule_ends_early(sim: dict[str, Any], evidence: dict[str, Any]) -> Findin
         evidence=evidence,
         fix=("Size the schedule in optimizer steps (batches per epoch / grad_accum × epochs) and call"
              " scheduler.step() once per optimizer step, after optimizer.step(). The curve is in schedule.json."),
+        source="preflight",
+    )
+
+
+def scheduler_raises(sim: dict[str, Any]) -> Finding:
+    raised = sim["raised"]
+    return Finding(
+        code="TG604", name="schedule-ends-early", severity="error", step=raised["step"], cause="scheduler-raises",
+        summary=(f"the scheduler raises when the run reaches step {raised['step']} of {sim['total_steps']}:"
+                 f" {raised['error']}; {_stepping(sim)}"),
+        evidence={"raised": raised, "total_steps": sim["total_steps"], "ratio": sim.get("ratio"),
+                  "scheduler": sim.get("scheduler")},
+        fix="Size the scheduler for the run's optimizer steps and step it once per optimizer step.",
         source="preflight",
     )
 

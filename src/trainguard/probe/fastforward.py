@@ -16,10 +16,12 @@ seconds:
 In "resume" mode (the second, brief start, with TRAINGUARD_RESUME_FROM set) nothing is brought forward:
 the script resumes from the preflight's checkpoint, makes `steps` optimizer steps and is stopped.
 
-Writes: a Python audit hook watches files opened for writing. A write into the scratch folder through one
-of its symlinks to the user's files first replaces the symlink by a private copy (copy on write), so the
-preflight never alters the user's files; a write anywhere else is listed in `outside-writes.txt` of the
-run folder, for the preflight's report.
+Writes: a Python audit hook watches files opened for writing (and `torch.save`/safetensors' `save_file`,
+which open their files in native code, are wrapped to do the same). A write into the scratch folder
+through one of its symlinks to the user's files first replaces the symlink by a private copy (copy on
+write), so the preflight never alters the user's files; a write anywhere else is listed in
+`outside-writes.txt` of the run folder, for the preflight's report. Other native writers are not seen
+here: the preflight compares the user's folder before and after instead (after the fact).
 
 Everything here is bounded and fail-open like the rest of the probe: an error is logged to guard.log and
 the fast-forward steps aside (the script then simply runs on).
@@ -282,7 +284,9 @@ def install_write_watch(scratch: Path, run_dir: Path) -> None:
     out = os.path.join(run_s, WRITES_FILE)
 
     def record(path: str, what: str) -> None:
-        real = os.path.realpath(path)
+        # a rename, removal or mkdir acts on the entry itself (a symlink is not followed): its folder counts
+        real = os.path.realpath(path) if what == "write" else os.path.join(
+            os.path.realpath(os.path.dirname(path)), os.path.basename(path))
         if real.startswith(os.path.realpath(scratch_s) + os.sep) or real.startswith(ignored) \
                 or "__pycache__" in real or real in listed:
             return
@@ -316,6 +320,31 @@ def install_write_watch(scratch: Path, run_dir: Path) -> None:
             _busy = False
 
     sys.addaudithook(hook)
+
+    def guarded(save: Any) -> Any:
+        """torch.save and safetensors open their files in C++ / Rust, unseen by the audit hook."""
+
+        def save_in_scratch(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+            global _busy
+            if isinstance(f, (str, bytes, os.PathLike)) and not _busy:
+                _busy = True  # our own unlink/mkdir below are not the script's writes
+                try:
+                    path = os.path.abspath(os.fsdecode(f))
+                    _own_copy(path, scratch_s, append=False)
+                    record(path, "write")
+                except Exception:
+                    pass
+                finally:
+                    _busy = False
+            return save(obj, f, *args, **kwargs)
+
+        save_in_scratch.__wrapped__ = save  # type: ignore[attr-defined]
+        return save_in_scratch
+
+    for module, attr in (("torch", "save"), ("safetensors.torch", "save_file")):
+        mod = sys.modules.get(module)
+        if mod is not None and callable(getattr(mod, attr, None)):
+            setattr(mod, attr, guarded(getattr(mod, attr)))
 
 
 def _materialize(directory: str, scratch: str) -> None:
