@@ -93,7 +93,8 @@ class FastForward:
             self.seen[name] = every
             self._event(guard, "due-seen", {"name": name, "every": every})
         step = guard.step_count
-        if self.mode != "first" or name in self.forced or step < self.steps or not self._at_boundary(guard):
+        if (self.mode != "first" or every <= 0 or name in self.forced or step < self.steps
+                or not self._at_boundary(guard)):  # every <= 0: the path is switched off, as in the real run
             return False
         self.forced[name] = step
         self.last_new = step
