@@ -83,3 +83,13 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--steps must be at least 2" in r.stderr and "Traceback" not in r.stderr
     r = run_trainguard("preflight", "--run-dir", str(tmp_path / "run"), "--", "no-such-command-xyz", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "command not found" in r.stderr
+
+
+def test_script_without_the_probe_is_stopped_at_the_timeout(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("import time\nfor i in range(600):\n    print(i, flush=True)\n    time.sleep(0.1)\n")
+    r = run_trainguard("preflight", "--quiet", "--timeout", "3", "--run-dir", str(tmp_path / "run"), "--",
+                       sys.executable, "train.py", cwd=tmp_path, timeout=60)
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert r.returncode == 1
+    assert [f["name"] for f in status["findings"]] == ["preflight-timed-out"]
+    assert "never called trainguard.watch()" in r.stderr

@@ -14,7 +14,8 @@ torch.set_num_threads(1)
 ctx, epochs, accum = 32, 3, 2
 data = corpus(40)
 windows = torch.stack([data[i:i + ctx + 1] for i in range(0, len(data) - ctx - 1, ctx)])
-loader = torch.utils.data.DataLoader(windows, batch_size=8, shuffle=True, num_workers=0, drop_last=True)
+loader = torch.utils.data.DataLoader(windows, batch_size=8, shuffle=True, num_workers=1, persistent_workers=True,
+                                     drop_last=True)
 total = epochs * (len(loader) // accum)
 model = TinyLM(dim=32, layers=1, ctx=ctx)
 opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
