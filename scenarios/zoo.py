@@ -168,13 +168,13 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
 def _detect(exp: dict[str, Any], first: dict[str, Any] | None, status: dict[str, Any]) -> str:
     if first is None:
         return ""
+    if (status.get("preflight") or {}).get("seconds") is not None:
+        return f"{status['preflight']['seconds']:.1f} s (whole preflight)"
     ev = first.get("evidence") or {}
     if "detected_at" in ev and "last_progress_at" in ev:
         return f"{ev['detected_at'] - ev['last_progress_at']:.1f} s after last progress"
     if exp.get("onset_step") is not None and first.get("step") is not None:
         return f"step {first['step']} (onset {exp['onset_step']}, +{first['step'] - exp['onset_step']})"
-    if (status.get("preflight") or {}).get("seconds") is not None:
-        return f"{status['preflight']['seconds']:.1f} s (whole preflight)"
     if first.get("t") and status.get("ended"):
         return f"{max(0.0, status['ended'] - first['t']):.1f} s"
     return "at exit" if status.get("ended") else ""

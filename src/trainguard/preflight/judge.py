@@ -65,6 +65,8 @@ def judge(first: dict[str, Any], resume: dict[str, Any] | None, sim: dict[str, A
     if resume is not None and resume["state"] != "completed":
         findings.append(resume_failed(resume, last_checkpoint(first) or "?"))
     findings += schedule_findings(sim or {})
+    have = {f.name for f in findings}
+    findings += [f for f in health_findings(first["dir"]) if f.name not in have]
     total = first["plan"].get("total_steps")
     seen = {e["data"]["name"]: e["data"]["every"] for e in _named(first, "due-seen")}
     for name, every in seen.items():
@@ -75,6 +77,24 @@ def judge(first: dict[str, Any], resume: dict[str, Any] | None, sim: dict[str, A
     if lasting:  # temp and cache files are listed in preflight.json, not flagged
         findings.append(wrote_outside(lasting, first))
     return findings
+
+
+def health_findings(start_dir: Path) -> list[Finding]:
+    """The health rules (trainguard.rules), run over what the preflight's first start recorded.
+
+    The same rules as a live run's: a NaN at step 2, parameters missing from the optimizer or an LR at
+    zero from the start show in a preflight's few steps as they would in the real run.
+    """
+    try:
+        from trainguard.rules.engine import run_rules
+    except ImportError:  # the rules engine is not part of this installation yet
+        return []
+    with RunReader(start_dir) as reader:
+        if not reader.has_db or not hasattr(reader, "iter_events"):
+            return []
+        plan = reader.meta().get("plan") or {}
+        events = list(reader.iter_events())
+    return list(run_rules(events, plan, source="preflight"))
 
 
 def _where_it_crashed(first: dict[str, Any], crash: Finding) -> Finding | None:
