@@ -73,6 +73,10 @@ def test_plan_follows_hugging_face(tmp_path: Path) -> None:
     assert (plan.micro_per_epoch, plan.steps_per_epoch, plan.optimizer_steps) == (126, 42, 84)
     p.write_text("max_steps: 500\nnum_train_epochs: 2\n")
     assert plan_of(load_config(p)).optimizer_steps == 500
+    # eval_steps below 1 is a share of the run; warmup_steps 0 leaves warmup_ratio in charge
+    p.write_text("max_steps: 500\neval_steps: 0.1\nwarmup_steps: 0\nwarmup_ratio: 0.8\n")
+    _, findings = check(load_config(p))
+    assert [f.name for f in findings] == ["warmup-exceeds-run"] and findings[0].evidence["warmup_steps"] == 400
 
 
 @pytest.mark.parametrize("line, name, severity", [

@@ -59,6 +59,14 @@ def _at(cfg: Config, name: str) -> str:
     return cfg.where.get(name, name)
 
 
+def interval(cfg: Config, name: str, steps: int) -> int | None:
+    """An eval/save interval in optimizer steps; below 1 it is a share of the run (Hugging Face's rule)."""
+    every = cfg.get(name)
+    if every is None or every <= 0:
+        return None
+    return max(1, math.ceil(every * steps)) if every < 1 else int(every)
+
+
 # -------------------------------------------------------------------------------------------------
 # the checks; each returns findings, each finding's evidence names the dotted keys it read
 
@@ -137,7 +145,7 @@ def warmup(cfg: Config, steps: int) -> list[Finding]:
     Known false positives: none known.
     """
     g = cfg.get
-    if g("warmup_steps") is not None:
+    if g("warmup_steps"):  # Hugging Face: warmup_steps > 0 wins over warmup_ratio
         w, key = g("warmup_steps"), _at(cfg, "warmup_steps")
     elif g("warmup_ratio") is not None:
         w, key = g("warmup_ratio") * steps, _at(cfg, "warmup_ratio")
@@ -151,7 +159,7 @@ def warmup(cfg: Config, steps: int) -> list[Finding]:
         code="TG613", name="warmup-exceeds-run", severity=severity,
         summary=f"the warmup ({key}: {w:g} steps) is {what} the run's {steps} optimizer steps: the LR never"
                 f" {'reaches' if w >= steps else 'spends long at'} its peak",
-        evidence={key: g("warmup_steps") if g("warmup_steps") is not None else g("warmup_ratio"),
+        evidence={key: g("warmup_steps") or g("warmup_ratio"),
                   "warmup_steps": w, "optimizer_steps": steps},
         fix=f"Use a warmup of about {max(1, round(0.1 * steps))} steps (10% of the run).", source="check")]
 
@@ -169,7 +177,7 @@ def intervals(cfg: Config, steps: int) -> list[Finding]:
     """
     out = []
     for name, label in (("eval_steps", "eval"), ("save_steps", "save")):
-        every = cfg.get(name)
+        every = interval(cfg, name, steps)
         strategy = cfg.get(f"{label}_strategy", "steps")
         if not every or strategy != "steps":
             continue
@@ -216,7 +224,7 @@ def patience(cfg: Config, steps: int) -> list[Finding]:
     Known false positives: a curriculum whose loss is comparable across its stages (rare).
     """
     g = cfg.get
-    pat, every = g("patience"), g("eval_steps")
+    pat, every = g("patience"), interval(cfg, "eval_steps", steps)
     if not pat or not every or pat <= 0 or every <= 0 or every > steps:
         return []
     window = pat * every
@@ -329,15 +337,15 @@ def fix(cfg: Config, plan: Plan, findings: list[Finding]) -> tuple[dict[str, Any
                                      " stepped once per optimizer step")
     if "warmup-exceeds-run" in names:
         share = 0.1
-        if old_sched and g("warmup_steps") is not None and g("warmup_steps") < 0.5 * old_sched:
+        if old_sched and g("warmup_steps") and g("warmup_steps") < 0.5 * old_sched:
             share = g("warmup_steps") / old_sched  # keep the share of the schedule the warmup was meant to be
-        if g("warmup_steps") is not None:
+        if g("warmup_steps"):
             change("warmup_steps", max(1, round(share * steps)),
                    f"{share:.0%} of the run's {steps} optimizer steps" + (
                        f", the share of the schedule it had ({g('warmup_steps')} of {old_sched})" if share != 0.1 else ""))
         else:
             change("warmup_ratio", 0.1, "10% of the run")
-    new_eval = g("eval_steps")
+    new_eval = interval(cfg, "eval_steps", steps)
     for f in findings:
         if f.name not in ("interval-exceeds-run", "interval-dominates-run"):
             continue
