@@ -45,6 +45,8 @@ def simulate(sched: Any, *, ratio: float, offset: int, total_steps: int | None, 
     n = max(1, min(total_steps * EXTEND, int(MAX_SCHED_STEPS / ratio)))
     lrs: list[float] = []
     done = 0
+    settle = max(10, total_steps // 4) + 2  # past the plan, this many flat steps say the schedule is over
+    flat, tol = 0, 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": the copy has no optimizer steps
         for k in range(1, n + 1):
@@ -58,6 +60,12 @@ def simulate(sched: Any, *, ratio: float, offset: int, total_steps: int | None, 
                     result["raised"] = {"step": k, "error": f"{type(exc).__name__}: {exc}"[:300]}
                 break
             lrs.append(float(sched.optimizer.param_groups[0]["lr"]))
+            if k == total_steps:
+                tol = LOW * max(lrs)
+            elif k > total_steps:
+                flat = flat + 1 if abs(lrs[-1] - lrs[-2]) <= tol and abs(lrs[-1] - lrs[-1 - flat]) <= tol else 0
+                if flat >= settle:
+                    break  # flat long enough past the plan: where it ends is known, no need to go on
     if len(lrs) < total_steps and "raised" not in result:
         result["truncated"] = f"simulated {len(lrs)} of {total_steps} planned steps (bounded cost)"
     plan = lrs[:total_steps]
