@@ -22,12 +22,17 @@ TIMEOUT_NAME = "preflight-timed-out"
 DOMINATES = 1.0  # a periodic path that would take longer than the training itself is flagged
 
 
-def load_start(start_dir: Path, *, mode: str, exit_code: int) -> dict[str, Any]:
-    """One start's status, preflight events, checkpoints, step times and plan, as plain data."""
+def load_start(start_dir: Path, *, mode: str, exit_code: int, scratch: str, origin: str) -> dict[str, Any]:
+    """One start's status, preflight events, checkpoints, step times and plan, as plain data.
+
+    Paths into the scratch folder (a crash's `where` and frames) are shown as the user's own files, which
+    the scratch folder's symlinks point at.
+    """
     try:
         status = read_status(start_dir)
     except Exception:
         status = {}
+    status = _renamed(status, scratch.rstrip("/") + "/", origin.rstrip("/") + "/")
     with RunReader(start_dir) as reader:
         events = reader.events("preflight")
         return {
@@ -39,6 +44,16 @@ def load_start(start_dir: Path, *, mode: str, exit_code: int) -> dict[str, Any]:
             "plan": reader.meta().get("plan") or {},
             "crash_event_id": max((e["id"] for e in reader.events("crash")), default=None),
         }
+
+
+def _renamed(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(old, new)
+    if isinstance(value, list):
+        return [_renamed(v, old, new) for v in value]
+    if isinstance(value, dict):
+        return {k: (v if k in ("checkpoint", "path") else _renamed(v, old, new)) for k, v in value.items()}
+    return value
 
 
 def last_checkpoint(start: dict[str, Any]) -> str | None:

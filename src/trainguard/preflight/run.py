@@ -96,7 +96,7 @@ def _start(opts: PreflightOptions, start_dir: Path, work: Path, *, mode: str, st
                          env={ENV_PREFLIGHT: json.dumps(cfg), **(env or {})})
     sup = Supervisor(options, monitors=[judge.TimeLimit(opts.timeout, mode)])
     code = sup.run()
-    return judge.load_start(start_dir, mode=mode, exit_code=code)
+    return judge.load_start(start_dir, mode=mode, exit_code=code, scratch=str(work), origin=str(Path.cwd()))
 
 
 def _conclude(run_dir: Path, opts: PreflightOptions, findings: list[Finding], summary: dict[str, Any]) -> int:
