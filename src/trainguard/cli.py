@@ -81,7 +81,32 @@ def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ..
 
 def _default_monitors() -> list:
     """Monitors every `trainguard run` gets. Each family that can watch a live run adds itself here."""
-    return []
+    from trainguard.rules.live import RulesMonitor
+
+    return [RulesMonitor()]
+
+
+@main.command()
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True, help="The findings as a JSON list.")
+def diagnose(run: str, as_json: bool) -> None:
+    """Run the health rules over a stored run folder and print what they find.
+
+    Exit codes: 0 no error finding, 1 at least one error finding, 2 bad input.
+    """
+    from trainguard.rules.diagnose import diagnose_run
+    from trainguard.store.paths import resolve_run
+
+    findings = diagnose_run(resolve_run(run))
+    if as_json:
+        click.echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
+    elif not findings:
+        click.echo("trainguard: no findings")
+    for f in [] if as_json else findings:
+        click.echo(f.one_line())
+        if f.fix:
+            click.echo(f"  fix: {f.fix}")
+    sys.exit(1 if any(f.severity == "error" for f in findings) else 0)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

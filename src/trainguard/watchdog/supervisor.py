@@ -201,6 +201,20 @@ class Supervisor:
             out.append(f)
         return [f for f in out if self._is_new(f)]
 
+    def _finish_monitors(self, step: int | None) -> None:
+        """Monitors with a `finish(state)` get one last look after the process ended (its last rows)."""
+        state = self._observe_final(step)
+        for mon in list(self.monitors):
+            finish = getattr(mon, "finish", None)
+            if finish is None:
+                continue
+            try:
+                for f in finish(state):
+                    if self._is_new(f):
+                        self._report(f)
+            except Exception as exc:
+                self._guard_error(f"monitor {type(mon).__name__} failed at the end: {exc!r}")
+
     def _on_stall(self, state: WatchState, idle: float) -> Finding:
         """A stall: record what the process looks like now. The hang issue adds stacks and a cause."""
         process = _process_sample(state.pid)
@@ -255,6 +269,7 @@ class Supervisor:
             self._report(f)
         for f in self.reader.findings():
             self._is_new(f) and self.findings.append(f)
+        self._finish_monitors(step)
         self.writer.add_event("run", "end", {"state": v.state, "exit_code": v.exit_code, "signal": v.signal,
                                              "duration": time.time() - self.started})
         self.writer.flush()
