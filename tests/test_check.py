@@ -126,3 +126,16 @@ def test_fix_needs_an_output_other_than_the_input(tmp_path: Path) -> None:
         r = run_trainguard("check", str(cfg), *args, cwd=tmp_path)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert cfg.read_text() == SEED002.read_text()
+
+
+def test_configuration_rules_have_full_pages() -> None:
+    from trainguard.rules.catalog import CATALOG
+
+    sections = ("## What it detects", "## Why it matters", "## Example", "## What to change",
+                "## Known false positives", "## Options")
+    entries = [e for e in CATALOG if e.code.startswith("TG6")]
+    assert len(entries) >= 16
+    for e in entries:
+        doc = e.doc()
+        assert all(s in doc for s in sections), e.code
+        assert e.headline() and not e.headline().startswith("TG")

@@ -83,17 +83,29 @@ def check(cfg: Config) -> tuple[Plan, list[Finding]]:
 def schedule_length(cfg: Config, plan: Plan) -> list[Finding]:
     """TG611 schedule-ignores-accumulation: the LR schedule's length counts micro-batches, not optimizer steps.
 
-    What it detects: the schedule length in the config (`num_training_steps`, `scheduler_steps`, `t_max`...)
+    ## What it detects
+    The schedule length in the config (`num_training_steps`, `scheduler_steps`, `t_max`...)
     equals the number of micro-batches (optimizer steps × gradient accumulation) instead of the number
     of optimizer steps, which is what the scheduler is stepped in.
-    Why it matters: seed 002 sized its schedule for 75,000 micro-batches with accumulation 16; the
+
+    ## Why it matters
+    Seed 002 sized its schedule for 75,000 micro-batches with accumulation 16; the
     optimizer stepped 4,687 times, so the schedule was 6% done at the end of the run. With a schedule
     sized right but stepped per micro-batch the LR sits at zero for 94% of the run instead.
-    Example: num_training_steps 75000 = 4687 optimizer steps × gradient_accumulation_steps 16.
-    What to change: set the schedule length to the optimizer steps; `--fix` does (and rescales a warmup
+
+    ## Example
+    `num_training_steps` 75000 = 4687 optimizer steps × gradient_accumulation_steps 16.
+
+    ## What to change
+    Set the schedule length to the optimizer steps; `--fix` does (and rescales a warmup
     that was a share of the wrong length).
-    Known false positives: a script that really steps its scheduler once per micro-batch; preflight's
+
+    ## Known false positives
+    A script that really steps its scheduler once per micro-batch; preflight's
     simulation (`trainguard preflight`) tells which.
+
+    ## Options
+    `--dataset-size N` (or `dataset_size` in the config) to compute the run's length.
     """
     g = cfg.get
     sched, steps, accum = g("sched_steps"), plan.optimizer_steps, g("grad_accum", 1)
@@ -122,27 +134,51 @@ def schedule_length(cfg: Config, plan: Plan) -> list[Finding]:
 def schedule_length_mismatch() -> None:
     """TG612 schedule-length-mismatch: the LR schedule's length differs from the run's optimizer steps.
 
-    What it detects: a schedule length in the config more than 10% away from the planned optimizer steps
+    ## What it detects
+    A schedule length in the config more than 10% away from the planned optimizer steps
     (and not explained by gradient accumulation, which TG611 names).
-    Why it matters: a schedule shorter than the run leaves the LR at its final value (often zero) for the
+
+    ## Why it matters
+    A schedule shorter than the run leaves the LR at its final value (often zero) for the
     rest of the run (error); a longer one never finishes its decay (warning).
-    Example: num_training_steps 2000 but the run makes 4687 optimizer steps: the schedule is over at 43%.
-    What to change: derive the schedule length from the plan (steps per epoch × epochs, or max_steps).
-    Known false positives: a run stopped early on purpose, with the full run's schedule.
+
+    ## Example
+    `num_training_steps` 2000 but the run makes 4687 optimizer steps: the schedule is over at 43%.
+
+    ## What to change
+    Derive the schedule length from the plan (steps per epoch × epochs, or max_steps).
+
+    ## Known false positives
+    A run stopped early on purpose, with the full run's schedule.
+
+    ## Options
+    None: 10% of slack either way.
     """
 
 
 def warmup(cfg: Config, steps: int) -> list[Finding]:
     """TG613 warmup-exceeds-run: the LR warmup lasts as long as the run, or most of it.
 
-    What it detects: `warmup_steps` (or `warmup_ratio` × optimizer steps) at or beyond the run's
+    ## What it detects
+    `warmup_steps` (or `warmup_ratio` × optimizer steps) at or beyond the run's
     optimizer steps (error), or over half of them (warning).
-    Why it matters: the LR never reaches its peak; a warmup computed as a share of a schedule sized in
+
+    ## Why it matters
+    The LR never reaches its peak; a warmup computed as a share of a schedule sized in
     micro-batches (seed 002's mistake) lands here.
-    Example: warmup_steps 7500 but the run makes 4687 optimizer steps.
-    What to change: a warmup of a few percent of the run (`--fix` keeps the share of the schedule the
+
+    ## Example
+    `warmup_steps` 7500 but the run makes 4687 optimizer steps.
+
+    ## What to change
+    A warmup of a few percent of the run (`--fix` keeps the share of the schedule the
     warmup was meant to have, or uses 10%).
-    Known false positives: none known.
+
+    ## Known false positives
+    None known.
+
+    ## Options
+    None.
     """
     g = cfg.get
     if g("warmup_steps"):  # Hugging Face: warmup_steps > 0 wins over warmup_ratio
@@ -167,13 +203,25 @@ def warmup(cfg: Config, steps: int) -> list[Finding]:
 def intervals(cfg: Config, steps: int) -> list[Finding]:
     """TG614 interval-exceeds-run: an eval or save interval is longer than the run, so it never happens.
 
-    What it detects: `eval_steps` or `save_steps` (with a "steps" strategy or none given) greater than
+    ## What it detects
+    `eval_steps` or `save_steps` (with a "steps" strategy or none given) greater than
     the planned optimizer steps.
-    Why it matters: no evaluation means no metric, no early stopping and no best model; no save means a
+
+    ## Why it matters
+    No evaluation means no metric, no early stopping and no best model; no save means a
     crash loses the whole run. Nobody notices until the end.
-    Example: eval_steps 5000 but the run makes 4687 optimizer steps.
-    What to change: an interval of at most the run's length; `--fix` uses a tenth of the run.
-    Known false positives: a path meant to run only in longer runs.
+
+    ## Example
+    `eval_steps` 5000 but the run makes 4687 optimizer steps.
+
+    ## What to change
+    An interval of at most the run's length; `--fix` uses a tenth of the run.
+
+    ## Known false positives
+    A path meant to run only in longer runs.
+
+    ## Options
+    None.
     """
     out = []
     for name, label in (("eval_steps", "eval"), ("save_steps", "save")):
@@ -196,13 +244,25 @@ def intervals(cfg: Config, steps: int) -> list[Finding]:
 def interval_dominates(key: str, label: str, every: int, steps: int) -> Finding:
     """TG615 interval-dominates-run: an eval or save interval so short that the path dominates the run.
 
-    What it detects: an interval under 10 optimizer steps that runs the path more than 20 times.
-    Why it matters: each evaluation or checkpoint costs many training steps' worth of time; the run
+    ## What it detects
+    An interval under 10 optimizer steps that runs the path more than 20 times.
+
+    ## Why it matters
+    Each evaluation or checkpoint costs many training steps' worth of time; the run
     spends most of its hours evaluating or writing checkpoints. (`trainguard preflight` measures the
     path's real cost.)
-    Example: eval_steps 2 in a 4687-step run: 2343 evaluations.
-    What to change: evaluate or save every few hundred steps, or a few times per epoch.
-    Known false positives: a tiny eval set or a debugging run.
+
+    ## Example
+    `eval_steps` 2 in a 4687-step run: 2343 evaluations.
+
+    ## What to change
+    Evaluate or save every few hundred steps, or a few times per epoch.
+
+    ## Known false positives
+    A tiny eval set or a debugging run.
+
+    ## Options
+    None: under 10 steps and more than 20 runs.
     """
     return Finding(
         code="TG615", name="interval-dominates-run", severity="warning",
@@ -214,14 +274,26 @@ def interval_dominates(key: str, label: str, every: int, steps: int) -> Finding:
 def patience(cfg: Config, steps: int) -> list[Finding]:
     """TG616 patience-too-short: early stopping can end the run before it had a fair chance.
 
-    What it detects: `early_stopping_patience` × `eval_steps` shorter than a curriculum's ramp
+    ## What it detects
+    `early_stopping_patience` × `eval_steps` shorter than a curriculum's ramp
     (`curriculum_steps`, or `curriculum_ratio` × the run), as error; or shorter than 5% of the run, as
     warning.
-    Why it matters: seed 004 stopped at 50% of its run after 10 evaluations without improvement, while
+
+    ## Why it matters
+    Seed 004 stopped at 50% of its run after 10 evaluations without improvement, while
     its curriculum was still raising the weights of the loss parts (so the loss rose by design).
-    Example: patience 10 × eval_steps 500 = 5000 steps, but the curriculum ramps for 12,457 steps.
-    What to change: patience that covers the curriculum's ramp plus the usual patience; `--fix` sets it.
-    Known false positives: a curriculum whose loss is comparable across its stages (rare).
+
+    ## Example
+    Patience 10 × eval_steps 500 = 5000 steps, but the curriculum ramps for 12,457 steps.
+
+    ## What to change
+    Patience that covers the curriculum's ramp plus the usual patience; `--fix` sets it.
+
+    ## Known false positives
+    A curriculum whose loss is comparable across its stages (rare).
+
+    ## Options
+    None: 5% of the run is the floor without a curriculum.
     """
     g = cfg.get
     pat, every = g("patience"), interval(cfg, "eval_steps", steps)
@@ -251,14 +323,26 @@ def patience(cfg: Config, steps: int) -> list[Finding]:
 def implausible(cfg: Config) -> list[Finding]:
     """TG617 implausible-value: a hyperparameter outside any range that trains.
 
-    What it detects: a learning rate ≤ 0 or > 1 (error) or below 1e-7 (warning); a distillation
+    ## What it detects
+    A learning rate ≤ 0 or > 1 (error) or below 1e-7 (warning); a distillation
     temperature ≤ 0 (error) or above 20 (warning); a KD top-k ≤ 0 or above the vocabulary size; a max
     length ≤ 0 or above the model's positions; a batch size, gradient accumulation or epoch count ≤ 0;
     a warmup ratio outside [0, 1).
-    Why it matters: each of these either crashes hours in or trains nothing, silently.
-    Example: learning_rate 3.0 (did you mean 3e-4?); kd_top_k 60000 with vocab_size 49152.
-    What to change: the value named; `--fix` does not guess these.
-    Known false positives: an LR above 1 for an optimizer that rescales it (LARS, some Adafactor modes).
+
+    ## Why it matters
+    Each of these either crashes hours in or trains nothing, silently.
+
+    ## Example
+    `learning_rate` 3.0 (did you mean 3e-4?); kd_top_k 60000 with vocab_size 49152.
+
+    ## What to change
+    The value named; `--fix` does not guess these.
+
+    ## Known false positives
+    An LR above 1 for an optimizer that rescales it (LARS, some Adafactor modes).
+
+    ## Options
+    None.
     """
     g = cfg.get
     out = []

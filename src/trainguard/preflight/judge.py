@@ -144,18 +144,30 @@ def _crash_evidence(crash: Finding) -> dict[str, Any]:
 def path_crashed(forced: dict[str, Any], crash: Finding) -> Finding:
     """TG601 periodic-path-crashed: a path the script runs every N steps crashed when preflight ran it early.
 
-    What it detects: preflight answers every `guard.due(name, every=N)` True once, after a few real
+    ## What it detects
+    Preflight answers every `guard.due(name, every=N)` True once, after a few real
     steps, so the gated path (evaluation, checkpoint saving, sample generation...) runs in the first
     seconds with the real step counter and the real dtype and autocast state. This finding names the
     path that crashed, the step the real run would first have reached it at, and the exception.
-    Why it matters: seed 001 crashed at step 1999, in its first evaluation, on `None % 500`; seed 004
+
+    ## Why it matters
+    Seed 001 crashed at step 1999, in its first evaluation, on `None % 500`; seed 004
     trained 12,500 steps and died in its evaluation on a dtype mismatch autocast had hidden during
     training. Each cost every step before the crash.
-    Example: the 'eval' path (every 2000 steps, first run at step 2000) crashed at preflight step 3:
+
+    ## Example
+    The 'eval' path (every 2000 steps, first run at step 2000) crashed at preflight step 3:
     TypeError: unsupported operand type(s) for %: 'NoneType' and 'int', at train.py:15 (forward).
-    What to change: fix the code at `where`; the fix line names the usual cause of the exception.
-    Known false positives: a path that only works after many steps by design (e.g. it reads a file an
+
+    ## What to change
+    Fix the code at `where`; the fix line names the usual cause of the exception.
+
+    ## Known false positives
+    A path that only works after many steps by design (e.g. it reads a file an
     earlier path writes): make it check for what it needs.
+
+    ## Options
+    `trainguard preflight --steps N`: real steps before the paths are brought forward (default 4).
     """
     name, every, step = forced["name"], forced["every"], forced["step"]
     first_real = every if every and every > 0 else None
@@ -173,17 +185,29 @@ def path_crashed(forced: dict[str, Any], crash: Finding) -> Finding:
 def second_epoch_failed(first: dict[str, Any], crash: Finding) -> Finding:
     """TG603 second-epoch-failed: the training data loader fails when it is iterated a second time.
 
-    What it detects: preflight ends the first training pass over the loader after a few steps, so the
+    ## What it detects
+    Preflight ends the first training pass over the loader after a few steps, so the
     script crosses its epoch boundary and iterates the loader again, with its real `num_workers`; the
     new iteration raised before yielding its first batch.
-    Why it matters: a loader that works once and fails on its second pass (an exhausted generator or
+
+    ## Why it matters
+    A loader that works once and fails on its second pass (an exhausted generator or
     file handle, a sampler whose state is not reset, workers that cannot be restarted) lets the whole
     first epoch run, often hours, before the crash.
-    Example: the loader's second iteration raised RuntimeError: stream already consumed at step 3,
+
+    ## Example
+    The loader's second iteration raised RuntimeError: stream already consumed at step 3,
     data.py:21 (__iter__); the real run would reach it at step 1250 (end of epoch 1).
-    What to change: make `__iter__` start a fresh pass each time (reopen files, recreate generators);
+
+    ## What to change
+    Make `__iter__` start a fresh pass each time (reopen files, recreate generators);
     with `persistent_workers=True`, make the dataset's state safe to reuse.
-    Known false positives: none known; a loader meant to be iterated once should not be looped over.
+
+    ## Known false positives
+    None known; a loader meant to be iterated once should not be looped over.
+
+    ## Options
+    None.
     """
     cut = next((e["data"] for e in first["events"] if e["name"] in ("epoch-cut", "epoch-end")), {})
     per_epoch = cut.get("len")
@@ -203,20 +227,32 @@ def second_epoch_failed(first: dict[str, Any], crash: Finding) -> Finding:
 def resume_failed(resume: dict[str, Any], checkpoint: str) -> Finding:
     """TG602 checkpoint-resume-failed: the script cannot resume from the checkpoint it saved itself.
 
-    What it detects: preflight brings the save path forward, takes the checkpoint the script reported
+    ## What it detects
+    Preflight brings the save path forward, takes the checkpoint the script reported
     with `guard.checkpoint_saved(path)`, and starts the script a second time with
     TRAINGUARD_RESUME_FROM set (`guard.resume_from`), so the script's own resume code runs; that start
     crashed (or hung).
-    Why it matters: a checkpoint that saves but cannot be loaded is found at the worst moment, after a
+
+    ## Why it matters
+    A checkpoint that saves but cannot be loaded is found at the worst moment, after a
     crash, when the hours it should have saved are already lost. Common causes: a wrapped model
     (`DistributedDataParallel`, `torch.compile`) saved with `module.` or `_orig_mod.` prefixed keys and
     loaded into the bare model; an object in the checkpoint that `torch.load(weights_only=True)`
     refuses (a config class, a lambda).
-    Example: RuntimeError: Error(s) in loading state_dict for Net: Missing key(s) "lin.weight",
+
+    ## Example
+    RuntimeError: Error(s) in loading state_dict for Net: Missing key(s) "lin.weight",
     Unexpected key(s) "module.lin.weight", at train.py:31, resuming from scratch/ckpt/step3.pt.
-    What to change: save `model.module.state_dict()` (or strip the prefix when loading); keep only
+
+    ## What to change
+    Save `model.module.state_dict()` (or strip the prefix when loading); keep only
     tensors and plain containers in a checkpoint (store configs as dicts).
-    Known false positives: none known.
+
+    ## Known false positives
+    None known.
+
+    ## Options
+    None: the resumed start makes 2 optimizer steps.
     """
     crash = next((f for f in resume["findings"] if f.severity == "error"), None)
     detail = f"{crash.exception}: {_message(crash)}" if crash and crash.exception else (
@@ -236,13 +272,25 @@ def resume_failed(resume: dict[str, Any], checkpoint: str) -> Finding:
 def path_never_runs(name: str, every: int, total: int) -> Finding:
     """TG606 periodic-path-never-runs: a path is due every N steps, but the run is shorter than N.
 
-    What it detects: `guard.due(name, every=N)` with N larger than the planned `total_steps`.
-    Why it matters: the evaluation never happens (no metric, no early stopping, no best model) or the
+    ## What it detects
+    `guard.due(name, every=N)` with N larger than the planned `total_steps`.
+
+    ## Why it matters
+    The evaluation never happens (no metric, no early stopping, no best model) or the
     checkpoint is never written, and nobody notices until the run is over.
-    Example: the 'eval' path runs every 5000 steps but the run has 1000 steps: it never runs.
-    What to change: make the interval at most the run's length (e.g. total_steps // 5), or compute it
+
+    ## Example
+    The 'eval' path runs every 5000 steps but the run has 1000 steps: it never runs.
+
+    ## What to change
+    Make the interval at most the run's length (e.g. total_steps // 5), or compute it
     from the run's length.
-    Known false positives: a path meant to run only in longer runs.
+
+    ## Known false positives
+    A path meant to run only in longer runs.
+
+    ## Options
+    None.
     """
     return Finding(
         code="TG606", name="periodic-path-never-runs", severity="error",
@@ -271,14 +319,26 @@ def _dominating(first: dict[str, Any], seen: dict[str, int], total: int | None) 
 def path_dominates(name: str, every: int, secs: float, path_total: float, train_total: float) -> Finding:
     """TG607 periodic-path-dominates: a periodic path would take longer than the training itself.
 
-    What it detects: the time the path took when preflight brought it forward, times the number of times
+    ## What it detects
+    The time the path took when preflight brought it forward, times the number of times
     the plan runs it, exceeds the estimated training time (steps × the measured time per step).
-    Why it matters: an evaluation every 10 steps on a large eval set turns a 2-hour run into a 10-hour one.
-    Example: 'eval' took 4.2 s; run 500 times (every 10 of 5000 steps) that is 35 min, against 12 min of
+
+    ## Why it matters
+    An evaluation every 10 steps on a large eval set turns a 2-hour run into a 10-hour one.
+
+    ## Example
+    'eval' took 4.2 s; run 500 times (every 10 of 5000 steps) that is 35 min, against 12 min of
     training.
-    What to change: evaluate less often, or on a subset of the eval set.
-    Known false positives: the first run of a path pays one-time costs (compilation, caching), so the
+
+    ## What to change
+    Evaluate less often, or on a subset of the eval set.
+
+    ## Known false positives
+    The first run of a path pays one-time costs (compilation, caching), so the
     estimate can be high; rerun the preflight with a warm cache to confirm.
+
+    ## Options
+    None: the path is flagged when its planned total time exceeds the training time.
     """
     return Finding(
         code="TG607", name="periodic-path-dominates", severity="warning",
@@ -293,16 +353,28 @@ def path_dominates(name: str, every: int, secs: float, path_total: float, train_
 def wrote_outside(writes: list[dict[str, str]], first: dict[str, Any]) -> Finding:
     """TG608 wrote-outside-scratch: the preflight's script wrote files outside its scratch folder.
 
-    What it detects: preflight runs the script in a scratch folder of symlinks to the user's files and
+    ## What it detects
+    Preflight runs the script in a scratch folder of symlinks to the user's files and
     turns each symlink into a private copy before the script writes to it; a write to any other place
     (an absolute path, a parent folder, a file written by native code) is listed here.
-    Why it matters: a preflight checkpoint written to the real checkpoint folder would make the real run
+
+    ## Why it matters
+    A preflight checkpoint written to the real checkpoint folder would make the real run
     resume from a 3-step model; a results file written there would look like a real run's.
-    Example: /data/ckpt/last.pt (written), /home/me/project/results.json (created).
-    What to change: delete the files listed before the real run; let the script write relative to its
+
+    ## Example
+    /data/ckpt/last.pt (written), /home/me/project/results.json (created).
+
+    ## What to change
+    Delete the files listed before the real run; let the script write relative to its
     working folder (or to a folder given by an option), so the preflight keeps its writes to itself.
-    Known false positives: none known; files in temp and cache folders are not flagged (they are listed in
+
+    ## Known false positives
+    None known; files in temp and cache folders are not flagged (they are listed in
     preflight.json).
+
+    ## Options
+    None.
     """
     ckpts = {c.get("path") for c in first["checkpoints"]}
     resumable = [w["path"] for w in writes if w["path"] in ckpts]
@@ -334,13 +406,25 @@ class TimeLimit:
 def timed_out(seconds: float, mode: str, step: int | None) -> Finding:
     """TG609 preflight-timed-out: a start of the script did not finish its fast-forward in time.
 
-    What it detects: a start of the script ran longer than `--timeout` seconds; the preflight stopped it.
-    Why it matters: the fast-forward should take seconds; a script that never calls `trainguard.watch`
+    ## What it detects
+    A start of the script ran longer than `--timeout` seconds; the preflight stopped it.
+
+    ## Why it matters
+    The fast-forward should take seconds; a script that never calls `trainguard.watch`
     (nothing to fast-forward), a loop that never asks `guard.due`, or a path that hangs keeps running.
-    Example: the first start ran 600 s and reached step 12.
-    What to change: use `trainguard.watch(...)` and `guard.due(...)`/`guard.batches(...)` in the loop, or
+
+    ## Example
+    The first start ran 600 s and reached step 12.
+
+    ## What to change
+    Use `trainguard.watch(...)` and `guard.due(...)`/`guard.batches(...)` in the loop, or
     look at the hang findings of the start's run folder.
-    Known false positives: a very slow first step (a huge model on a small machine): raise --timeout.
+
+    ## Known false positives
+    A very slow first step (a huge model on a small machine): raise --timeout.
+
+    ## Options
+    `trainguard preflight --timeout S` (default 600 s per start of the script).
     """
     return Finding(
         code="TG609", name=TIMEOUT_NAME, severity="error", step=step,

@@ -140,24 +140,37 @@ def _stepping(sim: dict[str, Any]) -> str:
 def schedule_ends_early(sim: dict[str, Any], evidence: dict[str, Any]) -> Finding:
     """TG604 schedule-ends-early: the simulated LR schedule is over (often at zero) long before the run ends.
 
-    What it detects: preflight steps a copy of the scheduler exactly as the script steps the real one
+    ## What it detects
+    Preflight steps a copy of the scheduler exactly as the script steps the real one
     (the number of scheduler steps per optimizer step is measured on the first real steps) for the
     planned `total_steps`, then past it; the schedule is over, and stays over, with the LR at zero for
     more than the last 10% of the plan, or at a decayed final value (at most half its peak) for more than
     the last third.
-    Why it matters: seed 002 sized its schedule for 75,000 micro-batches while the optimizer stepped
+
+    ## Why it matters
+    Seed 002 sized its schedule for 75,000 micro-batches while the optimizer stepped
     4,687 times: the schedule finished in 6% of the run and the LR was zero for the remaining 94%; the
     loss stayed flat for hours. Stepping the scheduler once per micro-batch with accumulation 8 does the
     same in reverse.
-    Example: the simulated LR schedule is over at step 126 of 1000: the LR stays at zero for the last 88%
+
+    ## Example
+    The simulated LR schedule is over at step 126 of 1000: the LR stays at zero for the last 88%
     of the run; the scheduler is stepped 8 times per optimizer step (once per micro-batch, with gradient
     accumulation 8).
-    What to change: size the schedule in optimizer steps (`ceil(batches / grad_accum) * epochs`) and step
+
+    ## What to change
+    Size the schedule in optimizer steps (`ceil(batches / grad_accum) * epochs`) and step
     it once per optimizer step, right after `optimizer.step()`.
     A scheduler that raises when stepped past its length (OneCycleLR) within the plan is reported here
     too: the real run would crash at that step.
-    Known false positives: a schedule meant to end with a long stretch at a low constant LR (a step
+
+    ## Known false positives
+    A schedule meant to end with a long stretch at a low constant LR (a step
     schedule whose last stage is over a third of the run).
+
+    ## Options
+    None. The thresholds (zero = 0.1% of the peak for over 10% of the run; a decayed LR for
+    over a third of it) are fixed.
     """
     total = sim["total_steps"]
     flat_from = sim["flat_from"]
@@ -191,16 +204,28 @@ def scheduler_raises(sim: dict[str, Any]) -> Finding:
 def schedule_ends_late(sim: dict[str, Any], evidence: dict[str, Any]) -> Finding:
     """TG605 schedule-ends-late: the planned run ends long before the LR schedule does.
 
-    What it detects: simulated past the plan, the schedule keeps changing until well after `total_steps`
+    ## What it detects
+    Simulated past the plan, the schedule keeps changing until well after `total_steps`
     (more than 1.25 times the plan), and the LR at the plan's end is far (more than 10% of the peak) from
     where the schedule would have ended.
-    Why it matters: a schedule sized in micro-batches but stepped once per optimizer step runs
+
+    ## Why it matters
+    A schedule sized in micro-batches but stepped once per optimizer step runs
     `grad_accum` times too slowly: the warmup lasts `grad_accum` times longer and the decay never
     happens, so the run ends at a high LR and its final weights are not annealed.
-    Example: the schedule ends at step 8000 but the run at step 1000; the LR at the end is 0.00097
+
+    ## Example
+    The schedule ends at step 8000 but the run at step 1000; the LR at the end is 0.00097
     (peak 0.001) instead of 0.
-    What to change: size the schedule in optimizer steps, the same unit the scheduler is stepped in.
-    Known false positives: a run cut short on purpose (a smoke test) with the full run's schedule.
+
+    ## What to change
+    Size the schedule in optimizer steps, the same unit the scheduler is stepped in.
+
+    ## Known false positives
+    A run cut short on purpose (a smoke test) with the full run's schedule.
+
+    ## Options
+    None. The schedule is simulated up to 20 times the plan (at most 400,000 scheduler steps).
     """
     total = sim["total_steps"]
     return Finding(
