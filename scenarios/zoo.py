@@ -188,6 +188,8 @@ def _detected_at(f: dict[str, Any]) -> float:
 def _detect(exp: dict[str, Any], first: dict[str, Any] | None, status: dict[str, Any]) -> str:
     if first is None:
         return ""
+    if (status.get("preflight") or {}).get("seconds") is not None:
+        return f"{status['preflight']['seconds']:.1f} s (whole preflight)"
     ev = first.get("evidence") or {}
     if "detected_at" in ev and "last_progress_at" in ev:
         return f"{ev['detected_at'] - ev['last_progress_at']:.1f} s after last progress"

@@ -114,6 +114,46 @@ def diagnose(run: str, as_json: bool) -> None:
     sys.exit(1 if any(f.severity == "error" for f in findings) else 0)
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Preflight folder (default: a new one under ./trainguard-runs).")
+@click.option("--steps", type=int, default=4, show_default=True,
+              help="Real optimizer steps before every periodic path is brought forward (at least 2).")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds each start of the script may take before the preflight stops it.")
+@click.option("--quiet", is_flag=True, help="Do not echo the script's output (it still goes to output.log).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def preflight(run_dir: str | None, steps: int, timeout: float, quiet: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND in fast-forward: its rare paths, epoch boundary, checkpoint round trip and LR schedule.
+
+    The script runs unmodified in a scratch folder: a few real steps, then every guard.due() path once,
+    the loader iterated again, a second brief start resuming from the checkpoint it saved, the LR schedule
+    simulated for the whole plan. Exit codes: 0 no error finding, 1 error findings, 2 bad input.
+    """
+    from trainguard.preflight.run import PreflightOptions
+    from trainguard.preflight.run import preflight as run_preflight
+
+    sys.exit(run_preflight(PreflightOptions(command=list(command), run_dir=run_dir, steps=steps, timeout=timeout,
+                                            echo=not quiet)))
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--dataset-size", type=int, default=None, metavar="N",
+              help="Training samples (else the config's dataset_size); needed to compute the run's length.")
+@click.option("--fix", "do_fix", is_flag=True, help="Write a corrected config to --output and explain each change.")
+@click.option("--output", type=click.Path(dir_okay=False), default=None, help="Where --fix writes (never the input).")
+@click.option("--json", "as_json", is_flag=True, help="End with one JSON line: state, plan and findings.")
+def check(config: str, dataset_size: int | None, do_fix: bool, output: str | None, as_json: bool) -> None:
+    """Check a training CONFIG (JSON or YAML; Hugging Face or common names) before it runs.
+
+    Exit codes: 0 no error finding (with --fix: in the corrected config), 1 error findings, 2 bad input.
+    """
+    from trainguard.preflight.check import run_check
+
+    sys.exit(run_check(config, dataset_size=dataset_size, do_fix=do_fix, output=output, as_json=as_json,
+                       echo=click.echo))
+
+
 @main.command()
 @click.argument("run", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print status.json as it is.")

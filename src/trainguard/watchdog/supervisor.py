@@ -80,6 +80,8 @@ class RunOptions:
     max_restarts: int = 3  # with on_hang="restart": restarts at most; a repeated hang stops sooner
     live: bool | None = None  # None: a live status line only when stderr is a terminal
     echo: bool = True
+    cwd: str | None = None  # where the command runs (default: here); preflight runs it in a scratch folder
+    env: dict[str, str] = field(default_factory=dict)  # extra environment, applied last (e.g. a resume path)
 
 
 def check_command(command: list[str]) -> None:
@@ -153,12 +155,13 @@ class Supervisor:
         env.update({ENV_RUN_DIR: str(self.run_dir.resolve()), ENV_WATCHDOG: "1", ENV_ATTEMPT: str(self.attempt),
                     "PYTHONUNBUFFERED": "1"})
         env.pop(ENV_RESUME, None)
+        env.update(self.options.env)
         if resume:
             env[ENV_RESUME] = resume
         try:
             self.proc = subprocess.Popen(
                 self.options.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                start_new_session=True,
+                start_new_session=True, cwd=self.options.cwd,
             )
         except OSError as exc:
             raise UserError(f"cannot start {self.options.command[0]}: {exc.strerror or exc}") from None
@@ -326,7 +329,7 @@ class Supervisor:
         v = verdict.decide(
             returncode=returncode, hang=hang, stopped_on=stopped, probe_used=probe_used, probe_finished=finished,
             probe_crash=probe_crash, stderr_crash=stderr_crash, expects=self.options.expects,
-            started=self.started, cwd=os.getcwd(), step=step, oom=oom,
+            started=self.started, cwd=self.options.cwd or os.getcwd(), step=step, oom=oom,
         )
         for f in v.findings:
             self._report(f)
