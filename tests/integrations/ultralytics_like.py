@@ -31,7 +31,19 @@ class Model:  # the part of ultralytics.engine.model.Model that attach() uses
         self.callbacks.setdefault(event, []).append(func)
 
 
-net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 2))
+class TwoHeads(nn.Module):  # a trunk and separate box and cls branches, as YOLO's detection head has
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(8, 32), nn.Tanh())
+        self.box = nn.Linear(32, 1)
+        self.cls = nn.Linear(32, 1)
+
+    def forward(self, x):
+        h = self.trunk(x)
+        return torch.cat([self.box(h), self.cls(h)], dim=1)
+
+
+net = TwoHeads()
 opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 lam = (lambda e: max(0.0, 1 - e / 1)) if a.plant == "lr-zero" else (lambda e: 1 - 0.1 * e)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lam)
