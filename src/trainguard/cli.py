@@ -144,22 +144,32 @@ def diagnose(path: str, as_json: bool) -> None:
     """
     from pathlib import Path
 
+    from trainguard.ingest.diagnose import diagnose_path, render
     from trainguard.store.paths import is_run_dir, resolve_run
+    from trainguard.store.status import read_status
 
     target = Path(path) if Path(path).exists() else resolve_run(path)
+    ended = None
     if target.is_dir() and is_run_dir(target):
-        if (target / "run.db").is_file() or not (target / "output.log").is_file():
+        if _probe_recorded(target) or not (target / "output.log").is_file():
             _diagnose_run_folder(target, as_json)
-        target = target / "output.log"  # a run without the probe: its captured output is all there is
-    from trainguard.ingest.diagnose import diagnose_path, render
-
-    d = diagnose_path(target)
+        # a run without the probe: its captured output is all there is, and the watchdog saw it end
+        ended = "status.json: completed" if read_status(target).get("state") == "completed" else None
+        target = target / "output.log"
+    d = diagnose_path(target, ended=ended)
     if as_json:
         click.echo(json.dumps(d.to_dict(), default=str))
     else:
         for line in render(d):
             click.echo(line)
     sys.exit(1 if any(f.severity == "error" for f in d.findings) else 0)
+
+
+def _probe_recorded(run_dir: Any) -> bool:
+    from trainguard.store.reader import RunReader
+
+    with RunReader(run_dir) as reader:
+        return reader.step_count() > 0
 
 
 def _diagnose_run_folder(run_dir: Any, as_json: bool) -> None:

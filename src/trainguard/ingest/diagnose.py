@@ -96,10 +96,14 @@ def diagnose_source(source: Source, now: float | None = None) -> Diagnosis:
                      skipped=facts.skipped, notes=notes)
 
 
-def diagnose_path(path: str | Path, now: float | None = None) -> Diagnosis:
+def diagnose_path(path: str | Path, now: float | None = None, ended: str | None = None) -> Diagnosis:
+    """`ended`: how the run ended when something else knows (a watchdog's status.json), else None."""
     from trainguard.ingest.detect import open_source
 
-    return diagnose_source(open_source(path), now=now)
+    source = open_source(path)
+    if ended:
+        source.facts.completed = ended
+    return diagnose_source(source, now=now)
 
 
 def _engine(plan: dict[str, Any]) -> tuple[Any, list[str]]:
