@@ -184,13 +184,13 @@ class _LineParser:
         if not pairs:
             return []
         m = _STEP.search(line)
-        if m is None and _EVAL_WORD.search(line):
+        if _EVAL_WORD.search(line):  # `[Eval] loss: 22.3`, `eval step 100 loss=2.1`
             data = {k.lower(): v for k, v in pairs.items() if k.lower() not in ("step", "epoch")}
             if not data:
                 return []
             self.facts.evals += 1
             self.facts.fields.add("eval")
-            return [event("eval", self.step, data)]
+            return [event("eval", int(m.group(1)) if m else self.step, data)]
         if m is None:
             return []
         step = int(m.group(1))
