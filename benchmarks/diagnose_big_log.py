@@ -2,6 +2,7 @@
 
     python benchmarks/diagnose_big_log.py --mb 1024        # a 1 GB log (default 200 MB)
     python benchmarks/diagnose_big_log.py --mb 50 --keep /tmp/big.log
+    python benchmarks/diagnose_big_log.py --mb 1024 --no-rules    # the readers' own cost
 
 The log mixes what real ones hold: `step N loss=... lr=...` lines, tqdm redraws, Hugging Face dict lines,
 eval lines and noise, and ends in a traceback. The diagnosis runs in a child process so its peak RSS is
@@ -23,7 +24,7 @@ CHILD = """
 import json, sys, time
 from trainguard.ingest.diagnose import diagnose_path
 t0 = time.perf_counter()
-d = diagnose_path(sys.argv[1])
+d = diagnose_path(sys.argv[1], rules=sys.argv[2] == "rules")
 print(json.dumps({"seconds": time.perf_counter() - t0, "steps": d.steps, "lines": d.lines,
                   "findings": [f.name for f in d.findings]}))
 """
@@ -60,6 +61,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=int, default=200, help="log size in MiB (default 200)")
     p.add_argument("--keep", help="write the log here and keep it (default: a temp file, removed)")
+    p.add_argument("--no-rules", action="store_true", help="the readers alone, without the health rules")
     a = p.parse_args()
     path = Path(a.keep) if a.keep else Path(tempfile.mkstemp(suffix=".log")[1])
     try:
@@ -67,7 +69,7 @@ def main() -> int:
         steps = write_log(path, a.mb)
         size = path.stat().st_size
         print(f"wrote {size / 2**20:.0f} MiB, {steps:,} steps in {time.perf_counter() - t0:.1f} s", flush=True)
-        proc = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-c", CHILD, str(path), "none" if a.no_rules else "rules"], capture_output=True, text=True)
         if proc.returncode != 0:
             print(proc.stderr[-2000:], file=sys.stderr)
             return 1
@@ -75,7 +77,8 @@ def main() -> int:
 
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
-        print(f"diagnosed {r['lines']:,} lines, {r['steps']:,} steps in {r['seconds']:.1f} s "
+        what = "readers only" if a.no_rules else "readers + health rules"
+        print(f"{what}: diagnosed {r['lines']:,} lines, {r['steps']:,} steps in {r['seconds']:.1f} s "
               f"({size / 2**20 / r['seconds']:.1f} MiB/s); peak RSS {peak:.0f} MiB; findings: {', '.join(r['findings'])}")
     finally:
         if not a.keep:

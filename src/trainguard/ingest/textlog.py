@@ -129,7 +129,6 @@ class _LineParser:
     def __init__(self, facts: Facts) -> None:
         self.facts = facts
         self.step = 0  # the last step emitted
-        self.dict_lines = 0  # Hugging Face dict lines without a step: counted
         self.bar_offset = 0
         self.bar_last = 0
         self.bar_total = 0
@@ -210,10 +209,14 @@ class _LineParser:
             self.facts.fields.add("eval")
             return [event("eval", int(step) if step is not None else self.step, data)]
         if step is None:
-            # Hugging Face prints no step: the progress bar drawn just before says where it is
-            self.dict_lines += 1
-            bar = self.bar_offset + self.bar_last
-            step = bar if bar > self.step else max(self.dict_lines, self.step + 1)
+            # Hugging Face prints no step: the progress bar drawn just before says where it is; a step
+            # another line already reported keeps that line's numbers; without a bar, lines are counted
+            if self.bar_total:
+                step = self.bar_offset + self.bar_last
+                if step <= self.step:
+                    return []
+            else:
+                step = self.step + 1
         return self._emit(int(step), {k: v for k, v in pairs.items() if k != "epoch"}, parts=False)
 
     def _bar_line(self, line: str, bar: re.Match[str]) -> list[dict[str, Any]]:
