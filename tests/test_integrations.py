@@ -123,14 +123,16 @@ def test_hf_planted_failures_found_in_trainer_state(hf_runs: dict, plant: str, n
     assert name in names
 
 
-def test_hf_preflight_evaluates_and_saves_after_the_first_step(tmp_path: Path) -> None:
-    r = train(tmp_path, "hf_train.py", "none", {"TRAINGUARD_PREFLIGHT": "1"}, "--steps", "4")
-    assert (r["out"] / "checkpoint-1").is_dir()
-    from trainguard.store.reader import RunReader
-
-    with RunReader(r["run"]) as reader:
-        evals = [e["step"] for e in reader.events("eval")]
-    assert evals and evals[0] == 1
+def test_hf_under_trainguard_preflight(tmp_path: Path) -> None:
+    """`trainguard preflight` on an unmodified Trainer script: eval and save brought forward through the
+    Trainer's control flags, the checkpoint resumed from in the second start."""
+    proc = run_trainguard("preflight", "--run-dir", str(tmp_path / "pf"), "--", sys.executable,
+                          str(HERE / "hf_train.py"), "--out", "out", "--steps", "200", cwd=tmp_path, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    forward = next(line for line in out.splitlines() if "brought forward:" in line)
+    assert "eval (every 20, ran at step" in forward and "save (every 20, ran at step" in forward
+    assert "checkpoint round trip: ok" in out
 
 
 # -- Lightning -------------------------------------------------------------------------------------------
@@ -166,6 +168,16 @@ def test_lightning_metrics_csv_diagnosed_quiet(pl_runs: dict) -> None:
                                         ("frozen", "weights-not-updating")])
 def test_lightning_planted_failures_found_by_name(pl_runs: dict, plant: str, name: str) -> None:
     assert name in pl_runs[plant]["names"], pl_runs[plant]["status"]["findings"]
+
+
+def test_lightning_under_trainguard_preflight(tmp_path: Path) -> None:
+    """Validation is reached by Lightning's own sanity check; preflight brings the checkpoint forward."""
+    proc = run_trainguard("preflight", "--run-dir", str(tmp_path / "pf"), "--", sys.executable,
+                          str(HERE / "lightning_train.py"), "--out", "out", "--steps", "200", cwd=tmp_path,
+                          timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "brought forward: save (every 16, ran at step" in out and "checkpoint round trip: ok" in out
 
 
 @needs_rules

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 from transformers import Trainer, TrainingArguments
 
-from trainguard.integrations.hf import TrainguardCallback
+from trainguard.integrations.hf import TrainguardCallback, resume_checkpoint
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
-p.add_argument("--run-dir", required=True)
+p.add_argument("--run-dir", default=None)  # None: the one `trainguard run`/preflight gives
 p.add_argument("--plant", default="none")
 p.add_argument("--steps", type=int, default=40)
 a = p.parse_args()
@@ -60,5 +60,5 @@ elif a.plant == "frozen":
     optimizers = (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0))
 trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:32], optimizers=optimizers,
                   callbacks=[TrainguardCallback(run_dir=a.run_dir)])
-trainer.train()
+trainer.train(resume_from_checkpoint=resume_checkpoint())
 print("Training complete")

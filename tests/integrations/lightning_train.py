@@ -3,6 +3,7 @@
     python tests/integrations/lightning_train.py --out OUT --run-dir RUN [--plant lr-zero|nan|frozen] [--logger csv|tb]
 """
 import argparse
+import os
 
 import lightning as L
 import torch
@@ -15,7 +16,7 @@ from trainguard.integrations.lightning import TrainguardCallback
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
-p.add_argument("--run-dir", required=True)
+p.add_argument("--run-dir", default=None)  # None: the one `trainguard run`/preflight gives
 p.add_argument("--plant", default="none")
 p.add_argument("--logger", default="csv")
 p.add_argument("--steps", type=int, default=40)
@@ -63,5 +64,5 @@ logger = CSVLogger(a.out) if a.logger == "csv" else TensorBoardLogger(a.out)
 trainer = L.Trainer(max_steps=a.steps, accumulate_grad_batches=2, val_check_interval=20, log_every_n_steps=1,
                     accelerator="cpu", devices=1, logger=logger, enable_model_summary=False,
                     default_root_dir=a.out, callbacks=[TrainguardCallback(run_dir=a.run_dir), LearningRateMonitor("step")])
-trainer.fit(Tiny(), train, val)
+trainer.fit(Tiny(), train, val, ckpt_path=os.environ.get("TRAINGUARD_RESUME_FROM"))  # a restart resumes
 print("Training complete")

@@ -14,6 +14,7 @@ What the callback maps onto the probe:
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -36,7 +37,6 @@ class TrainguardCallback(TrainerCallback):
         self._hook: Any = None
         self._train_phase: Any = None
         self._eval_phase: Any = None
-        self._preflight_done = False
 
     # -- Trainer events, in the order they come ---------------------------------------------------
 
@@ -53,9 +53,9 @@ class TrainguardCallback(TrainerCallback):
             self._hook = model.register_forward_hook(self._on_forward)
         self._train_phase = self.guard.phase("train")
         self._train_phase.__enter__()
-        resumed = args.resume_from_checkpoint or (state.global_step or 0) > 0
-        if resumed:
-            self.guard.log(resumed_at_step=float(state.global_step or 0))
+        if (state.global_step or 0) > 0:  # the Trainer loaded a checkpoint
+            wanted = self.guard.resume_from  # (read, so preflight sees its checkpoint round trip taken)
+            self.guard.log(resumed_at_step=float(state.global_step), resumed_as_asked=float(wanted is not None))
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """After clipping, before the optimizer step: close the step with its micro-batches' mean loss.
@@ -72,15 +72,20 @@ class TrainguardCallback(TrainerCallback):
             self.guard.step(torch.stack([v.detach().float().reshape(()) for v in losses]).mean())
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        """After each optimizer step: under preflight, ask for an evaluation and a save right away."""
-        if self.guard is None:
+        """After each optimizer step. Under `trainguard preflight`, ask the guard whether evaluation and
+        saving are due: preflight brings them forward (after a few real steps), and the Trainer's own
+        control flags make them run, with the Trainer's own code."""
+        if self.guard is None or not under_preflight():
             return control
-        if under_preflight() and not self._preflight_done:
-            self._preflight_done = True
-            if str(getattr(args, "eval_strategy", "no")) not in ("no", "IntervalStrategy.NO"):
-                control.should_evaluate = True
-            if str(getattr(args, "save_strategy", "no")) not in ("no", "SaveStrategy.NO", "IntervalStrategy.NO"):
-                control.should_save = True
+        for name, strategy, every in (("eval", args.eval_strategy, args.eval_steps),
+                                      ("save", args.save_strategy, args.save_steps)):
+            if _strategy(strategy) == "no":
+                continue
+            if self.guard.due(name, every=_every(_strategy(strategy), every, state, args)):
+                if name == "eval":
+                    control.should_evaluate = True
+                else:
+                    control.should_save = True
         return control
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -136,6 +141,28 @@ class TrainguardCallback(TrainerCallback):
                 self._losses.append(loss.detach())
         except Exception:  # the guard never becomes the failure
             return
+
+
+def resume_checkpoint() -> str | None:
+    """The checkpoint folder `trainguard run --on-hang restart` or preflight asks this run to resume from.
+
+        trainer.train(resume_from_checkpoint=resume_checkpoint())
+    """
+    return os.environ.get("TRAINGUARD_RESUME_FROM") or None
+
+
+def _strategy(value: Any) -> str:
+    return str(getattr(value, "value", value)).lower()
+
+
+def _every(strategy: str, steps: Any, state: Any, args: Any) -> int:
+    """An eval/save interval in optimizer steps, as the Trainer computes it."""
+    total = int(state.max_steps or 0)
+    if strategy == "epoch":
+        epochs = max(1, math.ceil(float(args.num_train_epochs or 1)))
+        return max(1, total // epochs) if total else 1
+    value = float(steps or args.logging_steps or 1)
+    return max(1, math.ceil(total * value)) if value < 1 and total else max(1, int(value))
 
 
 def _plan(args: Any, state: Any) -> dict[str, Any]:

@@ -9,9 +9,10 @@ What the callback maps onto the probe:
   `ModelCheckpoint`, a run resumed from `ckpt_path`.
 
 Preflight works with Lightning's own sanity check, not against it: the sanity check already runs the
-validation path before the first step, so under `trainguard preflight` the callback only adds a
-checkpoint after the first optimizer step (`trainer.save_checkpoint`), the path a sanity check never
-reaches. With `num_sanity_val_steps=0` it says so in the run's guard.log.
+validation path before the first step, so under `trainguard preflight` the callback only brings the
+checkpoint forward (`guard.due("save", ...)`, then `trainer.save_checkpoint`), the path a sanity check
+never reaches; a script that passes `ckpt_path=guard.resume_from`-style paths gets the round trip
+tested too. With `num_sanity_val_steps=0` it says so in the run's guard.log.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ class TrainguardCallback(Callback):
         self.guard: Any = None
         self._phases: dict[str, Any] = {}
         self._seen_ckpts: set[str] = set()
-        self._preflight_saved = False
 
     # -- fit: start and end -------------------------------------------------------------------------
 
@@ -56,7 +56,8 @@ class TrainguardCallback(Callback):
                     "optimizers": len(optimizers)},
             stats_every=self.stats_every)
         if trainer.ckpt_path:
-            self.guard.log(resumed_at_step=float(trainer.global_step))
+            wanted = self.guard.resume_from  # (read, so preflight sees its checkpoint round trip taken)
+            self.guard.log(resumed_at_step=float(trainer.global_step), resumed_as_asked=float(wanted is not None))
         if under_preflight() and not trainer.num_sanity_val_steps:
             self.guard._selflog.write("preflight: num_sanity_val_steps=0, so validation is not reached early")
 
@@ -106,9 +107,10 @@ class TrainguardCallback(Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None and hasattr(loss, "detach"):
             self.guard.step(loss.detach())
-        if under_preflight() and not self._preflight_saved and trainer.global_step >= 1:
-            self._preflight_saved = True
-            path = Path(self.guard.run_dir) / "preflight.ckpt"
+        if under_preflight() and self.guard.due("save", every=_save_every(trainer)):
+            # preflight brings saving forward; the sanity check already ran the validation path
+            folder = Path(getattr(trainer.checkpoint_callback, "dirpath", None) or trainer.default_root_dir)
+            path = folder / f"preflight-step={trainer.global_step}.ckpt"
             trainer.save_checkpoint(path)
             self.guard.checkpoint_saved(path)
 
@@ -131,6 +133,16 @@ class TrainguardCallback(Callback):
         cm = self._phases.pop(name, None)
         if cm is not None:
             cm.__exit__(None, None, None)
+
+
+def _save_every(trainer: Any) -> int:
+    """Optimizer steps between checkpoints: ModelCheckpoint's own interval, else one epoch."""
+    cb = getattr(trainer, "checkpoint_callback", None)
+    every = _int(getattr(cb, "_every_n_train_steps", None))
+    if every:
+        return every
+    batches = _int(getattr(trainer, "num_training_batches", None)) or 1
+    return max(1, batches // max(1, _int(trainer.accumulate_grad_batches) or 1))
 
 
 def _int(value: Any) -> int | None:
