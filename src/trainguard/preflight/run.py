@@ -58,6 +58,7 @@ def preflight(opts: PreflightOptions) -> int:
     origin = Path.cwd()
     run_dir = prepare_run_dir(opts.run_dir) if opts.run_dir else new_run_dir(f"preflight-{_label(opts.command)}")
     run_dir = run_dir.resolve()
+    _clear_previous(run_dir)
     avoid = [run_dir, runs_root().resolve()]
     work = scratch.build_scratch(origin, run_dir / "scratch", avoid)
     before, complete = scratch.snapshot(origin, avoid)
@@ -77,12 +78,28 @@ def preflight(opts: PreflightOptions) -> int:
     sim = json.loads(sched_path.read_text()) if sched_path.is_file() else None
     if sim is not None:
         shutil.copyfile(sched_path, run_dir / SCHEDULE_FILE)
-    writes = scratch.outside_writes([s["dir"] for s in starts]) + scratch.changed(before, after)
+    writes = _unique(scratch.outside_writes([s["dir"] for s in starts]) + scratch.changed(before, after))
     findings = judge.judge(first, resume, sim, writes, origin=str(origin.resolve()))
     summary = judge.summarize(first, resume, sim, ckpt, writes, peak_rss=_peak_rss())
     summary.update({"seconds": round(time.time() - t0, 1), "snapshot_complete": complete and complete_after,
                     "scratch": str(work), "origin": str(origin)})
     return _conclude(run_dir, opts, findings, summary)
+
+
+def _clear_previous(run_dir: Path) -> None:
+    """A reused --run-dir: remove what an earlier preflight left (only its own names), so stores never mix."""
+    for name in ("start-1", "start-2-resume", "scratch"):
+        if (run_dir / name).is_dir():
+            shutil.rmtree(run_dir / name)  # the scratch folder's symlinks are removed, never followed
+    for name in ("status.json", SCHEDULE_FILE, "preflight.json"):
+        (run_dir / name).unlink(missing_ok=True)
+
+
+def _unique(writes: list[dict[str, str]]) -> list[dict[str, str]]:
+    seen: dict[str, dict[str, str]] = {}
+    for w in writes:
+        seen.setdefault(w["path"], w)
+    return list(seen.values())
 
 
 def _start(opts: PreflightOptions, start_dir: Path, work: Path, *, mode: str, steps: int,
