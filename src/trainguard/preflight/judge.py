@@ -492,6 +492,9 @@ def report_lines(state: str, findings: list[Finding], s: dict[str, Any], run_dir
     lines = [f"trainguard preflight: {state} in {s['seconds']:.1f} s"]
     if not s["probe_used"]:
         lines.append("  the script never called trainguard.watch(): nothing could be brought forward")
+    elif not s["paths_forced"]:
+        lines.append("  nothing brought forward: the loop never asked guard.due(...) (paths gated on `step % N`"
+                     " are invisible to preflight)")
     if s["paths_forced"]:
         lines.append("  brought forward: " + ", ".join(
             f"{n} (every {s['paths_seen'].get(n)}, ran at step {st}"
