@@ -1,0 +1,244 @@
+"""Loading a run folder for the report: columns of numbers, events, findings, meta, in one pass.
+
+Why not `RunReader.steps()`: it builds one dict per row, which for a million-step run costs more than the
+whole report may take. Here the steps table is read once, column-wise, into numpy arrays; the JSON
+columns (parts, weights, extra) are parsed in one `json.loads` call over the whole column.
+
+Missing and non-finite are different things and stay different: a NULL (the probe did not record the
+value) is "absent", while 'nan'/'inf' stored as text is a real non-finite value the report must mark.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainguard.findings import Finding
+from trainguard.store.reader import RunReader
+from trainguard.store.schema import DB_NAME, connect
+
+SCALAR_COLUMNS = ("step", "t", "loss", "lr", "grad_norm", "update_ratio", "nonfinite", "step_time",
+                  "data_wait", "loss_scale", "attempt")
+JSON_COLUMNS = ("parts", "weights", "extra")
+
+
+@dataclass
+class Column:
+    """One per-step quantity: values (NaN where absent) and which rows actually recorded it."""
+
+    values: np.ndarray
+    present: np.ndarray
+
+    @property
+    def any(self) -> bool:
+        return bool(self.present.any())
+
+    def finite(self) -> np.ndarray:
+        return self.values[self.present & np.isfinite(self.values)]
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    status: dict[str, Any]
+    meta: dict[str, Any]
+    events: list[dict[str, Any]]
+    findings: list[Finding]
+    columns: dict[str, Column] = field(default_factory=dict)
+    parts: dict[str, Column] = field(default_factory=dict)
+    weights: dict[str, Column] = field(default_factory=dict)
+    extra: dict[str, Column] = field(default_factory=dict)
+    ranks: list[int] = field(default_factory=list)
+    schedule: dict[str, list[float]] | None = None
+
+    @property
+    def n_steps(self) -> int:
+        col = self.columns.get("step")
+        return 0 if col is None else len(col.values)
+
+    def col(self, name: str) -> Column | None:
+        c = self.columns.get(name)
+        return c if c is not None and c.any else None
+
+    def events_of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["kind"] == kind]
+
+
+def load_run(run_dir: str | Path, rank: int = 0) -> RunData:
+    """Everything the report needs from a run folder. Plots use one rank (0 by default)."""
+    run_dir = Path(run_dir)
+    with RunReader(run_dir) as reader:
+        status = reader.status()
+        meta = reader.meta()
+        events = reader.events()
+        recorded = reader.findings()
+    data = RunData(run_dir=run_dir, status=status, meta=meta, events=events,
+                   findings=_merge_findings(status, recorded))
+    if (run_dir / DB_NAME).is_file():
+        _load_steps(data, run_dir, rank)
+    data.schedule = _load_schedule(run_dir)
+    return data
+
+
+def _merge_findings(status: dict[str, Any], recorded: list[Finding]) -> list[Finding]:
+    """status.json's findings (the watchdog's final word) plus any recorded only in the store."""
+    out: list[Finding] = []
+    seen: set[tuple] = set()
+    for raw in list(status.get("findings") or []):
+        try:
+            f = Finding.from_dict(raw)
+        except (TypeError, ValueError):
+            continue
+        key = (f.code, f.name, f.step, f.cause)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    for f in recorded:
+        key = (f.code, f.name, f.step, f.cause)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out
+
+
+def _load_steps(data: RunData, run_dir: Path, rank: int) -> None:
+    try:
+        conn = connect(run_dir, readonly=True)
+    except sqlite3.Error:
+        return
+    try:
+        try:
+            ranks = [r[0] for r in conn.execute("SELECT DISTINCT rank FROM steps")]
+        except sqlite3.OperationalError:
+            return  # no steps table: the writer never got that far
+        data.ranks = sorted(ranks)
+        if ranks and rank not in ranks:
+            rank = min(ranks)
+        cols = SCALAR_COLUMNS + JSON_COLUMNS
+        rows = conn.execute(f"SELECT {', '.join(cols)} FROM steps WHERE rank = ? ORDER BY rowid", (rank,)).fetchall()
+    finally:
+        conn.close()
+    if not rows:
+        return
+    by_col = list(zip(*rows))
+    del rows
+    for name, raw in zip(SCALAR_COLUMNS, by_col):
+        data.columns[name] = _column(raw)
+    for name, raw in zip(JSON_COLUMNS, by_col[len(SCALAR_COLUMNS):]):
+        setattr(data, name, _json_columns(raw))
+
+
+def _column(raw: tuple) -> Column:
+    n = len(raw)
+    present = np.fromiter((v is not None for v in raw), dtype=bool, count=n)
+    # float('nan') / float('inf') turn the text SQLite had to keep back into numbers
+    values = np.fromiter((_float(v) for v in raw), dtype=float, count=n)
+    return Column(values, present)
+
+
+def _float(v: Any) -> float:
+    if v is None:
+        return math.nan
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _json_columns(raw: tuple) -> dict[str, Column]:
+    """{"kd": Column, ...} from a column of JSON objects; numeric keys only."""
+    n = len(raw)
+    distinct = set(raw)
+    if distinct == {None}:
+        return {}
+    if len(distinct) <= 64:  # weights are usually one fixed dict, repeated: parse each text once
+        cache = {v: _loads(v) for v in distinct}
+        parsed = [cache[v] for v in raw]
+    else:
+        try:
+            parsed = json.loads("[" + ",".join(v if v is not None else "null" for v in raw) + "]")
+        except ValueError:
+            parsed = [_loads(v) for v in raw]
+    names: dict[str, None] = {}
+    for d in parsed:
+        if isinstance(d, dict):
+            for k, v in d.items():
+                if k not in names and _numeric(v):
+                    names[k] = None
+    out = {}
+    for name in names:
+        values = np.full(n, math.nan)
+        present = np.zeros(n, dtype=bool)
+        for i, d in enumerate(parsed):
+            if isinstance(d, dict):
+                v = d.get(name)
+                if _numeric(v):
+                    values[i] = _float(v)
+                    present[i] = True
+        out[name] = Column(values, present)
+    return out
+
+
+def _numeric(v: Any) -> bool:
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, (int, float)):
+        return True
+    return isinstance(v, str) and v in ("nan", "inf", "-inf")
+
+
+def _loads(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _load_schedule(run_dir: Path) -> dict[str, list[float]] | None:
+    """Preflight's simulated LR curve (schedule.json), in whichever plain shape it was written.
+
+    Accepted: {"steps": [...], "lr": [...]}, {"points": [{"step", "lr"}, ...]}, or [[step, lr], ...].
+    """
+    path = run_dir / "schedule.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    steps: list[float] = []
+    lrs: list[float] = []
+    try:
+        if isinstance(raw, dict) and isinstance(raw.get("points"), list):
+            raw = raw["points"]
+        if isinstance(raw, dict):
+            xs = raw.get("steps") or raw.get("step")
+            ys = raw.get("lr") or raw.get("lrs")
+            if isinstance(xs, list) and isinstance(ys, list):
+                steps, lrs = [float(x) for x in xs], [_first(y) for y in ys]
+        elif isinstance(raw, list):
+            for p in raw:
+                if isinstance(p, dict):
+                    steps.append(float(p["step"]))
+                    lrs.append(_first(p["lr"]))
+                else:
+                    steps.append(float(p[0]))
+                    lrs.append(_first(p[1]))
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    if not steps or len(steps) != len(lrs):
+        return None
+    return {"steps": steps, "lr": lrs}
+
+
+def _first(v: Any) -> float:
+    """An LR entry may be one number or one per param group; the curve shows group 0."""
+    if isinstance(v, list):
+        v = v[0] if v else None
+    return _float(v)
