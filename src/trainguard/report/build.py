@@ -77,11 +77,10 @@ def build_verdict(data: RunData) -> Verdict:
     started = st.get("started") or _num(data.meta.get("started"))
     ends = [e for e in data.events if e["kind"] == "run" and e["name"] == "end"]
     ended = st.get("ended") or (ends[-1]["t"] if ends else None)
-    t = data.columns.get("t")
-    if started is None and t is not None and t.any:
-        started = float(np.nanmin(t.values))
-    if ended is None and t is not None and t.any:
-        ended = float(np.nanmax(t.values)) if state != "running" else None
+    if started is None and data.t_range:
+        started = data.t_range[0]
+    if ended is None and data.t_range and state != "running":
+        ended = data.t_range[1]
     duration = (ended - started) if (started is not None and ended is not None) else None
     steps = data.columns.get("step")
     done = st.get("step")

@@ -10,6 +10,8 @@ value) is "absent", while 'nan'/'inf' stored as text is a real non-finite value 
 
 from __future__ import annotations
 
+import gc
+import itertools
 import json
 import math
 import sqlite3
@@ -23,8 +25,7 @@ from trainguard.findings import Finding
 from trainguard.store.reader import RunReader
 from trainguard.store.schema import DB_NAME, connect
 
-SCALAR_COLUMNS = ("step", "t", "loss", "lr", "grad_norm", "update_ratio", "nonfinite", "step_time",
-                  "data_wait", "loss_scale", "attempt")
+SCALAR_COLUMNS = ("step", "loss", "lr", "grad_norm", "update_ratio", "step_time", "data_wait")
 JSON_COLUMNS = ("parts", "weights", "extra")
 
 
@@ -55,6 +56,7 @@ class RunData:
     weights: dict[str, Column] = field(default_factory=dict)
     extra: dict[str, Column] = field(default_factory=dict)
     ranks: list[int] = field(default_factory=list)
+    t_range: tuple[float, float] | None = None  # first and last step time, from SQL (no column needed)
     schedule: dict[str, list[float]] | None = None
 
     @property
@@ -81,7 +83,15 @@ def load_run(run_dir: str | Path, rank: int = 0) -> RunData:
     data = RunData(run_dir=run_dir, status=status, meta=meta, events=events,
                    findings=_merge_findings(status, recorded))
     if (run_dir / DB_NAME).is_file():
-        _load_steps(data, run_dir, rank)
+        # A million steps make millions of tuples and dicts that live until the columns are built; the
+        # cyclic GC would walk them again and again for nothing (it doubled the load time).
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            _load_steps(data, run_dir, rank)
+        finally:
+            if gc_was_on:
+                gc.enable()
     data.schedule = _load_schedule(run_dir)
     return data
 
@@ -120,25 +130,33 @@ def _load_steps(data: RunData, run_dir: Path, rank: int) -> None:
         data.ranks = sorted(ranks)
         if ranks and rank not in ranks:
             rank = min(ranks)
+        t_min, t_max = conn.execute("SELECT MIN(t), MAX(t) FROM steps").fetchone()
+        if t_min is not None:
+            data.t_range = (float(t_min), float(t_max))
         cols = SCALAR_COLUMNS + JSON_COLUMNS
         rows = conn.execute(f"SELECT {', '.join(cols)} FROM steps WHERE rank = ? ORDER BY rowid", (rank,)).fetchall()
     finally:
         conn.close()
-    if not rows:
-        return
     by_col = list(zip(*rows))
     del rows
+    if not by_col:
+        return
     for name, raw in zip(SCALAR_COLUMNS, by_col):
         data.columns[name] = _column(raw)
     for name, raw in zip(JSON_COLUMNS, by_col[len(SCALAR_COLUMNS):]):
         setattr(data, name, _json_columns(raw))
 
 
-def _column(raw: tuple) -> Column:
-    n = len(raw)
-    present = np.fromiter((v is not None for v in raw), dtype=bool, count=n)
-    # float('nan') / float('inf') turn the text SQLite had to keep back into numbers
-    values = np.fromiter((_float(v) for v in raw), dtype=float, count=n)
+def _column(raw: tuple | list) -> Column:
+    try:
+        # numpy turns None into NaN and parses 'nan'/'inf' text, all in C
+        values = np.array(raw, dtype=float)
+    except (TypeError, ValueError):
+        values = np.fromiter((_float(v) for v in raw), dtype=float, count=len(raw))
+    present = np.ones(len(raw), dtype=bool)
+    # only where the value is NaN can it be absent rather than a real NaN: look at those rows alone
+    for i in np.flatnonzero(np.isnan(values)).tolist():
+        present[i] = raw[i] is not None and not (isinstance(raw[i], str) and raw[i].lower() not in ("nan", "-nan"))
     return Column(values, present)
 
 
@@ -152,8 +170,7 @@ def _float(v: Any) -> float:
 
 
 def _json_columns(raw: tuple) -> dict[str, Column]:
-    """{"kd": Column, ...} from a column of JSON objects; numeric keys only."""
-    n = len(raw)
+    """{"kd": Column, ...} from a column of JSON objects; numeric values only (no flags, lists, text)."""
     distinct = set(raw)
     if distinct == {None}:
         return {}
@@ -165,23 +182,16 @@ def _json_columns(raw: tuple) -> dict[str, Column]:
             parsed = json.loads("[" + ",".join(v if v is not None else "null" for v in raw) + "]")
         except ValueError:
             parsed = [_loads(v) for v in raw]
-    names: dict[str, None] = {}
-    for d in parsed:
-        if isinstance(d, dict):
-            for k, v in d.items():
-                if k not in names and _numeric(v):
-                    names[k] = None
+    dicts = [d if isinstance(d, dict) else {} for d in parsed]
+    names = list(dict.fromkeys(itertools.chain.from_iterable(dicts)))  # first-seen order, in C
     out = {}
     for name in names:
-        values = np.full(n, math.nan)
-        present = np.zeros(n, dtype=bool)
-        for i, d in enumerate(parsed):
-            if isinstance(d, dict):
-                v = d.get(name)
-                if _numeric(v):
-                    values[i] = _float(v)
-                    present[i] = True
-        out[name] = Column(values, present)
+        values = [d.get(name) for d in dicts]
+        if not set(map(type, values)) <= {float, int, type(None)}:  # the usual case is checked in C
+            values = [v if _numeric(v) else None for v in values]
+        col = _column(values)
+        if col.any:
+            out[name] = col
     return out
 
 

@@ -65,13 +65,17 @@ def _bucket_of(x: np.ndarray, lo: float, hi: float, buckets: int) -> np.ndarray:
 
 
 def _min_max(x: np.ndarray, y: np.ndarray, lo: float, hi: float, buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    # x is sorted, so each bucket is one contiguous run of indices: reduce each run in one pass
     bucket = _bucket_of(x, lo, hi, buckets)
-    # sort by (bucket, y): the first row of each bucket is its minimum, the last its maximum
-    order = np.lexsort((y, bucket))
-    b_sorted = bucket[order]
-    starts = np.flatnonzero(np.r_[True, b_sorted[1:] != b_sorted[:-1]])
-    ends = np.r_[starts[1:], len(order)] - 1
-    keep = np.unique(np.concatenate([order[starts], order[ends], [0, len(x) - 1]]))
+    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+    ids = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(x)]))
+    lows = np.minimum.reduceat(y, starts)[ids]
+    highs = np.maximum.reduceat(y, starts)[ids]
+    at_low = np.flatnonzero(y == lows)
+    at_high = np.flatnonzero(y == highs)
+    first_low = at_low[np.r_[True, ids[at_low][1:] != ids[at_low][:-1]]]
+    first_high = at_high[np.r_[True, ids[at_high][1:] != ids[at_high][:-1]]]
+    keep = np.unique(np.concatenate([first_low, first_high, [0, len(x) - 1]]))
     return x[keep], y[keep]
 
 

@@ -113,7 +113,7 @@ def render(plot: Plot) -> str:
         x = float(sx(m.step))
         # a label near the right edge goes on the left of its line, so it is not cut off
         anchor, tx = ("end", x - 3) if x > WIDTH - RIGHT - 8 * len(m.label) - 6 else ("start", x + 3)
-        out.append(f'<g class="mark {esc(m.kind)}" data-step="{m.step:g}"><title>{esc(m.title)}</title>'
+        out.append(f'<g class="mark {esc(m.kind)}" data-step="{step_text(m.step)}"><title>{esc(m.title)}</title>'
                    f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{TOP + ph}" stroke="{m.color}" '
                    f'stroke-width="1.5" stroke-dasharray="5,3"/>'
                    f'<text x="{tx:.1f}" y="{TOP + 11}" text-anchor="{anchor}" class="mark-label" fill="{m.color}">'
@@ -144,14 +144,19 @@ def _curve(s: Series, color: str, sx, sy, log_y: bool) -> list[str]:  # noqa: AN
         elif len(x) <= 40 and not s.step_like:
             for a, b, vx, vy in zip(px, py, x, y):
                 out.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.5" fill="{color}">'
-                           f"<title>{esc(s.name)} = {vy:.5g} at step {vx:g}</title></circle>")
+                           f"<title>{esc(s.name)} = {vy:.5g} at step {step_text(vx)}</title></circle>")
     for kind, xs in (("nan", s.nan_x), ("inf", s.inf_x)):
         for v in xs:
             a = float(sx(v))
-            out.append(f'<g class="{kind}-marker" data-step="{v:g}" data-series="{esc(s.name)}">'
-                       f"<title>{esc(s.name)} is {kind.upper()} at step {v:g}</title>"
+            out.append(f'<g class="{kind}-marker" data-step="{step_text(v)}" data-series="{esc(s.name)}">'
+                       f"<title>{esc(s.name)} is {kind.upper()} at step {step_text(v)}</title>"
                        f'<path d="M{a - 4:.1f},{TOP - 9} L{a + 4:.1f},{TOP - 9} L{a:.1f},{TOP - 1} Z" fill="#d62728"/></g>')
     return out
+
+
+def step_text(v: float) -> str:
+    v = float(v)
+    return str(int(v)) if v.is_integer() else f"{v:g}"
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -195,12 +200,23 @@ def _y_axis(y0: float, y1: float, log_y: bool, sy, pw: int) -> list[str]:  # noq
     return out
 
 
+def fmt_step(v: float) -> str:
+    """Steps read as 250k and 1.5M rather than 2.5e+05."""
+    a = abs(v)
+    if a >= 1e6:
+        return f"{v / 1e6:g}M"
+    if a >= 1e4:
+        return f"{v / 1e3:g}k"
+    return f"{v:g}"
+
+
 def _x_axis(x0: float, x1: float, sx, ph: int) -> list[str]:  # noqa: ANN001
     out = []
     for v in nice_ticks(x0, x1, 8):
         x = float(sx(v))
+        anchor = "end" if x > WIDTH - RIGHT - 15 else "middle"
         out.append(f'<line x1="{x:.1f}" y1="{TOP + ph}" x2="{x:.1f}" y2="{TOP + ph + 4}" stroke="#999"/>'
-                   f'<text x="{x:.1f}" y="{TOP + ph + 16}" text-anchor="middle" class="tick">{esc(fmt(v))}</text>')
+                   f'<text x="{x:.1f}" y="{TOP + ph + 16}" text-anchor="{anchor}" class="tick">{esc(fmt_step(v))}</text>')
     return out
 
 
