@@ -110,8 +110,9 @@ def build_environment(data: RunData) -> list[tuple[str, str]]:
     env: list[tuple[str, str]] = []
 
     def add(key: str, value: Any) -> None:
-        if value not in (None, "", [], {}):
-            env.append((key, value if isinstance(value, str) else _compact(value)))
+        text = value if isinstance(value, str) else _compact(value) if value is not None else ""
+        if text:
+            env.append((key, text))
 
     cmd = m.get("command") or data.status.get("command")
     add("command", " ".join(str(c) for c in cmd) if isinstance(cmd, list) else cmd)

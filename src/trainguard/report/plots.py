@@ -52,7 +52,8 @@ def build_plots(data: RunData) -> list[Plot]:
                            log_y=True))
         plots.append(_throughput(data, ser))
         st, dw = data.col("step_time"), data.col("data_wait")
-        if st is not None and dw is not None:
+        # a data wait that is exactly 0 everywhere was not measured (the loop did not use guard.batches)
+        if st is not None and dw is not None and np.any(dw.values[dw.present] != 0):
             share = np.where(st.values > 0, dw.values / np.where(st.values > 0, st.values, 1), np.nan)
             plots.append(_plot("data_wait", "Share of step time spent waiting for data", "fraction",
                                [downsample("data wait / step time", x, np.clip(share, 0, 1), st.present & dw.present)],

@@ -76,7 +76,9 @@ def render(plot: Plot) -> str:
         y0, y1 = math.log10(float(ally.min())), math.log10(float(ally.max()))
     else:
         y0, y1 = float(ally.min()), float(ally.max())
-    if y1 <= y0:
+    if y1 <= y0 and y0 == 0 and not log_y:
+        y0, y1 = 0.0, 1.0  # all zeros: show them on the floor, not mid-air
+    elif y1 <= y0:
         pad = abs(y0) * 0.1 or 1.0
         y0, y1 = y0 - pad, y1 + pad
     else:
