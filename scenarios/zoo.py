@@ -17,6 +17,7 @@ Each scenario is a folder `scenarios/<name>/` holding the script(s) and `expect.
     quiet: false                     true: no warning or error at all (healthy twins)
     cause: none-operand              cause expected on the first finding named (optional)
     where: "train.py:31"             text expected in that finding's `where` (optional)
+    step: 200                        step expected on that finding (optional)
     onset_step: 100                  step where the planted problem starts (optional: latency in steps)
     timeout: 120                     seconds the scenario may take
 
@@ -181,6 +182,8 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
         problems.append(f"cause {first.get('cause') if first else None}, expected {exp['cause']}")
     if exp.get("where") and (first is None or exp["where"] not in (first.get("where") or "")):
         problems.append(f"where {first.get('where') if first else None}, expected to contain {exp['where']}")
+    if "step" in exp and (first is None or first.get("step") != exp["step"]):
+        problems.append(f"step {first.get('step') if first else None}, expected {exp['step']}")
     detect = _detect(exp, first, status)
     expected = want_state or ("quiet" if exp.get("quiet") else "")
     if exp.get("findings"):

@@ -24,6 +24,11 @@ class DevicePack:
     def ready(self) -> bool:
         return self.event is None or self.event.query()
 
+    def wait(self) -> None:
+        """Blocks until the copy is done: only for the last drain, when the run is ending anyway."""
+        if self.event is not None:
+            self.event.synchronize()
+
     def pairs(self) -> list[tuple[str, float]]:
         """(name, value) in packing order; a name repeats when several micro-batches reported it."""
         # Off the training thread. On CUDA the event has completed, so this reads finished host memory;

@@ -93,7 +93,7 @@ class Guard:
             self.run_dir = prepare_run_dir(os.environ[ENV_RUN_DIR])
         else:
             self.run_dir = new_run_dir(label)
-        self.log = GuardLog(self.run_dir, self.rank)
+        self._selflog = GuardLog(self.run_dir, self.rank)
         self._writer = StoreWriter(self.run_dir, rank=self.rank, attempt=self.attempt)
 
         # counters: micro-batches seen, optimizer steps seen by the hooks, steps closed by `step()`
@@ -114,6 +114,7 @@ class Guard:
         self._phases: list[str] = []
         self.phases_seen: dict[str, int] = {}
         self._due_last: dict[str, int] = {}
+        self._exc_phase: tuple[BaseException, str, list[str]] | None = None
         self._snapshot: Any = None
         self._errors = 0
         self._disabled = False
@@ -126,6 +127,7 @@ class Guard:
         self._write_meta(label, config)
         self._install_hooks()
         self._stop = threading.Event()
+        self._drain_lock = threading.Lock()
         self._thread = threading.Thread(target=self._background, name="trainguard-probe", daemon=True)
         self._thread.start()
         _install_crash_hook(self)
@@ -178,7 +180,10 @@ class Guard:
             self._fail("step", exc)
 
     def log(self, **values: Any) -> None:
-        """Extra per-step scalars (tensors or floats), stored with the current step."""
+        """Extra per-step scalars (tensors or floats), stored with the step being accumulated.
+
+        Called after the step's last `guard.step`, they go with the next step.
+        """
         if self._disabled or os.getpid() != self._pid:
             return
         try:
@@ -208,6 +213,11 @@ class Guard:
         t0 = time.time()
         try:
             yield
+        except BaseException as exc:
+            # The phase is left before the crash hook runs; remember where this exception came from.
+            if self._exc_phase is None or self._exc_phase[0] is not exc:
+                self._exc_phase = (exc, name, list(self._phases))
+            raise
         finally:
             self._phase_event("end", name, seconds=time.time() - t0)
 
@@ -373,15 +383,16 @@ class Guard:
         rec = self._records.get(step)
         if rec is None:
             return
-        need_loss = self._uses_step
+        # Whether the loop calls `guard.step` is unknown until it first does (it may step the optimizer
+        # first), so the loss half is always awaited; the optimizer half only when there is an optimizer.
         need_opt = self.optimizer is not None
-        if (not need_loss or rec.get("loss_done")) and (not need_opt or rec.get("opt_done")):
+        if rec.get("loss_done") and (not need_opt or rec.get("opt_done")):
             self._emit(self._records.pop(step))
         # A step whose other half never came (an optimizer step skipped by the GradScaler, a loop that
         # steps the optimizer without `guard.step`) is emitted once two newer steps exist.
         for old in [k for k in self._records if k < step - 1]:
             rec = self._records.pop(old)
-            rec["incomplete"] = True
+            rec["incomplete"] = self._uses_step
             self._emit(rec)
 
     def _emit(self, rec: dict[str, Any]) -> None:
@@ -390,8 +401,10 @@ class Guard:
         self._inflight.append((rec, packs))
 
     def _emit_all(self) -> None:
-        if self._pending or self._pending_floats:
-            # micro-batches of a last, partial accumulation window still belong to a step
+        has_loss = "loss" in self._pending_floats or any(n == "loss" for n, _ in self._pending)
+        if has_loss:
+            # micro-batches of a last, partial accumulation window still belong to a step (scalars
+            # logged after the last step alone do not make one)
             self._close_loss_side(self._loss_steps + 1, time.time())
         for key in sorted(self._records):
             rec = self._records.pop(key)
@@ -429,22 +442,30 @@ class Guard:
                 self._fail("background flush", exc)
 
     def _drain(self, final: bool = False) -> None:
-        keep = []
+        with self._drain_lock:  # the crash hook may drain from the main thread while the flusher runs
+            self._drain_locked(final)
+
+    def _drain_locked(self, final: bool) -> None:
+        # Device copies finish in launch order, so stop at the first one not yet done. Only this thread
+        # removes from `_inflight` and only from its head; the training thread only appends to its tail.
+        done = 0
         for rec, packs in list(self._inflight):
             if not final and not all(p.ready() for p in packs):
-                keep.append((rec, packs))
-                continue
+                break
             pairs: list[tuple[str, float]] = []
             for p in packs:
+                if final:
+                    p.wait()
                 pairs.extend(p.pairs())
             row = self._row(rec, pairs)
             self._writer.add_step(row)
+            done += 1
             for fn in self._observers:
                 try:
                     fn(row)
                 except Exception as exc:
                     self._fail("observer", exc)
-        self._inflight[: len(self._inflight) - len(keep)] = []  # only this thread removes; hot path appends
+        del self._inflight[:done]
         phase = self._phases[-1] if self._phases else None
         self._writer.set_heartbeat(
             t_progress=self._t_progress, micro=self.micro, step=self.step_count, phase=phase,
@@ -537,7 +558,7 @@ class Guard:
                 self.optimizer.register_step_post_hook(self._on_opt_post),
             ]
         except AttributeError:
-            self.log.write("optimizer has no step hooks (torch < 2.0?): optimizer steps counted from guard.step")
+            self._selflog.write("optimizer has no step hooks (torch < 2.0?): optimizer steps counted from guard.step")
             self.optimizer = None
         if self._model_params is not None and self.optimizer is not None:
             in_opt = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
@@ -550,10 +571,10 @@ class Guard:
 
     def _fail(self, where: str, exc: BaseException) -> None:
         self._errors += 1
-        self.log.error(where, exc)
+        self._selflog.error(where, exc)
         if self._errors >= MAX_GUARD_ERRORS and not self._disabled:
             self._disabled = True
-            self.log.write(f"too many errors ({self._errors}): the guard switched itself off")
+            self._selflog.write(f"too many errors ({self._errors}): the guard switched itself off")
 
     def _after_fork_in_child(self) -> None:
         # A forked DataLoader worker inherits this object but not its thread, and must never touch the
@@ -586,12 +607,15 @@ class Guard:
                 {"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line}
                 for f in traceback.extract_tb(tb)
             ]
+            phases = list(self._phases)
+            if self._exc_phase is not None and self._exc_phase[0] is exc:
+                phases = self._exc_phase[2]
             data = {
                 "exception": exc_type.__name__,
                 "message": str(exc)[:2000],
                 "frames": frames[-30:],
-                "phase": self._phases[-1] if self._phases else None,
-                "phases": list(self._phases),
+                "phase": phases[-1] if phases else None,
+                "phases": phases,
                 "phases_seen": dict(self.phases_seen),
                 "elapsed": time.time() - self._t0,
                 "micro": self.micro,

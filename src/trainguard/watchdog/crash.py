@@ -64,6 +64,18 @@ _LIB_DIRS = tuple(
 )
 
 
+_STEP_PRINTED = re.compile(r"\b(?:step|iter(?:ation)?)\b[\s=:#]*(\d+)", re.I)
+
+
+def last_printed_step(lines: Any) -> int | None:
+    """The step a script without the probe last printed ("step 1999 loss=..."), or None."""
+    for line in reversed(list(lines)):
+        m = _STEP_PRINTED.search(line)
+        if m:
+            return int(m.group(1))
+    return None
+
+
 def is_user_frame(filename: str) -> bool:
     """A frame of the user's code: not the standard library, not an installed package, not trainguard."""
     if filename.startswith("<"):

@@ -237,7 +237,8 @@ class Supervisor:
             if parsed is not None:
                 stderr_crash = crash.crash_finding(
                     exception=parsed.exception, message=parsed.message, frames=parsed.frames,
-                    step=step, elapsed=time.time() - self.started,
+                    step=step if step is not None else crash.last_printed_step(self.capture.stdout_tail),
+                    elapsed=time.time() - self.started,
                 )
         oom = {}
         if returncode == -signal.SIGKILL and hang is None and stopped is None:

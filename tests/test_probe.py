@@ -1,0 +1,228 @@
+"""The probe inside a real torch loop: its numbers against a plain torch reference, counting, fail-open.
+
+Run: pytest tests/test_probe.py
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import trainguard
+from trainguard.store.reader import RunReader
+
+
+def _loop(run_dir: Path, *, steps: int = 12, grad_accum: int = 2, model: torch.nn.Module | None = None,
+          opt_params=None, stats_every: int = 1):
+    torch.manual_seed(0)
+    model = model or torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(opt_params if opt_params is not None else model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+    guard = trainguard.watch(model, opt, sched, total_steps=steps, grad_accum=grad_accum, run_dir=run_dir,
+                             stats_every=stats_every)
+    reference = []
+    for _ in range(steps):
+        micro_losses = []
+        for _ in range(grad_accum):
+            x = torch.randn(4, 8)
+            loss = model(x).pow(2).mean()
+            (loss / grad_accum).backward()
+            micro_losses.append(loss.item())
+            guard.step(loss, parts={"a": loss * 0.25, "b": 0.5}, weights={"a": 1.0, "b": 2.0})
+            guard.log(align_ratio=torch.tensor(0.75), tokens=128)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item() if grads else None
+        reference.append({"loss": sum(micro_losses) / grad_accum, "lr": opt.param_groups[0]["lr"], "grad_norm": norm})
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    guard.finish()
+    return guard, reference
+
+
+def test_step_rows_match_a_plain_torch_reference(tmp_path: Path) -> None:
+    guard, ref = _loop(tmp_path / "run")
+    with RunReader(guard.run_dir) as reader:
+        rows = list(reader.steps())
+    assert [r["step"] for r in rows] == list(range(1, len(ref) + 1))
+    for row, want in zip(rows, ref):
+        assert row["loss"] == pytest.approx(want["loss"], rel=1e-5)
+        assert row["lr"] == pytest.approx(want["lr"])
+        assert row["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+        assert row["parts"]["a"] == pytest.approx(want["loss"] * 0.25, rel=1e-5)
+        assert row["parts"]["b"] == pytest.approx(0.5)
+        assert row["weights"] == {"a": 1.0, "b": 2.0}
+        assert row["extra"]["align_ratio"] == pytest.approx(0.75) and row["extra"]["tokens"] == 128
+        assert row["nonfinite"] == 0
+        assert row["update_ratio"] > 0
+    assert rows[-1]["micro"] == 2 * len(ref)
+    # scheduler.last_epoch at each optimizer step: stepped once per optimizer step here
+    assert [r["sched_epoch"] for r in rows] == list(range(len(ref)))
+
+
+def test_update_ratio_is_zero_when_the_optimizer_holds_other_parameters(tmp_path: Path) -> None:
+    model = torch.nn.Linear(8, 1)
+    other = torch.nn.Linear(8, 1)
+    guard, _ = _loop(tmp_path / "run", model=model, opt_params=other.parameters())
+    with RunReader(guard.run_dir) as reader:
+        ratios = [r["update_ratio"] for r in reader.steps() if r["update_ratio"] is not None]
+        ev = reader.events("params-not-in-optimizer")
+    assert ratios and all(r == 0.0 for r in ratios)
+    assert ev and ev[0]["data"]["count"] == 2
+
+
+def test_nonfinite_values_are_kept_not_hidden(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = trainguard.watch(model, opt, run_dir=tmp_path / "run", stats_every=1)
+    for i in range(4):
+        loss = model(torch.randn(2, 4)).mean() * (float("nan") if i == 2 else 1.0)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        guard.step(loss)
+    guard.finish()
+    with RunReader(guard.run_dir) as reader:
+        rows = list(reader.steps())
+    assert math.isnan(rows[2]["loss"]) and rows[2]["nonfinite"] == 1
+    assert math.isfinite(rows[1]["loss"])
+
+
+def test_due_answers_once_per_step_every_n_steps(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    guard = trainguard.watch(model, opt, grad_accum=3, run_dir=tmp_path / "run")
+    fired = []
+    for _ in range(10):
+        for _ in range(3):
+            model(torch.randn(2, 4)).mean().backward()
+            guard.step(torch.tensor(1.0))
+            if guard.due("eval", every=4):  # asked once per micro-batch
+                fired.append(guard.step_count)
+        opt.step()
+        opt.zero_grad()
+        if guard.due("eval", every=4):
+            fired.append(guard.step_count)
+    guard.finish()
+    assert fired == [4, 8]
+
+
+def test_the_guard_never_raises_into_the_loop(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    guard = trainguard.watch(model, opt, run_dir=tmp_path / "run")
+    for _ in range(3):
+        model(torch.randn(2, 4)).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        guard.step("not a number")  # a user mistake inside the guard: logged, not raised
+        guard.step(object(), parts={"x": object()})
+    guard.eval(loss=object())
+    guard.finish()
+    log = (tmp_path / "run" / "guard.log").read_text()
+    assert "error in step" in log
+    assert log.count("error in step: ValueError") == 1  # the same error is written once, then counted
+
+
+def test_disabled_guard_still_counts_steps_for_due(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINGUARD_DISABLE", "1")
+    guard = trainguard.watch(None, None, grad_accum=2)
+    assert type(guard).__name__ == "NullGuard"
+    hits = []
+    for _ in range(8):
+        guard.step(1.0)
+        if guard.due("eval", every=2):
+            hits.append(guard.step_count)
+    assert hits == [2, 4]
+
+
+def test_import_trainguard_does_not_import_torch() -> None:
+    code = "import sys, trainguard; assert 'torch' not in sys.modules, 'torch imported'; print('light')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "light" in out.stdout
+
+
+WRITER = """
+import os, sys, torch, trainguard
+torch.manual_seed(int(os.environ["RANK"]))
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+guard = trainguard.watch(model, opt, total_steps=300, run_dir=sys.argv[1])
+for _ in range(300):
+    loss = model(torch.randn(2, 4)).pow(2).mean()
+    loss.backward(); opt.step(); opt.zero_grad()
+    guard.step(loss)
+    guard.eval(loss=0.5) if guard.due("eval", every=50) else None
+guard.finish()
+"""
+
+
+def test_several_ranks_write_one_store_without_corrupting_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(run_dir)], env={**os.environ, "RANK": str(r)},
+                         stderr=subprocess.PIPE, text=True)
+        for r in range(3)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    conn = sqlite3.connect(run_dir / "run.db")
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    counts = dict(conn.execute("SELECT rank, COUNT(*) FROM steps GROUP BY rank").fetchall())
+    assert counts == {0: 300, 1: 300, 2: 300}
+    assert conn.execute("SELECT COUNT(*) FROM events WHERE kind='eval'").fetchone()[0] == 18
+    assert not (run_dir / "guard.log").exists()
+
+
+def test_standalone_crash_writes_a_crashed_status(tmp_path: Path) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import torch, trainguard\n"
+        "m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "g = trainguard.watch(m, o, total_steps=10)\n"
+        "for i in range(10):\n"
+        "    m(torch.randn(2, 2)).sum().backward(); o.step(); o.zero_grad(); g.step(torch.tensor(1.0))\n"
+        "    if i == 4:\n"
+        "        with g.phase('eval'):\n"
+        "            None % 500\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if k != "TRAINGUARD_RUN_DIR"})
+    assert out.returncode == 1
+    (run,) = (tmp_path / "trainguard-runs").iterdir()
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "crashed"
+    (f,) = status["findings"]
+    assert f["name"] == "run-crashed" and f["exception"] == "TypeError" and f["step"] == 5
+    assert f["where"].endswith("crash.py:8 (<module>)")
+    assert "phase 'eval' (the first time this phase ran" in f["summary"]
+
+
+def test_standalone_exit_without_finish_is_not_completed(tmp_path: Path) -> None:
+    script = tmp_path / "nofinish.py"
+    script.write_text(
+        "import torch, trainguard\n"
+        "m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "g = trainguard.watch(m, o)\n"
+        "for i in range(5):\n"
+        "    m(torch.randn(2, 2)).sum().backward(); o.step(); o.zero_grad(); g.step(torch.tensor(1.0))\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if k != "TRAINGUARD_RUN_DIR"})
+    assert out.returncode == 0, out.stderr
+    (run,) = (tmp_path / "trainguard-runs").iterdir()
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "failed"
+    assert [f["name"] for f in status["findings"]] == ["probe-not-finished"]
