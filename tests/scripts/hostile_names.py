@@ -22,6 +22,7 @@ with guard.phase(P2):
         base = 2.0 * math.exp(-step / 20)
         w = 0.5 if step < 15 else 0.8  # a weight schedule, so the weights get a plot of their own
         guard.step(base, parts={P0: base * w, P1: base * (1 - w), P4: 0.1}, weights={P0: w, P1: 1 - w})
+        guard.log(**{P2: step * 0.1, f"mem {P4}": 100.0 + step})  # a logged scalar and a "memory" one
         if step % 10 == 0:
             guard.eval(**{P1: base, P3: 1 - base / 3})
             guard.checkpoint_saved(f"ckpt-{P0}.pt")
