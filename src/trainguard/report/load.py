@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.errors import UserError
 from trainguard.findings import Finding
 from trainguard.store.reader import RunReader
 from trainguard.store.schema import DB_NAME, connect
@@ -76,7 +77,11 @@ def load_run(run_dir: str | Path, rank: int = 0) -> RunData:
     """Everything the report needs from a run folder. Plots use one rank (0 by default)."""
     run_dir = Path(run_dir)
     with RunReader(run_dir) as reader:
-        status = reader.status()
+        try:
+            status = reader.status()
+        except UserError:
+            # a post-mortem must still be written when the summary is what broke
+            status = {"state": "unknown (status.json is unreadable)"}
         meta = reader.meta()
         events = reader.events()
         recorded = reader.findings()
