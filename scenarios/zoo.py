@@ -114,8 +114,9 @@ def run_scenario(name: str, keep: str | None = None) -> Result:
 
 
 def check_report(run_dir: Path, status: dict[str, Any], quiet: bool = False) -> list[str]:
-    """The report `trainguard run` wrote must tell what status.json tells: each finding's code, name and
-    cause, its step marked on the plots; a quiet run's report says it found nothing and what it checked."""
+    """The report `trainguard run` wrote must tell what status.json tells: each finding's code, name, cause
+    and evidence, its step marked on the plots; a quiet run's report says it found nothing and what it
+    checked."""
     md_path, html_path = run_dir / "report.md", run_dir / "report.html"
     if not md_path.is_file() or not html_path.is_file():
         return ["no report.md/report.html in the run folder"]
@@ -128,6 +129,9 @@ def check_report(run_dir: Path, status: dict[str, Any], quiet: bool = False) -> 
         label = f"{f.get('code')} {f.get('name')}"
         if label not in md or label not in page:
             problems.append(f"report does not name finding {label}")
+        missing = [k for k in (f.get("evidence") or {}) if k not in md]
+        if missing:
+            problems.append(f"report leaves out the evidence {', '.join(missing)} of {label}")
         if f.get("cause") and f["cause"] not in md:
             problems.append(f"report does not give the cause {f['cause']} of {label}")
         if f.get("step") is not None and has_plots and f'class="mark finding" data-step="{f["step"]}"' not in page:
