@@ -88,7 +88,7 @@ def synthesize(run_dir: Path, steps: int, *, spike_step: int | None = None, nan_
             events.append((tk + 1, 0, 0, 1, k, "phase", "eval", json.dumps({"edge": "end", "seconds": 1.0})))
             if k % 50000 == 0:
                 events.append((tk + 2, 0, 0, 1, k, "checkpoint", f"ckpt-{k}.pt", json.dumps({"bytes": 2**27})))
-        finding = Finding(code="TG301", name="loss-not-finite", severity="error", step=nan, t=float(t[nan - 1]) + 0.5,
+        finding = Finding(code="TG301", name="nonfinite-loss", severity="warning", step=nan, t=float(t[nan - 1]) + 0.5,
                           summary=f"the loss became NaN at step {nan}", evidence={"loss": "nan", "step": nan},
                           fix="Lower the LR or enable gradient clipping.", source="rules")
         events.append((finding.t, 0, -1, 1, nan, "finding", finding.name, json.dumps(finding.to_dict())))

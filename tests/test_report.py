@@ -88,7 +88,7 @@ def test_big_run_report_shows_the_spike_the_nan_and_the_finding(tmp_path: Path) 
     assert len(report.timeline) < 100  # 40 evaluations, 80 phase edges, 4 checkpoints: elided, not dropped
     assert any("more like this" in r.what for r in report.timeline)
     md = (run_dir / "report.md").read_text()
-    assert f"TG301 loss-not-finite at step {planted['nan']}" in md.replace("\\", "")
+    assert f"TG301 nonfinite-loss at step {planted['nan']}" in md.replace("\\", "")
 
 
 # -- the command line ---------------------------------------------------------------------------------
@@ -224,3 +224,44 @@ def test_healthy_report_in_chromium_is_clean_and_says_what_it_checked(two_runs: 
     assert r.dom.count('class="r-passed"') >= 3  # what was checked, and passed
     md = (run_dir / "report.md").read_text()
     assert "No findings" in md and "| passed |" in md and "speedup_train" in md
+
+
+# -- what other parts of trainguard leave in the run folder ------------------------------------------
+
+
+def test_preflight_schedule_memory_samples_and_restarts_reach_the_report(tmp_path: Path) -> None:
+    """Written with the real StoreWriter, in the shapes preflight (schedule.json), the probe's memory
+    samples and a restarted attempt use; the report plots and lists them."""
+    from trainguard.store.writer import StoreWriter
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for attempt, steps in ((0, range(1, 31)), (1, range(21, 61))):  # attempt 1 resumes from step 20
+        w = StoreWriter(run_dir, attempt=attempt)
+        w.add_event("run", "start", {"pid": 1, "attempt": attempt}, t=1000.0 + attempt * 100)
+        for s in steps:
+            w.add_step({"step": s, "t": 1000.0 + attempt * 100 + s, "loss": 3 - s / 30, "lr": 1e-3 * (1 - s / 40),
+                        "step_time": 0.1})
+            if s % 10 == 0:
+                w.add_event("sample", "memory", {"rss": (200 + s) * 2**20, "device": 0, "dev_allocated": 2**30,
+                                                 "dev_total": 8 * 2**30, "dev_free": 2**31}, step=s)
+        w.close()
+    w = StoreWriter(run_dir, rank=-1)
+    w.set_meta("plan", {"total_steps": 60})
+    w.close()
+    curve = [[k, 1e-3 * max(0.0, 1 - k / 40)] for k in range(1, 61)]
+    (run_dir / "schedule.json").write_text(json.dumps({"curve": curve, "zero_at": 40, "total_steps": 60}))
+    report = build_report(run_dir)
+    lr = next(p for p in report.plots if p.key == "lr")
+    assert [s.name for s in lr.series] == ["LR observed", "LR simulated by preflight"]
+    assert any(m.kind == "plan" and m.step == 60 for m in lr.marks)
+    mem = next(p for p in report.plots if p.key == "memory_samples")
+    assert {s.name for s in mem.series} == {"rss (MiB)", "dev_allocated (MiB)", "dev_total (MiB)"}
+    assert max(next(s for s in mem.series if s.name == "rss (MiB)").y) == 260
+    restarts = [r for r in report.timeline if r.kind == "run" and "restart" in r.what]
+    assert len(restarts) == 1 and restarts[0].attempt == 1
+    loss = next(p for p in report.plots if p.key == "loss")
+    assert list(loss.series[0].x) == list(range(1, 61))  # one point per step: the restarted attempt's
+    assert any(m.kind == "restart" and m.step == 21 for m in loss.marks)
+    checked = {c.code: c.result for c in report.checks}
+    assert checked.get("TG506") == "passed"

@@ -176,17 +176,18 @@ def _output_tail(run_dir: Path) -> list[str]:
 
 
 def _stacks(run_dir: Path) -> list[tuple[str, str]]:
-    """Stack dumps the hang engineer's watchdog left in stacks/ (text files), newest last, bounded."""
+    """The stack dumps the watchdog saved at a hang (stacks/hang-*.txt first, then per-process dumps)."""
     folder = run_dir / "stacks"
     if not folder.is_dir():
         return []
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".txt")
+    files.sort(key=lambda p: not p.name.startswith("hang-"))
     out = []
-    for path in sorted(folder.iterdir())[-6:]:
-        if path.is_file() and path.suffix in (".txt", ".log", ".json", ""):
-            try:
-                out.append((path.name, path.read_text(errors="replace")[:20000]))
-            except OSError:
-                continue
+    for path in files[:4]:
+        try:
+            out.append((path.name, path.read_text(errors="replace")[:20000]))
+        except OSError:
+            continue
     return out
 
 

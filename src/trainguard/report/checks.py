@@ -18,10 +18,15 @@ FAMILY_NEEDS = {
     "1": ("lr",), "2": ("loss",), "3": ("loss",), "4": ("parts",), "5": ("steps",), "6": ("preflight",),
     "7": ("ranks",), "8": ("model-specific",),
 }
-# the process family's rules read the process, not the steps
+# rules that read something more specific than their family's default (codes absent from the catalogue
+# are simply unused)
 CODE_NEEDS = {
     "TG501": ("process",), "TG502": ("watchdog",), "TG503": ("process",), "TG504": ("expects",),
-    "TG505": ("expects",), "TG506": ("probe",),
+    "TG505": ("expects",), "TG506": ("probe",), "TG507": ("watchdog",),
+    "TG201": ("update_ratio",), "TG202": ("probe",), "TG203": ("eval",), "TG206": ("loss",), "TG207": ("loss",),
+    "TG302": ("grad_norm",), "TG303": ("loss_scale",), "TG404": ("weights",),
+    "TG521": ("output",), "TG522": ("step_time",), "TG523": ("data_wait",), "TG524": ("memory",),
+    "TG525": ("device_memory",), "TG526": ("checkpoints",), "TG811": ("experts",), "TG812": ("eval",),
 }
 DATA_WORDS = {
     "lr": "the learning rate", "loss": "the loss", "parts": "loss parts", "steps": "probe steps",
@@ -29,6 +34,9 @@ DATA_WORDS = {
     "expects": "expected artifacts (--expect)", "probe": "the probe", "process": "the process's exit",
     "grad_norm": "gradient norms", "update_ratio": "update ratios", "eval": "evaluations",
     "data_wait": "data-wait times", "weights": "loss-part weights", "model-specific": "model-specific data",
+    "loss_scale": "a loss scale (GradScaler)", "output": "the command's output", "step_time": "step times",
+    "memory": "memory samples", "device_memory": "device memory samples", "checkpoints": "checkpoints",
+    "experts": "expert loads (MoE)",
 }
 
 
@@ -43,9 +51,21 @@ class Check:
 
 def available(data: RunData) -> set[str]:
     have = set()
-    for name in ("lr", "loss", "grad_norm", "update_ratio", "data_wait"):
+    for name in ("lr", "loss", "grad_norm", "update_ratio", "data_wait", "step_time", "loss_scale"):
         if data.col(name) is not None:
             have.add(name)
+    samples = [e["data"] for e in data.events if e["kind"] == "sample" and e["name"] == "memory"
+               and isinstance(e["data"], dict)]
+    if samples or any(any(w in k.lower() for w in ("mem", "rss")) for k in data.extra):
+        have.add("memory")
+    if any("dev_allocated" in s or "dev_total" in s for s in samples):
+        have.add("device_memory")
+    if data.events_of("checkpoint"):
+        have.add("checkpoints")
+    if data.events_of("experts"):
+        have.add("experts")
+    if (data.run_dir / "output.log").is_file():
+        have.add("output")
     if data.n_steps:
         have.add("steps")
         have.add("probe")

@@ -26,7 +26,7 @@ from trainguard.findings import Finding
 from trainguard.store.reader import RunReader
 from trainguard.store.schema import DB_NAME, connect
 
-SCALAR_COLUMNS = ("step", "loss", "lr", "grad_norm", "update_ratio", "step_time", "data_wait")
+SCALAR_COLUMNS = ("step", "loss", "lr", "grad_norm", "update_ratio", "step_time", "data_wait", "loss_scale")
 JSON_COLUMNS = ("parts", "weights", "extra")
 
 
@@ -58,6 +58,7 @@ class RunData:
     extra: dict[str, Column] = field(default_factory=dict)
     ranks: list[int] = field(default_factory=list)
     t_range: tuple[float, float] | None = None  # first and last step time, from SQL (no column needed)
+    restarts: list[tuple[int, int]] = field(default_factory=list)  # (attempt, first step it recorded)
     schedule: dict[str, list[float]] | None = None
 
     @property
@@ -135,6 +136,9 @@ def _load_steps(data: RunData, run_dir: Path, rank: int) -> None:
         data.ranks = sorted(ranks)
         if ranks and rank not in ranks:
             rank = min(ranks)
+        data.restarts = [(int(a), int(s)) for a, s in conn.execute(
+            "SELECT attempt, MIN(step) FROM steps WHERE rank = ? AND attempt > 0 GROUP BY attempt ORDER BY attempt",
+            (rank,))]
         t_min, t_max = conn.execute("SELECT MIN(t), MAX(t) FROM steps").fetchone()
         if t_min is not None:
             data.t_range = (float(t_min), float(t_max))
@@ -150,6 +154,20 @@ def _load_steps(data: RunData, run_dir: Path, rank: int) -> None:
         data.columns[name] = _column(raw)
     for name, raw in zip(JSON_COLUMNS, by_col[len(SCALAR_COLUMNS):]):
         setattr(data, name, _json_columns(raw))
+    _keep_latest_attempt(data)
+
+
+def _keep_latest_attempt(data: RunData) -> None:
+    """After a restart the steps since the checkpoint are recorded twice; the curves show the last write
+    of each step (the restarted attempt), and the restart itself is marked on the plots."""
+    steps = data.columns["step"].values
+    if len(steps) < 2 or not np.any(np.diff(steps) <= 0):
+        return
+    _, first_in_reversed = np.unique(steps[::-1], return_index=True)
+    keep = np.sort(len(steps) - 1 - first_in_reversed)
+    for group in (data.columns, data.parts, data.weights, data.extra):
+        for name, col in group.items():
+            group[name] = Column(col.values[keep], col.present[keep])
 
 
 def _column(raw: tuple | list) -> Column:
@@ -220,7 +238,8 @@ def _loads(text: str | None) -> Any:
 def _load_schedule(run_dir: Path) -> dict[str, list[float]] | None:
     """Preflight's simulated LR curve (schedule.json), in whichever plain shape it was written.
 
-    Accepted: {"steps": [...], "lr": [...]}, {"points": [{"step", "lr"}, ...]}, or [[step, lr], ...].
+    Accepted: {"curve": [[step, lr], ...]} (what preflight writes), {"steps": [...], "lr": [...]},
+    {"points": [{"step", "lr"}, ...]}, or [[step, lr], ...].
     """
     path = run_dir / "schedule.json"
     try:
@@ -230,8 +249,11 @@ def _load_schedule(run_dir: Path) -> dict[str, list[float]] | None:
     steps: list[float] = []
     lrs: list[float] = []
     try:
-        if isinstance(raw, dict) and isinstance(raw.get("points"), list):
-            raw = raw["points"]
+        if isinstance(raw, dict):
+            for key in ("curve", "points"):  # preflight writes {"curve": [[step, lr], ...], ...landmarks}
+                if isinstance(raw.get(key), list):
+                    raw = raw[key]
+                    break
         if isinstance(raw, dict):
             xs = raw.get("steps") or raw.get("step")
             ys = raw.get("lr") or raw.get("lrs")

@@ -68,6 +68,8 @@ def build_plots(data: RunData) -> list[Plot]:
     plots += _memory_events(data)
     plots += _eval_plots(data)
     plots = [p for p in plots if p is not None and not p.empty]
+    marks += [Mark(step=float(step), label=f"restart {attempt}", kind="restart", color="#1f77b4",
+                   title=f"attempt {attempt} resumed here, from step {step}") for attempt, step in data.restarts]
     for p in plots:
         p.marks = list(p.marks) + marks
     return plots
@@ -121,17 +123,22 @@ def samples_per_step(meta: dict) -> tuple[float, str]:
 
 
 def _memory_events(data: RunData) -> list[Plot | None]:
-    """Memory samples recorded as events (kind 'memory' or 'resources'), one curve per numeric field."""
-    evs = [e for e in data.events if e["kind"] in ("memory", "resources") and isinstance(e["data"], dict)]
+    """The probe's memory samples (events 'sample'/'memory': rss and dev_* in bytes), in MiB by step."""
+    evs = [e for e in data.events if isinstance(e["data"], dict) and e["step"] is not None
+           and ((e["kind"] == "sample" and e["name"] == "memory") or e["kind"] in ("memory", "resources"))]
     if not evs:
         return []
     fields: dict[str, list[tuple[float, float]]] = {}
     for e in evs:
         for k, v in e["data"].items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and e["step"] is not None:
-                fields.setdefault(k, []).append((float(e["step"]), float(v)))
-    series = [downsample(k, np.array([p[0] for p in pts]), np.array([p[1] for p in pts])) for k, pts in fields.items()]
-    return [_plot("memory_samples", "Host and device memory (samples)", "as recorded", series)]
+            if k in ("device", "dev_free") or isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue  # a device index and the driver's free bytes are not curves anyone reads
+            fields.setdefault(k, []).append((float(e["step"]), float(v) / 2**20))
+    series = [downsample(f"{k} (MiB)", np.array([p[0] for p in pts]), np.array([p[1] for p in pts]))
+              for k, pts in fields.items()]
+    for s in series:
+        s.dashed = s.name.startswith("dev_total")
+    return [_plot("memory_samples", "Host and device memory", "MiB", series)]
 
 
 def _eval_plots(data: RunData) -> list[Plot | None]:

@@ -77,8 +77,8 @@ def _event_row(e: dict[str, Any]) -> Row | None:
         return Row(e["t"], e["step"], attempt, "crash", f"exception {name}: {str(d.get('message', ''))[:200]}", "error")
     if kind == "probe":
         return Row(e["t"], e["step"], attempt, "probe", f"probe {name}")
-    if kind in ("memory", "resources"):
-        return None  # plotted, not listed
+    if kind in ("memory", "resources", "sample", "experts", "output"):
+        return None  # samples are plotted, not listed
     text = f"{kind} {name or ''}".strip()
     if d:
         text += ": " + ", ".join(f"{k}={_num(v)}" for k, v in list(d.items())[:6])
