@@ -27,6 +27,8 @@ class Series:
     n_source: int = 0
     dashed: bool = False
     step_like: bool = False  # draw as steps (a planned schedule), not as a line
+    mean_x: np.ndarray | None = None  # per-bucket means when downsampled: the trend inside the min/max band
+    mean_y: np.ndarray | None = None
 
     @property
     def empty(self) -> bool:
@@ -52,11 +54,20 @@ def downsample(name: str, x: np.ndarray, y: np.ndarray, present: np.ndarray | No
     if n == 0:
         return Series(name, fx, fy, nan_x, inf_x, n_source=0)
     lo, hi = float(x[0]), float(x[-1])
+    mean_x = mean_y = None
     if len(fx) > 2 * buckets:
+        mean_x, mean_y = _means(fx, fy, lo, hi, buckets)
         fx, fy = _min_max(fx, fy, lo, hi, buckets)
     nan_x = _one_per_bucket(nan_x, lo, hi, buckets)
     inf_x = _one_per_bucket(inf_x, lo, hi, buckets)
-    return Series(name, fx, fy, nan_x, inf_x, n_source=n)
+    return Series(name, fx, fy, nan_x, inf_x, n_source=n, mean_x=mean_x, mean_y=mean_y)
+
+
+def _means(x: np.ndarray, y: np.ndarray, lo: float, hi: float, buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    bucket = _bucket_of(x, lo, hi, buckets)
+    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+    counts = np.diff(np.r_[starts, len(x)])
+    return np.add.reduceat(x, starts) / counts, np.add.reduceat(y, starts) / counts
 
 
 def _bucket_of(x: np.ndarray, lo: float, hi: float, buckets: int) -> np.ndarray:

@@ -139,8 +139,19 @@ def _curve(s: Series, color: str, sx, sy, log_y: bool) -> list[str]:  # noqa: AN
             py = np.repeat(py, 2)[:-1]
         pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(px, py))
         dash = ' stroke-dasharray="6,4"' if s.dashed else ""
+        # downsampled: the min/max band drawn light (every spike still reaches its height), the mean on top
+        band = ' stroke-opacity="0.35"' if s.mean_x is not None else ""
         out.append(f'<polyline class="curve" data-series="{esc(s.name)}" fill="none" stroke="{color}" '
-                   f'stroke-width="1.4"{dash} points="{pts}"><title>{esc(s.name)}</title></polyline>')
+                   f'stroke-width="1.4"{dash}{band} points="{pts}"><title>{esc(s.name)}</title></polyline>')
+        if s.mean_x is not None:
+            mx, my = s.mean_x, s.mean_y
+            if log_y:
+                keep = my > 0
+                mx, my = mx[keep], my[keep]
+            mpts = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(sx(mx), sy(my)))
+            out.append(f'<polyline class="curve-mean" fill="none" stroke="{color}" stroke-width="1.6"{dash} '
+                       f'points="{mpts}"><title>{esc(s.name)}: mean of each bucket of '
+                       f'{max(1, s.n_source // max(1, len(mx)))} steps</title></polyline>')
         if len(x) == 1:
             out.append(f'<circle cx="{px[0]:.1f}" cy="{py[0]:.1f}" r="3" fill="{color}"/>')
         elif len(x) <= 40 and not s.step_like:
