@@ -201,13 +201,16 @@ def report(run: str | None, to_terminal: bool) -> None:
     from trainguard.store.paths import resolve_run
 
     md_path, html_path = write_report(resolve_run(run))
-    if to_terminal:
-        from rich.console import Console
-        from rich.markdown import Markdown
+    try:
+        if to_terminal:
+            from rich.console import Console
+            from rich.markdown import Markdown
 
-        Console().print(Markdown(md_path.read_text()))
-    click.echo(f"report: {html_path}")
-    click.echo(f"report: {md_path}")
+            Console().print(Markdown(md_path.read_text()))
+        click.echo(f"report: {html_path}")
+        click.echo(f"report: {md_path}")
+    except BrokenPipeError:  # `trainguard report --print | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 @main.command()

@@ -48,6 +48,7 @@ class Report:
     output_tail: list[str] = field(default_factory=list)
     stacks: list[tuple[str, str]] = field(default_factory=list)  # (file name, text) from stacks/
     label: str = ""  # the script's name, as the probe recorded it
+    numbers: list[tuple[str, str]] = field(default_factory=list)  # the key numbers, as a seed's metrics table
 
     @property
     def title(self) -> str:
@@ -68,7 +69,58 @@ def build_report(run_dir: str | Path) -> Report:
         output_tail=_output_tail(data.run_dir),
         stacks=_stacks(data.run_dir),
         label=str(data.meta.get("label") or ""),
+        numbers=key_numbers(data),
     )
+
+
+def key_numbers(data: RunData) -> list[tuple[str, str]]:
+    """The table a post-mortem starts with: where the loss ended, the LR, the speed, the evaluations."""
+    from trainguard.report.plots import samples_per_step
+
+    out: list[tuple[str, str]] = []
+    steps = data.columns.get("step")
+
+    def last_and_best(label: str, name: str, col: Any) -> None:
+        if col is None or not col.any or steps is None:
+            return
+        ok = col.present & np.isfinite(col.values)
+        bad = int((col.present & ~np.isfinite(col.values)).sum())
+        if ok.any():
+            vals, at = col.values[ok], steps.values[ok]
+            tail = vals[-max(min(10, len(vals)), len(vals) // 100):]  # the last 1% (>= 10 steps): not one noisy step
+            i = int(np.argmin(vals))
+            out.append((label, f"last {vals[-1]:.4g} (mean of the last {len(tail)} steps {tail.mean():.4g}); "
+                               f"lowest {vals[i]:.4g} at step {int(at[i])}" + (f"; {bad} non-finite" if bad else "")))
+        elif bad:
+            out.append((label, f"non-finite at all {bad} recorded steps"))
+
+    last_and_best("loss", "loss", data.col("loss"))
+    for k, c in data.parts.items():
+        last_and_best(f"loss part {k}", k, c)
+    lr = data.col("lr")
+    if lr is not None:
+        ok = lr.present & np.isfinite(lr.values)
+        if ok.any():
+            v = lr.values[ok]
+            out.append(("learning rate", f"first {v[0]:.3g}, peak {v.max():.3g}, last {v[-1]:.3g}"))
+    st = data.col("step_time")
+    if st is not None:
+        v = st.values[st.present & np.isfinite(st.values) & (st.values > 0)]
+        if len(v):
+            per_step, unit = samples_per_step(data.meta)
+            q25, med, q75 = np.percentile(v, [25, 50, 75])
+            out.append(("step time", f"median {med * 1000:.1f} ms (IQR {q25 * 1000:.1f}-{q75 * 1000:.1f} ms); "
+                                     f"{per_step / med:.4g} {unit}"))
+    evals: dict[str, list[tuple[int, float]]] = {}
+    for e in data.events_of("eval"):
+        if isinstance(e["data"], dict):
+            for k, v in e["data"].items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    evals.setdefault(k, []).append((e["step"], float(v)))
+    for k, pts in evals.items():
+        out.append((f"eval {k}", f"last {pts[-1][1]:.4g} at step {pts[-1][0]}; {len(pts)} evaluations, "
+                                 f"range {min(p[1] for p in pts):.4g}-{max(p[1] for p in pts):.4g}"))
+    return out
 
 
 def build_verdict(data: RunData) -> Verdict:

@@ -31,6 +31,7 @@ figcaption{font-weight:600;margin:2px 4px 4px}.note{color:#666;font-size:12px;ma
 svg .tick{font-size:11px;fill:#555}svg .axis-label{font-size:12px;fill:#333}svg .legend{font-size:12px;fill:#222}
 svg .mark-label{font-size:11px;font-weight:600}
 .r-found{color:#d62728;font-weight:600}.r-passed{color:#2ca02c}.r-not{color:#888}
+nav{margin:6px 0 0;font-size:13px}nav a{color:#1f5fa8}
 .kind-finding td{background:#fff4f4}.kind-crash td{background:#fff4f4}.kind-run td{font-weight:600}
 """
 
@@ -62,7 +63,14 @@ def render_html(r: Report) -> str:
     if v.started:
         b.append(f"<span>started {esc(clock(v.started))}</span>")
     b.append(f'</div><p class="headline">{esc(v.headline)}</p>')
+    b.append('<nav><a href="#findings">findings</a> · <a href="#plots">plots</a> · <a href="#timeline">timeline</a>'
+             ' · <a href="#checks">what was checked</a> · <a href="#environment">environment</a>'
+             + (' · <a href="#output">output</a>' if r.output_tail else "") + "</nav>")
 
+    if r.numbers:
+        b.append('<h2 id="numbers">Key numbers</h2><table>')
+        b += [f"<tr><th>{esc(k)}</th><td>{esc(val)}</td></tr>" for k, val in r.numbers]
+        b.append("</table>")
     b.append(f'<h2 id="findings">Findings ({len(r.findings)})</h2>')
     if not r.findings:
         b.append("<p>None. What was checked is listed below.</p>")

@@ -41,6 +41,8 @@ def render_markdown(r: Report) -> str:
         facts.append(f"started {clock(v.started)}")
     out += [" · ".join(facts), "", f"> {md(v.headline)}", ""]
 
+    if r.numbers:
+        out += ["## Key numbers", "", "| | |", "|---|---|"] + [f"| {md(k)} | {md(val)} |" for k, val in r.numbers] + [""]
     out += ["## Timeline", "", "| time | elapsed | step | attempt | what |", "|---|---|---|---|---|"]
     for row in r.timeline:
         when = clock(row.t)[11:19] if row.t else ""

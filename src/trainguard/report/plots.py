@@ -42,6 +42,12 @@ def build_plots(data: RunData) -> list[Plot]:
 
         plots.append(_plot("loss", "Loss and its parts", "loss",
                            [ser("loss", data.col("loss"))] + [ser(f"part {k}", c) for k, c in data.parts.items()]))
+        weighted = [k for k in data.parts if k in data.weights]
+        if weighted:
+            # what each part contributes to the total (weight x part): an imbalance shows as one curve on top
+            plots.append(_plot("contributions", "Weighted loss parts (weight x part)", "contribution",
+                               [ser(f"{k} x weight", data.parts[k], data.parts[k].values * data.weights[k].values)
+                                for k in weighted]))
         changing = {k: c for k, c in data.weights.items() if np.nanmax(c.values) != np.nanmin(c.values)}
         if changing:
             plots.append(_plot("weights", "Loss-part weights", "weight",
