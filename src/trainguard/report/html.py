@@ -6,6 +6,7 @@ the page, and a Content-Security-Policy allows no script at all, so a stray tag 
 
 from __future__ import annotations
 
+from trainguard.findings import Finding
 from trainguard.report.build import Report, clock, elapsed, evidence_rows, fmt_duration
 from trainguard.report.svg import SEVERITY_COLORS, esc, render
 
@@ -118,7 +119,7 @@ def render_html(r: Report) -> str:
     return page(f"trainguard report: {r.title}", b)
 
 
-def _finding(f) -> str:  # noqa: ANN001
+def _finding(f: Finding) -> str:
     color = SEVERITY_COLORS.get(f.severity, "#888")
     at = f" at step {esc(f.step)}" if f.step is not None else ""
     out = [f'<div class="finding sev-{esc(f.severity)}" data-code="{esc(f.code)}" '

@@ -7,6 +7,8 @@ evaluation metrics, and any other scalar the script logged. Every plot carries t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from trainguard.findings import Finding
@@ -15,6 +17,8 @@ from trainguard.report.series import Series, downsample
 from trainguard.report.svg import SEVERITY_COLORS, Mark, Plot
 
 MEMORY_WORDS = ("mem", "rss", "vram", "allocated", "reserved")
+# ser(name, column, values=None): a column's curve by step, downsampled (None when nothing was recorded)
+SeriesOf = Callable[..., "Series | None"]
 
 
 def finding_marks(findings: list[Finding]) -> list[Mark]:
@@ -86,7 +90,7 @@ def _plot(key: str, title: str, y_label: str, series: list[Series | None], log_y
     return Plot(key, title, kept, y_label=y_label, log_y=log_y) if kept else None
 
 
-def _lr_plot(data: RunData, ser) -> Plot | None:  # noqa: ANN001
+def _lr_plot(data: RunData, ser: SeriesOf) -> Plot | None:
     series = [ser("LR observed", data.col("lr"))]
     if data.schedule:
         series.append(downsample("LR simulated by preflight", np.array(data.schedule["steps"]),
@@ -104,7 +108,7 @@ def _lr_plot(data: RunData, ser) -> Plot | None:  # noqa: ANN001
     return plot
 
 
-def _throughput(data: RunData, ser) -> Plot | None:  # noqa: ANN001
+def _throughput(data: RunData, ser: SeriesOf) -> Plot | None:
     st = data.col("step_time")
     if st is None:
         return None

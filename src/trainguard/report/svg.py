@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +24,7 @@ from trainguard.report.series import Series
 WIDTH, HEIGHT = 900, 270
 LEFT, RIGHT, TOP, BOTTOM = 70, 20, 34, 40
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+Scale = Callable[[Any], Any]  # data value(s) -> pixel coordinate(s)
 SEVERITY_COLORS = {"error": "#d62728", "warning": "#e6a100", "info": "#6c757d"}
 
 
@@ -125,7 +128,7 @@ def render(plot: Plot) -> str:
     return "".join(out)
 
 
-def _curve(s: Series, color: str, sx, sy, log_y: bool) -> list[str]:  # noqa: ANN001
+def _curve(s: Series, color: str, sx: Scale, sy: Scale, log_y: bool) -> list[str]:
     out = []
     x, y = s.x, s.y
     if log_y:
@@ -199,7 +202,7 @@ def fmt(v: float) -> str:
     return f"{v:.3g}"
 
 
-def _y_axis(y0: float, y1: float, log_y: bool, sy, pw: int) -> list[str]:  # noqa: ANN001
+def _y_axis(y0: float, y1: float, log_y: bool, sy: Scale, pw: int) -> list[str]:
     out = []
     if log_y:
         ticks = [float(e) for e in range(math.ceil(y0), math.floor(y1) + 1)] or [y0]
@@ -223,7 +226,7 @@ def fmt_step(v: float) -> str:
     return f"{v:g}"
 
 
-def _x_axis(x0: float, x1: float, sx, ph: int) -> list[str]:  # noqa: ANN001
+def _x_axis(x0: float, x1: float, sx: Scale, ph: int) -> list[str]:
     out = []
     for v in nice_ticks(x0, x1, 8):
         x = float(sx(v))
