@@ -176,10 +176,18 @@ def _column(raw: tuple | list) -> Column:
         values = np.array(raw, dtype=float)
     except (TypeError, ValueError):
         values = np.fromiter((_float(v) for v in raw), dtype=float, count=len(raw))
-    present = np.ones(len(raw), dtype=bool)
-    # only where the value is NaN can it be absent rather than a real NaN: look at those rows alone
-    for i in np.flatnonzero(np.isnan(values)).tolist():
-        present[i] = raw[i] is not None and not (isinstance(raw[i], str) and raw[i].lower() not in ("nan", "-nan"))
+    # only where the value is NaN can it be absent rather than a real NaN; count(None) runs in C and
+    # settles the common cases (no NULLs, or every NaN a NULL) without a Python loop
+    is_nan = np.isnan(values)
+    nones = raw.count(None)
+    if nones == 0:
+        present = np.ones(len(raw), dtype=bool)
+    elif nones == int(is_nan.sum()):
+        present = ~is_nan
+    else:
+        present = np.ones(len(raw), dtype=bool)
+        for i in np.flatnonzero(is_nan).tolist():
+            present[i] = raw[i] is not None
     return Column(values, present)
 
 
