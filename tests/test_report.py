@@ -265,3 +265,18 @@ def test_preflight_schedule_memory_samples_and_restarts_reach_the_report(tmp_pat
     assert any(m.kind == "restart" and m.step == 21 for m in loss.marks)
     checked = {c.code: c.result for c in report.checks}
     assert checked.get("TG506") == "passed"
+
+
+def test_zoo_report_check_catches_a_report_that_leaves_a_finding_out(hostile_run: Path) -> None:
+    """zoo.check_report runs on every zoo scenario; here it must pass the real report and fail a status
+    that names a finding, a cause and evidence the report never showed."""
+    import zoo
+
+    status = json.loads((hostile_run / "status.json").read_text())
+    assert zoo.check_report(hostile_run, status) == []
+    status["findings"].append({"code": "TG999", "name": "never-shown", "severity": "error", "step": 7,
+                               "cause": "no-such-cause", "evidence": {"no_such_number": 1}})
+    problems = zoo.check_report(hostile_run, status)
+    assert any("never-shown" in p for p in problems) and any("no-such-cause" in p for p in problems)
+    assert any("no_such_number" in p for p in problems)
+    assert zoo.check_report(hostile_run, {"findings": []}, quiet=True) != []  # it says 'No findings' nowhere
