@@ -92,29 +92,6 @@ def _default_monitors() -> list:
     return [RulesMonitor()]
 
 
-@main.command()
-@click.argument("run")
-@click.option("--json", "as_json", is_flag=True, help="The findings as a JSON list.")
-def diagnose(run: str, as_json: bool) -> None:
-    """Run the health rules over a stored run folder and print what they find.
-
-    Exit codes: 0 no error finding, 1 at least one error finding, 2 bad input.
-    """
-    from trainguard.rules.diagnose import diagnose_run
-    from trainguard.store.paths import resolve_run
-
-    findings = diagnose_run(resolve_run(run))
-    if as_json:
-        click.echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
-    elif not findings:
-        click.echo("trainguard: no findings")
-    for f in [] if as_json else findings:
-        click.echo(f.one_line())
-        if f.fix:
-            click.echo(f"  fix: {f.fix}")
-    sys.exit(1 if any(f.severity == "error" for f in findings) else 0)
-
-
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Preflight folder (default: a new one under ./trainguard-runs).")
 @click.option("--steps", type=int, default=4, show_default=True,
@@ -153,6 +130,52 @@ def check(config: str, dataset_size: int | None, do_fix: bool, output: str | Non
 
     sys.exit(run_check(config, dataset_size=dataset_size, do_fix=do_fix, output=output, as_json=as_json,
                        echo=click.echo))
+
+
+@main.command()
+@click.argument("path")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON: a run folder's findings as a list; anything else's diagnosis as one object on one line.")
+def diagnose(path: str, as_json: bool) -> None:
+    """Diagnose a run: a trainguard run folder (the health rules over its store, by path or name), or a
+    run nobody watched: a log, an output folder (Hugging Face, Lightning, Ultralytics), a metrics file
+    (CSV, JSON Lines, trainer_state.json) or TensorBoard event files.
+
+    Exit codes: 0 no error finding, 1 at least one error finding, 2 bad input.
+    """
+    from pathlib import Path
+
+    from trainguard.store.paths import is_run_dir, resolve_run
+
+    target = Path(path) if Path(path).exists() else resolve_run(path)
+    if target.is_dir() and is_run_dir(target):
+        if (target / "run.db").is_file() or not (target / "output.log").is_file():
+            _diagnose_run_folder(target, as_json)
+        target = target / "output.log"  # a run without the probe: its captured output is all there is
+    from trainguard.ingest.diagnose import diagnose_path, render
+
+    d = diagnose_path(target)
+    if as_json:
+        click.echo(json.dumps(d.to_dict(), default=str))
+    else:
+        for line in render(d):
+            click.echo(line)
+    sys.exit(1 if any(f.severity == "error" for f in d.findings) else 0)
+
+
+def _diagnose_run_folder(run_dir: Any, as_json: bool) -> None:
+    from trainguard.rules.diagnose import diagnose_run
+
+    findings = diagnose_run(run_dir)
+    if as_json:
+        click.echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
+    elif not findings:
+        click.echo("trainguard: no findings")
+    for f in [] if as_json else findings:
+        click.echo(f.one_line())
+        if f.fix:
+            click.echo(f"  fix: {f.fix}")
+    sys.exit(1 if any(f.severity == "error" for f in findings) else 0)
 
 
 @main.command()

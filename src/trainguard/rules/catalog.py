@@ -112,6 +112,10 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG615", "interval-dominates-run", "warning", "preview", "0.1.0", "trainguard.preflight.check:interval_dominates"),
     RuleEntry("TG616", "patience-too-short", "error", "preview", "0.1.0", "trainguard.preflight.check:patience"),
     RuleEntry("TG617", "implausible-value", "error", "preview", "0.1.0", "trainguard.preflight.check:implausible"),
+    # integrations and ingest (issue 8): what a log alone shows, for `trainguard diagnose PATH`
+    RuleEntry("TG151", "scheduler-before-optimizer", "warning", "stable", "0.1.0",
+              "trainguard.ingest.signs:scheduler_before_optimizer"),
+    RuleEntry("TG531", "log-ends-unfinished", "warning", "stable", "0.1.0", "trainguard.ingest.signs:log_ends_unfinished"),
 ]
 
 
