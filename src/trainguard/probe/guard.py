@@ -93,7 +93,7 @@ class Guard:
             self.run_dir = prepare_run_dir(os.environ[ENV_RUN_DIR])
         else:
             self.run_dir = new_run_dir(label)
-        self.log = GuardLog(self.run_dir, self.rank)
+        self._selflog = GuardLog(self.run_dir, self.rank)
         self._writer = StoreWriter(self.run_dir, rank=self.rank, attempt=self.attempt)
 
         # counters: micro-batches seen, optimizer steps seen by the hooks, steps closed by `step()`
@@ -537,7 +537,7 @@ class Guard:
                 self.optimizer.register_step_post_hook(self._on_opt_post),
             ]
         except AttributeError:
-            self.log.write("optimizer has no step hooks (torch < 2.0?): optimizer steps counted from guard.step")
+            self._selflog.write("optimizer has no step hooks (torch < 2.0?): optimizer steps counted from guard.step")
             self.optimizer = None
         if self._model_params is not None and self.optimizer is not None:
             in_opt = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
@@ -550,10 +550,10 @@ class Guard:
 
     def _fail(self, where: str, exc: BaseException) -> None:
         self._errors += 1
-        self.log.error(where, exc)
+        self._selflog.error(where, exc)
         if self._errors >= MAX_GUARD_ERRORS and not self._disabled:
             self._disabled = True
-            self.log.write(f"too many errors ({self._errors}): the guard switched itself off")
+            self._selflog.write(f"too many errors ({self._errors}): the guard switched itself off")
 
     def _after_fork_in_child(self) -> None:
         # A forked DataLoader worker inherits this object but not its thread, and must never touch the
