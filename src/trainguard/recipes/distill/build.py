@@ -79,7 +79,7 @@ def token_bytes_table(backend: Any) -> list[bytes | None]:
     return table
 
 
-def train_tokenizer(text: str, vocab_size: int) -> Any:
+def train_tokenizer(text: str, vocab_size: int, split_digits: bool = False) -> Any:
     """A byte-level BPE trained on `text`, with <|bos|>, <|eos|>, <|pad|> as special tokens.
 
     No offset trimming and no normaliser: the ids of a text decode to exactly its bytes.
@@ -87,7 +87,9 @@ def train_tokenizer(text: str, vocab_size: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -128,7 +130,7 @@ def load_tokenizer(side: str, mc: ModelConfig, train_text: str, saved: str | Non
             raise UserError(f"{side}: no tokenizer.json at {file}")
         backend = Tokenizer.from_file(str(file))
     else:
-        backend = train_tokenizer(train_text, mc.vocab_size)
+        backend = train_tokenizer(train_text, mc.vocab_size, mc.split_digits)
     bos = mc.bos or ("<|bos|>" if not source else _default_bos(folder))
     bos_id = backend.token_to_id(bos) if bos else None
     if bos_id is None:

@@ -31,6 +31,8 @@ class ModelConfig:
     """A tokenizer.json (or a folder holding one). null: train a byte-level BPE on the training text."""
     vocab_size: int = 1024
     """Vocabulary size of a locally trained tokenizer (ignored when `tokenizer` or `path` is given)."""
+    split_digits: bool = False
+    """A trained tokenizer splits digits one by one (as Qwen and Llama do): then 2025 is four tokens."""
     bos: str | None = None
     """The token put before every window (so every text token is predicted). null: the tokenizer's own."""
 

@@ -228,7 +228,8 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
                 evals.append({"step": step, **metrics})
                 say(f"eval step {step}: ppl {metrics['perplexity']:.3f} bpb {metrics['bpb']:.4f}"
                     + (f" kd_topk {metrics['kd_topk']:.4f} kl_full {metrics['kl_full']:.4f}" if "kd_topk" in metrics else ""))
-                if metrics["bpb"] < best_bpb:
+                # better = lower by more than a relative 1e-4: noise-level changes are not progress
+                if metrics["bpb"] < best_bpb * (1 - 1e-4):
                     best_bpb, evals_since_best = metrics["bpb"], 0
                     save("best.pt")
                 else:
