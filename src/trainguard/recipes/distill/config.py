@@ -126,6 +126,8 @@ class DistillConfig:
     """cpu, cuda or auto (cuda when available)."""
     precision: str = "fp32"
     """fp32, bf16 (autocast) or fp16 (autocast + GradScaler, fp32 master weights; CUDA only)."""
+    cpu_threads: int = 0
+    """torch CPU threads (0 = torch's default). Tiny models run fastest on 1, and do not fight neighbours."""
     teacher: ModelConfig = field(default_factory=ModelConfig)
     student: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -213,6 +215,7 @@ def _check(cfg: DistillConfig) -> None:
 
     need(cfg.device in ("cpu", "cuda", "auto"), f"device must be cpu, cuda or auto, got {cfg.device!r}")
     need(cfg.precision in ("fp32", "bf16", "fp16"), f"precision must be fp32, bf16 or fp16, got {cfg.precision!r}")
+    need(cfg.cpu_threads >= 0, f"cpu_threads must be >= 0 (0 = default), got {cfg.cpu_threads}")
     need(not (cfg.precision == "fp16" and cfg.device == "cpu"), "precision fp16 needs device cuda (use bf16 on cpu)")
     for side in ("teacher", "student"):
         m: ModelConfig = getattr(cfg, side)

@@ -24,7 +24,14 @@ from trainguard.recipes.distill import checkpoint as ckpt
 from trainguard.recipes.distill.build import load_model, load_tokenizer, num_layers
 from trainguard.recipes.distill.config import DistillConfig
 from trainguard.recipes.distill.curriculum import Curriculum
-from trainguard.recipes.distill.data import eval_batches, prepare, read_text, to_device, train_batches, windows
+from trainguard.recipes.distill.data import (
+    eval_batches,
+    prepare,
+    read_text,
+    to_device,
+    train_batches,
+    windows,
+)
 from trainguard.recipes.distill.evaluate import evaluate
 from trainguard.recipes.distill.losses import KDSpec, forward_losses, layer_pairs
 from trainguard.recipes.distill.vocab_map import build_vocab_map
@@ -63,6 +70,8 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
                           else "cpu")
     amp = amp_policy(device, cfg.precision)
+    if cfg.cpu_threads:
+        torch.set_num_threads(cfg.cpu_threads)
     state = ckpt.load(resume) if resume else None
 
     train_text = read_text(cfg.resolve_path(cfg.data.train))
@@ -116,7 +125,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     trainable = torch.nn.ModuleDict({"student": student, "proj": projs})
 
-    step, epoch, index = 0, 0, 0
+    step, position = 0, (0, 0)  # position: (epoch, index) of the next training window
     best_bpb, evals_since_best = math.inf, 0
     teacher_print = ckpt.fingerprint(teacher)
     guard = trainguard.watch(trainable, optimizer, scheduler, total_steps=t.max_steps, grad_accum=t.grad_accum,
@@ -133,7 +142,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
         ckpt.set_rng_state(state["rng"])
-        step, (epoch, index) = state["step"], state["data_position"]
+        step, position = state["step"], tuple(state["data_position"])
         best_bpb, evals_since_best = state["best_bpb"], state["evals_since_best"]
         say(f"resumed from {resume} at step {step}")
     out_dir = Path(guard.run_dir) if guard.run_dir else Path(run_dir or ".")
@@ -148,7 +157,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
         return {
             "student": student.state_dict(), "proj": projs.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler else None,
-            "rng": ckpt.rng_state(), "step": step, "data_position": (epoch, index), "best_bpb": best_bpb,
+            "rng": ckpt.rng_state(), "step": step, "data_position": position, "best_bpb": best_bpb,
             "evals_since_best": evals_since_best, "teacher_fingerprint": teacher_print,
             "tokenizers": {"teacher": t_tok.backend.to_str(), "student": s_tok.backend.to_str()},
             "config": cfg.to_dict(),
@@ -174,9 +183,10 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     stopped_early = False
     micro, step_loss = 0, None
     t0 = time.time()
-    data = train_batches(train_ex, t.batch_size, cfg.seed, epoch, index, pad_s, pad_t)
+    data = train_batches(train_ex, t.batch_size, cfg.seed, *position, pad_s, pad_t)
     with guard.phase("train"):
-        for epoch, index, batch in guard.batches(data):
+        for data_epoch, data_index, batch in guard.batches(data):
+            position = (data_epoch, data_index)  # saved in checkpoints: a resumed run reads the next batch
             if step >= t.max_steps:  # resumed from a finished run: nothing left to do
                 break
             w = curriculum.weights(step)
