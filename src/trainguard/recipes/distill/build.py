@@ -141,7 +141,9 @@ def load_tokenizer(side: str, mc: ModelConfig, train_text: str, saved: str | Non
 def load_model(side: str, mc: ModelConfig, tok: Tok) -> Any:
     """A causal LM: from a local folder, or built with random weights sized to the tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one line per step is the recipe's output, not loader bars
     if mc.path:
         model = AutoModelForCausalLM.from_pretrained(mc.path, local_files_only=True)
     else:

@@ -65,6 +65,9 @@ class KDConfig(TermConfig):
     """Teacher log-probs kept per position (mapped into student ids); the rest is one tail term."""
     temperature: float = 2.0
     """Softmax temperature on both sides; the loss is scaled by T^2 so its gradient keeps its size."""
+    positions: str = "context"
+    """Which aligned positions are distilled: context (both sides have read the same bytes) or
+    next_token (and their next tokens are the same string too)."""
     chunk: int = 512
     """Positions per chunk of the logit/KD computation: bounds the full-vocabulary logits held at once."""
 
@@ -238,6 +241,8 @@ def _check(cfg: DistillConfig) -> None:
              f"loss.{name}.ramp must be [from, to] with 0 <= from <= to <= 1, got {term.ramp}")
     need(lo.kd.top_k >= 1, f"loss.kd.top_k must be >= 1, got {lo.kd.top_k}")
     need(lo.kd.temperature > 0, f"loss.kd.temperature must be > 0, got {lo.kd.temperature}")
+    need(lo.kd.positions in ("context", "next_token"),
+         f"loss.kd.positions must be context or next_token, got {lo.kd.positions!r}")
     need(lo.kd.chunk >= 1, f"loss.kd.chunk must be >= 1, got {lo.kd.chunk}")
     need(lo.hidden.norm in ("cosine", "standardize"),
          f"loss.hidden.norm must be cosine or standardize, got {lo.hidden.norm!r}")

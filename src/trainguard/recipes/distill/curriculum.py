@@ -17,10 +17,10 @@ from trainguard.recipes.distill.config import LossConfig, TermConfig
 
 
 def ramp(start: float, end: float, frm: float, to: float, progress: float) -> float:
+    if progress >= to:  # first: a window of zero width ([f, f]) is a step to `end` at f
+        return end
     if progress <= frm:
         return start
-    if progress >= to:
-        return end
     return start + (end - start) * (progress - frm) / (to - frm)
 
 

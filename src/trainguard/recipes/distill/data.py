@@ -48,12 +48,12 @@ class Example:
     pairs: list[tuple[int, int]]
 
 
-def prepare(texts: list[str], s_tok: Tok, t_tok: Tok) -> list[Example]:
+def prepare(texts: list[str], s_tok: Tok, t_tok: Tok, same_next: bool = False) -> list[Example]:
     s_len, t_len = token_lengths(s_tok), token_lengths(t_tok)
     out = []
     for text in texts:
         s, t = encode(s_tok, text, s_len), encode(t_tok, text, t_len)
-        out.append(Example(student=s, teacher=t, pairs=align(s, t)))
+        out.append(Example(student=s, teacher=t, pairs=align(s, t, same_next)))
     return out
 
 

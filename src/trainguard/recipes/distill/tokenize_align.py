@@ -56,10 +56,14 @@ def encode(tok: Tok, text: str, lengths: list[int]) -> Encoded:
     return Encoded(ids=[tok.bos_id, *ids], ends=ends, n_bytes=n_bytes)
 
 
-def align(student: Encoded, teacher: Encoded) -> list[tuple[int, int]]:
+def align(student: Encoded, teacher: Encoded, same_next: bool = False) -> list[tuple[int, int]]:
     """(student position, teacher position) pairs with the same context, among positions with a target.
 
-    The last position of each side has no next token in the window and is never paired.
+    With `same_next`, only pairs whose next tokens are also the same string (the next exact-match
+    group is one token on each side). The last position of each side has no next token and is never paired.
     """
     t_at = {e: q for q, e in enumerate(teacher.ends[:-1])}
-    return [(p, t_at[e]) for p, e in enumerate(student.ends[:-1]) if e in t_at]
+    pairs = [(p, t_at[e]) for p, e in enumerate(student.ends[:-1]) if e in t_at]
+    if same_next:
+        pairs = [(p, q) for p, q in pairs if student.ends[p + 1] == teacher.ends[q + 1]]
+    return pairs

@@ -107,8 +107,9 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     spec = KDSpec(vocab_map=vocab_map.to(device), top_k=cfg.loss.kd.top_k, temperature=cfg.loss.kd.temperature,
                   chunk=cfg.loss.kd.chunk, layer_pairs=pairs, hidden_norm=cfg.loss.hidden.norm)
 
-    train_ex = prepare(windows(train_text, cfg.data.window_chars), s_tok, t_tok)
-    eval_ex = prepare(windows(eval_text, cfg.data.window_chars), s_tok, t_tok)
+    same_next = cfg.loss.kd.positions == "next_token"
+    train_ex = prepare(windows(train_text, cfg.data.window_chars), s_tok, t_tok, same_next)
+    eval_ex = prepare(windows(eval_text, cfg.data.window_chars), s_tok, t_tok, same_next)
     if cfg.data.eval_windows:
         eval_ex = eval_ex[: cfg.data.eval_windows]
     pad_s, pad_t = s_tok.bos_id, t_tok.bos_id  # any id: padded positions are masked and carry no label
