@@ -27,7 +27,7 @@ import yaml
 from trainguard.recipes.distill import BUNDLED_CONFIG
 from trainguard.recipes.distill.build import load_model, load_tokenizer
 from trainguard.recipes.distill.config import parse_config
-from trainguard.recipes.distill.data import collate, eval_batches, prepare, read_text, train_batches, windows
+from trainguard.recipes.distill.data import eval_batches, prepare, read_text, train_batches, windows
 from trainguard.recipes.distill.train import lr_lambda, train
 
 TEACHER = {"arch": "qwen2", "vocab_size": 512, "split_digits": True,
