@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainguard.probe import devicestats, planinfo, samples
+from trainguard.probe import devicestats, planinfo, samples, stackdump
 from trainguard.probe.selflog import GuardLog
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.status import write_status
@@ -149,6 +149,7 @@ class Guard:
         self._thread.start()
         _install_crash_hook(self)
         os.register_at_fork(after_in_child=self._after_fork_in_child)
+        stackdump.install(self.run_dir)  # stacks on a signal, for the watchdog's hang diagnosis (fail-open)
         import atexit
 
         atexit.register(self._at_exit)

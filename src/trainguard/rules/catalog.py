@@ -93,6 +93,8 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG526", "checkpoint-stale", "warning", "stable", "0.1.0", f"{_R}.process:CheckpointStale"),
     RuleEntry("TG811", "expert-collapse", "warning", "stable", "0.1.0", f"{_R}.model:ExpertCollapse"),
     RuleEntry("TG812", "perplexity-implausible", "warning", "stable", "0.1.0", f"{_R}.model:PerplexityImplausible"),
+    # hang and crash diagnosis (issue 3)
+    RuleEntry("TG507", "hang-repeats", "error", "stable", "0.1.0", "trainguard.watchdog.restart:repeats_finding"),
     # -- preflight and config check (issue 5): `trainguard preflight` (TG601-609), `trainguard check` (TG611-617)
     RuleEntry("TG601", "periodic-path-crashed", "error", "preview", "0.1.0", "trainguard.preflight.judge:path_crashed"),
     RuleEntry("TG602", "checkpoint-resume-failed", "error", "preview", "0.1.0", "trainguard.preflight.judge:resume_failed"),
@@ -110,6 +112,10 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG615", "interval-dominates-run", "warning", "preview", "0.1.0", "trainguard.preflight.check:interval_dominates"),
     RuleEntry("TG616", "patience-too-short", "error", "preview", "0.1.0", "trainguard.preflight.check:patience"),
     RuleEntry("TG617", "implausible-value", "error", "preview", "0.1.0", "trainguard.preflight.check:implausible"),
+    # integrations and ingest (issue 8): what a log alone shows, for `trainguard diagnose PATH`
+    RuleEntry("TG151", "scheduler-before-optimizer", "warning", "stable", "0.1.0",
+              "trainguard.ingest.signs:scheduler_before_optimizer"),
+    RuleEntry("TG531", "log-ends-unfinished", "warning", "stable", "0.1.0", "trainguard.ingest.signs:log_ends_unfinished"),
 ]
 
 
