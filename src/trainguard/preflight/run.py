@@ -113,6 +113,8 @@ def _start(opts: PreflightOptions, start_dir: Path, work: Path, *, mode: str, st
     """One start of the script under the Supervisor; returns its status and what the probe recorded."""
     from trainguard.watchdog.supervisor import RunOptions, Supervisor
 
+    what = "fast-forward" if mode == "first" else f"resuming from {env and env.get('TRAINGUARD_RESUME_FROM')}"
+    print(f"trainguard preflight: start {1 if mode == 'first' else 2} ({what}) in {work}", file=sys.stderr)
     cfg = {"mode": mode, "steps": steps, "scratch": str(work)}
     options = RunOptions(command=list(opts.command), run_dir=str(start_dir), echo=opts.echo, live=False,
                          stop_on=[judge.TIMEOUT_NAME], cwd=str(work),
