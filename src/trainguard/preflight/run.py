@@ -61,6 +61,9 @@ def preflight(opts: PreflightOptions) -> int:
         raise UserError(f"--steps must be at least 2 (the schedule is measured between real steps), got {opts.steps}")
     if not opts.command:
         raise UserError("no command given: trainguard preflight [OPTIONS] -- COMMAND [ARGS...]")
+    from trainguard.watchdog.supervisor import check_command
+
+    check_command(opts.command)  # bad input fails here, before any folder is made
     origin = Path.cwd()
     run_dir = prepare_run_dir(opts.run_dir) if opts.run_dir else new_run_dir(f"preflight-{_label(opts.command)}")
     run_dir = run_dir.resolve()
