@@ -3,6 +3,7 @@
     trainguard run [--run-dir DIR] [--stall-timeout S] [--expect PATH ...] -- CMD ...
     trainguard status [RUN]          trainguard ls
     trainguard rules [CODE-or-NAME]  trainguard demo
+    trainguard report [RUN] [--print]  trainguard compare RUN_A RUN_B [--out DIR]
 
 Bad input (an unknown run, a command that does not exist, an unwritable folder) is one line on stderr
 and exit code 2, never a traceback. Heavy modules are imported inside the command that needs them.
@@ -33,6 +34,13 @@ class _Group(click.Group):
             ctx.exit(exc.exit_code)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
             raise
+        except BrokenPipeError:
+            # `trainguard rules | head`: the reader left; say nothing more (stdout is gone).
+            try:
+                sys.stdout = open(os.devnull, "w")
+            except OSError:
+                pass
+            ctx.exit(0)
         except KeyboardInterrupt:
             click.echo("trainguard: interrupted", err=True)
             ctx.exit(130)
@@ -295,6 +303,45 @@ def rules(rule: str | None, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("run", required=False)
+@click.option("--print", "to_terminal", is_flag=True, help="Also render the Markdown report in the terminal.")
+def report(run: str | None, to_terminal: bool) -> None:
+    """Write report.md and report.html into a run folder (default: the newest run)."""
+    from trainguard.report import write_report
+    from trainguard.store.paths import resolve_run
+
+    md_path, html_path = write_report(resolve_run(run))
+    try:
+        if to_terminal:
+            from rich.console import Console
+            from rich.markdown import Markdown
+
+            Console().print(Markdown(md_path.read_text()))
+        click.echo(f"report: {html_path}")
+        click.echo(f"report: {md_path}")
+    except BrokenPipeError:  # `trainguard report --print | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+@main.command()
+@click.argument("run_a")
+@click.argument("run_b")
+@click.option("--out", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="Folder for comparison.json, comparison.md and comparison.html.")
+@click.option("--warmup", type=int, default=None,
+              help="Steps left out of the speed figures at the start of each run (default: 5%, at least 3).")
+def compare(run_a: str, run_b: str, out: str, warmup: int | None) -> None:
+    """Compare RUN_B against RUN_A (the baseline): speed, convergence, findings."""
+    from trainguard.report.compare import write_comparison
+    from trainguard.store.paths import prepare_run_dir, resolve_run
+
+    paths, result = write_comparison(resolve_run(run_a), resolve_run(run_b), prepare_run_dir(out), warmup=warmup)
+    click.echo(result["headline"])
+    for p in paths:
+        click.echo(f"comparison: {p}")
+
+
+@main.command()
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help="Run folder for the demo run.")
 @click.option("--steps", type=int, default=300, show_default=True, help="Optimizer steps of the demo.")
 def demo(run_dir: str | None, steps: int) -> None:
@@ -308,6 +355,15 @@ def demo(run_dir: str | None, steps: int) -> None:
                          expects=[], echo=True)
     sys.exit(Supervisor(options, monitors=_default_monitors()).run())
 
+
+def _add_recipes() -> None:
+    # The recipe's command module is light (click only); it loads torch and transformers when it runs.
+    from trainguard.recipes.distill.command import distill_command
+
+    main.add_command(distill_command)
+
+
+_add_recipes()
 
 if __name__ == "__main__":
     main()

@@ -345,7 +345,18 @@ class Supervisor:
         self._summary(v, step)
         self.reader.close()
         self.writer.close()
+        self._write_report()
         return v.trainguard_exit
+
+    def _write_report(self) -> None:
+        """report.md and report.html, fail-open: a report failure never changes the verdict or exit code."""
+        try:
+            from trainguard.report import write_report
+
+            _, html_path = write_report(self.run_dir)
+            self._note(f"trainguard: report {html_path}")
+        except Exception as exc:
+            self._guard_error(f"could not write the report: {exc!r}")
 
     def _observe_final(self, step: int | None) -> WatchState:
         return WatchState(run_dir=self.run_dir, reader=self.reader, pid=self.proc.pid, started=self.started,
