@@ -22,7 +22,7 @@ from trainguard.ingest.events import Source
 # report lists a rule whose data the source never carried as "could not run", not as "found nothing".
 NEEDS: dict[str, tuple[str, ...]] = {
     "lr-reaches-zero": ("lr",), "schedule-horizon-mismatch": ("sched_epoch",),
-    "weights-not-updating": ("update_ratio",), "params-without-grad": ("the optimizer's parameter list (probe only)",),
+    "weights-not-updating": ("update_ratio",), "params-without-grad": ("optimizer wiring (probe only)",),
     "eval-metrics-frozen": ("eval",), "loss-not-decreasing": ("loss",), "initial-loss-off": ("loss", "output_size"),
     "loss-diverging": ("loss",), "loss-spike": ("loss",), "nonfinite-loss": ("loss",),
     "nonfinite-grad": ("grad_norm",), "grad-scaler-collapse": ("loss_scale",), "loss-parts-imbalanced": ("parts",),
@@ -31,6 +31,12 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "memory-creep": ("memory samples",), "device-memory-near-full": ("memory samples",), "checkpoint-stale": ("checkpoint",),
     "expert-collapse": ("expert loads",), "perplexity-implausible": ("eval",),
 }
+
+
+# What the readers can ever put in an event stream. A rule that needs something else cannot fire on a log
+# and is not fed at all: some rules keep per-step history for their own data (an LR list beside the
+# scheduler's epochs), which would grow with a log's length for nothing.
+READER_DATA = {"loss", "lr", "grad_norm", "parts", "eval", "checkpoint", "output line counts"}
 
 
 @dataclass
@@ -62,6 +68,9 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
     from trainguard.ingest import signs
 
     engine, notes = _engine(source.plan) if rules else (None, ["the health rules were not run"])
+    idle = _starved(engine, source.plan) if engine is not None else []
+    if engine is not None:
+        engine.rules = [r for r in engine.rules if r not in idle]
     found: list[Finding] = []
     last_step: int | None = None
     kinds: set[str] = set()
@@ -93,7 +102,7 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
     have = set(facts.fields) | {k for k in kinds if k not in ("step", "eval")}
     have |= {"output line counts"} if "output" in kinds else set()
     have |= {k for k in ("total_steps",) if source.plan.get(k)}
-    not_run = _not_run(engine, have, source.plan)
+    not_run = _not_run(engine, have, source.plan, idle)
     return Diagnosis(path=source.path, format=source.format, state=state, findings=most_severe_first(found),
                      not_run=not_run, steps=facts.steps, evals=facts.evals, lines=facts.lines,
                      skipped=facts.skipped, notes=notes)
@@ -118,12 +127,21 @@ def _engine(plan: dict[str, Any]) -> tuple[Any, list[str]]:
     return Engine(plan, source="diagnose"), []
 
 
-def _not_run(engine: Any, have: set[str], plan: dict[str, Any]) -> list[tuple[str, str]]:
+def _needs(rule: Any) -> tuple[str, ...]:
+    return tuple(getattr(rule, "needs", None) or NEEDS.get(rule.name) or ())
+
+
+def _starved(engine: Any, plan: dict[str, Any]) -> list[Any]:
+    """Rules that need data no reader produces (and the plan does not state)."""
+    return [r for r in engine.rules if any(n not in READER_DATA and not plan.get(n) for n in _needs(r))]
+
+
+def _not_run(engine: Any, have: set[str], plan: dict[str, Any], idle: list[Any]) -> list[tuple[str, str]]:
     if engine is None:
         return []
     out = []
-    for rule in engine.rules:
-        needs = getattr(rule, "needs", None) or NEEDS.get(rule.name)
+    for rule in sorted(engine.rules + idle, key=lambda r: r.code):
+        needs = _needs(rule)
         if not needs:
             continue
         lacking = [n for n in needs if n not in have and not plan.get(n)]

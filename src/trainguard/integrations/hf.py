@@ -37,6 +37,7 @@ class TrainguardCallback(TrainerCallback):
         self._hook: Any = None
         self._train_phase: Any = None
         self._eval_phase: Any = None
+        self._saw_loss = False  # the model's outputs carry a loss (else the Trainer's logged one is used)
 
     # -- Trainer events, in the order they come ---------------------------------------------------
 
@@ -111,7 +112,7 @@ class TrainguardCallback(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
         # Without a loss in the model's outputs (a custom compute_loss), the logged average is all there is.
-        if self.guard is not None and self._hook is None and logs and "loss" in logs:
+        if self.guard is not None and not self._saw_loss and logs and "loss" in logs:
             self.guard.log(logged_loss=float(logs["loss"]))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -139,6 +140,7 @@ class TrainguardCallback(TrainerCallback):
             loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
             if loss is not None and hasattr(loss, "detach") and loss.numel() == 1:
                 self._losses.append(loss.detach())
+                self._saw_loss = True
         except Exception:  # the guard never becomes the failure
             return
 
