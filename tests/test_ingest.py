@@ -52,6 +52,16 @@ def test_real_traceback_gives_run_crashed_with_where(tmp_path: Path) -> None:
     assert crash.where and crash.where.endswith("(evaluate)")
 
 
+def test_traceback_with_stdout_interleaved(tmp_path: Path) -> None:
+    # the watchdog's tee merges stdout and stderr: a line of output can land inside a traceback
+    log = tmp_path / "output.log"
+    log.write_text('step 1 loss=1.0\nTraceback (most recent call last):\nstep 2 loss=0.9\n'
+                   '  File "train.py", line 5, in <module>\n    x = step % 5\n'
+                   "TypeError: unsupported operand type(s) for %: 'NoneType' and 'int'\n")
+    crash = next(f for f in diagnose_path(log).findings if f.name == "run-crashed")
+    assert crash.cause == "none-operand" and crash.where == "train.py:5 (<module>)"
+
+
 def test_pytorch_scheduler_warning_found(tmp_path: Path) -> None:
     log = run_py(tmp_path, "import torch\nm = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
                            "s = torch.optim.lr_scheduler.StepLR(opt, 1)\n"

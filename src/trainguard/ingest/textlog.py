@@ -39,6 +39,8 @@ _TQDM = re.compile(r"(\d+)/(\d+) \[[^\]]*?\]")
 _TQDM_POST = re.compile(r"(\d+)/(\d+) \[[^\]]*?,\s*([^\]]*=[^\]]*)\]")
 _EVAL_WORD = re.compile(r"(?:^|[\s\[(|])(?:eval|evaluation|val|valid|validation)\b", re.IGNORECASE)
 _EPOCH_BAR = re.compile(r"^\s*(?:epoch|validation|sanity)", re.IGNORECASE)
+# the last line of a traceback, as `trainguard.watchdog.crash` reads it
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Fault|[A-Z]\w*)(?::|$)")
 _CHECKPOINT = re.compile(r"(?:saving|saved) (?:model )?checkpoint (?:to |at |in )?(\S+)", re.IGNORECASE)
 COMPLETION = re.compile(
     r"training (?:is )?(?:complete|completed|finished|done)|finished training|done training|"
@@ -163,9 +165,9 @@ class _LineParser:
     def _traceback_line(self, line: str) -> None:
         assert self.tb is not None
         self.tb.append(line.rstrip())
-        is_exception_line = line[:1].strip() and not line.startswith(("Traceback", "During handling",
-                                                                       "The above exception"))
-        if is_exception_line and len(self.tb) > 1:
+        # Only an exception line ends the block: stdout and stderr share the log, so an unindented line
+        # of ordinary output may land in the middle of a traceback.
+        if _EXCEPTION_LINE.match(line) and len(self.tb) > 1:
             self.facts.traceback = self.tb
             self.tb = None
         elif len(self.tb) > TRACEBACK_LINES:
