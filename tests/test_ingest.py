@@ -206,10 +206,47 @@ def test_enormous_line_and_mixed_encodings_still_read(tmp_path: Path) -> None:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.binary(max_size=3000), suffix=st.sampled_from([".log", ".csv", ".jsonl", ".json"]))
-def test_fuzz_readers_never_raise_anything_but_user_error(tmp_path: Path, data: bytes, suffix: str) -> None:
-    path = tmp_path / f"fuzz{suffix}"
+@given(data=st.binary(max_size=3000),
+       name=st.sampled_from(["fuzz.log", "fuzz.csv", "results.csv", "fuzz.jsonl", "fuzz.json", "trainer_state.json",
+                             "events.out.tfevents.1.host"]))
+def test_fuzz_readers_never_raise_anything_but_user_error(tmp_path: Path, data: bytes, name: str) -> None:
+    path = tmp_path / name
     path.write_bytes(data)
+    try:
+        diagnose_path(path)
+    except UserError:
+        pass
+
+
+ROOT = Path(__file__).resolve().parent.parent
+SEEDS = {
+    "train.log": (ROOT / "scenarios" / "diagnose_seed002_progress_log" / "train.log").read_bytes()[:6000],
+    "trainer_state.json": json.dumps({"max_steps": 40, "log_history": [
+        {"step": s, "loss": 1 / s, "learning_rate": 1e-3, "grad_norm": 1.0} for s in range(1, 30)]}).encode(),
+    "metrics.csv": b"epoch,step,train_loss,val_loss,lr-AdamW\n" + b"".join(b"0,%d,%f,,0.001\n" % (s, 1 / s)
+                                                                          for s in range(1, 40)),
+    "m.jsonl": b"".join(b'{"step": %d, "loss": %f}\n' % (s, 1 / s) for s in range(1, 40)),
+}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(sorted(SEEDS)), data=st.data())
+def test_fuzz_mutated_real_formats(tmp_path: Path, name: str, data: st.DataObject) -> None:
+    """Valid files with bytes flipped, inserted, deleted, or cut off: read, or refused in one line."""
+    raw = bytearray(SEEDS[name])
+    for _ in range(data.draw(st.integers(1, 8))):
+        pos = data.draw(st.integers(0, len(raw)))
+        op = data.draw(st.sampled_from(["flip", "insert", "delete", "truncate"]))
+        if op == "flip" and pos < len(raw):
+            raw[pos] = data.draw(st.integers(0, 255))
+        elif op == "insert":
+            raw[pos:pos] = data.draw(st.binary(min_size=1, max_size=40))
+        elif op == "delete":
+            del raw[pos:pos + data.draw(st.integers(1, 200))]
+        else:
+            del raw[pos:]
+    path = tmp_path / name
+    path.write_bytes(bytes(raw))
     try:
         diagnose_path(path)
     except UserError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ def _header(path: Path) -> list[str]:
     with open(path, "rb") as f:
         head = f.read(8192)
     sniff_binary(head, path)
-    first = head.split(b"\n", 1)[0].decode("utf-8", "replace").strip("\ufeff\r ")
+    first = re.split(rb"[\r\n]", head, maxsplit=1)[0].decode("utf-8", "replace").strip("\ufeff ")
     if not first or "," not in first:
         raise UserError(f"{path}: no CSV header on its first line")
     return next(csv.reader([first]))
@@ -57,8 +58,18 @@ def _csv_rows(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
     with open(path, "rb") as raw:
         text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
         reader = csv.reader(_bounded(text, facts))
-        header = [h.strip().lstrip("\ufeff") for h in next(reader, [])]
-        for cells in reader:
+        try:
+            header = [h.strip().lstrip("\ufeff") for h in next(reader, [])]
+        except csv.Error:
+            return
+        while True:
+            try:
+                cells = next(reader)
+            except StopIteration:
+                return
+            except csv.Error:  # a damaged row (a stray quote, a NUL): skipped, the next one is read
+                facts.skipped += 1
+                continue
             facts.lines += 1
             if len(cells) != len(header):
                 facts.skipped += 1  # a truncated last row, or a row from another header

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-ENV_PREFLIGHT = "TRAINGUARD_PREFLIGHT"
+from trainguard.probe.fastforward import ENV_PREFLIGHT
 
 
 def under_preflight() -> bool:
