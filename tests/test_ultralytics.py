@@ -35,8 +35,8 @@ def test_event_names_are_the_librarys_own() -> None:
     assert set(EVENTS) <= known, set(EVENTS) - known
 
 
-def run(tmp: Path, plant: str) -> dict:
-    proc = run_trainguard("run", "--quiet", "--run-dir", str(tmp / "run"), "--", sys.executable, str(SCRIPT),
+def run(tmp: Path, plant: str, *args: str) -> dict:
+    proc = run_trainguard("run", "--quiet", "--run-dir", str(tmp / "run"), *args, "--", sys.executable, str(SCRIPT),
                           "--plant", plant, cwd=tmp, timeout=180)
     status = json.loads((tmp / "run" / "status.json").read_text())
     return {"rc": proc.returncode, "status": status, "names": [f["name"] for f in status.get("findings") or []]}
@@ -60,3 +60,17 @@ def test_healthy_run_recorded_and_quiet(tmp_path: Path) -> None:
 @pytest.mark.parametrize("plant,name", [("nan", "nonfinite-loss"), ("lr-zero", "lr-reaches-zero")])
 def test_planted_failures_found(tmp_path: Path, plant: str, name: str) -> None:
     assert name in run(tmp_path, plant)["names"]
+
+
+def test_stuck_dataloader_worker_after_validation_is_diagnosed(tmp_path: Path) -> None:
+    """Seed 003 through the adapter: validation and a checkpoint, then a worker never returns a batch."""
+    r = run(tmp_path, "stuck-worker", "--stall-timeout", "5")
+    assert r["status"]["state"] == "hung" and r["rc"] == 124
+    hang = next(f for f in r["status"]["findings"] if f["name"] == "run-hung")
+    assert hang["cause"] == "dataloader-worker" and "ultralytics_like.py" in hang["where"]
+    assert "(__getitem__)" in hang["where"] and hang["step"] > 20  # in the second epoch
+    from trainguard.store.reader import RunReader
+
+    with RunReader(tmp_path / "run") as reader:
+        kinds = [e["kind"] for e in reader.events() if e["kind"] in ("eval", "checkpoint")]
+    assert kinds[:2] == ["eval", "checkpoint"] or kinds[:2] == ["checkpoint", "eval"]

@@ -5,9 +5,10 @@ not load beside the CPU torch wheel), so this script replays BaseTrainer's callb
 `run_callbacks` order, `loss_items` as a dict, optimizer steps every `accumulate` batches, validation
 then `on_model_save` then `on_fit_epoch_end`) with a real torch model, optimizer and scheduler.
 
-    python tests/integrations/ultralytics_like.py [--plant nan|lr-zero]
+    python tests/integrations/ultralytics_like.py [--plant nan|lr-zero|stuck-worker]
 """
 import argparse
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -49,7 +50,27 @@ lam = (lambda e: max(0.0, 1 - e / 1)) if a.plant == "lr-zero" else (lambda e: 1 
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lam)
 W = torch.randn(8, 2)
 xs = [torch.randn(16, 8) for _ in range(40)]
-loader = [(x, x @ W) for x in xs]  # learnable targets: a healthy run's loss must fall
+
+
+class Batches(torch.utils.data.Dataset):
+    """40 batches with learnable targets; with --plant stuck-worker, batch 5 of the second epoch never
+    comes back from its DataLoader worker (seed 003: a hang right after validation and checkpointing)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(xs)
+
+    def __getitem__(self, i):
+        if a.plant == "stuck-worker" and self.epoch == 1 and i == 5:
+            time.sleep(3600)
+        return xs[i], xs[i] @ W
+
+
+data = Batches()
+workers = 1 if a.plant == "stuck-worker" else 0
+loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=workers)
 trainer = SimpleNamespace(model=net, optimizer=opt, scheduler=sched, scaler=None, train_loader=loader, epochs=4,
                           accumulate=2, args=SimpleNamespace(epochs=4, batch=16, workers=0, amp=False),
                           loss_items=None, loss_names=(), metrics={}, last=Path("weights/last.pt"), epoch=0)
@@ -66,7 +87,7 @@ run("on_pretrain_routine_end")
 run("on_train_start")
 last_opt = -1
 for epoch in range(trainer.epochs):
-    trainer.epoch = epoch
+    trainer.epoch = data.epoch = epoch
     for i, (x, y) in enumerate(loader):
         ni = i + len(loader) * epoch
         out = net(x)
