@@ -197,3 +197,42 @@ def test_rules_command_explains_a_health_rule() -> None:
     assert data["name"] == "lr-reaches-zero" and data["severity"] == "error" and "## Example" in data["doc"]
     listing = run_trainguard("rules").stdout
     assert "TG812  perplexity-implausible" in listing
+
+
+NAN_BATCH_SCRIPT = textwrap.dedent('''
+    import torch, trainguard
+    torch.manual_seed(0); torch.set_num_threads(1)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    def loader():
+        for i in range(1, 61):
+            x = torch.randn(16, 8)
+            if i == 40:
+                x[2, 3] = float("nan")  # the bad sample
+            yield x, torch.randint(4, (16,))
+    guard = trainguard.watch(model, opt, total_steps=60, run_dir="run")
+    for x, y in guard.batches(loader()):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        guard.step(loss)
+        if torch.isfinite(loss):
+            loss.backward(); opt.step()
+        opt.zero_grad()
+    guard.finish()
+''')
+
+
+def test_the_batch_of_a_nonfinite_loss_is_saved_for_replay(tmp_path: Path) -> None:
+    import torch
+
+    (tmp_path / "train.py").write_text(NAN_BATCH_SCRIPT)
+    env = dict(os.environ, TRAINGUARD_RULES="1")
+    env.pop("TRAINGUARD_RUN_DIR", None)
+    proc = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    saved = torch.load(tmp_path / "run" / "nonfinite-step40.pt")
+    (x, _), = saved["batches"]
+    assert saved["step"] == 40 and torch.isnan(x[2, 3]) and torch.isfinite(x[0]).all()
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    f = next(f for f in status["findings"] if f["name"] == "nonfinite-loss")
+    assert f["step"] == 40 and "nonfinite-step40.pt" in f["summary"]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.probe import devicestats, planinfo, samples
+from trainguard.probe.replay import BatchRing
 from trainguard.probe.selflog import GuardLog
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.status import write_status
@@ -125,6 +126,7 @@ class Guard:
         self._observers: list[Any] = []  # callables fed each resolved step row (online rules)
         self._last_status = 0.0
         self._summary: dict[str, Any] = {"step": 0, "loss": None, "lr": None}
+        self._ring = BatchRing()  # recent batches from guard.batches, to save the one that made a NaN
         self._experts_inflight: list[tuple[int, Any, Any, Any]] = []
         self._experts_seen: set[tuple[int, Any]] = set()
         self._process = samples.own_process()
@@ -218,6 +220,10 @@ class Guard:
             if not self._disabled:
                 self._data_wait += time.perf_counter() - t0
                 self._t_progress = time.time()
+                try:
+                    self._ring.keep(self.micro + 1, item)  # consumed by the next guard.step
+                except Exception as exc:
+                    self._fail("batches", exc)
             yield item
 
     @contextlib.contextmanager
@@ -516,6 +522,10 @@ class Guard:
                     p.wait()
                 pairs.extend(p.pairs())
             row = self._row(rec, pairs)
+            if self._ring.items and _nonfinite_row(row):
+                micro = row.get("micro") or 0
+                row["extra"]["nonfinite_batch"] = self._ring.save(self.run_dir, row["step"],
+                                                                  micro - self.grad_accum + 1, micro)
             self._writer.add_step(row)
             done += 1
             for fn in self._observers:
@@ -776,6 +786,11 @@ class Guard:
             "findings": findings,
         }
         write_status(self.run_dir, status)
+
+
+def _nonfinite_row(row: dict[str, Any]) -> bool:
+    values = [row.get("loss"), *(row.get("parts") or {}).values()]
+    return any(isinstance(v, float) and not math.isfinite(v) for v in values)
 
 
 def _mean(values: list[float]) -> float | None:
