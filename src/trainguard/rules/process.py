@@ -20,7 +20,7 @@ class LogFlood(Rule):
 
     ## What it detects
     Lines the run printed (counted by the watchdog from its captured output; offline, from
-    `output.log`) per optimizer step, over a window of 2.5% of the planned run (20 to 100 steps): above
+    `output.log`) per optimizer step, over a window of 2% of the planned run (20 to 100 steps): above
     8 lines a step, with at least 200 lines in the window.
 
     ## Why it matters
@@ -48,7 +48,7 @@ class LogFlood(Rule):
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
-        self.w = self.window(0.025, 20, 100)
+        self.w = self.window(0.02, 20, 100)
         self.samples: collections.deque[tuple[int, int]] = collections.deque()
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
