@@ -106,6 +106,9 @@ def run_scenario(name: str, keep: str | None = None) -> Result:
     if not status and mode != "run":
         status = _parse_json_output(out)
     result = judge(name, exp, rc, status, seconds, out)
+    if mode == "run" and rc is not None:
+        result.problems += check_report(run_dir, status, quiet=bool(exp.get("quiet")))
+        result.ok = not result.problems
     if keep:
         dest = Path(keep) / name
         shutil.rmtree(dest, ignore_errors=True)
@@ -121,6 +124,34 @@ def _has_cuda() -> bool:
         return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+def check_report(run_dir: Path, status: dict[str, Any], quiet: bool = False) -> list[str]:
+    """The report `trainguard run` wrote must tell what status.json tells: each finding's code, name, cause
+    and evidence, its step marked on the plots; a quiet run's report says it found nothing and what it
+    checked."""
+    md_path, html_path = run_dir / "report.md", run_dir / "report.html"
+    if not md_path.is_file() or not html_path.is_file():
+        return ["no report.md/report.html in the run folder"]
+    md = md_path.read_text().replace("\\", "")  # undo Markdown escapes for plain-text matching
+    page = html_path.read_text()
+    has_plots = 'class="plot"' in page
+    problems = []
+    findings = status.get("findings") or []
+    for f in findings:
+        label = f"{f.get('code')} {f.get('name')}"
+        if label not in md or label not in page:
+            problems.append(f"report does not name finding {label}")
+        missing = [k for k in (f.get("evidence") or {}) if k not in md]
+        if missing:
+            problems.append(f"report leaves out the evidence {', '.join(missing)} of {label}")
+        if f.get("cause") and f["cause"] not in md:
+            problems.append(f"report does not give the cause {f['cause']} of {label}")
+        if f.get("step") is not None and has_plots and f'class="mark finding" data-step="{f["step"]}"' not in page:
+            problems.append(f"report's plots do not mark {label} at step {f['step']}")
+    if quiet and (findings or "No findings" not in md or "| passed |" not in md):
+        problems.append("a quiet run's report must say 'No findings' and list what passed")
+    return problems
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -188,6 +219,8 @@ def _detected_at(f: dict[str, Any]) -> float:
 def _detect(exp: dict[str, Any], first: dict[str, Any] | None, status: dict[str, Any]) -> str:
     if first is None:
         return ""
+    if (status.get("preflight") or {}).get("seconds") is not None:
+        return f"{status['preflight']['seconds']:.1f} s (whole preflight)"
     ev = first.get("evidence") or {}
     if "detected_at" in ev and "last_progress_at" in ev:
         return f"{ev['detected_at'] - ev['last_progress_at']:.1f} s after last progress"

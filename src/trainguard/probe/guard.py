@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainguard.probe import devicestats, planinfo, samples
+from trainguard.probe import devicestats, planinfo, samples, stackdump
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.selflog import GuardLog
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
@@ -141,6 +141,9 @@ class Guard:
             self._rules = LiveRules(source="probe")
 
         self._write_meta(label, config)
+        from trainguard.probe import fastforward  # preflight mode only; None otherwise
+
+        self._ff = fastforward.from_env(self)  # before the hooks: it copies the scheduler
         self._install_hooks()
         self._stop = threading.Event()
         self._drain_lock = threading.Lock()
@@ -148,6 +151,7 @@ class Guard:
         self._thread.start()
         _install_crash_hook(self)
         os.register_at_fork(after_in_child=self._after_fork_in_child)
+        stackdump.install(self.run_dir)  # stacks on a signal, for the watchdog's hang diagnosis (fail-open)
         import atexit
 
         atexit.register(self._at_exit)
@@ -163,6 +167,8 @@ class Guard:
     @property
     def resume_from(self) -> str | None:
         """The checkpoint to resume from when the watchdog (or preflight) restarted this script, else None."""
+        if self._ff is not None:
+            self._ff.note_resume_read(self)
         return os.environ.get(ENV_RESUME) or None
 
     def step(self, loss: Any, parts: dict[str, Any] | None = None, weights: dict[str, float] | None = None) -> None:
@@ -194,6 +200,8 @@ class Guard:
                 self._close_loss_side(self._loss_steps, now)
         except Exception as exc:  # the guard never becomes the failure
             self._fail("step", exc)
+        if closes and self._ff is not None:
+            self._ff.after_step(self)  # may end the script (preflight only, on purpose)
 
     def log(self, **values: Any) -> None:
         """Extra per-step scalars (tensors or floats), stored with the step being accumulated.
@@ -210,6 +218,8 @@ class Guard:
 
     def batches(self, iterable: Iterable) -> Iterator:
         """Yields from `iterable`, measuring the time spent waiting for each item (data wait)."""
+        if self._ff is not None:
+            iterable = self._ff.batches(self, iterable)
         iterator = iter(iterable)
         while True:
             t0 = time.perf_counter()
@@ -245,6 +255,9 @@ class Guard:
         """True once at every `every`-th optimizer step (e.g. `if guard.due("eval", every=2000): ...`)."""
         try:
             step = self.step_count
+            if self._ff is not None and self._ff.due(self, name, every):
+                self._due_last[name] = step
+                return True
             if every <= 0 or step <= 0 or step % every != 0:
                 return False
             if self._due_last.get(name) == step:
@@ -379,6 +392,8 @@ class Guard:
         if self._disabled or os.getpid() != self._pid:
             return
         try:
+            if self._ff is not None:
+                self._ff.before_opt_step(self)
             step = self.opt_steps + 1
             rec = self._records.setdefault(step, {"step": step})
             groups = optimizer.param_groups
@@ -424,6 +439,8 @@ class Guard:
             self._maybe_emit(self.opt_steps)
         except Exception as exc:
             self._fail("optimizer post-hook", exc)
+        if self._ff is not None and not self._uses_step:
+            self._ff.after_step(self)  # a loop without guard.step is stopped here (preflight only)
 
     def _grad_stats(self, optimizer: Any, rec: dict[str, Any]) -> None:
         import torch

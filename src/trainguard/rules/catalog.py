@@ -93,6 +93,29 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG526", "checkpoint-stale", "warning", "stable", "0.1.0", f"{_R}.process:CheckpointStale"),
     RuleEntry("TG811", "expert-collapse", "warning", "stable", "0.1.0", f"{_R}.model:ExpertCollapse"),
     RuleEntry("TG812", "perplexity-implausible", "warning", "stable", "0.1.0", f"{_R}.model:PerplexityImplausible"),
+    # hang and crash diagnosis (issue 3)
+    RuleEntry("TG507", "hang-repeats", "error", "stable", "0.1.0", "trainguard.watchdog.restart:repeats_finding"),
+    # -- preflight and config check (issue 5): `trainguard preflight` (TG601-609), `trainguard check` (TG611-617)
+    RuleEntry("TG601", "periodic-path-crashed", "error", "preview", "0.1.0", "trainguard.preflight.judge:path_crashed"),
+    RuleEntry("TG602", "checkpoint-resume-failed", "error", "preview", "0.1.0", "trainguard.preflight.judge:resume_failed"),
+    RuleEntry("TG603", "second-epoch-failed", "error", "preview", "0.1.0", "trainguard.preflight.judge:second_epoch_failed"),
+    RuleEntry("TG604", "schedule-ends-early", "error", "preview", "0.1.0", "trainguard.preflight.schedule:schedule_ends_early"),
+    RuleEntry("TG605", "schedule-ends-late", "error", "preview", "0.1.0", "trainguard.preflight.schedule:schedule_ends_late"),
+    RuleEntry("TG606", "periodic-path-never-runs", "error", "preview", "0.1.0", "trainguard.preflight.judge:path_never_runs"),
+    RuleEntry("TG607", "periodic-path-dominates", "warning", "preview", "0.1.0", "trainguard.preflight.judge:path_dominates"),
+    RuleEntry("TG608", "wrote-outside-scratch", "warning", "preview", "0.1.0", "trainguard.preflight.judge:wrote_outside"),
+    RuleEntry("TG609", "preflight-timed-out", "error", "preview", "0.1.0", "trainguard.preflight.judge:timed_out"),
+    RuleEntry("TG611", "schedule-ignores-accumulation", "error", "preview", "0.1.0", "trainguard.preflight.check:schedule_length"),
+    RuleEntry("TG612", "schedule-length-mismatch", "error", "preview", "0.1.0", "trainguard.preflight.check:schedule_length_mismatch"),
+    RuleEntry("TG613", "warmup-exceeds-run", "error", "preview", "0.1.0", "trainguard.preflight.check:warmup"),
+    RuleEntry("TG614", "interval-exceeds-run", "error", "preview", "0.1.0", "trainguard.preflight.check:intervals"),
+    RuleEntry("TG615", "interval-dominates-run", "warning", "preview", "0.1.0", "trainguard.preflight.check:interval_dominates"),
+    RuleEntry("TG616", "patience-too-short", "error", "preview", "0.1.0", "trainguard.preflight.check:patience"),
+    RuleEntry("TG617", "implausible-value", "error", "preview", "0.1.0", "trainguard.preflight.check:implausible"),
+    # integrations and ingest (issue 8): what a log alone shows, for `trainguard diagnose PATH`
+    RuleEntry("TG151", "scheduler-before-optimizer", "warning", "stable", "0.1.0",
+              "trainguard.ingest.signs:scheduler_before_optimizer"),
+    RuleEntry("TG531", "log-ends-unfinished", "warning", "stable", "0.1.0", "trainguard.ingest.signs:log_ends_unfinished"),
 ]
 
 
