@@ -11,6 +11,7 @@ watchdog), per optimizer step:
   back by `LiveRules.poll` (SQLite reads included) once per simulated second of 100 steps.
 
 Divide by your step time for the share: at 30 ms a step, 30 us is 0.1%. Prints one JSON line.
+A real run alone records the same figure for itself: meta "rules_cpu.<rank>" in its run.db.
 """
 
 from __future__ import annotations

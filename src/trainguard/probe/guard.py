@@ -135,6 +135,7 @@ class Guard:
         self._rules: Any = None
         self._rules_reader: Any = None
         self._last_rules = 0.0
+        self.rules_cpu = 0.0  # CPU seconds the probe's thread spent in the health rules
         if not self.under_watchdog and self.rank == 0 and os.environ.get(ENV_RULES, "1") != "0":
             from trainguard.rules.live import LiveRules
 
@@ -584,6 +585,7 @@ class Guard:
     def _run_rules(self, final: bool = False) -> None:
         """The health rules over what was committed since the last time; new findings become events."""
         self._last_rules = time.time()
+        cpu0 = time.thread_time()
         try:
             if self._rules_reader is None:
                 from trainguard.store.reader import RunReader
@@ -592,11 +594,15 @@ class Guard:
             found = self._rules.poll(self._rules_reader)
             if final:
                 found += self._rules.end()
+                # what the rules cost this process, for the overhead budget (CPU seconds, all passes)
+                self._writer.set_meta(f"rules_cpu.{self.rank}", {
+                    "cpu_s": round(self.rules_cpu + time.thread_time() - cpu0, 4), "steps": self.step_count})
         except Exception as exc:
             # Why switch them off: a rules pass that raised once will raise at every pass.
             self._rules = None
             self._fail("health rules (switched off)", exc)
             return
+        self.rules_cpu += time.thread_time() - cpu0
         for f in found:
             self._writer.add_event("finding", f.name, f.to_dict(), step=f.step)
             try:
