@@ -236,3 +236,17 @@ def test_the_batch_of_a_nonfinite_loss_is_saved_for_replay(tmp_path: Path) -> No
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     f = next(f for f in status["findings"] if f["name"] == "nonfinite-loss")
     assert f["step"] == 40 and "nonfinite-step40.pt" in f["summary"]
+
+
+def test_stop_on_a_health_finding_ends_the_run_early(tmp_path: Path) -> None:
+    # the LR schedule ends at step 20 of 400 planned; each step sleeps so the run would take 8 s
+    script = LR_ZERO_SCRIPT.replace("range(1, 101)", "range(1, 401)").replace("total_steps=100", "total_steps=400")
+    script = script.replace("guard.step(loss)", "guard.step(loss); __import__('time').sleep(0.02)")
+    (tmp_path / "train.py").write_text(script)
+    proc = run_trainguard("run", "--quiet", "--run-dir", str(tmp_path / "run"), "--stop-on", "lr-reaches-zero",
+                          "--", sys.executable, "train.py", cwd=tmp_path)
+    assert proc.returncode == 125, proc.stderr
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["step"] < 300
+    assert any(f["name"] == "lr-reaches-zero" and f["source"] == "rules" for f in status["findings"])
+    assert "stopping the run on lr-reaches-zero" in proc.stderr
