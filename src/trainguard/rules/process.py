@@ -275,7 +275,8 @@ class DeviceMemoryNearFull(Rule):
 
     ## What it detects
     Three memory samples in a row (one a second) where the device's used memory (total minus free,
-    from the driver, so other processes on the same device count too) is at least 95% of its total.
+    from the driver, so other processes on the same device count too) is at least 95% of its total,
+    and at least half of the device is reserved by this process itself.
 
     ## Why it matters
     At 96-98% (seed 002) the next longer sequence or larger eval batch is an out-of-memory crash,
@@ -312,7 +313,9 @@ class DeviceMemoryNearFull(Rule):
         if not (finite(total) and finite(free)) or total <= 0:
             return None
         used = (total - free) / total
-        if used < self.FULL:
+        own = d.get("dev_reserved", 0) / total if finite(d.get("dev_reserved")) else 1.0
+        # Half of the device must be this process's own: another job filling a shared device is its finding.
+        if used < self.FULL or own < 0.5:
             self.full = []
             return None
         self.full.append(event)
