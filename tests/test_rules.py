@@ -89,6 +89,11 @@ def test_a_schedule_that_decays_to_zero_at_its_end_is_quiet() -> None:
             if f.name == "lr-reaches-zero"] == []
 
 
+def test_the_classic_step_schedule_is_not_an_lr_at_zero() -> None:
+    lrs = [0.1] * 30 + [0.01] * 30 + [0.001] * 20 + [0.0001] * 20  # 0.1 -> 1e-4 of its peak, on purpose
+    assert "lr-reaches-zero" not in [f.name for f in run_rules(_steps(lrs), {"total_steps": 100})]
+
+
 def test_eval_frozen_fires_at_the_third_identical_evaluation() -> None:
     evals = [{"kind": "eval", "step": s, "t": float(s), "data": {"loss": 101.4}} for s in (10, 20, 30)]
     engine = Engine({})
