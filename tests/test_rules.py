@@ -140,6 +140,8 @@ def test_sched_horizon_is_read_from_the_usual_schedulers() -> None:
     assert sched_horizon(lr.StepLR(opt(), step_size=5)) is None
     assert output_size(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 49152)), None) == 49152
     assert output_size(None, {"vocab_size": 32000}) == 32000
+    conv_last = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Unflatten(1, (8, 1, 1)), torch.nn.Conv2d(8, 3, 1))
+    assert output_size(conv_last, None) is None  # a detector's head: no class count to expect
 
 
 @pytest.fixture(scope="module")
