@@ -318,7 +318,8 @@ class Guard:
     def experts(self, load: Any, layer: Any = None) -> None:
         """Per-expert load of an MoE layer (tokens routed to each expert), for `expert-collapse`.
 
-        Call it each step for each MoE layer; it is recorded on the first `stats_every` steps and every
+        Call it each step for each MoE layer, during the forward (before that micro-batch's
+        `guard.step`, which closes the step); it is recorded on the first `stats_every` steps and every
         `stats_every` steps after. A device tensor is copied to the host without a sync.
         """
         if self._disabled or os.getpid() != self._pid:
