@@ -29,6 +29,11 @@ class StallDiagnosis:
     io_bytes_moved: int
 
     @property
+    def starting(self) -> list[int]:
+        """Processes still importing and moving (spawned workers starting up): slow, not stuck."""
+        return classify.starting_up(self.snapshot)
+
+    @property
     def moving(self) -> bool:
         """The run wrote steadily during the sampling window while waiting (on a file, in a sleep, or where
         no stack could say): a slow save, not a hang. A lock, a collective or a busy loop never counts."""
