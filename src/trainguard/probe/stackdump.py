@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 ENV_STACKS = "TRAINGUARD_STACKS"
-STACK_SIGNAL = signal.SIGRTMIN + 6  # a real-time signal nobody else uses by default (not SIGUSR1/2)
+# A real-time signal nobody else uses by default (not SIGUSR1/2, which launchers and Lightning take).
+# None where there are no real-time signals (macOS, Windows): no handler, py-spy stays the only source.
+STACK_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
 
 _state: dict[str, Any] = {"dir": None, "pid": None, "file": None, "fork_hook": False}
 
@@ -71,6 +73,9 @@ def install_from_env() -> bool:
 
 def _register(folder: Path) -> bool:
     import faulthandler
+
+    if STACK_SIGNAL is None:
+        return False
 
     previous = signal.getsignal(STACK_SIGNAL)
     if previous not in (signal.SIG_DFL, None) and _state["pid"] is None:
