@@ -19,6 +19,7 @@ Each scenario is a folder `scenarios/<name>/` holding the script(s) and `expect.
     where: "train.py:31"             text expected in that finding's `where` (optional)
     step: 200                        step expected on that finding (optional)
     onset_step: 100                  step where the planted problem starts (optional: latency in steps)
+    requires: cuda                   run only where CUDA is available (reported as skipped elsewhere)
     timeout: 120                     seconds the scenario may take
 
 The scenario runs in a scratch copy of its folder, so whatever it writes never lands in the repository.
@@ -55,6 +56,7 @@ class Result:
     problems: list[str] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
     output: str = ""
+    skipped: bool = False
 
 
 def scenario_names() -> list[str]:
@@ -77,6 +79,8 @@ def _command(exp: dict[str, Any]) -> list[str]:
 def run_scenario(name: str, keep: str | None = None) -> Result:
     exp = load_expect(name)
     mode = exp.get("mode", "run")
+    if exp.get("requires") == "cuda" and not _has_cuda():
+        return Result(name, "needs CUDA", "skipped (no CUDA here)", True, 0.0, skipped=True)
     work = Path(tempfile.mkdtemp(prefix=f"zoo-{name}-"))
     shutil.copytree(HERE / name, work, dirs_exist_ok=True)
     run_dir = work / "run"
@@ -102,12 +106,52 @@ def run_scenario(name: str, keep: str | None = None) -> Result:
     if not status and mode != "run":
         status = _parse_json_output(out)
     result = judge(name, exp, rc, status, seconds, out)
+    if mode == "run" and rc is not None:
+        result.problems += check_report(run_dir, status, quiet=bool(exp.get("quiet")))
+        result.ok = not result.problems
     if keep:
         dest = Path(keep) / name
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(work, dest, ignore=shutil.ignore_patterns("*.pt", "*.bin", "*.safetensors"))
     shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _has_cuda() -> bool:
+    """Scenarios with `requires: cuda` run only where a GPU is (checked in a child: torch is heavy)."""
+    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    try:
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def check_report(run_dir: Path, status: dict[str, Any], quiet: bool = False) -> list[str]:
+    """The report `trainguard run` wrote must tell what status.json tells: each finding's code, name, cause
+    and evidence, its step marked on the plots; a quiet run's report says it found nothing and what it
+    checked."""
+    md_path, html_path = run_dir / "report.md", run_dir / "report.html"
+    if not md_path.is_file() or not html_path.is_file():
+        return ["no report.md/report.html in the run folder"]
+    md = md_path.read_text().replace("\\", "")  # undo Markdown escapes for plain-text matching
+    page = html_path.read_text()
+    has_plots = 'class="plot"' in page
+    problems = []
+    findings = status.get("findings") or []
+    for f in findings:
+        label = f"{f.get('code')} {f.get('name')}"
+        if label not in md or label not in page:
+            problems.append(f"report does not name finding {label}")
+        missing = [k for k in (f.get("evidence") or {}) if k not in md]
+        if missing:
+            problems.append(f"report leaves out the evidence {', '.join(missing)} of {label}")
+        if f.get("cause") and f["cause"] not in md:
+            problems.append(f"report does not give the cause {f['cause']} of {label}")
+        if f.get("step") is not None and has_plots and f'class="mark finding" data-step="{f["step"]}"' not in page:
+            problems.append(f"report's plots do not mark {label} at step {f['step']}")
+    if quiet and (findings or "No findings" not in md or "| passed |" not in md):
+        problems.append("a quiet run's report must say 'No findings' and list what passed")
+    return problems
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -150,7 +194,9 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
         loud = [f"{f.get('name')}[{f.get('severity')}]" for f in findings if f.get("severity") in ("warning", "error")]
         if loud:
             problems.append("not quiet: " + ", ".join(loud))
-    first = next((f for f in findings if f.get("name") in (exp.get("findings") or [])), None)
+    # "the first finding named": the first name in expect.yaml's list, as found in the run
+    named = [[f for f in findings if f.get("name") == want] for want in exp.get("findings") or []]
+    first = min(next((fs for fs in named if fs), []), default=None, key=_detected_at)
     if exp.get("cause") and (first is None or first.get("cause") != exp["cause"]):
         problems.append(f"cause {first.get('cause') if first else None}, expected {exp['cause']}")
     if exp.get("where") and (first is None or exp["where"] not in (first.get("where") or "")):
@@ -165,14 +211,23 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
     return Result(name, expected.strip(), got, not problems, seconds, detect, problems, status, out[-4000:])
 
 
+def _detected_at(f: dict[str, Any]) -> float:
+    at = (f.get("evidence") or {}).get("detected_step", f.get("step"))
+    return at if isinstance(at, (int, float)) else float("inf")
+
+
 def _detect(exp: dict[str, Any], first: dict[str, Any] | None, status: dict[str, Any]) -> str:
     if first is None:
         return ""
+    if (status.get("preflight") or {}).get("seconds") is not None:
+        return f"{status['preflight']['seconds']:.1f} s (whole preflight)"
     ev = first.get("evidence") or {}
     if "detected_at" in ev and "last_progress_at" in ev:
         return f"{ev['detected_at'] - ev['last_progress_at']:.1f} s after last progress"
-    if exp.get("onset_step") is not None and first.get("step") is not None:
-        return f"step {first['step']} (onset {exp['onset_step']}, +{first['step'] - exp['onset_step']})"
+    # the health rules say where a problem starts (step) and when they were sure (detected_step)
+    at = ev.get("detected_step", first.get("step"))
+    if exp.get("onset_step") is not None and at is not None:
+        return f"step {at} (onset {exp['onset_step']}, +{at - exp['onset_step']})"
     if first.get("t") and status.get("ended"):
         return f"{max(0.0, status['ended'] - first['t']):.1f} s"
     return "at exit" if status.get("ended") else ""

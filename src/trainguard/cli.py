@@ -3,6 +3,7 @@
     trainguard run [--run-dir DIR] [--stall-timeout S] [--expect PATH ...] -- CMD ...
     trainguard status [RUN]          trainguard ls
     trainguard rules [CODE-or-NAME]  trainguard demo
+    trainguard report [RUN] [--print]  trainguard compare RUN_A RUN_B [--out DIR]
 
 Bad input (an unknown run, a command that does not exist, an unwritable folder) is one line on stderr
 and exit code 2, never a traceback. Heavy modules are imported inside the command that needs them.
@@ -86,7 +87,95 @@ def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ..
 
 def _default_monitors() -> list:
     """Monitors every `trainguard run` gets. Each family that can watch a live run adds itself here."""
-    return []
+    from trainguard.rules.live import RulesMonitor
+
+    return [RulesMonitor()]
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Preflight folder (default: a new one under ./trainguard-runs).")
+@click.option("--steps", type=int, default=4, show_default=True,
+              help="Real optimizer steps before every periodic path is brought forward (at least 2).")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds each start of the script may take before the preflight stops it.")
+@click.option("--quiet", is_flag=True, help="Do not echo the script's output (it still goes to output.log).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def preflight(run_dir: str | None, steps: int, timeout: float, quiet: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND in fast-forward: its rare paths, epoch boundary, checkpoint round trip and LR schedule.
+
+    The script runs unmodified in a scratch folder: a few real steps, then every guard.due() path once,
+    the loader iterated again, a second brief start resuming from the checkpoint it saved, the LR schedule
+    simulated for the whole plan. Exit codes: 0 no error finding, 1 error findings, 2 bad input.
+    """
+    from trainguard.preflight.run import PreflightOptions
+    from trainguard.preflight.run import preflight as run_preflight
+
+    sys.exit(run_preflight(PreflightOptions(command=list(command), run_dir=run_dir, steps=steps, timeout=timeout,
+                                            echo=not quiet)))
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--dataset-size", type=int, default=None, metavar="N",
+              help="Training samples (else the config's dataset_size); needed to compute the run's length.")
+@click.option("--fix", "do_fix", is_flag=True, help="Write a corrected config to --output and explain each change.")
+@click.option("--output", type=click.Path(dir_okay=False), default=None, help="Where --fix writes (never the input).")
+@click.option("--json", "as_json", is_flag=True, help="End with one JSON line: state, plan and findings.")
+def check(config: str, dataset_size: int | None, do_fix: bool, output: str | None, as_json: bool) -> None:
+    """Check a training CONFIG (JSON or YAML; Hugging Face or common names) before it runs.
+
+    Exit codes: 0 no error finding (with --fix: in the corrected config), 1 error findings, 2 bad input.
+    """
+    from trainguard.preflight.check import run_check
+
+    sys.exit(run_check(config, dataset_size=dataset_size, do_fix=do_fix, output=output, as_json=as_json,
+                       echo=click.echo))
+
+
+@main.command()
+@click.argument("path")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON: a run folder's findings as a list; anything else's diagnosis as one object on one line.")
+def diagnose(path: str, as_json: bool) -> None:
+    """Diagnose a run: a trainguard run folder (the health rules over its store, by path or name), or a
+    run nobody watched: a log, an output folder (Hugging Face, Lightning, Ultralytics), a metrics file
+    (CSV, JSON Lines, trainer_state.json) or TensorBoard event files.
+
+    Exit codes: 0 no error finding, 1 at least one error finding, 2 bad input.
+    """
+    from pathlib import Path
+
+    from trainguard.store.paths import is_run_dir, resolve_run
+
+    target = Path(path) if Path(path).exists() else resolve_run(path)
+    if target.is_dir() and is_run_dir(target):
+        if (target / "run.db").is_file() or not (target / "output.log").is_file():
+            _diagnose_run_folder(target, as_json)
+        target = target / "output.log"  # a run without the probe: its captured output is all there is
+    from trainguard.ingest.diagnose import diagnose_path, render
+
+    d = diagnose_path(target)
+    if as_json:
+        click.echo(json.dumps(d.to_dict(), default=str))
+    else:
+        for line in render(d):
+            click.echo(line)
+    sys.exit(1 if any(f.severity == "error" for f in d.findings) else 0)
+
+
+def _diagnose_run_folder(run_dir: Any, as_json: bool) -> None:
+    from trainguard.rules.diagnose import diagnose_run
+
+    findings = diagnose_run(run_dir)
+    if as_json:
+        click.echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
+    elif not findings:
+        click.echo("trainguard: no findings")
+    for f in [] if as_json else findings:
+        click.echo(f.one_line())
+        if f.fix:
+            click.echo(f"  fix: {f.fix}")
+    sys.exit(1 if any(f.severity == "error" for f in findings) else 0)
 
 
 @main.command()
@@ -197,6 +286,45 @@ def rules(rule: str | None, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("run", required=False)
+@click.option("--print", "to_terminal", is_flag=True, help="Also render the Markdown report in the terminal.")
+def report(run: str | None, to_terminal: bool) -> None:
+    """Write report.md and report.html into a run folder (default: the newest run)."""
+    from trainguard.report import write_report
+    from trainguard.store.paths import resolve_run
+
+    md_path, html_path = write_report(resolve_run(run))
+    try:
+        if to_terminal:
+            from rich.console import Console
+            from rich.markdown import Markdown
+
+            Console().print(Markdown(md_path.read_text()))
+        click.echo(f"report: {html_path}")
+        click.echo(f"report: {md_path}")
+    except BrokenPipeError:  # `trainguard report --print | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+@main.command()
+@click.argument("run_a")
+@click.argument("run_b")
+@click.option("--out", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="Folder for comparison.json, comparison.md and comparison.html.")
+@click.option("--warmup", type=int, default=None,
+              help="Steps left out of the speed figures at the start of each run (default: 5%, at least 3).")
+def compare(run_a: str, run_b: str, out: str, warmup: int | None) -> None:
+    """Compare RUN_B against RUN_A (the baseline): speed, convergence, findings."""
+    from trainguard.report.compare import write_comparison
+    from trainguard.store.paths import prepare_run_dir, resolve_run
+
+    paths, result = write_comparison(resolve_run(run_a), resolve_run(run_b), prepare_run_dir(out), warmup=warmup)
+    click.echo(result["headline"])
+    for p in paths:
+        click.echo(f"comparison: {p}")
+
+
+@main.command()
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None, help="Run folder for the demo run.")
 @click.option("--steps", type=int, default=300, show_default=True, help="Optimizer steps of the demo.")
 def demo(run_dir: str | None, steps: int) -> None:
@@ -210,6 +338,15 @@ def demo(run_dir: str | None, steps: int) -> None:
                          expects=[], echo=True)
     sys.exit(Supervisor(options, monitors=_default_monitors()).run())
 
+
+def _add_recipes() -> None:
+    # The recipe's command module is light (click only); it loads torch and transformers when it runs.
+    from trainguard.recipes.distill.command import distill_command
+
+    main.add_command(distill_command)
+
+
+_add_recipes()
 
 if __name__ == "__main__":
     main()

@@ -80,6 +80,8 @@ class RunOptions:
     max_restarts: int = 3  # with on_hang="restart": restarts at most; a repeated hang stops sooner
     live: bool | None = None  # None: a live status line only when stderr is a terminal
     echo: bool = True
+    cwd: str | None = None  # where the command runs (default: here); preflight runs it in a scratch folder
+    env: dict[str, str] = field(default_factory=dict)  # extra environment, applied last (e.g. a resume path)
 
 
 def check_command(command: list[str]) -> None:
@@ -153,12 +155,13 @@ class Supervisor:
         env.update({ENV_RUN_DIR: str(self.run_dir.resolve()), ENV_WATCHDOG: "1", ENV_ATTEMPT: str(self.attempt),
                     "PYTHONUNBUFFERED": "1"})
         env.pop(ENV_RESUME, None)
+        env.update(self.options.env)
         if resume:
             env[ENV_RESUME] = resume
         try:
             self.proc = subprocess.Popen(
                 self.options.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                start_new_session=True,
+                start_new_session=True, cwd=self.options.cwd,
             )
         except OSError as exc:
             raise UserError(f"cannot start {self.options.command[0]}: {exc.strerror or exc}") from None
@@ -240,6 +243,20 @@ class Supervisor:
             out.append(f)
         return [f for f in out if self._is_new(f)]
 
+    def _finish_monitors(self, step: int | None) -> None:
+        """Monitors with a `finish(state)` get one last look after the process ended (its last rows)."""
+        state = self._observe_final(step)
+        for mon in list(self.monitors):
+            finish = getattr(mon, "finish", None)
+            if finish is None:
+                continue
+            try:
+                for f in finish(state):
+                    if self._is_new(f):
+                        self._report(f)
+            except Exception as exc:
+                self._guard_error(f"monitor {type(mon).__name__} failed at the end: {exc!r}")
+
     def _on_stall(self, state: WatchState, idle: float) -> Finding | None:
         """A stall: take the stacks of every process of the run, name the cause, report run-hung.
 
@@ -318,12 +335,13 @@ class Supervisor:
         v = verdict.decide(
             returncode=returncode, hang=hang, stopped_on=stopped, probe_used=probe_used, probe_finished=finished,
             probe_crash=probe_crash, stderr_crash=stderr_crash, expects=self.options.expects,
-            started=self.started, cwd=os.getcwd(), step=step, oom=oom,
+            started=self.started, cwd=self.options.cwd or os.getcwd(), step=step, oom=oom,
         )
         for f in v.findings:
             self._report(f)
         for f in self.reader.findings():
             self._is_new(f) and self.findings.append(f)
+        self._finish_monitors(step)
         self.writer.add_event("run", "end", {"state": v.state, "exit_code": v.exit_code, "signal": v.signal,
                                              "duration": time.time() - self.started})
         self.writer.flush()
@@ -333,7 +351,18 @@ class Supervisor:
         self._summary(v, step)
         self.reader.close()
         self.writer.close()
+        self._write_report()
         return v.trainguard_exit
+
+    def _write_report(self) -> None:
+        """report.md and report.html, fail-open: a report failure never changes the verdict or exit code."""
+        try:
+            from trainguard.report import write_report
+
+            _, html_path = write_report(self.run_dir)
+            self._note(f"trainguard: report {html_path}")
+        except Exception as exc:
+            self._guard_error(f"could not write the report: {exc!r}")
 
     def _observe_final(self, step: int | None) -> WatchState:
         return WatchState(run_dir=self.run_dir, reader=self.reader, pid=self.proc.pid, started=self.started,

@@ -1,0 +1,298 @@
+"""The report's content, independent of its format: verdict, timeline, findings, plots, checks, environment.
+
+`build_report` reads a run folder once and returns a `Report`; `markdown.py` and `html.py` render it.
+Everything here is plain data, so both formats say the same thing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainguard.findings import Finding, most_severe_first
+from trainguard.report.checks import Check, build_checks
+from trainguard.report.load import RunData, load_run
+from trainguard.report.plots import build_plots
+from trainguard.report.svg import Plot
+from trainguard.report.timeline import Row, build_timeline
+
+OUTPUT_TAIL = 40  # lines of output.log shown
+
+
+@dataclass
+class Verdict:
+    state: str
+    started: float | None
+    ended: float | None
+    duration: float | None
+    steps_done: int | None
+    steps_planned: int | None
+    exit_code: int | None
+    signal: str | None
+    headline: str  # one sentence: the first error finding, or what a clean run did
+
+
+@dataclass
+class Report:
+    run_dir: Path
+    verdict: Verdict
+    timeline: list[Row]
+    findings: list[Finding]
+    plots: list[Plot]
+    checks: list[Check]
+    environment: list[tuple[str, str]]
+    output_tail: list[str] = field(default_factory=list)
+    stacks: list[tuple[str, str]] = field(default_factory=list)  # (file name, text) from stacks/
+    label: str = ""  # the script's name, as the probe recorded it
+    numbers: list[tuple[str, str]] = field(default_factory=list)  # the key numbers, as a seed's metrics table
+
+    @property
+    def title(self) -> str:
+        name = self.run_dir.resolve().name
+        return f"{self.label} ({name})" if self.label and self.label not in name else name
+
+
+def build_report(run_dir: str | Path) -> Report:
+    data = load_run(run_dir)
+    return Report(
+        run_dir=data.run_dir,
+        verdict=build_verdict(data),
+        timeline=build_timeline(data),
+        findings=most_severe_first(list(data.findings)),
+        plots=build_plots(data),
+        checks=build_checks(data),
+        environment=build_environment(data),
+        output_tail=_output_tail(data.run_dir),
+        stacks=_stacks(data.run_dir),
+        label=str(data.meta.get("label") or ""),
+        numbers=key_numbers(data),
+    )
+
+
+def key_numbers(data: RunData) -> list[tuple[str, str]]:
+    """The table a post-mortem starts with: where the loss ended, the LR, the speed, the evaluations."""
+    from trainguard.report.plots import samples_per_step
+
+    out: list[tuple[str, str]] = []
+    steps = data.columns.get("step")
+
+    def last_and_best(label: str, name: str, col: Any) -> None:
+        if col is None or not col.any or steps is None:
+            return
+        ok = col.present & np.isfinite(col.values)
+        bad = int((col.present & ~np.isfinite(col.values)).sum())
+        if ok.any():
+            vals, at = col.values[ok], steps.values[ok]
+            tail = vals[-max(min(10, len(vals)), len(vals) // 100):]  # the last 1% (>= 10 steps): not one noisy step
+            i = int(np.argmin(vals))
+            out.append((label, f"last {vals[-1]:.4g} (mean of the last {len(tail)} steps {tail.mean():.4g}); "
+                               f"lowest {vals[i]:.4g} at step {int(at[i])}" + (f"; {bad} non-finite" if bad else "")))
+        elif bad:
+            out.append((label, f"non-finite at all {bad} recorded steps"))
+
+    last_and_best("loss", "loss", data.col("loss"))
+    for k, c in data.parts.items():
+        last_and_best(f"loss part {k}", k, c)
+    lr = data.col("lr")
+    if lr is not None:
+        ok = lr.present & np.isfinite(lr.values)
+        if ok.any():
+            v = lr.values[ok]
+            out.append(("learning rate", f"first {v[0]:.3g}, peak {v.max():.3g}, last {v[-1]:.3g}"))
+    st = data.col("step_time")
+    if st is not None:
+        v = st.values[st.present & np.isfinite(st.values) & (st.values > 0)]
+        if len(v):
+            per_step, unit = samples_per_step(data.meta)
+            q25, med, q75 = np.percentile(v, [25, 50, 75])
+            out.append(("step time", f"median {med * 1000:.1f} ms (IQR {q25 * 1000:.1f}-{q75 * 1000:.1f} ms); "
+                                     f"{per_step / med:.4g} {unit}"))
+    evals: dict[str, list[tuple[int, float]]] = {}
+    for e in data.events_of("eval"):
+        if isinstance(e["data"], dict):
+            for k, v in e["data"].items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    evals.setdefault(k, []).append((e["step"], float(v)))
+    for k, pts in evals.items():
+        out.append((f"eval {k}", f"last {pts[-1][1]:.4g} at step {pts[-1][0]}; {len(pts)} evaluations, "
+                                 f"range {min(p[1] for p in pts):.4g}-{max(p[1] for p in pts):.4g}"))
+    return out
+
+
+def build_verdict(data: RunData) -> Verdict:
+    st = data.status
+    state = st.get("state") or ("unknown (no status.json)" if not st else "?")
+    started = st.get("started") or _num(data.meta.get("started"))
+    ends = [e for e in data.events if e["kind"] == "run" and e["name"] == "end"]
+    ended = st.get("ended") or (ends[-1]["t"] if ends else None)
+    if started is None and data.t_range:
+        started = data.t_range[0]
+    if ended is None and data.t_range and state != "running":
+        ended = data.t_range[1]
+    duration = (ended - started) if (started is not None and ended is not None) else None
+    steps = data.columns.get("step")
+    done = st.get("step")
+    if done is None and steps is not None and steps.any:
+        done = int(np.nanmax(steps.values))
+    planned = st.get("total_steps") or (data.meta.get("plan") or {}).get("total_steps")
+    errors = [f for f in data.findings if f.severity == "error"]
+    if errors:
+        first = min(errors, key=lambda f: (f.t if f.t is not None else float("inf"), f.step or 0))
+        headline = sentence(first)
+    elif data.findings:
+        headline = f"No errors; {len(data.findings)} other finding(s), the first: {sentence(data.findings[0])}"
+    else:
+        headline = "No findings: every check that this run's data allows passed (see 'What was checked')."
+    return Verdict(state, started, ended, duration, done, planned, st.get("exit_code"), st.get("signal"), headline)
+
+
+def sentence(f: Finding) -> str:
+    at = f" at step {f.step}" if f.step is not None else ""
+    where = f" ({f.where})" if f.where else ""
+    text = f"{f.code} {f.name}{at}: {f.summary}{where}"
+    return text if text.endswith(".") else text + "."
+
+
+def build_environment(data: RunData) -> list[tuple[str, str]]:
+    m = data.meta
+    env: list[tuple[str, str]] = []
+
+    def add(key: str, value: Any) -> None:
+        text = value if isinstance(value, str) else _compact(value) if value is not None else ""
+        if text:
+            env.append((key, text))
+
+    cmd = m.get("command") or data.status.get("command")
+    add("command", " ".join(str(c) for c in cmd) if isinstance(cmd, list) else cmd)
+    add("cwd", m.get("cwd"))
+    add("run folder", str(data.run_dir))
+    add("host", m.get("host"))
+    add("user", m.get("user"))
+    if m.get("started"):
+        add("started", clock(m["started"]))
+    wd = m.get("watchdog") or {}
+    add("trainguard", wd.get("trainguard"))
+    add("python", wd.get("python"))
+    add("platform", wd.get("platform"))
+    for key in sorted(k for k in m if k.startswith("probe.")):
+        p = m[key] or {}
+        if isinstance(p, dict):
+            add(f"{key} (rank {key.split('.', 1)[1]})",
+                ", ".join(f"{k} {p[k]}" for k in ("python", "torch", "trainguard", "pid") if p.get(k)))
+            for gk in ("gpu", "device", "cuda"):
+                add(f"{gk} (rank {key.split('.', 1)[1]})", p.get(gk))
+    for gk in ("gpu", "device", "cuda", "gpus"):
+        add(gk, m.get(gk))
+    add("environment", m.get("env"))
+    add("plan", m.get("plan"))
+    add("config", m.get("config"))
+    if wd:
+        add("watchdog options", {k: wd[k] for k in ("stall_timeout", "expects", "on_hang") if k in wd})
+    return env
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items() if v not in (None, "", [], {}))
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def clock(t: Any) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(t)))
+    except (TypeError, ValueError, OverflowError):
+        return str(t)
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _output_tail(run_dir: Path) -> list[str]:
+    path = run_dir / "output.log"
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - 16384))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return text.splitlines()[-OUTPUT_TAIL:]
+
+
+def _stacks(run_dir: Path) -> list[tuple[str, str]]:
+    """The stack dumps the watchdog saved at a hang (stacks/hang-*.txt first, then per-process dumps)."""
+    folder = run_dir / "stacks"
+    if not folder.is_dir():
+        return []
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".txt")
+    files.sort(key=lambda p: not p.name.startswith("hang-"))
+    out = []
+    for path in files[:4]:
+        try:
+            out.append((path.name, path.read_text(errors="replace")[:20000]))
+        except OSError:
+            continue
+    return out
+
+
+def evidence_rows(evidence: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """(key, "value" | "block", text or lines) for each evidence entry: numbers inline, stacks as blocks."""
+    rows: list[tuple[str, str, Any]] = []
+    for key, v in (evidence or {}).items():
+        if isinstance(v, float):
+            text = clock(v) if key.endswith("_at") and v > 1e9 else f"{v:.6g}"
+            rows.append((key, "value", text))
+        elif isinstance(v, (int, bool)) or v is None:
+            rows.append((key, "value", str(v)))
+        elif isinstance(v, str):
+            rows.append((key, "block", v.splitlines()) if "\n" in v or len(v) > 160 else (key, "value", v))
+        elif isinstance(v, list):
+            lines = [_frame_line(x) if isinstance(x, dict) else str(x) for x in v]
+            if len(lines) <= 1 and all(len(x) < 120 for x in lines):
+                rows.append((key, "value", ", ".join(lines) or "(none)"))
+            else:
+                rows.append((key, "block", lines[:200]))
+        elif isinstance(v, dict):
+            flat = all(isinstance(x, (int, float, str, bool)) or x is None for x in v.values())
+            text = _compact(v) if flat else ""
+            if flat and len(text) < 160:
+                rows.append((key, "value", text))
+            else:
+                import json
+
+                rows.append((key, "block", json.dumps(v, indent=1, default=str).splitlines()[:200]))
+        else:
+            rows.append((key, "value", str(v)))
+    return rows
+
+
+def _frame_line(x: dict[str, Any]) -> str:
+    if "file" in x and "line" in x:
+        code = f": {x['code']}" if x.get("code") else ""
+        return f"{x['file']}:{x['line']} in {x.get('function', '?')}{code}"
+    return _compact(x)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    seconds = max(0.0, float(seconds))
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    h, rem = divmod(int(seconds), 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m} min {s} s"
+
+
+def elapsed(t: float | None, started: float | None) -> str:
+    if t is None or started is None:
+        return ""
+    return "+" + fmt_duration(t - started)

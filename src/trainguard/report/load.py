@@ -1,0 +1,289 @@
+"""Loading a run folder for the report: columns of numbers, events, findings, meta, in one pass.
+
+Why not `RunReader.steps()`: it builds one dict per row, which for a million-step run costs more than the
+whole report may take. Here the steps table is read once, column-wise, into numpy arrays; the JSON
+columns (parts, weights, extra) are parsed in one `json.loads` call over the whole column.
+
+Missing and non-finite are different things and stay different: a NULL (the probe did not record the
+value) is "absent", while 'nan'/'inf' stored as text is a real non-finite value the report must mark.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import math
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainguard.errors import UserError
+from trainguard.findings import Finding
+from trainguard.store.reader import RunReader
+from trainguard.store.schema import DB_NAME, connect
+
+SCALAR_COLUMNS = ("step", "loss", "lr", "grad_norm", "update_ratio", "step_time", "data_wait", "loss_scale")
+JSON_COLUMNS = ("parts", "weights", "extra")
+
+
+@dataclass
+class Column:
+    """One per-step quantity: values (NaN where absent) and which rows actually recorded it."""
+
+    values: np.ndarray
+    present: np.ndarray
+
+    @property
+    def any(self) -> bool:
+        return bool(self.present.any())
+
+    def finite(self) -> np.ndarray:
+        return self.values[self.present & np.isfinite(self.values)]
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    status: dict[str, Any]
+    meta: dict[str, Any]
+    events: list[dict[str, Any]]
+    findings: list[Finding]
+    columns: dict[str, Column] = field(default_factory=dict)
+    parts: dict[str, Column] = field(default_factory=dict)
+    weights: dict[str, Column] = field(default_factory=dict)
+    extra: dict[str, Column] = field(default_factory=dict)
+    ranks: list[int] = field(default_factory=list)
+    t_range: tuple[float, float] | None = None  # first and last step time, from SQL (no column needed)
+    restarts: list[tuple[int, int]] = field(default_factory=list)  # (attempt, first step it recorded)
+    schedule: dict[str, list[float]] | None = None
+
+    @property
+    def n_steps(self) -> int:
+        col = self.columns.get("step")
+        return 0 if col is None else len(col.values)
+
+    def col(self, name: str) -> Column | None:
+        c = self.columns.get(name)
+        return c if c is not None and c.any else None
+
+    def events_of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["kind"] == kind]
+
+
+def load_run(run_dir: str | Path, rank: int = 0) -> RunData:
+    """Everything the report needs from a run folder. Plots use one rank (0 by default)."""
+    run_dir = Path(run_dir)
+    with RunReader(run_dir) as reader:
+        try:
+            status = reader.status()
+        except UserError:
+            # a post-mortem must still be written when the summary is what broke
+            status = {"state": "unknown (status.json is unreadable)"}
+        meta = reader.meta()
+        events = reader.events()
+        recorded = reader.findings()
+    data = RunData(run_dir=run_dir, status=status, meta=meta, events=events,
+                   findings=_merge_findings(status, recorded))
+    if (run_dir / DB_NAME).is_file():
+        # A million steps make millions of tuples and dicts that live until the columns are built; the
+        # cyclic GC would walk them again and again for nothing (it doubled the load time).
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            _load_steps(data, run_dir, rank)
+        finally:
+            if gc_was_on:
+                gc.enable()
+    data.schedule = _load_schedule(run_dir)
+    return data
+
+
+def _merge_findings(status: dict[str, Any], recorded: list[Finding]) -> list[Finding]:
+    """status.json's findings (the watchdog's final word) plus any recorded only in the store."""
+    out: list[Finding] = []
+    seen: set[tuple] = set()
+    for raw in list(status.get("findings") or []):
+        try:
+            f = Finding.from_dict(raw)
+        except (TypeError, ValueError):
+            continue
+        key = (f.code, f.name, f.step, f.cause)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    for f in recorded:
+        key = (f.code, f.name, f.step, f.cause)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out
+
+
+def _load_steps(data: RunData, run_dir: Path, rank: int) -> None:
+    try:
+        conn = connect(run_dir, readonly=True)
+    except sqlite3.Error:
+        return
+    try:
+        try:
+            ranks = [r[0] for r in conn.execute("SELECT DISTINCT rank FROM steps")]
+        except sqlite3.OperationalError:
+            return  # no steps table: the writer never got that far
+        data.ranks = sorted(ranks)
+        if ranks and rank not in ranks:
+            rank = min(ranks)
+        data.restarts = [(int(a), int(s)) for a, s in conn.execute(
+            "SELECT attempt, MIN(step) FROM steps WHERE rank = ? AND attempt > 0 GROUP BY attempt ORDER BY attempt",
+            (rank,))]
+        t_min, t_max = conn.execute("SELECT MIN(t), MAX(t) FROM steps").fetchone()
+        if t_min is not None:
+            data.t_range = (float(t_min), float(t_max))
+        cols = SCALAR_COLUMNS + JSON_COLUMNS
+        rows = conn.execute(f"SELECT {', '.join(cols)} FROM steps WHERE rank = ? ORDER BY rowid", (rank,)).fetchall()
+    finally:
+        conn.close()
+    by_col = list(zip(*rows))
+    del rows
+    if not by_col:
+        return
+    for name, raw in zip(SCALAR_COLUMNS, by_col):
+        data.columns[name] = _column(raw)
+    for name, raw in zip(JSON_COLUMNS, by_col[len(SCALAR_COLUMNS):]):
+        setattr(data, name, _json_columns(raw))
+    _keep_latest_attempt(data)
+
+
+def _keep_latest_attempt(data: RunData) -> None:
+    """After a restart the steps since the checkpoint are recorded twice; the curves show the last write
+    of each step (the restarted attempt), and the restart itself is marked on the plots."""
+    steps = data.columns["step"].values
+    if len(steps) < 2 or not np.any(np.diff(steps) <= 0):
+        return
+    _, first_in_reversed = np.unique(steps[::-1], return_index=True)
+    keep = np.sort(len(steps) - 1 - first_in_reversed)
+    for group in (data.columns, data.parts, data.weights, data.extra):
+        for name, col in group.items():
+            group[name] = Column(col.values[keep], col.present[keep])
+
+
+def _column(raw: tuple | list) -> Column:
+    try:
+        # numpy turns None into NaN and parses 'nan'/'inf' text, all in C
+        values = np.array(raw, dtype=float)
+    except (TypeError, ValueError):
+        values = np.fromiter((_float(v) for v in raw), dtype=float, count=len(raw))
+    # only where the value is NaN can it be absent rather than a real NaN; count(None) runs in C and
+    # settles the common cases (no NULLs, or every NaN a NULL) without a Python loop
+    is_nan = np.isnan(values)
+    nones = raw.count(None)
+    if nones == 0:
+        present = np.ones(len(raw), dtype=bool)
+    elif nones == int(is_nan.sum()):
+        present = ~is_nan
+    else:
+        present = np.ones(len(raw), dtype=bool)
+        for i in np.flatnonzero(is_nan).tolist():
+            present[i] = raw[i] is not None
+    return Column(values, present)
+
+
+def _float(v: Any) -> float:
+    if v is None:
+        return math.nan
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _json_columns(raw: tuple) -> dict[str, Column]:
+    """{"kd": Column, ...} from a column of JSON objects; numeric values only (no flags, lists, text)."""
+    distinct = set(raw)
+    if distinct == {None}:
+        return {}
+    if len(distinct) <= 64:  # weights are usually one fixed dict, repeated: parse each text once
+        cache = {v: _loads(v) for v in distinct}
+        parsed = [cache[v] for v in raw]
+    else:
+        try:
+            parsed = json.loads("[" + ",".join(v if v is not None else "null" for v in raw) + "]")
+        except ValueError:
+            parsed = [_loads(v) for v in raw]
+    dicts = [d if isinstance(d, dict) else {} for d in parsed]
+    names = list(dict.fromkeys(itertools.chain.from_iterable(dicts)))  # first-seen order, in C
+    out = {}
+    for name in names:
+        values = [d.get(name) for d in dicts]
+        if not set(map(type, values)) <= {float, int, type(None)}:  # the usual case is checked in C
+            values = [v if _numeric(v) else None for v in values]
+        col = _column(values)
+        if col.any:
+            out[name] = col
+    return out
+
+
+def _numeric(v: Any) -> bool:
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, (int, float)):
+        return True
+    return isinstance(v, str) and v in ("nan", "inf", "-inf")
+
+
+def _loads(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _load_schedule(run_dir: Path) -> dict[str, list[float]] | None:
+    """Preflight's simulated LR curve (schedule.json), in whichever plain shape it was written.
+
+    Accepted: {"curve": [[step, lr], ...]} (what preflight writes), {"steps": [...], "lr": [...]},
+    {"points": [{"step", "lr"}, ...]}, or [[step, lr], ...].
+    """
+    path = run_dir / "schedule.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    steps: list[float] = []
+    lrs: list[float] = []
+    try:
+        if isinstance(raw, dict):
+            for key in ("curve", "points"):  # preflight writes {"curve": [[step, lr], ...], ...landmarks}
+                if isinstance(raw.get(key), list):
+                    raw = raw[key]
+                    break
+        if isinstance(raw, dict):
+            xs = raw.get("steps") or raw.get("step")
+            ys = raw.get("lr") or raw.get("lrs")
+            if isinstance(xs, list) and isinstance(ys, list):
+                steps, lrs = [float(x) for x in xs], [_first(y) for y in ys]
+        elif isinstance(raw, list):
+            for p in raw:
+                if isinstance(p, dict):
+                    steps.append(float(p["step"]))
+                    lrs.append(_first(p["lr"]))
+                else:
+                    steps.append(float(p[0]))
+                    lrs.append(_first(p[1]))
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    if not steps or len(steps) != len(lrs):
+        return None
+    return {"steps": steps, "lr": lrs}
+
+
+def _first(v: Any) -> float:
+    """An LR entry may be one number or one per param group; the curve shows group 0."""
+    if isinstance(v, list):
+        v = v[0] if v else None
+    return _float(v)
