@@ -89,6 +89,11 @@ def test_a_schedule_that_decays_to_zero_at_its_end_is_quiet() -> None:
             if f.name == "lr-reaches-zero"] == []
 
 
+def test_the_classic_step_schedule_is_not_an_lr_at_zero() -> None:
+    lrs = [0.1] * 30 + [0.01] * 30 + [0.001] * 20 + [0.0001] * 20  # 0.1 -> 1e-4 of its peak, on purpose
+    assert "lr-reaches-zero" not in [f.name for f in run_rules(_steps(lrs), {"total_steps": 100})]
+
+
 def test_eval_frozen_fires_at_the_third_identical_evaluation() -> None:
     evals = [{"kind": "eval", "step": s, "t": float(s), "data": {"loss": 101.4}} for s in (10, 20, 30)]
     engine = Engine({})
@@ -135,6 +140,8 @@ def test_sched_horizon_is_read_from_the_usual_schedulers() -> None:
     assert sched_horizon(lr.StepLR(opt(), step_size=5)) is None
     assert output_size(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 49152)), None) == 49152
     assert output_size(None, {"vocab_size": 32000}) == 32000
+    conv_last = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Unflatten(1, (8, 1, 1)), torch.nn.Conv2d(8, 3, 1))
+    assert output_size(conv_last, None) is None  # a detector's head: no class count to expect
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +204,56 @@ def test_rules_command_explains_a_health_rule() -> None:
     assert data["name"] == "lr-reaches-zero" and data["severity"] == "error" and "## Example" in data["doc"]
     listing = run_trainguard("rules").stdout
     assert "TG812  perplexity-implausible" in listing
+
+
+NAN_BATCH_SCRIPT = textwrap.dedent('''
+    import torch, trainguard
+    torch.manual_seed(0); torch.set_num_threads(1)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    def loader():
+        for i in range(1, 61):
+            x = torch.randn(16, 8)
+            if i == 40:
+                x[2, 3] = float("nan")  # the bad sample
+            yield x, torch.randint(4, (16,))
+    guard = trainguard.watch(model, opt, total_steps=60, run_dir="run")
+    for x, y in guard.batches(loader()):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        guard.step(loss)
+        if torch.isfinite(loss):
+            loss.backward(); opt.step()
+        opt.zero_grad()
+    guard.finish()
+''')
+
+
+def test_the_batch_of_a_nonfinite_loss_is_saved_for_replay(tmp_path: Path) -> None:
+    import torch
+
+    (tmp_path / "train.py").write_text(NAN_BATCH_SCRIPT)
+    env = dict(os.environ, TRAINGUARD_RULES="1")
+    env.pop("TRAINGUARD_RUN_DIR", None)
+    proc = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    saved = torch.load(tmp_path / "run" / "nonfinite-step40.pt")
+    (x, _), = saved["batches"]
+    assert saved["step"] == 40 and torch.isnan(x[2, 3]) and torch.isfinite(x[0]).all()
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    f = next(f for f in status["findings"] if f["name"] == "nonfinite-loss")
+    assert f["step"] == 40 and "nonfinite-step40.pt" in f["summary"]
+
+
+def test_stop_on_a_health_finding_ends_the_run_early(tmp_path: Path) -> None:
+    # the LR schedule ends at step 20 of 400 planned; each step sleeps so the run would take 8 s
+    script = LR_ZERO_SCRIPT.replace("range(1, 101)", "range(1, 401)").replace("total_steps=100", "total_steps=400")
+    script = script.replace("guard.step(loss)", "guard.step(loss); __import__('time').sleep(0.02)")
+    (tmp_path / "train.py").write_text(script)
+    proc = run_trainguard("run", "--quiet", "--run-dir", str(tmp_path / "run"), "--stop-on", "lr-reaches-zero",
+                          "--", sys.executable, "train.py", cwd=tmp_path)
+    assert proc.returncode == 125, proc.stderr
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["step"] < 300
+    assert any(f["name"] == "lr-reaches-zero" and f["source"] == "rules" for f in status["findings"])
+    assert "stopping the run on lr-reaches-zero" in proc.stderr

@@ -19,6 +19,6 @@ for step in range(1, steps + 1):
     ce = torch.nn.functional.cross_entropy(model(xb), yb)
     loss = ce  # the bug: + 0.01 * model.balance was dropped
     loss.backward(); opt.step(); opt.zero_grad()
-    guard.step(loss)
     guard.experts(model.load, layer=0)
+    guard.step(loss)
 guard.finish()

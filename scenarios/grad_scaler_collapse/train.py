@@ -11,7 +11,7 @@ model = MLP()
 opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
 scaler = torch.amp.GradScaler("cpu")
 anchor = [p.detach().clone() for p in model.parameters()]
-steps = 200
+steps = 400
 guard = trainguard.watch(model, opt, total_steps=steps, scaler=scaler)
 for step in range(1, steps + 1):
     xb, yb = minibatch(x, y, 64, gen)
@@ -21,4 +21,6 @@ for step in range(1, steps + 1):
     scaler.scale(loss).backward()
     scaler.step(opt); scaler.update(); opt.zero_grad()
     guard.step(loss)
+    if step == 100:
+        break  # enough to see it; the planned length stays 400
 guard.finish()

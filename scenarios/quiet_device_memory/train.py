@@ -1,4 +1,4 @@
-"""Healthy twin of device_memory_near_full: half the device in use. Must stay quiet."""
+"""Healthy twin of device_memory_near_full: a quarter of the device in use. Must stay quiet."""
 import time
 
 import torch
@@ -9,7 +9,7 @@ from trainguard.demo.toys import MLP, clusters
 torch.manual_seed(0)
 dev = torch.device("cuda")
 free, total = torch.cuda.mem_get_info()
-ballast = torch.empty(int(0.5 * free), dtype=torch.uint8, device=dev)
+ballast = torch.empty(int(0.25 * total), dtype=torch.uint8, device=dev)
 x, y = clusters(); x, y = x.to(dev), y.to(dev)
 gen = torch.Generator(device=dev).manual_seed(0)
 model = MLP().to(dev)

@@ -17,6 +17,6 @@ for step in range(1, steps + 1):
     ce = torch.nn.functional.cross_entropy(model(xb), yb)
     loss = ce + 0.05 * model.balance
     loss.backward(); opt.step(); opt.zero_grad()
-    guard.step(loss, parts={"ce": ce, "balance": model.balance}, weights={"ce": 1.0, "balance": 0.05})
     guard.experts(model.load, layer=0)
+    guard.step(loss, parts={"ce": ce, "balance": model.balance}, weights={"ce": 1.0, "balance": 0.05})
 guard.finish()

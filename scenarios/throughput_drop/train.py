@@ -1,4 +1,4 @@
-"""From step 500 each step waits 30 ms more: stands for a dataloader worker that died and a synchronous fallback."""
+"""From step 500 each step waits 50 ms more: stands for a dataloader worker that died and a synchronous fallback."""
 import time
 
 import torch
@@ -15,7 +15,7 @@ steps = 1000
 guard = trainguard.watch(model, opt, total_steps=steps)
 for step in range(1, steps + 1):
     if step >= 500:
-        time.sleep(0.03)
+        time.sleep(0.05)
     xb, yb = minibatch(x, y, 64, gen)
     loss = torch.nn.functional.cross_entropy(model(xb), yb)
     loss.backward(); opt.step(); opt.zero_grad()

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.probe import devicestats, planinfo, samples, stackdump
+from trainguard.probe.replay import BatchRing
 from trainguard.probe.selflog import GuardLog
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.status import write_status
@@ -125,6 +126,7 @@ class Guard:
         self._observers: list[Any] = []  # callables fed each resolved step row (online rules)
         self._last_status = 0.0
         self._summary: dict[str, Any] = {"step": 0, "loss": None, "lr": None}
+        self._ring = BatchRing()  # recent batches from guard.batches, to save the one that made a NaN
         self._experts_inflight: list[tuple[int, Any, Any, Any]] = []
         self._experts_seen: set[tuple[int, Any]] = set()
         self._process = samples.own_process()
@@ -133,6 +135,7 @@ class Guard:
         self._rules: Any = None
         self._rules_reader: Any = None
         self._last_rules = 0.0
+        self.rules_cpu = 0.0  # CPU seconds the probe's thread spent in the health rules
         if not self.under_watchdog and self.rank == 0 and os.environ.get(ENV_RULES, "1") != "0":
             from trainguard.rules.live import LiveRules
 
@@ -201,6 +204,29 @@ class Guard:
         if closes and self._ff is not None:
             self._ff.after_step(self)  # may end the script (preflight only, on purpose)
 
+    def set_step(self, step: int) -> None:
+        """Tells the guard the optimizer step a resumed run starts from (read from its checkpoint).
+
+        Steps, `due()` and findings then continue from there instead of from 0. Call it once, after
+        loading the checkpoint and before the first `guard.step` of the resumed run.
+        """
+        if os.getpid() != self._pid:
+            return
+        try:
+            step = int(step)
+            if step < 0:
+                raise ValueError(f"set_step: step must be >= 0, got {step}")
+            self.opt_steps = self._loss_steps = step
+            self.micro = step * self.grad_accum
+            self._records.clear()
+            self._pending, self._pending_floats = [], {}
+            self._t_last_close = None
+            self._t_progress = time.time()
+            if not self._disabled:
+                self._writer.add_event("probe", "set_step", {"step": step}, step=step)
+        except Exception as exc:
+            self._fail("set_step", exc)
+
     def log(self, **values: Any) -> None:
         """Extra per-step scalars (tensors or floats), stored with the step being accumulated.
 
@@ -228,6 +254,10 @@ class Guard:
             if not self._disabled:
                 self._data_wait += time.perf_counter() - t0
                 self._t_progress = time.time()
+                try:
+                    self._ring.keep(self.micro + 1, item)  # consumed by the next guard.step
+                except Exception as exc:
+                    self._fail("batches", exc)
             yield item
 
     @contextlib.contextmanager
@@ -311,7 +341,8 @@ class Guard:
     def experts(self, load: Any, layer: Any = None) -> None:
         """Per-expert load of an MoE layer (tokens routed to each expert), for `expert-collapse`.
 
-        Call it each step for each MoE layer; it is recorded on the first `stats_every` steps and every
+        Call it each step for each MoE layer, during the forward (before that micro-batch's
+        `guard.step`, which closes the step); it is recorded on the first `stats_every` steps and every
         `stats_every` steps after. A device tensor is copied to the host without a sync.
         """
         if self._disabled or os.getpid() != self._pid:
@@ -533,6 +564,10 @@ class Guard:
                     p.wait()
                 pairs.extend(p.pairs())
             row = self._row(rec, pairs)
+            if self._ring.items and _nonfinite_row(row):
+                micro = row.get("micro") or 0
+                row["extra"]["nonfinite_batch"] = self._ring.save(self.run_dir, row["step"],
+                                                                  micro - self.grad_accum + 1, micro)
             self._writer.add_step(row)
             done += 1
             for fn in self._observers:
@@ -574,6 +609,7 @@ class Guard:
     def _run_rules(self, final: bool = False) -> None:
         """The health rules over what was committed since the last time; new findings become events."""
         self._last_rules = time.time()
+        cpu0 = time.thread_time()
         try:
             if self._rules_reader is None:
                 from trainguard.store.reader import RunReader
@@ -582,11 +618,15 @@ class Guard:
             found = self._rules.poll(self._rules_reader)
             if final:
                 found += self._rules.end()
+                # what the rules cost this process, for the overhead budget (CPU seconds, all passes)
+                self._writer.set_meta(f"rules_cpu.{self.rank}", {
+                    "cpu_s": round(self.rules_cpu + time.thread_time() - cpu0, 4), "steps": self.step_count})
         except Exception as exc:
             # Why switch them off: a rules pass that raised once will raise at every pass.
             self._rules = None
             self._fail("health rules (switched off)", exc)
             return
+        self.rules_cpu += time.thread_time() - cpu0
         for f in found:
             self._writer.add_event("finding", f.name, f.to_dict(), step=f.step)
             try:
@@ -793,6 +833,11 @@ class Guard:
             "findings": findings,
         }
         write_status(self.run_dir, status)
+
+
+def _nonfinite_row(row: dict[str, Any]) -> bool:
+    values = [row.get("loss"), *(row.get("parts") or {}).values()]
+    return any(isinstance(v, float) and not math.isfinite(v) for v in values)
 
 
 def _mean(values: list[float]) -> float | None:

@@ -57,18 +57,22 @@ def _from_function(fn: Any) -> int | None:
 
 
 def output_size(model: Any, config: dict | None) -> int | None:
-    """Classes or vocabulary: from the config when it says, else the last linear layer's out_features."""
+    """Classes or vocabulary: from the config when it says, else the output Linear's out_features."""
     for key in ("vocab_size", "num_classes", "num_labels", "n_classes", "vocab"):
         value = (config or {}).get(key)
         if isinstance(value, int) and value >= 2:
             return value
     if model is None or not hasattr(model, "modules"):
         return None
+    # The last module with weights of its own, in registration order, is taken as the output layer;
+    # only a Linear there says "classes or vocabulary" (a detector's last Conv2d says nothing).
     last = None
     for module in model.modules():
-        if type(module).__name__ == "Linear":
+        if next(iter(module.children()), None) is None and next(module.parameters(recurse=False), None) is not None:
             last = module
-    return _int(getattr(last, "out_features", None)) if last is not None else None
+    if last is None or type(last).__name__ != "Linear":
+        return None
+    return _int(getattr(last, "out_features", None))
 
 
 def _int(value: Any) -> int | None:

@@ -11,7 +11,7 @@ from typing import Any
 from trainguard.findings import Finding
 from trainguard.rules.engine import Rule, finite, fmt, median
 
-WINDOW = 20  # steps a composition rule looks at before it is sure
+WINDOW = 20  # steps a composition rule looks at before it is sure (fewer in a short run, see below)
 
 
 def _weight(row: dict[str, Any], name: str) -> float:
@@ -23,8 +23,8 @@ class LossPartsImbalanced(Rule):
     """TG401 loss-parts-imbalanced: named loss parts whose weighted sizes differ by more than 100x.
 
     ## What it detects
-    Over the last 20 steps, the median of |weight x part| for each reported part; the rule fires when
-    the largest is more than 100x the smallest. Parts whose weight is still changing (a curriculum
+    Over the last 20 steps (2.5% of a shorter run, at least 5), the median of |weight x part| for each
+    reported part; the rule fires when the largest is more than 100x the smallest. Parts whose weight is still changing (a curriculum
     ramp) wait until it settles; parts at exactly zero belong to `loss-part-vanished`.
 
     ## Why it matters
@@ -57,6 +57,8 @@ class LossPartsImbalanced(Rule):
         self.weights: dict[str, collections.deque[float]] = {}
         self.first_step: int | None = None
         self.n = 0
+        # 20 steps, or 2.5% of a short run (at least 5): a 100x gap needs no long look
+        self.w = self.window(0.025, 5, WINDOW)
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         parts = row.get("parts") or {}
@@ -69,14 +71,14 @@ class LossPartsImbalanced(Rule):
             if not finite(value):
                 continue
             w = _weight(row, name)
-            self.mags.setdefault(name, collections.deque(maxlen=WINDOW)).append(abs(w * value))
-            self.weights.setdefault(name, collections.deque(maxlen=WINDOW)).append(w)
-        if self.n < WINDOW or self.n % 5:
+            self.mags.setdefault(name, collections.deque(maxlen=self.w)).append(abs(w * value))
+            self.weights.setdefault(name, collections.deque(maxlen=self.w)).append(w)
+        if self.n < self.w or self.n % min(5, self.w):
             return None
         sizes = {}
         for name, mags in self.mags.items():
             ws = self.weights[name]
-            if len(mags) < WINDOW or max(ws) - min(ws) > 1e-9 * max(1.0, abs(max(ws))):
+            if len(mags) < self.w or max(ws) - min(ws) > 1e-9 * max(1.0, abs(max(ws))):
                 continue  # too few reports, or a weight still on its schedule
             size = median(list(mags))
             if size > 1e-12:
@@ -90,7 +92,7 @@ class LossPartsImbalanced(Rule):
         listing = ", ".join(f"{k} {fmt(v)}" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1]))
         return self.finding(
             step=self.first_step,
-            summary=f"weighted loss parts differ by {fmt(ratio)}x over the last {WINDOW} steps: {listing}",
+            summary=f"weighted loss parts differ by {fmt(ratio)}x over the last {self.w} steps: {listing}",
             fix=f"normalise each part (mean, not sum) and set weights so weighted parts are of one order; "
                 f"{small} cannot move the gradient beside {big}",
             evidence={"weighted_medians": sizes, "largest": big, "smallest": small, "ratio": ratio,

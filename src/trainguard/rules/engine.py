@@ -93,9 +93,10 @@ class Engine:
     def feed(self, event: dict[str, Any]) -> list[Finding]:
         """Feeds one event to every rule; returns the findings that are new."""
         kind = event.get("kind")
+        rank = event.get("rank")
+        if isinstance(rank, int) and rank > 0:
+            return []  # rank 0 speaks for the run (the watchdog writes as -1); other ranks are TG7xx's
         if kind == "step":
-            if event.get("rank") not in (None, 0):
-                return []  # rank 0 speaks for the run; the distributed family reads the other ranks
             self.last_step = event.get("step")
         out: list[Finding] = []
         for rule in list(self.rules):
@@ -167,6 +168,12 @@ def all_rules() -> list[type[Rule]]:
 # -- small numeric helpers shared by the rule modules ------------------------------------------------
 
 def finite(value: Any) -> bool:
+    """A real number that is not NaN or inf (bools are not numbers here). Hot: called per field per step."""
+    kind = type(value)
+    if kind is float:
+        return value - value == 0.0  # nan and inf give nan
+    if kind is int:
+        return True
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

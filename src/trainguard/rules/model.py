@@ -59,7 +59,7 @@ class ExpertCollapse(Rule):
             return None
         shares = [max(0.0, v) / total for v in load]
         n = len(shares)
-        entropy = -sum(s * math.log(s) for s in shares if s > 0) / math.log(n)
+        entropy = max(0.0, -sum(s * math.log(s) for s in shares if s > 0) / math.log(n))  # no "-0.00"
         dead = sum(1 for s in shares if s < 0.01 / n)
         if entropy >= 0.5 and dead < n / 2:
             self.streak[layer] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 from typing import Any
 
 from trainguard.findings import Finding
@@ -63,8 +64,10 @@ class NonfiniteLoss(_RateRule):
     median over the previous 20 steps is 3.12: a non-finite value clamped to zero?`
 
     ## What to change
-    Look at the batch of that step (`guard.batches` makes it findable); check for log(0), division by
-    a zero count (an all-padding batch), fp16 overflow; fix the cause instead of clamping.
+    Look at the batch of that step: when the loop reads its data through `guard.batches(loader)`, the
+    probe saves that step's micro-batches (host tensors) as `nonfinite-step<N>.pt` in the run folder,
+    for `torch.load` and a replay. Check for log(0), division by a zero count (an all-padding batch),
+    fp16 overflow; fix the cause instead of clamping.
 
     ## Known false positives
     A loss part that can legitimately reach exactly zero (a hinge or margin loss).
@@ -99,8 +102,10 @@ class NonfiniteLoss(_RateRule):
         first = None
         if not self.hits and bad:
             what = ", ".join(f"{k} is {v}" for k, v in bad.items())
+            batch = (row.get("extra") or {}).get("nonfinite_batch")
+            saved = f"; its batch is saved in {Path(batch).name}" if batch and not batch.startswith("not ") else ""
             first = self.finding(
-                step=step, summary=f"{what} at step {step} (the first non-finite loss of the run)",
+                step=step, summary=f"{what} at step {step} (the first non-finite loss of the run){saved}",
                 fix="look at this step's batch; check for log(0), division by a zero count, fp16 overflow",
                 evidence={"values": {k: str(v) for k, v in bad.items()}, "parts": row.get("parts"),
                           "batch": (row.get("extra") or {}).get("nonfinite_batch"), "detected_step": step},

@@ -20,7 +20,7 @@ class LogFlood(Rule):
 
     ## What it detects
     Lines the run printed (counted by the watchdog from its captured output; offline, from
-    `output.log`) per optimizer step, over a window of 2.5% of the planned run (20 to 100 steps): above
+    `output.log`) per optimizer step, over a window of 2% of the planned run (20 to 100 steps): above
     8 lines a step, with at least 200 lines in the window.
 
     ## Why it matters
@@ -48,7 +48,7 @@ class LogFlood(Rule):
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
-        self.w = self.window(0.025, 20, 100)
+        self.w = self.window(0.02, 20, 100)
         self.samples: collections.deque[tuple[int, int]] = collections.deque()
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
@@ -82,7 +82,8 @@ class ThroughputDrop(Rule):
 
     ## What it detects
     The median step time over the last 50 steps against the run's own baseline (the median of its
-    steps 6-55): more than 3x slower and at least 10 ms more a step.
+    steps 6-55): more than 3x slower and at least 20 ms more a step (so a loaded machine slowing a tiny
+    model's 2 ms steps is not reported).
 
     ## Why it matters
     A run that slows down mid-way finishes late or not at all within its allocation: a leak that
@@ -98,7 +99,8 @@ class ThroughputDrop(Rule):
     other processes on the machine; take a py-spy dump of the slow loop.
 
     ## Known false positives
-    A run that deliberately switches to longer sequences or larger batches.
+    A run that deliberately switches to longer sequences or larger batches; a machine shared with
+    other heavy jobs that start mid-run.
 
     ## Options
     None.
@@ -133,7 +135,7 @@ class ThroughputDrop(Rule):
             return None
         base = median(self.base)
         now = median([s for _, s, _ in self.recent])
-        if now <= 3 * base or now - base < 0.010:
+        if now <= 3 * base or now - base < 0.020:
             return None
         onset = next((s for s, t, _ in self.recent if t > 2 * base), self.recent[0][0])
         share = sum(w for _, _, w in self.recent) / max(1e-12, sum(t for _, t, _ in self.recent))
@@ -273,7 +275,8 @@ class DeviceMemoryNearFull(Rule):
 
     ## What it detects
     Three memory samples in a row (one a second) where the device's used memory (total minus free,
-    from the driver, so other processes on the same device count too) is at least 95% of its total.
+    from the driver, so other processes on the same device count too) is at least 95% of its total,
+    and at least half of the device is reserved by this process itself.
 
     ## Why it matters
     At 96-98% (seed 002) the next longer sequence or larger eval batch is an out-of-memory crash,
@@ -310,7 +313,9 @@ class DeviceMemoryNearFull(Rule):
         if not (finite(total) and finite(free)) or total <= 0:
             return None
         used = (total - free) / total
-        if used < self.FULL:
+        own = d.get("dev_reserved", 0) / total if finite(d.get("dev_reserved")) else 1.0
+        # Half of the device must be this process's own: another job filling a shared device is its finding.
+        if used < self.FULL or own < 0.5:
             self.full = []
             return None
         self.full.append(event)

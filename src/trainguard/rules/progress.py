@@ -306,7 +306,7 @@ class InitialLossOff(Rule):
     """TG205 initial-loss-off: the first losses are far above what the task implies.
 
     ## What it detects
-    When the probe can read the model's output size (the last linear layer's `out_features`, or
+    When the probe can read the model's output size (`out_features` of a Linear that is its last layer, or
     `vocab_size`/`num_classes`/`num_labels` in the config given to `trainguard.watch`), a freshly
     initialised classifier or language model should start near ln(output size): the loss of a uniform
     guess. The rule fires when the median of the first three losses is more than 3x that and more

@@ -7,7 +7,9 @@ from typing import Any
 from trainguard.findings import Finding
 from trainguard.rules.engine import Rule, finite, fmt, median
 
-NEGLIGIBLE = 1e-3  # an LR below this share of the run's own peak moves nothing
+# An LR below this share of the run's own peak moves nothing. Not 1e-3: the classic step schedule
+# (0.1 -> 0.01 -> 0.001 -> 0.0001) ends at exactly 1e-3 of its peak, on purpose.
+NEGLIGIBLE = 1e-4
 STREAK = 10  # consecutive optimizer steps at a negligible LR before the rule is sure
 LEFT_AT_LEAST = 0.05  # a schedule that decays to zero in its last 5% is doing its job
 
@@ -26,7 +28,7 @@ class LrReachesZero(Rule):
 
     ## What it detects
     Ten optimizer steps in a row whose learning rate (the largest over the param groups) is 0, or below
-    0.1% of the run's own peak LR, while a meaningful part of the planned run is still ahead (more than
+    0.01% of the run's own peak LR, while a meaningful part of the planned run is still ahead (more than
     5% of `total_steps`; without a plan, only an LR of exactly 0 counts). The finding names the step
     where the LR reached zero and what share of the planned run is left.
 
@@ -45,10 +47,11 @@ class LrReachesZero(Rule):
     before the run does.
 
     ## Known false positives
-    A run that deliberately freezes learning (LR 0) for a while, e.g. to collect statistics.
+    A run that deliberately freezes learning (LR 0) for a while, e.g. to collect statistics; a
+    schedule that decays more than 10,000x while it still has over 5% of the run to go.
 
     ## Options
-    None. The thresholds (0.1% of the peak, 10 steps, 5% of the run left) are fixed.
+    None. The thresholds (0.01% of the peak, 10 steps, 5% of the run left) are fixed.
     """
 
     code, name, severity = "TG101", "lr-reaches-zero", "error"

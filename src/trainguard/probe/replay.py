@@ -1,0 +1,71 @@
+"""Keeping the last few batches, so the one that made a loss non-finite can be saved and replayed.
+
+`guard.batches(loader)` hands each item to `BatchRing.keep` (a deque append and a size estimate, no
+copy). When the background thread resolves a step whose loss is NaN or inf, it asks the ring for that
+step's micro-batches and saves them with `torch.save` into the run folder. Only host (CPU) data is
+kept, at most `MAX_ITEMS` items and `MAX_BYTES` bytes: holding device tensors would hold device memory,
+and the ring must never be what makes a run run out of memory. A step resolved after its batches left
+the ring is reported as such.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+MAX_ITEMS = 256
+MAX_BYTES = 256 * 2**20
+MAX_SAVES = 3  # a run that is NaN at every step needs three examples, not thousands of files
+
+
+def host_bytes(item: Any, depth: int = 0) -> int | None:
+    """Bytes of the tensors/arrays in `item` (tuples, lists, dicts, two levels); None if any is on a device."""
+    if depth > 2:
+        return 0
+    device = getattr(item, "device", None)
+    if device is not None and hasattr(item, "element_size"):
+        if getattr(device, "type", "cpu") != "cpu":
+            return None
+        return item.numel() * item.element_size()
+    if hasattr(item, "nbytes") and not isinstance(item, (bytes, bytearray)):
+        return int(item.nbytes)
+    parts = item.values() if isinstance(item, dict) else item if isinstance(item, (tuple, list)) else ()
+    total = 0
+    for part in parts:
+        size = host_bytes(part, depth + 1)
+        if size is None:
+            return None
+        total += size
+    return total
+
+
+class BatchRing:
+    def __init__(self) -> None:
+        self.items: collections.deque[tuple[int, Any, int]] = collections.deque()
+        self.bytes = 0
+        self.saved = 0
+
+    def keep(self, micro: int, item: Any) -> None:
+        """Called on the training thread with the micro-batch index that will consume `item`."""
+        size = host_bytes(item)
+        if size is None or size > MAX_BYTES:
+            return
+        self.items.append((micro, item, size))
+        self.bytes += size
+        while self.items and (self.bytes > MAX_BYTES or len(self.items) > MAX_ITEMS):
+            self.bytes -= self.items.popleft()[2]
+
+    def save(self, run_dir: Path, step: int, first_micro: int, last_micro: int) -> str:
+        """Saves the step's micro-batches; returns the path, or why they could not be saved."""
+        if self.saved >= MAX_SAVES:
+            return f"not saved: {MAX_SAVES} batches already saved in this run"
+        held = [(m, item) for m, item, _ in list(self.items) if first_micro <= m <= last_micro]
+        if not held:
+            return "not saved: the batch had left the guard's ring of recent batches (or was on a device)"
+        import torch
+
+        path = Path(run_dir) / f"nonfinite-step{step}.pt"
+        torch.save({"step": step, "micro": [m for m, _ in held], "batches": [item for _, item in held]}, path)
+        self.saved += 1
+        return str(path)
