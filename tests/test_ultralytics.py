@@ -74,3 +74,15 @@ def test_stuck_dataloader_worker_after_validation_is_diagnosed(tmp_path: Path) -
     with RunReader(tmp_path / "run") as reader:
         kinds = [e["kind"] for e in reader.events() if e["kind"] in ("eval", "checkpoint")]
     assert kinds[:2] == ["eval", "checkpoint"] or kinds[:2] == ["checkpoint", "eval"]
+
+
+def test_disabled_guard_leaves_training_alone(tmp_path: Path) -> None:
+    """TRAINGUARD_DISABLE=1: the adapter gets a NullGuard and the script trains to its end."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    env["TRAINGUARD_DISABLE"] = "1"
+    proc = subprocess.run([sys.executable, str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "Training complete" in proc.stdout, proc.stderr[-2000:]

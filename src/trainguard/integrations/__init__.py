@@ -6,7 +6,10 @@ a rule. Framework modules are imported only by the adapter that needs them.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
+from typing import Any
 
 from trainguard.probe.fastforward import ENV_PREFLIGHT
 
@@ -24,3 +27,22 @@ def unwrap(obj: object, attr: str) -> object:
             break
         obj = inner
     return obj
+
+
+def fail_open(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps a framework hook: an error of the adapter goes to the run's guard.log, never into the training.
+
+    A preflight stop (a SystemExit) passes through: it is meant to end the script.
+    """
+
+    @functools.wraps(method)
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:  # the guard never becomes the failure
+            fail = getattr(getattr(self, "guard", None), "_fail", None)
+            if fail is not None:
+                fail(f"{type(self).__name__}.{method.__name__}", exc)
+            return None
+
+    return hook

@@ -21,7 +21,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 import trainguard
-from trainguard.integrations import under_preflight, unwrap
+from trainguard.integrations import fail_open, under_preflight, unwrap
 
 
 class TrainguardCallback(TrainerCallback):
@@ -41,6 +41,7 @@ class TrainguardCallback(TrainerCallback):
 
     # -- Trainer events, in the order they come ---------------------------------------------------
 
+    @fail_open
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        lr_scheduler: Any = None, **kwargs: Any) -> None:
         """Called once before the first step: the plan is known, the optimizer exists."""
@@ -58,6 +59,7 @@ class TrainguardCallback(TrainerCallback):
             wanted = self.guard.resume_from  # (read, so preflight sees its checkpoint round trip taken)
             self.guard.log(resumed_at_step=float(state.global_step), resumed_as_asked=float(wanted is not None))
 
+    @fail_open
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """After clipping, before the optimizer step: close the step with its micro-batches' mean loss.
 
@@ -72,6 +74,7 @@ class TrainguardCallback(TrainerCallback):
 
             self.guard.step(torch.stack([v.detach().float().reshape(()) for v in losses]).mean())
 
+    @fail_open
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """After each optimizer step. Under `trainguard preflight`, ask the guard whether evaluation and
         saving are due: preflight brings them forward (after a few real steps), and the Trainer's own
@@ -89,12 +92,14 @@ class TrainguardCallback(TrainerCallback):
                     control.should_save = True
         return control
 
+    @fail_open
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Each evaluation batch: the first one opens the `eval` phase."""
         if self.guard is not None and self._eval_phase is None:
             self._eval_phase = self.guard.phase("eval")
             self._eval_phase.__enter__()
 
+    @fail_open
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any) -> None:
         if self.guard is None:
             return
@@ -106,15 +111,18 @@ class TrainguardCallback(TrainerCallback):
         if values:
             self.guard.eval(**values)
 
+    @fail_open
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.guard is not None:
             self.guard.checkpoint_saved(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
 
+    @fail_open
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
         # Without a loss in the model's outputs (a custom compute_loss), the logged average is all there is.
         if self.guard is not None and not self._saw_loss and logs and "loss" in logs:
             self.guard.log(logged_loss=float(logs["loss"]))
 
+    @fail_open
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.guard is None:
             return

@@ -24,7 +24,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 import trainguard
-from trainguard.integrations import under_preflight
+from trainguard.integrations import fail_open, under_preflight
 
 
 class TrainguardCallback(Callback):
@@ -41,6 +41,7 @@ class TrainguardCallback(Callback):
 
     # -- fit: start and end -------------------------------------------------------------------------
 
+    @fail_open
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """Called once the optimizers exist, before the sanity check."""
         optimizers = list(getattr(trainer, "optimizers", []) or [])
@@ -59,8 +60,11 @@ class TrainguardCallback(Callback):
             wanted = self.guard.resume_from  # (read, so preflight sees its checkpoint round trip taken)
             self.guard.log(resumed_at_step=float(trainer.global_step), resumed_as_asked=float(wanted is not None))
         if under_preflight() and not trainer.num_sanity_val_steps:
-            self.guard._selflog.write("preflight: num_sanity_val_steps=0, so validation is not reached early")
+            note = getattr(self.guard, "_selflog", None)  # the run's guard.log (a NullGuard has none)
+            if note is not None:
+                note.write("preflight: num_sanity_val_steps=0, so validation is not reached early")
 
+    @fail_open
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self.guard is None:
             return
@@ -71,22 +75,28 @@ class TrainguardCallback(Callback):
 
     # -- phases ---------------------------------------------------------------------------------------
 
+    @fail_open
     def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
         self._begin("sanity-check")
 
+    @fail_open
     def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
         self._end("sanity-check")
 
+    @fail_open
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._begin("train")
 
+    @fail_open
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._end("train")
 
+    @fail_open
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.sanity_checking:
             self._begin("eval")
 
+    @fail_open
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.sanity_checking or self.guard is None:
             return
@@ -97,9 +107,11 @@ class TrainguardCallback(Callback):
 
     # -- steps ----------------------------------------------------------------------------------------
 
+    @fail_open
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._report_checkpoints(trainer)
 
+    @fail_open
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         """After each micro-batch: its loss (a device tensor, no host sync)."""
         if self.guard is None:

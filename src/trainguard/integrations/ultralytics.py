@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 import trainguard
+from trainguard.integrations import fail_open
 
 EVENTS = ("on_pretrain_routine_end", "on_train_start", "on_train_batch_end", "on_train_epoch_end",
           "on_fit_epoch_end", "on_model_save", "on_train_end")
@@ -39,6 +40,7 @@ class UltralyticsAdapter:
         self._closed = 0
         self._phases: dict[str, Any] = {}
 
+    @fail_open
     def on_pretrain_routine_end(self, trainer: Any) -> None:
         """The trainer is set up: model, optimizer, scheduler, scaler and data loaders exist."""
         nb = _len(getattr(trainer, "train_loader", None))
@@ -53,9 +55,11 @@ class UltralyticsAdapter:
                     "args": _args(getattr(trainer, "args", None))},
             stats_every=self.stats_every)
 
+    @fail_open
     def on_train_start(self, trainer: Any) -> None:
         self._begin("train")
 
+    @fail_open
     def on_train_batch_end(self, trainer: Any) -> None:
         """After each batch: its loss parts; a step closes once the optimizer has stepped."""
         if self.guard is None:
@@ -70,17 +74,20 @@ class UltralyticsAdapter:
             items = items.detach().float().reshape(-1)
             self._parts.append(items)
             self._losses.append(items.sum())
-        if self.guard.opt_steps > self._closed and self._losses:
-            self._closed = self.guard.opt_steps
+        opt_steps = getattr(self.guard, "opt_steps", 0)  # a NullGuard (TRAINGUARD_DISABLE) has none
+        if opt_steps > self._closed and self._losses:
+            self._closed = opt_steps
             loss = torch.stack(self._losses).mean()
             mean_parts = torch.stack(self._parts).mean(0)
             parts = {n: mean_parts[i] for i, n in enumerate(names) if i < mean_parts.numel()}
             self._losses, self._parts = [], []
             self.guard.step(loss, parts=parts or None)
 
+    @fail_open
     def on_train_epoch_end(self, trainer: Any) -> None:
         self._begin("eval")  # validation runs between this and on_fit_epoch_end
 
+    @fail_open
     def on_fit_epoch_end(self, trainer: Any) -> None:
         self._end("eval")
         if self.guard is None:
@@ -90,11 +97,13 @@ class UltralyticsAdapter:
         if metrics:
             self.guard.eval(**metrics)
 
+    @fail_open
     def on_model_save(self, trainer: Any) -> None:
         last = getattr(trainer, "last", None)
         if self.guard is not None and last is not None:
             self.guard.checkpoint_saved(last)
 
+    @fail_open
     def on_train_end(self, trainer: Any) -> None:
         for name in list(self._phases):
             self._end(name)
