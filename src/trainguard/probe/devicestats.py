@@ -24,10 +24,18 @@ class DevicePack:
     def ready(self) -> bool:
         return self.event is None or self.event.query()
 
-    def wait(self) -> None:
-        """Blocks until the copy is done: only for the last drain, when the run is ending anyway."""
+    def wait(self) -> bool:
+        """Blocks until the copy is done: only for the last drain, when the run is ending anyway.
+
+        False when it cannot be waited for (a sticky CUDA error after a device-side assert): the values
+        are then unreadable and must be dropped, not read.
+        """
         if self.event is not None:
-            self.event.synchronize()
+            try:
+                self.event.synchronize()
+            except Exception:
+                return False
+        return True
 
     def pairs(self) -> list[tuple[str, float]]:
         """(name, value) in packing order; a name repeats when several micro-batches reported it."""
@@ -71,11 +79,24 @@ def pack(named: list[tuple[str, Any]]) -> list[DevicePack]:
     for device, items in groups.items():
         vec = torch.stack([t for _, t in items])
         if device.type == "cuda":
-            host = torch.empty(vec.shape, dtype=vec.dtype, pin_memory=True)
-            host.copy_(vec, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
+            host, event = copy_to_host(vec)
             packs.append(DevicePack([n for n, _ in items], host, event))
         else:
             packs.append(DevicePack([n for n, _ in items], vec, None))
     return packs
+
+
+def copy_to_host(tensor: Any) -> tuple[Any, Any]:
+    """Start a non-blocking copy of a CUDA tensor into pinned host memory; returns (host, event).
+
+    The copy and the event go on the stream of the tensor's own device, not the thread's current device:
+    a model on cuda:1 without `set_device(1)` would otherwise get an event that completes before its copy.
+    """
+    import torch
+
+    with torch.cuda.device(tensor.device):
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(tensor.device))
+    return host, event
