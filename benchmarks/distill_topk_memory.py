@@ -55,8 +55,8 @@ def one_mode(args: argparse.Namespace) -> dict:
     with dev:
         teacher = AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen2_moe", **t_shape))
         student = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **s_shape))
-    teacher.to(torch.bfloat16 if precision == "bf16" else torch.float32).eval().requires_grad_(False)
-    student.train()
+    teacher.to(device=dev, dtype=torch.bfloat16 if precision == "bf16" else torch.float32).eval().requires_grad_(False)
+    student.to(dev).train()
     V_t, V_s = t_shape["vocab_size"], s_shape["vocab_size"]
     g = torch.Generator().manual_seed(1)
     vmap = torch.full((V_t,), -1, dtype=torch.long)
