@@ -61,6 +61,10 @@ class TermConfig:
 
 @dataclass(kw_only=True)
 class KDConfig(TermConfig):
+    start: float = 0.1
+    """KD weight at the start of the ramp (a small start: the student's early logits are noise)."""
+    end: float = 0.7
+    """KD weight after the ramp. Set start and end to 0 to train on LM loss alone."""
     top_k: int = 256
     """Teacher log-probs kept per position (mapped into student ids); the rest is one tail term."""
     temperature: float = 1.0
@@ -86,7 +90,7 @@ class HiddenConfig(TermConfig):
 class LossConfig:
     lm: float = 1.0
     """Weight of the student's own next-token cross-entropy. Always on: must be > 0."""
-    kd: KDConfig = field(default_factory=lambda: KDConfig(start=0.1, end=0.7))
+    kd: KDConfig = field(default_factory=KDConfig)
     hidden: HiddenConfig = field(default_factory=HiddenConfig)
 
 
@@ -207,8 +211,6 @@ def _build(cls: Any, data: dict, prefix: str = "") -> Any:
     if unknown:
         raise UserError(f"config: unknown key {prefix}{unknown[0]} (valid here: {', '.join(fields)})")
     kwargs = {name: _coerce(value, hints[name], prefix + name) for name, value in data.items()}
-    if cls is LossConfig and "kd" not in data:
-        kwargs["kd"] = KDConfig(start=0.1, end=0.7)
     return cls(**kwargs)
 
 
