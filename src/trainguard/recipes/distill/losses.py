@@ -114,6 +114,8 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
     if targets is not None:
         has_kd[s_pos] = True
         sid[s_pos], logp[s_pos], mapped[s_pos], tail[s_pos] = targets.sid, targets.logp, targets.mapped, targets.tail
+    # nonzero() and the boolean row selection in `_head_chunk` wait for the device (their sizes depend on
+    # the data): once per batch and once per chunk, the price of never padding KD rows to a fixed size.
     rows = valid.nonzero().squeeze(-1)
     lm_sum, kd_sum = zero, zero
     use_kd = with_kd and targets is not None
