@@ -129,7 +129,10 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     best_bpb, evals_since_best = math.inf, 0
     teacher_print = ckpt.fingerprint(teacher)
     guard = trainguard.watch(trainable, optimizer, scheduler, total_steps=t.max_steps, grad_accum=t.grad_accum,
-                             scaler=scaler, run_dir=run_dir, name="distill", config=cfg.to_dict())
+                             scaler=scaler, run_dir=run_dir, name="distill",
+                             # vocab_size: the output size of the model whose perplexity is reported (the
+                             # student's), so the guard does not guess it from the last Linear (a projection)
+                             config={**cfg.to_dict(), "vocab_size": student.get_output_embeddings().weight.shape[0]})
     resume = resume or guard.resume_from
     if resume and state is None:
         state = ckpt.load(resume)
