@@ -41,12 +41,16 @@ class DevicePack:
         """(name, value) in packing order; a name repeats when several micro-batches reported it."""
         # Off the training thread. On CUDA the event has completed, so this reads finished host memory;
         # on other devices it may wait for the device, but only this background thread waits.
+        if isinstance(self.host, list):  # CPU tensors, unstacked: each is read where it is
+            return [(n, float(t)) for n, t in zip(self.names, self.host)]
         return list(zip(self.names, self.host.tolist()))
 
 
 def as_scalar(tensor: Any) -> Any:
     """A 0-d float32 view or reduction of `tensor`, detached; launches at most a kernel or two."""
     t = tensor.detach()
+    if t.dim() == 0 and t.dtype == _float32():
+        return t  # the common case, a float32 scalar loss: nothing to launch
     if t.numel() != 1:
         t = t.float().mean()
     else:
@@ -77,6 +81,11 @@ def pack(named: list[tuple[str, Any]]) -> list[DevicePack]:
         groups.setdefault(tensor.device, []).append((name, tensor))
     packs = []
     for device, items in groups.items():
+        if device.type == "cpu":
+            # On the CPU there is no copy to make and nothing to wait for: keep the scalars as they are
+            # (the background thread reads them), which saves the stack's allocation and kernel.
+            packs.append(DevicePack([n for n, _ in items], [t for _, t in items], None))
+            continue
         vec = torch.stack([t for _, t in items])
         if device.type == "cuda":
             host, event = copy_to_host(vec)

@@ -120,6 +120,7 @@ class Guard:
         self._exc_phase: tuple[BaseException, str, list[str]] | None = None
         self._device_broken = False
         self._cuda_index: int | None = None
+        self._update_sample: list[Any] | None = None
         self._snapshot: Any = None
         self._errors = 0
         self._disabled = False
@@ -497,7 +498,14 @@ class Guard:
             total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
             rec.setdefault("opt_tensors", []).append(("grad_norm", total))
         rec["no_grad"] = len(params) - len(grads)
-        watched = [p for p in (self._model_params or params) if p.requires_grad]
+        watched = self._update_sample or [p for p in (self._model_params or params) if p.requires_grad]
+        if self._update_sample is None:
+            # The update ratio is read from a few tensors, not all: the largest ones (where a model's
+            # weights are) plus the first and the last. Each sampled tensor costs a launch or two, and
+            # a GPT-sized model has hundreds; a few suffice to see weights that do not move.
+            by_size = sorted(watched, key=lambda p: p.numel(), reverse=True)[:6]
+            chosen = {id(p): p for p in [watched[0], *by_size, watched[-1]]} if watched else {}
+            self._update_sample = watched = list(chosen.values())
         if watched:
             stride = max(1, sum(p.numel() for p in watched) // 65536)
             self._snapshot = (_sample_params(watched, stride), watched, stride)
