@@ -8,8 +8,11 @@ shapes (a Qwen2-MoE teacher with hidden 1024 and 24 layers; a SmolLM-135M shaped
 576, 30 layers, 9 heads). A step = teacher forward (no grad) + student forward/backward through the
 recipe's own `forward_losses`, LM + KD, in the recipe's dtype policy (bf16 autocast on CUDA, fp32 on CPU).
 
-- topk: the recipe's path: teacher top-k (default 256) kept per position, logits made `chunk` rows at a time;
-- full: full-vocabulary KD the usual way: the whole batch's teacher logits at once (k = V_t, one chunk).
+- topk: the recipe's own `forward_losses`: teacher top-k (default 256) kept per position, teacher and
+  student logits made `chunk` rows at a time (student chunks recomputed in backward);
+- full: full-vocabulary KD the usual way: the whole batch's teacher logits [B*T, V_t] and student logits
+  [B*T, V_s] at once, log-softmax over both, dense KL over the overlap plus the unmapped tail (the same
+  quantity as the recipe's KD with k = V_t), LM cross-entropy from the same student logits.
 
 Both map teacher ids into student ids through a one-to-one overlap of `--overlap` ids (random positions:
 the benchmark needs the sizes, not real tokenizers); every position is aligned. Each mode runs in its own
@@ -35,8 +38,6 @@ STUDENT_SHAPE = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=
 
 
 def one_mode(args: argparse.Namespace) -> dict:
-    import resource
-
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -54,15 +55,15 @@ def one_mode(args: argparse.Namespace) -> dict:
     with dev:
         teacher = AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen2_moe", **t_shape))
         student = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **s_shape))
-    teacher.to(torch.bfloat16 if precision == "bf16" else torch.float32).eval().requires_grad_(False)
-    student.train()
+    teacher.to(device=dev, dtype=torch.bfloat16 if precision == "bf16" else torch.float32).eval().requires_grad_(False)
+    student.to(dev).train()
     V_t, V_s = t_shape["vocab_size"], s_shape["vocab_size"]
     g = torch.Generator().manual_seed(1)
     vmap = torch.full((V_t,), -1, dtype=torch.long)
     vmap[torch.randperm(V_t, generator=g)[: args.overlap]] = torch.randperm(V_s, generator=g)[: args.overlap]
     B, T = args.batch, args.seq
     k = args.k if args.mode == "topk" else V_t
-    chunk = args.chunk if args.mode == "topk" else B * T
+    chunk = args.chunk if args.mode == "topk" else B * T  # full: one "chunk", the whole batch
     spec = KDSpec(vocab_map=vmap.to(dev), top_k=k, temperature=2.0, chunk=chunk, layer_pairs=[], hidden_norm="cosine")
     pos = torch.arange(B * T - B)  # every position but the last of each row: aligned one to one
     pos = (pos // (T - 1)) * T + pos % (T - 1)
@@ -77,23 +78,60 @@ def one_mode(args: argparse.Namespace) -> dict:
             "t_ids": torch.randint(0, V_t, (B, T), generator=g), "t_mask": torch.ones(B, T, dtype=torch.long),
             "s_pos": pos, "t_pos": pos}.items()}
 
+    t_ids = (vmap >= 0).nonzero().squeeze(-1).to(dev)
+    s_ids_mapped = vmap[vmap >= 0].to(dev)
+    s_unmapped = torch.ones(V_s, dtype=torch.bool, device=dev)
+    s_unmapped[s_ids_mapped] = False
+    t_unmapped = (vmap < 0).to(dev)
+
+    def dense_losses(b: dict) -> torch.Tensor:
+        T_ = spec.temperature
+        with torch.no_grad():
+            zt = teacher(input_ids=b["t_ids"], attention_mask=b["t_mask"]).logits.flatten(0, 1)[b["t_pos"]].float()
+            lt = torch.log_softmax(zt / T_, -1)  # [N, V_t] for the whole batch
+        zs = student(input_ids=b["s_ids"], attention_mask=b["s_mask"]).logits.flatten(0, 1).float()
+        lm = torch.nn.functional.cross_entropy(zs, b["labels"].flatten())
+        ls = torch.log_softmax(zs[b["s_pos"]] / T_, -1)  # [N, V_s]
+        lt_m, ls_m = lt[:, t_ids], ls[:, s_ids_mapped]
+        body = (lt_m.exp() * (lt_m - ls_m)).sum(-1)
+        tail_t = torch.logsumexp(lt[:, t_unmapped], -1)
+        tail_s = torch.logsumexp(ls[:, s_unmapped], -1)
+        kd = (body + tail_t.exp() * (tail_t - tail_s)) * T_**2
+        return lm + 0.5 * kd.mean()
+
     def step() -> None:
         with amp():
-            out = forward_losses(student, teacher, torch.nn.ModuleList(), batch(), spec, with_hidden=False)
-            loss = out["lm_sum"] / out["tokens"] + 0.5 * out["kd_sum"] / out["aligned"]
+            if args.mode == "full":
+                loss = dense_losses(batch())
+            else:
+                out = forward_losses(student, teacher, torch.nn.ModuleList(), batch(), spec, with_hidden=False)
+                loss = out["lm_sum"] / out["tokens"] + 0.5 * out["kd_sum"] / out["aligned"]
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     step()  # warm-up (allocates optimizer state: counted in the baseline, not in the step's peak)
+    sampler = None
     if dev.type == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     else:
+        # CPU: the process's resident memory sampled every millisecond during the timed steps (max RSS
+        # over the process's life would include model loading)
+        import threading
+
         import psutil
 
-        base = psutil.Process().memory_info().rss
+        proc, stop, seen = psutil.Process(), threading.Event(), [0]
+        base = proc.memory_info().rss
+
+        def sample() -> None:
+            while not stop.wait(0.001):
+                seen[0] = max(seen[0], proc.memory_info().rss)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
     t0 = time.perf_counter()
     for _ in range(args.iters):
         step()
@@ -101,7 +139,9 @@ def one_mode(args: argparse.Namespace) -> dict:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        stop.set()
+        sampler.join()
+        peak = max(seen[0], base)
     secs = time.perf_counter() - t0
     return {"mode": args.mode, "k": k, "chunk": chunk, "peak_bytes": peak, "baseline_bytes": base,
             "step_peak_bytes": max(0, peak - base), "tokens_per_s": B * T * args.iters / secs,
@@ -116,7 +156,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="override both models' depth (default: real depth "
                     "on cuda, 2 on cpu); vocabularies and widths stay real")
     ap.add_argument("--k", type=int, default=256, help="teacher top-k")
-    ap.add_argument("--chunk", type=int, default=512, help="positions per logit chunk (top-k mode)")
+    ap.add_argument("--chunk", type=int, default=None, help="positions per logit chunk, top-k mode "
+                    "(default: 512 on cuda, 64 on cpu: a quarter of the batch's positions on both)")
     ap.add_argument("--overlap", type=int, default=40_000, help="ids shared by the two vocabularies")
     ap.add_argument("--iters", type=int, default=None, help="timed steps (default: 5 on cuda, 2 on cpu)")
     ap.add_argument("--mode", choices=["topk", "full"], help=argparse.SUPPRESS)
@@ -131,6 +172,7 @@ def main() -> None:
     args.seq = args.seq or (512 if cuda else 256)
     args.layers = args.layers if args.layers is not None else (0 if cuda else 2)
     args.iters = args.iters or (5 if cuda else 2)
+    args.chunk = args.chunk or (512 if cuda else 64)
     if args.mode:  # child: one mode, one process
         print(json.dumps(one_mode(args)))
         return

@@ -81,6 +81,17 @@ class _null:
         return False
 
 
+def _thread_cpu(guard) -> float:
+    """CPU seconds used so far by the probe's background thread (user + system), from the OS."""
+    import psutil
+
+    native = getattr(getattr(guard, "_thread", None), "native_id", None)
+    for th in psutil.Process().threads():
+        if th.id == native:
+            return th.user_time + th.system_time
+    return 0.0
+
+
 def timed_block(step, n: int, device: str) -> float:
     if device == "cuda":
         torch.cuda.synchronize()  # block boundaries only: the timing needs the GPU drained
@@ -123,6 +134,26 @@ def main() -> int:
     scalers = [torch.amp.GradScaler(args.device) if args.amp == "fp16" else None for _ in range(2)]
     guard = trainguard.watch(*watched, total_steps=10_000, grad_accum=args.grad_accum, run_dir=run_dir,
                              scaler=scalers[1])
+    # The probe's own time, measured directly: its calls on the training thread (guard.step and the
+    # optimizer hooks, re-registered through a timer) and the CPU time of its background thread. The A/B
+    # ratio below is the end-to-end figure; on a fast GPU step its block-to-block noise is larger than
+    # the probe, and these two numbers bound what the probe can cost.
+    hot = [0.0]
+
+    def timed(fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                hot[0] += time.perf_counter() - t0
+        return wrapper
+
+    for handle in getattr(guard, "_hook_handles", []):
+        handle.remove()
+    watched[1].register_step_pre_hook(timed(guard._on_opt_pre))
+    watched[1].register_step_post_hook(timed(guard._on_opt_post))
+    guard.step = timed(guard.step)
     gen_a, gen_b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
     step_plain = make_step(*plain, data, args, gen_a, scaler=scalers[0])
     step_guarded = make_step(*watched, data, args, gen_b, guard=guard, scaler=scalers[1])
@@ -135,6 +166,8 @@ def main() -> int:
         mode = "warn" if args.amp == "fp16" else "error"
         torch.cuda.set_sync_debug_mode(mode)
     plain_t, guarded_t = [], []
+    hot[0] = 0.0
+    bg_cpu0 = _thread_cpu(guard)
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
@@ -147,6 +180,7 @@ def main() -> int:
                 sink.append(timed_block(step, args.block, args.device))
     if args.device == "cuda":
         torch.cuda.set_sync_debug_mode(0)
+    hot_s, bg_s = hot[0], _thread_cpu(guard) - bg_cpu0
     syncs = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
     probe_syncs = sorted({s for s in syncs if "trainguard" in s})
     guard.finish()
@@ -170,6 +204,10 @@ def main() -> int:
         "per_round_pct": [round(100 * (g / u - 1), 2) for g, u in zip(guarded_t, plain_t)],
         "median_round_pct": round(statistics.median(100 * (g / u - 1) for g, u in zip(guarded_t, plain_t)), 2),
         "rows_recorded": rows,
+        "probe_hot_path_ms_per_step": round(1000 * hot_s / (n * len(guarded_t)), 4),
+        "probe_hot_path_pct_of_step": round(100 * hot_s / sum(guarded_t), 3),
+        "probe_thread_cpu_ms_per_step": round(1000 * bg_s / (n * len(guarded_t)), 4),
+        "probe_thread_cpu_pct_of_step": round(100 * bg_s / sum(guarded_t), 3),
         "amp": args.amp,
         "sync_debug_mode": mode,
         "sync_warnings_total": len(syncs),

@@ -64,3 +64,25 @@ def test_rules_catalogue_pages(workdir: Path) -> None:
     assert "What it detects" in page.stdout and "What to change" in page.stdout
     as_json = json.loads(run_trainguard("rules", "TG504", "--json", cwd=workdir).stdout)
     assert as_json["name"] == "artifact-missing" and as_json["family"] == "process, hang and data"
+
+
+def test_leftover_processes_are_reported_and_stopped(workdir: Path) -> None:
+    out = run_trainguard("run", "--run-dir", "r", "--", "sh", "-c", "echo main; (sleep 40; echo late) & exit 0",
+                         cwd=workdir, timeout=30)
+    assert out.returncode == 0, out.stderr
+    st = json.loads((workdir / "r" / "status.json").read_text())
+    assert st["state"] == "completed"
+    assert [f["name"] for f in st["findings"]] == ["leftover-processes"]
+    assert "late" not in (workdir / "r" / "output.log").read_text()
+
+
+def test_garbage_inputs_get_one_line(workdir: Path) -> None:
+    (workdir / "bin.yaml").write_bytes(bytes(range(256)) * 8)
+    _one_line_error(run_trainguard("check", "bin.yaml", cwd=workdir))
+    (workdir / "g").mkdir()
+    (workdir / "g" / "run.db").write_bytes(b"\x00garbage" * 300)
+    for command in ("report", "diagnose"):
+        _one_line_error(run_trainguard(command, "g", cwd=workdir))
+    (workdir / "l").mkdir()
+    (workdir / "l" / "status.json").write_text("[1, 2]")
+    _one_line_error(run_trainguard("status", "l", cwd=workdir))

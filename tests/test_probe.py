@@ -247,3 +247,71 @@ def test_set_step_continues_a_resumed_run(tmp_path: Path) -> None:
         steps = [r["step"] for r in reader.steps()]
     assert steps == list(range(1001, 1007))
     assert fired == [1005]
+
+
+def test_a_guard_that_switched_itself_off_still_finishes(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    guard = trainguard.watch(model, opt, run_dir=tmp_path / "run")
+    for _ in range(30):
+        guard.step({"not": "a loss"})  # 30 errors of its own: the guard switches itself off after 20
+    guard.finish()
+    assert guard._disabled
+    with RunReader(tmp_path / "run") as reader:
+        assert [e["name"] for e in reader.events("probe")].count("finish") == 1
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "completed"
+
+
+def test_a_crash_after_one_run_finished_is_not_that_runs_crash(tmp_path: Path) -> None:
+    script = tmp_path / "two.py"
+    script.write_text(
+        "import sys, torch, trainguard\n"
+        "m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "g1 = trainguard.watch(m, o, run_dir=sys.argv[1] + '/a'); g1.step(torch.tensor(1.0)); g1.finish()\n"
+        "g2 = trainguard.watch(m, None, run_dir=sys.argv[1] + '/b'); g2.step(torch.tensor(1.0))\n"
+        "raise RuntimeError('the second run fails')\n"
+    )
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert json.loads((tmp_path / "a" / "status.json").read_text())["state"] == "completed"
+    assert json.loads((tmp_path / "b" / "status.json").read_text())["state"] == "crashed"
+
+
+def test_log_without_step_is_stored_with_the_optimizer_steps(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    guard = trainguard.watch(model, opt, run_dir=tmp_path / "run")
+    for i in range(20):
+        loss = model(torch.randn(2, 4)).pow(2).mean()
+        loss.backward()
+        guard.log(acc=torch.tensor(float(i)))
+        opt.step()
+        opt.zero_grad()
+    guard.finish()
+    assert guard._pending == []
+    with RunReader(tmp_path / "run") as reader:
+        accs = [r["extra"].get("acc") for r in reader.steps()]
+    assert accs == [float(i) for i in range(20)]
+
+
+def test_watch_on_an_unwritable_folder_does_not_stop_training(tmp_path: Path, capsys) -> None:
+    blocker = tmp_path / "afile"
+    blocker.write_text("a file where the run folder should be")
+    model = torch.nn.Linear(4, 1)
+    guard = trainguard.watch(model, None, run_dir=blocker / "run")
+    assert type(guard).__name__ == "NullGuard"
+    assert "trainguard: not watching this run" in capsys.readouterr().err
+    for _ in range(4):
+        guard.step(model(torch.randn(2, 4)).mean())
+    assert guard.step_count == 4 and guard.due("eval", every=2) is True  # the loop still gets its evals
+
+
+def test_tensor_weights_do_not_need_a_sync(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 1)
+    guard = trainguard.watch(model, None, run_dir=tmp_path / "run")
+    for _ in range(3):
+        loss = model(torch.randn(2, 4)).mean()
+        guard.step(loss, parts={"a": loss}, weights={"a": torch.tensor(0.5), "b": 2.0})
+    guard.finish()
+    with RunReader(tmp_path / "run") as reader:
+        assert [r["weights"] for r in reader.steps()] == [{"a": 0.5, "b": 2.0}] * 3

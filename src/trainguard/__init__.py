@@ -46,8 +46,20 @@ def watch(
         return NullGuard(grad_accum)
     from trainguard.probe.guard import Guard
 
-    return Guard(model, optimizer, scheduler, total_steps=total_steps, grad_accum=grad_accum, scaler=scaler,
-                 run_dir=run_dir, name=name, config=config, stats_every=stats_every)
+    if grad_accum < 1 or (total_steps is not None and total_steps < 1):
+        # a mistake in the call itself: loud, at start-up, before any training time is spent
+        raise ValueError(f"trainguard.watch: grad_accum must be >= 1 and total_steps >= 1 or None "
+                         f"(got grad_accum={grad_accum}, total_steps={total_steps})")
+    try:
+        return Guard(model, optimizer, scheduler, total_steps=total_steps, grad_accum=grad_accum, scaler=scaler,
+                     run_dir=run_dir, name=name, config=config, stats_every=stats_every)
+    except Exception as exc:
+        # The guard never becomes the failure: a run folder that cannot be made or written (a full disk,
+        # a read-only mount) costs the watching, not the training.
+        import sys
+
+        print(f"trainguard: not watching this run: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return NullGuard(grad_accum)
 
 
 def __getattr__(name: str) -> Any:

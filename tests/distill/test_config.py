@@ -59,3 +59,28 @@ def test_config_check_imports_neither_torch_nor_transformers():
             "print('torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_cli_runs_the_bundled_config_end_to_end_without_warnings(tmp_path):
+    import json
+    import warnings
+
+    from trainguard.store.reader import RunReader
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning from the recipe, torch or transformers fails the test
+        result = CliRunner().invoke(distill_command, ["bundled", "--max-steps", "6", "--run-dir", str(tmp_path),
+                                                      "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["step"] == 6 and out["evals"][-1]["step"] == 6
+    with RunReader(tmp_path) as reader:
+        assert reader.status()["state"] == "completed" and reader.findings() == []
+
+
+def test_cli_missing_teacher_folder_is_a_user_error(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"teacher: {{path: {tmp_path / 'nope'}}}\nstudent: {{arch: llama}}\n")
+    result = CliRunner().invoke(distill_command, [str(cfg), "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "teacher" in result.stderr and "Traceback" not in result.output

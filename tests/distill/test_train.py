@@ -116,8 +116,9 @@ def test_no_dense_vocab_to_vocab_parameters_and_bounded_first_step(shared_run):
     assert proj_shapes == [(cfg.teacher.build["hidden_size"], cfg.student.build["hidden_size"])] * 2
     with RunReader(shared_run["run_dir"]) as reader:
         first = next(iter(reader.steps()))
-    # no random V x V projector: the first step's KD and hidden terms are already small and bounded
-    assert first["parts"]["kd"] < 1.0 and first["parts"]["hidden"] <= 2.0
+    # no random V x V projector: at step 1 the student is near-uniform over its V_s ids, and a KL against
+    # it is at most log(V_s) (6.0 nats here, where seed 002 saw 9 and rising); 1 - cos is at most 2
+    assert 0 <= first["parts"]["kd"] < math.log(cfg.student.vocab_size) and first["parts"]["hidden"] <= 2.0
 
 
 def test_nan_is_never_clamped_away(make_cfg):

@@ -78,7 +78,12 @@ def load_config(path: str | Path, *, dataset_size: int | None = None) -> Config:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"config not found: {p}")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{p} is not a text config (not UTF-8 at byte {exc.start})") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {p}: {exc.strerror or exc}") from None
     fmt = "json" if p.suffix.lower() == ".json" else "yaml"
     data = parse(text, fmt, p)
     cfg = Config(path=p, data=data, fmt=fmt)

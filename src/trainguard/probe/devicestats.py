@@ -24,21 +24,33 @@ class DevicePack:
     def ready(self) -> bool:
         return self.event is None or self.event.query()
 
-    def wait(self) -> None:
-        """Blocks until the copy is done: only for the last drain, when the run is ending anyway."""
+    def wait(self) -> bool:
+        """Blocks until the copy is done: only for the last drain, when the run is ending anyway.
+
+        False when it cannot be waited for (a sticky CUDA error after a device-side assert): the values
+        are then unreadable and must be dropped, not read.
+        """
         if self.event is not None:
-            self.event.synchronize()
+            try:
+                self.event.synchronize()
+            except Exception:
+                return False
+        return True
 
     def pairs(self) -> list[tuple[str, float]]:
         """(name, value) in packing order; a name repeats when several micro-batches reported it."""
         # Off the training thread. On CUDA the event has completed, so this reads finished host memory;
         # on other devices it may wait for the device, but only this background thread waits.
+        if isinstance(self.host, list):  # CPU tensors, unstacked: each is read where it is
+            return [(n, float(t)) for n, t in zip(self.names, self.host)]
         return list(zip(self.names, self.host.tolist()))
 
 
 def as_scalar(tensor: Any) -> Any:
     """A 0-d float32 view or reduction of `tensor`, detached; launches at most a kernel or two."""
     t = tensor.detach()
+    if t.dim() == 0 and t.dtype == _float32():
+        return t  # the common case, a float32 scalar loss: nothing to launch
     if t.numel() != 1:
         t = t.float().mean()
     else:
@@ -69,13 +81,31 @@ def pack(named: list[tuple[str, Any]]) -> list[DevicePack]:
         groups.setdefault(tensor.device, []).append((name, tensor))
     packs = []
     for device, items in groups.items():
+        if device.type == "cpu":
+            # On the CPU there is no copy to make and nothing to wait for: keep the scalars as they are
+            # (the background thread reads them), which saves the stack's allocation and kernel.
+            packs.append(DevicePack([n for n, _ in items], [t for _, t in items], None))
+            continue
         vec = torch.stack([t for _, t in items])
         if device.type == "cuda":
-            host = torch.empty(vec.shape, dtype=vec.dtype, pin_memory=True)
-            host.copy_(vec, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
+            host, event = copy_to_host(vec)
             packs.append(DevicePack([n for n, _ in items], host, event))
         else:
             packs.append(DevicePack([n for n, _ in items], vec, None))
     return packs
+
+
+def copy_to_host(tensor: Any) -> tuple[Any, Any]:
+    """Start a non-blocking copy of a CUDA tensor into pinned host memory; returns (host, event).
+
+    The copy and the event go on the stream of the tensor's own device, not the thread's current device:
+    a model on cuda:1 without `set_device(1)` would otherwise get an event that completes before its copy.
+    """
+    import torch
+
+    with torch.cuda.device(tensor.device):
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(tensor.device))
+    return host, event

@@ -118,6 +118,9 @@ class Guard:
         self.phases_seen: dict[str, int] = {}
         self._due_last: dict[str, int] = {}
         self._exc_phase: tuple[BaseException, str, list[str]] | None = None
+        self._device_broken = False
+        self._cuda_index: int | None = None
+        self._update_sample: list[Any] | None = None
         self._snapshot: Any = None
         self._errors = 0
         self._disabled = False
@@ -196,7 +199,13 @@ class Guard:
                 for key, value in parts.items():
                     self._add_value(f"part:{key}", value)
             if weights:
-                self._weights = {k: float(v) for k, v in weights.items()}
+                # a weight given as a tensor goes through the device copy like a part; float(tensor) would sync
+                self._weights = {}
+                for key, value in weights.items():
+                    if _is_tensor(value):
+                        self._add_value(f"weight:{key}", value)
+                    else:
+                        self._weights[key] = float(value)
             if closes:
                 self._close_loss_side(self._loss_steps, now)
         except Exception as exc:  # the guard never becomes the failure
@@ -319,19 +328,27 @@ class Guard:
             self._fail("checkpoint_saved", exc)
 
     def finish(self) -> None:
-        """The script reached its end: flush everything and mark the probe finished."""
-        if self._disabled or self.finished or os.getpid() != self._pid:
+        """The script reached its end: flush everything and mark the probe finished.
+
+        Also when the guard switched itself off after errors of its own: the run did end, and saying so
+        is what keeps a completed run from being reported as failed.
+        """
+        if self.finished or os.getpid() != self._pid:
             return
+        self.finished = True
+        if self in _HOOKED:
+            _HOOKED.remove(self)  # a later crash of another guard in this process is not this run's
         try:
-            self._emit_all()
-            self.finished = True
-            self._writer.add_event("probe", "finish", {"steps": self.step_count, "micro": self.micro},
-                                   step=self.step_count)
+            if not self._disabled:
+                self._emit_all()
+            self._writer.add_event("probe", "finish", {"steps": self.step_count, "micro": self.micro,
+                                                       "guard_disabled": self._disabled}, step=self.step_count)
             self._stop.set()
             self._thread.join(timeout=5.0)
-            self._drain(final=True)
+            if not self._disabled:
+                self._drain(final=True)
             self._writer.flush()
-            if self._rules is not None:
+            if self._rules is not None and not self._disabled:
                 self._run_rules(final=True)
             if not self.under_watchdog and self.rank == 0:
                 self._write_own_status(state="completed")
@@ -361,12 +378,7 @@ class Guard:
             if _is_tensor(load):
                 t = load.detach().float().reshape(-1)
                 if t.device.type == "cuda":
-                    import torch
-
-                    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                    host.copy_(t, non_blocking=True)
-                    event = torch.cuda.Event()
-                    event.record()
+                    host, event = devicestats.copy_to_host(t)
                 else:
                     host = t.clone()
             self._experts_inflight.append((step, layer, host, event))
@@ -389,6 +401,10 @@ class Guard:
 
     def _add_value(self, name: str, value: Any) -> None:
         if _is_tensor(value):
+            if self._cuda_index is None and value.device.type == "cuda":
+                # the device this process trains on, for the memory samples of the background thread (whose
+                # own "current device" is always 0)
+                self._cuda_index = value.device.index
             self._pending.append((name, devicestats.as_scalar(value)))
         else:
             self._pending_floats.setdefault(name, []).append(float(value))
@@ -461,6 +477,11 @@ class Guard:
             rec["opt_done"] = True
             if not self._uses_step:
                 rec.setdefault("t", time.time())
+                if self._pending or self._pending_floats:
+                    # a loop that never calls guard.step: what guard.log() gathered belongs to this step
+                    rec["pending"] = self._pending
+                    rec["floats"] = self._pending_floats
+                    self._pending, self._pending_floats = [], {}
             self._maybe_emit(self.opt_steps)
         except Exception as exc:
             self._fail("optimizer post-hook", exc)
@@ -477,7 +498,14 @@ class Guard:
             total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
             rec.setdefault("opt_tensors", []).append(("grad_norm", total))
         rec["no_grad"] = len(params) - len(grads)
-        watched = [p for p in (self._model_params or params) if p.requires_grad]
+        watched = self._update_sample or [p for p in (self._model_params or params) if p.requires_grad]
+        if self._update_sample is None:
+            # The update ratio is read from a few tensors, not all: the largest ones (where a model's
+            # weights are) plus the first and the last. Each sampled tensor costs a launch or two, and
+            # a GPT-sized model has hundreds; a few suffice to see weights that do not move.
+            by_size = sorted(watched, key=lambda p: p.numel(), reverse=True)[:6]
+            chosen = {id(p): p for p in [watched[0], *by_size, watched[-1]]} if watched else {}
+            self._update_sample = watched = list(chosen.values())
         if watched:
             stride = max(1, sum(p.numel() for p in watched) // 65536)
             self._snapshot = (_sample_params(watched, stride), watched, stride)
@@ -504,6 +532,8 @@ class Guard:
         self._inflight.append((rec, packs))
 
     def _emit_all(self) -> None:
+        if self._device_broken:
+            return
         has_loss = "loss" in self._pending_floats or any(n == "loss" for n, _ in self._pending)
         if has_loss:
             # micro-batches of a last, partial accumulation window still belong to a step (scalars
@@ -539,6 +569,9 @@ class Guard:
                 self._drain()
                 self._sample()
                 self._writer.flush()
+                if self._writer.last_error and self._writer.failed_flushes in (1, 10, 100, 1000):
+                    self._selflog.write(f"store not written ({self._writer.failed_flushes} tries, rows kept for the "
+                                        f"next): {self._writer.last_error}")
                 if self._rules is not None and time.time() - self._last_rules > RULES_INTERVAL:
                     self._run_rules()
                 if not self.under_watchdog and self.rank == 0 and time.time() - self._last_status > STATUS_INTERVAL:
@@ -554,14 +587,20 @@ class Guard:
     def _drain_locked(self, final: bool) -> None:
         # Device copies finish in launch order, so stop at the first one not yet done. Only this thread
         # removes from `_inflight` and only from its head; the training thread only appends to its tail.
+        if self._device_broken:
+            return
         done = 0
         for rec, packs in list(self._inflight):
-            if not final and not all(p.ready() for p in packs):
-                break
+            try:
+                if not final and not all(p.ready() for p in packs):
+                    break
+                if final and not all(p.wait() for p in packs):
+                    raise RuntimeError("a device copy cannot be waited for")
+            except Exception as exc:
+                self._abandon_device(exc)
+                return
             pairs: list[tuple[str, float]] = []
             for p in packs:
-                if final:
-                    p.wait()
                 pairs.extend(p.pairs())
             row = self._row(rec, pairs)
             if self._ring.items and _nonfinite_row(row):
@@ -583,13 +622,30 @@ class Guard:
             state="finished" if self.finished else "running",
         )
 
+    def _abandon_device(self, exc: BaseException) -> None:
+        """The device is in a sticky error state (a device-side assert, an illegal access): every copy still
+        in flight is unreadable. Drop them without waiting, and never free them: freeing pinned blocks and
+        events after such an error can throw inside a C++ destructor and abort the process, which would
+        turn the user's clean crash (exit 1, a traceback) into a SIGABRT."""
+        self._device_broken = True
+        self._fail("device copies abandoned", exc)
+        abandoned = [self._inflight[:], self._experts_inflight[:], self._snapshot]
+        self._inflight.clear()
+        self._experts_inflight.clear()
+        self._snapshot = None
+        _keep_forever(abandoned)
+
     def _drain_experts(self, final: bool) -> None:
         done = 0
         for step, layer, host, event in list(self._experts_inflight):
-            if event is not None and not final and not event.query():
-                break  # copies finish in order
-            if event is not None and final:
-                event.synchronize()
+            try:
+                if event is not None and not final and not event.query():
+                    break  # copies finish in order
+                if event is not None and final:
+                    event.synchronize()
+            except Exception as exc:
+                self._abandon_device(exc)
+                return
             load = host.tolist() if _is_tensor(host) else [float(v) for v in host]
             self._writer.add_event("experts", None if layer is None else str(layer),
                                    {"layer": None if layer is None else str(layer), "load": load}, step=step)
@@ -602,7 +658,7 @@ class Guard:
         if now - self._last_sample < samples.SAMPLE_INTERVAL:
             return
         self._last_sample = now
-        sample = samples.memory_sample(self._process)
+        sample = samples.memory_sample(self._process, self._cuda_index)
         if sample:
             self._writer.add_event("sample", "memory", sample, step=self.step_count)
 
@@ -646,6 +702,7 @@ class Guard:
         values = {name: vs[-1] for name, vs in collected.items()}
         loss_vals = collected.get("loss", [])
         parts = {n[5:]: _mean(vs) for n, vs in collected.items() if n.startswith("part:")}
+        device_weights = {n[7:]: vs[-1] for n, vs in collected.items() if n.startswith("weight:")}
         extra: dict[str, Any] = {n[2:]: vs[-1] for n, vs in collected.items() if n.startswith("x:")}
         if rec.get("lrs"):
             extra["lrs"] = rec["lrs"]
@@ -670,7 +727,7 @@ class Guard:
             "loss_scale": values.get("loss_scale"),
             "sched_epoch": rec.get("sched_epoch"),
             "parts": parts,
-            "weights": rec.get("weights") or {},
+            "weights": {**(rec.get("weights") or {}), **device_weights},
             "extra": extra,
         }
         self._summary = {"step": row["step"], "loss": row["loss"], "lr": row["lr"]}
@@ -717,6 +774,9 @@ class Guard:
         self._model_params = None
         if self.model is not None and hasattr(self.model, "parameters"):
             self._model_params = list(self.model.parameters())
+            cuda = [p.device.index for p in self._model_params[:1] if p.device.type == "cuda"]
+            if cuda:
+                self._cuda_index = cuda[0]
         if self.optimizer is None:
             return
         try:
@@ -749,16 +809,18 @@ class Guard:
         self._disabled = True
 
     def _at_exit(self) -> None:
-        if os.getpid() != self._pid or self._disabled:
+        if os.getpid() != self._pid:
             return
         try:
-            self._emit_all()
+            if not self._disabled:
+                self._emit_all()
             self._stop.set()
             self._thread.join(timeout=2.0)
-            self._drain(final=True)
+            if not self._disabled:
+                self._drain(final=True)
             self._writer.add_event("probe", "exit", {"finished": self.finished, "crashed": self.crashed})
             self._writer.flush()
-            if self._rules is not None and not self.finished:
+            if self._rules is not None and not self.finished and not self._disabled:
                 self._run_rules(final=True)
             if not self.under_watchdog and self.rank == 0 and not self.finished and not self.crashed:
                 self._write_own_status(state="failed", reason="probe-not-finished")
@@ -789,10 +851,18 @@ class Guard:
                 "elapsed": time.time() - self._t0,
                 "micro": self.micro,
             }
-            self._emit_all()
-            self._drain(final=True)
+            # The crash itself is written first: the last steps are worth less than the crash, and reading
+            # them back from a device in an error state can fail.
             self._writer.add_event("crash", exc_type.__name__, data, step=self.step_count)
             self._writer.flush()
+            if _device_error(exc):
+                self._abandon_device(exc)
+            try:
+                self._emit_all()
+                self._drain(final=True)
+                self._writer.flush()
+            except Exception as exc3:
+                self._fail("crash record (last steps)", exc3)
             if not self.under_watchdog and self.rank == 0:
                 from trainguard.watchdog.crash import crash_finding
 
@@ -840,6 +910,24 @@ def _nonfinite_row(row: dict[str, Any]) -> bool:
     return any(isinstance(v, float) and not math.isfinite(v) for v in values)
 
 
+def _device_error(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return "AcceleratorError" in text or "CUDA error" in text or "device-side assert" in text
+
+
+def _keep_forever(obj: Any) -> None:
+    """Make `obj` never be freed, not even at interpreter shutdown (see `Guard._abandon_device`)."""
+    import ctypes
+
+    try:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+    except Exception:
+        _FOREVER.append(obj)
+
+
+_FOREVER: list[Any] = []
+
+
 def _mean(values: list[float]) -> float | None:
     if not values:
         return None
@@ -885,8 +973,9 @@ def _install_crash_hook(guard: Guard) -> None:
 
     def hook(exc_type: type, exc: BaseException, tb: Any) -> None:
         if not issubclass(exc_type, KeyboardInterrupt):
-            for g in _HOOKED:
-                g.record_crash(exc_type, exc, tb)
+            for g in list(_HOOKED):
+                if not g.finished:
+                    g.record_crash(exc_type, exc, tb)
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook

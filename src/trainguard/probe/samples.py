@@ -14,14 +14,19 @@ from typing import Any
 SAMPLE_INTERVAL = 1.0  # seconds between samples: at most one a second, off the training thread
 
 
-def memory_sample(process: Any) -> dict[str, Any]:
+def memory_sample(process: Any, device_index: int | None = None) -> dict[str, Any]:
+    """Host RSS, and the numbers of CUDA device `device_index` (the one the loop's tensors live on).
+
+    The device comes from the training thread: this runs on the background thread, whose current
+    device is always 0, so asking it would read (and wake a context on) the wrong GPU.
+    """
     sample: dict[str, Any] = {}
     if process is not None:
         sample["rss"] = process.memory_info().rss
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
-    if cuda is not None and cuda.is_available() and cuda.is_initialized():
-        dev = cuda.current_device()
+    if device_index is not None and cuda is not None and cuda.is_initialized():
+        dev = device_index
         free, total = cuda.mem_get_info(dev)
         sample.update({
             "device": dev, "dev_allocated": cuda.memory_allocated(dev), "dev_max_allocated": cuda.max_memory_allocated(dev),

@@ -93,6 +93,7 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG526", "checkpoint-stale", "warning", "stable", "0.1.0", f"{_R}.process:CheckpointStale"),
     RuleEntry("TG811", "expert-collapse", "warning", "stable", "0.1.0", f"{_R}.model:ExpertCollapse"),
     RuleEntry("TG812", "perplexity-implausible", "warning", "stable", "0.1.0", f"{_R}.model:PerplexityImplausible"),
+    RuleEntry("TG508", "leftover-processes", "warning", "stable", "0.1.0", "trainguard.watchdog.verdict:leftover_finding"),
     # hang and crash diagnosis (issue 3)
     RuleEntry("TG507", "hang-repeats", "error", "stable", "0.1.0", "trainguard.watchdog.restart:repeats_finding"),
     # -- preflight and config check (issue 5): `trainguard preflight` (TG601-609), `trainguard check` (TG611-618)

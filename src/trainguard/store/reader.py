@@ -52,8 +52,13 @@ class RunReader:
         if (self.run_dir / DB_NAME).is_file():
             try:
                 self._conn = connect(self.run_dir, readonly=True)
+                tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             except sqlite3.Error as exc:
-                raise UserError(f"cannot open {self.run_dir / DB_NAME}: {exc}") from None
+                raise UserError(f"cannot read {self.run_dir / DB_NAME}: {exc} (not a trainguard run store?)") from None
+            if "steps" not in tables or "events" not in tables:
+                # a store whose writer never got as far as the schema: read as empty
+                self._conn.close()
+                self._conn = None
 
     @property
     def has_db(self) -> bool:
@@ -78,7 +83,9 @@ class RunReader:
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):
                 return []  # a folder whose writer never got as far as the schema
-            raise
+            raise UserError(f"cannot read {self.run_dir / DB_NAME}: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise UserError(f"cannot read {self.run_dir / DB_NAME}: {exc}") from None
 
     # -- the pieces ---------------------------------------------------------------------------------
 

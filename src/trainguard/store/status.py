@@ -40,8 +40,11 @@ def write_status(run_dir: str | Path, status: dict[str, Any]) -> None:
 def read_status(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / STATUS_NAME
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise UserError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} is not a trainguard status (a JSON object is expected, found {type(data).__name__})")
+    return data

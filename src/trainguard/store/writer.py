@@ -20,6 +20,7 @@ from typing import Any
 
 from trainguard.store.schema import STEP_COLUMNS, connect
 
+MAX_QUEUED = 200_000  # rows kept per queue while the database cannot be written; older ones are dropped
 _STEP_SQL = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
 _EVENT_SQL = "INSERT INTO events (t, attempt, rank, pid, step, kind, name, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 
@@ -57,6 +58,9 @@ class StoreWriter:
         self._meta: dict[str, str] = {}
         self._beat: tuple | None = None
         self._lock = threading.Lock()  # one flush at a time; queueing needs no lock (deque is atomic)
+        self.last_error: str | None = None
+        self.failed_flushes = 0
+        self.dropped = 0
 
     # -- queueing: cheap, any thread ------------------------------------------------------------
 
@@ -89,7 +93,12 @@ class StoreWriter:
     # -- committing ---------------------------------------------------------------------------------
 
     def flush(self) -> int:
-        """Commit everything queued so far; returns the number of rows written."""
+        """Commit everything queued so far; returns the number of rows written.
+
+        Never raises: when the database cannot be written now (locked past the busy timeout, disk full),
+        the rows go back to the head of their queues for the next flush (up to MAX_QUEUED, oldest dropped
+        and counted beyond that) and the error is kept in `last_error`.
+        """
         with self._lock:
             if self._conn is None:
                 return 0
@@ -99,21 +108,34 @@ class StoreWriter:
             beat, self._beat = self._beat, None
             if not (steps or events or meta or beat):
                 return 0
-            with self._conn:
-                if meta:
-                    self._conn.executemany(
-                        "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", list(meta.items())
-                    )
-                if steps:
-                    self._conn.executemany(_STEP_SQL, steps)
-                if events:
-                    self._conn.executemany(_EVENT_SQL, events)
-                if beat:
-                    self._conn.execute(
-                        "INSERT OR REPLACE INTO heartbeat (pid, rank, attempt, t_progress, t_flush, micro, step,"
-                        " phase, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        beat,
-                    )
+            try:
+                with self._conn:
+                    if meta:
+                        self._conn.executemany(
+                            "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", list(meta.items())
+                        )
+                    if steps:
+                        self._conn.executemany(_STEP_SQL, steps)
+                    if events:
+                        self._conn.executemany(_EVENT_SQL, events)
+                    if beat:
+                        self._conn.execute(
+                            "INSERT OR REPLACE INTO heartbeat (pid, rank, attempt, t_progress, t_flush, micro, step,"
+                            " phase, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            beat,
+                        )
+            except sqlite3.Error as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                self.failed_flushes += 1
+                self._steps.extendleft(reversed(steps))
+                self._events.extendleft(reversed(events))
+                self._meta = {**meta, **self._meta}
+                self._beat = self._beat or beat
+                for queue in (self._steps, self._events):
+                    while len(queue) > MAX_QUEUED:
+                        queue.popleft()
+                        self.dropped += 1
+                return 0
             return len(steps) + len(events)
 
     def close(self) -> None:

@@ -31,34 +31,49 @@ class StallPolicy:
     longest_gap: float = 0.0
     phase_longest: dict[str, float] = field(default_factory=dict)
     _last_mark: float | None = None
+    _gaps_seen: int = 0
 
-    def observe(self, t_progress: float | None, phase: str | None) -> None:
-        """Feed the newest progress time; gaps between consecutive marks teach the timeout."""
-        if t_progress is None:
+    def observe(self, t_progress: float | None, phase: str | None, *, startup: bool = False) -> None:
+        """Feed the newest progress time; gaps between consecutive marks teach the timeout.
+
+        `startup`: the run has made no optimizer step yet (imports are done, the probe may have marked a
+        phase or a batch). Nothing is learned from it: until the first step the generous startup timeout
+        holds (a `torch.compile`, NCCL set-up or a first batch can take minutes), unless --stall-timeout
+        fixed the number.
+        The first gap between real marks is not learned from either: it holds whatever the first step
+        did once (compilation, warm-up) and would inflate the timeout for the rest of the run.
+        """
+        if t_progress is None or startup:
             return
         if self._last_mark is not None and t_progress > self._last_mark:
             gap = t_progress - self._last_mark
-            self.longest_gap = max(self.longest_gap, gap)
-            if phase:
-                self.phase_longest[phase] = max(self.phase_longest.get(phase, 0.0), gap)
+            self._gaps_seen += 1
+            if self._gaps_seen > 1:
+                self.longest_gap = max(self.longest_gap, gap)
+                if phase:
+                    self.phase_longest[phase] = max(self.phase_longest.get(phase, 0.0), gap)
         if self._last_mark is None or t_progress > self._last_mark:
             self._last_mark = t_progress
 
-    def timeout(self, phase: str | None = None) -> float:
+    def timeout(self, phase: str | None = None, *, startup: bool = False) -> float:
         if self.fixed is not None:
-            # Before the first progress mark the script is still importing and building (torch's first
-            # optimizer alone can take seconds on a loaded machine): a short fixed timeout gets a floor.
-            return self.fixed if self._last_mark is not None else max(self.fixed, self.fixed_startup_floor)
+            # Before any progress mark the script is still importing (torch's first import alone can take
+            # seconds on a loaded machine): a short fixed timeout gets a floor. Once the probe has started,
+            # the user's number holds as given.
+            if self._last_mark is None and not startup:
+                return max(self.fixed, self.fixed_startup_floor)
+            return self.fixed
         if self._last_mark is None:
             return self.startup_timeout
         learned = self.factor * max(self.longest_gap, self.phase_longest.get(phase or "", 0.0))
         return max(self.min_timeout, learned)
 
-    def stalled(self, now: float, t_progress: float | None, started: float, phase: str | None = None) -> float | None:
+    def stalled(self, now: float, t_progress: float | None, started: float, phase: str | None = None,
+                *, startup: bool = False) -> float | None:
         """Seconds without progress when that exceeds the timeout, else None."""
         since = t_progress if t_progress is not None else started
         idle = now - since
-        return idle if idle > self.timeout(phase) else None
+        return idle if idle > self.timeout(phase, startup=startup) else None
 
 
 def hang_finding(*, idle: float, timeout: float, step: int | None, phase: str | None, last_progress: float,

@@ -124,6 +124,28 @@ class Supervisor:
         self.capture = OutputCapture(self.run_dir / "output.log", echo=self.options.echo)
         self.line = statusline.StatusLine(enabled=self.live)
         self.capture.before_write = self.line.clear
+        try:
+            return self._run_attempts()
+        except BaseException as exc:
+            # The watchdog itself failed: never leave the command running unwatched, nor a status.json that
+            # says "running" forever.
+            self._emergency_stop(exc)
+            raise
+
+    def _emergency_stop(self, exc: BaseException) -> None:
+        if getattr(self, "proc", None) is not None:
+            self._terminate()  # the whole group: the main process may be gone while its children live
+        self._guard_error(f"watchdog failed, command stopped: {type(exc).__name__}: {exc}")
+        try:
+            status = {"state": "failed", "step": None, "phase": None, "exit_code": None, "signal": None,
+                      "updated": time.time(), "watched_by": "watchdog",
+                      "state_note": f"the watchdog itself failed ({type(exc).__name__}: {exc}) and stopped the command",
+                      "findings": [f.to_dict() for f in self.findings]}
+            write_status(self.run_dir, status)
+        except Exception:
+            pass
+
+    def _run_attempts(self) -> int:
         policy = restart.RestartPolicy(self.options.on_hang, self.options.max_restarts)
         resume: str | None = None
         while True:
@@ -189,7 +211,8 @@ class Supervisor:
                 if state.t_progress and self._liveness and state.t_progress > self._liveness:
                     self._io_graces = 0  # real progress again: the slow save finished
                 mark = max(t for t in (state.t_progress, self._liveness, self.attempt_started) if t is not None)
-                idle = self.stall.stalled(state.now, mark, self.attempt_started, state.phase)
+                idle = self.stall.stalled(state.now, mark, self.attempt_started, state.phase,
+                                          startup=state.scratch.get("startup", False))
                 if idle is not None and hang is None and stopped is None and self.proc.poll() is None:
                     hang = self._on_stall(state, idle)
                     if hang is None:
@@ -204,6 +227,11 @@ class Supervisor:
             self.line.clear()
             self._restore_signals()
         returncode = self.proc.wait()
+        members = _group_members(self.proc.pid)
+        if members:
+            step = max((b["step"] for b in self.reader.heartbeats() if b["step"] is not None), default=None)
+            self._report(verdict.leftover_finding(members, step))
+            self._terminate()
         self.capture.drain()
         return returncode, hang, stopped
 
@@ -212,6 +240,9 @@ class Supervisor:
         t_progress = max((b["t_progress"] for b in beats if b["t_progress"]), default=None)
         probe_starts = [e["t"] for e in self.reader.events("probe") if e["attempt"] == self.attempt]
         probe_used = bool(beats) or bool(probe_starts)
+        # Until the first optimizer step the run is starting up (a first batch, `torch.compile`, NCCL
+        # set-up can take minutes): the startup timeout holds and nothing is learned yet.
+        startup = probe_used and not any(b["step"] for b in beats)
         if t_progress is None and probe_starts:
             # The probe started (imports and model building are done) but no heartbeat came yet: a process
             # that then froze with the GIL held (a C call that blocks) never writes one.
@@ -226,7 +257,8 @@ class Supervisor:
             step=step, phase=phase, t_progress=t_progress, probe_used=probe_used,
             output_lines=self.capture.lines, last_output=self.capture.last_output, attempt=self.attempt,
         )
-        self.stall.observe(t_progress, phase)
+        self.stall.observe(t_progress, phase, startup=startup)
+        state.scratch["startup"] = startup
         return state
 
     def _poll_monitors(self, state: WatchState) -> list[Finding]:
@@ -265,7 +297,7 @@ class Supervisor:
         """
         from trainguard.watchdog.hang import diagnose_stall
 
-        timeout = self.stall.timeout(state.phase)
+        timeout = self.stall.timeout(state.phase, startup=state.scratch.get("startup", False))
         last_progress = state.t_progress or self.attempt_started
         try:
             result = diagnose_stall(self.run_dir, state.pid, attempt=self.attempt)
@@ -550,3 +582,21 @@ def _oom_evidence(pid: int, before: int | None) -> dict[str, Any]:
         "kernel_log_readable": log is not None,
     }
 
+
+
+def _group_members(pgid: int) -> list[dict[str, Any]]:
+    """Processes still in the command's process group (the command ran as its leader, in its own session)."""
+    try:
+        import psutil
+    except ImportError:
+        return []
+    members = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if os.getpgid(proc.info["pid"]) == pgid:
+                members.append({"pid": proc.info["pid"], "cmdline": proc.info["cmdline"]})
+        except (ProcessLookupError, PermissionError, psutil.Error, OSError):
+            continue
+    return members

@@ -164,6 +164,30 @@ def killed_finding(signum: int, *, step: int | None, oom: dict[str, Any]) -> Fin
     )
 
 
+def leftover_finding(members: list[dict[str, Any]], step: int | None) -> Finding:
+    """TG508 leftover-processes: processes of the run outlived its main process.
+
+    What it detects: when the command's main process has exited, members of its process group still
+    running (a background job, a worker or server the script started and never stopped).
+    Why it matters: a leftover process holds GPU memory, ports and files, keeps writing to the run's
+    output, and makes the next run fail in ways that look unrelated; a run is not over while its
+    processes live.
+    Example: the main process exited 0; 1 process left: pid 4121 `sleep 30`.
+    What to change: stop what the script started before it exits (join workers, close servers, shut
+    down DataLoader workers); trainguard stops the leftovers itself (SIGTERM, then SIGKILL).
+    """
+    shown = [f"pid {m.get('pid')} {' '.join(m.get('cmdline') or [])[:120]}" for m in members[:10]]
+    return Finding(
+        code="TG508", name="leftover-processes", severity="warning", step=step,
+        summary=f"{len(members)} process(es) of the run were still running after its main process exited;"
+                " trainguard stopped them",
+        evidence={"processes": shown, "count": len(members)},
+        fix="Stop what the script started before it exits: join worker processes and threads, close servers,"
+            " shut down DataLoader workers.",
+        source="watchdog",
+    )
+
+
 def decide(
     *,
     returncode: int,

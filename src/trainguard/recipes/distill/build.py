@@ -145,7 +145,11 @@ def load_model(side: str, mc: ModelConfig, tok: Tok) -> Any:
 
     hf_logging.disable_progress_bar()  # one line per step is the recipe's output, not loader bars
     if mc.path:
-        model = AutoModelForCausalLM.from_pretrained(mc.path, local_files_only=True)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(mc.path, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{side}.path: cannot load a causal LM from {mc.path}: "
+                            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
     else:
         try:
             config = AutoConfig.for_model(mc.arch, vocab_size=tok.vocab_size, **mc.build)

@@ -41,7 +41,10 @@ def teacher_targets(hidden: torch.Tensor, head: Any, vocab_map: torch.Tensor, k:
     for i in range(0, hidden.shape[0], chunk):
         z = head(hidden[i: i + chunk]).float() / temperature  # [c, V_t]: the only full logits, one chunk
         lse = torch.logsumexp(z, dim=-1, keepdim=True)
-        top, idx = z.topk(min(k, z.shape[-1]), dim=-1)
+        if k >= z.shape[-1]:  # the whole vocabulary (evaluation's full KL): no sort needed
+            top, idx = z, torch.arange(z.shape[-1], device=z.device).expand_as(z)
+        else:
+            top, idx = z.topk(k, dim=-1)
         sid = vocab_map[idx]
         mapped = sid >= 0
         # tail = everything except the mapped top-k entries: mask those, keep the rest of the row

@@ -93,11 +93,14 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
         V_s = s_head.weight.shape[0]
         if with_kd or full_kl:
             targets = teacher_targets(ht, t_head, spec.vocab_map, spec.top_k, spec.temperature, V_s, spec.chunk)
-        if full_kl:
-            full = teacher_targets(ht, t_head, spec.vocab_map, t_head.weight.shape[0], spec.temperature, V_s, spec.chunk)
+        if full_kl:  # evaluation only: one chunk of full teacher and student logits at a time
             with torch.no_grad():
-                s_logits = torch.cat([s_head(c) for c in hs[s_pos].split(spec.chunk)])
-                out["kl_full_sum"] = sparse_kd(s_logits, full, spec.temperature).sum()
+                hs_al, kl = hs[s_pos], zero
+                for i in range(0, ht.shape[0], spec.chunk):
+                    full = teacher_targets(ht[i: i + spec.chunk], t_head, spec.vocab_map, t_head.weight.shape[0],
+                                           spec.temperature, V_s, spec.chunk)
+                    kl = kl + sparse_kd(s_head(hs_al[i: i + spec.chunk]), full, spec.temperature).sum()
+                out["kl_full_sum"] = kl
 
     # LM CE and KD share each chunk's student logits; under autograd a chunk's logits are recomputed in
     # backward (checkpoint) rather than kept, so at most one chunk of [c, V_s] logits is alive at a time.
@@ -111,6 +114,8 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
     if targets is not None:
         has_kd[s_pos] = True
         sid[s_pos], logp[s_pos], mapped[s_pos], tail[s_pos] = targets.sid, targets.logp, targets.mapped, targets.tail
+    # nonzero() and the boolean row selection in `_head_chunk` wait for the device (their sizes depend on
+    # the data): once per batch and once per chunk, the price of never padding KD rows to a fixed size.
     rows = valid.nonzero().squeeze(-1)
     lm_sum, kd_sum = zero, zero
     use_kd = with_kd and targets is not None

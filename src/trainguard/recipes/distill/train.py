@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 import trainguard
+from trainguard.errors import UserError
 from trainguard.recipes.distill import checkpoint as ckpt
 from trainguard.recipes.distill.build import load_model, load_tokenizer, num_layers
 from trainguard.recipes.distill.config import DistillConfig
@@ -97,8 +98,6 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     n_mapped = int((vocab_map >= 0).sum())
     V_t = teacher.get_output_embeddings().weight.shape[0]
     if with_kd and cfg.loss.kd.top_k > V_t:
-        from trainguard.errors import UserError
-
         raise UserError(f"config: loss.kd.top_k={cfg.loss.kd.top_k} exceeds the teacher vocabulary ({V_t})")
     pairs = layer_pairs(cfg.loss.hidden.depths, num_layers(student), num_layers(teacher)) if with_hidden else []
     projs = torch.nn.ModuleList(
@@ -130,12 +129,19 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     best_bpb, evals_since_best = math.inf, 0
     teacher_print = ckpt.fingerprint(teacher)
     guard = trainguard.watch(trainable, optimizer, scheduler, total_steps=t.max_steps, grad_accum=t.grad_accum,
-                             scaler=scaler, run_dir=run_dir, name="distill", config=cfg.to_dict())
+                             scaler=scaler, run_dir=run_dir, name="distill",
+                             # vocab_size: the output size of the model whose perplexity is reported (the
+                             # student's), so the guard does not guess it from the last Linear (a projection)
+                             config={**cfg.to_dict(), "vocab_size": student.get_output_embeddings().weight.shape[0]})
     resume = resume or guard.resume_from
     if resume and state is None:
         state = ckpt.load(resume)
     if state is not None:
         ckpt.check_compatible(state, teacher_print)
+        saved = state.get("tokenizers", {})
+        if saved and (saved["teacher"], saved["student"]) != (t_tok.backend.to_str(), s_tok.backend.to_str()):
+            # only when the guard named the checkpoint after the tokenizers were made (watchdog restart)
+            raise UserError(f"resume: {resume} was made with other tokenizers; pass it with --resume")
         student.load_state_dict(state["student"])
         projs.load_state_dict(state["proj"])
         optimizer.load_state_dict(state["optimizer"])
