@@ -135,6 +135,20 @@ def test_hf_under_trainguard_preflight(tmp_path: Path) -> None:
     assert "checkpoint round trip: ok" in out
 
 
+def test_hf_resumed_run_continues_its_step_count(tmp_path: Path) -> None:
+    """A Trainer resumed from checkpoint-20 (as `trainguard run` restarts it): rows go on from step 21."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = train(tmp_path / "a", "hf_train.py", "none", None, "--steps", "20")
+    ckpt = first["out"] / "checkpoint-20"
+    second = train(tmp_path / "b", "hf_train.py", "none", {"TRAINGUARD_RESUME_FROM": str(ckpt)}, "--steps", "40")
+    from trainguard.store.reader import RunReader
+
+    with RunReader(second["run"]) as reader:
+        steps = [row["step"] for row in reader.steps()]
+    assert steps == list(range(21, 41)) and loud(second["status"]["findings"]) == []
+
+
 # -- Lightning -------------------------------------------------------------------------------------------
 
 def test_lightning_healthy_run_is_recorded_and_quiet(pl_runs: dict) -> None:

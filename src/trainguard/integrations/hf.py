@@ -55,7 +55,8 @@ class TrainguardCallback(TrainerCallback):
             self._hook = model.register_forward_hook(self._on_forward)
         self._train_phase = self.guard.phase("train")
         self._train_phase.__enter__()
-        if (state.global_step or 0) > 0:  # the Trainer loaded a checkpoint
+        if (state.global_step or 0) > 0:  # the Trainer loaded a checkpoint: steps continue from there
+            self.guard.set_step(state.global_step)
             wanted = self.guard.resume_from  # (read, so preflight sees its checkpoint round trip taken)
             self.guard.log(resumed_at_step=float(state.global_step), resumed_as_asked=float(wanted is not None))
 

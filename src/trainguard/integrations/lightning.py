@@ -85,6 +85,8 @@ class TrainguardCallback(Callback):
 
     @fail_open
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.guard is not None and trainer.ckpt_path and trainer.global_step:
+            self.guard.set_step(trainer.global_step)  # restored by now: steps continue from the checkpoint
         self._begin("train")
 
     @fail_open
