@@ -47,13 +47,8 @@ class Report:
     environment: list[tuple[str, str]]
     output_tail: list[str] = field(default_factory=list)
     stacks: list[tuple[str, str]] = field(default_factory=list)  # (file name, text) from stacks/
-    label: str = ""  # the script's name, as the probe recorded it
+    title: str = ""  # the script's label and the run folder
     numbers: list[tuple[str, str]] = field(default_factory=list)  # the key numbers, as a seed's metrics table
-
-    @property
-    def title(self) -> str:
-        name = self.run_dir.resolve().name
-        return f"{self.label} ({name})" if self.label and self.label not in name else name
 
 
 def build_report(run_dir: str | Path) -> Report:
@@ -68,7 +63,7 @@ def build_report(run_dir: str | Path) -> Report:
         environment=build_environment(data),
         output_tail=_output_tail(data.run_dir),
         stacks=_stacks(data.run_dir),
-        label=str(data.meta.get("label") or ""),
+        title=data.title,
         numbers=key_numbers(data),
     )
 

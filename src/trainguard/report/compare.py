@@ -54,7 +54,7 @@ def compare(a: RunData, b: RunData, warmup: int | None = None) -> dict[str, Any]
 
 
 def _identity(d: RunData) -> dict[str, Any]:
-    return {"run": str(d.run_dir), "name": d.run_dir.resolve().name, "state": d.status.get("state"),
+    return {"run": str(d.run_dir), "name": d.title, "state": d.status.get("state"),
             "steps": d.status.get("step") if d.status.get("step") is not None else d.n_steps,
             "command": " ".join(str(c) for c in (d.meta.get("command") or []))}
 
@@ -287,7 +287,7 @@ def render_html(r: dict[str, Any], a: RunData, b: RunData) -> str:
         for label, d in (("A", a), ("B", b)):
             c, steps = d.col(col), d.columns.get("step")
             if c is not None and steps is not None:
-                s = downsample(f"{label}: {d.run_dir.resolve().name}", steps.values, c.values, c.present)
+                s = downsample(f"{label}: {d.title}", steps.values, c.values, c.present)
                 s.dashed = label == "B"
                 series.append(s)
         if series:

@@ -62,6 +62,15 @@ class RunData:
     schedule: dict[str, list[float]] | None = None
 
     @property
+    def title(self) -> str:
+        """How a person names this run: the script's label and its folder (with the parent when the folder
+        is a generic 'run')."""
+        path = self.run_dir.resolve()
+        folder = path.name if path.name not in ("run", "runs", "") else f"{path.parent.name}/{path.name}"
+        label = str(self.meta.get("label") or "")
+        return f"{label} ({folder})" if label and label not in folder else folder
+
+    @property
     def n_steps(self) -> int:
         col = self.columns.get("step")
         return 0 if col is None else len(col.values)
