@@ -19,6 +19,7 @@ Each scenario is a folder `scenarios/<name>/` holding the script(s) and `expect.
     where: "train.py:31"             text expected in that finding's `where` (optional)
     step: 200                        step expected on that finding (optional)
     onset_step: 100                  step where the planted problem starts (optional: latency in steps)
+    requires: cuda                   run only where CUDA is available (reported as skipped elsewhere)
     timeout: 120                     seconds the scenario may take
 
 The scenario runs in a scratch copy of its folder, so whatever it writes never lands in the repository.
@@ -55,6 +56,7 @@ class Result:
     problems: list[str] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
     output: str = ""
+    skipped: bool = False
 
 
 def scenario_names() -> list[str]:
@@ -77,6 +79,8 @@ def _command(exp: dict[str, Any]) -> list[str]:
 def run_scenario(name: str, keep: str | None = None) -> Result:
     exp = load_expect(name)
     mode = exp.get("mode", "run")
+    if exp.get("requires") == "cuda" and not _has_cuda():
+        return Result(name, "needs CUDA", "skipped (no CUDA here)", True, 0.0, skipped=True)
     work = Path(tempfile.mkdtemp(prefix=f"zoo-{name}-"))
     shutil.copytree(HERE / name, work, dirs_exist_ok=True)
     run_dir = work / "run"
@@ -111,6 +115,15 @@ def run_scenario(name: str, keep: str | None = None) -> Result:
         shutil.copytree(work, dest, ignore=shutil.ignore_patterns("*.pt", "*.bin", "*.safetensors"))
     shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _has_cuda() -> bool:
+    """Scenarios with `requires: cuda` run only where a GPU is (checked in a child: torch is heavy)."""
+    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    try:
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def check_report(run_dir: Path, status: dict[str, Any], quiet: bool = False) -> list[str]:
@@ -181,7 +194,9 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
         loud = [f"{f.get('name')}[{f.get('severity')}]" for f in findings if f.get("severity") in ("warning", "error")]
         if loud:
             problems.append("not quiet: " + ", ".join(loud))
-    first = next((f for f in findings if f.get("name") in (exp.get("findings") or [])), None)
+    # "the first finding named": the first name in expect.yaml's list, as found in the run
+    named = [[f for f in findings if f.get("name") == want] for want in exp.get("findings") or []]
+    first = min(next((fs for fs in named if fs), []), default=None, key=_detected_at)
     if exp.get("cause") and (first is None or first.get("cause") != exp["cause"]):
         problems.append(f"cause {first.get('cause') if first else None}, expected {exp['cause']}")
     if exp.get("where") and (first is None or exp["where"] not in (first.get("where") or "")):
@@ -196,14 +211,23 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
     return Result(name, expected.strip(), got, not problems, seconds, detect, problems, status, out[-4000:])
 
 
+def _detected_at(f: dict[str, Any]) -> float:
+    at = (f.get("evidence") or {}).get("detected_step", f.get("step"))
+    return at if isinstance(at, (int, float)) else float("inf")
+
+
 def _detect(exp: dict[str, Any], first: dict[str, Any] | None, status: dict[str, Any]) -> str:
     if first is None:
         return ""
+    if (status.get("preflight") or {}).get("seconds") is not None:
+        return f"{status['preflight']['seconds']:.1f} s (whole preflight)"
     ev = first.get("evidence") or {}
     if "detected_at" in ev and "last_progress_at" in ev:
         return f"{ev['detected_at'] - ev['last_progress_at']:.1f} s after last progress"
-    if exp.get("onset_step") is not None and first.get("step") is not None:
-        return f"step {first['step']} (onset {exp['onset_step']}, +{first['step'] - exp['onset_step']})"
+    # the health rules say where a problem starts (step) and when they were sure (detected_step)
+    at = ev.get("detected_step", first.get("step"))
+    if exp.get("onset_step") is not None and at is not None:
+        return f"step {at} (onset {exp['onset_step']}, +{at - exp['onset_step']})"
     if first.get("t") and status.get("ended"):
         return f"{max(0.0, status['ended'] - first['t']):.1f} s"
     return "at exit" if status.get("ended") else ""

@@ -64,3 +64,8 @@ def __getattr__(name: str) -> Any:
 
 if not TYPE_CHECKING:  # NullGuard is light; import it eagerly for `watch`'s return path
     from trainguard.probe.null import NullGuard
+
+if os.environ.get("TRAINGUARD_STACKS"):  # a child of a watched process (spawned worker, rank): stacks on request
+    from trainguard.probe import stackdump
+
+    stackdump.install_from_env()

@@ -58,12 +58,16 @@ def main() -> None:
 @click.option("--expect", "expects", multiple=True, metavar="PATH",
               help="An artifact the command must write during the run (repeatable); missing or stale = failed.")
 @click.option("--stop-on", default="", metavar="NAME,...", help="Stop the run when one of these findings appears.")
-@click.option("--on-hang", type=click.Choice(["kill", "wait"]), default="kill", show_default=True,
-              help="What to do with a hung process: stop it, or leave it alive for inspection.")
+@click.option("--on-hang", type=click.Choice(["kill", "wait", "restart"]), default="kill", show_default=True,
+              help="What to do with a hung process: stop it, leave it alive for inspection, or stop it and "
+                   "start it again from the newest reported checkpoint.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=3, show_default=True,
+              help="With --on-hang restart: restarts at most (0 = never); a hang that repeats at the same "
+                   "place stops restarting sooner.")
 @click.option("--quiet", is_flag=True, help="Do not echo the command's output (it still goes to output.log).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ...], stop_on: str, on_hang: str,
-        quiet: bool, command: tuple[str, ...]) -> None:
+        max_restarts: int, quiet: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND under the watchdog and tell its true final state.
 
     Exit codes: the command's own code when it ran to its end (128+N when killed by signal N);
@@ -74,7 +78,8 @@ def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ..
 
     options = RunOptions(
         command=list(command), run_dir=run_dir, stall_timeout=stall_timeout, expects=list(expects),
-        stop_on=[s.strip() for s in stop_on.split(",") if s.strip()], on_hang=on_hang, echo=not quiet,
+        stop_on=[s.strip() for s in stop_on.split(",") if s.strip()], on_hang=on_hang, max_restarts=max_restarts,
+        echo=not quiet,
     )
     sup = Supervisor(options, monitors=_default_monitors())
     sys.exit(sup.run())
@@ -82,7 +87,95 @@ def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ..
 
 def _default_monitors() -> list:
     """Monitors every `trainguard run` gets. Each family that can watch a live run adds itself here."""
-    return []
+    from trainguard.rules.live import RulesMonitor
+
+    return [RulesMonitor()]
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Preflight folder (default: a new one under ./trainguard-runs).")
+@click.option("--steps", type=int, default=4, show_default=True,
+              help="Real optimizer steps before every periodic path is brought forward (at least 2).")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds each start of the script may take before the preflight stops it.")
+@click.option("--quiet", is_flag=True, help="Do not echo the script's output (it still goes to output.log).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def preflight(run_dir: str | None, steps: int, timeout: float, quiet: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND in fast-forward: its rare paths, epoch boundary, checkpoint round trip and LR schedule.
+
+    The script runs unmodified in a scratch folder: a few real steps, then every guard.due() path once,
+    the loader iterated again, a second brief start resuming from the checkpoint it saved, the LR schedule
+    simulated for the whole plan. Exit codes: 0 no error finding, 1 error findings, 2 bad input.
+    """
+    from trainguard.preflight.run import PreflightOptions
+    from trainguard.preflight.run import preflight as run_preflight
+
+    sys.exit(run_preflight(PreflightOptions(command=list(command), run_dir=run_dir, steps=steps, timeout=timeout,
+                                            echo=not quiet)))
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--dataset-size", type=int, default=None, metavar="N",
+              help="Training samples (else the config's dataset_size); needed to compute the run's length.")
+@click.option("--fix", "do_fix", is_flag=True, help="Write a corrected config to --output and explain each change.")
+@click.option("--output", type=click.Path(dir_okay=False), default=None, help="Where --fix writes (never the input).")
+@click.option("--json", "as_json", is_flag=True, help="End with one JSON line: state, plan and findings.")
+def check(config: str, dataset_size: int | None, do_fix: bool, output: str | None, as_json: bool) -> None:
+    """Check a training CONFIG (JSON or YAML; Hugging Face or common names) before it runs.
+
+    Exit codes: 0 no error finding (with --fix: in the corrected config), 1 error findings, 2 bad input.
+    """
+    from trainguard.preflight.check import run_check
+
+    sys.exit(run_check(config, dataset_size=dataset_size, do_fix=do_fix, output=output, as_json=as_json,
+                       echo=click.echo))
+
+
+@main.command()
+@click.argument("path")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON: a run folder's findings as a list; anything else's diagnosis as one object on one line.")
+def diagnose(path: str, as_json: bool) -> None:
+    """Diagnose a run: a trainguard run folder (the health rules over its store, by path or name), or a
+    run nobody watched: a log, an output folder (Hugging Face, Lightning, Ultralytics), a metrics file
+    (CSV, JSON Lines, trainer_state.json) or TensorBoard event files.
+
+    Exit codes: 0 no error finding, 1 at least one error finding, 2 bad input.
+    """
+    from pathlib import Path
+
+    from trainguard.store.paths import is_run_dir, resolve_run
+
+    target = Path(path) if Path(path).exists() else resolve_run(path)
+    if target.is_dir() and is_run_dir(target):
+        if (target / "run.db").is_file() or not (target / "output.log").is_file():
+            _diagnose_run_folder(target, as_json)
+        target = target / "output.log"  # a run without the probe: its captured output is all there is
+    from trainguard.ingest.diagnose import diagnose_path, render
+
+    d = diagnose_path(target)
+    if as_json:
+        click.echo(json.dumps(d.to_dict(), default=str))
+    else:
+        for line in render(d):
+            click.echo(line)
+    sys.exit(1 if any(f.severity == "error" for f in d.findings) else 0)
+
+
+def _diagnose_run_folder(run_dir: Any, as_json: bool) -> None:
+    from trainguard.rules.diagnose import diagnose_run
+
+    findings = diagnose_run(run_dir)
+    if as_json:
+        click.echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
+    elif not findings:
+        click.echo("trainguard: no findings")
+    for f in [] if as_json else findings:
+        click.echo(f.one_line())
+        if f.fix:
+            click.echo(f"  fix: {f.fix}")
+    sys.exit(1 if any(f.severity == "error" for f in findings) else 0)
 
 
 @main.command()

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainguard.probe import devicestats
+from trainguard.probe import devicestats, planinfo, samples, stackdump
 from trainguard.probe.selflog import GuardLog
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.status import write_status
@@ -44,6 +44,8 @@ ENV_DISABLE = "TRAINGUARD_DISABLE"
 
 FLUSH_INTERVAL = 0.2  # seconds between commits: bounds what a SIGKILL can lose
 STATUS_INTERVAL = 1.0  # seconds between status.json rewrites when no watchdog owns it
+RULES_INTERVAL = 1.0  # seconds between runs of the health rules when no watchdog runs them
+ENV_RULES = "TRAINGUARD_RULES"  # "0": the probe does not run the health rules itself
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
 
 
@@ -123,8 +125,23 @@ class Guard:
         self._observers: list[Any] = []  # callables fed each resolved step row (online rules)
         self._last_status = 0.0
         self._summary: dict[str, Any] = {"step": 0, "loss": None, "lr": None}
+        self._experts_inflight: list[tuple[int, Any, Any, Any]] = []
+        self._experts_seen: set[tuple[int, Any]] = set()
+        self._process = samples.own_process()
+        self._last_sample = 0.0
+        # Without a watchdog the probe runs the health rules itself, off the training thread.
+        self._rules: Any = None
+        self._rules_reader: Any = None
+        self._last_rules = 0.0
+        if not self.under_watchdog and self.rank == 0 and os.environ.get(ENV_RULES, "1") != "0":
+            from trainguard.rules.live import LiveRules
+
+            self._rules = LiveRules(source="probe")
 
         self._write_meta(label, config)
+        from trainguard.probe import fastforward  # preflight mode only; None otherwise
+
+        self._ff = fastforward.from_env(self)  # before the hooks: it copies the scheduler
         self._install_hooks()
         self._stop = threading.Event()
         self._drain_lock = threading.Lock()
@@ -132,6 +149,7 @@ class Guard:
         self._thread.start()
         _install_crash_hook(self)
         os.register_at_fork(after_in_child=self._after_fork_in_child)
+        stackdump.install(self.run_dir)  # stacks on a signal, for the watchdog's hang diagnosis (fail-open)
         import atexit
 
         atexit.register(self._at_exit)
@@ -147,6 +165,8 @@ class Guard:
     @property
     def resume_from(self) -> str | None:
         """The checkpoint to resume from when the watchdog (or preflight) restarted this script, else None."""
+        if self._ff is not None:
+            self._ff.note_resume_read(self)
         return os.environ.get(ENV_RESUME) or None
 
     def step(self, loss: Any, parts: dict[str, Any] | None = None, weights: dict[str, float] | None = None) -> None:
@@ -178,6 +198,8 @@ class Guard:
                 self._close_loss_side(self._loss_steps, now)
         except Exception as exc:  # the guard never becomes the failure
             self._fail("step", exc)
+        if closes and self._ff is not None:
+            self._ff.after_step(self)  # may end the script (preflight only, on purpose)
 
     def log(self, **values: Any) -> None:
         """Extra per-step scalars (tensors or floats), stored with the step being accumulated.
@@ -194,6 +216,8 @@ class Guard:
 
     def batches(self, iterable: Iterable) -> Iterator:
         """Yields from `iterable`, measuring the time spent waiting for each item (data wait)."""
+        if self._ff is not None:
+            iterable = self._ff.batches(self, iterable)
         iterator = iter(iterable)
         while True:
             t0 = time.perf_counter()
@@ -225,6 +249,9 @@ class Guard:
         """True once at every `every`-th optimizer step (e.g. `if guard.due("eval", every=2000): ...`)."""
         try:
             step = self.step_count
+            if self._ff is not None and self._ff.due(self, name, every):
+                self._due_last[name] = step
+                return True
             if every <= 0 or step <= 0 or step % every != 0:
                 return False
             if self._due_last.get(name) == step:
@@ -274,10 +301,46 @@ class Guard:
             self._thread.join(timeout=5.0)
             self._drain(final=True)
             self._writer.flush()
+            if self._rules is not None:
+                self._run_rules(final=True)
             if not self.under_watchdog and self.rank == 0:
                 self._write_own_status(state="completed")
         except Exception as exc:
             self._fail("finish", exc)
+
+    def experts(self, load: Any, layer: Any = None) -> None:
+        """Per-expert load of an MoE layer (tokens routed to each expert), for `expert-collapse`.
+
+        Call it each step for each MoE layer; it is recorded on the first `stats_every` steps and every
+        `stats_every` steps after. A device tensor is copied to the host without a sync.
+        """
+        if self._disabled or os.getpid() != self._pid:
+            return
+        try:
+            step = self.step_count + 1  # the step in progress
+            if step > self.stats_every and step % self.stats_every:
+                return
+            key = (step, layer)
+            if key in self._experts_seen:
+                return  # one report per layer and step (the loop may call it once per micro-batch)
+            self._experts_seen.add(key)
+            if len(self._experts_seen) > 1024:
+                self._experts_seen = {k for k in self._experts_seen if k[0] >= step - 1}
+            host, event = load, None
+            if _is_tensor(load):
+                t = load.detach().float().reshape(-1)
+                if t.device.type == "cuda":
+                    import torch
+
+                    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    host.copy_(t, non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record()
+                else:
+                    host = t.clone()
+            self._experts_inflight.append((step, layer, host, event))
+        except Exception as exc:
+            self._fail("experts", exc)
 
     def add_observer(self, fn: Any) -> None:
         """Registers `fn(row)` to be called from the background thread with each resolved step row."""
@@ -309,6 +372,11 @@ class Guard:
         rec["data_wait"] = self._data_wait
         rec["step_time"] = (now - self._t_last_close) if self._t_last_close is not None else None
         rec["loss_done"] = True
+        if self.scaler is not None:
+            # read on the loss side too: a step the GradScaler skips never reaches the optimizer hooks
+            scale = getattr(self.scaler, "_scale", None)
+            if scale is not None:
+                rec["pending"].append(("loss_scale", devicestats.as_scalar(scale)))
         self._pending, self._pending_floats = [], {}
         self._data_wait = 0.0
         self._t_last_close = now
@@ -318,6 +386,8 @@ class Guard:
         if self._disabled or os.getpid() != self._pid:
             return
         try:
+            if self._ff is not None:
+                self._ff.before_opt_step(self)
             step = self.opt_steps + 1
             rec = self._records.setdefault(step, {"step": step})
             groups = optimizer.param_groups
@@ -363,6 +433,8 @@ class Guard:
             self._maybe_emit(self.opt_steps)
         except Exception as exc:
             self._fail("optimizer post-hook", exc)
+        if self._ff is not None and not self._uses_step:
+            self._ff.after_step(self)  # a loop without guard.step is stopped here (preflight only)
 
     def _grad_stats(self, optimizer: Any, rec: dict[str, Any]) -> None:
         import torch
@@ -434,7 +506,10 @@ class Guard:
         while not self._stop.wait(FLUSH_INTERVAL):
             try:
                 self._drain()
+                self._sample()
                 self._writer.flush()
+                if self._rules is not None and time.time() - self._last_rules > RULES_INTERVAL:
+                    self._run_rules()
                 if not self.under_watchdog and self.rank == 0 and time.time() - self._last_status > STATUS_INTERVAL:
                     self._write_own_status(state="running")
             except Exception as exc:
@@ -466,11 +541,60 @@ class Guard:
                 except Exception as exc:
                     self._fail("observer", exc)
         del self._inflight[:done]
+        self._drain_experts(final)
         phase = self._phases[-1] if self._phases else None
         self._writer.set_heartbeat(
             t_progress=self._t_progress, micro=self.micro, step=self.step_count, phase=phase,
             state="finished" if self.finished else "running",
         )
+
+    def _drain_experts(self, final: bool) -> None:
+        done = 0
+        for step, layer, host, event in list(self._experts_inflight):
+            if event is not None and not final and not event.query():
+                break  # copies finish in order
+            if event is not None and final:
+                event.synchronize()
+            load = host.tolist() if _is_tensor(host) else [float(v) for v in host]
+            self._writer.add_event("experts", None if layer is None else str(layer),
+                                   {"layer": None if layer is None else str(layer), "load": load}, step=step)
+            done += 1
+        self._experts_inflight[:done] = []
+
+    def _sample(self) -> None:
+        """Host and device memory, at most once a second (see probe/samples.py: no device sync)."""
+        now = time.time()
+        if now - self._last_sample < samples.SAMPLE_INTERVAL:
+            return
+        self._last_sample = now
+        sample = samples.memory_sample(self._process)
+        if sample:
+            self._writer.add_event("sample", "memory", sample, step=self.step_count)
+
+    def _run_rules(self, final: bool = False) -> None:
+        """The health rules over what was committed since the last time; new findings become events."""
+        self._last_rules = time.time()
+        try:
+            if self._rules_reader is None:
+                from trainguard.store.reader import RunReader
+
+                self._rules_reader = RunReader(self.run_dir)
+            found = self._rules.poll(self._rules_reader)
+            if final:
+                found += self._rules.end()
+        except Exception as exc:
+            # Why switch them off: a rules pass that raised once will raise at every pass.
+            self._rules = None
+            self._fail("health rules (switched off)", exc)
+            return
+        for f in found:
+            self._writer.add_event("finding", f.name, f.to_dict(), step=f.step)
+            try:
+                print(f"trainguard: {f.one_line()}", file=sys.stderr, flush=True)
+            except (OSError, ValueError):
+                pass
+        if found:
+            self._writer.flush()
 
     def _row(self, rec: dict[str, Any], pairs: list[tuple[str, float]]) -> dict[str, Any]:
         """One steps-table row from a record and its resolved device values (micro-batches averaged)."""
@@ -540,6 +664,9 @@ class Guard:
                 "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
                 "model": type(self.model).__name__ if self.model is not None else None,
                 "scaler": type(self.scaler).__name__ if self.scaler is not None else None,
+                "stats_every": self.stats_every,
+                "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
+                "output_size": _safe(lambda: planinfo.output_size(self.model, config)),
             })
             if config is not None:
                 w.set_meta("config", config)
@@ -591,6 +718,8 @@ class Guard:
             self._drain(final=True)
             self._writer.add_event("probe", "exit", {"finished": self.finished, "crashed": self.crashed})
             self._writer.flush()
+            if self._rules is not None and not self.finished:
+                self._run_rules(final=True)
             if not self.under_watchdog and self.rank == 0 and not self.finished and not self.crashed:
                 self._write_own_status(state="failed", reason="probe-not-finished")
             self._writer.close()

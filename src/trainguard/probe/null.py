@@ -50,6 +50,9 @@ class NullGuard:
     def eval(self, **metrics: Any) -> None:
         pass
 
+    def experts(self, load: Any, layer: Any = None) -> None:
+        pass
+
     def checkpoint_saved(self, path: Any) -> None:
         pass
 

@@ -35,24 +35,26 @@ class RuleEntry:
     def family(self) -> str:
         return FAMILIES.get(self.code[2], "other")
 
-    def doc(self) -> str:
+    def resolve(self) -> object:
+        """The function or class the target names (its docstring is the page)."""
         module, _, attr = self.target.partition(":")
         obj = importlib.import_module(module)
         for part in attr.split("."):
             obj = getattr(obj, part)
-        text = inspect.getdoc(obj) or ""
+        return obj
+
+    def doc(self) -> str:
+        text = inspect.getdoc(self.resolve()) or ""
         first, _, rest = text.partition("\n")
         # the first line repeats "CODE name: summary"; the page is the rest
         return rest.strip() if first.startswith(self.code) else text
 
     def headline(self) -> str:
-        module, _, attr = self.target.partition(":")
-        obj = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-        first = (inspect.getdoc(obj) or "").partition("\n")[0]
+        first = (inspect.getdoc(self.resolve()) or "").partition("\n")[0]
         return first.split(":", 1)[1].strip() if ":" in first else first
 
+
+_R = "trainguard.rules"
 
 CATALOG: list[RuleEntry] = [
     RuleEntry("TG501", "run-crashed", "error", "stable", "0.1.0", "trainguard.watchdog.crash:crash_finding"),
@@ -61,6 +63,59 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG504", "artifact-missing", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:check_artifacts"),
     RuleEntry("TG505", "artifact-stale", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:check_artifacts"),
     RuleEntry("TG506", "probe-not-finished", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:probe_not_finished"),
+    # -- health rules (issue 4): silent failures found while the run trains; the engine runs every
+    # entry below whose target is a `trainguard.rules.engine.Rule` class. TG52x and TG81x leave the
+    # low numbers of those families to the hang and distillation areas.
+    RuleEntry("TG101", "lr-reaches-zero", "error", "stable", "0.1.0", f"{_R}.schedule:LrReachesZero"),
+    RuleEntry("TG102", "schedule-horizon-mismatch", "warning", "stable", "0.1.0",
+              f"{_R}.schedule:ScheduleHorizonMismatch"),
+    RuleEntry("TG201", "weights-not-updating", "error", "stable", "0.1.0", f"{_R}.progress:WeightsNotUpdating"),
+    RuleEntry("TG202", "params-without-grad", "warning", "stable", "0.1.0", f"{_R}.progress:ParamsWithoutGrad"),
+    RuleEntry("TG203", "eval-metrics-frozen", "error", "stable", "0.1.0", f"{_R}.progress:EvalMetricsFrozen"),
+    RuleEntry("TG204", "loss-not-decreasing", "warning", "stable", "0.1.0", f"{_R}.progress:LossNotDecreasing"),
+    RuleEntry("TG205", "initial-loss-off", "warning", "stable", "0.1.0", f"{_R}.progress:InitialLossOff"),
+    RuleEntry("TG206", "loss-diverging", "error", "stable", "0.1.0", f"{_R}.progress:LossDiverging"),
+    RuleEntry("TG207", "loss-spike", "warning", "stable", "0.1.0", f"{_R}.progress:LossSpike"),
+    RuleEntry("TG301", "nonfinite-loss", "warning", "stable", "0.1.0", f"{_R}.numerics:NonfiniteLoss"),
+    RuleEntry("TG302", "nonfinite-grad", "warning", "stable", "0.1.0", f"{_R}.numerics:NonfiniteGrad"),
+    RuleEntry("TG303", "grad-scaler-collapse", "error", "stable", "0.1.0", f"{_R}.numerics:GradScalerCollapse"),
+    RuleEntry("TG401", "loss-parts-imbalanced", "warning", "stable", "0.1.0",
+              f"{_R}.composition:LossPartsImbalanced"),
+    RuleEntry("TG402", "loss-part-vanished", "warning", "stable", "0.1.0", f"{_R}.composition:LossPartVanished"),
+    RuleEntry("TG403", "loss-parts-dont-sum", "warning", "stable", "0.1.0", f"{_R}.composition:LossPartsDontSum"),
+    RuleEntry("TG404", "loss-weight-stalled", "warning", "stable", "0.1.0", f"{_R}.composition:LossWeightStalled"),
+    RuleEntry("TG521", "log-flood", "warning", "stable", "0.1.0", f"{_R}.process:LogFlood"),
+    RuleEntry("TG522", "throughput-drop", "warning", "stable", "0.1.0", f"{_R}.process:ThroughputDrop"),
+    RuleEntry("TG523", "data-wait-dominant", "warning", "stable", "0.1.0", f"{_R}.process:DataWaitDominant"),
+    RuleEntry("TG524", "memory-creep", "warning", "stable", "0.1.0", f"{_R}.process:MemoryCreep"),
+    RuleEntry("TG525", "device-memory-near-full", "warning", "stable", "0.1.0",
+              f"{_R}.process:DeviceMemoryNearFull"),
+    RuleEntry("TG526", "checkpoint-stale", "warning", "stable", "0.1.0", f"{_R}.process:CheckpointStale"),
+    RuleEntry("TG811", "expert-collapse", "warning", "stable", "0.1.0", f"{_R}.model:ExpertCollapse"),
+    RuleEntry("TG812", "perplexity-implausible", "warning", "stable", "0.1.0", f"{_R}.model:PerplexityImplausible"),
+    # hang and crash diagnosis (issue 3)
+    RuleEntry("TG507", "hang-repeats", "error", "stable", "0.1.0", "trainguard.watchdog.restart:repeats_finding"),
+    # -- preflight and config check (issue 5): `trainguard preflight` (TG601-609), `trainguard check` (TG611-617)
+    RuleEntry("TG601", "periodic-path-crashed", "error", "preview", "0.1.0", "trainguard.preflight.judge:path_crashed"),
+    RuleEntry("TG602", "checkpoint-resume-failed", "error", "preview", "0.1.0", "trainguard.preflight.judge:resume_failed"),
+    RuleEntry("TG603", "second-epoch-failed", "error", "preview", "0.1.0", "trainguard.preflight.judge:second_epoch_failed"),
+    RuleEntry("TG604", "schedule-ends-early", "error", "preview", "0.1.0", "trainguard.preflight.schedule:schedule_ends_early"),
+    RuleEntry("TG605", "schedule-ends-late", "error", "preview", "0.1.0", "trainguard.preflight.schedule:schedule_ends_late"),
+    RuleEntry("TG606", "periodic-path-never-runs", "error", "preview", "0.1.0", "trainguard.preflight.judge:path_never_runs"),
+    RuleEntry("TG607", "periodic-path-dominates", "warning", "preview", "0.1.0", "trainguard.preflight.judge:path_dominates"),
+    RuleEntry("TG608", "wrote-outside-scratch", "warning", "preview", "0.1.0", "trainguard.preflight.judge:wrote_outside"),
+    RuleEntry("TG609", "preflight-timed-out", "error", "preview", "0.1.0", "trainguard.preflight.judge:timed_out"),
+    RuleEntry("TG611", "schedule-ignores-accumulation", "error", "preview", "0.1.0", "trainguard.preflight.check:schedule_length"),
+    RuleEntry("TG612", "schedule-length-mismatch", "error", "preview", "0.1.0", "trainguard.preflight.check:schedule_length_mismatch"),
+    RuleEntry("TG613", "warmup-exceeds-run", "error", "preview", "0.1.0", "trainguard.preflight.check:warmup"),
+    RuleEntry("TG614", "interval-exceeds-run", "error", "preview", "0.1.0", "trainguard.preflight.check:intervals"),
+    RuleEntry("TG615", "interval-dominates-run", "warning", "preview", "0.1.0", "trainguard.preflight.check:interval_dominates"),
+    RuleEntry("TG616", "patience-too-short", "error", "preview", "0.1.0", "trainguard.preflight.check:patience"),
+    RuleEntry("TG617", "implausible-value", "error", "preview", "0.1.0", "trainguard.preflight.check:implausible"),
+    # integrations and ingest (issue 8): what a log alone shows, for `trainguard diagnose PATH`
+    RuleEntry("TG151", "scheduler-before-optimizer", "warning", "stable", "0.1.0",
+              "trainguard.ingest.signs:scheduler_before_optimizer"),
+    RuleEntry("TG531", "log-ends-unfinished", "warning", "stable", "0.1.0", "trainguard.ingest.signs:log_ends_unfinished"),
 ]
 
 

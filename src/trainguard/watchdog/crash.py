@@ -103,17 +103,41 @@ def format_where(frame: dict[str, Any] | None) -> str | None:
 # Known crash signatures: (cause label, pattern on "Type: message", fix). The hang and crash issue grows
 # this table; each entry says what the message usually means and what to change.
 SIGNATURES: list[tuple[str, re.Pattern[str], str]] = [
-    ("none-operand", re.compile(r"TypeError: .*(NoneType|'None')"),
-     "A value that is None on this path was used as a number or object. The path (often evaluation) "
-     "gets an argument the training path always passes, e.g. `step`. Pass it, or guard the use; run "
-     "`trainguard preflight` to reach such paths in the first minute."),
+    # first match wins: the specific (a worker killed, a timeout) before the general (a TypeError)
+    ("collective-timeout", re.compile(
+        r"(Watchdog caught collective operation timeout|NCCL (error|timeout)|nccl\w*Error|ProcessGroupNCCL.*[Tt]ime"
+        r"|[Gg]loo.*[Tt]imed? ?out|Timed out waiting|Connection closed by peer|DistBackendError|DistNetworkError)"),
+     "A collective did not complete: a rank never joined it (ranks took different branches, one crashed or "
+     "hung first, uneven data gave one rank an extra step) or the network between ranks failed. Look at "
+     "the other ranks' output first: the rank that did not arrive shows the cause. Make every rank call the "
+     "same collectives in the same order; TORCH_DISTRIBUTED_DEBUG=DETAIL checks it; a longer `timeout=` in "
+     "`init_process_group` only helps when a rank is merely slow (a long checkpoint on rank 0)."),
+    ("dataloader-worker-killed", re.compile(
+        r"(DataLoader worker \(pid\(?s?\)? ?[\d, ]+\) (exited unexpectedly|is killed by signal)"
+        r"|unable to write to file </torch_|[Ss]hared memory|No space left on device.*shm|Bus error)"),
+     "A DataLoader worker died: usually the OOM killer (host memory: workers x prefetch_factor x batch size, "
+     "or a dataset that caches in each worker) or a full /dev/shm (Docker's default is 64 MB: run with "
+     "--shm-size=8g or --ipc=host). Lower num_workers or prefetch_factor, share read-only data instead of "
+     "copying it per worker, or `torch.multiprocessing.set_sharing_strategy('file_system')`."),
+    ("unpicklable-checkpoint", re.compile(r"(Can't pickle|cannot pickle|PicklingError|Can't get local object)"),
+     "The checkpoint holds an object pickle cannot save (a lambda, a local function, a lock, an open file, "
+     "a generator). Save state_dicts and plain data, not live objects; move the offending function to module "
+     "level. `trainguard preflight` saves a checkpoint in the first minute to catch this before hours pass."),
+    ("cuda-out-of-memory", re.compile(r"(OutOfMemoryError|CUDA out of memory|HIP out of memory|CUBLAS_STATUS_ALLOC_FAILED)"),
+     "The GPU ran out of memory. Lower the batch size or sequence length (keep the effective batch with "
+     "gradient accumulation), use activation checkpointing or bf16; in evaluation, wrap in torch.no_grad(); "
+     "look for tensors kept across steps (a loss appended to a list without .item() or .detach())."),
+    ("host-out-of-memory", re.compile(r"(DefaultCPUAllocator: can't allocate|MemoryError|Cannot allocate memory)"),
+     "The host ran out of memory. Fewer DataLoader workers or a smaller prefetch_factor, memory-mapped "
+     "datasets instead of in-memory ones, and no per-step history kept on the host."),
     ("dtype-mismatch", re.compile(r"RuntimeError: .*(must have the same dtype|expected scalar type|dtype)"),
      "Tensors of different dtypes met outside autocast (e.g. an fp16 teacher against an fp32 projector). "
      "Use one dtype policy for training and evaluation alike: run evaluation under the same autocast "
      "context, or cast the module to the input's dtype."),
-    ("out-of-memory", re.compile(r"(OutOfMemoryError|CUDA out of memory|DefaultCPUAllocator: can't allocate|MemoryError)"),
-     "The process ran out of memory. Lower the batch size or sequence length, use gradient accumulation, "
-     "activation checkpointing, or a smaller dtype; check for tensors kept across steps (memory creep)."),
+    ("none-operand", re.compile(r"(TypeError: .*(NoneType|'None')|AttributeError: 'NoneType' object)"),
+     "A value that is None on this path was used as a number or object. The path (often evaluation) "
+     "gets an argument the training path always passes, e.g. `step`. Pass it, or guard the use; run "
+     "`trainguard preflight` to reach such paths in the first minute."),
 ]
 
 
@@ -154,7 +178,8 @@ def crash_finding(
     context = []
     if phase:
         nth = (phases_seen or {}).get(phase)
-        first = " (the first time this phase ran in this run)" if nth == 1 else (f" (run {nth} of this phase)" if nth else "")
+        first = (" (the first time this phase ran in this run)" if nth == 1
+                 else (f" (run {nth} of this phase; earlier runs passed)" if nth else ""))
         context.append(f"in phase '{phase}'{first}")
     if step is not None:
         context.append(f"at step {step}")

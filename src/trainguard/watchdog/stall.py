@@ -25,6 +25,8 @@ class StallPolicy:
     """--stall-timeout: a fixed number of seconds, or None to learn from the run."""
     min_timeout: float = 60.0
     startup_timeout: float = 300.0
+    fixed_startup_floor: float = 60.0
+    """With --stall-timeout, the least time allowed before the first progress mark."""
     factor: float = 10.0
     longest_gap: float = 0.0
     phase_longest: dict[str, float] = field(default_factory=dict)
@@ -44,7 +46,9 @@ class StallPolicy:
 
     def timeout(self, phase: str | None = None) -> float:
         if self.fixed is not None:
-            return self.fixed
+            # Before the first progress mark the script is still importing and building (torch's first
+            # optimizer alone can take seconds on a loaded machine): a short fixed timeout gets a floor.
+            return self.fixed if self._last_mark is not None else max(self.fixed, self.fixed_startup_floor)
         if self._last_mark is None:
             return self.startup_timeout
         learned = self.factor * max(self.longest_gap, self.phase_longest.get(phase or "", 0.0))

@@ -30,11 +30,12 @@ from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.reader import RunReader
 from trainguard.store.status import write_status
 from trainguard.store.writer import StoreWriter
-from trainguard.watchdog import crash, statusline, verdict
+from trainguard.watchdog import crash, restart, statusline, verdict
 from trainguard.watchdog.stall import StallPolicy, hang_finding
 from trainguard.watchdog.tee import OutputCapture
 
 POLL_INTERVAL = 0.5
+MAX_IO_GRACE = 5  # stalls forgiven in a row because the run was still reading/writing steadily
 KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when trainguard stops a run
 WATCHDOG_RANK = -1  # rows the watchdog writes carry rank -1
 
@@ -75,9 +76,12 @@ class RunOptions:
     stall_timeout: float | None = None
     expects: list[str] = field(default_factory=list)
     stop_on: list[str] = field(default_factory=list)
-    on_hang: str = "kill"
+    on_hang: str = "kill"  # wait | kill | restart
+    max_restarts: int = 3  # with on_hang="restart": restarts at most; a repeated hang stops sooner
     live: bool | None = None  # None: a live status line only when stderr is a terminal
     echo: bool = True
+    cwd: str | None = None  # where the command runs (default: here); preflight runs it in a scratch folder
+    env: dict[str, str] = field(default_factory=dict)  # extra environment, applied last (e.g. a resume path)
 
 
 def check_command(command: list[str]) -> None:
@@ -120,25 +124,56 @@ class Supervisor:
         self.capture = OutputCapture(self.run_dir / "output.log", echo=self.options.echo)
         self.line = statusline.StatusLine(enabled=self.live)
         self.capture.before_write = self.line.clear
+        policy = restart.RestartPolicy(self.options.on_hang, self.options.max_restarts)
+        resume: str | None = None
+        while True:
+            returncode, hang, stopped = self._attempt(resume)
+            if hang is None:
+                break
+            decision = policy.after_hang(hang, restart.newest_checkpoint(self.reader.events("checkpoint")))
+            if decision.finding is not None:
+                self._report(decision.finding)
+            if decision.note:
+                self._note(f"trainguard: {decision.note}")
+            if not decision.restart:
+                break
+            self.writer.add_event("run", "restart", {"attempt": self.attempt + 1, "resume_from": decision.resume_from,
+                                                     "after": hang.to_dict()})
+            self.writer.flush()
+            self.attempt += 1
+            resume = decision.resume_from
+        self.capture.join()
+        return self._conclude(returncode, hang, stopped)
+
+    def _attempt(self, resume: str | None) -> tuple[int, Finding | None, Finding | None]:
+        """One run of the command, to its end or to a hang; returns (exit code, hang, stopped-on)."""
+        self.attempt_started = time.time()
+        self.stall = StallPolicy(fixed=self.options.stall_timeout)
+        self._liveness: float | None = None  # a slow save that keeps moving counts as progress
+        self._io_graces = 0
         env = dict(os.environ)
         env.update({ENV_RUN_DIR: str(self.run_dir.resolve()), ENV_WATCHDOG: "1", ENV_ATTEMPT: str(self.attempt),
                     "PYTHONUNBUFFERED": "1"})
         env.pop(ENV_RESUME, None)
+        env.update(self.options.env)
+        if resume:
+            env[ENV_RESUME] = resume
         try:
             self.proc = subprocess.Popen(
                 self.options.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                start_new_session=True,
+                start_new_session=True, cwd=self.options.cwd,
             )
         except OSError as exc:
             raise UserError(f"cannot start {self.options.command[0]}: {exc.strerror or exc}") from None
         self.writer.add_event("run", "start", {"pid": self.proc.pid, "command": self.options.command,
-                                               "attempt": self.attempt})
+                                               "attempt": self.attempt, "resume_from": resume})
         self.writer.flush()
         self.capture.start(self.proc.stdout, "stdout", _buffer(sys.stdout))
         self.capture.start(self.proc.stderr, "stderr", _buffer(sys.stderr))
         self._forward_signals()
         self.oom_before = _safe_oom()
-        self.reader = RunReader(self.run_dir)
+        if not hasattr(self, "reader"):
+            self.reader = RunReader(self.run_dir)
         hang: Finding | None = None
         stopped: Finding | None = None
         try:
@@ -151,9 +186,14 @@ class Supervisor:
                         stopped = finding
                         self._note(f"stopping the run on {finding.name} (--stop-on)")
                         self._terminate()
-                idle = self.stall.stalled(state.now, state.t_progress, self.started, state.phase)
-                if idle is not None and hang is None and stopped is None:
+                if state.t_progress and self._liveness and state.t_progress > self._liveness:
+                    self._io_graces = 0  # real progress again: the slow save finished
+                mark = max(t for t in (state.t_progress, self._liveness, self.attempt_started) if t is not None)
+                idle = self.stall.stalled(state.now, mark, self.attempt_started, state.phase)
+                if idle is not None and hang is None and stopped is None and self.proc.poll() is None:
                     hang = self._on_stall(state, idle)
+                    if hang is None:
+                        continue  # slow but moving: not a hang
                     if self.options.on_hang == "wait":
                         self._write_status("hung", state, findings_extra=[hang])
                         self._wait_forever_on_hang(state)
@@ -164,13 +204,18 @@ class Supervisor:
             self.line.clear()
             self._restore_signals()
         returncode = self.proc.wait()
-        self.capture.join()
-        return self._conclude(returncode, hang, stopped)
+        self.capture.drain()
+        return returncode, hang, stopped
 
     def _observe(self) -> WatchState:
-        beats = self.reader.heartbeats()
+        beats = [b for b in self.reader.heartbeats() if b["attempt"] == self.attempt]
         t_progress = max((b["t_progress"] for b in beats if b["t_progress"]), default=None)
-        probe_used = bool(beats) or bool(self.reader.events("probe"))
+        probe_starts = [e["t"] for e in self.reader.events("probe") if e["attempt"] == self.attempt]
+        probe_used = bool(beats) or bool(probe_starts)
+        if t_progress is None and probe_starts:
+            # The probe started (imports and model building are done) but no heartbeat came yet: a process
+            # that then froze with the GIL held (a C call that blocks) never writes one.
+            t_progress = max(probe_starts)
         step = max((b["step"] for b in beats if b["step"] is not None), default=None)
         phase = next((b["phase"] for b in beats if b["rank"] == 0 and b["phase"]), None)
         if not probe_used:
@@ -198,13 +243,51 @@ class Supervisor:
             out.append(f)
         return [f for f in out if self._is_new(f)]
 
-    def _on_stall(self, state: WatchState, idle: float) -> Finding:
-        """A stall: record what the process looks like now. The hang issue adds stacks and a cause."""
-        process = _process_sample(state.pid)
-        finding = hang_finding(
-            idle=idle, timeout=self.stall.timeout(state.phase), step=state.step, phase=state.phase,
-            last_progress=state.t_progress or self.started, process=process,
-        )
+    def _finish_monitors(self, step: int | None) -> None:
+        """Monitors with a `finish(state)` get one last look after the process ended (its last rows)."""
+        state = self._observe_final(step)
+        for mon in list(self.monitors):
+            finish = getattr(mon, "finish", None)
+            if finish is None:
+                continue
+            try:
+                for f in finish(state):
+                    if self._is_new(f):
+                        self._report(f)
+            except Exception as exc:
+                self._guard_error(f"monitor {type(mon).__name__} failed at the end: {exc!r}")
+
+    def _on_stall(self, state: WatchState, idle: float) -> Finding | None:
+        """A stall: take the stacks of every process of the run, name the cause, report run-hung.
+
+        Returns None when the run turned out to be moving (a slow checkpoint still writing): then the
+        time of this look counts as progress, at most MAX_IO_GRACE times in a row.
+        """
+        from trainguard.watchdog.hang import diagnose_stall
+
+        timeout = self.stall.timeout(state.phase)
+        last_progress = state.t_progress or self.attempt_started
+        try:
+            result = diagnose_stall(self.run_dir, state.pid, attempt=self.attempt)
+        except Exception as exc:
+            # Why not raise: a broken diagnosis must not cost the user the hang finding itself.
+            self._guard_error(f"hang diagnosis failed: {exc!r}")
+            finding = hang_finding(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
+                                   last_progress=last_progress, process={"pid": state.pid})
+            self._report(finding)
+            return finding
+        if self.proc.poll() is not None:
+            return None  # it ended while we looked (a slow exit): the exit decides the state, not a stall
+        if result.moving and self._io_graces < MAX_IO_GRACE:
+            self._io_graces += 1
+            self._liveness = time.time()
+            self._guard_error(f"stall of {idle:.0f} s looked at: {result.io_bytes_moved} bytes written while "
+                              "sampling, so it is slow I/O, not a hang")
+            return None
+        finding = result.finding(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
+                                 last_progress=last_progress)
+        if self.attempt:
+            finding.evidence["attempt"] = self.attempt
         self._report(finding)
         return finding
 
@@ -214,15 +297,15 @@ class Supervisor:
             time.sleep(POLL_INTERVAL)
 
     def _conclude(self, returncode: int, hang: Finding | None, stopped: Finding | None) -> int:
-        beats = self.reader.heartbeats()
-        probe_events = self.reader.events("probe")
+        beats = [b for b in self.reader.heartbeats() if b["attempt"] == self.attempt]
+        probe_events = [e for e in self.reader.events("probe") if e["attempt"] == self.attempt]
         probe_used = bool(beats) or bool(probe_events)
         finished = any(e["name"] == "finish" for e in probe_events)
         last = self.reader.last_step()
         step = max([b["step"] for b in beats if b["step"] is not None] + ([last["step"]] if last else []),
                    default=None)
         probe_crash = None
-        crashes = self.reader.events("crash")
+        crashes = [c for c in self.reader.events("crash") if c["attempt"] == self.attempt]
         if crashes:
             c = crashes[-1]
             d = c["data"] or {}
@@ -246,12 +329,13 @@ class Supervisor:
         v = verdict.decide(
             returncode=returncode, hang=hang, stopped_on=stopped, probe_used=probe_used, probe_finished=finished,
             probe_crash=probe_crash, stderr_crash=stderr_crash, expects=self.options.expects,
-            started=self.started, cwd=os.getcwd(), step=step, oom=oom,
+            started=self.started, cwd=self.options.cwd or os.getcwd(), step=step, oom=oom,
         )
         for f in v.findings:
             self._report(f)
         for f in self.reader.findings():
             self._is_new(f) and self.findings.append(f)
+        self._finish_monitors(step)
         self.writer.add_event("run", "end", {"state": v.state, "exit_code": v.exit_code, "signal": v.signal,
                                              "duration": time.time() - self.started})
         self.writer.flush()
@@ -460,28 +544,3 @@ def _oom_evidence(pid: int, before: int | None) -> dict[str, Any]:
         "kernel_log_readable": log is not None,
     }
 
-
-def _process_sample(pid: int) -> dict[str, Any]:
-    """CPU %, state and RSS of the command's process tree, for the hang finding's evidence."""
-    try:
-        import psutil
-
-        proc = psutil.Process(pid)
-        procs = [proc] + proc.children(recursive=True)
-        cpu = 0.0
-        for p in procs:
-            try:
-                p.cpu_percent(None)
-            except psutil.Error:
-                pass
-        time.sleep(0.5)
-        for p in procs:
-            try:
-                cpu += p.cpu_percent(None)
-            except psutil.Error:
-                pass
-        with proc.oneshot():
-            return {"pid": pid, "cpu_percent": round(cpu, 1), "status": proc.status(),
-                    "rss_mb": round(proc.memory_info().rss / 2**20, 1), "processes": len(procs)}
-    except Exception:
-        return {"pid": pid}

@@ -67,9 +67,13 @@ class OutputCapture:
             tail.append(partial.decode("utf-8", "replace"))
             self.lines += 1
 
-    def join(self, timeout: float = 5.0) -> None:
+    def drain(self, timeout: float = 5.0) -> None:
+        """Waits for the streams of a process that ended; the log stays open for a restarted one."""
         for t in self._threads:
             t.join(timeout)
+
+    def join(self, timeout: float = 5.0) -> None:
+        self.drain(timeout)
         with self._lock:
             self._log.close()
 

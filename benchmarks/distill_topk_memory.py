@@ -1,0 +1,165 @@
+"""Peak memory and tokens/s of one training step: sparse top-k KD vs full-vocabulary KD.
+
+    python benchmarks/distill_topk_memory.py --out topk_memory.json          # CUDA if available
+    python benchmarks/distill_topk_memory.py --device cpu --batch 1 --seq 256 --layers 2
+
+At the real vocabulary sizes (teacher 151,936 -> student 49,152) with random-init models of the real
+shapes (a Qwen2-MoE teacher with hidden 1024 and 24 layers; a SmolLM-135M shaped Llama student: hidden
+576, 30 layers, 9 heads). A step = teacher forward (no grad) + student forward/backward through the
+recipe's own `forward_losses`, LM + KD, in the recipe's dtype policy (bf16 autocast on CUDA, fp32 on CPU).
+
+- topk: the recipe's path: teacher top-k (default 256) kept per position, logits made `chunk` rows at a time;
+- full: full-vocabulary KD the usual way: the whole batch's teacher logits at once (k = V_t, one chunk).
+
+Both map teacher ids into student ids through a one-to-one overlap of `--overlap` ids (random positions:
+the benchmark needs the sizes, not real tokenizers); every position is aligned. Each mode runs in its own
+process so peaks do not mix. CPU peaks are the process's max RSS growth over the loaded models, CUDA peaks
+are `max_memory_allocated` growth over the loaded models (and totals). One JSON line on stdout (and --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TEACHER_SHAPE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=4,
+                     intermediate_size=2816, moe_intermediate_size=512, shared_expert_intermediate_size=1024,
+                     num_experts=8, num_experts_per_tok=2, max_position_embeddings=4096, vocab_size=151_936)
+STUDENT_SHAPE = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                     intermediate_size=1536, max_position_embeddings=2048, vocab_size=49_152,
+                     tie_word_embeddings=True)
+
+
+def one_mode(args: argparse.Namespace) -> dict:
+    import resource
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainguard.recipes.distill.losses import KDSpec, forward_losses
+    from trainguard.recipes.distill.train import amp_policy
+
+    dev = torch.device(args.device)
+    if dev.type == "cpu":
+        torch.set_num_threads(1)  # steadier timings on a shared machine; both modes alike
+    torch.manual_seed(0)
+    t_shape, s_shape = dict(TEACHER_SHAPE), dict(STUDENT_SHAPE)
+    if args.layers:
+        t_shape["num_hidden_layers"] = s_shape["num_hidden_layers"] = args.layers
+    precision = "bf16" if dev.type == "cuda" else "fp32"
+    with dev:
+        teacher = AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen2_moe", **t_shape))
+        student = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **s_shape))
+    teacher.to(torch.bfloat16 if precision == "bf16" else torch.float32).eval().requires_grad_(False)
+    student.train()
+    V_t, V_s = t_shape["vocab_size"], s_shape["vocab_size"]
+    g = torch.Generator().manual_seed(1)
+    vmap = torch.full((V_t,), -1, dtype=torch.long)
+    vmap[torch.randperm(V_t, generator=g)[: args.overlap]] = torch.randperm(V_s, generator=g)[: args.overlap]
+    B, T = args.batch, args.seq
+    k = args.k if args.mode == "topk" else V_t
+    chunk = args.chunk if args.mode == "topk" else B * T
+    spec = KDSpec(vocab_map=vmap.to(dev), top_k=k, temperature=2.0, chunk=chunk, layer_pairs=[], hidden_norm="cosine")
+    pos = torch.arange(B * T - B)  # every position but the last of each row: aligned one to one
+    pos = (pos // (T - 1)) * T + pos % (T - 1)
+    amp = amp_policy(dev, precision)
+    opt = torch.optim.AdamW(student.parameters(), lr=1e-5)
+
+    def batch() -> dict:
+        s_ids = torch.randint(0, V_s, (B, T), generator=g)
+        labels = torch.cat([s_ids[:, 1:], torch.full((B, 1), -100)], 1)
+        return {k_: v.to(dev) for k_, v in {
+            "s_ids": s_ids, "s_mask": torch.ones(B, T, dtype=torch.long), "labels": labels,
+            "t_ids": torch.randint(0, V_t, (B, T), generator=g), "t_mask": torch.ones(B, T, dtype=torch.long),
+            "s_pos": pos, "t_pos": pos}.items()}
+
+    def step() -> None:
+        with amp():
+            out = forward_losses(student, teacher, torch.nn.ModuleList(), batch(), spec, with_hidden=False)
+            loss = out["lm_sum"] / out["tokens"] + 0.5 * out["kd_sum"] / out["aligned"]
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # warm-up (allocates optimizer state: counted in the baseline, not in the step's peak)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        import psutil
+
+        base = psutil.Process().memory_info().rss
+    t0 = time.perf_counter()
+    for _ in range(args.iters):
+        step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    secs = time.perf_counter() - t0
+    return {"mode": args.mode, "k": k, "chunk": chunk, "peak_bytes": peak, "baseline_bytes": base,
+            "step_peak_bytes": max(0, peak - base), "tokens_per_s": B * T * args.iters / secs,
+            "seconds_per_step": secs / args.iters}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    ap.add_argument("--batch", type=int, default=None, help="sequences per step (default: 4 on cuda, 1 on cpu)")
+    ap.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: 512 on cuda, 256 on cpu)")
+    ap.add_argument("--layers", type=int, default=None, help="override both models' depth (default: real depth "
+                    "on cuda, 2 on cpu); vocabularies and widths stay real")
+    ap.add_argument("--k", type=int, default=256, help="teacher top-k")
+    ap.add_argument("--chunk", type=int, default=512, help="positions per logit chunk (top-k mode)")
+    ap.add_argument("--overlap", type=int, default=40_000, help="ids shared by the two vocabularies")
+    ap.add_argument("--iters", type=int, default=None, help="timed steps (default: 5 on cuda, 2 on cpu)")
+    ap.add_argument("--mode", choices=["topk", "full"], help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help="write the JSON result here too")
+    args = ap.parse_args()
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    cuda = args.device == "cuda"
+    args.batch = args.batch or (4 if cuda else 1)
+    args.seq = args.seq or (512 if cuda else 256)
+    args.layers = args.layers if args.layers is not None else (0 if cuda else 2)
+    args.iters = args.iters or (5 if cuda else 2)
+    if args.mode:  # child: one mode, one process
+        print(json.dumps(one_mode(args)))
+        return
+    results = {}
+    for mode in ("topk", "full"):
+        cmd = [sys.executable, __file__, "--mode", mode] + [
+            f"--{k}={v}" for k, v in (("device", args.device), ("batch", args.batch), ("seq", args.seq),
+                                      ("layers", args.layers), ("k", args.k), ("chunk", args.chunk),
+                                      ("overlap", args.overlap), ("iters", args.iters))]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            results[mode] = {"mode": mode, "error": proc.stderr.strip().splitlines()[-1:]}
+            continue
+        results[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = {"benchmark": "distill_topk_memory", "device": args.device, "batch": args.batch, "seq": args.seq,
+           "layers": args.layers or "real (teacher 24, student 30)", "teacher_vocab": TEACHER_SHAPE["vocab_size"],
+           "student_vocab": STUDENT_SHAPE["vocab_size"], "k": args.k, **results}
+    if "step_peak_bytes" in results.get("topk", {}) and "step_peak_bytes" in results.get("full", {}):
+        out["step_peak_ratio_full_over_topk"] = results["full"]["step_peak_bytes"] / max(1, results["topk"]["step_peak_bytes"])
+        out["speed_ratio_topk_over_full"] = results["topk"]["tokens_per_s"] / results["full"]["tokens_per_s"]
+    if args.device == "cuda":
+        import torch
+
+        out["gpu"] = torch.cuda.get_device_name()
+    line = json.dumps(out)
+    print(line)
+    if args.out:
+        Path(args.out).write_text(line + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""Healthy: OneCycleLR sized for the run, stepped per optimizer step. Must stay quiet."""
+import torch
+
+import trainguard
+from trainguard.demo.toys import MLP, clusters, minibatch
+
+torch.manual_seed(0); torch.set_num_threads(1)
+x, y = clusters()
+gen = torch.Generator().manual_seed(0)
+model = MLP()
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+steps = 300
+sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=steps)
+guard = trainguard.watch(model, opt, sched, total_steps=steps)
+for step in range(1, steps + 1):
+    xb, yb = minibatch(x, y, 64, gen)
+    loss = torch.nn.functional.cross_entropy(model(xb), yb)
+    loss.backward(); opt.step(); sched.step(); opt.zero_grad()
+    guard.step(loss)
+guard.finish()

@@ -1,0 +1,27 @@
+"""Healthy: a tiny character LM; eval reports loss and perplexity = exp(loss). Must stay quiet."""
+import math
+
+import torch
+
+import trainguard
+from trainguard.demo.tinylm import TinyLM, batch, corpus, cosine_with_warmup
+
+torch.manual_seed(0); torch.set_num_threads(1)
+gen = torch.Generator().manual_seed(0)
+data = corpus(40)
+model = TinyLM(dim=32, layers=1, heads=2, ctx=32)
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+steps = 100
+sched = cosine_with_warmup(opt, warmup=10, total=steps)
+guard = trainguard.watch(model, opt, sched, total_steps=steps)
+for step in range(1, steps + 1):
+    xb, yb = batch(data, 8, model.ctx, gen)
+    loss = torch.nn.functional.cross_entropy(model(xb).flatten(0, 1), yb.flatten())
+    loss.backward(); opt.step(); sched.step(); opt.zero_grad()
+    guard.step(loss)
+    if guard.due("eval", every=25):
+        with torch.no_grad():
+            xv, yv = batch(data, 8, model.ctx, gen)
+            val = torch.nn.functional.cross_entropy(model(xv).flatten(0, 1), yv.flatten()).item()
+        guard.eval(loss=val, perplexity=math.exp(val))
+guard.finish()

@@ -1,0 +1,30 @@
+"""Seed 002: a scheduler sized in optimizer steps but stepped once per micro-batch (grad accumulation 16).
+
+The schedule ends after 1/16 of the run; from optimizer step 8 the LR is 0 for the other 94% of the run,
+the weights stop moving and the evaluation loss repeats itself.
+"""
+import torch
+
+import trainguard
+from trainguard.demo.toys import MLP, clusters, minibatch, warmup_linear
+
+torch.manual_seed(0); torch.set_num_threads(1)
+x, y = clusters(); xv, yv = clusters(512, seed=1)
+gen = torch.Generator().manual_seed(0)
+model = MLP()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+steps, accum = 120, 16
+sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear(num_warmup_steps=12, num_training_steps=steps))
+guard = trainguard.watch(model, opt, sched, total_steps=steps, grad_accum=accum)
+for micro in range(steps * accum):
+    xb, yb = minibatch(x, y, 32, gen)
+    loss = torch.nn.functional.cross_entropy(model(xb), yb) / accum
+    loss.backward()
+    guard.step(loss * accum)
+    if (micro + 1) % accum == 0:
+        opt.step(); opt.zero_grad()
+    sched.step()  # the bug: once per micro-batch, while the schedule counts optimizer steps
+    if guard.due("eval", every=20):
+        with torch.no_grad():
+            guard.eval(loss=torch.nn.functional.cross_entropy(model(xv), yv))
+guard.finish()

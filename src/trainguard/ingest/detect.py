@@ -1,0 +1,90 @@
+"""What a PATH is, and the reader for it: a log, an output folder, a metrics file, TensorBoard files.
+
+A folder is searched in this order: Hugging Face (`trainer_state.json`, `checkpoint-N/`), Lightning
+(`lightning_logs/version_N/metrics.csv`, newest version), `metrics.csv`, Ultralytics `results.csv`,
+TensorBoard event files, then a log (`output.log`, `*.log`, `*.txt`). Anything else is refused with one
+line naming what was looked for.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from trainguard.errors import UserError
+from trainguard.ingest.events import Source
+
+LOG_NAMES = ("output.log", "train.log", "stdout.log", "log.txt", "stdout.txt")
+_VERSION = re.compile(r"^version_(\d+)$")
+
+
+def open_source(path: str | Path) -> Source:
+    p = Path(path)
+    try:
+        if not p.exists():
+            raise UserError(f"{p}: no such file or folder")
+        return _open_dir(p) if p.is_dir() else _open_file(p)
+    except PermissionError as exc:
+        raise UserError(f"cannot read {p}: {exc.strerror}") from None
+    except IsADirectoryError as exc:
+        raise UserError(f"cannot read {p}: {exc.strerror}") from None
+
+
+def _open_file(p: Path) -> Source:
+    from trainguard.ingest import hf, tables, tensorboard, textlog
+
+    name = p.name.lower()
+    if name == "trainer_state.json":
+        return hf.read_trainer_state(p, p.parent.parent if p.parent.name.startswith("checkpoint-") else p.parent)
+    if name.startswith("events.out.tfevents."):
+        return tensorboard.read_tensorboard([p])
+    if name.endswith(".csv"):
+        fmt = {"results.csv": "ultralytics results.csv", "metrics.csv": "lightning metrics.csv"}.get(name, "csv")
+        return tables.read_csv(p, fmt)
+    if name.endswith((".jsonl", ".ndjson")):
+        return tables.read_jsonl(p)
+    if name.endswith(".json"):
+        with open(p, "rb") as f:
+            head = f.read(4096)
+        if b'"log_history"' in head or b'"max_steps"' in head or b'"global_step"' in head:
+            return hf.read_trainer_state(p)
+        return tables.read_jsonl(p)
+    return textlog.read_text_log(p)
+
+
+def _open_dir(p: Path) -> Source:
+    from trainguard.ingest import hf, tables, tensorboard, textlog
+
+    state = hf.find_state(p)
+    if state is not None:
+        return hf.read_trainer_state(state, p)
+    version = newest_lightning_version(p)
+    if version is not None:
+        if (version / "metrics.csv").is_file():
+            return tables.read_csv(version / "metrics.csv", "lightning metrics.csv")
+        files = tensorboard.event_files(version)
+        if files:
+            return tensorboard.read_tensorboard(files)
+    for name, fmt in (("metrics.csv", "lightning metrics.csv"), ("results.csv", "ultralytics results.csv")):
+        if (p / name).is_file():
+            return tables.read_csv(p / name, fmt)
+    files = tensorboard.event_files(p)
+    if files:
+        return tensorboard.read_tensorboard(files)
+    for name in LOG_NAMES:
+        if (p / name).is_file():
+            return textlog.read_text_log(p / name)
+    logs = sorted(q for q in p.iterdir() if q.is_file() and q.suffix in (".log", ".txt"))
+    if len(logs) == 1:
+        return textlog.read_text_log(logs[0])
+    raise UserError(f"{p}: nothing trainguard can read here (looked for trainer_state.json, lightning_logs/, "
+                    "metrics.csv, results.csv, TensorBoard event files, output.log or one *.log)")
+
+
+def newest_lightning_version(p: Path) -> Path | None:
+    """`lightning_logs/version_N` (or `version_N` itself) with the highest N, if any."""
+    if _VERSION.match(p.name):
+        return p
+    base = p / "lightning_logs" if (p / "lightning_logs").is_dir() else p
+    versions = [(int(m.group(1)), q) for q in base.iterdir() if q.is_dir() and (m := _VERSION.match(q.name))]
+    return max(versions)[1] if versions else None

@@ -1,0 +1,169 @@
+"""`trainguard diagnose PATH` for what trainguard never watched: a log, an output folder, a metrics file.
+
+    trainguard diagnose train.log            trainguard diagnose out/        (a Hugging Face output folder)
+    trainguard diagnose lightning_logs/      trainguard diagnose runs/exp1/results.csv --json
+
+The reader's events go through the same rules engine as a live run, one event at a time (a 1 GB log
+is read in constant memory, as far as the rules keep constant state). Then what only a log can show:
+a traceback (the watchdog's own `run-crashed`), a log that stops without completing, PyTorch's own
+warnings. The report names the rules that could not run because the log lacks their data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.findings import Finding, most_severe_first
+from trainguard.ingest.events import Source
+
+# What each rule reads, for the rules that do not say it themselves (a rule may set `needs`): the
+# report lists a rule whose data the source never carried as "could not run", not as "found nothing".
+NEEDS: dict[str, tuple[str, ...]] = {
+    "lr-reaches-zero": ("lr",), "schedule-horizon-mismatch": ("sched_epoch",),
+    "weights-not-updating": ("update_ratio",), "params-without-grad": ("the optimizer's parameter list (probe only)",),
+    "eval-metrics-frozen": ("eval",), "loss-not-decreasing": ("loss",), "initial-loss-off": ("loss", "output_size"),
+    "loss-diverging": ("loss",), "loss-spike": ("loss",), "nonfinite-loss": ("loss",),
+    "nonfinite-grad": ("grad_norm",), "grad-scaler-collapse": ("loss_scale",), "loss-parts-imbalanced": ("parts",),
+    "loss-part-vanished": ("parts",), "loss-parts-dont-sum": ("parts",), "loss-weight-stalled": ("weights",),
+    "log-flood": ("output line counts",), "throughput-drop": ("step_time",), "data-wait-dominant": ("data_wait",),
+    "memory-creep": ("memory samples",), "device-memory-near-full": ("memory samples",), "checkpoint-stale": ("checkpoint",),
+    "expert-collapse": ("expert loads",), "perplexity-implausible": ("eval",),
+}
+
+
+@dataclass
+class Diagnosis:
+    path: Path
+    format: str
+    state: str  # completed | crashed | unfinished | unknown
+    findings: list[Finding]
+    not_run: list[tuple[str, str]] = field(default_factory=list)  # (rule name, the data it lacked)
+    steps: int = 0
+    evals: int = 0
+    lines: int = 0
+    skipped: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "format": self.format, "state": self.state, "steps": self.steps,
+                "evals": self.evals, "lines": self.lines, "skipped": self.skipped,
+                "findings": [f.to_dict() for f in self.findings],
+                "not_run": [{"rule": r, "needs": n} for r, n in self.not_run], "notes": self.notes}
+
+
+def diagnose_source(source: Source, now: float | None = None) -> Diagnosis:
+    """Feeds the source's events to the rules, one at a time, then adds what the log itself shows."""
+    from trainguard.errors import UserError
+    from trainguard.ingest import signs
+
+    engine, notes = _engine(source.plan)
+    found: list[Finding] = []
+    last_step: int | None = None
+    kinds: set[str] = set()
+    for ev in source.events:
+        kinds.add(ev.get("kind") or "")
+        if ev.get("kind") == "step":
+            last_step = ev.get("step")
+        if engine is not None:
+            found.extend(engine.feed(ev))
+    if engine is not None:
+        found.extend(engine.end())
+        notes.extend(engine.errors)
+    facts = source.facts
+    name = source.path.name
+    crashed = facts.traceback is not None
+    if crashed:
+        found.append(_crash(facts.traceback or [], last_step))
+    for (lineno, warning), count in _first_of_each(facts.warnings):
+        if warning == "scheduler-before-optimizer":
+            found.append(signs.scheduler_before_optimizer(name, lineno, count))
+    if source.log_like and not crashed and facts.completed is None:
+        if not (facts.steps or facts.evals or facts.lines):
+            raise UserError(f"{source.path}: nothing trainguard can read in it (no metrics, progress or traceback)")
+        found.append(signs.log_ends_unfinished(name, facts.last_line, facts.lines, last_step, facts.mtime, now))
+    if not (facts.steps or facts.evals or crashed or facts.warnings or facts.completed):
+        raise UserError(f"{source.path}: read {facts.lines} lines as {source.format} but found no training "
+                        "metrics, progress or traceback in them")
+    state = "crashed" if crashed else "completed" if facts.completed else "unfinished" if source.log_like else "unknown"
+    have = set(facts.fields) | {k for k in kinds if k not in ("step", "eval")}
+    have |= {"output line counts"} if "output" in kinds else set()
+    have |= {k for k in ("total_steps",) if source.plan.get(k)}
+    not_run = _not_run(engine, have, source.plan)
+    return Diagnosis(path=source.path, format=source.format, state=state, findings=most_severe_first(found),
+                     not_run=not_run, steps=facts.steps, evals=facts.evals, lines=facts.lines,
+                     skipped=facts.skipped, notes=notes)
+
+
+def diagnose_path(path: str | Path, now: float | None = None) -> Diagnosis:
+    from trainguard.ingest.detect import open_source
+
+    return diagnose_source(open_source(path), now=now)
+
+
+def _engine(plan: dict[str, Any]) -> tuple[Any, list[str]]:
+    try:
+        from trainguard.rules.engine import Engine
+    except ImportError:  # the health rules are not in this build: only what the log itself shows
+        return None, ["the health rules engine is not installed: only log-level findings are reported"]
+    return Engine(plan, source="diagnose"), []
+
+
+def _not_run(engine: Any, have: set[str], plan: dict[str, Any]) -> list[tuple[str, str]]:
+    if engine is None:
+        return []
+    out = []
+    for rule in engine.rules:
+        needs = getattr(rule, "needs", None) or NEEDS.get(rule.name)
+        if not needs:
+            continue
+        lacking = [n for n in needs if n not in have and not plan.get(n)]
+        if lacking:
+            out.append((rule.name, ", ".join(lacking)))
+    return out
+
+
+def _crash(lines: list[str], last_step: int | None) -> Finding:
+    from trainguard.watchdog.crash import crash_finding, parse_traceback
+
+    parsed = parse_traceback(lines)
+    if parsed is None:  # cut off before its exception line
+        return crash_finding(exception="Traceback", message="(the log ends inside a traceback)",
+                             frames=[], step=last_step, source="diagnose")
+    return crash_finding(exception=parsed.exception, message=parsed.message, frames=parsed.frames,
+                         step=last_step, source="diagnose")
+
+
+def _first_of_each(warnings: list[tuple[int, str]]) -> list[tuple[tuple[int, str], int]]:
+    seen: dict[str, tuple[int, int]] = {}
+    for lineno, name in warnings:
+        first, count = seen.get(name, (lineno, 0))
+        seen[name] = (first, count + 1)
+    return [((first, name), count) for name, (first, count) in seen.items()]
+
+
+def render(d: Diagnosis) -> list[str]:
+    """The report as lines of text: what was read, the findings with their fixes, the rules not run."""
+    head = f"{d.path}: {d.format}, {d.steps} steps, {d.evals} evaluations"
+    if d.lines:
+        head += f", {d.lines} lines/records"
+    if d.skipped:
+        head += f" ({d.skipped} unreadable, skipped)"
+    out = [head + f"; state: {d.state}"]
+    if not d.findings:
+        out.append("  no findings")
+    for f in d.findings:
+        out.append("  " + f.one_line())
+        if f.where:
+            out.append(f"    where: {f.where}")
+        if f.fix:
+            out.append(f"    fix: {f.fix}")
+    if d.not_run:
+        by_need: dict[str, list[str]] = {}
+        for rule, need in d.not_run:
+            by_need.setdefault(need, []).append(rule)
+        out.append("  rules that could not run, for lack of data in this source:")
+        out.extend(f"    no {need}: {', '.join(rules)}" for need, rules in by_need.items())
+    out.extend(f"  note: {n}" for n in d.notes)
+    return out

@@ -1,0 +1,105 @@
+"""What a log alone can show, beyond the metrics the rules read: its end, and PyTorch's own warnings.
+
+A traceback becomes the watchdog's own `run-crashed` finding (`trainguard.watchdog.crash`), parsed the
+same way as a live run's stderr; the two rules here exist only for logs.
+"""
+
+from __future__ import annotations
+
+import time
+
+from trainguard.findings import Finding
+
+STILL_WRITING = 120.0  # seconds: a log written this recently may belong to a run still going
+
+
+def log_ends_unfinished(path: str, last_line: str | None, lines: int, last_step: int | None,
+                        mtime: float | None, now: float | None = None) -> Finding:
+    """TG531 log-ends-unfinished: a log that ends without any sign that the run completed.
+
+    ## What it detects
+    A training log (or a Hugging Face `trainer_state.json`) that has no completion line ("Training
+    complete", Hugging Face's closing `train_runtime` summary, Lightning's "`Trainer.fit` stopped") and
+    no traceback. The finding gives the last line, the last step seen and how long ago the file was
+    last written (its modification time).
+
+    ## Why it matters
+    Silence is not success. A run killed by the OOM killer, a preempted node or a hang leaves exactly
+    this: a log that stops. Seed 000's monitor reported "Training complete" for a process that had hung
+    for 13 minutes; seed 003's YOLO run hung for 7.8 hours after its last line.
+
+    ## Example
+    `TG531 log-ends-unfinished [warning] at step 4886: train.log ends at step 4886 without a completion
+    line; its last line was written 7.8 h ago: "Epoch 2/100 ... 4886/41163"`
+
+    ## What to change
+    Find out how the process ended (`dmesg` for the OOM killer, the scheduler's logs); run it under
+    `trainguard run`, which tells a hang, a kill and a crash apart as they happen.
+
+    ## Known false positives
+    A script that prints nothing at its end, or a log of a run that is still going (a file written in
+    the last two minutes is reported as info, not a warning).
+    """
+    now = time.time() if now is None else now
+    age = (now - mtime) if mtime is not None else None
+    recent = age is not None and age < STILL_WRITING
+    when = f"; its last line was written {_ago(age)} ago" if age is not None else ""
+    at = f" at step {last_step}" if last_step is not None else ""
+    summary = f"{path} ends{at} without a completion line{when}"
+    if last_line:
+        summary += f': "{last_line[:120]}"'
+    if recent:
+        summary += " (the run may still be going)"
+    return Finding(
+        code="TG531", name="log-ends-unfinished", severity="info" if recent else "warning", step=last_step,
+        summary=summary, source="diagnose",
+        evidence={"last_line": last_line, "lines": lines, "last_step": last_step,
+                  "seconds_since_last_write": round(age, 1) if age is not None else None},
+        fix="find out how the process ended (dmesg for the OOM killer, the scheduler's logs); run it under "
+            "`trainguard run`, which tells a hang, a kill and a crash apart as they happen",
+    )
+
+
+def scheduler_before_optimizer(path: str, lineno: int, count: int) -> Finding:
+    """TG151 scheduler-before-optimizer: PyTorch warned that `lr_scheduler.step()` ran before `optimizer.step()`.
+
+    ## What it detects
+    PyTorch's own `UserWarning: Detected call of lr_scheduler.step() before optimizer.step()` in a log.
+
+    ## Why it matters
+    The first value of the schedule is skipped, and often worse: the warning also appears when the
+    optimizer step never ran because the GradScaler skipped it (inf/NaN gradients at the start), or when
+    the scheduler is stepped per micro-batch while the optimizer steps per accumulation window, the
+    mismatch that sent seed 002's LR to zero after 6% of its run.
+
+    ## Example
+    `TG151 scheduler-before-optimizer [warning]: train.log line 212: PyTorch warned that
+    lr_scheduler.step() was called before optimizer.step()`
+
+    ## What to change
+    Call `optimizer.step()` then `scheduler.step()`, both once per optimizer step (every `grad_accum`
+    micro-batches); with AMP, expect the warning once if the first steps are skipped, and check that
+    the loss scale settles.
+
+    ## Known false positives
+    AMP runs whose very first step is skipped by the GradScaler print it once, harmlessly.
+    """
+    return Finding(
+        code="TG151", name="scheduler-before-optimizer", severity="warning", step=None, source="diagnose",
+        summary=f"{path} line {lineno}: PyTorch warned that lr_scheduler.step() was called before optimizer.step()"
+                + (f" ({count} times)" if count > 1 else ""),
+        evidence={"line": lineno, "count": count},
+        fix="call optimizer.step() then scheduler.step(), both once per optimizer step (every grad_accum "
+            "micro-batches)",
+    )
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"

@@ -1,0 +1,265 @@
+"""A training script's plain output (stdout/stderr as saved to a file), read line by line in constant memory.
+
+What it understands, each line on its own:
+- tqdm bars: `  3%|▎ | 30/1000 [00:05<02:40, 6.00it/s, loss=2.31, lr=1e-4]` (the bar's count is the step;
+  a bar that restarts each epoch, as Lightning's does, keeps counting);
+- Hugging Face dict lines: `{'loss': 2.31, 'grad_norm': 1.2, 'learning_rate': 5e-05, 'epoch': 0.1}`,
+  eval dicts (`eval_loss`) and the closing `{'train_runtime': ...}`; JSON objects alike;
+- `step 120 loss=2.31 lr=1e-4` / `Step 1000: loss=101.40, kd=21.14` lines (other `*loss` keys are
+  loss parts) and `[Eval] loss: 22.3` lines;
+- tracebacks, "Training complete" style lines, and PyTorch's own printed warnings.
+
+Lines are split on both `\\n` and `\\r` (tqdm redraws with `\\r`), decoded as UTF-8 or, failing that,
+Latin-1 (a log whose encoding changed half way still reads), and cut at MAX_LINE bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trainguard.ingest.events import Facts, Source, event, metrics_to_events, sniff_binary, to_number
+
+MAX_LINE = 64 * 1024  # bytes kept of one line; the rest of an enormous line is skipped
+BLOCK = 1 << 20  # bytes read at a time
+TRACEBACK_LINES = 400  # lines kept of one traceback
+
+_NEWLINE = re.compile(rb"[\r\n]")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_NUM = r"[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?)"
+_PAIR = re.compile(r"([A-Za-z][\w/.\-]*)\s*[=:]\s*(" + _NUM + r")(?![\w.])", re.IGNORECASE)
+_SPACED = re.compile(r"\b(loss|lr|learning_rate|grad_norm)\s+(" + _NUM + r")(?![\w.])", re.IGNORECASE)
+# Hugging Face 5 prints its values quoted ('loss': '1.181'), older versions bare ('loss': 1.181)
+_QUOTED = re.compile(r"""['"]([\w/.\-]+)['"]\s*:\s*['"]?(""" + _NUM + r""")['"]?(?![\w.])""", re.IGNORECASE)
+_STEP = re.compile(r"\b(?:global[_ ]step|step|iter(?:ation)?)\b\s*[:=#]?\s*(\d+)", re.IGNORECASE)
+_TQDM = re.compile(r"(\d+)/(\d+) \[[^\]]*?\]")
+_TQDM_POST = re.compile(r"(\d+)/(\d+) \[[^\]]*?,\s*([^\]]*=[^\]]*)\]")
+_EVAL_WORD = re.compile(r"(?:^|[\s\[(|])(?:eval|evaluation|val|valid|validation)\b", re.IGNORECASE)
+_EPOCH_BAR = re.compile(r"^\s*(?:epoch|validation|sanity)", re.IGNORECASE)
+_CHECKPOINT = re.compile(r"(?:saving|saved) (?:model )?checkpoint (?:to |at |in )?(\S+)", re.IGNORECASE)
+COMPLETION = re.compile(
+    r"training (?:is )?(?:complete|completed|finished|done)|finished training|done training|"
+    r"train(?:ing)? complete|['\"]train_runtime['\"]|`Trainer\.fit` stopped|all done\b|\brun (?:complete|finished)\b",
+    re.IGNORECASE,
+)
+
+# PyTorch's own warnings that name a training bug: (name, pattern). `diagnose` makes findings of them.
+TORCH_WARNINGS: list[tuple[str, re.Pattern[str]]] = [
+    ("scheduler-before-optimizer",
+     re.compile(r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`")),
+]
+
+
+def read_text_log(path: Path) -> Source:
+    """A Source over a log file; its events are read lazily, in one pass, in constant memory."""
+    facts = Facts()
+    with open(path, "rb") as f:
+        sniff_binary(f.read(8192), path)
+    facts.mtime = path.stat().st_mtime
+    plan = {"total_steps": total} if (total := _peek_total(path)) else {}
+    return Source(path=path, format="text log", events=_events(path, facts), plan=plan, facts=facts,
+                  log_like=True)
+
+
+def _peek_total(path: Path, limit: int = 4 * BLOCK) -> int | None:
+    """The planned steps, when a progress bar in the first megabytes says it (the rules need it first)."""
+    parser = _LineParser(Facts())
+    with open(path, "rb") as f:
+        head = f.read(limit)
+    for lineno, line in enumerate(iter_lines(_Bytes(head), Facts()), 1):
+        parser.feed(lineno, line)
+        if parser.plan_total:
+            return parser.plan_total
+    return None
+
+
+class _Bytes:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def read(self, n: int) -> bytes:
+        out, self.data = self.data[:n], self.data[n:]
+        return out
+
+
+def iter_lines(f: Any, facts: Facts) -> Iterator[str]:
+    """Decoded lines of a binary stream, split on \\n and \\r, each cut at MAX_LINE bytes."""
+    buf = b""
+    dropping = False  # inside an enormous line whose head was already yielded
+    while True:
+        block = f.read(BLOCK)
+        if not block:
+            break
+        facts.newlines += block.count(b"\n")
+        if dropping:
+            m = _NEWLINE.search(block)
+            if m is None:
+                continue
+            block, dropping = block[m.end():], False
+        buf += block
+        pieces = _NEWLINE.split(buf)
+        buf = pieces.pop()
+        for piece in pieces:
+            if piece:
+                yield _decode(piece[:MAX_LINE])
+        if len(buf) > MAX_LINE:
+            facts.skipped += 1
+            yield _decode(buf[:MAX_LINE])
+            buf, dropping = b"", True
+    if buf:
+        yield _decode(buf[:MAX_LINE])
+
+
+def _decode(raw: bytes) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode("latin-1")  # never fails: a log whose encoding changed still reads
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return text
+
+
+class _LineParser:
+    """The state of one pass over a log: the step count, tqdm's epoch offset, the open traceback."""
+
+    def __init__(self, facts: Facts) -> None:
+        self.facts = facts
+        self.step = 0  # the last step emitted
+        self.dict_lines = 0  # Hugging Face dict lines without a step: counted
+        self.bar_offset = 0
+        self.bar_last = 0
+        self.bar_total = 0
+        self.plan_total: int | None = None
+        self.tb: list[str] | None = None
+
+    def feed(self, lineno: int, line: str) -> list[dict[str, Any]]:
+        facts = self.facts
+        stripped = line.strip()
+        if not stripped:
+            return []
+        facts.last_line = stripped[:500]
+        if self.tb is not None:
+            self._traceback_line(line)
+        if "Traceback (most recent call last)" in line:
+            self.tb = [line.strip()]
+            return []
+        # cheap substring tests first: most lines are metrics, and a regex per line costs on a 1 GB log
+        if ("omplete" in line or "inish" in line or "one" in line or "runtime" in line or "stopped" in line) \
+                and COMPLETION.search(line):
+            facts.completed = stripped[:200]
+        if "heckpoint" in line and (m := _CHECKPOINT.search(line)):
+            return [event("checkpoint", self.step, {"path": m.group(1).strip("'\"")}, name=m.group(1))]
+        if "`" in line:
+            for name, pattern in TORCH_WARNINGS:
+                if pattern.search(line) and len(facts.warnings) < 20:
+                    facts.warnings.append((lineno, name))
+        if "=" not in line and ":" not in line and not _SPACED.search(line):
+            return []
+        return self._metrics(stripped)
+
+    def _traceback_line(self, line: str) -> None:
+        assert self.tb is not None
+        self.tb.append(line.rstrip())
+        is_exception_line = line[:1].strip() and not line.startswith(("Traceback", "During handling",
+                                                                       "The above exception"))
+        if is_exception_line and len(self.tb) > 1:
+            self.facts.traceback = self.tb
+            self.tb = None
+        elif len(self.tb) > TRACEBACK_LINES:
+            self.tb = self.tb[:10] + self.tb[-TRACEBACK_LINES // 2:]
+
+    def _metrics(self, line: str) -> list[dict[str, Any]]:
+        if line.startswith("{") and line.endswith("}"):
+            return self._dict_line(line)
+        bar = _TQDM.search(line) if "/" in line and "[" in line else None
+        if bar is not None:
+            return self._bar_line(line, bar)
+        pairs = {k: float(v) for k, v in _PAIR.findall(line)}  # _NUM only matches what float() reads
+        if not pairs:
+            pairs = {k: float(v) for k, v in _SPACED.findall(line)}
+        if not pairs:
+            return []
+        m = _STEP.search(line)
+        if m is None and _EVAL_WORD.search(line):
+            data = {k.lower(): v for k, v in pairs.items() if k.lower() not in ("step", "epoch")}
+            if not data:
+                return []
+            self.facts.evals += 1
+            self.facts.fields.add("eval")
+            return [event("eval", self.step, data)]
+        if m is None:
+            return []
+        step = int(m.group(1))
+        named = {k: v for k, v in pairs.items() if k.lower() not in ("step", "global_step", "iter", "iteration")}
+        return self._emit(step, named, parts=True)
+
+    def _dict_line(self, line: str) -> list[dict[str, Any]]:
+        pairs = {k: v for k, v in ((k, to_number(v)) for k, v in _QUOTED.findall(line)) if v is not None}
+        if not pairs:
+            return []
+        if "train_runtime" in pairs:
+            return []  # the closing summary (its mean loss is no step)
+        step = pairs.pop("step", None) or pairs.pop("global_step", None)
+        if all(k.startswith("eval_") for k in pairs if k != "epoch"):
+            data = {k[5:]: v for k, v in pairs.items() if k.startswith("eval_")}
+            self.facts.evals += 1
+            self.facts.fields.add("eval")
+            return [event("eval", int(step) if step is not None else self.step, data)]
+        if step is None:
+            # Hugging Face prints no step: the progress bar drawn just before says where it is
+            self.dict_lines += 1
+            bar = self.bar_offset + self.bar_last
+            step = bar if bar > self.step else max(self.dict_lines, self.step + 1)
+        return self._emit(int(step), {k: v for k, v in pairs.items() if k != "epoch"}, parts=False)
+
+    def _bar_line(self, line: str, bar: re.Match[str]) -> list[dict[str, Any]]:
+        n, total = int(bar.group(1)), int(bar.group(2))
+        if _EPOCH_BAR.match(line) and line.lower().lstrip().startswith(("validation", "sanity")):
+            return []  # Lightning's validation bar counts eval batches, not steps
+        if n < self.bar_last and total == self.bar_total:
+            self.bar_offset += self.bar_total  # a bar that restarts each epoch
+        self.bar_last, self.bar_total = n, total
+        post = _TQDM_POST.search(line)
+        if post is None or n == 0:
+            return []
+        pairs = {k: v for k, v in ((k, to_number(v)) for k, v in re.findall(r"([\w/.\-]+)=([^,\s\]]+)",
+                                                                            post.group(3))) if v is not None}
+        if self.plan_total is None and not _EPOCH_BAR.match(line):
+            self.plan_total = total
+        return self._emit(self.bar_offset + n, pairs, parts=True)
+
+    def _emit(self, step: int, pairs: dict[str, float], *, parts: bool) -> list[dict[str, Any]]:
+        if step <= self.step or not pairs:
+            return []  # a bar redrawn at the same count, or a line that says nothing new
+        prefixes = _part_names(tuple(pairs)) if parts else ()
+        out = metrics_to_events(step, pairs, self.facts, parts_from=prefixes)
+        if out:
+            self.step = step
+        return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _part_names(keys: tuple[str, ...]) -> tuple[str, ...]:
+    """Keys that are loss parts (`kd_loss`, `lm_loss`): named *loss but not the total."""
+    return tuple(k for k in keys if k.lower().endswith("loss") and k.lower() not in
+                 ("loss", "train_loss", "total_loss", "tr_loss", "training_loss"))
+
+
+def _events(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
+    parser = _LineParser(facts)
+    # the lines printed per step, as the watchdog counts them live (for `log-flood`): one count at the
+    # start, one at the end
+    yield event("output", 0, {"lines": 0})
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(iter_lines(f, facts), 1):
+            facts.lines = lineno
+            yield from parser.feed(lineno, line)
+    if parser.step:
+        # newline-ended lines only: a tqdm bar's carriage-return redraws scroll nothing
+        yield event("output", parser.step, {"lines": facts.newlines})
+    if parser.tb is not None and len(parser.tb) > 1:
+        facts.traceback = parser.tb  # a traceback cut off by the end of the file

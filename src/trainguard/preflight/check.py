@@ -1,0 +1,533 @@
+"""`trainguard check CONFIG`: what is wrong with a training config, before anything runs.
+
+    trainguard check configs/train.yaml --dataset-size 400000
+    trainguard check configs/train.json --fix --output configs/train.fixed.json
+
+The plan is computed the way Hugging Face's Trainer does it: micro-batches per epoch =
+ceil(samples / (batch size × devices)), optimizer steps per epoch = that // gradient accumulation (at
+least 1), optimizer steps = max_steps when set, else steps per epoch × epochs. Every finding is in
+optimizer steps. `--fix` writes a corrected copy (never the input) and explains each change; what it
+cannot decide for the user (an implausible LR) stays a finding.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.findings import Finding
+from trainguard.preflight.config import Config, dump, set_dotted
+
+PATIENCE_SHARE = 0.05  # early stopping that can fire within 5% of the run is too quick to judge a run
+MANY_RUNS = 20  # a path run this often with an interval under MIN_INTERVAL steps dominates the run
+MIN_INTERVAL = 10
+
+
+@dataclass
+class Plan:
+    optimizer_steps: int | None = None
+    micro_per_epoch: int | None = None
+    steps_per_epoch: int | None = None
+    how: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_of(cfg: Config) -> Plan:
+    g = cfg.get
+    plan = Plan()
+    accum = g("grad_accum", 1)
+    if g("dataset_size") and g("batch_size") and g("batch_size") > 0 and accum > 0:
+        plan.micro_per_epoch = math.ceil(g("dataset_size") / (g("batch_size") * max(1, g("world_size", 1))))
+        plan.steps_per_epoch = max(1, plan.micro_per_epoch // accum)
+    if g("max_steps") and g("max_steps") > 0:
+        plan.optimizer_steps = g("max_steps")
+        plan.how = f"max_steps {g('max_steps')}"
+    elif plan.steps_per_epoch and g("epochs") and g("epochs") > 0:
+        plan.optimizer_steps = max(1, math.ceil(plan.steps_per_epoch * g("epochs")))
+        plan.how = (f"{plan.micro_per_epoch} micro-batches per epoch // gradient accumulation {accum}"
+                    f" × {g('epochs'):g} epochs")
+    else:
+        plan.notes.append("the run's length is unknown: give the dataset size (--dataset-size N or dataset_size)"
+                          " with epochs and batch size, or max_steps; checks that need it were skipped")
+    return plan
+
+
+def _at(cfg: Config, name: str) -> str:
+    return cfg.where.get(name, name)
+
+
+def interval(cfg: Config, name: str, steps: int) -> int | None:
+    """An eval/save interval in optimizer steps; below 1 it is a share of the run (Hugging Face's rule)."""
+    every = cfg.get(name)
+    if every is None or every <= 0:
+        return None
+    return max(1, math.ceil(every * steps)) if every < 1 else int(every)
+
+
+# -------------------------------------------------------------------------------------------------
+# the checks; each returns findings, each finding's evidence names the dotted keys it read
+
+
+def check(cfg: Config) -> tuple[Plan, list[Finding]]:
+    plan = plan_of(cfg)
+    out = implausible(cfg)
+    steps = plan.optimizer_steps
+    if steps:
+        out += schedule_length(cfg, plan) + warmup(cfg, steps) + intervals(cfg, steps) + patience(cfg, steps)
+    return plan, out
+
+
+def schedule_length(cfg: Config, plan: Plan) -> list[Finding]:
+    """TG611 schedule-ignores-accumulation: the LR schedule's length counts micro-batches, not optimizer steps.
+
+    ## What it detects
+    The schedule length in the config (`num_training_steps`, `scheduler_steps`, `t_max`...)
+    equals the number of micro-batches (optimizer steps × gradient accumulation) instead of the number
+    of optimizer steps, which is what the scheduler is stepped in.
+
+    ## Why it matters
+    Seed 002 sized its schedule for 75,000 micro-batches with accumulation 16; the
+    optimizer stepped 4,687 times, so the schedule was 6% done at the end of the run. With a schedule
+    sized right but stepped per micro-batch the LR sits at zero for 94% of the run instead.
+
+    ## Example
+    `num_training_steps` 75000 = 4687 optimizer steps × gradient_accumulation_steps 16.
+
+    ## What to change
+    Set the schedule length to the optimizer steps; `--fix` does (and rescales a warmup
+    that was a share of the wrong length).
+
+    ## Known false positives
+    A script that really steps its scheduler once per micro-batch; preflight's
+    simulation (`trainguard preflight`) tells which.
+
+    ## Options
+    `--dataset-size N` (or `dataset_size` in the config) to compute the run's length.
+    """
+    g = cfg.get
+    sched, steps, accum = g("sched_steps"), plan.optimizer_steps, g("grad_accum", 1)
+    if not sched or not steps:
+        return []
+    ev = {_at(cfg, "sched_steps"): sched, "optimizer_steps": steps, _at(cfg, "grad_accum"): accum,
+          "plan": plan.how}
+    micro = steps * accum
+    if accum > 1 and abs(sched - micro) <= max(1, 0.02 * micro):
+        return [Finding(
+            code="TG611", name="schedule-ignores-accumulation", severity="error",
+            summary=(f"{_at(cfg, 'sched_steps')} is {sched}, the number of micro-batches, but the run makes {steps}"
+                     f" optimizer steps (gradient accumulation {accum}): the schedule is sized {accum}x too long"),
+            evidence=ev, fix=f"Set {_at(cfg, 'sched_steps')} to {steps}.", source="check")]
+    if abs(sched - steps) <= max(1, 0.1 * steps):
+        return []
+    shorter = sched < steps
+    return [Finding(
+        code="TG612", name="schedule-length-mismatch", severity="error" if shorter else "warning",
+        summary=(f"{_at(cfg, 'sched_steps')} is {sched} but the run makes {steps} optimizer steps: the schedule "
+                 + (f"is over at {sched / steps:.0%} of the run" if shorter else
+                    f"is {sched / steps:.0%} longer than the run and never finishes its decay")),
+        evidence=ev, fix=f"Set {_at(cfg, 'sched_steps')} to {steps}.", source="check")]
+
+
+def schedule_length_mismatch() -> None:
+    """TG612 schedule-length-mismatch: the LR schedule's length differs from the run's optimizer steps.
+
+    ## What it detects
+    A schedule length in the config more than 10% away from the planned optimizer steps
+    (and not explained by gradient accumulation, which TG611 names).
+
+    ## Why it matters
+    A schedule shorter than the run leaves the LR at its final value (often zero) for the
+    rest of the run (error); a longer one never finishes its decay (warning).
+
+    ## Example
+    `num_training_steps` 2000 but the run makes 4687 optimizer steps: the schedule is over at 43%.
+
+    ## What to change
+    Derive the schedule length from the plan (steps per epoch × epochs, or max_steps).
+
+    ## Known false positives
+    A run stopped early on purpose, with the full run's schedule.
+
+    ## Options
+    None: 10% of slack either way.
+    """
+
+
+def warmup(cfg: Config, steps: int) -> list[Finding]:
+    """TG613 warmup-exceeds-run: the LR warmup lasts as long as the run, or most of it.
+
+    ## What it detects
+    `warmup_steps` (or `warmup_ratio` × optimizer steps) at or beyond the run's
+    optimizer steps (error), or over half of them (warning).
+
+    ## Why it matters
+    The LR never reaches its peak; a warmup computed as a share of a schedule sized in
+    micro-batches (seed 002's mistake) lands here.
+
+    ## Example
+    `warmup_steps` 7500 but the run makes 4687 optimizer steps.
+
+    ## What to change
+    A warmup of a few percent of the run (`--fix` keeps the share of the schedule the
+    warmup was meant to have, or uses 10%).
+
+    ## Known false positives
+    None known.
+
+    ## Options
+    None.
+    """
+    g = cfg.get
+    if g("warmup_steps"):  # Hugging Face: warmup_steps > 0 wins over warmup_ratio
+        w, key = g("warmup_steps"), _at(cfg, "warmup_steps")
+    elif g("warmup_ratio") is not None:
+        w, key = g("warmup_ratio") * steps, _at(cfg, "warmup_ratio")
+    else:
+        return []
+    if w < 0.5 * steps:
+        return []
+    severity = "error" if w >= steps else "warning"
+    what = "at or beyond" if w >= steps else f"{w / steps:.0%} of"
+    return [Finding(
+        code="TG613", name="warmup-exceeds-run", severity=severity,
+        summary=f"the warmup ({key}: {w:g} steps) is {what} the run's {steps} optimizer steps: the LR never"
+                f" {'reaches' if w >= steps else 'spends long at'} its peak",
+        evidence={key: g("warmup_steps") or g("warmup_ratio"),
+                  "warmup_steps": w, "optimizer_steps": steps},
+        fix=f"Use a warmup of about {max(1, round(0.1 * steps))} steps (10% of the run).", source="check")]
+
+
+def intervals(cfg: Config, steps: int) -> list[Finding]:
+    """TG614 interval-exceeds-run: an eval or save interval is longer than the run, so it never happens.
+
+    ## What it detects
+    `eval_steps` or `save_steps` (with a "steps" strategy or none given) greater than
+    the planned optimizer steps.
+
+    ## Why it matters
+    No evaluation means no metric, no early stopping and no best model; no save means a
+    crash loses the whole run. Nobody notices until the end.
+
+    ## Example
+    `eval_steps` 5000 but the run makes 4687 optimizer steps.
+
+    ## What to change
+    An interval of at most the run's length; `--fix` uses a tenth of the run.
+
+    ## Known false positives
+    A path meant to run only in longer runs.
+
+    ## Options
+    None.
+    """
+    out = []
+    for name, label in (("eval_steps", "eval"), ("save_steps", "save")):
+        every = interval(cfg, name, steps)
+        strategy = cfg.get(f"{label}_strategy", "steps")
+        if not every or strategy != "steps":
+            continue
+        key = _at(cfg, name)
+        if every > steps:
+            out.append(Finding(
+                code="TG614", name="interval-exceeds-run", severity="error",
+                summary=f"{key} is {every} but the run makes {steps} optimizer steps: the {label} never happens",
+                evidence={key: every, "optimizer_steps": steps},
+                fix=f"Set {key} to at most {steps} (e.g. {max(1, steps // 10)}).", source="check"))
+        elif every < MIN_INTERVAL and steps // every > MANY_RUNS:
+            out.append(interval_dominates(key, label, every, steps))
+    return out
+
+
+def interval_dominates(key: str, label: str, every: int, steps: int) -> Finding:
+    """TG615 interval-dominates-run: an eval or save interval so short that the path dominates the run.
+
+    ## What it detects
+    An interval under 10 optimizer steps that runs the path more than 20 times.
+
+    ## Why it matters
+    Each evaluation or checkpoint costs many training steps' worth of time; the run
+    spends most of its hours evaluating or writing checkpoints. (`trainguard preflight` measures the
+    path's real cost.)
+
+    ## Example
+    `eval_steps` 2 in a 4687-step run: 2343 evaluations.
+
+    ## What to change
+    Evaluate or save every few hundred steps, or a few times per epoch.
+
+    ## Known false positives
+    A tiny eval set or a debugging run.
+
+    ## Options
+    None: under 10 steps and more than 20 runs.
+    """
+    return Finding(
+        code="TG615", name="interval-dominates-run", severity="warning",
+        summary=f"{key} is {every}: the {label} runs {steps // every} times in {steps} optimizer steps",
+        evidence={key: every, "optimizer_steps": steps, "runs": steps // every},
+        fix=f"Set {key} to about {max(MIN_INTERVAL, steps // 10)}.", source="check")
+
+
+def patience(cfg: Config, steps: int) -> list[Finding]:
+    """TG616 patience-too-short: early stopping can end the run before it had a fair chance.
+
+    ## What it detects
+    `early_stopping_patience` × `eval_steps` shorter than a curriculum's ramp
+    (`curriculum_steps`, or `curriculum_ratio` × the run), as error; or shorter than 5% of the run, as
+    warning.
+
+    ## Why it matters
+    Seed 004 stopped at 50% of its run after 10 evaluations without improvement, while
+    its curriculum was still raising the weights of the loss parts (so the loss rose by design).
+
+    ## Example
+    Patience 10 × eval_steps 500 = 5000 steps, but the curriculum ramps for 12,457 steps.
+
+    ## What to change
+    Patience that covers the curriculum's ramp plus the usual patience; `--fix` sets it.
+
+    ## Known false positives
+    A curriculum whose loss is comparable across its stages (rare).
+
+    ## Options
+    None: 5% of the run is the floor without a curriculum.
+    """
+    g = cfg.get
+    pat, every = g("patience"), interval(cfg, "eval_steps", steps)
+    if not pat or not every or pat <= 0 or every <= 0 or every > steps:
+        return []
+    window = pat * every
+    ramp = g("curriculum_steps") or (round(g("curriculum_ratio") * steps) if g("curriculum_ratio") else None)
+    key = _at(cfg, "patience")
+    ev = {key: pat, _at(cfg, "eval_steps"): every, "patience_steps": window, "optimizer_steps": steps}
+    if ramp and window < ramp:
+        ev["curriculum_ramp_steps"] = ramp
+        return [Finding(
+            code="TG616", name="patience-too-short", severity="error", cause="shorter-than-curriculum",
+            summary=(f"early stopping can end the run after {window} steps without improvement ({key} {pat} ×"
+                     f" eval every {every}), but the curriculum ramps for {ramp} steps: the loss rises by design"
+                     " while it ramps"),
+            evidence=ev, fix=f"Set {key} to at least {math.ceil(ramp / every) + pat}.", source="check")]
+    if window < PATIENCE_SHARE * steps:
+        return [Finding(
+            code="TG616", name="patience-too-short", severity="warning", cause="short-for-run",
+            summary=(f"early stopping can end the run after {window} steps without improvement ({key} {pat} ×"
+                     f" eval every {every}), {window / steps:.1%} of its {steps} steps"),
+            evidence=ev, fix=f"Set {key} to at least {math.ceil(PATIENCE_SHARE * steps / every)}.", source="check")]
+    return []
+
+
+def implausible(cfg: Config) -> list[Finding]:
+    """TG617 implausible-value: a hyperparameter outside any range that trains.
+
+    ## What it detects
+    A learning rate ≤ 0 or > 1 (error) or below 1e-7 (warning); a distillation
+    temperature ≤ 0 (error) or above 20 (warning); a KD top-k ≤ 0 or above the vocabulary size; a max
+    length ≤ 0 or above the model's positions; a batch size, gradient accumulation or epoch count ≤ 0;
+    a warmup ratio outside [0, 1).
+
+    ## Why it matters
+    Each of these either crashes hours in or trains nothing, silently.
+
+    ## Example
+    `learning_rate` 3.0 (did you mean 3e-4?); kd_top_k 60000 with vocab_size 49152.
+
+    ## What to change
+    The value named; `--fix` does not guess these.
+
+    ## Known false positives
+    An LR above 1 for an optimizer that rescales it (LARS, some Adafactor modes).
+
+    ## Options
+    None.
+    """
+    g = cfg.get
+    out = []
+
+    def bad(name: str, severity: str, why: str) -> None:
+        key = _at(cfg, name)
+        out.append(Finding(code="TG617", name="implausible-value", severity=severity, cause=name,
+                           summary=f"{key} is {g(name)!r}: {why}", evidence={key: g(name)},
+                           fix=f"Check {key}.", source="check"))
+
+    lr = g("lr")
+    if lr is not None:
+        if lr <= 0:
+            bad("lr", "error", "the model cannot learn with a learning rate ≤ 0")
+        elif lr > 1:
+            bad("lr", "error", "a learning rate above 1 diverges with Adam-type and SGD optimizers alike")
+        elif lr < 1e-7:
+            bad("lr", "warning", "a learning rate below 1e-7 barely moves the weights")
+    t = g("temperature")
+    if t is not None:
+        if t <= 0:
+            bad("temperature", "error", "a softmax temperature must be positive")
+        elif t > 20:
+            bad("temperature", "warning", "above 20 the softened distributions are nearly uniform")
+    k = g("kd_top_k")
+    if k is not None:
+        if k <= 0:
+            bad("kd_top_k", "error", "top-k must be at least 1 (or null for the full vocabulary)")
+        elif g("vocab_size") and k > g("vocab_size"):
+            bad("kd_top_k", "error", f"larger than the vocabulary ({g('vocab_size')})")
+    n = g("max_length")
+    if n is not None:
+        if n <= 0:
+            bad("max_length", "error", "a sequence length must be positive")
+        elif g("max_positions") and n > g("max_positions"):
+            bad("max_length", "error", f"longer than the model's {g('max_positions')} positions")
+    for name in ("batch_size", "grad_accum", "epochs", "world_size"):
+        if g(name) is not None and g(name) <= 0:
+            bad(name, "error", "must be positive")
+    r = g("warmup_ratio")
+    if r is not None and not 0 <= r < 1:
+        bad("warmup_ratio", "error", "a warmup ratio is a share of the run, in [0, 1)")
+    return out
+
+
+# -------------------------------------------------------------------------------------------------
+# --fix
+
+
+@dataclass
+class Change:
+    key: str
+    old: Any
+    new: Any
+    why: str
+
+
+def fix(cfg: Config, plan: Plan, findings: list[Finding]) -> tuple[dict[str, Any], list[Change]]:
+    """A corrected copy of the config's data and the changes made, each with its reason."""
+    data = copy.deepcopy(cfg.data)
+    changes: list[Change] = []
+    steps = plan.optimizer_steps
+    names = {f.name for f in findings if f.severity in ("error", "warning")}
+    g = cfg.get
+
+    def change(name: str, new: Any, why: str) -> None:
+        key = cfg.where[name]
+        set_dotted(data, key, new)
+        changes.append(Change(key, g(name), new, why))
+
+    if not steps:
+        return data, changes
+    old_sched = g("sched_steps")
+    if names & {"schedule-ignores-accumulation", "schedule-length-mismatch"} and old_sched:
+        change("sched_steps", steps, f"the run makes {steps} optimizer steps ({plan.how}); the scheduler is"
+                                     " stepped once per optimizer step")
+    if "warmup-exceeds-run" in names:
+        share = 0.1
+        if old_sched and g("warmup_steps") and g("warmup_steps") < 0.5 * old_sched:
+            share = g("warmup_steps") / old_sched  # keep the share of the schedule the warmup was meant to be
+        if g("warmup_steps"):
+            change("warmup_steps", max(1, round(share * steps)),
+                   f"{share:.0%} of the run's {steps} optimizer steps" + (
+                       f", the share of the schedule it had ({g('warmup_steps')} of {old_sched})" if share != 0.1 else ""))
+        else:
+            change("warmup_ratio", 0.1, "10% of the run")
+    new_eval = interval(cfg, "eval_steps", steps)
+    for f in findings:
+        if f.name not in ("interval-exceeds-run", "interval-dominates-run"):
+            continue
+        name = "eval_steps" if cfg.where.get("eval_steps") in f.evidence else "save_steps"
+        every = max(1, steps // 10) if f.name == "interval-exceeds-run" else max(MIN_INTERVAL, steps // 10)
+        if name == "save_steps" and new_eval and "eval_steps" not in {c.key for c in changes}:
+            every = new_eval if new_eval <= steps else every
+        change(name, every, f"{'eval' if name == 'eval_steps' else 'save'} about 10 times in {steps} steps")
+        if name == "eval_steps":
+            new_eval = every
+    for f in findings:
+        if f.name == "patience-too-short" and new_eval:
+            ramp = f.evidence.get("curriculum_ramp_steps")
+            if ramp:
+                new = math.ceil(ramp / new_eval) + g("patience")
+                why = f"covers the curriculum's {ramp}-step ramp plus the original patience of {g('patience')}"
+            else:
+                new = math.ceil(PATIENCE_SHARE * steps / new_eval)
+                why = f"covers {PATIENCE_SHARE:.0%} of the run"
+            if new > g("patience"):
+                change("patience", new, why)
+    return data, changes
+
+
+def diff_lines(cfg: Config, data: dict[str, Any], output: str) -> list[str]:
+    before = dump(cfg.data, cfg.fmt).splitlines(keepends=True)
+    after = dump(data, cfg.fmt).splitlines(keepends=True)
+    return [ln.rstrip("\n") for ln in difflib.unified_diff(before, after, str(cfg.path), output)]
+
+
+# -------------------------------------------------------------------------------------------------
+# the command
+
+
+def run_check(path: str, *, dataset_size: int | None, do_fix: bool, output: str | None,
+              as_json: bool, echo: Any = print) -> int:
+    """`trainguard check`: prints the plan and the findings; with --fix writes OUTPUT and checks it.
+
+    Exit code: 0 when the config (with --fix: the corrected one) has no error finding, 1 otherwise.
+    """
+    import json
+    from pathlib import Path
+
+    from trainguard.errors import UserError
+    from trainguard.findings import most_severe_first
+    from trainguard.preflight.config import load_config
+
+    if do_fix and not output:
+        raise UserError("--fix needs --output NEW: the corrected config is written there, never over the input")
+    if output and Path(output).resolve() == Path(path).resolve():
+        raise UserError("--output must not be the input config: trainguard never rewrites your config")
+    cfg = load_config(path, dataset_size=dataset_size)
+    plan, findings = check(cfg)
+    findings = most_severe_first(findings)
+    _print_report(echo, cfg, plan, findings)
+    report: dict[str, Any] = {"config": str(cfg.path), "plan": plan.__dict__,
+                              "findings": [f.to_dict() for f in findings]}
+    verdict = findings
+    if do_fix:
+        data, changes = fix(cfg, plan, findings)
+        out = Path(output)
+        fmt = "json" if out.suffix.lower() == ".json" else "yaml"
+        try:
+            out.write_text(dump(data, fmt))
+        except OSError as exc:
+            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
+        for line in diff_lines(cfg, data, str(out)):
+            echo(line)
+        for c in changes:
+            echo(f"fixed {c.key}: {c.old!r} -> {c.new!r}: {c.why}")
+        fixed_cfg = load_config(out, dataset_size=dataset_size)
+        fixed_plan, verdict = check(fixed_cfg)
+        verdict = most_severe_first(verdict)
+        echo(f"trainguard check: {out} (corrected): " + _counts(verdict))
+        for f in verdict:
+            echo(f"  {f.one_line()}")
+        report["fixed"] = {"output": str(out), "changes": [c.__dict__ for c in changes],
+                           "findings": [f.to_dict() for f in verdict]}
+    failed = any(f.severity == "error" for f in verdict)
+    report["state"] = "failed" if failed else "passed"
+    if as_json:
+        echo(json.dumps(report, default=str))
+    return 1 if failed else 0
+
+
+def _counts(findings: list[Finding]) -> str:
+    errors = sum(f.severity == "error" for f in findings)
+    warnings = sum(f.severity == "warning" for f in findings)
+    return f"{errors} error(s), {warnings} warning(s)" if findings else "no findings"
+
+
+def _print_report(echo: Any, cfg: Config, plan: Plan, findings: list[Finding]) -> None:
+    echo(f"trainguard check: {cfg.path}: {_counts(findings)}")
+    if plan.optimizer_steps:
+        echo(f"  plan: {plan.optimizer_steps} optimizer steps ({plan.how})")
+    for note in plan.notes:
+        echo(f"  note: {note}")
+    for f in findings:
+        echo(f"  {f.one_line()}")
+        if f.fix:
+            echo(f"    fix: {f.fix}")

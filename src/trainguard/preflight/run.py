@@ -1,0 +1,130 @@
+"""`trainguard preflight`: the user's own script, fast-forwarded through its rare paths in about a minute.
+
+    trainguard preflight [--run-dir DIR] [--steps N] -- python train.py --config cfg.yaml
+
+1. The script runs under the watchdog (the same Supervisor as `trainguard run`) in a scratch folder,
+   with TRAINGUARD_PREFLIGHT set: a few real steps, then every `guard.due(...)` path brought forward,
+   the epoch boundary crossed, the LR schedule simulated for the whole plan; the probe then stops it
+   with exit 0 (probe/fastforward.py).
+2. When the script reported a checkpoint (`guard.checkpoint_saved`), it is started a second time,
+   briefly, with TRAINGUARD_RESUME_FROM pointing at it, so its own resume code runs.
+3. The findings (judge.py) and the estimates go to RUN/status.json and RUN/preflight.json; the verdict
+   is the exit code: 0 no error finding, 1 with one.
+
+RUN/ holds scratch/ (the working folder), start-1/ and start-2-resume/ (each start's own run folder) and
+schedule.json (the simulated LR curve).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import UserError
+from trainguard.findings import Finding, most_severe_first
+from trainguard.preflight import judge, scratch
+from trainguard.probe.fastforward import ENV_PREFLIGHT, SCHEDULE_FILE
+from trainguard.store.paths import new_run_dir, prepare_run_dir, runs_root
+from trainguard.store.status import write_status
+
+RESUME_STEPS = 2  # optimizer steps the resumed start makes before it is stopped
+
+
+@dataclass(kw_only=True)
+class PreflightOptions:
+    command: list[str]
+    """The user's command, unmodified."""
+    run_dir: str | None = None
+    """The preflight's folder (default: a new one under ./trainguard-runs)."""
+    steps: int = 4
+    """Real optimizer steps before the periodic paths are brought forward."""
+    timeout: float = 600.0
+    """Seconds each start of the script may take before the preflight gives up on it."""
+    echo: bool = True
+    """Echo the script's output."""
+
+
+def preflight(opts: PreflightOptions) -> int:
+    if opts.steps < 2:
+        raise UserError(f"--steps must be at least 2 (the schedule is measured between real steps), got {opts.steps}")
+    if not opts.command:
+        raise UserError("no command given: trainguard preflight [OPTIONS] -- COMMAND [ARGS...]")
+    origin = Path.cwd()
+    run_dir = prepare_run_dir(opts.run_dir) if opts.run_dir else new_run_dir(f"preflight-{_label(opts.command)}")
+    run_dir = run_dir.resolve()
+    avoid = [run_dir, runs_root().resolve()]
+    work = scratch.build_scratch(origin, run_dir / "scratch", avoid)
+    before, complete = scratch.snapshot(origin, avoid)
+    t0 = time.time()
+
+    first = _start(opts, run_dir / "start-1", work, mode="first", steps=opts.steps)
+    starts = [first]
+    resume: dict[str, Any] | None = None
+    ckpt = judge.last_checkpoint(first)
+    if first["state"] == "completed" and ckpt:
+        resume = _start(opts, run_dir / "start-2-resume", work, mode="resume", steps=RESUME_STEPS,
+                        env={"TRAINGUARD_RESUME_FROM": ckpt})
+        starts.append(resume)
+
+    after, complete_after = scratch.snapshot(origin, avoid)
+    sched_path = first["dir"] / SCHEDULE_FILE
+    sim = json.loads(sched_path.read_text()) if sched_path.is_file() else None
+    if sim is not None:
+        shutil.copyfile(sched_path, run_dir / SCHEDULE_FILE)
+    writes = scratch.outside_writes([s["dir"] for s in starts]) + scratch.changed(before, after)
+    findings = judge.judge(first, resume, sim, writes, origin=str(origin.resolve()))
+    summary = judge.summarize(first, resume, sim, ckpt, writes, peak_rss=_peak_rss())
+    summary.update({"seconds": round(time.time() - t0, 1), "snapshot_complete": complete and complete_after,
+                    "scratch": str(work), "origin": str(origin)})
+    return _conclude(run_dir, opts, findings, summary)
+
+
+def _start(opts: PreflightOptions, start_dir: Path, work: Path, *, mode: str, steps: int,
+           env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One start of the script under the Supervisor; returns its status and what the probe recorded."""
+    from trainguard.watchdog.supervisor import RunOptions, Supervisor
+
+    cfg = {"mode": mode, "steps": steps, "scratch": str(work)}
+    options = RunOptions(command=list(opts.command), run_dir=str(start_dir), echo=opts.echo, live=False,
+                         stop_on=[judge.TIMEOUT_NAME], cwd=str(work),
+                         env={ENV_PREFLIGHT: json.dumps(cfg), **(env or {})})
+    sup = Supervisor(options, monitors=[judge.TimeLimit(opts.timeout, mode)])
+    code = sup.run()
+    return judge.load_start(start_dir, mode=mode, exit_code=code, scratch=str(work), origin=str(Path.cwd()))
+
+
+def _conclude(run_dir: Path, opts: PreflightOptions, findings: list[Finding], summary: dict[str, Any]) -> int:
+    findings = most_severe_first(findings)
+    errors = [f for f in findings if f.severity == "error"]
+    state = "failed" if errors else "passed"
+    status = {
+        "state": state, "exit_code": 1 if errors else 0, "command": opts.command, "updated": time.time(),
+        "ended": time.time(), "watched_by": "preflight", "preflight": summary,
+        "findings": [f.to_dict() for f in findings],
+    }
+    write_status(run_dir, status)
+    (run_dir / "preflight.json").write_text(json.dumps(summary, indent=2, default=str))
+    for line in judge.report_lines(state, findings, summary, run_dir):
+        print(line, file=sys.stderr)
+    return 1 if errors else 0
+
+
+def _peak_rss() -> int | None:
+    """Peak resident memory of the largest start of the script (its process tree's biggest member)."""
+    try:
+        kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        return int(kb) * 1024 if sys.platform != "darwin" else int(kb)
+    except (OSError, ValueError):
+        return None
+
+
+def _label(command: list[str]) -> str:
+    if Path(command[0]).name.startswith("python") and len(command) > 1:
+        return command[2].rsplit(".", 1)[-1] if command[1] == "-m" and len(command) > 2 else Path(command[1]).stem
+    return Path(command[0]).name

@@ -1,0 +1,252 @@
+"""The whole LR schedule, simulated before the run, and what is wrong with it.
+
+`simulate` runs inside the training process (the probe calls it at the preflight's last real step) on a
+deep copy of the user's scheduler: it steps the copy exactly as the script steps the real one (`ratio`
+scheduler steps per optimizer step, measured on the real steps) for the planned number of optimizer
+steps, then on past the plan to see where the schedule itself ends. `schedule_findings` turns the
+result into findings (seed 002: a schedule sized for 75,000 micro-batches stepped 4,687 times, or the
+reverse, put the LR at zero for 94% of the run).
+
+Step = one optimizer update everywhere here; the curve's x is the optimizer step, its y the LR of the
+first param group at that step.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+from trainguard.findings import Finding
+
+MAX_SCHED_STEPS = 400_000  # a bound on the simulation's cost (a LambdaLR step is ~5 µs on a CPU)
+CURVE_POINTS = 1000  # points kept in schedule.json for the report
+LOW = 0.01  # LRs within 1% of the peak of each other count as the same value (a flat stretch)
+ZERO = 1e-3  # an LR at most 0.1% of the peak is zero for training purposes
+ZERO_SHARE = 0.10  # an LR at zero for more than this share of the run is an error
+OVER_SHARE = 1 / 3  # a schedule over (flat at a decayed value) for more than this share of the run is an error
+EXTEND = 20  # simulate up to this many times the plan to find where the schedule itself ends
+ENDLESS = ("StepLR", "ExponentialLR", "CyclicLR", "CosineAnnealingWarmRestarts")  # they never end: no "late"
+
+
+def simulate(sched: Any, *, ratio: float, offset: int, total_steps: int | None, grad_accum: int) -> dict[str, Any]:
+    """Steps `sched` (a private copy) as the script does and returns the curve and its landmarks."""
+    result: dict[str, Any] = {"scheduler": type(sched).__name__, "ratio": ratio, "offset": offset, "total_steps": total_steps,
+                              "grad_accum": grad_accum, "horizon": getattr(sched, "total_steps", None)}
+    if not total_steps:
+        result["skipped"] = "no total_steps in trainguard.watch(): the plan's length is unknown"
+        return result
+    if type(sched).__name__ == "ReduceLROnPlateau":
+        result["skipped"] = "ReduceLROnPlateau follows the metrics: there is no schedule to simulate"
+        return result
+    if ratio <= 0:
+        result["skipped"] = "the scheduler was not stepped during the first optimizer steps (stepped per epoch?)"
+        return result
+    n = max(1, min(total_steps * EXTEND, int(MAX_SCHED_STEPS / ratio)))
+    lrs: list[float] = []
+    done = 0
+    settle = max(10, total_steps // 4) + 2  # past the plan, this many flat steps say the schedule is over
+    flat, tol = 0, 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": the copy has no optimizer steps
+        for k in range(1, n + 1):
+            target = offset + round((k - 1) * ratio)
+            try:
+                while done < target:
+                    sched.step()
+                    done += 1
+            except Exception as exc:  # e.g. OneCycleLR stepped past its total_steps raises ValueError
+                if k <= total_steps:
+                    result["raised"] = {"step": k, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                break
+            lrs.append(float(sched.optimizer.param_groups[0]["lr"]))
+            if k == total_steps:
+                tol = LOW * max(lrs)
+            elif k > total_steps:
+                flat = flat + 1 if abs(lrs[-1] - lrs[-2]) <= tol and abs(lrs[-1] - lrs[-1 - flat]) <= tol else 0
+                if flat >= settle:
+                    break  # flat long enough past the plan: where it ends is known, no need to go on
+    if len(lrs) < total_steps and "raised" not in result:
+        result["truncated"] = f"simulated {len(lrs)} of {total_steps} planned steps (bounded cost)"
+    plan = lrs[:total_steps]
+    result.update(_landmarks(lrs, plan, total_steps))
+    stride = max(1, math.ceil(len(plan) / CURVE_POINTS))
+    result["curve"] = [[k + 1, plan[k]] for k in range(0, len(plan), stride)] + [[len(plan), plan[-1]]]
+    result["simulated_steps"] = len(lrs)
+    return result
+
+
+def _landmarks(lrs: list[float], plan: list[float], total: int) -> dict[str, Any]:
+    peak = max(plan) if plan else 0.0
+    out: dict[str, Any] = {"peak_lr": peak, "final_lr": plan[-1] if plan else None,
+                           "planned_simulated": len(plan)}
+    if not plan or peak <= 0:
+        out.update(flat_from=1, over=True)
+        return out
+    out["peak_at"] = plan.index(peak) + 1
+    # the first step from which the LR stays at its final value (within 1% of the peak) to the plan's end
+    out["flat_from"] = _flat_from(plan, tol=LOW * peak)
+    # where the schedule itself ends, simulated past the plan (None: it never settles, e.g. restarts)
+    end = _flat_from(lrs, tol=LOW * peak)
+    settled = len(lrs) > total and end < len(lrs) - max(10, total // 4)
+    out["schedule_end"] = end if settled else None
+    out["lr_after_schedule_end"] = lrs[-1] if settled else None
+    # over: flat from `flat_from` to the end of the plan and, as far as simulated, beyond it
+    out["over"] = bool(len(lrs) <= total or (settled and end <= out["flat_from"] + 1))
+    return out
+
+
+def _flat_from(lrs: list[float], *, tol: float) -> int:
+    final = lrs[-1]
+    k = len(lrs)
+    while k > 1 and abs(lrs[k - 2] - final) <= tol:
+        k -= 1
+    return k
+
+
+def schedule_findings(sim: dict[str, Any]) -> list[Finding]:
+    """Findings from a simulation: LR at zero for a large part of the run, a schedule that ends late."""
+    if not sim or sim.get("skipped") or sim.get("truncated") or not sim.get("total_steps"):
+        return []
+    total = sim["total_steps"]
+    out = []
+    if sim.get("raised"):
+        return [scheduler_raises(sim)]
+    evidence = {k: sim.get(k) for k in ("scheduler", "total_steps", "grad_accum", "ratio", "peak_lr", "peak_at",
+                                        "final_lr", "flat_from", "schedule_end")}
+    flat_from, peak, final = sim.get("flat_from"), sim.get("peak_lr") or 0.0, sim.get("final_lr") or 0.0
+    share = (total - flat_from + 1) / total if flat_from is not None else 0.0
+    zero = final <= ZERO * peak
+    if sim.get("over") and ((zero and share > ZERO_SHARE) or (final <= 0.5 * peak and share > OVER_SHARE)):
+        out.append(schedule_ends_early(sim, evidence))
+    end = sim.get("schedule_end")
+    after = sim.get("lr_after_schedule_end")
+    if (not out and end is not None and sim.get("scheduler") not in ENDLESS and end > 1.25 * total and after is not None and peak > 0
+            and abs(final - after) > 0.1 * peak):
+        out.append(schedule_ends_late(sim, evidence))
+    return out
+
+
+def _stepping(sim: dict[str, Any]) -> str:
+    r, accum = sim.get("ratio") or 0, sim.get("grad_accum") or 1
+    if accum > 1 and abs(r - accum) < 0.01:
+        return (f"the scheduler is stepped {r:g} times per optimizer step (once per micro-batch, with"
+                f" gradient accumulation {accum})")
+    if abs(r - 1) < 0.01:
+        return "the scheduler is stepped once per optimizer step"
+    return f"the scheduler is stepped {r:g} times per optimizer step"
+
+
+def schedule_ends_early(sim: dict[str, Any], evidence: dict[str, Any]) -> Finding:
+    """TG604 schedule-ends-early: the simulated LR schedule is over (often at zero) long before the run ends.
+
+    ## What it detects
+    Preflight steps a copy of the scheduler exactly as the script steps the real one
+    (the number of scheduler steps per optimizer step is measured on the first real steps) for the
+    planned `total_steps`, then past it; the schedule is over, and stays over, with the LR at zero for
+    more than the last 10% of the plan, or at a decayed final value (at most half its peak) for more than
+    the last third.
+
+    ## Why it matters
+    Seed 002 sized its schedule for 75,000 micro-batches while the optimizer stepped
+    4,687 times: the schedule finished in 6% of the run and the LR was zero for the remaining 94%; the
+    loss stayed flat for hours. Stepping the scheduler once per micro-batch with accumulation 8 does the
+    same in reverse.
+
+    ## Example
+    The simulated LR schedule is over at step 126 of 1000: the LR stays at zero for the last 88%
+    of the run; the scheduler is stepped 8 times per optimizer step (once per micro-batch, with gradient
+    accumulation 8).
+
+    ## What to change
+    Size the schedule in optimizer steps (`ceil(batches / grad_accum) * epochs`) and step
+    it once per optimizer step, right after `optimizer.step()`.
+    A scheduler that raises when stepped past its length (OneCycleLR) within the plan is reported here
+    too: the real run would crash at that step.
+
+    ## Known false positives
+    A schedule meant to end with a long stretch at a low constant LR (a step
+    schedule whose last stage is over a third of the run).
+
+    ## Options
+    None. The thresholds (zero = 0.1% of the peak for over 10% of the run; a decayed LR for
+    over a third of it) are fixed.
+    """
+    total = sim["total_steps"]
+    flat_from = sim["flat_from"]
+    share = (total - flat_from + 1) / total
+    final, peak = sim.get("final_lr") or 0.0, sim["peak_lr"]
+    level = "zero" if final <= ZERO * peak else f"{final:.3g} ({final / peak:.0%} of its peak {peak:.3g})"
+    return Finding(
+        code="TG604", name="schedule-ends-early", severity="error", step=flat_from,
+        summary=(f"the simulated LR schedule is over at step {flat_from} of {total}: the LR stays at {level} for"
+                 f" the last {share:.0%} of the run; {_stepping(sim)}"),
+        evidence=evidence,
+        fix=("Size the schedule in optimizer steps (batches per epoch / grad_accum × epochs) and call"
+             " scheduler.step() once per optimizer step, after optimizer.step(). The curve is in schedule.json."),
+        source="preflight",
+    )
+
+
+def scheduler_raises(sim: dict[str, Any]) -> Finding:
+    raised = sim["raised"]
+    return Finding(
+        code="TG604", name="schedule-ends-early", severity="error", step=raised["step"], cause="scheduler-raises",
+        summary=(f"the scheduler raises when the run reaches step {raised['step']} of {sim['total_steps']}:"
+                 f" {raised['error']}; {_stepping(sim)}"),
+        evidence={"raised": raised, "total_steps": sim["total_steps"], "ratio": sim.get("ratio"),
+                  "scheduler": sim.get("scheduler")},
+        fix="Size the scheduler for the run's optimizer steps and step it once per optimizer step.",
+        source="preflight",
+    )
+
+
+def schedule_ends_late(sim: dict[str, Any], evidence: dict[str, Any]) -> Finding:
+    """TG605 schedule-ends-late: the planned run ends long before the LR schedule does.
+
+    ## What it detects
+    Simulated past the plan, the schedule keeps changing until well after `total_steps`
+    (more than 1.25 times the plan), and the LR at the plan's end is far (more than 10% of the peak) from
+    where the schedule would have ended.
+
+    ## Why it matters
+    A schedule sized in micro-batches but stepped once per optimizer step runs
+    `grad_accum` times too slowly: the warmup lasts `grad_accum` times longer and the decay never
+    happens, so the run ends at a high LR and its final weights are not annealed.
+
+    ## Example
+    The schedule ends at step 8000 but the run at step 1000; the LR at the end is 0.00097
+    (peak 0.001) instead of 0.
+
+    ## What to change
+    Size the schedule in optimizer steps, the same unit the scheduler is stepped in.
+
+    ## Known false positives
+    A run cut short on purpose (a smoke test) with the full run's schedule.
+
+    ## Options
+    None. The schedule is simulated up to 20 times the plan (at most 400,000 scheduler steps).
+    """
+    total = sim["total_steps"]
+    return Finding(
+        code="TG605", name="schedule-ends-late", severity="error", step=total,
+        summary=(f"the LR schedule ends at step {sim['schedule_end']} but the run at step {total}: the LR at"
+                 f" the end is {sim['final_lr']:.3g} (peak {sim['peak_lr']:.3g}) instead of"
+                 f" {sim['lr_after_schedule_end']:.3g}; {_stepping(sim)}"),
+        evidence=evidence,
+        fix=("Size the schedule in optimizer steps (not micro-batches) and step it once per optimizer step."
+             " The curve is in schedule.json."),
+        source="preflight",
+    )
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"

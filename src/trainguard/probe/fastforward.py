@@ -1,0 +1,377 @@
+"""Fast-forward: the probe's side of `trainguard preflight`.
+
+When TRAINGUARD_PREFLIGHT is set (by `trainguard preflight`, never by hand), the guard consults a
+`FastForward` at four places, and the user's unmodified script is driven through its rare paths in
+seconds:
+
+- `due(name, every)`: after `steps` real optimizer steps, every name answers True once, early, so the
+  eval, save and other gated paths run with the real step counter and the real dtype/autocast state;
+- `batches(loader)`: the first training pass over a loader ends at that point, so the script crosses
+  its epoch boundary and iterates the loader again (with its real num_workers);
+- the optimizer pre-hook: at step `steps` the LR schedule is simulated for the whole plan on a deep copy
+  of the scheduler taken when `watch()` was called (its optimizer's parameters replaced by tiny stand-ins);
+- `step()`: once every path had its turn, the guard finishes itself and ends the script with a clean
+  exit 0 (`PreflightStop`, a SystemExit).
+
+In "resume" mode (the second, brief start, with TRAINGUARD_RESUME_FROM set) nothing is brought forward:
+the script resumes from the preflight's checkpoint, makes `steps` optimizer steps and is stopped.
+
+Writes: a Python audit hook watches files opened for writing (and `torch.save`/safetensors' `save_file`,
+which open their files in native code, are wrapped to do the same). A write into the scratch folder
+through one of its symlinks to the user's files first replaces the symlink by a private copy (copy on
+write), so the preflight never alters the user's files; a write anywhere else is listed in
+`outside-writes.txt` of the run folder, for the preflight's report. Other native writers are not seen
+here: the preflight compares the user's folder before and after instead (after the fact).
+
+Everything here is bounded and fail-open like the rest of the probe: an error is logged to guard.log and
+the fast-forward steps aside (the script then simply runs on).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+ENV_PREFLIGHT = "TRAINGUARD_PREFLIGHT"
+SETTLE_STEPS = 2  # optimizer steps after the last newly brought-forward path before the script is stopped
+WRITES_FILE = "outside-writes.txt"
+SCHEDULE_FILE = "schedule.json"
+
+
+class PreflightStop(SystemExit):
+    """Ends the script cleanly once the fast-forward is done (exit code 0, `finally` blocks run)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
+def from_env(guard: Any) -> FastForward | None:
+    """A FastForward when this process runs under `trainguard preflight`, else None."""
+    raw = os.environ.get(ENV_PREFLIGHT)
+    if not raw or guard.rank != 0:
+        return None
+    try:
+        cfg = json.loads(raw)
+        return FastForward(guard, mode=cfg.get("mode", "first"), steps=int(cfg.get("steps", 3)),
+                           scratch=cfg.get("scratch"))
+    except Exception as exc:  # a broken preflight setup must not break the script
+        guard._fail("preflight setup", exc)
+        return None
+
+
+class FastForward:
+    def __init__(self, guard: Any, *, mode: str, steps: int, scratch: str | None) -> None:
+        self.mode = mode
+        self.steps = max(1, steps)
+        self.forced: dict[str, int] = {}  # due name -> step it was brought forward to
+        self.seen: dict[str, int] = {}  # due name -> its `every`
+        self.last_new = 0  # step of the last newly forced path
+        self.open_path: tuple[str, float] | None = None
+        self.cut: dict[str, Any] | None = None  # the training pass that was ended early
+        self.reiterated = False  # the loader was iterated again after the cut, and yielded
+        self.used_batches = False
+        self.stopping = False
+        self.lrs_seen: dict[int, int] = {}  # optimizer step -> scheduler.last_epoch at its pre-hook
+        self._sched_copy = _schedule_snapshot(guard)
+        self._event(guard, "start", {"mode": mode, "steps": self.steps,
+                                     "scheduler_copied": self._sched_copy is not None})
+        if scratch:
+            install_write_watch(Path(scratch), guard.run_dir)
+
+    # -- the guard's calls ----------------------------------------------------------------------------
+
+    def due(self, guard: Any, name: str, every: int) -> bool:
+        """True when `name` is brought forward now (once, at or after `steps` real steps)."""
+        self._close_path(guard)
+        if name not in self.seen:
+            self.seen[name] = every
+            self._event(guard, "due-seen", {"name": name, "every": every})
+        step = guard.step_count
+        if (self.mode != "first" or every <= 0 or name in self.forced or step < self.steps
+                or not self._at_boundary(guard)):  # every <= 0: the path is switched off, as in the real run
+            return False
+        self.forced[name] = step
+        self.last_new = step
+        self._event(guard, "forced", {"name": name, "every": every, "step": step})
+        self.open_path = (name, time.perf_counter())
+        return True
+
+    def batches(self, guard: Any, iterable: Iterable) -> Iterator:
+        """Yields from `iterable`; ends the first training pass early; notes the re-iteration."""
+        self.used_batches = True
+        again = self.cut is not None and not self.reiterated and _same_loader(self.cut, iterable)
+        if again:
+            self._event(guard, "reiterate-begin", {"step": guard.step_count})
+        start = guard.step_count
+        items = 0
+        iterator = iter(iterable)  # a loader that fails when iterated again fails here, as it would
+        while True:
+            self._close_path(guard)
+            self.maybe_stop(guard)
+            trains = guard.step_count > start  # this pass makes optimizer steps: a training pass
+            if (self.mode == "first" and self.cut is None and trains and guard.step_count >= self.steps
+                    and self._at_boundary(guard)):
+                self.cut = {"id": id(iterable), "type": type(iterable).__name__, "len": _len(iterable),
+                            "step": guard.step_count, "items": items}
+                self._event(guard, "epoch-cut", self.cut)
+                return
+            try:
+                item = next(iterator)
+            except StopIteration:
+                if trains and self.cut is None:
+                    self._event(guard, "epoch-end", {"step": guard.step_count, "items": items,
+                                                     "len": _len(iterable)})
+                    self.cut = {"id": id(iterable), "type": type(iterable).__name__, "len": _len(iterable),
+                                "step": guard.step_count, "items": items, "natural": True}
+                return
+            items += 1
+            if again and items == 1:
+                self.reiterated = True
+                self._event(guard, "reiterate-ok", {"step": guard.step_count})
+            yield item
+
+    def before_opt_step(self, guard: Any) -> None:
+        """Optimizer pre-hook: watch how the scheduler is stepped; simulate the plan at step `steps`."""
+        if self.mode != "first" or guard.scheduler is None or self._sched_copy is None:
+            return
+        k = guard.opt_steps + 1
+        epoch = getattr(guard.scheduler, "last_epoch", None)
+        if isinstance(epoch, int) and len(self.lrs_seen) < 64:
+            self.lrs_seen[k] = epoch
+        if k == max(2, self.steps) and 1 in self.lrs_seen and k in self.lrs_seen:
+            ratio = (self.lrs_seen[k] - self.lrs_seen[1]) / (k - 1)
+            self._simulate(guard, ratio)
+
+    def after_step(self, guard: Any) -> None:
+        """A step closed: stop the script when the fast-forward is done (PreflightStop propagates)."""
+        try:
+            self._close_path(guard)
+            if self.stopping or not self._at_boundary(guard) or not self.done(guard):
+                return
+        except Exception as exc:
+            guard._fail("preflight step", exc)
+            return
+        self.maybe_stop(guard)
+
+    def note_resume_read(self, guard: Any) -> None:
+        if self.mode == "resume":
+            self._event(guard, "resume-read", {"path": os.environ.get("TRAINGUARD_RESUME_FROM")})
+
+    # -- stopping -----------------------------------------------------------------------------------
+
+    def done(self, guard: Any) -> bool:
+        step = guard.step_count
+        if self.mode != "first":
+            return step >= self.steps
+        if step < self.steps + SETTLE_STEPS or step < self.last_new + SETTLE_STEPS:
+            return False
+        # a loop over guard.batches must also have crossed its epoch boundary first
+        return not self.used_batches or self.reiterated or bool(self.cut and self.cut.get("natural"))
+
+    def maybe_stop(self, guard: Any) -> None:
+        if self.stopping or not self._at_boundary(guard) or not self.done(guard):
+            return
+        self.stopping = True
+        self._event(guard, "stop", {"step": guard.step_count, "forced": self.forced,
+                                    "cuda_peak_bytes": _cuda_peak()})
+        guard.finish()
+        raise PreflightStop()
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _at_boundary(self, guard: Any) -> bool:
+        """Only between optimizer steps: never in the middle of a gradient-accumulation window."""
+        return not guard._uses_step or guard.micro % guard.grad_accum == 0
+
+    def _close_path(self, guard: Any) -> None:
+        if self.open_path is None:
+            return
+        name, t0 = self.open_path
+        self.open_path = None
+        self._event(guard, "path-time", {"name": name, "seconds": time.perf_counter() - t0})
+
+    def _event(self, guard: Any, name: str, data: dict[str, Any]) -> None:
+        try:
+            guard._writer.add_event("preflight", name, data, step=guard.step_count)
+        except Exception as exc:
+            guard._fail("preflight event", exc)
+
+    def _simulate(self, guard: Any, ratio: float) -> None:
+        try:
+            from trainguard.preflight.schedule import simulate
+
+            offset = self.lrs_seen[1] - self._sched_copy[1]
+            result = simulate(self._sched_copy[0], ratio=ratio, offset=offset, total_steps=guard.total_steps,
+                              grad_accum=guard.grad_accum)
+            result["scheduler"] = type(guard.scheduler).__name__
+            (Path(guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
+            self._event(guard, "schedule", {k: v for k, v in result.items() if k != "curve"})
+        except Exception as exc:
+            guard._fail("preflight schedule simulation", exc)
+
+
+def _schedule_snapshot(guard: Any) -> tuple[Any, int] | None:
+    """A deep copy of the scheduler as `watch()` found it, its optimizer's parameters replaced by stand-ins.
+
+    Why stand-ins: copying the real parameters would double the model's memory; the schedule needs only
+    the param groups' hyperparameters. Taken before the guard's optimizer hooks exist, so the copy does
+    not drag the guard along.
+    """
+    sched = guard.scheduler
+    if sched is None or guard.optimizer is None:
+        return None
+    try:
+        import copy
+
+        import torch
+
+        memo: dict[int, Any] = {id(guard): guard}
+        for group in guard.optimizer.param_groups:
+            for p in group["params"]:
+                memo[id(p)] = torch.zeros(1)
+        return copy.deepcopy(sched, memo), int(getattr(sched, "last_epoch", 0))
+    except Exception as exc:
+        guard._fail("preflight scheduler copy", exc)
+        return None
+
+
+def _same_loader(cut: dict[str, Any], iterable: Iterable) -> bool:
+    if id(iterable) == cut["id"]:
+        return True
+    return type(iterable).__name__ == cut["type"] and _len(iterable) == cut["len"]
+
+
+def _len(iterable: Any) -> int | None:
+    try:
+        return len(iterable)
+    except Exception:
+        return None
+
+
+def _cuda_peak() -> int | None:
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.max_memory_allocated())
+    except Exception:
+        pass
+    return None
+
+
+# -------------------------------------------------------------------------------------------------
+# the write watch: copy on write inside the scratch folder, a list of everything written outside it
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+_installed = False
+_busy = False
+
+
+def install_write_watch(scratch: Path, run_dir: Path) -> None:
+    """Installs (once per process) the audit hook that keeps the preflight's writes in its scratch folder."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    scratch_s = os.path.abspath(scratch)
+    run_s = os.path.realpath(run_dir)
+    ignored = (run_s, "/dev/", "/proc/", "/sys/")
+    listed: set[str] = set()
+    out = os.path.join(run_s, WRITES_FILE)
+
+    def record(path: str, what: str) -> None:
+        # a rename, removal or mkdir acts on the entry itself (a symlink is not followed): its folder counts
+        real = os.path.realpath(path) if what == "write" else os.path.join(
+            os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        if real.startswith(os.path.realpath(scratch_s) + os.sep) or real.startswith(ignored) \
+                or "__pycache__" in real or real in listed:
+            return
+        listed.add(real)
+        with open(out, "a") as fh:
+            fh.write(json.dumps({"path": real, "op": what, "t": time.time()}) + "\n")
+
+    def hook(event: str, args: tuple) -> None:
+        global _busy
+        if _busy or event not in ("open", "os.rename", "os.replace", "os.mkdir", "os.remove", "os.rmdir"):
+            return
+        _busy = True
+        try:
+            if event == "open":
+                path, mode, flags = args[0], args[1], args[2]
+                if not isinstance(path, (str, bytes, os.PathLike)):
+                    return
+                writes = any(c in (mode or "") for c in "wax+") if mode else bool((flags or 0) & _WRITE_FLAGS)
+                if not writes:
+                    return
+                path = os.path.abspath(os.fsdecode(path))
+                _own_copy(path, scratch_s, append=bool(mode and ("a" in mode or "+" in mode)))
+                record(path, "write")
+            else:
+                path = os.path.abspath(os.fsdecode(args[1] if event in ("os.rename", "os.replace") else args[0]))
+                _materialize(os.path.dirname(path), scratch_s)
+                record(path, event.split(".")[1])
+        except Exception:
+            pass  # an audit hook that raises would abort the user's own file operation
+        finally:
+            _busy = False
+
+    sys.addaudithook(hook)
+
+    def guarded(save: Any) -> Any:
+        """torch.save and safetensors open their files in C++ / Rust, unseen by the audit hook."""
+
+        def save_in_scratch(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+            global _busy
+            if isinstance(f, (str, bytes, os.PathLike)) and not _busy:
+                _busy = True  # our own unlink/mkdir below are not the script's writes
+                try:
+                    path = os.path.abspath(os.fsdecode(f))
+                    _own_copy(path, scratch_s, append=False)
+                    record(path, "write")
+                except Exception:
+                    pass
+                finally:
+                    _busy = False
+            return save(obj, f, *args, **kwargs)
+
+        save_in_scratch.__wrapped__ = save  # type: ignore[attr-defined]
+        return save_in_scratch
+
+    for module, attr in (("torch", "save"), ("safetensors.torch", "save_file")):
+        mod = sys.modules.get(module)
+        if mod is not None and callable(getattr(mod, attr, None)):
+            setattr(mod, attr, guarded(getattr(mod, attr)))
+
+
+def _materialize(directory: str, scratch: str) -> None:
+    """Turns each symlinked folder on the way from `scratch` to `directory` into a real folder of symlinks."""
+    if not (directory + os.sep).startswith(scratch + os.sep):
+        return
+    current = scratch
+    for part in Path(os.path.relpath(directory, scratch)).parts:
+        if part in (".", ".."):
+            return
+        current = os.path.join(current, part)
+        if os.path.islink(current) and os.path.isdir(current):
+            target = os.path.realpath(current)
+            os.unlink(current)
+            os.mkdir(current)
+            for entry in os.listdir(target):
+                os.symlink(os.path.join(target, entry), os.path.join(current, entry))
+
+
+def _own_copy(path: str, scratch: str, *, append: bool) -> None:
+    """Before a write to a symlink in the scratch folder: replace it by a private file (copy on write)."""
+    if not path.startswith(scratch + os.sep):
+        return
+    _materialize(os.path.dirname(path), scratch)
+    if os.path.islink(path):
+        target = os.path.realpath(path)
+        os.unlink(path)
+        if append and os.path.isfile(target):
+            shutil.copyfile(target, path)

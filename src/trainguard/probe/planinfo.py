@@ -1,0 +1,79 @@
+"""What the probe can read of the plan from the live objects at `trainguard.watch`: the scheduler's
+horizon and the model's output size. Read once, at start-up; every lookup is best effort.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+# Names under which a LambdaLR's function (or a Hugging Face schedule's partial) holds its length.
+_HORIZON_NAMES = ("num_training_steps", "total_steps", "num_steps", "max_steps", "total_iters", "T_max")
+
+
+def sched_horizon(scheduler: Any) -> int | None:
+    """The schedule's length in scheduler steps, when the scheduler says it; None otherwise.
+
+    Only schedules that decay to their end count: a `LinearLR` warming *up* ends its ramp at
+    `total_iters` and then holds the LR, so its `total_iters` is not the run's horizon.
+    """
+    if scheduler is None:
+        return None
+    name = type(scheduler).__name__
+    if name == "OneCycleLR":
+        return _int(getattr(scheduler, "total_steps", None))
+    if name == "CosineAnnealingLR":
+        return _int(getattr(scheduler, "T_max", None))
+    if name == "PolynomialLR":
+        return _int(getattr(scheduler, "total_iters", None))
+    if name == "LinearLR":
+        if getattr(scheduler, "end_factor", 1.0) < getattr(scheduler, "start_factor", 1.0):
+            return _int(getattr(scheduler, "total_iters", None))
+        return None
+    if name in ("LambdaLR", "MultiplicativeLR"):
+        for fn in getattr(scheduler, "lr_lambdas", [])[:1]:
+            return _from_function(fn)
+    return None
+
+
+def _from_function(fn: Any) -> int | None:
+    if isinstance(fn, functools.partial):
+        for key in _HORIZON_NAMES:
+            if key in fn.keywords:
+                return _int(fn.keywords[key])
+        fn = fn.func
+    code = getattr(fn, "__code__", None)
+    cells = getattr(fn, "__closure__", None)
+    if code is None or not cells:
+        return None
+    free = dict(zip(code.co_freevars, cells))
+    for key in (*_HORIZON_NAMES, "total"):
+        if key in free:
+            try:
+                return _int(free[key].cell_contents)
+            except ValueError:  # an empty cell
+                return None
+    return None
+
+
+def output_size(model: Any, config: dict | None) -> int | None:
+    """Classes or vocabulary: from the config when it says, else the last linear layer's out_features."""
+    for key in ("vocab_size", "num_classes", "num_labels", "n_classes", "vocab"):
+        value = (config or {}).get(key)
+        if isinstance(value, int) and value >= 2:
+            return value
+    if model is None or not hasattr(model, "modules"):
+        return None
+    last = None
+    for module in model.modules():
+        if type(module).__name__ == "Linear":
+            last = module
+    return _int(getattr(last, "out_features", None)) if last is not None else None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        return None
+    return v if v > 0 else None

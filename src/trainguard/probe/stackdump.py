@@ -1,0 +1,111 @@
+"""Stacks on request: a signal makes this process write every thread's Python stack into the run folder.
+
+    stackdump.install(run_dir)        # the probe calls this once, in the training process
+
+Why a signal and `faulthandler`: the watchdog needs the stacks of a process that may be stuck in a lock,
+a blocking `open()` or a busy loop that never returns to the interpreter's signal check. faulthandler's
+handler is C code that runs inside the signal handler itself and walks every thread's frames without
+the GIL, so it answers in all of those cases, needs no ptrace rights (py-spy does) and costs nothing
+until the signal comes.
+
+What gets the handler:
+- the process that calls `install` (the training process, each rank);
+- its forked children (DataLoader workers with the default start method on Linux): `os.register_at_fork`
+  re-installs it into a file of the child's own, so a worker's dump never lands in its parent's file;
+- spawned children that import trainguard (spawn/forkserver DataLoader workers import the main module,
+  ranks started by a launcher): `install` leaves `TRAINGUARD_STACKS` in the environment and
+  `trainguard/__init__.py` calls `install_from_env()`.
+
+Each process writes `stacks/proc-<pid>.txt` (the dumps, appended) and `stacks/proc-<pid>.json` (who it
+is, which signal to send, the main thread's id). The watchdog sends the signal only to a process whose
+`/proc/PID/status` shows the signal caught: an uncaught real-time signal would kill the process.
+Fail-open: anything that goes wrong here leaves the process as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ENV_STACKS = "TRAINGUARD_STACKS"
+STACK_SIGNAL = signal.SIGRTMIN + 6  # a real-time signal nobody else uses by default (not SIGUSR1/2)
+
+_state: dict[str, Any] = {"dir": None, "pid": None, "file": None, "fork_hook": False}
+
+
+def install(run_dir: str | os.PathLike) -> bool:
+    """Installs the stack-dump handler in this process and arranges it for children. True when installed."""
+    try:
+        folder = Path(run_dir) / "stacks"
+        folder.mkdir(parents=True, exist_ok=True)
+        os.environ[ENV_STACKS] = str(folder.resolve())
+        ok = _register(folder)
+        if not _state["fork_hook"]:
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _state["fork_hook"] = True
+        return ok
+    except Exception:
+        return False  # the guard never becomes the failure: no handler, py-spy stays the fallback
+
+
+def install_from_env() -> bool:
+    """In a child started with TRAINGUARD_STACKS set (a spawned worker or rank): install the handler."""
+    folder = os.environ.get(ENV_STACKS)
+    if not folder or _state["pid"] == os.getpid():
+        return False
+    try:
+        ok = _register(Path(folder))
+        if not _state["fork_hook"]:
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _state["fork_hook"] = True
+        return ok
+    except Exception:
+        return False
+
+
+def _register(folder: Path) -> bool:
+    import faulthandler
+
+    previous = signal.getsignal(STACK_SIGNAL)
+    if previous not in (signal.SIG_DFL, None) and _state["pid"] is None:
+        return False  # the script uses this signal itself: leave it alone
+    pid = os.getpid()
+    fh = open(folder / f"proc-{pid}.txt", "a", buffering=1)
+    faulthandler.register(STACK_SIGNAL, file=fh, all_threads=True, chain=False)
+    old = _state["file"]
+    _state.update(dir=folder, pid=pid, file=fh)  # faulthandler keeps the fd, we keep the file object alive
+    if old is not None and old is not fh:
+        try:
+            old.close()  # the parent's file object, inherited over fork: the child must not write to it
+        except Exception:
+            pass
+    info = {
+        "pid": pid,
+        "ppid": os.getppid(),
+        "signal": int(STACK_SIGNAL),
+        "file": fh.name,
+        "main_thread": f"0x{threading.main_thread().ident or 0:016x}",
+        "argv": list(sys.argv),
+        "installed": time.time(),
+    }
+    tmp = folder / f".proc-{pid}.json.tmp"
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, folder / f"proc-{pid}.json")
+    return True
+
+
+def _after_fork_in_child() -> None:
+    # Runs in every child forked by Python code (DataLoader workers). Cheap: one open, one small write.
+    folder = _state["dir"]
+    if folder is None:
+        return
+    try:
+        _register(folder)
+    except Exception:
+        pass

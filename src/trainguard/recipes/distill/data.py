@@ -1,0 +1,112 @@
+"""Text windows, tokenised once by both tokenizers, and the padded batches the loop consumes.
+
+A window is a run of about `window_chars` characters cut at whitespace. Training windows are visited
+in a seeded permutation per epoch, so the data position is just (epoch, index) and a resumed run reads
+exactly the batches an uninterrupted one would. Evaluation uses the first N windows of the held-out
+text, always the same ones.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import UserError
+from trainguard.recipes.distill.build import Tok
+from trainguard.recipes.distill.tokenize_align import Encoded, align, encode, token_lengths
+
+
+def read_text(path: Path) -> str:
+    if not path.is_file():
+        raise UserError(f"data: no such file: {path}")
+    # NFC once, here: both tokenizers then read identical characters, whatever their own normalisers do.
+    return unicodedata.normalize("NFC", path.read_text(encoding="utf-8"))
+
+
+def windows(text: str, size: int) -> list[str]:
+    """Consecutive pieces of about `size` characters, each ending just before a whitespace."""
+    out, start = [], 0
+    while start < len(text):
+        end = min(start + size, len(text))
+        if end < len(text):
+            cut = text.rfind(" ", start + size // 2, end)
+            end = cut if cut > start else end
+        piece = text[start:end]
+        if piece.strip():
+            out.append(piece)
+        start = end
+    return out
+
+
+@dataclass
+class Example:
+    student: Encoded
+    teacher: Encoded
+    pairs: list[tuple[int, int]]
+
+
+def prepare(texts: list[str], s_tok: Tok, t_tok: Tok, same_next: bool = False) -> list[Example]:
+    s_len, t_len = token_lengths(s_tok), token_lengths(t_tok)
+    out = []
+    for text in texts:
+        s, t = encode(s_tok, text, s_len), encode(t_tok, text, t_len)
+        out.append(Example(student=s, teacher=t, pairs=align(s, t, same_next)))
+    return out
+
+
+def collate(examples: list[Example], pad_s: int, pad_t: int) -> dict[str, Any]:
+    """Right-padded tensors plus the flat indices of the aligned (student, teacher) positions."""
+    import torch
+
+    B = len(examples)
+    Ls = max(len(e.student.ids) for e in examples)
+    Lt = max(len(e.teacher.ids) for e in examples)
+    s_ids = torch.full((B, Ls), pad_s, dtype=torch.long)
+    t_ids = torch.full((B, Lt), pad_t, dtype=torch.long)
+    s_mask = torch.zeros((B, Ls), dtype=torch.long)
+    t_mask = torch.zeros((B, Lt), dtype=torch.long)
+    labels = torch.full((B, Ls), -100, dtype=torch.long)
+    s_pos, t_pos = [], []
+    for b, e in enumerate(examples):
+        ns, nt = len(e.student.ids), len(e.teacher.ids)
+        s_ids[b, :ns] = torch.tensor(e.student.ids)
+        t_ids[b, :nt] = torch.tensor(e.teacher.ids)
+        s_mask[b, :ns] = 1
+        t_mask[b, :nt] = 1
+        labels[b, : ns - 1] = torch.tensor(e.student.ids[1:])
+        s_pos.extend(b * Ls + p for p, _ in e.pairs)
+        t_pos.extend(b * Lt + q for _, q in e.pairs)
+    return {
+        "s_ids": s_ids, "s_mask": s_mask, "labels": labels, "t_ids": t_ids, "t_mask": t_mask,
+        "s_pos": torch.tensor(s_pos, dtype=torch.long), "t_pos": torch.tensor(t_pos, dtype=torch.long),
+        "n_bytes": sum(e.student.n_bytes for e in examples),
+    }
+
+
+def train_batches(examples: list[Example], batch_size: int, seed: int, epoch: int, index: int,
+                  pad_s: int, pad_t: int) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """Yields (epoch, next index, batch) from data position (epoch, index) onwards, forever."""
+    import torch
+
+    if len(examples) < batch_size:
+        raise UserError(f"data: {len(examples)} training windows, fewer than train.batch_size={batch_size}")
+    while True:
+        g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        order = torch.randperm(len(examples), generator=g).tolist()
+        while index + batch_size <= len(order):
+            batch = [examples[i] for i in order[index: index + batch_size]]
+            index += batch_size
+            yield epoch, index, collate(batch, pad_s, pad_t)
+        epoch, index = epoch + 1, 0
+
+
+def eval_batches(examples: list[Example], batch_size: int, pad_s: int, pad_t: int) -> Iterator[dict[str, Any]]:
+    for i in range(0, len(examples), batch_size):
+        yield collate(examples[i: i + batch_size], pad_s, pad_t)
+
+
+def to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+    return {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}

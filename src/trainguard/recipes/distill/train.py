@@ -1,0 +1,260 @@
+"""The distillation loop: a teacher's knowledge into a student, under the guard.
+
+    trainguard distill CONFIG.yaml            # or: python -m trainguard.recipes.distill CONFIG.yaml
+    trainguard distill bundled                # the tiny bundled config: random-init models, CPU, < 1 min
+
+Reads top to bottom: setup (data, tokenizers, models, vocabulary map, projections, optimizer, schedule),
+then one loop over micro-batches. One optimizer step = `grad_accum` micro-batches; the LR schedule, the
+curriculum, logging, evaluation and checkpoints all count optimizer steps. The guard is one line: it
+sees every micro-batch's loss with its parts and weights, and the optimizer through its hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import trainguard
+from trainguard.recipes.distill import checkpoint as ckpt
+from trainguard.recipes.distill.build import load_model, load_tokenizer, num_layers
+from trainguard.recipes.distill.config import DistillConfig
+from trainguard.recipes.distill.curriculum import Curriculum
+from trainguard.recipes.distill.data import (
+    eval_batches,
+    prepare,
+    read_text,
+    to_device,
+    train_batches,
+    windows,
+)
+from trainguard.recipes.distill.evaluate import evaluate
+from trainguard.recipes.distill.losses import KDSpec, forward_losses, layer_pairs
+from trainguard.recipes.distill.vocab_map import build_vocab_map
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float) -> Any:
+    """Multiplier of the peak LR at optimizer step s (0-based): linear warmup, then cosine to min_ratio
+    at the last step. Sized in optimizer steps, and stepped once per optimizer step."""
+    def f(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / warmup
+        progress = min(1.0, (s - warmup) / max(1, total - 1 - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return f
+
+
+def amp_policy(device: torch.device, precision: str) -> Any:
+    """The one autocast context used for every forward, training and evaluation alike."""
+    if precision == "fp32":
+        return contextlib.nullcontext
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str | Path | None = None,
+          stop_after: int | None = None, verbose: bool = True) -> dict[str, Any]:
+    """Runs the recipe; returns per-step losses, evaluations and where checkpoints went.
+
+    `stop_after` ends the loop after that many optimizer steps as if the process were killed there (a
+    checkpoint is written first): the schedule stays sized for `train.max_steps`. Used by the resume test.
+    """
+    say = print if verbose else (lambda *a, **k: None)
+    t = cfg.train
+    # ---------------------------------------------------------------------------------------------
+    # setup
+    device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+                          else "cpu")
+    amp = amp_policy(device, cfg.precision)
+    if cfg.cpu_threads:
+        torch.set_num_threads(cfg.cpu_threads)
+    state = ckpt.load(resume) if resume else None
+
+    train_text = read_text(cfg.resolve_path(cfg.data.train))
+    eval_text = read_text(cfg.resolve_path(cfg.data.eval))
+    saved_toks = state.get("tokenizers", {}) if state else {}
+    t_tok = load_tokenizer("teacher", cfg.teacher, train_text, saved_toks.get("teacher"))
+    s_tok = load_tokenizer("student", cfg.student, train_text, saved_toks.get("student"))
+
+    torch.manual_seed(cfg.seed)  # the random-init teacher is rebuilt identically on resume
+    teacher = load_model("teacher", cfg.teacher, t_tok)
+    torch.manual_seed(cfg.seed + 1)
+    student = load_model("student", cfg.student, s_tok)
+    # One dtype policy: the frozen teacher is held in the autocast dtype (bf16/fp16: no master copy is
+    # needed for weights that never update); the student and projections keep fp32 master weights; every
+    # forward of either runs inside the same `amp()` in training and evaluation.
+    t_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.precision]
+    teacher.to(device=device, dtype=t_dtype).eval().requires_grad_(False)
+    student.to(device).train()
+
+    curriculum = Curriculum.from_config(cfg.loss, t.max_steps)
+    with_kd, with_hidden = curriculum.ever_on("kd"), curriculum.ever_on("hidden")
+    vocab_map = build_vocab_map(t_tok.token_bytes, s_tok.token_bytes, teacher.get_output_embeddings().weight.shape[0])
+    n_mapped = int((vocab_map >= 0).sum())
+    V_t = teacher.get_output_embeddings().weight.shape[0]
+    if with_kd and cfg.loss.kd.top_k > V_t:
+        from trainguard.errors import UserError
+
+        raise UserError(f"config: loss.kd.top_k={cfg.loss.kd.top_k} exceeds the teacher vocabulary ({V_t})")
+    pairs = layer_pairs(cfg.loss.hidden.depths, num_layers(student), num_layers(teacher)) if with_hidden else []
+    projs = torch.nn.ModuleList(
+        torch.nn.Linear(student.config.hidden_size, teacher.config.hidden_size, bias=False) for _ in pairs
+    ).to(device)
+    spec = KDSpec(vocab_map=vocab_map.to(device), top_k=cfg.loss.kd.top_k, temperature=cfg.loss.kd.temperature,
+                  chunk=cfg.loss.kd.chunk, layer_pairs=pairs, hidden_norm=cfg.loss.hidden.norm)
+
+    same_next = cfg.loss.kd.positions == "next_token"
+    train_ex = prepare(windows(train_text, cfg.data.window_chars), s_tok, t_tok, same_next)
+    eval_ex = prepare(windows(eval_text, cfg.data.window_chars), s_tok, t_tok, same_next)
+    if cfg.data.eval_windows:
+        eval_ex = eval_ex[: cfg.data.eval_windows]
+    pad_s, pad_t = s_tok.bos_id, t_tok.bos_id  # any id: padded positions are masked and carry no label
+
+    o = cfg.optim
+    decay = [p for p in student.parameters() if p.dim() >= 2]
+    no_decay = [p for p in student.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": o.weight_decay, "lr": o.lr},
+              {"params": no_decay, "weight_decay": 0.0, "lr": o.lr}]
+    if pairs:
+        groups.append({"params": list(projs.parameters()), "weight_decay": 0.0, "lr": o.proj_lr})
+    optimizer = torch.optim.AdamW(groups, betas=tuple(o.betas))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o.warmup_steps, t.max_steps, o.min_lr_ratio))
+    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+    trainable = torch.nn.ModuleDict({"student": student, "proj": projs})
+
+    step, position = 0, (0, 0)  # position: (epoch, index) of the next training window
+    best_bpb, evals_since_best = math.inf, 0
+    teacher_print = ckpt.fingerprint(teacher)
+    guard = trainguard.watch(trainable, optimizer, scheduler, total_steps=t.max_steps, grad_accum=t.grad_accum,
+                             scaler=scaler, run_dir=run_dir, name="distill", config=cfg.to_dict())
+    resume = resume or guard.resume_from
+    if resume and state is None:
+        state = ckpt.load(resume)
+    if state is not None:
+        ckpt.check_compatible(state, teacher_print)
+        student.load_state_dict(state["student"])
+        projs.load_state_dict(state["proj"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        ckpt.set_rng_state(state["rng"])
+        step, position = state["step"], tuple(state["data_position"])
+        best_bpb, evals_since_best = state["best_bpb"], state["evals_since_best"]
+        say(f"resumed from {resume} at step {step}")
+    out_dir = Path(guard.run_dir) if guard.run_dir else Path(run_dir or ".")
+    for side, tok in (("teacher", t_tok), ("student", s_tok)):
+        (out_dir / f"tokenizer-{side}.json").write_text(tok.backend.to_str())
+    ratio = sum(len(e.pairs) for e in train_ex) / max(1, sum(len(e.student.ids) - 1 for e in train_ex))
+    say(f"teacher {type(teacher).__name__} V={V_t} | student {type(student).__name__} "
+        f"V={student.get_output_embeddings().weight.shape[0]} | vocab overlap {n_mapped} ids | "
+        f"train windows {len(train_ex)}, aligned positions {ratio:.1%} | run dir {out_dir}")
+
+    def state_dict() -> dict[str, Any]:
+        return {
+            "student": student.state_dict(), "proj": projs.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler else None,
+            "rng": ckpt.rng_state(), "step": step, "data_position": position, "best_bpb": best_bpb,
+            "evals_since_best": evals_since_best, "teacher_fingerprint": teacher_print,
+            "tokenizers": {"teacher": t_tok.backend.to_str(), "student": s_tok.backend.to_str()},
+            "config": cfg.to_dict(),
+        }
+
+    def run_eval() -> dict[str, float]:
+        with guard.phase("eval"):
+            metrics = evaluate(student, teacher, projs, eval_batches(eval_ex, t.batch_size, pad_s, pad_t), spec,
+                               amp, device, with_teacher=with_kd or with_hidden)
+            guard.eval(**metrics)
+        return metrics
+
+    def save(name: str) -> Path:
+        with guard.phase("save"):
+            path = ckpt.save(out_dir / name, state_dict())
+            guard.checkpoint_saved(path)
+        return path
+
+    # ---------------------------------------------------------------------------------------------
+    # the loop
+    losses: list[torch.Tensor] = []  # per optimizer step, kept on the device; read once at the end
+    evals: list[dict[str, float]] = []
+    stopped_early = False
+    micro, step_loss = 0, None
+    t0 = time.time()
+    data = train_batches(train_ex, t.batch_size, cfg.seed, *position, pad_s, pad_t)
+    with guard.phase("train"):
+        for data_epoch, data_index, batch in guard.batches(data):
+            position = (data_epoch, data_index)  # saved in checkpoints: a resumed run reads the next batch
+            if step >= t.max_steps:  # resumed from a finished run: nothing left to do
+                break
+            w = curriculum.weights(step)
+            with amp():
+                out = forward_losses(student, teacher, projs, to_device(batch, device), spec,
+                                     with_kd=with_kd, with_hidden=with_hidden)
+            aligned = out["aligned"].clamp(min=1)
+            lm = out["lm_sum"] / out["tokens"]
+            kd = out["kd_sum"] / aligned
+            hid = out["hidden_sum"] / aligned
+            loss = w["lm"] * lm + w["kd"] * kd + w["hidden"] * hid
+            (scaler.scale(loss / t.grad_accum) if scaler else loss / t.grad_accum).backward()
+            parts, weights = {"lm": lm.detach()}, {"lm": w["lm"]}
+            if with_kd:
+                parts["kd"], weights["kd"] = kd.detach(), w["kd"]
+            if with_hidden:
+                parts["hidden"], weights["hidden"] = hid.detach(), w["hidden"]
+            # log() before step(): extra scalars belong to the step that `guard.step` may close right here
+            guard.log(align_ratio=out["aligned"] / out["positions"])
+            guard.step(loss.detach(), parts=parts, weights=weights)
+            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+            micro += 1
+            if micro % t.grad_accum:
+                continue
+
+            # one optimizer step: unscale, clip, update, schedule (once per optimizer step), reset
+            if scaler:
+                scaler.unscale_(optimizer)
+            if o.clip > 0:
+                torch.nn.utils.clip_grad_norm_(trainable.parameters(), o.clip)
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(step_loss / t.grad_accum)
+            step_loss = None
+            step += 1
+
+            if step % t.log_every == 0 or step == 1:
+                # .item() syncs with the device: once every log_every steps, never on the hot path
+                say(f"step {step:5d}/{t.max_steps} | loss {losses[-1].item():.4f} | lm {lm.item():.4f} | "
+                    f"kd {kd.item():.4f} (w {w['kd']:.3f}) | hidden {hid.item():.4f} (w {w['hidden']:.3f}) | "
+                    f"lr {scheduler.get_last_lr()[0]:.2e} | {time.time() - t0:.1f}s")
+            if guard.due("eval", every=t.eval_every) or step == t.max_steps:
+                metrics = run_eval()
+                evals.append({"step": step, **metrics})
+                say(f"eval step {step}: ppl {metrics['perplexity']:.3f} bpb {metrics['bpb']:.4f}"
+                    + (f" kd_topk {metrics['kd_topk']:.4f} kl_full {metrics['kl_full']:.4f}" if "kd_topk" in metrics else ""))
+                # better = lower by more than a relative 1e-4: noise-level changes are not progress
+                if metrics["bpb"] < best_bpb * (1 - 1e-4):
+                    best_bpb, evals_since_best = metrics["bpb"], 0
+                    save("best.pt")
+                else:
+                    evals_since_best += 1
+                if t.patience and evals_since_best >= t.patience:
+                    say(f"early stop at step {step}: no better eval bpb in {t.patience} evaluations")
+                    stopped_early = True
+            if step % t.save_every == 0 or step == t.max_steps or stopped_early or step == stop_after:
+                save("last.pt")
+            if stopped_early or step >= t.max_steps or step == stop_after:
+                break
+    guard.finish()
+    return {
+        "losses": [float(x) for x in losses], "evals": evals, "step": step, "stopped_early": stopped_early,
+        "best_bpb": best_bpb, "run_dir": str(out_dir), "last": str(out_dir / "last.pt"),
+        "vocab_overlap": n_mapped, "align_ratio_train": ratio,
+    }

@@ -1,0 +1,31 @@
+"""`trainguard diagnose RUN`: the health rules over a stored run, as if it were running now.
+
+    trainguard diagnose trainguard-runs/20260101-120000-train
+
+Works on any run folder the probe ever wrote, including runs recorded before a rule existed: the
+rules re-read the store. Another input (a parsed log) only needs to produce the same event dicts and
+call `trainguard.rules.engine.run_rules`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainguard.errors import UserError
+from trainguard.findings import Finding, most_severe_first
+from trainguard.rules.engine import run_rules
+from trainguard.rules.live import output_events
+from trainguard.store.reader import RunReader
+
+
+def diagnose_run(run_dir: str | Path) -> list[Finding]:
+    """Every finding the rules make over the stored run, most severe first."""
+    run_dir = Path(run_dir)
+    with RunReader(run_dir) as reader:
+        if not reader.has_db:
+            raise UserError(f"{run_dir} has no run.db: the probe never recorded this run, nothing to diagnose")
+        plan = reader.meta().get("plan") or {}
+        events = list(reader.iter_events())
+        last = reader.last_step()
+    events += output_events(run_dir, (last or {}).get("step"))
+    return most_severe_first(run_rules(events, plan, source="diagnose"))

@@ -1,0 +1,207 @@
+"""The rules engine: feeds a run's events to every rule and collects what they find.
+
+    from trainguard.rules.engine import run_rules
+    findings = run_rules(RunReader(run_dir).iter_events(), plan=reader.meta().get("plan"))
+
+A rule sees plain event dicts, never the probe or the store, so the same rules run live (the watchdog's
+monitor, the probe's background thread) and offline (`trainguard diagnose`, or a reader that turned an
+old log into events). The event dicts are the ones `RunReader.iter_events()` yields:
+
+- a step row: ``{"kind": "step", "step", "t", "loss", "lr", "grad_norm", "update_ratio", "nonfinite",
+  "step_time", "data_wait", "loss_scale", "sched_epoch", "parts", "weights", "extra", "rank"}``; any
+  field may be missing or None (a log reader knows less than the probe);
+- an event: ``{"kind": "eval" | "checkpoint" | "phase" | "sample" | "experts" | "output" | ...,
+  "name", "step", "t", "data"}``.
+
+The plan (meta "plan": total_steps, grad_accum, scheduler, sched_horizon, output_size, ...) is passed
+alongside: it is what the run meant to do, the events are what it did.
+
+A rule fires at most once per cause: the engine remembers (name, cause) pairs it has reported.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from trainguard.findings import Finding
+
+
+class Rule:
+    """One rule: consumes events, returns a Finding when it is sure. This class is the whole surface.
+
+    Subclasses set `code`, `name`, `severity` (as in the catalogue) and override any of `on_step`,
+    `on_event`, `end`. Each returns a Finding or None (or a list, for a rule that escalates). A rule
+    keeps whatever state it needs; it must stay cheap per event (it may run in the training process).
+    """
+
+    code = ""
+    name = ""
+    severity = "warning"
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        self.plan = plan
+        self.total_steps: int | None = _pos_int(plan.get("total_steps"))
+        self.grad_accum: int = _pos_int(plan.get("grad_accum")) or 1
+
+    def on_step(self, row: dict[str, Any]) -> Finding | list[Finding] | None:
+        """Called with each optimizer step's row, in order."""
+        return None
+
+    def on_event(self, event: dict[str, Any]) -> Finding | list[Finding] | None:
+        """Called with each other event (eval, checkpoint, phase, sample, experts, output...)."""
+        return None
+
+    def end(self) -> Finding | list[Finding] | None:
+        """Called once when the stream is over (offline, or when the run ended)."""
+        return None
+
+    # -- helpers for subclasses ---------------------------------------------------------------------
+
+    def finding(self, *, step: int | None, summary: str, fix: str, evidence: dict[str, Any],
+                severity: str | None = None, cause: str | None = None) -> Finding:
+        return Finding(code=self.code, name=self.name, severity=severity or self.severity, summary=summary,
+                       evidence=evidence, fix=fix, step=step, cause=cause, source="rules")
+
+    def fraction(self, step: int | None) -> float | None:
+        """How far into the planned run `step` is (0..1+), None when the plan has no length."""
+        if step is None or not self.total_steps:
+            return None
+        return step / self.total_steps
+
+    def window(self, share: float = 0.05, lo: int = 20, hi: int = 200) -> int:
+        """A window in steps: `share` of the planned run, clamped to [lo, hi] (hi without a plan)."""
+        if not self.total_steps:
+            return hi
+        return int(min(hi, max(lo, share * self.total_steps)))
+
+
+class Engine:
+    """Holds one instance of every rule and feeds them events. Live callers feed as events arrive."""
+
+    def __init__(self, plan: dict[str, Any] | None = None, rules: list[type[Rule]] | None = None,
+                 source: str = "rules") -> None:
+        self.plan = dict(plan or {})
+        self.source = source
+        self.rules = [cls(self.plan) for cls in (rules if rules is not None else all_rules())]
+        self._reported: set[tuple[str, str | None]] = set()
+        self.errors: list[str] = []  # rules that raised: switched off, named here (fail-open)
+        self.last_step: int | None = None
+
+    def feed(self, event: dict[str, Any]) -> list[Finding]:
+        """Feeds one event to every rule; returns the findings that are new."""
+        kind = event.get("kind")
+        if kind == "step":
+            if event.get("rank") not in (None, 0):
+                return []  # rank 0 speaks for the run; the distributed family reads the other ranks
+            self.last_step = event.get("step")
+        out: list[Finding] = []
+        for rule in list(self.rules):
+            try:
+                got = rule.on_step(event) if kind == "step" else rule.on_event(event)
+            except Exception as exc:  # a broken rule must not take the others (or the run) down
+                self._drop(rule, exc)
+                continue
+            out.extend(self._new(got))
+        return out
+
+    def feed_all(self, events: Iterable[dict[str, Any]]) -> list[Finding]:
+        out: list[Finding] = []
+        for event in events:
+            out.extend(self.feed(event))
+        return out
+
+    def end(self) -> list[Finding]:
+        out: list[Finding] = []
+        for rule in list(self.rules):
+            try:
+                out.extend(self._new(rule.end()))
+            except Exception as exc:
+                self._drop(rule, exc)
+        return out
+
+    def _new(self, got: Finding | list[Finding] | None) -> list[Finding]:
+        if got is None:
+            return []
+        new = []
+        for f in got if isinstance(got, list) else [got]:
+            key = (f.name, f.cause)
+            if key in self._reported:
+                continue
+            self._reported.add(key)
+            f.source = self.source
+            if f.t is None:
+                f.t = time.time()
+            new.append(f)
+        return new
+
+    def _drop(self, rule: Rule, exc: Exception) -> None:
+        self.errors.append(f"rule {rule.name} raised {exc!r} and was switched off")
+        self.rules.remove(rule)
+
+
+def run_rules(events: Iterable[dict[str, Any]], plan: dict[str, Any] | None = None,
+              source: str = "diagnose") -> list[Finding]:
+    """Every finding the rules make over a finished stream of events (a stored run, a parsed log)."""
+    engine = Engine(plan, source=source)
+    found = engine.feed_all(events)
+    return found + engine.end()
+
+
+def all_rules() -> list[type[Rule]]:
+    """The rule classes named in the catalogue (the one registry), in catalogue order."""
+    from trainguard.rules.catalog import CATALOG
+
+    out = []
+    for entry in CATALOG:
+        if entry.status == "removed":
+            continue
+        obj = entry.resolve()
+        if isinstance(obj, type) and issubclass(obj, Rule) and obj not in out:
+            out.append(obj)
+    return out
+
+
+# -- small numeric helpers shared by the rule modules ------------------------------------------------
+
+def finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def median(values: list[float]) -> float:
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def robust_std(values: list[float]) -> float:
+    """1.4826 x the median absolute deviation: a standard deviation that one spike cannot inflate."""
+    if len(values) < 2:
+        return 0.0
+    m = median(values)
+    return 1.4826 * median([abs(v - m) for v in values])
+
+
+def fmt(value: Any) -> str:
+    """A number as a person reads it in a finding: 3 significant digits, scientific when tiny or huge."""
+    if not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if not math.isfinite(value):
+        return str(value)
+    if value == 0:
+        return "0"
+    if abs(value) < 1e-3 or abs(value) >= 1e5:
+        return f"{value:.2e}"
+    return f"{value:.3g}"
+
+
+def _pos_int(value: Any) -> int | None:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        return None
+    return v if v > 0 else None

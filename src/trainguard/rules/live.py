@@ -1,0 +1,74 @@
+"""The rules on a live run: read what the store gained since the last look, feed it to the engine.
+
+Two callers, one class: the watchdog's monitor (`RulesMonitor`, polled by the supervisor every half
+second) and the probe's background thread when no watchdog is there (`trainguard.probe.guard`). Both
+read the run folder, so both feed the rules exactly what `trainguard diagnose` would read afterwards.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainguard.findings import Finding
+from trainguard.rules.engine import Engine
+from trainguard.store.reader import RunReader
+
+
+class LiveRules:
+    """Feeds new steps (by rowid) and events (by id) of one run folder to an engine."""
+
+    def __init__(self, source: str = "rules") -> None:
+        self.source = source
+        self.engine: Engine | None = None
+        self.rowid = 0
+        self.event_id = 0
+
+    def poll(self, reader: RunReader, extra: list[dict[str, Any]] | None = None) -> list[Finding]:
+        """New findings from what was committed since the last poll (plus `extra` events, e.g. output)."""
+        if self.engine is None:
+            plan = reader.meta().get("plan")
+            if plan is None and reader.step_count() == 0:
+                return []  # the probe has not said what the run plans yet
+            self.engine = Engine(plan or {}, source=self.source)
+        steps = list(reader.steps(since_rowid=self.rowid))
+        events = [e for e in reader.events(since_id=self.event_id) if e["kind"] != "finding"]
+        if steps:
+            self.rowid = steps[-1]["rowid"]
+        if events:
+            self.event_id = events[-1]["id"]
+        merged = sorted(steps + events + list(extra or []), key=lambda e: e.get("t") or 0)
+        return self.engine.feed_all(merged)
+
+    def end(self) -> list[Finding]:
+        return self.engine.end() if self.engine is not None else []
+
+
+class RulesMonitor:
+    """The watchdog's monitor for the health rules (see `watchdog.supervisor.Monitor`)."""
+
+    def __init__(self) -> None:
+        self.live = LiveRules(source="rules")
+
+    def poll(self, state: Any) -> list[Finding]:
+        # The captured output becomes an event, so `log-flood` reads lines the same way offline.
+        output = {"kind": "output", "t": state.now, "step": state.step, "data": {"lines": state.output_lines}}
+        return self.live.poll(state.reader, extra=[output] if state.step else None)
+
+    def finish(self, state: Any) -> list[Finding]:
+        """After the process ended: the last rows it wrote, then the rules' end-of-run checks."""
+        return self.poll(state) + self.live.end()
+
+
+def output_events(run_dir: Path, steps: int | None) -> list[dict[str, Any]]:
+    """Offline, output.log stands for the lines the watchdog counted: one event at the start, one at the end."""
+    path = Path(run_dir) / "output.log"
+    if not steps or not path.is_file():
+        return []
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return []
+    lines = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").count(b"\n")
+    return [{"kind": "output", "t": None, "step": 0, "data": {"lines": 0}},
+            {"kind": "output", "t": None, "step": steps, "data": {"lines": lines}}]

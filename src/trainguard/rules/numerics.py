@@ -1,0 +1,236 @@
+"""TG3xx: numbers gone bad. NaN and inf in the loss and the gradients, an AMP loss scale that collapses."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from trainguard.findings import Finding
+from trainguard.rules.engine import Rule, finite, fmt, median
+
+RATE_ERROR = 0.01  # above 1% of steps, non-finite values are an error, not an accident
+
+
+def _nonfinite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not finite(value)
+
+
+class _RateRule(Rule):
+    """Shared by the two non-finite rules: a warning at the first occurrence, an error above 1% of steps."""
+
+    what = ""
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.steps = 0
+        self.hits: list[int] = []
+
+    def _count(self, row: dict[str, Any], hit: bool, first: Finding | None) -> list[Finding] | None:
+        self.steps += 1
+        if not hit:
+            return None
+        self.hits.append(row["step"])
+        out = [first] if first is not None else []
+        rate = len(self.hits) / self.steps
+        if len(self.hits) >= 2 and rate > RATE_ERROR:
+            out.append(self.finding(
+                step=self.hits[0], severity="error", cause="rate",
+                summary=f"{self.what} at {len(self.hits)} of {self.steps} steps ({rate:.1%}, above 1%) since step "
+                        f"{self.hits[0]}: this is no longer an accident",
+                fix="find the cause (the batches of those steps, the LR, fp16 overflow); do not clamp it away",
+                evidence={"steps": self.hits[:50], "count": len(self.hits), "of_steps": self.steps, "rate": rate,
+                          "detected_step": row["step"]},
+            ))
+        return out
+
+
+class NonfiniteLoss(_RateRule):
+    """TG301 nonfinite-loss: a NaN or inf loss (or loss part), or one clamped to exactly zero.
+
+    ## What it detects
+    The first step whose loss or any reported loss part is NaN or inf; and a loss part that reads
+    exactly 0.0 at an isolated step although its recent values are well above zero (a non-finite value
+    replaced by 0 before it was reported). The first occurrence is a warning; once such steps exceed 1%
+    of the steps seen (and there are at least two), an error finding follows with the rate.
+
+    ## Why it matters
+    A NaN loss puts NaN into every weight it touches; clamping it to zero hides the symptom and keeps
+    the bad batch in the data. Seed 001 clamped NaN losses to zero and planned to "watch the frequency":
+    this rule is that watch, with the step of each occurrence.
+
+    ## Example
+    `TG301 nonfinite-loss [warning] at step 1184: loss part lm is 0 exactly at step 1184 while its
+    median over the previous 20 steps is 3.12: a non-finite value clamped to zero?`
+
+    ## What to change
+    Look at the batch of that step (`guard.batches` makes it findable); check for log(0), division by
+    a zero count (an all-padding batch), fp16 overflow; fix the cause instead of clamping.
+
+    ## Known false positives
+    A loss part that can legitimately reach exactly zero (a hinge or margin loss).
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG301", "nonfinite-loss", "warning"
+    what = "non-finite (or zero-clamped) losses"
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.part_hist: dict[str, collections.deque[float]] = {}
+
+    def on_step(self, row: dict[str, Any]) -> list[Finding] | None:
+        step = row["step"]
+        bad: dict[str, Any] = {}
+        if _nonfinite(row.get("loss")):
+            bad["loss"] = row["loss"]
+        zeroed: dict[str, float] = {}
+        for name, value in (row.get("parts") or {}).items():
+            if _nonfinite(value):
+                bad[f"part {name}"] = value
+                continue
+            hist = self.part_hist.setdefault(name, collections.deque(maxlen=20))
+            if value == 0 and len(hist) >= 10 and min(hist) > 0 and median(list(hist)) > 1e-3:
+                zeroed[name] = median(list(hist))
+                continue  # the clamped zero stays out of the history it is judged against
+            if finite(value):
+                hist.append(value)
+        first = None
+        if not self.hits and bad:
+            what = ", ".join(f"{k} is {v}" for k, v in bad.items())
+            first = self.finding(
+                step=step, summary=f"{what} at step {step} (the first non-finite loss of the run)",
+                fix="look at this step's batch; check for log(0), division by a zero count, fp16 overflow",
+                evidence={"values": {k: str(v) for k, v in bad.items()}, "parts": row.get("parts"),
+                          "batch": (row.get("extra") or {}).get("nonfinite_batch"), "detected_step": step},
+            )
+        elif not self.hits and zeroed:
+            name, med = next(iter(zeroed.items()))
+            first = self.finding(
+                step=step, cause="zeroed",
+                summary=f"loss part {name} is 0 exactly at step {step} while its median over the previous 20 "
+                        f"steps is {fmt(med)}: a non-finite value clamped to zero?",
+                fix="report the raw value to guard.step and fix the cause (the batch of this step) instead of "
+                    "clamping it",
+                evidence={"part": name, "value": 0.0, "recent_median": med, "detected_step": step},
+            )
+        return self._count(row, bool(bad or zeroed), first)
+
+
+class NonfiniteGrad(_RateRule):
+    """TG302 nonfinite-grad: a NaN or inf gradient norm while the loss is finite.
+
+    ## What it detects
+    A sampled optimizer step (the probe measures the total gradient norm on the first `stats_every`
+    steps and every `stats_every` after) whose gradient norm is NaN or inf although the loss is
+    finite. The first occurrence is a warning; above 1% of the sampled steps, an error. Steps the AMP
+    GradScaler skips are not counted: skipping them is its job (see `grad-scaler-collapse`).
+
+    ## Why it matters
+    The optimizer writes that NaN into the weights; from the next step on every loss is NaN. A finite
+    loss with a non-finite gradient points at the backward pass: a sqrt or norm of zero, a custom
+    autograd function, an overflow in a low-precision matmul.
+
+    ## Example
+    `TG302 nonfinite-grad [warning] at step 120: the gradient norm is nan at step 120 while the loss is
+    2.31`
+
+    ## What to change
+    Clip gradients (clipping does not fix NaN, but `torch.nn.utils.clip_grad_norm_(...,
+    error_if_nonfinite=True)` stops at the first); look for sqrt/norm/div of values that can be zero;
+    run with `torch.autograd.set_detect_anomaly(True)` on the step's batch.
+
+    ## Known false positives
+    None known outside AMP, which is excluded.
+
+    ## Options
+    `trainguard.watch(stats_every=N)` sets how often the gradient norm is sampled.
+    """
+
+    code, name, severity = "TG302", "nonfinite-grad", "warning"
+    what = "non-finite gradient norms"
+
+    def on_step(self, row: dict[str, Any]) -> list[Finding] | None:
+        gn = row.get("grad_norm")
+        if gn is None:
+            return None
+        if _nonfinite(row.get("loss")):
+            self.steps += 1  # the loss's own rule speaks for this step
+            return None
+        hit = _nonfinite(gn)
+        first = None
+        if hit and not self.hits:
+            first = self.finding(
+                step=row["step"],
+                summary=f"the gradient norm is {gn} at step {row['step']} while the loss is {fmt(row.get('loss'))}",
+                fix="look for sqrt/norm/division of values that can be zero in the backward; clip with "
+                    "error_if_nonfinite=True; replay the step's batch under set_detect_anomaly",
+                evidence={"grad_norm": str(gn), "loss": row.get("loss"), "detected_step": row["step"]},
+            )
+        return self._count(row, hit, first)
+
+
+class GradScalerCollapse(Rule):
+    """TG303 grad-scaler-collapse: an AMP loss scale that keeps falling (optimizer steps being skipped).
+
+    ## What it detects
+    The GradScaler's loss scale (read by the probe without a sync) falling below 1, or falling at
+    half or more of the last 50 steps after the first 50 (each fall is a skipped optimizer step). The
+    usual calibration at the start (a few halvings from 65536) does not count.
+
+    ## Why it matters
+    Each fall means the gradients overflowed in fp16 and the optimizer step was skipped: the run burns
+    compute and learns nothing, while its loss curve looks merely flat. A scale below 1 means the
+    gradients overflow even unscaled: something produces inf or NaN every step.
+
+    ## Example
+    `TG303 grad-scaler-collapse [error] at step 1: the AMP loss scale fell 17 times in 17 steps, from
+    6.55e+04 to 0.5: optimizer steps are being skipped`
+
+    ## What to change
+    Find the overflow (a loss computed in fp16, an activation without a norm, an LR too high); use
+    bf16 where the hardware has it; lower the LR.
+
+    ## Known false positives
+    None known.
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG303", "grad-scaler-collapse", "error"
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.prev: float | None = None
+        self.peak = 0.0
+        self.falls: collections.deque[int] = collections.deque(maxlen=50)
+        self.n = 0
+        self.total_falls = 0
+        self.first_fall: int | None = None
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        scale = row.get("loss_scale")
+        if not finite(scale):
+            return None
+        self.n += 1
+        self.peak = max(self.peak, scale)
+        fell = self.prev is not None and scale < self.prev
+        self.prev = scale
+        self.falls.append(1 if fell else 0)
+        if fell:
+            self.total_falls += 1
+            if self.first_fall is None:
+                self.first_fall = row["step"]
+        collapsed = scale < 1 or (self.n > 50 and sum(self.falls) >= 25)
+        if not collapsed:
+            return None
+        return self.finding(
+            step=self.first_fall or row["step"],
+            summary=f"the AMP loss scale fell {self.total_falls} times in {self.n} steps, from {fmt(self.peak)} to "
+                    f"{fmt(scale)}: optimizer steps are being skipped",
+            fix="find the fp16 overflow (a loss or activation computed in fp16, an LR too high); prefer bf16",
+            evidence={"loss_scale": scale, "peak_scale": self.peak, "falls": self.total_falls, "steps": self.n,
+                      "falls_last_50": sum(self.falls), "detected_step": row["step"]},
+        )

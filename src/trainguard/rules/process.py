@@ -1,0 +1,385 @@
+"""TG52x: the process around the training: output, speed, data, memory, checkpoints.
+
+(TG501-506, crashes, hangs and artifacts, live in the watchdog; these are the health rules' share.)
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from trainguard.findings import Finding
+from trainguard.rules.engine import Rule, finite, fmt, median
+
+GIB = 2**30
+MIB = 2**20
+
+
+class LogFlood(Rule):
+    """TG521 log-flood: more lines of output per optimizer step than anyone can read.
+
+    ## What it detects
+    Lines the run printed (counted by the watchdog from its captured output; offline, from
+    `output.log`) per optimizer step, over a window of 2.5% of the planned run (20 to 100 steps): above
+    8 lines a step, with at least 200 lines in the window.
+
+    ## Why it matters
+    A log that scrolls dozens of lines a step hides the one line that matters, slows the loop (printing
+    can sync the device when it formats a tensor) and fills disks. Seed 004 printed 36 lines a step;
+    its real warnings were lost in them.
+
+    ## Example
+    `TG521 log-flood [warning] at step 1: 36.2 lines of output per optimizer step over steps 1-51
+    (1,846 lines)`
+
+    ## What to change
+    Print every N steps (`guard.due("log", every=N)`), move per-batch detail to a debug level, and
+    print each warning once.
+
+    ## Known false positives
+    A progress bar that redraws with newlines instead of carriage returns.
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG521", "log-flood", "warning"
+    PER_STEP = 8.0
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.w = self.window(0.025, 20, 100)
+        self.samples: collections.deque[tuple[int, int]] = collections.deque()
+
+    def on_event(self, event: dict[str, Any]) -> Finding | None:
+        if event.get("kind") != "output":
+            return None
+        step, lines = event.get("step"), (event.get("data") or {}).get("lines")
+        if step is None or lines is None:
+            return None
+        self.samples.append((int(step), int(lines)))
+        base = None
+        while len(self.samples) >= 2 and self.samples[1][0] <= step - self.w:
+            self.samples.popleft()
+        if self.samples[0][0] <= step - self.w:
+            base = self.samples[0]
+        if base is None:
+            return None
+        steps, count = step - base[0], lines - base[1]
+        rate = count / steps
+        if rate <= self.PER_STEP or count < 200:
+            return None
+        return self.finding(
+            step=max(1, base[0]),
+            summary=f"{rate:.1f} lines of output per optimizer step over steps {base[0]}-{step} ({fmt(count)} lines)",
+            fix="print every N steps (guard.due('log', every=N)) and each warning once",
+            evidence={"lines_per_step": rate, "lines": count, "steps": steps, "detected_step": step},
+        )
+
+
+class ThroughputDrop(Rule):
+    """TG522 throughput-drop: steps became much slower than the run's own normal.
+
+    ## What it detects
+    The median step time over the last 50 steps against the run's own baseline (the median of its
+    steps 6-55): more than 3x slower and at least 10 ms more a step.
+
+    ## Why it matters
+    A run that slows down mid-way finishes late or not at all within its allocation: a leak that
+    makes the allocator thrash, a dataloader worker that died, a thermal throttle, a growing Python
+    list scanned each step, another job on the same GPU.
+
+    ## Example
+    `TG522 throughput-drop [warning] at step 180: steps take 41.2 ms (median of the last 50) against
+    a baseline of 6.1 ms (steps 6-55), 6.8x slower; data wait is 2% of it`
+
+    ## What to change
+    Look at what changed at that step: data wait (`data-wait-dominant`), memory (`memory-creep`),
+    other processes on the machine; take a py-spy dump of the slow loop.
+
+    ## Known false positives
+    A run that deliberately switches to longer sequences or larger batches.
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG522", "throughput-drop", "warning"
+    W = 50
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.base: list[float] = []
+        self.base_steps: tuple[int, int] | None = None
+        self.recent: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=self.W)
+        self.skip = 5
+        self.n = 0
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        st = row.get("step_time")
+        if not finite(st) or st <= 0:
+            return None
+        self.n += 1
+        if self.n <= self.skip:
+            return None  # warm-up steps (allocation, compilation) are not the baseline
+        if len(self.base) < self.W:
+            self.base.append(st)
+            if len(self.base) == self.W:
+                self.base_steps = (row["step"] - self.W + 1, row["step"])
+            return None
+        wait = row.get("data_wait") if finite(row.get("data_wait")) else 0.0
+        self.recent.append((row["step"], st, wait))
+        if len(self.recent) < self.W or self.n % 10:
+            return None
+        base = median(self.base)
+        now = median([s for _, s, _ in self.recent])
+        if now <= 3 * base or now - base < 0.010:
+            return None
+        onset = next((s for s, t, _ in self.recent if t > 2 * base), self.recent[0][0])
+        share = sum(w for _, _, w in self.recent) / max(1e-12, sum(t for _, t, _ in self.recent))
+        return self.finding(
+            step=onset,
+            summary=f"steps take {now * 1e3:.1f} ms (median of the last {self.W}) against a baseline of "
+                    f"{base * 1e3:.1f} ms (steps {self.base_steps[0]}-{self.base_steps[1]}), {now / base:.1f}x "
+                    f"slower; data wait is {share:.0%} of it",
+            fix="look at what changed at that step: data wait, memory, other processes; py-spy dump the loop",
+            evidence={"baseline_s": base, "recent_s": now, "ratio": now / base, "data_wait_share": share,
+                      "detected_step": row["step"]},
+        )
+
+
+class DataWaitDominant(Rule):
+    """TG523 data-wait-dominant: the loop spends most of each step waiting for data.
+
+    ## What it detects
+    From `guard.batches(loader)`: the time spent waiting for the next batch as a share of step time,
+    summed over the last 20 steps: above 50%, with at least 2 ms of waiting per step.
+
+    ## Why it matters
+    The accelerator idles while the input pipeline catches up: the run costs twice what it should.
+
+    ## Example
+    `TG523 data-wait-dominant [warning] at step 60: 78% of step time over the last 20 steps is spent
+    waiting for data (31.0 ms of 39.7 ms a step)`
+
+    ## What to change
+    More `num_workers`, `pin_memory=True`, `persistent_workers=True`, prefetching, pre-tokenised
+    data, decoding off the training process.
+
+    ## Known false positives
+    Tiny models on a CPU, where even a fast loader is comparable to the step.
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG523", "data-wait-dominant", "warning"
+    W = 20
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.recent: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=self.W)
+        self.n = 0
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        st, wait = row.get("step_time"), row.get("data_wait")
+        if not (finite(st) and finite(wait)) or st <= 0:
+            return None
+        self.n += 1
+        self.recent.append((row["step"], st, wait))
+        if len(self.recent) < self.W or self.n % 5:
+            return None
+        total = sum(t for _, t, _ in self.recent)
+        waited = sum(w for _, _, w in self.recent)
+        share = waited / total
+        if share <= 0.5 or waited / self.W < 0.002:
+            return None
+        return self.finding(
+            step=self.recent[0][0],
+            summary=f"{share:.0%} of step time over the last {self.W} steps is spent waiting for data "
+                    f"({waited / self.W * 1e3:.1f} ms of {total / self.W * 1e3:.1f} ms a step)",
+            fix="more DataLoader workers, pin_memory, persistent_workers, prefetching, pre-processed data",
+            evidence={"share": share, "wait_per_step_s": waited / self.W, "step_time_s": total / self.W,
+                      "detected_step": row["step"]},
+        )
+
+
+class MemoryCreep(Rule):
+    """TG524 memory-creep: host or device memory that grows steadily while the run trains.
+
+    ## What it detects
+    Memory samples the probe takes once a second (host RSS; on CUDA, allocated device memory). After
+    the first two samples (start-up), the rule fires when at least 6 samples have been taken, memory
+    rose in at least 80% of the intervals, and it grew by at least 20% and 64 MiB since then.
+
+    ## Why it matters
+    A leak ends in an out-of-memory kill hours in, usually after the last checkpoint. The classic:
+    keeping `loss` (a tensor with its graph) in a list instead of `loss.item()`, caches keyed by
+    batch, growing lists of metrics.
+
+    ## Example
+    `TG524 memory-creep [warning] at step 40: host RSS grew from 412 MiB to 780 MiB over 7 samples
+    (steps 40-380), rising in 100% of them`
+
+    ## What to change
+    Store `.item()` or `.detach()` of what you keep; clear caches; look for lists that grow per step.
+
+    ## Known false positives
+    A run that grows a replay buffer or cache by design; the first minutes of a run that fills its
+    allocator's cache.
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG524", "memory-creep", "warning"
+    SERIES = (("rss", "host RSS"), ("dev_allocated", "device memory allocated"))
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.series: dict[str, list[tuple[int, float]]] = {}
+
+    def on_event(self, event: dict[str, Any]) -> Finding | None:
+        if event.get("kind") != "sample":
+            return None
+        data = event.get("data") or {}
+        for key, label in self.SERIES:
+            value = data.get(key)
+            if not finite(value):
+                continue
+            pts = self.series.setdefault(key, [])
+            pts.append((event.get("step") or 0, float(value)))
+            used = pts[2:]
+            if len(used) < 6:
+                continue
+            rises = sum(1 for a, b in zip(used, used[1:]) if b[1] > a[1])
+            first, last = used[0][1], used[-1][1]
+            if rises < 0.8 * (len(used) - 1) or last - first < max(0.2 * first, 64 * MIB):
+                continue
+            return self.finding(
+                step=used[0][0],
+                summary=f"{label} grew from {first / MIB:.0f} MiB to {last / MIB:.0f} MiB over {len(used)} samples "
+                        f"(steps {used[0][0]}-{used[-1][0]}), rising in {rises / (len(used) - 1):.0%} of them",
+                fix="keep .item() or .detach() of what you store per step; clear caches; find the list that grows",
+                evidence={"series": key, "first_bytes": first, "last_bytes": last, "samples": len(used),
+                          "detected_step": event.get("step")},
+                cause=key,
+            )
+        return None
+
+
+class DeviceMemoryNearFull(Rule):
+    """TG525 device-memory-near-full: the accelerator's memory is 95% or more in use.
+
+    ## What it detects
+    Three memory samples in a row (one a second) where the device's used memory (total minus free,
+    from the driver, so other processes on the same device count too) is at least 95% of its total.
+
+    ## Why it matters
+    At 96-98% (seed 002) the next longer sequence or larger eval batch is an out-of-memory crash,
+    and the caching allocator spends time defragmenting. Better to know while there is headroom to
+    decide.
+
+    ## Example
+    `TG525 device-memory-near-full [warning] at step 120: device 0 is 97% full (77.1 of 79.6 GiB in
+    use; this process has 74.0 GiB allocated, 76.2 GiB reserved)`
+
+    ## What to change
+    Smaller micro-batch with more gradient accumulation, activation checkpointing, bf16, shorter
+    `max_length`, `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` for fragmentation.
+
+    ## Known false positives
+    Frameworks that reserve most of the memory up front on purpose (JAX-style preallocation).
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG525", "device-memory-near-full", "warning"
+    FULL = 0.95
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.full: list[dict[str, Any]] = []
+
+    def on_event(self, event: dict[str, Any]) -> Finding | None:
+        if event.get("kind") != "sample":
+            return None
+        d = event.get("data") or {}
+        total, free = d.get("dev_total"), d.get("dev_free")
+        if not (finite(total) and finite(free)) or total <= 0:
+            return None
+        used = (total - free) / total
+        if used < self.FULL:
+            self.full = []
+            return None
+        self.full.append(event)
+        if len(self.full) < 3:
+            return None
+        return self.finding(
+            step=self.full[0].get("step"),
+            summary=f"device {d.get('device', 0)} is {used:.0%} full ({(total - free) / GIB:.1f} of {total / GIB:.1f} "
+                    f"GiB in use; this process has {d.get('dev_allocated', 0) / GIB:.1f} GiB allocated, "
+                    f"{d.get('dev_reserved', 0) / GIB:.1f} GiB reserved)",
+            fix="smaller micro-batch with more accumulation, activation checkpointing, bf16, shorter sequences",
+            evidence={**d, "used_fraction": used, "detected_step": event.get("step")},
+        )
+
+
+class CheckpointStale(Rule):
+    """TG526 checkpoint-stale: no checkpoint for far longer than the run's own interval.
+
+    ## What it detects
+    After two checkpoints (`guard.checkpoint_saved(path)`), the run's own interval is the median gap
+    in steps between them. The rule fires when 2.5 intervals (and at least 10 steps more than one)
+    have passed since the last checkpoint.
+
+    ## Why it matters
+    A crash now loses everything since the last checkpoint, and a restart resumes from further back
+    than anyone planned. Saving stops silently more often than it fails loudly: a condition on the
+    step that stops matching, a save inside a branch the loop no longer reaches, a full disk caught by
+    a bare `except`.
+
+    ## Example
+    `TG526 checkpoint-stale [warning] at step 120: no checkpoint since step 100 (50 steps ago); the run
+    saved every 20 steps until then`
+
+    ## What to change
+    Check the save condition and its `try`; save on a step count (`guard.due("save", every=N)`).
+
+    ## Known false positives
+    A run that saves more often at the start by design.
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG526", "checkpoint-stale", "warning"
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.saves: list[int] = []
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event.get("kind") == "checkpoint" and event.get("step") is not None:
+            if not self.saves or event["step"] > self.saves[-1]:
+                self.saves.append(int(event["step"]))
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        if len(self.saves) < 2:
+            return None
+        gaps = [b - a for a, b in zip(self.saves, self.saves[1:]) if b > a]
+        if not gaps:
+            return None
+        interval = median(gaps)
+        since = row["step"] - self.saves[-1]
+        if since < 2.5 * interval or since < interval + 10:
+            return None
+        return self.finding(
+            step=int(self.saves[-1] + interval),
+            summary=f"no checkpoint since step {self.saves[-1]} ({since} steps ago); the run saved every "
+                    f"{fmt(interval)} steps until then",
+            fix="check the save condition and its try/except; save on a step count (guard.due('save', every=N))",
+            evidence={"last_checkpoint_step": self.saves[-1], "interval": interval, "steps_since": since,
+                      "checkpoints": self.saves[-10:], "detected_step": row["step"]},
+        )

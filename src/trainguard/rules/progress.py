@@ -1,0 +1,488 @@
+"""TG2xx: is the run learning? Weights that do not move, losses that do not fall or blow up."""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any
+
+from trainguard.findings import Finding
+from trainguard.rules.engine import Rule, finite, fmt, median, robust_std
+
+
+class WeightsNotUpdating(Rule):
+    """TG201 weights-not-updating: optimizer steps that change no weight.
+
+    ## What it detects
+    Two sampled optimizer steps in a row whose update ratio (the norm of the change of a sample of
+    the model's trainable weights over their norm, measured by the probe on the first `stats_every`
+    steps and every `stats_every` steps after) is exactly zero. The finding says which of the usual
+    causes the numbers point to: an LR of zero, all gradients zero, or an optimizer that does not
+    hold the model's parameters.
+
+    ## Why it matters
+    A step that changes nothing costs a full step. Seed 002's evaluation loss read 101.40 three times in
+    a row because no weight moved.
+
+    ## Example
+    `TG201 weights-not-updating [error] at step 1: 2 sampled optimizer steps in a row changed no weight
+    (update ratio 0; lr 1.00e-03, grad norm 2.31): the optimizer does not hold the model's parameters`
+
+    ## What to change
+    Build the optimizer from `model.parameters()` after the model is final (after `.to(device)`,
+    after wrapping); check the LR and that `loss.backward()` runs before `optimizer.step()`.
+
+    ## Known false positives
+    Weights in a dtype too coarse for the update (bf16 weights with a tiny LR) also read as zero: a
+    real problem, but of precision, not of wiring.
+
+    ## Options
+    `trainguard.watch(stats_every=N)` sets how often the update ratio is sampled.
+    """
+
+    code, name, severity = "TG201", "weights-not-updating", "error"
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.zeros: list[dict[str, Any]] = []
+        self.not_in_optimizer: dict[str, Any] | None = None
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event.get("kind") == "params-not-in-optimizer":
+            self.not_in_optimizer = event.get("data") or {}
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        ratio = row.get("update_ratio")
+        if not finite(ratio):
+            return None
+        if ratio > 0:
+            self.zeros = []
+            return None
+        self.zeros.append(row)
+        if len(self.zeros) < 2:
+            return None
+        first = self.zeros[0]
+        lr, gn = first.get("lr"), first.get("grad_norm")
+        if finite(lr) and lr == 0:
+            why, cause = "the learning rate is 0", "lr-zero"
+        elif finite(gn) and gn == 0:
+            why, cause = "every gradient is zero (is the loss detached from the model?)", "zero-grad"
+        elif self.not_in_optimizer:
+            why = f"{self.not_in_optimizer.get('count')} trainable parameters are not in the optimizer"
+            cause = "not-in-optimizer"
+        else:
+            why, cause = "the optimizer does not update the model's parameters", "wrong-params"
+        return self.finding(
+            step=first["step"],
+            summary=f"{len(self.zeros)} sampled optimizer steps in a row changed no weight (update ratio 0; "
+                    f"lr {fmt(lr)}, grad norm {fmt(gn)}): {why}",
+            fix="build the optimizer from model.parameters() once the model is final; check the LR and that "
+                "loss.backward() runs before optimizer.step()",
+            evidence={"steps": [r["step"] for r in self.zeros], "update_ratio": 0.0, "lr": lr, "grad_norm": gn,
+                      "detected_step": row["step"], "params_not_in_optimizer": self.not_in_optimizer},
+            cause=cause,
+        )
+
+
+class ParamsWithoutGrad(Rule):
+    """TG202 params-without-grad: trainable parameters that never get a gradient or are in no optimizer group.
+
+    ## What it detects
+    Two things the probe sees: at `trainguard.watch`, model parameters with `requires_grad=True` that
+    are in no param group of the optimizer; and during training, parameters in the optimizer that have
+    no gradient at every sampled step since the start (they are not in the graph of the loss).
+
+    ## Why it matters
+    Those parameters never learn, silently: a new head left out of the optimizer, a branch the
+    forward never uses, a module re-created after the optimizer was built. Under DDP the second kind
+    also breaks gradient reduction.
+
+    ## Example
+    `TG202 params-without-grad [warning] at step 0: 2 of 6 trainable parameters are in no optimizer
+    param group: head.weight, head.bias`
+
+    ## What to change
+    Build the optimizer after the model is complete; set `requires_grad_(False)` on what is frozen on
+    purpose; remove or use the unused branch.
+
+    ## Known false positives
+    Mixture-of-experts layers where an expert receives no token at some steps (their gradient is
+    None then), if that happens at every sampled step.
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG202", "params-without-grad", "warning"
+    MIN_SAMPLES = 5
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.samples: list[tuple[int, int]] = []
+        self.broken = False
+
+    def on_event(self, event: dict[str, Any]) -> Finding | None:
+        if event.get("kind") != "params-not-in-optimizer":
+            return None
+        d = event.get("data") or {}
+        names = d.get("names") or []
+        return self.finding(
+            step=event.get("step") or 0,
+            summary=f"{d.get('count')} of {d.get('total_trainable')} trainable parameters are in no optimizer "
+                    f"param group: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}",
+            fix="build the optimizer after the model is complete, or requires_grad_(False) what is frozen on purpose",
+            evidence=d, cause="not-in-optimizer",
+        )
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        if self.broken or not finite(row.get("grad_norm")):
+            return None  # only sampled steps count gradients
+        missing = (row.get("extra") or {}).get("params_without_grad") or 0
+        if not missing:
+            self.broken = True  # some sampled step had every gradient: not "never"
+            return None
+        self.samples.append((row["step"], int(missing)))
+        if len(self.samples) < self.MIN_SAMPLES:
+            return None
+        self.broken = True
+        counts = [c for _, c in self.samples]
+        return self.finding(
+            step=self.samples[0][0],
+            summary=f"{min(counts)} parameter tensors in the optimizer had no gradient at every one of the "
+                    f"{len(counts)} sampled steps since step {self.samples[0][0]}: they are not in the loss's graph",
+            fix="use or remove the unused module, or requires_grad_(False) what is frozen on purpose",
+            evidence={"samples": self.samples, "detected_step": row["step"]}, cause="never-grad",
+        )
+
+
+def _eval_key(data: dict[str, Any]) -> tuple | None:
+    numeric = {k: v for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if not numeric:
+        return None
+    # A metric pinned at a bound (accuracy 1.0, error 0.0) is not frozen, it is finished.
+    if all(v in (0.0, 1.0) for v in numeric.values()):
+        return None
+    return tuple(sorted((k, float(f"{v:.7g}") if finite(v) else str(v)) for k, v in numeric.items()))
+
+
+class EvalMetricsFrozen(Rule):
+    """TG203 eval-metrics-frozen: identical evaluation results across three or more evaluations.
+
+    ## What it detects
+    Three evaluations in a row (`guard.eval(...)`) whose numeric results are all identical (to 7
+    significant digits). Results made only of 0s and 1s (an accuracy at 100%) do not count.
+
+    ## Why it matters
+    Between two evaluations the weights changed, so the results should too. Identical results mean
+    the weights did not change (seed 002: `101.40 -> 101.40 -> 101.40` with the LR at zero), or the
+    evaluation does not look at the model being trained (a stale copy, a cached result).
+
+    ## Example
+    `TG203 eval-metrics-frozen [error] at step 1000: 3 evaluations in a row gave identical results
+    (loss=101.4) at steps 1000, 2000, 3000`
+
+    ## What to change
+    Check that the weights move (`weights-not-updating`, `lr-reaches-zero`) and that the evaluation
+    runs the model being trained, not a copy made before training.
+
+    ## Known false positives
+    An evaluation that reports a rounded or integer metric that truly did not change.
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG203", "eval-metrics-frozen", "error"
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.key: tuple | None = None
+        self.same: list[dict[str, Any]] = []
+
+    def on_event(self, event: dict[str, Any]) -> Finding | None:
+        if event.get("kind") != "eval":
+            return None
+        key = _eval_key(event.get("data") or {})
+        if key is None:
+            return None
+        if key != self.key:
+            self.key, self.same = key, [event]
+            return None
+        self.same.append(event)
+        if len(self.same) < 3:
+            return None
+        values = ", ".join(f"{k}={fmt(v)}" for k, v in key)
+        steps = [e.get("step") for e in self.same]
+        return self.finding(
+            step=steps[0],
+            summary=f"{len(self.same)} evaluations in a row gave identical results ({values}) at steps "
+                    f"{', '.join(str(s) for s in steps)}",
+            fix="check that the weights move (lr, optimizer params) and that evaluation runs the model being "
+                "trained, not a copy",
+            evidence={"metrics": dict(key), "steps": steps, "detected_step": steps[-1]},
+        )
+
+
+class LossNotDecreasing(Rule):
+    """TG204 loss-not-decreasing: no improvement beyond the loss's own noise over a window of the run.
+
+    ## What it detects
+    After a window of 5% of the planned run (at least 50, at most 200 steps; 200 without a plan), the
+    median loss of the first half of the steps so far is compared with the median of the latest half.
+    The loss must have fallen by more than twice the standard error of that comparison (from the
+    loss's own step-to-step noise) and by at least 1% of its starting level, or the rule fires. When
+    the loss is so noisy that a fall of 5% could not be told from noise yet, the rule waits for more
+    steps (up to a quarter of the run) before it decides. It decides once.
+
+    ## Why it matters
+    A run that does not learn in its first few percent rarely learns later: the data do not match the
+    labels, the loss is computed on the wrong tensors, gradients do not reach the model, or the LR is
+    far too small. Every step after that is wasted.
+
+    ## Example
+    `TG204 loss-not-decreasing [warning] at step 1: after 50 steps the loss is 2.31 (median of the
+    last 25), against 2.30 over its first 25 steps; its step-to-step noise is 0.041`
+
+    ## What to change
+    Look at a batch: do inputs and targets line up? Is the LR sensible for the optimizer? Do the
+    other rules name a cause (`lr-reaches-zero`, `weights-not-updating`)?
+
+    ## Known false positives
+    Fine-tuning a model that already solves the task (the loss starts at its floor); a warmup longer
+    than the window that keeps the LR near zero.
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG204", "loss-not-decreasing", "warning"
+    MAX_KEEP = 2000
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.w = self.window(0.05, 50, 200)
+        self.patience = max(self.w, int(0.25 * self.total_steps)) if self.total_steps else 1000
+        self.losses: list[float] = []
+        self.first_step: int | None = None
+        self.n = 0
+        self.next_check = self.w
+        self.decided = False
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        loss = row.get("loss")
+        if self.decided or not finite(loss):
+            return None
+        self.n += 1
+        if self.first_step is None:
+            self.first_step = row["step"]
+        self.losses.append(loss)
+        if len(self.losses) > self.MAX_KEEP:
+            del self.losses[self.MAX_KEEP // 2 : self.MAX_KEEP // 2 + 1]  # keep the start, thin the middle
+        if self.n < self.next_check:
+            return None
+        k = len(self.losses) // 2
+        self.next_check = self.n + max(5, k // 4)
+        first, recent = self.losses[:k], self.losses[-k:]
+        start, now = median(first), median(recent)
+        noise = robust_std(recent)
+        se = 1.25 * noise * math.sqrt(2.0 / k)
+        if se > 0.025 * abs(start) and self.n < self.patience:
+            return None  # too noisy to tell a 5% fall from chance yet: wait for more steps
+        self.decided = True
+        need = max(2 * se, 0.01 * abs(start))
+        if start - now > need:
+            return None
+        return self.finding(
+            step=self.first_step,
+            summary=f"after {self.n} steps the loss is {fmt(now)} (median of the last {k}), against "
+                    f"{fmt(start)} over its first {k} steps; its step-to-step noise is {fmt(noise)}",
+            fix="check that inputs and targets line up, the LR suits the optimizer, and gradients reach the model",
+            evidence={"start_median": start, "recent_median": now, "noise": noise, "needed_drop": need,
+                      "window": k, "detected_step": row["step"]},
+        )
+
+
+class InitialLossOff(Rule):
+    """TG205 initial-loss-off: the first losses are far above what the task implies.
+
+    ## What it detects
+    When the probe can read the model's output size (the last linear layer's `out_features`, or
+    `vocab_size`/`num_classes`/`num_labels` in the config given to `trainguard.watch`), a freshly
+    initialised classifier or language model should start near ln(output size): the loss of a uniform
+    guess. The rule fires when the median of the first three losses is more than 3x that and more
+    than 2 above it.
+
+    ## Why it matters
+    A first loss far above ln(V) means the loss is not what it seems: summed instead of averaged,
+    multiplied by a weight, mixed with other terms of another scale, or logits blown up by the
+    initialisation. Seed 002 started at 101.4 where ln(49152) = 10.8.
+
+    ## Example
+    `TG205 initial-loss-off [warning] at step 1: the first losses are 101 (median of 3), 9.4x ln(49,152)
+    = 10.8, the loss of a uniform guess over the model's 49,152 outputs`
+
+    ## What to change
+    Check the reduction (`mean`, not `sum`), the weights of the loss parts, and the scale of the
+    output layer's initialisation.
+
+    ## Known false positives
+    Models whose last linear layer is not the output (regression heads with several outputs, models
+    that register the output layer before others); losses that are not cross-entropy.
+
+    ## Options
+    Pass `config={"vocab_size": V}` (or `num_classes`) to `trainguard.watch` to state the output size.
+    """
+
+    code, name, severity = "TG205", "initial-loss-off", "warning"
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        size = plan.get("output_size")
+        self.size = int(size) if finite(size) and size >= 2 else None
+        self.first: list[tuple[int, float]] = []
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        if self.size is None or len(self.first) >= 3 or not finite(row.get("loss")):
+            return None
+        self.first.append((row["step"], row["loss"]))
+        if len(self.first) < 3:
+            return None
+        start = median([v for _, v in self.first])
+        expected = math.log(self.size)
+        if start <= 3 * expected or start - expected <= 2:
+            return None
+        return self.finding(
+            step=self.first[0][0],
+            summary=f"the first losses are {fmt(start)} (median of 3), {start / expected:.1f}x ln({fmt(self.size)}) "
+                    f"= {fmt(expected)}, the loss of a uniform guess over the model's {fmt(self.size)} outputs",
+            fix="check the loss reduction (mean, not sum), the weights of loss parts, and the output layer's init",
+            evidence={"first_losses": [v for _, v in self.first], "output_size": self.size,
+                      "expected": expected, "ratio": start / expected, "detected_step": row["step"]},
+        )
+
+
+class LossDiverging(Rule):
+    """TG206 loss-diverging: the loss climbs back up, well above the best level it reached.
+
+    ## What it detects
+    The loss is summarised by block medians (blocks of 2% of the planned run, 10 to 50 steps). The
+    rule fires when the two latest blocks are both above the best earlier block by more than the
+    largest of: 3x that block's noise, half the best level, and a quarter of the progress the run had
+    made (first block minus best).
+
+    ## Why it matters
+    A loss that turns round and climbs is usually heading for NaN: an LR too high for this stage, a
+    warmup too short, an optimizer state gone bad. Caught early, the run can be stopped and resumed
+    from the checkpoint before the climb with a lower LR.
+
+    ## Example
+    `TG206 loss-diverging [error] at step 501: the loss rose from its best 0.412 (steps 481-500) to 2.45
+    (steps 521-540) and stays there (median 3.12 over steps 501-520)`
+
+    ## What to change
+    Lower the peak LR or lengthen the warmup, clip gradients, and resume from the last good checkpoint.
+
+    ## Known false positives
+    A curriculum that deliberately switches to harder data (the loss of the new data is higher).
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG206", "loss-diverging", "error"
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.k = self.window(0.02, 10, 50) if self.total_steps else 25
+        self.block: list[float] = []
+        self.block_start: int | None = None
+        self.blocks: list[tuple[int, int, float, float]] = []  # (first step, last step, median, noise)
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        loss = row.get("loss")
+        if not finite(loss):
+            return None
+        if not self.block:
+            self.block_start = row["step"]
+        self.block.append(loss)
+        if len(self.block) < self.k:
+            return None
+        self.blocks.append((self.block_start, row["step"], median(self.block), robust_std(self.block)))
+        self.block = []
+        if len(self.blocks) < 4:
+            return None
+        best = min(self.blocks[:-2], key=lambda b: b[2])
+        b, c = self.blocks[-2], self.blocks[-1]
+        first = self.blocks[0][2]
+        need = max(3 * best[3], 0.5 * abs(best[2]), 0.25 * (first - best[2]))
+        if c[2] - best[2] <= need or b[2] - best[2] <= need:
+            return None
+        onset = next(blk for blk in self.blocks if blk[0] > best[1] and blk[2] > best[2] + 0.5 * need)
+        return self.finding(
+            step=onset[0],
+            summary=f"the loss rose from its best {fmt(best[2])} (steps {best[0]}-{best[1]}) to {fmt(c[2])} "
+                    f"(steps {c[0]}-{c[1]}) and stays there (median {fmt(b[2])} over steps {b[0]}-{b[1]})",
+            fix="lower the peak LR or lengthen the warmup, clip gradients, resume from the last good checkpoint",
+            evidence={"best": best[2], "best_steps": [best[0], best[1]], "latest": c[2],
+                      "latest_steps": [c[0], c[1]], "first": first, "threshold": need,
+                      "detected_step": row["step"]},
+        )
+
+
+class LossSpike(Rule):
+    """TG207 loss-spike: one step's loss far above the run's recent losses.
+
+    ## What it detects
+    A loss more than 10 robust standard deviations (from the median absolute deviation of the last 50
+    steps) above the median of those steps, and above it by more than 50% of that median and more
+    than 5% of the run's starting loss (so the noise of a loss near zero is no spike). Needs 30 steps.
+
+    ## Why it matters
+    A spike is a bad batch (corrupt sample, wrong label scale, an outlier sequence length), a numerical
+    hiccup, or the first sign of instability; large spikes leave the optimizer's moments polluted
+    for many steps. Knowing the step lets you find the batch.
+
+    ## Example
+    `TG207 loss-spike [warning] at step 412: loss 48.1 against a median of 2.03 over the last 50 steps
+    (robust std 0.061)`
+
+    ## What to change
+    Look at the batch of that step (`guard.batches` records which one it was); clip gradients; skip or
+    fix the sample.
+
+    ## Known false positives
+    A loss that changes definition mid-run (a new loss part switched on at full weight).
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG207", "loss-spike", "warning"
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.hist: collections.deque[float] = collections.deque(maxlen=50)
+        self.start: list[float] = []
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        loss = row.get("loss")
+        if not finite(loss):
+            return None
+        found = None
+        if len(self.start) < 10:
+            self.start.append(loss)
+        if len(self.hist) >= 30:
+            values = list(self.hist)
+            med = median(values)
+            sd = max(robust_std(values), 1e-3 * abs(med), 1e-12)
+            # a jump must also matter on the run's own scale: 5% of where its loss started
+            if loss - med > max(10 * sd, 0.5 * abs(med), 0.05 * abs(median(self.start))):
+                found = self.finding(
+                    step=row["step"],
+                    summary=f"loss {fmt(loss)} against a median of {fmt(med)} over the last {len(values)} steps "
+                            f"(robust std {fmt(sd)})",
+                    fix="look at that step's batch; clip gradients; skip or fix the sample",
+                    evidence={"loss": loss, "median": med, "robust_std": sd, "detected_step": row["step"]},
+                )
+        self.hist.append(loss)
+        return found

@@ -1,0 +1,365 @@
+"""Why a stalled run is stuck: a cause, the place in the user's code, the frames that show it, and a fix.
+
+    diag = diagnose(snapshot)      # snapshot from stacks.collect
+    diag.cause, diag.where, diag.frames, diag.fix
+
+Causes, tried in this order (the first that fits wins, because the later ones are symptoms of the
+earlier: a rank waiting in an all-reduce is also "idle in a futex"):
+- collective:        a training process waits inside a torch.distributed collective;
+- dataloader-worker: the training process waits for a batch; the worker's stack names the dataset frame;
+- busy-loop:         the training process burns CPU and its stack stays in the same user code;
+- device-sync:       it waits for the GPU (.item(), .cpu(), synchronize) on a machine with a GPU;
+- io:                it waits on a file: open/read/write/torch.save, a FIFO or pipe, uninterruptible sleep;
+- deadlock:          it waits for a lock or an event that no live thread of the process will release/set;
+- sleep:             it sleeps (time.sleep), usually polling for something that never comes;
+- unknown:           no stack could be read, or none of the above fits (the stacks are still saved).
+
+`where` is the innermost frame in the user's code (not the standard library, not site-packages, not
+trainguard) of the thread that shows the cause; for a DataLoader worker, the dataset frame and the sample
+index where py-spy could read it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.watchdog.crash import is_user_frame
+from trainguard.watchdog.stacks import Frame, ProcSample, Snapshot, ThreadStack
+
+CAUSES = ("dataloader-worker", "collective", "deadlock", "busy-loop", "device-sync", "io", "sleep", "unknown")
+BUSY_CPU = 15.0  # percent of one core: above this, a process that makes no progress is spinning (low,
+# because on a loaded machine a spinning loop may get a fraction of a core; a blocked process gets ~0)
+IO_MOVING_BYTES = 1 << 20  # bytes written during the sampling window that mean "slow, not stuck"
+
+_COLLECTIVE_FILES = ("torch/distributed/distributed_c10d.py", "torch/distributed/c10d_logger.py")
+_DATALOADER_NEXT = ("__next__", "_next_data", "_get_data", "_try_get_data")
+_LOCK_CODE = re.compile(r"\bwith\b[^:]*(lock|mutex)\w*|\.acquire\(", re.I)
+_SLEEP_CODE = re.compile(r"\bsleep\(")
+_IO_CODE = re.compile(r"\b(open|torch\.save|save|write|read|readline|fsync|flush|copyfile|copy2|dump|load)\(")
+_SYNC_CODE = re.compile(r"\.(item|cpu|tolist|numpy)\(\)|synchronize\(|\.to\(['\"]cpu")
+_IO_FILES = ("torch/serialization.py", "/shutil.py", "/pickle.py", "/_pyio.py", "/tempfile.py")
+_IO_WCHAN = re.compile(r"pipe_|fifo|wait_for_partner|nfs|rpc_|fuse|io_schedule|folio|wait_on_page|blk|jbd2|ext4|xfs")
+_WAIT_FUNCS = {"wait", "get", "join", "acquire", "poll", "select", "_recv_bytes", "recv", "_poll"}
+_CHILD_WAIT = re.compile(r"subprocess\.py|multiprocessing/(popen_\w+|process)\.py|torch/multiprocessing/spawn\.py")
+
+
+@dataclass
+class Diagnosis:
+    cause: str
+    where: str | None
+    detail: str
+    fix: str
+    frames: list[str] = field(default_factory=list)
+    pid: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def diagnose(snap: Snapshot) -> Diagnosis:
+    """The cause of a stall, from the last sample (earlier samples decide stuck vs. spinning)."""
+    last = snap.samples[-1] if snap.samples else {}
+    procs = list(last.values())
+    workers = [p for p in procs if p.is_dataloader_worker]
+    others = [p for p in procs if not p.is_dataloader_worker]
+    trainers = [p for p in others if p.threads and not _waits_on_children(p)]
+    if not trainers:
+        trainers = [p for p in others if p.threads]
+    for check in (_collective, _dataloader, _busy, _blocked):
+        diag = check(snap, trainers, workers)
+        if diag is not None:
+            return diag
+    unread = "; ".join(f"pid {p.pid}: {p.error}" for p in procs if p.error) or "no process of the run was found"
+    return Diagnosis(cause="unknown", where=None, detail=f"no stack showed a known cause ({unread})",
+                     fix=FIXES["unknown"])
+
+
+def io_moving(snap: Snapshot) -> int:
+    """Bytes the run's processes read and wrote between the first and last sample (a slow save moves)."""
+    if len(snap.samples) < 2:
+        return 0
+    first, last = snap.samples[0], snap.samples[-1]
+    moved = 0
+    for pid, s in last.items():
+        before = first.get(pid)
+        if before and before.io_bytes is not None and s.io_bytes is not None:
+            moved += max(0, s.io_bytes - before.io_bytes)
+    return moved
+
+
+# -- the checks ---------------------------------------------------------------------------------------
+
+
+def _collective(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSample]) -> Diagnosis | None:
+    in_coll = [p for p in trainers if _in(p.main_thread, _COLLECTIVE_FILES)]
+    if not in_coll:
+        return None
+    positions = []
+    for p in trainers:
+        t = p.main_thread
+        fr = _innermost_user(t)
+        op = _collective_op(t) if t else None
+        positions.append(f"pid {p.pid}" + (f" ({_rank(p)})" if _rank(p) else "")
+                         + (f" waits in {op}" if op else " is not in a collective")
+                         + (f" at {_where(fr)}" if fr else ""))
+    first = in_coll[0]
+    fr = _innermost_user(first.main_thread)
+    op = _collective_op(first.main_thread)
+    not_in = len(trainers) - len(in_coll)
+    detail = (f"{len(in_coll)} of {len(trainers)} process(es) wait in a collective ({op})"
+              + (f"; {not_in} never reached it" if not_in else "")
+              + ": " + "; ".join(positions))
+    return Diagnosis("collective", _where(fr), detail, FIXES["collective"], _frames(first.main_thread),
+                     first.pid, {"ranks": positions})
+
+
+def _dataloader(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSample]) -> Diagnosis | None:
+    waiting = [p for p in trainers if _in_dataloader_next(p.main_thread)]
+    if not waiting:
+        return None
+    main = waiting[0]
+    busy_workers = [(w, _dataset_frame(w)) for w in workers]
+    stuck = [(w, fr) for w, fr in busy_workers if fr is not None]
+    loop = _innermost_user(main.main_thread)
+    if not stuck:
+        detail = (f"the training process waits for a batch at {_where(loop)}; "
+                  + (f"{len(workers)} worker(s) alive, none inside the dataset" if workers
+                     else "no DataLoader worker process is alive"))
+        return Diagnosis("dataloader-worker", _where(loop), detail, FIXES["dataloader-worker"],
+                         _frames(main.main_thread), main.pid)
+    w, fr = stuck[0]
+    index = sample_index(w)
+    cpu = w.cpu_percent
+    state = "spinning" if cpu is not None and cpu >= BUSY_CPU else "blocked"
+    detail = (f"the training process waits for a batch at {_where(loop)}; DataLoader worker pid {w.pid} is "
+              f"{state} in the dataset at {_where(fr)}"
+              + (f", sample index {index}" if index is not None else "")
+              + (f" ({len(stuck)} of {len(workers)} workers inside the dataset)" if len(workers) > 1 else ""))
+    return Diagnosis("dataloader-worker", _where(fr), detail, FIXES["dataloader-worker"],
+                     _frames(w.main_thread), w.pid,
+                     {"worker_pid": w.pid, "sample_index": index, "loop_where": _where(loop),
+                      "worker_wchan": w.wchan, "worker_cpu_percent": cpu})
+
+
+def _busy(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSample]) -> Diagnosis | None:
+    for p in trainers:
+        cpus = [s[p.pid].cpu_percent for s in snap.samples if p.pid in s and s[p.pid].cpu_percent is not None]
+        running = all(s[p.pid].status == "running" for s in snap.samples if p.pid in s)
+        if not cpus or (sum(cpus) / len(cpus) < BUSY_CPU and not running):
+            continue
+        if _wait_kind(p.main_thread, p, gpu=bool(snap.gpu.get("gpus"))) not in (None, "sleep"):
+            continue  # blocked in a lock, a file or a wait: the CPU is some other thread's
+        t = p.main_thread
+        fr = _loop_head(p, snap)
+        seen = sorted({_where(f) or "?" for f in _busy_frames(p, snap)})
+        detail = (f"pid {p.pid} burns {sum(cpus) / len(cpus):.0f}% CPU and makes no progress; in "
+                  f"{len(seen)} distinct place(s) over {len(snap.samples)} samples: " + ", ".join(seen))
+        return Diagnosis("busy-loop", _where(fr), detail, FIXES["busy-loop"], _frames(t), p.pid,
+                         {"cpu_percent": cpus, "frames_seen": seen})
+    return None
+
+
+def _busy_frames(p: ProcSample, snap: Snapshot) -> list[Frame]:
+    out = []
+    for s in snap.samples:
+        if p.pid in s:
+            fr = _innermost_user(s[p.pid].main_thread)
+            out.extend(([fr] if fr else []) + s[p.pid].burst)
+    return out
+
+
+def _loop_head(p: ProcSample, snap: Snapshot) -> Frame | None:
+    """The first line of the loop a spinning thread moves around in: the smallest line seen in the function
+    of the last sample's innermost user frame (a loop's test sits on its first line)."""
+    last = _innermost_user(p.main_thread)
+    if last is None:
+        return None
+    same = [f for f in _busy_frames(p, snap) if f.file == last.file and f.function == last.function]
+    return min(same, key=lambda f: f.line, default=last)
+
+
+def _blocked(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSample]) -> Diagnosis | None:
+    for p in trainers:
+        t = p.main_thread
+        if t is None:
+            continue
+        kind = _wait_kind(t, p, gpu=bool(snap.gpu.get("gpus")))
+        fr = _innermost_user(t)
+        if kind is None:
+            continue
+        if kind == "lock":
+            holders = [o for o in p.threads if o is not t and _wait_kind(o, p, gpu=False) == "lock"
+                       and _innermost_user(o) is not None]
+            if holders:
+                other = holders[0]
+                detail = (f"pid {p.pid}: the main thread waits for a lock at {_where(fr)} while thread "
+                          f"{other.name or other.ident} waits for another at {_where(_innermost_user(other))}: "
+                          "each holds what the other wants (lock order)")
+                return Diagnosis("deadlock", _where(fr), detail, FIXES["deadlock"],
+                                 _frames(t) + ["-- other thread --"] + _frames(other), p.pid,
+                                 {"other_thread": _where(_innermost_user(other))})
+            detail = f"pid {p.pid}: the main thread waits for a lock at {_where(fr)} that no thread releases"
+            return Diagnosis("deadlock", _where(fr), detail, FIXES["deadlock"], _frames(t), p.pid)
+        if kind == "wait":
+            live = [o for o in p.threads if o is not t and _innermost_user(o) is not None]
+            detail = (f"pid {p.pid}: the main thread waits on an event/condition/queue at {_where(fr)}; "
+                      + ("no other thread of the process runs user code that could set it" if not live
+                         else "other threads in user code: " + ", ".join(_where(_innermost_user(o)) or "?" for o in live)))
+            return Diagnosis("deadlock", _where(fr), detail, FIXES["deadlock"], _frames(t), p.pid)
+        detail = {
+            "device-sync": f"pid {p.pid} waits for the GPU at {_where(fr)}",
+            "io": f"pid {p.pid} waits on a file at {_where(fr)} (state {p.status}, kernel wait {p.wchan})",
+            "sleep": f"pid {p.pid} sleeps at {_where(fr)} and never gets past it",
+        }[kind]
+        return Diagnosis(kind, _where(fr), detail, FIXES[kind], _frames(t), p.pid)
+    return None
+
+
+# -- reading stacks -----------------------------------------------------------------------------------
+
+
+def _wait_kind(t: ThreadStack, p: ProcSample, gpu: bool) -> str | None:
+    """What the thread is blocked on: lock | wait | io | sleep | device-sync | None."""
+    fr = _innermost_user(t)
+    below = t.frames[t.frames.index(fr) + 1:] if fr in t.frames else t.frames
+    files = [f.file for f in below]
+    code = (fr.code or "") if fr else ""
+    if any(f.endswith(_IO_FILES) for f in files):
+        return "io"
+    if gpu and (any("torch/cuda" in f for f in files) or _SYNC_CODE.search(code)):
+        return "device-sync"
+    if any(f.endswith("threading.py") or f.endswith("queue.py") or "multiprocessing/" in f for f in files):
+        if below and below[-1].function == "acquire" and not any(f.function == "wait" for f in below):
+            return "lock"
+        if any(f.function in _WAIT_FUNCS for f in below):
+            return "wait"
+    if _LOCK_CODE.search(code):
+        return "lock"
+    if _SLEEP_CODE.search(code) or (p.wchan or "").endswith("nanosleep"):
+        return "sleep"
+    if _IO_CODE.search(code) or _IO_WCHAN.search(p.wchan or "") or p.status == "disk-sleep":
+        return "io"
+    if (p.wchan or "").startswith("futex"):
+        return "wait"
+    return None
+
+
+def _innermost_user(t: ThreadStack | None) -> Frame | None:
+    if t is None:
+        return None
+    for f in reversed(t.frames):
+        if is_user_frame(f.file):
+            return f
+    return None
+
+
+def _in(t: ThreadStack | None, files: tuple[str, ...]) -> bool:
+    return bool(t) and any(f.file.endswith(files) for f in t.frames)
+
+
+def _in_dataloader_next(t: ThreadStack | None) -> bool:
+    return bool(t) and any(f.file.endswith("torch/utils/data/dataloader.py") and f.function in _DATALOADER_NEXT
+                           for f in t.frames)
+
+
+def _collective_op(t: ThreadStack | None) -> str | None:
+    if not t:
+        return None
+    ops = [f.function for f in t.frames if f.file.endswith("torch/distributed/distributed_c10d.py")]
+    return ops[0] if ops else None
+
+
+def _dataset_frame(w: ProcSample) -> Frame | None:
+    """The innermost user frame below the worker's fetch: the dataset (or collate) code it is in."""
+    t = w.main_thread
+    if t is None:
+        return None
+    below_fetch = False
+    found = None
+    for f in t.frames:
+        if f.file.endswith("torch/utils/data/_utils/fetch.py"):
+            below_fetch = True
+        elif below_fetch and is_user_frame(f.file):
+            found = f
+    return found
+
+
+_INDEX_NAMES = ("idx", "index", "i", "item", "key", "n")
+
+
+def sample_index(w: ProcSample) -> str | None:
+    t = w.main_thread
+    for f in reversed(t.frames if t else []):
+        if f.locals and is_user_frame(f.file):
+            for name in _INDEX_NAMES:
+                if name in f.locals:
+                    return f.locals[name]
+            args = [v for k, v in f.locals.items() if k != "self"]
+            if args:
+                return args[0]
+    return None
+
+
+def _waits_on_children(p: ProcSample) -> bool:
+    """A launcher: its main thread only waits for child processes (torchrun, mp.spawn, a shell)."""
+    t = p.main_thread
+    if t is None:
+        return False
+    return any(_CHILD_WAIT.search(f.file) and f.function in ("wait", "_wait", "join", "poll", "_try_wait")
+               for f in t.frames[-6:])
+
+
+def _rank(p: ProcSample) -> str | None:
+    return f"rank {p.rank}" if p.rank is not None else None
+
+
+def _where(f: Frame | None) -> str | None:
+    return f"{f.file}:{f.line} ({f.function})" if f else None
+
+
+def _frames(t: ThreadStack | None) -> list[str]:
+    return [f.text() for f in (t.frames[-12:] if t else [])]
+
+
+# -- fixes, one per cause -----------------------------------------------------------------------------
+
+FIXES = {
+    "dataloader-worker": (
+        "A DataLoader worker is stuck in the frame shown; fix the dataset code there first. Meanwhile: "
+        "`DataLoader(timeout=60)` turns a stuck worker into an error after 60 s (costs nothing while batches "
+        "flow); `num_workers=0` removes the workers (loading runs on the training thread: slower, but no "
+        "inter-process hang); `persistent_workers=False` restarts workers each epoch (seconds of start-up per "
+        "epoch, drops state a worker leaked); `multiprocessing_context='spawn'` avoids inheriting locks, "
+        "threads and device mappings through fork() (slower start, the dataset must be picklable) — seed "
+        "003's ROCm hang after validation is of this kind."),
+    "collective": (
+        "The ranks disagree on the sequence of collectives: one waits in a collective another never calls "
+        "(a rank-dependent branch, an early `continue`, uneven data so one rank runs an extra step). Make every "
+        "rank call the same collectives in the same order; pass `timeout=timedelta(minutes=10)` to "
+        "`init_process_group` so a mismatch fails instead of hanging; TORCH_DISTRIBUTED_DEBUG=DETAIL checks "
+        "collective order, and NCCL's flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) records the last ones."),
+    "deadlock": (
+        "A thread waits for something no live thread will give: a lock held by a thread that waits for a "
+        "lock this one holds (take locks in one global order everywhere), or an Event/Condition/queue that "
+        "nothing will set (the thread meant to set it died or never started). Give waits a timeout "
+        "(`lock.acquire(timeout=...)`, `event.wait(timeout)`) and fail loudly when it expires."),
+    "busy-loop": (
+        "The process spins in the loop shown without progress (seed 000: a component's initialisation "
+        "polled a flag nothing set, at 4466% CPU). Make the loop wait on an event with a timeout instead of "
+        "polling, give it an iteration or time limit, and check that whatever should end it can happen."),
+    "device-sync": (
+        "The host waits for the GPU (.item(), .cpu(), synchronize): a kernel that never finishes, a "
+        "collective on the device, or a faulted GPU (check the GPU section and kernel log: Xid errors). "
+        "CUDA_LAUNCH_BLOCKING=1 names the kernel; move host reads off the hot path."),
+    "io": (
+        "The process waits on a file: a network file system that stopped answering, a full or dead disk, a "
+        "FIFO or pipe with no reader. Write checkpoints to local disk and copy them off asynchronously; "
+        "write to a temporary name and rename; check the mount (`df`, `mount`, kernel hung-task lines)."),
+    "sleep": (
+        "The process sleeps in a loop waiting for something that never comes (a file, a flag, a port). Give "
+        "the wait a deadline and fail with a message naming what it waited for."),
+    "unknown": (
+        "trainguard could not name the cause. Read the stacks in the run folder (stacks/hang-*.txt); install "
+        "py-spy (`pip install trainguard[stacks]`) for processes without the probe, and run as a user with "
+        "ptrace rights over the training process for native frames."),
+}

@@ -1,0 +1,102 @@
+"""A stall, diagnosed: take the stacks, save them, name the cause, and build the `run-hung` finding.
+
+    result = diagnose_stall(run_dir, pid, attempt=0)
+    result.moving       # True: the run is writing or reading steadily (a slow checkpoint), not stuck
+    result.finding(idle=..., timeout=..., step=..., phase=..., last_progress=...)
+
+The supervisor calls this once per stall; everything heavy (py-spy, psutil, the kernel log) lives below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard.findings import Finding
+from trainguard.watchdog import classify, stacks
+from trainguard.watchdog.stall import hang_finding
+
+SAMPLES = 2  # two samples tell stuck from spinning; each more costs `INTERVAL` seconds of latency
+INTERVAL = 2.0
+
+
+@dataclass
+class StallDiagnosis:
+    snapshot: stacks.Snapshot
+    diagnosis: classify.Diagnosis
+    stacks_file: str | None
+    io_bytes_moved: int
+
+    @property
+    def moving(self) -> bool:
+        """The run wrote steadily during the sampling window while waiting (on a file, in a sleep, or where
+        no stack could say): a slow save, not a hang. A lock, a collective or a busy loop never counts."""
+        return self.io_bytes_moved >= classify.IO_MOVING_BYTES and self.diagnosis.cause in ("io", "sleep", "unknown")
+
+    def finding(self, *, idle: float, timeout: float, step: int | None, phase: str | None,
+                last_progress: float) -> Finding:
+        d = self.diagnosis
+        f = hang_finding(idle=idle, timeout=timeout, step=step, phase=phase, last_progress=last_progress,
+                         process=self._process_summary(), extra=self._evidence())
+        f.cause, f.where, f.fix = d.cause, d.where, d.fix
+        f.summary += f"; cause {d.cause}: {d.detail}"
+        return f
+
+    def _process_summary(self) -> dict[str, Any]:
+        root = self.snapshot.last(self.snapshot.root_pid)
+        if root is None:
+            return {"pid": self.snapshot.root_pid}
+        pids = self.snapshot.pids()
+        cpu = sum(s.cpu_percent or 0.0 for s in self.snapshot.samples[-1].values())
+        return {"pid": root.pid, "cpu_percent": round(cpu, 1), "status": root.status, "rss_mb": root.rss_mb,
+                "processes": len(pids)}
+
+    def _evidence(self) -> dict[str, Any]:
+        d = self.diagnosis
+        last = self.snapshot.samples[-1] if self.snapshot.samples else {}
+        ev: dict[str, Any] = {
+            "frames": d.frames,
+            "stuck_pid": d.pid,
+            "stacks_file": self.stacks_file,
+            "stack_sources": {str(p.pid): p.source or f"none ({p.error})" for p in last.values()},
+            "per_process": [
+                {"pid": p.pid, "role": "dataloader-worker" if p.is_dataloader_worker else "process",
+                 "cpu_percent": p.cpu_percent, "state": p.status, "rss_mb": p.rss_mb, "wchan": p.wchan}
+                for p in last.values()
+            ],
+            "sampling_seconds": round(self.snapshot.seconds, 1),
+            "io_bytes_during_sampling": self.io_bytes_moved,
+        }
+        ev.update({k: v for k, v in d.extra.items() if v is not None})
+        if self.snapshot.gpu:
+            ev["gpu"] = self.snapshot.gpu
+        if self.snapshot.kernel.get("matches"):
+            ev["kernel_log"] = self.snapshot.kernel["matches"]
+        return ev
+
+
+def diagnose_stall(run_dir: Path, pid: int, *, attempt: int = 0, samples: int = SAMPLES,
+                   interval: float = INTERVAL) -> StallDiagnosis:
+    snap = stacks.collect(pid, run_dir, samples=samples, interval=interval)
+    try:
+        txt = stacks.save(snap, Path(run_dir) / "stacks", attempt)
+        stacks_file = str(txt.relative_to(run_dir))
+    except OSError:
+        stacks_file = None
+    diag = classify.diagnose(snap)
+    if diag.cause == "dataloader-worker" and diag.extra.get("sample_index") is None and diag.pid:
+        diag.extra["sample_index"] = _sample_index_by_py_spy(diag.pid)
+        if diag.extra["sample_index"] is not None:
+            diag.detail += f", sample index {diag.extra['sample_index']}"
+    return StallDiagnosis(snap, diag, stacks_file, classify.io_moving(snap))
+
+
+def _sample_index_by_py_spy(pid: int) -> str | None:
+    """The signal dump has no local variables; py-spy (where it has ptrace rights) reads the index."""
+    spy = stacks.find_py_spy()
+    if spy is None:
+        return None
+    threads, _ = stacks.py_spy_dump(pid, spy)
+    sample = stacks.ProcSample(pid=pid, threads=threads)
+    return classify.sample_index(sample)

@@ -1,0 +1,61 @@
+"""The config is checked before anything loads: one-line errors naming the dotted key; CLI exits 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from trainguard.errors import UserError
+from trainguard.recipes.distill.command import distill_command
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"loss__kd__topk": 5}, "unknown key loss.kd.topk"),
+    ({"train__max_steps": "100"}, "train.max_steps must be an integer"),
+    ({"optim__lr": "1e-3"}, "write 1.0e-3"),
+    ({"loss__lm": 0.0}, "loss.lm must be > 0"),
+    ({"train__patience": 1, "train__eval_every": 1}, "shorter than the curriculum's ramp"),
+    ({"precision": "fp16"}, "fp16 needs device cuda"),
+    ({"teacher__path": "/x"}, "exactly one of teacher.path and teacher.arch"),
+    ({"loss__kd__ramp": [0.5, 0.2]}, "loss.kd.ramp"),
+    ({"optim__warmup_steps": 8}, "optim.warmup_steps"),
+    ({"student__build": {"vocab_size": 9}}, "student.build.vocab_size comes from the tokenizer"),
+])
+def test_bad_config_is_one_line_user_error(make_cfg, over, needle):
+    with pytest.raises(UserError) as info:
+        make_cfg(**over)
+    msg = str(info.value)
+    assert needle in msg and "\n" not in msg
+
+
+def test_default_dataclasses_are_valid(make_cfg):
+    cfg = make_cfg()
+    assert cfg.loss.lm > 0 and cfg.loss.kd.top_k == 64
+
+
+@pytest.mark.parametrize("content, needle", [
+    (None, "no such file"),
+    ("train: [unclosed\n", "not valid YAML"),
+    ("bogus: 1\n", "unknown key bogus"),
+    ("train: {max_steps: 1.5}\n", "train.max_steps must be an integer"),
+])
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, content, needle):
+    path = tmp_path / "c.yaml"
+    if content is not None:
+        path.write_text(content)
+    result = CliRunner().invoke(distill_command, [str(path)])
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_config_check_imports_neither_torch_nor_transformers():
+    code = ("import sys, trainguard, trainguard.recipes.distill.command as c; "
+            "from trainguard.recipes.distill.config import load_config; "
+            "from trainguard.recipes.distill import BUNDLED_CONFIG; load_config(BUNDLED_CONFIG); "
+            "print('torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

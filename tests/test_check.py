@@ -1,0 +1,141 @@
+"""`trainguard check CONFIG`: findings on real config files, --fix proven by re-checking its output, and
+bad input as one line with exit 2 (real subprocesses of the CLI).
+
+Run: pytest tests/test_check.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, run_trainguard
+
+from trainguard.preflight.check import check, plan_of
+from trainguard.preflight.config import load_config
+
+SEED002 = ROOT / "scenarios" / "check_seed002_config" / "config.json"
+SEED004 = ROOT / "scenarios" / "check_seed004_patience" / "config.yaml"
+
+
+def _last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_seed002_schedule_and_warmup(tmp_path: Path) -> None:
+    r = run_trainguard("check", "--json", str(SEED002), cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    report = _last_json(r.stdout)
+    names = {f["name"]: f for f in report["findings"]}
+    assert set(names) == {"schedule-ignores-accumulation", "warmup-exceeds-run"}
+    assert report["plan"]["optimizer_steps"] == 4686  # 100000 / 4 = 25000 micro-batches // 16 × 3
+    assert "75000" in names["schedule-ignores-accumulation"]["summary"]
+    assert names["schedule-ignores-accumulation"]["evidence"]["training.gradient_accumulation_steps"] == 16
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_fix_writes_a_config_that_passes(tmp_path: Path, suffix: str) -> None:
+    out = tmp_path / f"fixed{suffix}"
+    before = SEED002.read_text()
+    r = run_trainguard("check", str(SEED002), "--fix", "--output", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert SEED002.read_text() == before  # the input is never touched
+    assert "-    \"num_training_steps\": 75000," in r.stdout and "fixed training.num_training_steps" in r.stdout
+    again = run_trainguard("check", "--json", str(out), cwd=tmp_path)  # proven independently
+    assert again.returncode == 0 and _last_json(again.stdout)["findings"] == []
+    data = json.loads(out.read_text()) if suffix == ".json" else yaml.safe_load(out.read_text())
+    assert data["training"]["num_training_steps"] == 4686 and data["training"]["warmup_steps"] == 469
+    assert data["distillation"] == {"temperature": 3.0, "kd_top_k": None}  # the rest is kept as it was
+
+
+def test_seed004_patience_shorter_than_curriculum_and_fix(tmp_path: Path) -> None:
+    cfg = load_config(SEED004)
+    plan, findings = check(cfg)
+    pat = next(f for f in findings if f.name == "patience-too-short")
+    assert pat.severity == "error" and pat.cause == "shorter-than-curriculum"
+    assert pat.evidence["curriculum_ramp_steps"] == round(0.5 * plan.optimizer_steps)
+    assert any(f.name == "interval-exceeds-run" and "save" in f.summary for f in findings)
+    out = tmp_path / "fixed.yaml"
+    r = run_trainguard("check", str(SEED004), "--fix", "--output", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout
+    fixed = yaml.safe_load(out.read_text())["training"]
+    assert fixed["early_stopping_patience"] * fixed["eval_steps"] >= round(0.5 * plan.optimizer_steps)
+    assert fixed["save_steps"] <= plan.optimizer_steps
+
+
+def test_plan_follows_hugging_face(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("num_train_epochs: 2\nper_device_train_batch_size: 8\ngradient_accumulation_steps: 3\n")
+    plan = plan_of(load_config(p, dataset_size=1001))
+    # HF: len(dataloader) = ceil(1001 / 8) = 126; update steps per epoch = 126 // 3 = 42; × 2 epochs
+    assert (plan.micro_per_epoch, plan.steps_per_epoch, plan.optimizer_steps) == (126, 42, 84)
+    p.write_text("max_steps: 500\nnum_train_epochs: 2\n")
+    assert plan_of(load_config(p)).optimizer_steps == 500
+    # eval_steps below 1 is a share of the run; warmup_steps 0 leaves warmup_ratio in charge
+    p.write_text("max_steps: 500\neval_steps: 0.1\nwarmup_steps: 0\nwarmup_ratio: 0.8\n")
+    _, findings = check(load_config(p))
+    assert [f.name for f in findings] == ["warmup-exceeds-run"] and findings[0].evidence["warmup_steps"] == 400
+
+
+@pytest.mark.parametrize("line, name, severity", [
+    ("learning_rate: 3.0", "implausible-value", "error"),
+    ("learning_rate: 0", "implausible-value", "error"),
+    ("temperature: -1", "implausible-value", "error"),
+    ("temperature: 50", "implausible-value", "warning"),
+    ("kd_top_k: 0", "implausible-value", "error"),
+    ("eval_steps: 2", "interval-dominates-run", "warning"),
+    ("warmup_ratio: 0.7", "warmup-exceeds-run", "warning"),
+    ("num_training_steps: 100", "schedule-length-mismatch", "error"),
+    ("num_training_steps: 1000", "schedule-length-mismatch", "warning"),
+])
+def test_single_problems(tmp_path: Path, line: str, name: str, severity: str) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text(f"max_steps: 400\n{line}\n")
+    _, findings = check(load_config(p))
+    assert [(f.name, f.severity) for f in findings] == [(name, severity)]
+
+
+def test_healthy_config_is_quiet() -> None:
+    _, findings = check(load_config(ROOT / "scenarios" / "check_healthy_config" / "config.yaml"))
+    assert findings == []
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("missing.yaml", None, "config not found"),
+    ("bad.yaml", "training:\n  lr: [1, 2\n", "malformed YAML at line"),
+    ("bad.json", '{"lr": 1e-3,}', "malformed JSON"),
+    ("list.yaml", "- 1\n- 2\n", "must be a mapping"),
+    ("type.yaml", "training:\n  num_train_epochs: three\n", "training.num_train_epochs: expected a number"),
+    ("int.yaml", "gradient_accumulation_steps: 2.5\n", "expected an integer"),
+    ("sched.yaml", "lr_scheduler_type: cosine_annealing_with_magic\n", "unknown scheduler"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path: Path, name: str, text: str | None, message: str) -> None:
+    if text is not None:
+        (tmp_path / name).write_text(text)
+    r = run_trainguard("check", name, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_fix_needs_an_output_other_than_the_input(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.json"
+    cfg.write_text(SEED002.read_text())
+    for args in (["--fix"], ["--fix", "--output", str(cfg)]):
+        r = run_trainguard("check", str(cfg), *args, cwd=tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert cfg.read_text() == SEED002.read_text()
+
+
+def test_configuration_rules_have_full_pages() -> None:
+    from trainguard.rules.catalog import CATALOG
+
+    sections = ("## What it detects", "## Why it matters", "## Example", "## What to change",
+                "## Known false positives", "## Options")
+    entries = [e for e in CATALOG if e.code.startswith("TG6")]
+    assert len(entries) >= 16
+    for e in entries:
+        doc = e.doc()
+        assert all(s in doc for s in sections), e.code
+        assert e.headline() and not e.headline().startswith("TG")

@@ -1,0 +1,212 @@
+"""`trainguard diagnose PATH` on logs nobody watched: each reader, the log-only findings, and bad input.
+
+Logs come from real processes where that is cheap (a real crash, PyTorch's own warning, TensorBoard
+files written by torch's SummaryWriter, a zoo scenario's output.log); the adapters' tests
+(test_integrations.py) diagnose what Hugging Face and Lightning themselves wrote. Readers are fuzzed
+with hypothesis: whatever the bytes, one line and exit 2, or a diagnosis, never a traceback.
+
+Run: pytest tests/test_ingest.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_trainguard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainguard.errors import UserError
+from trainguard.ingest.diagnose import diagnose_path
+
+RULES = importlib.util.find_spec("trainguard.rules.engine") is not None
+needs_rules = pytest.mark.skipif(not RULES, reason="the health rules engine is not in this build")
+
+
+def names(d) -> list[str]:
+    return [f.name for f in d.findings]
+
+
+def run_py(tmp: Path, code: str) -> Path:
+    """Runs `code` in a real interpreter; its stdout and stderr together become train.log."""
+    log = tmp / "train.log"
+    with open(log, "w") as out:
+        subprocess.run([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT, timeout=120, cwd=tmp)
+    return log
+
+
+def test_real_traceback_gives_run_crashed_with_where(tmp_path: Path) -> None:
+    log = run_py(tmp_path, "import sys\nfor s in range(1, 6): print(f'step {s} loss={2.0 / s:.3f} lr=0.001', flush=True)\n"
+                           "def evaluate(step):\n    return step % 500\nevaluate(None)\n")
+    d = diagnose_path(log)
+    crash = next(f for f in d.findings if f.name == "run-crashed")
+    assert d.state == "crashed" and d.steps == 5
+    assert crash.exception == "TypeError" and crash.cause == "none-operand" and crash.step == 5
+    assert crash.where and crash.where.endswith("(evaluate)")
+
+
+def test_pytorch_scheduler_warning_found(tmp_path: Path) -> None:
+    log = run_py(tmp_path, "import torch\nm = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                           "s = torch.optim.lr_scheduler.StepLR(opt, 1)\n"
+                           "for i in range(1, 4):\n    s.step(); opt.step(); print(f'step {i} loss=1.0 lr=0.1')\n"
+                           "print('Training complete')\n")
+    d = diagnose_path(log)
+    assert "scheduler-before-optimizer" in names(d) and d.state == "completed"
+
+
+def test_log_without_an_end_says_how_long_ago(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"step {i} loss={1 / i:.3f} lr=0.001\n" for i in range(1, 50)))
+    old = time.time() - 3 * 3600
+    os.utime(log, (old, old))
+    d = diagnose_path(log)
+    f = next(f for f in d.findings if f.name == "log-ends-unfinished")
+    assert f.severity == "warning" and f.step == 49 and "3.0 h ago" in f.summary
+    assert 3 * 3600 - 5 < f.evidence["seconds_since_last_write"] < 3 * 3600 + 600
+    os.utime(log, None)  # written just now: the run may still be going
+    assert next(f for f in diagnose_path(log).findings if f.name == "log-ends-unfinished").severity == "info"
+
+
+def test_tqdm_bar_and_hf_dict_lines(tmp_path: Path) -> None:
+    pytest.importorskip("tqdm")
+    log = run_py(tmp_path, "from tqdm import tqdm\nimport sys\nbar = tqdm(range(60), file=sys.stdout, mininterval=0)\n"
+                           "for i in bar:\n    bar.set_postfix(loss=f'{3.0 / (i + 1):.3f}', lr=f'{0.001 if i < 10 else 0.0}')\n"
+                           "print({'eval_loss': 1.5, 'epoch': 1.0})\n")
+    d = diagnose_path(log)
+    assert d.steps >= 50 and d.evals == 1
+    if RULES:
+        assert "lr-reaches-zero" in names(d)
+    else:
+        assert not [n for n in names(d) if n != "log-ends-unfinished"]
+
+
+def test_tensorboard_files_from_summary_writer(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(str(tmp_path / "tb"))
+    for step in range(1, 41):
+        w.add_scalar("train/loss", 2.0 / step if step != 25 else float("nan"), step)
+        w.add_scalar("lr", 1e-3, step)
+        if step % 20 == 0:
+            w.add_scalar("val/loss", 1.0 / step, step)
+    w.close()
+    d = diagnose_path(tmp_path / "tb")
+    assert d.format == "tensorboard event files" and d.steps == 40 and d.evals == 2
+    if RULES:
+        assert "nonfinite-loss" in names(d)
+
+
+def test_csv_jsonl_and_ultralytics_results(tmp_path: Path) -> None:
+    # Ultralytics cannot run here (torchvision does not load beside this torch); its results.csv layout:
+    res = tmp_path / "results.csv"
+    res.write_text("epoch,train/box_loss,train/cls_loss,train/dfl_loss,metrics/mAP50(B),val/box_loss,lr/pg0,lr/pg1,lr/pg2\n"
+                   + "".join(f"{e},{1.5 - e * .01},{2.0 - e * .02},{1.1},{0.1 * e},{1.4},0.01,0.01,0.01\n"
+                             for e in range(1, 31)))
+    d = diagnose_path(res)
+    assert d.format == "ultralytics results.csv" and d.steps == 30 and d.evals == 30
+    jl = tmp_path / "m.jsonl"
+    jl.write_text("".join(json.dumps({"step": s, "loss": 1 / s, "lr": 0.0 if s > 5 else 0.1}) + "\n"
+                          for s in range(1, 60)) + '{"step": 60, "loss": ')  # truncated last line
+    d = diagnose_path(jl)
+    assert d.steps == 59 and d.skipped == 1
+    if RULES:
+        assert "lr-reaches-zero" in names(d)
+        assert "lr" not in {n for _, n in d.not_run}
+    gen = tmp_path / "g.csv"
+    gen.write_text("step,loss\n" + "".join(f"{s},{1 / s}\n" for s in range(1, 30)))
+    d = diagnose_path(gen)
+    assert d.steps == 29
+    if RULES:
+        assert ("lr-reaches-zero", "lr") in d.not_run  # said, not silently skipped
+
+
+def test_zoo_crash_log_matches_the_live_finding(tmp_path: Path) -> None:
+    import zoo
+
+    result = zoo.run_scenario("seed001_eval_typeerror_noprobe", keep=str(tmp_path))
+    assert result.ok, result.problems
+    live = next(f for f in result.status["findings"] if f["name"] == "run-crashed")
+    d = diagnose_path(tmp_path / "seed001_eval_typeerror_noprobe" / "run" / "output.log")
+    offline = next(f for f in d.findings if f.name == "run-crashed")
+    assert (offline.exception, offline.cause) == (live["exception"], live["cause"])
+    assert offline.where == live["where"] and offline.step == live["step"]
+
+
+# -- bad input ------------------------------------------------------------------------------------------
+
+BAD = {
+    "garbage.log": os.urandom(4096),
+    "empty.log": b"",
+    "trainer_state.json": b'{"log_history": [{"loss": 1.0, "step": 1}, {"lo',
+    "metrics.csv": b"\x00\x01\x02" * 100,
+    "nohdr.csv": b"1,2,3\n4,5,6\n",
+    "prose.txt": b"Dear diary, today nothing happened.\nThe end is not near.\n",
+    "huge.log": b"x" * (3 << 20),
+    "x.jsonl": b"[1, 2]\n\"a\"\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(BAD[name])
+    proc = run_trainguard("diagnose", str(path))
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("trainguard: error:") and "Traceback" not in proc.stderr
+
+
+def test_unknown_folder_and_missing_path(tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(b"\x00" * 10)
+    for target in (tmp_path, tmp_path / "nope"):
+        proc = run_trainguard("diagnose", str(target))
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+
+
+def test_enormous_line_and_mixed_encodings_still_read(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    with open(log, "wb") as f:
+        f.write("step 1 loss=2.0 lr=0.001 café\n".encode())
+        f.write(b"y" * (5 << 20) + b"\n")  # one 5 MB line, skipped past
+        f.write("step 2 loss=1.9 lr=0.001 caf\xe9\n".encode("latin-1"))
+        f.write(b"step 3 loss=1.8 lr=0.001\r\nTraining complete\n")
+    d = diagnose_path(log)
+    assert d.steps == 3 and d.state == "completed" and d.skipped == 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=3000), suffix=st.sampled_from([".log", ".csv", ".jsonl", ".json"]))
+def test_fuzz_readers_never_raise_anything_but_user_error(tmp_path: Path, data: bytes, suffix: str) -> None:
+    path = tmp_path / f"fuzz{suffix}"
+    path.write_bytes(data)
+    try:
+        diagnose_path(path)
+    except UserError:
+        pass
+
+
+LINES = st.sampled_from([
+    "step 3 loss=nan lr=0", "{'loss': 'inf', 'learning_rate': '1e-3'}", " 50%|##| 5/10 [00:01<00:01, loss=1e400]",
+    "Traceback (most recent call last):", '  File "x.py", line 1, in <module>', "ValueError: boom",
+    "[Eval] loss: -0", "Step 99999999999999999999: loss=1", "step 2 loss=1.0.0 lr=--1", "Training complete",
+    "Epoch 1:  10%|#| 1/10 [00:00, loss=2.0, v_num=0]", "{'eval_loss': nan, 'step': -5}", "step 1 lr=1e-3",
+])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(st.one_of(LINES, st.text(max_size=80)), max_size=40))
+def test_fuzz_text_lines(tmp_path: Path, lines: list[str]) -> None:
+    path = tmp_path / "fuzz.log"
+    path.write_bytes("\n".join(lines).encode("utf-8", "replace"))
+    try:
+        d = diagnose_path(path)
+    except UserError:
+        return
+    assert d.state in ("completed", "crashed", "unfinished")

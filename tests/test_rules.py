@@ -1,0 +1,199 @@
+"""The health rules: catalogue pages, the engine, `trainguard diagnose`, and the probe running rules alone.
+
+Run: pytest tests/test_rules.py
+Each rule's firing and quiet behaviour on real training runs is tested by its scenarios in the zoo
+(tests/test_zoo.py); here are the engine's own contracts and the commands around it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import run_trainguard
+
+from trainguard.rules.catalog import CATALOG, lookup
+from trainguard.rules.engine import Engine, Rule, all_rules, run_rules
+
+SECTIONS = ("## What it detects", "## Why it matters", "## Example", "## What to change",
+            "## Known false positives", "## Options")
+
+LR_ZERO_SCRIPT = textwrap.dedent('''
+    import torch, trainguard
+    torch.manual_seed(0); torch.set_num_threads(1)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # planned 100 steps, but the schedule is over after 20: LR 0 for the other 80%
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / 20))
+    guard = trainguard.watch(model, opt, sched, total_steps=100)
+    x, y = torch.randn(256, 8), torch.randint(4, (256,))
+    for step in range(1, 101):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward(); opt.step(); sched.step(); opt.zero_grad()
+        guard.step(loss)
+    guard.finish()
+''')
+
+
+def test_every_health_rule_has_a_page_and_matches_its_entry() -> None:
+    rules = all_rules()
+    assert len(rules) >= 24
+    codes = [e.code for e in CATALOG]
+    assert len(codes) == len(set(codes)), "a code is used twice"
+    for entry in CATALOG:
+        obj = entry.resolve()
+        if not (isinstance(obj, type) and issubclass(obj, Rule)):
+            continue
+        assert (obj.code, obj.name, obj.severity) == (entry.code, entry.name, entry.severity)
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)+", entry.name)
+        doc = entry.doc()
+        for section in SECTIONS:
+            assert section in doc, f"{entry.code} {entry.name}: page lacks {section!r}"
+        assert entry.headline() and not entry.headline().startswith("TG")
+
+
+def test_issue_names_are_all_in_the_catalogue() -> None:
+    names = """lr-reaches-zero schedule-horizon-mismatch weights-not-updating params-without-grad
+        eval-metrics-frozen loss-not-decreasing initial-loss-off loss-diverging loss-spike nonfinite-loss
+        nonfinite-grad grad-scaler-collapse loss-parts-imbalanced loss-part-vanished loss-parts-dont-sum
+        loss-weight-stalled expert-collapse perplexity-implausible log-flood throughput-drop
+        data-wait-dominant memory-creep device-memory-near-full checkpoint-stale""".split()
+    for name in names:
+        assert lookup(name).name == name
+
+
+def _steps(lrs: list[float], **extra: object) -> list[dict]:
+    return [{"kind": "step", "step": i, "t": float(i), "lr": lr, "loss": 1.0, **extra}
+            for i, lr in enumerate(lrs, 1)]
+
+
+def test_lr_zero_names_its_onset_and_the_share_left() -> None:
+    events = _steps([1e-3] * 30 + [0.0] * 70)
+    found = {f.name: f for f in run_rules(events, {"total_steps": 100})}
+    f = found["lr-reaches-zero"]
+    assert f.step == 31 and f.evidence["detected_step"] == 40
+    assert f.evidence["fraction_left"] == pytest.approx(0.70)
+    assert "70% of the planned 100 steps are left" in f.summary
+
+
+def test_a_schedule_that_decays_to_zero_at_its_end_is_quiet() -> None:
+    n = 200
+    lrs = [1e-3 * (1 - s / n) for s in range(n)]  # linear to exactly 0 at the last step
+    assert [f.name for f in run_rules(_steps(lrs), {"total_steps": n})
+            if f.name == "lr-reaches-zero"] == []
+
+
+def test_eval_frozen_fires_at_the_third_identical_evaluation() -> None:
+    evals = [{"kind": "eval", "step": s, "t": float(s), "data": {"loss": 101.4}} for s in (10, 20, 30)]
+    engine = Engine({})
+    assert engine.feed(evals[0]) == [] and engine.feed(evals[1]) == []
+    (f,) = engine.feed(evals[2])
+    assert f.name == "eval-metrics-frozen" and f.step == 10 and f.evidence["detected_step"] == 30
+
+
+class _Broken(Rule):
+    code, name, severity = "TG999", "always-raises", "warning"
+
+    def on_step(self, row: dict) -> None:
+        raise RuntimeError("boom")
+
+
+def test_a_rule_that_raises_is_switched_off_and_the_others_go_on() -> None:
+    from trainguard.rules.schedule import LrReachesZero
+
+    engine = Engine({"total_steps": 100}, rules=[_Broken, LrReachesZero])
+    found = engine.feed_all(_steps([1e-3] * 30 + [0.0] * 70))
+    assert [f.name for f in found] == ["lr-reaches-zero"]
+    assert len(engine.errors) == 1 and "always-raises" in engine.errors[0]
+
+
+def test_sched_horizon_is_read_from_the_usual_schedulers() -> None:
+    import functools
+
+    import torch
+
+    from trainguard.demo.toys import warmup_linear
+    from trainguard.probe.planinfo import output_size, sched_horizon
+
+    def opt() -> torch.optim.Optimizer:
+        return torch.optim.SGD(torch.nn.Linear(2, 3).parameters(), lr=0.1)
+
+    lr = torch.optim.lr_scheduler
+    assert sched_horizon(lr.OneCycleLR(opt(), max_lr=0.1, total_steps=77)) == 77
+    assert sched_horizon(lr.CosineAnnealingLR(opt(), T_max=55)) == 55
+    assert sched_horizon(lr.LinearLR(opt(), start_factor=0.1, total_iters=9)) is None  # a warmup, not a horizon
+    assert sched_horizon(lr.LambdaLR(opt(), warmup_linear(10, 123))) == 123
+    hf = functools.partial(lambda step, num_warmup_steps, num_training_steps: 1.0,
+                           num_warmup_steps=5, num_training_steps=321)
+    assert sched_horizon(lr.LambdaLR(opt(), hf)) == 321
+    assert sched_horizon(lr.StepLR(opt(), step_size=5)) is None
+    assert output_size(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 49152)), None) == 49152
+    assert output_size(None, {"vocab_size": 32000}) == 32000
+
+
+@pytest.fixture(scope="module")
+def lr_zero_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One script, run twice: alone (the probe runs the rules) and as a run from before the rules
+    existed (TRAINGUARD_RULES=0: nothing but the raw store)."""
+    base = tmp_path_factory.mktemp("lrzero")
+    script = base / "train.py"
+    script.write_text(LR_ZERO_SCRIPT)
+    runs = {}
+    for label, rules in (("alone", "1"), ("old", "0")):
+        env = dict(os.environ, TRAINGUARD_RULES=rules, TRAINGUARD_RUNS_ROOT=str(base / "runs"))
+        env.pop("TRAINGUARD_RUN_DIR", None)
+        run_dir = base / label
+        proc = subprocess.run([sys.executable, str(script)], cwd=base, env=env, capture_output=True, text=True,
+                              timeout=120, input="")
+        assert proc.returncode == 0, proc.stderr
+        # `watch(run_dir=...)` is not used by the script: find the folder it made
+        made = sorted((base / "runs").iterdir(), key=lambda p: p.stat().st_mtime)[-1]
+        made.rename(run_dir)
+        runs[label] = run_dir
+        runs[f"{label}_stderr"] = proc.stderr  # type: ignore[assignment]
+    return runs
+
+
+def test_the_probe_runs_the_rules_itself_without_a_watchdog(lr_zero_runs: dict) -> None:
+    status = json.loads((lr_zero_runs["alone"] / "status.json").read_text())
+    names = {f["name"]: f for f in status["findings"]}
+    assert "lr-reaches-zero" in names and names["lr-reaches-zero"]["source"] == "probe"
+    assert "TG101 lr-reaches-zero [error]" in lr_zero_runs["alone_stderr"]
+
+
+def test_diagnose_reads_a_run_recorded_before_the_rules(lr_zero_runs: dict) -> None:
+    old = lr_zero_runs["old"]
+    status = json.loads((old / "status.json").read_text())
+    assert status["findings"] == []  # nothing was found while it ran
+    proc = run_trainguard("diagnose", str(old))
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # an error finding
+    assert "TG101 lr-reaches-zero [error] at step 21" in proc.stdout
+    assert "fix:" in proc.stdout
+    as_json = json.loads(run_trainguard("diagnose", "--json", str(old)).stdout)
+    f = next(f for f in as_json if f["name"] == "lr-reaches-zero")
+    assert f["source"] == "diagnose" and f["evidence"]["fraction_left"] == pytest.approx(0.80)
+
+
+def test_diagnose_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    proc = run_trainguard("diagnose", str(tmp_path / "nope"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    (tmp_path / "status.json").write_text("{}")
+    proc = run_trainguard("diagnose", str(tmp_path))
+    assert proc.returncode == 2 and "no run.db" in proc.stderr
+
+
+def test_rules_command_explains_a_health_rule() -> None:
+    proc = run_trainguard("rules", "loss-weight-stalled")
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("loss-weight-stalled (TG404)")
+    assert "## Why it matters" in proc.stdout and "6.7%" in proc.stdout
+    data = json.loads(run_trainguard("rules", "TG101", "--json").stdout)
+    assert data["name"] == "lr-reaches-zero" and data["severity"] == "error" and "## Example" in data["doc"]
+    listing = run_trainguard("rules").stdout
+    assert "TG812  perplexity-implausible" in listing
