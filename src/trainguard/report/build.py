@@ -139,7 +139,8 @@ def build_verdict(data: RunData) -> Verdict:
         first = min(errors, key=lambda f: (f.t if f.t is not None else float("inf"), f.step or 0))
         headline = sentence(first)
     elif data.findings:
-        headline = f"No errors; {len(data.findings)} other finding(s), the first: {sentence(data.findings[0])}"
+        headline = (f"No errors; {len(data.findings)} other finding(s), the first: "
+                    f"{sentence(most_severe_first(list(data.findings))[0])}")
     else:
         headline = "No findings: every check that this run's data allows passed (see 'What was checked')."
     return Verdict(state, started, ended, duration, done, planned, st.get("exit_code"), st.get("signal"), headline)
@@ -192,10 +193,14 @@ def build_environment(data: RunData) -> list[tuple[str, str]]:
 
 def _compact(value: Any) -> str:
     if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items() if v not in (None, "", [], {}))
+        return ", ".join(f"{k}={_short(v)}" for k, v in value.items() if v not in (None, "", [], {}))
     if isinstance(value, list):
-        return ", ".join(str(v) for v in value)
-    return str(value)
+        return ", ".join(_short(v) for v in value)
+    return _short(value)
+
+
+def _short(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
 def clock(t: Any) -> str:
@@ -232,9 +237,11 @@ def _stacks(run_dir: Path) -> list[tuple[str, str]]:
     out = []
     for path in files[:4]:
         try:
-            out.append((path.name, path.read_text(errors="replace")[:20000]))
+            text = path.read_text(errors="replace")[:20000]
         except OSError:
             continue
+        if text.strip():  # a process that was never asked for a dump leaves an empty file
+            out.append((path.name, text))
     return out
 
 
@@ -250,8 +257,9 @@ def evidence_rows(evidence: dict[str, Any]) -> list[tuple[str, str, Any]]:
         elif isinstance(v, str):
             rows.append((key, "block", v.splitlines()) if "\n" in v or len(v) > 160 else (key, "value", v))
         elif isinstance(v, list):
-            lines = [_frame_line(x) if isinstance(x, dict) else str(x) for x in v]
-            if len(lines) <= 1 and all(len(x) < 120 for x in lines):
+            lines = [_frame_line(x) if isinstance(x, dict) else _short(x) for x in v]
+            scalars = all(isinstance(x, (int, float, str, bool)) or x is None for x in v)
+            if (len(lines) <= 1 or scalars) and len(", ".join(lines)) < 160 and all("\n" not in x for x in lines):
                 rows.append((key, "value", ", ".join(lines) or "(none)"))
             else:
                 rows.append((key, "block", lines[:200]))
@@ -259,7 +267,7 @@ def evidence_rows(evidence: dict[str, Any]) -> list[tuple[str, str, Any]]:
             flat = all(isinstance(x, (int, float, str, bool)) or x is None for x in v.values())
             text = _compact(v) if flat else ""
             if flat and len(text) < 160:
-                rows.append((key, "value", text))
+                rows.append((key, "value", text or "(none)"))
             else:
                 import json
 
