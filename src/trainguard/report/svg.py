@@ -233,6 +233,8 @@ def fmt_step(v: float) -> str:
 def _x_axis(x0: float, x1: float, sx: Scale, ph: int) -> list[str]:
     out = []
     for v in nice_ticks(x0, x1, 8):
+        if not float(v).is_integer():
+            continue  # steps are whole numbers: a tick at step 2.5 would only confuse
         x = float(sx(v))
         anchor = "end" if x > WIDTH - RIGHT - 15 else "middle"
         out.append(f'<line x1="{x:.1f}" y1="{TOP + ph}" x2="{x:.1f}" y2="{TOP + ph + 4}" stroke="#999"/>'
