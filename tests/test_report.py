@@ -188,6 +188,11 @@ def test_compare_reports_the_speedup_within_the_measured_spread(two_runs: tuple[
     assert "B is faster" in proc.stdout and "convergence matches" in proc.stdout
     md = (tmp_path / "comparison.md").read_text()
     assert "Speedup (median A / median B)" in md and "| loss |" in md
+    # seed 000's orchestrator check, as exit codes: met, then surely not met
+    met = run_trainguard("compare", str(a), str(b), "--out", str(tmp_path), "--min-speedup", "1.1", "--same-convergence")
+    assert met.returncode == 0, met.stderr
+    unmet = run_trainguard("compare", str(a), str(b), "--out", str(tmp_path), "--min-speedup", "50")
+    assert unmet.returncode == 1 and "not met: speedup >= 50x" in unmet.stderr
     if chromium():
         r = render(tmp_path / "comparison.html", screenshot=ARTIFACTS / "comparison.png")
         print(f"screenshot: {r.screenshot}")

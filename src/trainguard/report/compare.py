@@ -196,6 +196,22 @@ def headline(r: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def unmet(r: dict[str, Any], *, min_speedup: float | None = None, same_convergence: bool = False) -> list[str]:
+    """The expectations (seed 000's "speedup >= 25%, convergence similar") this comparison does not meet."""
+    out = []
+    sp = r["speed"]
+    if min_speedup is not None:
+        if sp.get("speedup") is None:
+            out.append(f"speedup >= {min_speedup:g}x: {sp.get('note', 'no step times')}")
+        elif sp["speedup_ci95"][0] < min_speedup:
+            lo, hi = sp["speedup_ci95"]
+            out.append(f"speedup >= {min_speedup:g}x: measured {sp['speedup']:.2f}x, 95% interval {lo:.2f}-{hi:.2f}x")
+    if same_convergence and r["convergence"]["matches"] is not True:
+        why = "differs" if r["convergence"]["matches"] is False else "too few shared steps to tell"
+        out.append(f"same convergence: {why}")
+    return out
+
+
 # -- rendering ---------------------------------------------------------------------------------------
 
 
