@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, run_trainguard
+from tgtest import ROOT, run_trainguard
 
 from trainguard.preflight.check import check, plan_of
 from trainguard.preflight.config import load_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import run_trainguard
+from tgtest import run_trainguard
 
 
 def _one_line_error(out) -> None:

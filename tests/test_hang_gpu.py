@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import run_trainguard
+from tgtest import run_trainguard
 
 torch = pytest.importorskip("torch")
 

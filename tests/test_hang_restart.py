@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import run_trainguard
+from tgtest import run_trainguard
 
 from trainguard.errors import UserError
 from trainguard.findings import Finding

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_trainguard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tgtest import run_trainguard
 
 from trainguard.errors import UserError
 from trainguard.ingest.diagnose import diagnose_path

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_trainguard
+from tgtest import run_trainguard
 
 pytest.importorskip("transformers")
 pytest.importorskip("lightning")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import torch
-from conftest import run_trainguard
+from tgtest import run_trainguard
 
 SCRIPT = '''
 import json, subprocess, sys

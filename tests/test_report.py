@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, run_trainguard
 from headless import ARTIFACTS, chromium, render
+from tgtest import ROOT, run_trainguard
 
 from trainguard.report.build import build_report
 from trainguard.report.load import load_run

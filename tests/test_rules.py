@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import run_trainguard
+from tgtest import run_trainguard
 
 from trainguard.rules.catalog import CATALOG, lookup
 from trainguard.rules.engine import Engine, Rule, all_rules, run_rules

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_trainguard
+from tgtest import run_trainguard
 
 from trainguard.integrations.ultralytics import EVENTS
 

@@ -353,5 +353,14 @@ def demo(run_dir: str | None, steps: int) -> None:
     sys.exit(Supervisor(options, monitors=_default_monitors()).run())
 
 
+def _add_recipes() -> None:
+    # The recipe's command module is light (click only); it loads torch and transformers when it runs.
+    from trainguard.recipes.distill.command import distill_command
+
+    main.add_command(distill_command)
+
+
+_add_recipes()
+
 if __name__ == "__main__":
     main()
