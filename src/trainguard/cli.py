@@ -37,6 +37,9 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("trainguard: interrupted", err=True)
             ctx.exit(130)
+        except BrokenPipeError:  # `trainguard ... | head`: the reader left; nothing went wrong here
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(0)
         except Exception as exc:
             if os.environ.get("TRAINGUARD_DEBUG"):
                 raise
@@ -294,16 +297,13 @@ def report(run: str | None, to_terminal: bool) -> None:
     from trainguard.store.paths import resolve_run
 
     md_path, html_path = write_report(resolve_run(run))
-    try:
-        if to_terminal:
-            from rich.console import Console
-            from rich.markdown import Markdown
+    if to_terminal:
+        from rich.console import Console
+        from rich.markdown import Markdown
 
-            Console().print(Markdown(md_path.read_text()))
-        click.echo(f"report: {html_path}")
-        click.echo(f"report: {md_path}")
-    except BrokenPipeError:  # `trainguard report --print | head`: the reader left, nothing is wrong
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        Console().print(Markdown(md_path.read_text()))
+    click.echo(f"report: {html_path}")
+    click.echo(f"report: {md_path}")
 
 
 @main.command()
