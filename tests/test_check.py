@@ -89,6 +89,7 @@ def test_plan_follows_hugging_face(tmp_path: Path) -> None:
     ("warmup_ratio: 0.7", "warmup-exceeds-run", "warning"),
     ("num_training_steps: 100", "schedule-length-mismatch", "error"),
     ("num_training_steps: 1000", "schedule-length-mismatch", "warning"),
+    ("lr_scheduler_type: constant\nwarmup_steps: 20", "warmup-ignored", "warning"),
 ])
 def test_single_problems(tmp_path: Path, line: str, name: str, severity: str) -> None:
     p = tmp_path / "c.yaml"
@@ -119,6 +120,14 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path, name: str, text: str | Non
     assert r.stderr.count("\n") == 1 and message in r.stderr and "Traceback" not in r.stderr
 
 
+def test_fix_switches_a_constant_schedule_with_warmup(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("max_steps: 400\nlr_scheduler_type: constant\nwarmup_ratio: 0.05\n")
+    r = run_trainguard("check", str(cfg), "--fix", "--output", str(tmp_path / "f.yaml"), cwd=tmp_path)
+    assert r.returncode == 0 and "fixed lr_scheduler_type: 'constant' -> 'constant_with_warmup'" in r.stdout
+    assert yaml.safe_load((tmp_path / "f.yaml").read_text())["lr_scheduler_type"] == "constant_with_warmup"
+
+
 def test_fix_needs_an_output_other_than_the_input(tmp_path: Path) -> None:
     cfg = tmp_path / "c.json"
     cfg.write_text(SEED002.read_text())
@@ -134,7 +143,7 @@ def test_configuration_rules_have_full_pages() -> None:
     sections = ("## What it detects", "## Why it matters", "## Example", "## What to change",
                 "## Known false positives", "## Options")
     entries = [e for e in CATALOG if e.code.startswith("TG6")]
-    assert len(entries) >= 16
+    assert len(entries) >= 17
     for e in entries:
         doc = e.doc()
         assert all(s in doc for s in sections), e.code

@@ -40,6 +40,7 @@ for step in range(200):
             fh.write("saved\\n")
         open(ORIGIN + "/results/abs.txt", "w").write("x")    # an absolute path into the project
         subprocess.run(["touch", ORIGIN + "/native.txt"])     # a write no Python hook sees
+        subprocess.run(["touch", "ckpt/new-native.bin"])      # a new file by native code, relative
 guard.finish()
 '''
 
@@ -63,6 +64,7 @@ def test_scratch_keeps_user_files_and_names_outside_writes(tmp_path: Path) -> No
     assert (proj / "config.json").read_text() == '{"lr": 0.1}'
     assert (proj / "ckpt" / "last.pt").read_bytes() == ckpt_before
     assert (proj / "log.txt").read_text() == "old line\n"
+    assert not (proj / "ckpt" / "new-native.bin").exists()  # folders are mirrored: new files stay in scratch
     scratch = tmp_path / "run" / "scratch"
     assert not (scratch / "ckpt" / "last.pt").is_symlink() and (scratch / "ckpt" / "last.pt").is_file()
     assert (scratch / "log.txt").read_text() == "old line\nsaved\n"  # copy on write kept the old content

@@ -36,6 +36,15 @@ def test_seed002_schedule_stepped_per_microbatch_ends_early() -> None:
     assert sim["curve"][0] == [1, 0.0] and len(sim["curve"]) <= 1002
 
 
+def test_cosine_sized_in_microbatches_ends_late() -> None:
+    # just past its peak a cosine changes slowly: the simulation must not take that for the schedule's end
+    from trainguard.demo.tinylm import cosine_with_warmup
+
+    sim = simulate(cosine_with_warmup(_opt(), warmup=400, total=4000), ratio=1, offset=0, total_steps=500,
+                   grad_accum=8)
+    assert [f.name for f in schedule_findings(sim)] == ["schedule-ends-late"] and sim["schedule_end"] > 3500
+
+
 def test_schedule_sized_in_microbatches_ends_late() -> None:
     sim = simulate(_linear(_opt(), 800, 8000), ratio=1, offset=0, total_steps=1000, grad_accum=8)
     found = schedule_findings(sim)

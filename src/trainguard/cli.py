@@ -34,6 +34,13 @@ class _Group(click.Group):
             ctx.exit(exc.exit_code)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
             raise
+        except BrokenPipeError:
+            # `trainguard rules | head`: the reader left; say nothing more (stdout is gone).
+            try:
+                sys.stdout = open(os.devnull, "w")
+            except OSError:
+                pass
+            ctx.exit(0)
         except KeyboardInterrupt:
             click.echo("trainguard: interrupted", err=True)
             ctx.exit(130)

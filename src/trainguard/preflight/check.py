@@ -73,7 +73,7 @@ def interval(cfg: Config, name: str, steps: int) -> int | None:
 
 def check(cfg: Config) -> tuple[Plan, list[Finding]]:
     plan = plan_of(cfg)
-    out = implausible(cfg)
+    out = implausible(cfg) + warmup_ignored(cfg)
     steps = plan.optimizer_steps
     if steps:
         out += schedule_length(cfg, plan) + warmup(cfg, steps) + intervals(cfg, steps) + patience(cfg, steps)
@@ -198,6 +198,42 @@ def warmup(cfg: Config, steps: int) -> list[Finding]:
         evidence={key: g("warmup_steps") or g("warmup_ratio"),
                   "warmup_steps": w, "optimizer_steps": steps},
         fix=f"Use a warmup of about {max(1, round(0.1 * steps))} steps (10% of the run).", source="check")]
+
+
+def warmup_ignored(cfg: Config) -> list[Finding]:
+    """TG618 warmup-ignored: a warmup is configured for a scheduler type that has none.
+
+    ## What it detects
+    `warmup_steps` or `warmup_ratio` above zero with `lr_scheduler_type: constant` (Hugging Face's
+    `get_constant_schedule` takes no warmup; `constant_with_warmup` does).
+
+    ## Why it matters
+    The run starts at the full LR from step 1 although the config says it warms up; with large models
+    and Adam that early spike is a common cause of divergence in the first hundred steps.
+
+    ## Example
+    `lr_scheduler_type` constant with `warmup_steps` 500: the 500 warmup steps never happen.
+
+    ## What to change
+    Use `constant_with_warmup`, or drop the warmup setting; `--fix` switches the type.
+
+    ## Known false positives
+    A training script that builds its own scheduler and reads the warmup itself (then the type is not
+    Hugging Face's).
+
+    ## Options
+    None.
+    """
+    g = cfg.get
+    if g("scheduler") != "constant" or not (g("warmup_steps") or g("warmup_ratio")):
+        return []
+    wkey = _at(cfg, "warmup_steps") if g("warmup_steps") else _at(cfg, "warmup_ratio")
+    return [Finding(
+        code="TG618", name="warmup-ignored", severity="warning",
+        summary=f"{_at(cfg, 'scheduler')} is 'constant', which has no warmup: {wkey} {g('warmup_steps') or g('warmup_ratio')}"
+                " is ignored and the run starts at the full LR",
+        evidence={_at(cfg, "scheduler"): "constant", wkey: g("warmup_steps") or g("warmup_ratio")},
+        fix=f"Set {_at(cfg, 'scheduler')} to constant_with_warmup.", source="check")]
 
 
 def intervals(cfg: Config, steps: int) -> list[Finding]:
@@ -413,6 +449,8 @@ def fix(cfg: Config, plan: Plan, findings: list[Finding]) -> tuple[dict[str, Any
         set_dotted(data, key, new)
         changes.append(Change(key, g(name), new, why))
 
+    if "warmup-ignored" in names:
+        change("scheduler", "constant_with_warmup", "the configured warmup only happens with a warmup schedule")
     if not steps:
         return data, changes
     old_sched = g("sched_steps")

@@ -447,8 +447,8 @@ def _median_step(start: dict[str, Any]) -> float | None:
     """
     skip = {1}
     for e in start["events"]:
-        if e["name"] == "schedule":
-            skip.add(e["step"] + 1)
+        if e["name"] == "schedule":  # simulated in the optimizer pre-hook: before or after guard.step
+            skip.update((e["step"], e["step"] + 1))
         elif e["name"] in ("forced", "epoch-cut", "epoch-end"):
             skip.add(e["step"] + 1)
     times = [t for step, t in start["step_times"] if step not in skip] or [t for _, t in start["step_times"]]
@@ -492,6 +492,9 @@ def report_lines(state: str, findings: list[Finding], s: dict[str, Any], run_dir
     lines = [f"trainguard preflight: {state} in {s['seconds']:.1f} s"]
     if not s["probe_used"]:
         lines.append("  the script never called trainguard.watch(): nothing could be brought forward")
+    elif not s["paths_forced"]:
+        lines.append("  nothing brought forward: the loop never asked guard.due(...) (paths gated on `step % N`"
+                     " are invisible to preflight)")
     if s["paths_forced"]:
         lines.append("  brought forward: " + ", ".join(
             f"{n} (every {s['paths_seen'].get(n)}, ran at step {st}"
@@ -500,7 +503,8 @@ def report_lines(state: str, findings: list[Finding], s: dict[str, Any], run_dir
     lines.append(f"  epoch boundary: {s['epoch_boundary']}; checkpoint round trip: {s['resume']}")
     sched = s.get("schedule") or {}
     if sched.get("peak_lr") is not None:
-        lines.append(f"  LR schedule ({sched.get('scheduler')}, {sched.get('ratio'):g} scheduler steps per optimizer"
+        r = sched.get("ratio") or 0
+        lines.append(f"  LR schedule ({sched.get('scheduler')}, {r:g} scheduler step{'' if r == 1 else 's'} per optimizer"
                      f" step): peak {sched['peak_lr']:.3g} at step {sched.get('peak_at')}, final {sched['final_lr']:.3g}"
                      f" at step {sched.get('total_steps')} (curve: schedule.json)")
     elif sched.get("skipped") or sched.get("truncated"):

@@ -13,6 +13,12 @@
 
 RUN/ holds scratch/ (the working folder), start-1/ and start-2-resume/ (each start's own run folder) and
 schedule.json (the simulated LR curve).
+
+Limits, stated plainly: one process only (under torchrun, stopping rank 0 would leave the other ranks
+waiting in a collective); writes by Python and by torch.save / safetensors are kept in the scratch
+folder, other native writers are only reported afterwards (the user's folder is compared before and
+after); a script that never calls `trainguard.watch` cannot be fast-forwarded and runs until --timeout;
+only paths gated by `guard.due` are brought forward (`if step % 500 == 0` is invisible to it).
 """
 
 from __future__ import annotations
@@ -55,9 +61,13 @@ def preflight(opts: PreflightOptions) -> int:
         raise UserError(f"--steps must be at least 2 (the schedule is measured between real steps), got {opts.steps}")
     if not opts.command:
         raise UserError("no command given: trainguard preflight [OPTIONS] -- COMMAND [ARGS...]")
+    from trainguard.watchdog.supervisor import check_command
+
+    check_command(opts.command)  # bad input fails here, before any folder is made
     origin = Path.cwd()
     run_dir = prepare_run_dir(opts.run_dir) if opts.run_dir else new_run_dir(f"preflight-{_label(opts.command)}")
     run_dir = run_dir.resolve()
+    _clear_previous(run_dir)
     avoid = [run_dir, runs_root().resolve()]
     work = scratch.build_scratch(origin, run_dir / "scratch", avoid)
     before, complete = scratch.snapshot(origin, avoid)
@@ -77,7 +87,7 @@ def preflight(opts: PreflightOptions) -> int:
     sim = json.loads(sched_path.read_text()) if sched_path.is_file() else None
     if sim is not None:
         shutil.copyfile(sched_path, run_dir / SCHEDULE_FILE)
-    writes = scratch.outside_writes([s["dir"] for s in starts]) + scratch.changed(before, after)
+    writes = _unique(scratch.outside_writes([s["dir"] for s in starts]) + scratch.changed(before, after))
     findings = judge.judge(first, resume, sim, writes, origin=str(origin.resolve()))
     summary = judge.summarize(first, resume, sim, ckpt, writes, peak_rss=_peak_rss())
     summary.update({"seconds": round(time.time() - t0, 1), "snapshot_complete": complete and complete_after,
@@ -85,11 +95,29 @@ def preflight(opts: PreflightOptions) -> int:
     return _conclude(run_dir, opts, findings, summary)
 
 
+def _clear_previous(run_dir: Path) -> None:
+    """A reused --run-dir: remove what an earlier preflight left (only its own names), so stores never mix."""
+    for name in ("start-1", "start-2-resume", "scratch"):
+        if (run_dir / name).is_dir():
+            shutil.rmtree(run_dir / name)  # the scratch folder's symlinks are removed, never followed
+    for name in ("status.json", SCHEDULE_FILE, "preflight.json"):
+        (run_dir / name).unlink(missing_ok=True)
+
+
+def _unique(writes: list[dict[str, str]]) -> list[dict[str, str]]:
+    seen: dict[str, dict[str, str]] = {}
+    for w in writes:
+        seen.setdefault(w["path"], w)
+    return list(seen.values())
+
+
 def _start(opts: PreflightOptions, start_dir: Path, work: Path, *, mode: str, steps: int,
            env: dict[str, str] | None = None) -> dict[str, Any]:
     """One start of the script under the Supervisor; returns its status and what the probe recorded."""
     from trainguard.watchdog.supervisor import RunOptions, Supervisor
 
+    what = "fast-forward" if mode == "first" else f"resuming from {env and env.get('TRAINGUARD_RESUME_FROM')}"
+    print(f"trainguard preflight: start {1 if mode == 'first' else 2} ({what}) in {work}", file=sys.stderr)
     cfg = {"mode": mode, "steps": steps, "scratch": str(work)}
     options = RunOptions(command=list(opts.command), run_dir=str(start_dir), echo=opts.echo, live=False,
                          stop_on=[judge.TIMEOUT_NAME], cwd=str(work),

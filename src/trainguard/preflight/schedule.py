@@ -61,7 +61,7 @@ def simulate(sched: Any, *, ratio: float, offset: int, total_steps: int | None, 
                 break
             lrs.append(float(sched.optimizer.param_groups[0]["lr"]))
             if k == total_steps:
-                tol = LOW * max(lrs)
+                tol = 1e-4 * max(lrs)  # tight: a slow decay (a cosine just past its peak) is not "flat"
             elif k > total_steps:
                 flat = flat + 1 if abs(lrs[-1] - lrs[-2]) <= tol and abs(lrs[-1] - lrs[-1 - flat]) <= tol else 0
                 if flat >= settle:

@@ -1,7 +1,7 @@
 """The preflight's scratch working folder, and what the script wrote outside it.
 
-The script runs in `RUN/scratch/`, which holds a symlink to each top-level entry of the folder the user
-ran `trainguard preflight` from, so relative paths (data, configs, modules) resolve as they would in the
+The script runs in `RUN/scratch/`, a mirror of the folder the user ran `trainguard preflight` from (real
+folders, a symlink per file), so relative paths (data, configs, modules) resolve as they would in the
 real run. Writes never go through those symlinks: the probe's write watch (probe/fastforward.py) turns a
 symlink into a private copy before a Python write to it, so a preflight checkpoint lands in the scratch
 folder and the user's files and configs stay untouched. What the watch cannot see (native code, child
@@ -17,22 +17,41 @@ from pathlib import Path
 
 SKIP = {".git", ".hg", ".venv", "venv", "__pycache__", "node_modules", ".mypy_cache", ".pytest_cache",
         ".ruff_cache", "trainguard-runs"}
+MIRROR_LIMIT = 5_000  # entries mirrored as real folders and file symlinks; past this, folders are linked whole
 SNAPSHOT_LIMIT = 20_000  # files compared before/after; past this the comparison is partial (and says so)
 
 
 def build_scratch(origin: Path, scratch: Path, avoid: list[Path]) -> Path:
-    """Creates `scratch` with a symlink to each entry of `origin` (except caches and the run folder)."""
+    """Creates `scratch` mirroring `origin`: real folders, a symlink for each file (caches and the run
+    folder left out).
+
+    Why real folders: a new file written by native code (safetensors bound before the probe could wrap
+    it, a C++ logger) then lands in the scratch folder too; only an overwrite of an existing file by
+    native code goes through to the user's file, and the before/after comparison reports it. Past
+    MIRROR_LIMIT entries (a dataset folder), folders are linked whole.
+    """
     scratch.mkdir(parents=True, exist_ok=True)
     avoid_real = [os.path.realpath(p) for p in avoid]
-    for entry in sorted(origin.iterdir()):
-        if entry.name in SKIP:
-            continue
-        real = os.path.realpath(entry)
-        if any(a == real or a.startswith(real + os.sep) for a in avoid_real):
-            continue  # the run folder lives in it: linking it would make the scratch folder contain itself
-        link = scratch / entry.name
-        if not link.exists() and not link.is_symlink():
-            link.symlink_to(entry.resolve())
+    budget = [MIRROR_LIMIT]
+
+    def mirror(src: Path, dst: Path) -> None:
+        for entry in sorted(src.iterdir()):
+            if entry.name in SKIP:
+                continue
+            real = os.path.realpath(entry)
+            if any(a == real or a.startswith(real + os.sep) for a in avoid_real):
+                continue  # the run folder lives in it: linking it would make the scratch folder contain itself
+            target = dst / entry.name
+            if target.exists() or target.is_symlink():
+                continue
+            budget[0] -= 1
+            if entry.is_dir() and not entry.is_symlink() and budget[0] > 0:
+                target.mkdir()
+                mirror(entry, target)
+            else:
+                target.symlink_to(real)
+
+    mirror(origin, scratch)
     return scratch
 
 

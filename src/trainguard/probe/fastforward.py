@@ -40,6 +40,7 @@ from typing import Any
 
 ENV_PREFLIGHT = "TRAINGUARD_PREFLIGHT"
 SETTLE_STEPS = 2  # optimizer steps after the last newly brought-forward path before the script is stopped
+MAX_PATHS = 32  # names brought forward at most (a name built from the step would otherwise never settle)
 WRITES_FILE = "outside-writes.txt"
 SCHEDULE_FILE = "schedule.json"
 
@@ -93,7 +94,8 @@ class FastForward:
             self.seen[name] = every
             self._event(guard, "due-seen", {"name": name, "every": every})
         step = guard.step_count
-        if (self.mode != "first" or every <= 0 or name in self.forced or step < self.steps
+        if (self.mode != "first" or every <= 0 or name in self.forced or len(self.forced) >= MAX_PATHS
+                or step < self.steps
                 or not self._at_boundary(guard)):  # every <= 0: the path is switched off, as in the real run
             return False
         self.forced[name] = step

@@ -95,7 +95,7 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG812", "perplexity-implausible", "warning", "stable", "0.1.0", f"{_R}.model:PerplexityImplausible"),
     # hang and crash diagnosis (issue 3)
     RuleEntry("TG507", "hang-repeats", "error", "stable", "0.1.0", "trainguard.watchdog.restart:repeats_finding"),
-    # -- preflight and config check (issue 5): `trainguard preflight` (TG601-609), `trainguard check` (TG611-617)
+    # -- preflight and config check (issue 5): `trainguard preflight` (TG601-609), `trainguard check` (TG611-618)
     RuleEntry("TG601", "periodic-path-crashed", "error", "preview", "0.1.0", "trainguard.preflight.judge:path_crashed"),
     RuleEntry("TG602", "checkpoint-resume-failed", "error", "preview", "0.1.0", "trainguard.preflight.judge:resume_failed"),
     RuleEntry("TG603", "second-epoch-failed", "error", "preview", "0.1.0", "trainguard.preflight.judge:second_epoch_failed"),
@@ -112,6 +112,7 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG615", "interval-dominates-run", "warning", "preview", "0.1.0", "trainguard.preflight.check:interval_dominates"),
     RuleEntry("TG616", "patience-too-short", "error", "preview", "0.1.0", "trainguard.preflight.check:patience"),
     RuleEntry("TG617", "implausible-value", "error", "preview", "0.1.0", "trainguard.preflight.check:implausible"),
+    RuleEntry("TG618", "warmup-ignored", "warning", "preview", "0.1.0", "trainguard.preflight.check:warmup_ignored"),
     # integrations and ingest (issue 8): what a log alone shows, for `trainguard diagnose PATH`
     RuleEntry("TG151", "scheduler-before-optimizer", "warning", "stable", "0.1.0",
               "trainguard.ingest.signs:scheduler_before_optimizer"),
