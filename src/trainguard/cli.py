@@ -44,9 +44,6 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("trainguard: interrupted", err=True)
             ctx.exit(130)
-        except BrokenPipeError:  # `trainguard ... | head`: the reader left; nothing went wrong here
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            ctx.exit(0)
         except Exception as exc:
             if os.environ.get("TRAINGUARD_DEBUG"):
                 raise
