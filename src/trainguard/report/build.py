@@ -16,7 +16,7 @@ import numpy as np
 from trainguard.findings import Finding, most_severe_first
 from trainguard.report.checks import Check, build_checks
 from trainguard.report.load import RunData, load_run
-from trainguard.report.plots import build_plots
+from trainguard.report.plots import build_plots, samples_per_step
 from trainguard.report.svg import Plot
 from trainguard.report.timeline import Row, build_timeline
 
@@ -70,12 +70,10 @@ def build_report(run_dir: str | Path) -> Report:
 
 def key_numbers(data: RunData) -> list[tuple[str, str]]:
     """The table a post-mortem starts with: where the loss ended, the LR, the speed, the evaluations."""
-    from trainguard.report.plots import samples_per_step
-
     out: list[tuple[str, str]] = []
     steps = data.columns.get("step")
 
-    def last_and_best(label: str, name: str, col: Any) -> None:
+    def last_and_best(label: str, col: Any) -> None:
         if col is None or not col.any or steps is None:
             return
         ok = col.present & np.isfinite(col.values)
@@ -89,9 +87,9 @@ def key_numbers(data: RunData) -> list[tuple[str, str]]:
         elif bad:
             out.append((label, f"non-finite at all {bad} recorded steps"))
 
-    last_and_best("loss", "loss", data.col("loss"))
+    last_and_best("loss", data.col("loss"))
     for k, c in data.parts.items():
-        last_and_best(f"loss part {k}", k, c)
+        last_and_best(f"loss part {k}", c)
     lr = data.col("lr")
     if lr is not None:
         ok = lr.present & np.isfinite(lr.values)
