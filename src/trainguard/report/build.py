@@ -102,7 +102,7 @@ def key_numbers(data: RunData) -> list[tuple[str, str]]:
         if len(v):
             per_step, unit = samples_per_step(data.meta)
             q25, med, q75 = np.percentile(v, [25, 50, 75])
-            out.append(("step time", f"median {med * 1000:.1f} ms (IQR {q25 * 1000:.1f}-{q75 * 1000:.1f} ms); "
+            out.append(("step time", f"median {med * 1000:.3g} ms (IQR {q25 * 1000:.3g}-{q75 * 1000:.3g} ms); "
                                      f"{per_step / med:.4g} {unit}"))
     evals: dict[str, list[tuple[int, float]]] = {}
     for e in data.events_of("eval"):
