@@ -286,3 +286,26 @@ def test_zoo_report_check_catches_a_report_that_leaves_a_finding_out(hostile_run
     assert any("never-shown" in p for p in problems) and any("no-such-cause" in p for p in problems)
     assert any("no_such_number" in p for p in problems)
     assert zoo.check_report(hostile_run, {"findings": []}, quiet=True) != []  # it says 'No findings' nowhere
+
+
+def test_columns_read_in_chunks_join_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big runs are read in chunks; a part that first appears in a later chunk, a NaN and a NULL on either
+    side of a chunk boundary all land where they belong."""
+    import trainguard.report.load as load
+    from trainguard.store.writer import StoreWriter
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    w = StoreWriter(run_dir)
+    for s in range(1, 101):
+        parts = {"kd": 1.0 / s} | ({"late": float(s)} if s > 70 else {})
+        w.add_step({"step": s, "t": float(s), "loss": float("nan") if s == 30 else 2.0,
+                    "grad_norm": None if s == 31 else 1.0, "parts": parts})
+    w.close()
+    monkeypatch.setattr(load, "CHUNK_ROWS", 30)
+    d = load.load_run(run_dir)
+    assert len(d.columns["loss"].values) == 100 and np.isnan(d.columns["loss"].values[29])
+    assert d.columns["loss"].present[29] and not d.columns["grad_norm"].present[30]
+    late = d.parts["late"]
+    assert not late.present[:70].any() and late.present[70:].all() and late.values[99] == 100.0
+    assert d.parts["kd"].values[0] == 1.0 and d.parts["kd"].present.all()

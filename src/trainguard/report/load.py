@@ -152,18 +152,42 @@ def _load_steps(data: RunData, run_dir: Path, rank: int) -> None:
         if t_min is not None:
             data.t_range = (float(t_min), float(t_max))
         cols = SCALAR_COLUMNS + JSON_COLUMNS
-        rows = conn.execute(f"SELECT {', '.join(cols)} FROM steps WHERE rank = ? ORDER BY rowid", (rank,)).fetchall()
+        cur = conn.execute(f"SELECT {', '.join(cols)} FROM steps WHERE rank = ? ORDER BY rowid", (rank,))
+        # In chunks, each turned into arrays before the next is read: a million rows at once as tuples and
+        # dicts would hold about a gigabyte, chunked it stays near a tenth of that.
+        chunks = []
+        while rows := cur.fetchmany(CHUNK_ROWS):
+            by_col = list(zip(*rows))
+            del rows
+            scalars = {name: _column(raw) for name, raw in zip(SCALAR_COLUMNS, by_col)}
+            jsons = {name: _json_columns(raw) for name, raw in zip(JSON_COLUMNS, by_col[len(SCALAR_COLUMNS):])}
+            chunks.append((len(by_col[0]), scalars, jsons))
+            del by_col
     finally:
         conn.close()
-    by_col = list(zip(*rows))
-    del rows
-    if not by_col:
+    if not chunks:
         return
-    for name, raw in zip(SCALAR_COLUMNS, by_col):
-        data.columns[name] = _column(raw)
-    for name, raw in zip(JSON_COLUMNS, by_col[len(SCALAR_COLUMNS):]):
-        setattr(data, name, _json_columns(raw))
+    data.columns = _concat([(n, c) for n, c, _ in chunks])
+    for name in JSON_COLUMNS:
+        setattr(data, name, _concat([(n, j[name]) for n, _, j in chunks]))
     _keep_latest_attempt(data)
+
+
+CHUNK_ROWS = 100_000
+
+
+def _concat(chunks: list[tuple[int, dict[str, Column]]]) -> dict[str, Column]:
+    """Joins per-chunk columns; a name missing from a chunk (a part that appears late) is absent there."""
+    names = list(dict.fromkeys(name for _, cols in chunks for name in cols))
+    out = {}
+    for name in names:
+        values, present = [], []
+        for n, cols in chunks:
+            col = cols.get(name)
+            values.append(col.values if col is not None else np.full(n, math.nan))
+            present.append(col.present if col is not None else np.zeros(n, dtype=bool))
+        out[name] = Column(np.concatenate(values), np.concatenate(present))
+    return out
 
 
 def _keep_latest_attempt(data: RunData) -> None:
