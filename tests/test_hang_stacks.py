@@ -198,3 +198,23 @@ def test_faulthandler_text_parses_into_threads_with_the_main_thread_marked() -> 
     assert len(main) == 1
     assert main[0].frames[-1].function == "test_faulthandler_text_parses_into_threads_with_the_main_thread_marked"
     assert main[0].frames[-1].code and "dump_traceback" in main[0].frames[-1].code
+
+
+def test_files_of_workers_that_ended_without_dumping_are_swept(tmp_path: Path) -> None:
+    from trainguard.probe import stackdump
+
+    folder = tmp_path / "stacks"
+    folder.mkdir()
+    ended = []
+    for _ in range(2):
+        p = subprocess.Popen([sys.executable, "-c", "pass"])
+        p.wait()
+        ended.append(p.pid)
+    silent, dumped, live = ended[0], ended[1], os.getpid()
+    for pid, text in ((silent, ""), (dumped, "Thread 0x1 (most recent call first):\n"), (live, "")):
+        (folder / f"proc-{pid}.json").write_text("{}")
+        (folder / f"proc-{pid}.txt").write_text(text)
+    assert stackdump.prune(folder) == 1
+    assert not (folder / f"proc-{silent}.json").exists() and not (folder / f"proc-{silent}.txt").exists()
+    assert (folder / f"proc-{dumped}.txt").exists()  # it dumped: evidence, kept
+    assert (folder / f"proc-{live}.json").exists()  # alive: kept

@@ -99,3 +99,35 @@ def _run_as_nobody(python: str, tmp_path: Path) -> None:
         denied = subprocess.run(["runuser", "-u", "nobody", "--", python, "-c", check], capture_output=True,
                                 text=True, timeout=60)
         assert denied.returncode != 0, "py-spy could read the process: this test would not show the fallback"
+
+
+UNINSTRUMENTED = textwrap.dedent('''
+    import ctypes, threading, time
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0: py-spy is denied
+    lock = threading.Lock()
+    print("working", flush=True)
+    with lock:
+        lock.acquire()  # a self-deadlock, in a script without the probe
+''')
+
+
+def test_without_the_probe_and_without_ptrace_the_hang_is_unknown_and_says_why() -> None:
+    python = _nobody_python()
+    tmp_path = Path(tempfile.mkdtemp(prefix="tg-nobody-"))
+    tmp_path.chmod(0o777)
+    try:
+        (tmp_path / "train.py").write_text(UNINSTRUMENTED)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+        env["HOME"] = str(tmp_path)
+        r = subprocess.run(["runuser", "-u", "nobody", "--", python, "-m", "trainguard.cli", "run", "--quiet",
+                            "--run-dir", str(tmp_path / "run"), "--stall-timeout", "3", "--", python, "train.py"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 124, r.stderr
+        status = json.loads((tmp_path / "run" / "status.json").read_text())
+        hang = next(f for f in status["findings"] if f["name"] == "run-hung")
+        # trainguard does not guess: no stacks, so no cause, and the finding says what was missing
+        assert hang["cause"] == "unknown" and "where" not in hang
+        if (Path(python).parent / "py-spy").exists():
+            assert "ptrace" in hang["summary"] or "ermission" in hang["summary"], hang["summary"]
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)

@@ -226,3 +226,24 @@ def test_standalone_exit_without_finish_is_not_completed(tmp_path: Path) -> None
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "failed"
     assert [f["name"] for f in status["findings"]] == ["probe-not-finished"]
+
+
+def test_set_step_continues_a_resumed_run(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    guard = trainguard.watch(model, opt, grad_accum=2, run_dir=tmp_path / "run")
+    guard.set_step(1000)  # as a script does after loading its checkpoint
+    fired = []
+    for _ in range(6):
+        for _ in range(2):
+            model(torch.randn(2, 4)).mean().backward()
+            guard.step(torch.tensor(1.0))
+        opt.step()
+        opt.zero_grad()
+        if guard.due("eval", every=5):
+            fired.append(guard.step_count)
+    guard.finish()
+    with RunReader(guard.run_dir) as reader:
+        steps = [r["step"] for r in reader.steps()]
+    assert steps == list(range(1001, 1007))
+    assert fired == [1005]

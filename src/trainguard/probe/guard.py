@@ -201,6 +201,29 @@ class Guard:
         if closes and self._ff is not None:
             self._ff.after_step(self)  # may end the script (preflight only, on purpose)
 
+    def set_step(self, step: int) -> None:
+        """Tells the guard the optimizer step a resumed run starts from (read from its checkpoint).
+
+        Steps, `due()` and findings then continue from there instead of from 0. Call it once, after
+        loading the checkpoint and before the first `guard.step` of the resumed run.
+        """
+        if os.getpid() != self._pid:
+            return
+        try:
+            step = int(step)
+            if step < 0:
+                raise ValueError(f"set_step: step must be >= 0, got {step}")
+            self.opt_steps = self._loss_steps = step
+            self.micro = step * self.grad_accum
+            self._records.clear()
+            self._pending, self._pending_floats = [], {}
+            self._t_last_close = None
+            self._t_progress = time.time()
+            if not self._disabled:
+                self._writer.add_event("probe", "set_step", {"step": step}, step=step)
+        except Exception as exc:
+            self._fail("set_step", exc)
+
     def log(self, **values: Any) -> None:
         """Extra per-step scalars (tensors or floats), stored with the step being accumulated.
 

@@ -30,6 +30,9 @@ class NullGuard:
     def step(self, loss: Any, parts: Any = None, weights: Any = None) -> None:
         self.micro += 1
 
+    def set_step(self, step: int) -> None:
+        self.micro = int(step) * self.grad_accum
+
     def log(self, **values: Any) -> None:
         pass
 

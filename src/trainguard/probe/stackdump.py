@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 ENV_STACKS = "TRAINGUARD_STACKS"
-STACK_SIGNAL = signal.SIGRTMIN + 6  # a real-time signal nobody else uses by default (not SIGUSR1/2)
+# A real-time signal nobody else uses by default (not SIGUSR1/2, which launchers and Lightning take).
+# None where there are no real-time signals (macOS, Windows): no handler, py-spy stays the only source.
+STACK_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
 
 _state: dict[str, Any] = {"dir": None, "pid": None, "file": None, "fork_hook": False}
 
@@ -49,6 +51,8 @@ def install(run_dir: str | os.PathLike) -> bool:
         if not _state["fork_hook"]:
             os.register_at_fork(after_in_child=_after_fork_in_child)
             _state["fork_hook"] = True
+            threading.Thread(target=_prune_forever, args=(folder,), name="trainguard-stacks-prune",
+                             daemon=True).start()
         return ok
     except Exception:
         return False  # the guard never becomes the failure: no handler, py-spy stays the fallback
@@ -71,6 +75,9 @@ def install_from_env() -> bool:
 
 def _register(folder: Path) -> bool:
     import faulthandler
+
+    if STACK_SIGNAL is None:
+        return False
 
     previous = signal.getsignal(STACK_SIGNAL)
     if previous not in (signal.SIG_DFL, None) and _state["pid"] is None:
@@ -97,6 +104,43 @@ def _register(folder: Path) -> bool:
     tmp = folder / f".proc-{pid}.json.tmp"
     tmp.write_text(json.dumps(info))
     os.replace(tmp, folder / f"proc-{pid}.json")
+    return True
+
+
+PRUNE_EVERY = 60.0  # seconds between sweeps of the files of workers that are gone
+
+
+def prune(folder: Path) -> int:
+    """Removes the files of processes that ended without ever dumping (every DataLoader worker of every
+    epoch leaves two, so a long run would pile up thousands); returns how many processes were swept."""
+    swept = 0
+    for info in folder.glob("proc-*.json"):
+        pid = int(info.stem.split("-", 1)[1])
+        dump = folder / f"proc-{pid}.txt"
+        if _alive(pid) or (dump.exists() and dump.stat().st_size > 0):
+            continue
+        info.unlink(missing_ok=True)
+        dump.unlink(missing_ok=True)
+        swept += 1
+    return swept
+
+
+def _prune_forever(folder: Path) -> None:
+    while True:
+        time.sleep(PRUNE_EVERY)
+        try:
+            prune(folder)
+        except Exception:
+            pass  # a failed sweep leaves a few small files; never worth breaking anything for
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
     return True
 
 

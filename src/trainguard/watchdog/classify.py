@@ -87,6 +87,23 @@ def io_moving(snap: Snapshot) -> int:
     return moved
 
 
+def starting_up(snap: Snapshot) -> list[int]:
+    """Processes still importing, whose stacks moved between samples (a spawned worker loading torch):
+    a slow start, not a hang. An import that does not move (an import-lock deadlock) is not listed."""
+    if len(snap.samples) < 2:
+        return []
+    first, last = snap.samples[0], snap.samples[-1]
+    out = []
+    for pid, s in last.items():
+        t, before = s.main_thread, first.get(pid)
+        if t is None or before is None or before.main_thread is None:
+            continue
+        if any(f.file.startswith("<frozen importlib") for f in t.frames) and \
+                [f.text() for f in t.frames] != [f.text() for f in before.main_thread.frames]:
+            out.append(pid)
+    return out
+
+
 # -- the checks ---------------------------------------------------------------------------------------
 
 

@@ -29,6 +29,11 @@ class StallDiagnosis:
     io_bytes_moved: int
 
     @property
+    def starting(self) -> list[int]:
+        """Processes still importing and moving (spawned workers starting up): slow, not stuck."""
+        return classify.starting_up(self.snapshot)
+
+    @property
     def moving(self) -> bool:
         """The run wrote steadily during the sampling window while waiting (on a file, in a sleep, or where
         no stack could say): a slow save, not a hang. A lock, a collective or a busy loop never counts."""
@@ -49,7 +54,10 @@ class StallDiagnosis:
             return {"pid": self.snapshot.root_pid}
         pids = self.snapshot.pids()
         cpu = sum(s.cpu_percent or 0.0 for s in self.snapshot.samples[-1].values())
-        return {"pid": root.pid, "cpu_percent": round(cpu, 1), "status": root.status, "rss_mb": root.rss_mb,
+        # Under "cpu_percent" the summary adds "busy"/"idle"; a named cause says more (a device-sync wait
+        # spins the CPU, yet it is not a busy loop), so then the total goes in as plain evidence.
+        key = "cpu_percent" if self.diagnosis.cause == "unknown" else "tree_cpu_percent"
+        return {"pid": root.pid, key: round(cpu, 1), "status": root.status, "rss_mb": root.rss_mb,
                 "processes": len(pids)}
 
     def _evidence(self) -> dict[str, Any]:

@@ -82,8 +82,8 @@ def repeats_finding(first: Finding, again: Finding, *, restarts: int, checkpoint
     Example: hung again after restart 1 (from checkpoint ckpt-20.pt): cause deadlock at
     train.py:31 (train_step), as in attempt 0; stopped restarting.
     What to change: fix the code at `where`; the cause's own fix (in the run-hung finding) says how.
-    Known false positives: a transient fault (a network file system that stalls twice at the same save)
-    looks deterministic; raise --max-restarts does not help then, fix the storage.
+    Known false positives: a transient fault that strikes twice at the same place (a network file system
+    that stalls at the same save) looks deterministic; fix the storage rather than restart more.
     """
     ckpt = f" from checkpoint {checkpoint}" if checkpoint else " from the start"
     return Finding(

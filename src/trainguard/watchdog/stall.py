@@ -68,8 +68,16 @@ def hang_finding(*, idle: float, timeout: float, step: int | None, phase: str | 
     What it detects: no training progress (steps, batches, phases, evaluations, checkpoints; output lines
     for scripts without the probe) for longer than the stall timeout, while the process lives.
     Why it matters: seed 000 sat hung for 20 minutes and seed 003 for 7.8 hours before anyone looked.
-    Example: no progress for 61 s (timeout 60 s) at step 1320, phase 'train'; CPU 99% (busy, not waiting).
-    What to change: see the stacks in the run folder's stacks/ and the cause in the finding.
+    Example: no progress for 61 s (timeout 60 s) at step 1320, phase 'train'; cause dataloader-worker:
+    the training process waits for a batch at train.py:88; DataLoader worker pid 4121 is blocked in the
+    dataset at data.py:57 (__getitem__), sample index 48211.
+    What to change: the stacks of every process at the stall are in the run folder (stacks/hang-N.txt);
+    `cause` (dataloader-worker, collective, deadlock, busy-loop, device-sync, io, sleep, unknown) and
+    `where` (the innermost frame in your code) say where it waits, and `fix` is written for the cause
+    (watchdog/classify.py). `--on-hang wait` keeps the process alive for a debugger; `--on-hang restart`
+    resumes from the newest checkpoint.
+    Known false positives: a step, evaluation or save that is merely slower than a fixed
+    `--stall-timeout` (a save that keeps writing and workers still starting up are given more time).
     """
     cpu = process.get("cpu_percent")
     busy = ""

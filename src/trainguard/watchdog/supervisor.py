@@ -35,7 +35,7 @@ from trainguard.watchdog.stall import StallPolicy, hang_finding
 from trainguard.watchdog.tee import OutputCapture
 
 POLL_INTERVAL = 0.5
-MAX_IO_GRACE = 5  # stalls forgiven in a row because the run was still reading/writing steadily
+MAX_IO_GRACE = 5  # stalls forgiven in a row because the run was still writing or importing
 KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when trainguard stops a run
 WATCHDOG_RANK = -1  # rows the watchdog writes carry rank -1
 
@@ -278,11 +278,17 @@ class Supervisor:
             return finding
         if self.proc.poll() is not None:
             return None  # it ended while we looked (a slow exit): the exit decides the state, not a stall
-        if result.moving and self._io_graces < MAX_IO_GRACE:
+        after = self._observe()
+        if after.t_progress is not None and after.t_progress > (state.t_progress or self.attempt_started):
+            # Progress came while we looked (a slow start of spawned workers, say): slow, not stuck.
+            self._guard_error(f"stall of {idle:.0f} s looked at, but progress resumed while sampling")
+            return None
+        if (result.moving or result.starting) and self._io_graces < MAX_IO_GRACE:
             self._io_graces += 1
             self._liveness = time.time()
-            self._guard_error(f"stall of {idle:.0f} s looked at: {result.io_bytes_moved} bytes written while "
-                              "sampling, so it is slow I/O, not a hang")
+            why = (f"{result.io_bytes_moved} bytes written" if result.moving
+                   else f"pid(s) {result.starting} still importing")
+            self._guard_error(f"stall of {idle:.0f} s looked at: {why} while sampling, so it is slow, not a hang")
             return None
         finding = result.finding(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
                                  last_progress=last_progress)
