@@ -121,6 +121,8 @@ def main() -> int:
     parser.add_argument("--keep", help="write the run folder here and keep it")
     args = parser.parse_args()
     run_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tg-big-")) / "run"
+    if args.keep:
+        shutil.rmtree(run_dir, ignore_errors=True)  # synthesizing into an old run would add to its steps
     try:
         t0 = time.perf_counter()
         planted = synthesize(run_dir, args.steps)

@@ -256,7 +256,14 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="scenarios run at once")
     parser.add_argument("--keep", help="copy each scenario's scratch folder (run folder included) here")
     parser.add_argument("--json", help="also write the results as JSON to this file")
+    parser.add_argument("--table", metavar="FILE",
+                        help="print the table from a results file the tests wrote (TRAINGUARD_ZOO_RESULTS)")
     args = parser.parse_args()
+    if args.table:
+        rows = [json.loads(line) for line in Path(args.table).read_text().splitlines() if line.strip()]
+        print_table([Result(r["name"], r["expected"], r["got"], r["ok"], r["seconds"], r["detect"],
+                            skipped=r.get("skipped", False)) for r in sorted(rows, key=lambda r: r["name"])])
+        return 0 if all(r["ok"] for r in rows) else 1
     names = args.names or scenario_names()
     unknown = [n for n in names if n not in scenario_names()]
     if unknown:

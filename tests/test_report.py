@@ -175,19 +175,25 @@ def test_compare_reports_the_speedup_within_the_measured_spread(two_runs: tuple[
     sp = result["speed"]
     lo, hi = sp["speedup_ci95"]
     qlo, qhi = sp["speedup_iqr_range"]
-    # the fast variant drops two of three forward passes: clearly faster, and the figure sits in its spread
-    assert lo > 1.3 and lo <= sp["speedup"] <= hi and qlo <= sp["speedup"] <= qhi
+    # the fast variant drops three of four forward passes: clearly faster (about 3x idle; a loaded machine
+    # pads both runs with waiting, which pulls the ratio towards 1), and the figure sits in its spread
+    assert lo > 1.1 and lo <= sp["speedup"] <= hi and qlo <= sp["speedup"] <= qhi
     # an independent measure, the wall clock between the first and last recorded step of each run, agrees
     wall = [_seconds_per_step(r) for r in (a, b)]
     assert qlo <= wall[0] / wall[1] <= qhi, (wall, qlo, qhi)
     assert sp["a"]["throughput_unit"] == "samples/s" and sp["b"]["median_samples_per_s"] > sp["a"]["median_samples_per_s"]
     conv = result["convergence"]
-    assert conv["matches"] is True and conv["common_steps"] == 80
+    assert conv["matches"] is True and conv["common_steps"] == 60
     assert conv["eval"]["loss"]["final_matches"] and abs(conv["eval"]["loss"]["final_difference"]) < 1e-6
     assert result["findings"] == {"only_a": [], "only_b": [], "both": []}
     assert "B is faster" in proc.stdout and "convergence matches" in proc.stdout
     md = (tmp_path / "comparison.md").read_text()
     assert "Speedup (median A / median B)" in md and "| loss |" in md
+    # seed 000's orchestrator check, as exit codes: met, then surely not met
+    met = run_trainguard("compare", str(a), str(b), "--out", str(tmp_path), "--min-speedup", "1.1", "--same-convergence")
+    assert met.returncode == 0, met.stderr
+    unmet = run_trainguard("compare", str(a), str(b), "--out", str(tmp_path), "--min-speedup", "50")
+    assert unmet.returncode == 1 and "not met: speedup >= 50x" in unmet.stderr
     if chromium():
         r = render(tmp_path / "comparison.html", screenshot=ARTIFACTS / "comparison.png")
         print(f"screenshot: {r.screenshot}")
@@ -280,3 +286,26 @@ def test_zoo_report_check_catches_a_report_that_leaves_a_finding_out(hostile_run
     assert any("never-shown" in p for p in problems) and any("no-such-cause" in p for p in problems)
     assert any("no_such_number" in p for p in problems)
     assert zoo.check_report(hostile_run, {"findings": []}, quiet=True) != []  # it says 'No findings' nowhere
+
+
+def test_columns_read_in_chunks_join_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big runs are read in chunks; a part that first appears in a later chunk, a NaN and a NULL on either
+    side of a chunk boundary all land where they belong."""
+    import trainguard.report.load as load
+    from trainguard.store.writer import StoreWriter
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    w = StoreWriter(run_dir)
+    for s in range(1, 101):
+        parts = {"kd": 1.0 / s} | ({"late": float(s)} if s > 70 else {})
+        w.add_step({"step": s, "t": float(s), "loss": float("nan") if s == 30 else 2.0,
+                    "grad_norm": None if s == 31 else 1.0, "parts": parts})
+    w.close()
+    monkeypatch.setattr(load, "CHUNK_ROWS", 30)
+    d = load.load_run(run_dir)
+    assert len(d.columns["loss"].values) == 100 and np.isnan(d.columns["loss"].values[29])
+    assert d.columns["loss"].present[29] and not d.columns["grad_norm"].present[30]
+    late = d.parts["late"]
+    assert not late.present[:70].any() and late.present[70:].all() and late.values[99] == 100.0
+    assert d.parts["kd"].values[0] == 1.0 and d.parts["kd"].present.all()

@@ -6,6 +6,9 @@ The same scenarios print their table with: python scenarios/zoo.py
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 import zoo
 
@@ -13,6 +16,12 @@ import zoo
 @pytest.mark.parametrize("name", zoo.scenario_names())
 def test_scenario(name: str) -> None:
     result = zoo.run_scenario(name)
+    record = os.environ.get("TRAINGUARD_ZOO_RESULTS")
+    if record:  # one JSON line per scenario, for the zoo's table: python scenarios/zoo.py --table FILE
+        with open(record, "a") as fh:
+            fh.write(json.dumps({"name": name, "expected": result.expected, "got": result.got,
+                                 "detect": result.detect, "seconds": round(result.seconds, 1),
+                                 "ok": result.ok, "skipped": result.skipped}) + "\n")
     if result.skipped:
         pytest.skip(result.got)
     assert result.ok, f"{name}: {'; '.join(result.problems)}\n--- output tail ---\n{result.output}"

@@ -311,16 +311,13 @@ def report(run: str | None, to_terminal: bool) -> None:
     from trainguard.store.paths import resolve_run
 
     md_path, html_path = write_report(resolve_run(run))
-    try:
-        if to_terminal:
-            from rich.console import Console
-            from rich.markdown import Markdown
+    if to_terminal:
+        from rich.console import Console
+        from rich.markdown import Markdown
 
-            Console().print(Markdown(md_path.read_text()))
-        click.echo(f"report: {html_path}")
-        click.echo(f"report: {md_path}")
-    except BrokenPipeError:  # `trainguard report --print | head`: the reader left, nothing is wrong
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        Console().print(Markdown(md_path.read_text()))
+    click.echo(f"report: {html_path}")
+    click.echo(f"report: {md_path}")
 
 
 @main.command()
@@ -330,15 +327,29 @@ def report(run: str | None, to_terminal: bool) -> None:
               help="Folder for comparison.json, comparison.md and comparison.html.")
 @click.option("--warmup", type=int, default=None,
               help="Steps left out of the speed figures at the start of each run (default: 5%, at least 3).")
-def compare(run_a: str, run_b: str, out: str, warmup: int | None) -> None:
-    """Compare RUN_B against RUN_A (the baseline): speed, convergence, findings."""
-    from trainguard.report.compare import write_comparison
+@click.option("--min-speedup", type=float, default=None, metavar="X",
+              help="Exit 1 unless B is surely at least X times faster (the 95% interval's low end >= X).")
+@click.option("--same-convergence", is_flag=True, help="Exit 1 unless convergence matches.")
+def compare(run_a: str, run_b: str, out: str, warmup: int | None, min_speedup: float | None,
+            same_convergence: bool) -> None:
+    """Compare RUN_B against RUN_A (the baseline): speed, convergence, findings.
+
+    Exit codes: 0, or 1 when --min-speedup or --same-convergence is not met; 2 bad input.
+    """
+    from trainguard.report.compare import unmet, write_comparison
     from trainguard.store.paths import prepare_run_dir, resolve_run
 
+    if warmup is not None and warmup < 0:
+        raise UserError(f"--warmup must be 0 or more steps, got {warmup}")
     paths, result = write_comparison(resolve_run(run_a), resolve_run(run_b), prepare_run_dir(out), warmup=warmup)
     click.echo(result["headline"])
     for p in paths:
         click.echo(f"comparison: {p}")
+    problems = unmet(result, min_speedup=min_speedup, same_convergence=same_convergence)
+    for text in problems:
+        click.echo(f"compare: not met: {text}", err=True)
+    if problems:
+        sys.exit(1)
 
 
 @main.command()

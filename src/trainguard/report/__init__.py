@@ -34,6 +34,7 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is for reading
         os.replace(tmp, path)
     except BaseException:
         try:

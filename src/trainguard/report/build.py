@@ -16,7 +16,7 @@ import numpy as np
 from trainguard.findings import Finding, most_severe_first
 from trainguard.report.checks import Check, build_checks
 from trainguard.report.load import RunData, load_run
-from trainguard.report.plots import build_plots
+from trainguard.report.plots import build_plots, samples_per_step
 from trainguard.report.svg import Plot
 from trainguard.report.timeline import Row, build_timeline
 
@@ -47,13 +47,8 @@ class Report:
     environment: list[tuple[str, str]]
     output_tail: list[str] = field(default_factory=list)
     stacks: list[tuple[str, str]] = field(default_factory=list)  # (file name, text) from stacks/
-    label: str = ""  # the script's name, as the probe recorded it
+    title: str = ""  # the script's label and the run folder
     numbers: list[tuple[str, str]] = field(default_factory=list)  # the key numbers, as a seed's metrics table
-
-    @property
-    def title(self) -> str:
-        name = self.run_dir.resolve().name
-        return f"{self.label} ({name})" if self.label and self.label not in name else name
 
 
 def build_report(run_dir: str | Path) -> Report:
@@ -68,19 +63,17 @@ def build_report(run_dir: str | Path) -> Report:
         environment=build_environment(data),
         output_tail=_output_tail(data.run_dir),
         stacks=_stacks(data.run_dir),
-        label=str(data.meta.get("label") or ""),
+        title=data.title,
         numbers=key_numbers(data),
     )
 
 
 def key_numbers(data: RunData) -> list[tuple[str, str]]:
     """The table a post-mortem starts with: where the loss ended, the LR, the speed, the evaluations."""
-    from trainguard.report.plots import samples_per_step
-
     out: list[tuple[str, str]] = []
     steps = data.columns.get("step")
 
-    def last_and_best(label: str, name: str, col: Any) -> None:
+    def last_and_best(label: str, col: Any) -> None:
         if col is None or not col.any or steps is None:
             return
         ok = col.present & np.isfinite(col.values)
@@ -94,9 +87,9 @@ def key_numbers(data: RunData) -> list[tuple[str, str]]:
         elif bad:
             out.append((label, f"non-finite at all {bad} recorded steps"))
 
-    last_and_best("loss", "loss", data.col("loss"))
+    last_and_best("loss", data.col("loss"))
     for k, c in data.parts.items():
-        last_and_best(f"loss part {k}", k, c)
+        last_and_best(f"loss part {k}", c)
     lr = data.col("lr")
     if lr is not None:
         ok = lr.present & np.isfinite(lr.values)
@@ -109,7 +102,7 @@ def key_numbers(data: RunData) -> list[tuple[str, str]]:
         if len(v):
             per_step, unit = samples_per_step(data.meta)
             q25, med, q75 = np.percentile(v, [25, 50, 75])
-            out.append(("step time", f"median {med * 1000:.1f} ms (IQR {q25 * 1000:.1f}-{q75 * 1000:.1f} ms); "
+            out.append(("step time", f"median {med * 1000:.3g} ms (IQR {q25 * 1000:.3g}-{q75 * 1000:.3g} ms); "
                                      f"{per_step / med:.4g} {unit}"))
     evals: dict[str, list[tuple[int, float]]] = {}
     for e in data.events_of("eval"):
@@ -144,7 +137,8 @@ def build_verdict(data: RunData) -> Verdict:
         first = min(errors, key=lambda f: (f.t if f.t is not None else float("inf"), f.step or 0))
         headline = sentence(first)
     elif data.findings:
-        headline = f"No errors; {len(data.findings)} other finding(s), the first: {sentence(data.findings[0])}"
+        headline = (f"No errors; {len(data.findings)} other finding(s), the first: "
+                    f"{sentence(most_severe_first(list(data.findings))[0])}")
     else:
         headline = "No findings: every check that this run's data allows passed (see 'What was checked')."
     return Verdict(state, started, ended, duration, done, planned, st.get("exit_code"), st.get("signal"), headline)
@@ -197,10 +191,14 @@ def build_environment(data: RunData) -> list[tuple[str, str]]:
 
 def _compact(value: Any) -> str:
     if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items() if v not in (None, "", [], {}))
+        return ", ".join(f"{k}={_short(v)}" for k, v in value.items() if v not in (None, "", [], {}))
     if isinstance(value, list):
-        return ", ".join(str(v) for v in value)
-    return str(value)
+        return ", ".join(_short(v) for v in value)
+    return _short(value)
+
+
+def _short(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
 def clock(t: Any) -> str:
@@ -237,9 +235,11 @@ def _stacks(run_dir: Path) -> list[tuple[str, str]]:
     out = []
     for path in files[:4]:
         try:
-            out.append((path.name, path.read_text(errors="replace")[:20000]))
+            text = path.read_text(errors="replace")[:20000]
         except OSError:
             continue
+        if text.strip():  # a process that was never asked for a dump leaves an empty file
+            out.append((path.name, text))
     return out
 
 
@@ -255,8 +255,9 @@ def evidence_rows(evidence: dict[str, Any]) -> list[tuple[str, str, Any]]:
         elif isinstance(v, str):
             rows.append((key, "block", v.splitlines()) if "\n" in v or len(v) > 160 else (key, "value", v))
         elif isinstance(v, list):
-            lines = [_frame_line(x) if isinstance(x, dict) else str(x) for x in v]
-            if len(lines) <= 1 and all(len(x) < 120 for x in lines):
+            lines = [_frame_line(x) if isinstance(x, dict) else _short(x) for x in v]
+            scalars = all(isinstance(x, (int, float, str, bool)) or x is None for x in v)
+            if (len(lines) <= 1 or scalars) and len(", ".join(lines)) < 160 and all("\n" not in x for x in lines):
                 rows.append((key, "value", ", ".join(lines) or "(none)"))
             else:
                 rows.append((key, "block", lines[:200]))
@@ -264,7 +265,7 @@ def evidence_rows(evidence: dict[str, Any]) -> list[tuple[str, str, Any]]:
             flat = all(isinstance(x, (int, float, str, bool)) or x is None for x in v.values())
             text = _compact(v) if flat else ""
             if flat and len(text) < 160:
-                rows.append((key, "value", text))
+                rows.append((key, "value", text or "(none)"))
             else:
                 import json
 

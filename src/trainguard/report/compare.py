@@ -54,7 +54,7 @@ def compare(a: RunData, b: RunData, warmup: int | None = None) -> dict[str, Any]
 
 
 def _identity(d: RunData) -> dict[str, Any]:
-    return {"run": str(d.run_dir), "name": d.run_dir.resolve().name, "state": d.status.get("state"),
+    return {"run": str(d.run_dir), "name": d.title, "state": d.status.get("state"),
             "steps": d.status.get("step") if d.status.get("step") is not None else d.n_steps,
             "command": " ".join(str(c) for c in (d.meta.get("command") or []))}
 
@@ -196,6 +196,22 @@ def headline(r: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def unmet(r: dict[str, Any], *, min_speedup: float | None = None, same_convergence: bool = False) -> list[str]:
+    """The expectations (seed 000's "speedup >= 25%, convergence similar") this comparison does not meet."""
+    out = []
+    sp = r["speed"]
+    if min_speedup is not None:
+        if sp.get("speedup") is None:
+            out.append(f"speedup >= {min_speedup:g}x: {sp.get('note', 'no step times')}")
+        elif sp["speedup_ci95"][0] < min_speedup:
+            lo, hi = sp["speedup_ci95"]
+            out.append(f"speedup >= {min_speedup:g}x: measured {sp['speedup']:.2f}x, 95% interval {lo:.2f}-{hi:.2f}x")
+    if same_convergence and r["convergence"]["matches"] is not True:
+        why = "differs" if r["convergence"]["matches"] is False else "too few shared steps to tell"
+        out.append(f"same convergence: {why}")
+    return out
+
+
 # -- rendering ---------------------------------------------------------------------------------------
 
 
@@ -287,7 +303,7 @@ def render_html(r: dict[str, Any], a: RunData, b: RunData) -> str:
         for label, d in (("A", a), ("B", b)):
             c, steps = d.col(col), d.columns.get("step")
             if c is not None and steps is not None:
-                s = downsample(f"{label}: {d.run_dir.resolve().name}", steps.values, c.values, c.present)
+                s = downsample(f"{label}: {d.title}", steps.values, c.values, c.present)
                 s.dashed = label == "B"
                 series.append(s)
         if series:

@@ -140,5 +140,6 @@ def _finding(f: Finding) -> str:
             out.append(f"<div>{esc(k)}:</div><pre>{esc(chr(10).join(str(x) for x in lines))}</pre>")
     if f.fix:
         out.append(f'<p class="fix"><b>Fix:</b> {esc(f.fix)}</p>')
+    out.append(f'<p class="note">The rule\'s page: <code>trainguard rules {esc(f.code)}</code></p>')
     out.append("</div>")
     return "".join(out)

@@ -62,6 +62,15 @@ class RunData:
     schedule: dict[str, list[float]] | None = None
 
     @property
+    def title(self) -> str:
+        """How a person names this run: the script's label and its folder (with the parent when the folder
+        is a generic 'run')."""
+        path = self.run_dir.resolve()
+        folder = path.name if path.name not in ("run", "runs", "") else f"{path.parent.name}/{path.name}"
+        label = str(self.meta.get("label") or "")
+        return f"{label} ({folder})" if label and label not in folder else folder
+
+    @property
     def n_steps(self) -> int:
         col = self.columns.get("step")
         return 0 if col is None else len(col.values)
@@ -143,18 +152,42 @@ def _load_steps(data: RunData, run_dir: Path, rank: int) -> None:
         if t_min is not None:
             data.t_range = (float(t_min), float(t_max))
         cols = SCALAR_COLUMNS + JSON_COLUMNS
-        rows = conn.execute(f"SELECT {', '.join(cols)} FROM steps WHERE rank = ? ORDER BY rowid", (rank,)).fetchall()
+        cur = conn.execute(f"SELECT {', '.join(cols)} FROM steps WHERE rank = ? ORDER BY rowid", (rank,))
+        # In chunks, each turned into arrays before the next is read: a million rows at once as tuples and
+        # dicts would hold about a gigabyte, chunked it stays near a tenth of that.
+        chunks = []
+        while rows := cur.fetchmany(CHUNK_ROWS):
+            by_col = list(zip(*rows))
+            del rows
+            scalars = {name: _column(raw) for name, raw in zip(SCALAR_COLUMNS, by_col)}
+            jsons = {name: _json_columns(raw) for name, raw in zip(JSON_COLUMNS, by_col[len(SCALAR_COLUMNS):])}
+            chunks.append((len(by_col[0]), scalars, jsons))
+            del by_col
     finally:
         conn.close()
-    by_col = list(zip(*rows))
-    del rows
-    if not by_col:
+    if not chunks:
         return
-    for name, raw in zip(SCALAR_COLUMNS, by_col):
-        data.columns[name] = _column(raw)
-    for name, raw in zip(JSON_COLUMNS, by_col[len(SCALAR_COLUMNS):]):
-        setattr(data, name, _json_columns(raw))
+    data.columns = _concat([(n, c) for n, c, _ in chunks])
+    for name in JSON_COLUMNS:
+        setattr(data, name, _concat([(n, j[name]) for n, _, j in chunks]))
     _keep_latest_attempt(data)
+
+
+CHUNK_ROWS = 100_000
+
+
+def _concat(chunks: list[tuple[int, dict[str, Column]]]) -> dict[str, Column]:
+    """Joins per-chunk columns; a name missing from a chunk (a part that appears late) is absent there."""
+    names = list(dict.fromkeys(name for _, cols in chunks for name in cols))
+    out = {}
+    for name in names:
+        values, present = [], []
+        for n, cols in chunks:
+            col = cols.get(name)
+            values.append(col.values if col is not None else np.full(n, math.nan))
+            present.append(col.present if col is not None else np.zeros(n, dtype=bool))
+        out[name] = Column(np.concatenate(values), np.concatenate(present))
+    return out
 
 
 def _keep_latest_attempt(data: RunData) -> None:
@@ -207,17 +240,18 @@ def _json_columns(raw: tuple) -> dict[str, Column]:
         return {}
     if len(distinct) <= 64:  # weights are usually one fixed dict, repeated: parse each text once
         cache = {v: _loads(v) for v in distinct}
-        parsed = [cache[v] for v in raw]
+        parsed = list(map(cache.__getitem__, raw))
     else:
         try:
             parsed = json.loads("[" + ",".join(v if v is not None else "null" for v in raw) + "]")
         except ValueError:
             parsed = [_loads(v) for v in raw]
-    dicts = [d if isinstance(d, dict) else {} for d in parsed]
+    # map() over C methods instead of comprehensions: this runs over every step of a million-step run
+    dicts = parsed if set(map(type, parsed)) == {dict} else [d if isinstance(d, dict) else {} for d in parsed]
     names = list(dict.fromkeys(itertools.chain.from_iterable(dicts)))  # first-seen order, in C
     out = {}
     for name in names:
-        values = [d.get(name) for d in dicts]
+        values = list(map(dict.get, dicts, itertools.repeat(name)))
         if not set(map(type, values)) <= {float, int, type(None)}:  # the usual case is checked in C
             values = [v if _numeric(v) else None for v in values]
         col = _column(values)

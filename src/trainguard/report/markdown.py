@@ -69,6 +69,7 @@ def render_markdown(r: Report) -> str:
                 out += [f"{md(k)}:", ""] + fence([str(x) for x in lines]) + [""]
         if f.fix:
             out += [f"**Fix:** {md(f.fix)}", ""]
+        out += [f"The rule's page: `trainguard rules {f.code.replace('`', '')}`", ""]
 
     if r.stacks:
         out += ["## Stacks taken by the watchdog", ""]

@@ -17,6 +17,8 @@ from trainguard.report.series import Series, downsample
 from trainguard.report.svg import SEVERITY_COLORS, Mark, Plot
 
 MEMORY_WORDS = ("mem", "rss", "vram", "allocated", "reserved")
+ORDER = ("loss", "contributions", "weights", "lr", "grad", "throughput", "data_wait", "memory", "memory_samples",
+         "eval", "logged")
 # ser(name, column, values=None): a column's curve by step, downsampled (None when nothing was recorded)
 SeriesOf = Callable[..., "Series | None"]
 
@@ -36,14 +38,14 @@ def build_plots(data: RunData) -> list[Plot]:
     steps = data.columns.get("step")
     marks = finding_marks(data.findings)
     plots: list[Plot] = []
+
+    def ser(name: str, col: Column | None, y: np.ndarray | None = None) -> Series | None:
+        if steps is None or col is None or not col.any:
+            return None
+        return downsample(name, steps.values, col.values if y is None else y, col.present)
+
     if steps is not None:
         x = steps.values
-
-        def ser(name: str, col: Column | None, y: np.ndarray | None = None) -> Series | None:
-            if col is None or not col.any:
-                return None
-            return downsample(name, x, col.values if y is None else y, col.present)
-
         plots.append(_plot("loss", "Loss and its parts", "loss",
                            [ser("loss", data.col("loss"))] + [ser(f"part {k}", c) for k, c in data.parts.items()]))
         weighted = [k for k in data.parts if k in data.weights]
@@ -56,7 +58,6 @@ def build_plots(data: RunData) -> list[Plot]:
         if changing:
             plots.append(_plot("weights", "Loss-part weights", "weight",
                                [ser(f"weight {k}", c) for k, c in changing.items()]))
-        plots.append(_lr_plot(data, ser))
         plots.append(_plot("grad", "Gradient norm and update-to-weight ratio", "norm / ratio",
                            [ser("grad norm", data.col("grad_norm")), ser("update ratio", data.col("update_ratio"))],
                            log_y=True))
@@ -75,9 +76,11 @@ def build_plots(data: RunData) -> list[Plot]:
         other = {k: c for k, c in data.extra.items() if k not in mem}
         if other:
             plots.append(_plot("logged", "Other logged values", "value", [ser(k, c) for k, c in other.items()]))
+    plots.append(_lr_plot(data, ser))  # outside the steps: preflight's simulated curve may be all there is
     plots += _memory_events(data)
     plots += _eval_plots(data)
     plots = [p for p in plots if p is not None and not p.empty]
+    plots.sort(key=lambda p: ORDER.index(p.key) if p.key in ORDER else len(ORDER))
     marks += [Mark(step=float(step), label=f"restart {attempt}", kind="restart", color="#1f77b4",
                    title=f"attempt {attempt} resumed here, from step {step}") for attempt, step in data.restarts]
     for p in plots:
@@ -102,7 +105,7 @@ def _lr_plot(data: RunData, ser: SeriesOf) -> Plot | None:
         plot.marks.append(Mark(step=float(total), label="planned end", kind="plan",
                                title=f"planned end of the run: step {total}", color="#555"))
         lr = data.col("lr")
-        if lr is not None:
+        if lr is not None and "step" in data.columns:
             last = int(np.nanmax(data.columns["step"].values))
             plot.note = f"planned {total} steps; the run recorded LR up to step {last}"
     return plot

@@ -112,16 +112,20 @@ def render(plot: Plot) -> str:
     for i, s in enumerate(plot.series):
         color = COLORS[i % len(COLORS)]
         out += _curve(s, color, sx, sy, log_y)
+    placed: list[float] = []  # label x positions so far: marks at (nearly) one step stack their labels
     for m in plot.marks:
         if not (x0 <= m.step <= x1):
             continue
         x = float(sx(m.step))
         # a label near the right edge goes on the left of its line, so it is not cut off
         anchor, tx = ("end", x - 3) if x > WIDTH - RIGHT - 8 * len(m.label) - 6 else ("start", x + 3)
+        row = sum(1 for p in placed if abs(p - x) < 48)
+        placed.append(x)
+        ty = TOP + 11 + 12 * row
         out.append(f'<g class="mark {esc(m.kind)}" data-step="{step_text(m.step)}"><title>{esc(m.title)}</title>'
                    f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{TOP + ph}" stroke="{m.color}" '
                    f'stroke-width="1.5" stroke-dasharray="5,3"/>'
-                   f'<text x="{tx:.1f}" y="{TOP + 11}" text-anchor="{anchor}" class="mark-label" fill="{m.color}">'
+                   f'<text x="{tx:.1f}" y="{ty}" text-anchor="{anchor}" class="mark-label" fill="{m.color}">'
                    f"{esc(m.label)}</text></g>")
     out += _legend(plot.series)
     out.append("</svg>")
@@ -229,6 +233,8 @@ def fmt_step(v: float) -> str:
 def _x_axis(x0: float, x1: float, sx: Scale, ph: int) -> list[str]:
     out = []
     for v in nice_ticks(x0, x1, 8):
+        if not float(v).is_integer():
+            continue  # steps are whole numbers: a tick at step 2.5 would only confuse
         x = float(sx(v))
         anchor = "end" if x > WIDTH - RIGHT - 15 else "middle"
         out.append(f'<line x1="{x:.1f}" y1="{TOP + ph}" x2="{x:.1f}" y2="{TOP + ph + 4}" stroke="#999"/>'
