@@ -397,6 +397,7 @@ class LossDiverging(Rule):
         self.block: list[float] = []
         self.block_start: int | None = None
         self.blocks: list[tuple[int, int, float, float]] = []  # (first step, last step, median, noise)
+        self.best: tuple[int, int, float, float] | None = None
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         loss = row.get("loss")
@@ -409,9 +410,15 @@ class LossDiverging(Rule):
             return None
         self.blocks.append((self.block_start, row["step"], median(self.block), robust_std(self.block)))
         self.block = []
+        if len(self.blocks) >= 3:
+            # the best block before the last two, kept as blocks age into that range (a min over all
+            # blocks at every block would grow with the run and make a long log quadratic)
+            aged = self.blocks[-3]
+            if self.best is None or aged[2] < self.best[2]:
+                self.best = aged
         if len(self.blocks) < 4:
             return None
-        best = min(self.blocks[:-2], key=lambda b: b[2])
+        best = self.best
         b, c = self.blocks[-2], self.blocks[-1]
         first = self.blocks[0][2]
         need = max(3 * best[3], 0.5 * abs(best[2]), 0.25 * (first - best[2]))
