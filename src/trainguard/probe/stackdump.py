@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.watchdog.verdict import pid_alive
+
 ENV_STACKS = "TRAINGUARD_STACKS"
 # A real-time signal nobody else uses by default (not SIGUSR1/2, which launchers and Lightning take).
 # None where there are no real-time signals (macOS, Windows): no handler, py-spy stays the only source.
@@ -117,7 +119,7 @@ def prune(folder: Path) -> int:
     for info in folder.glob("proc-*.json"):
         pid = int(info.stem.split("-", 1)[1])
         dump = folder / f"proc-{pid}.txt"
-        if _alive(pid) or (dump.exists() and dump.stat().st_size > 0):
+        if pid_alive(pid) or (dump.exists() and dump.stat().st_size > 0):
             continue
         info.unlink(missing_ok=True)
         dump.unlink(missing_ok=True)
@@ -134,13 +136,6 @@ def _prune_forever(folder: Path) -> None:
             pass  # a failed sweep leaves a few small files; never worth breaking anything for
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 

@@ -9,9 +9,9 @@ be written never changes the run's verdict).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
+
+from trainguard.store.status import write_atomic
 
 
 def write_report(run_dir: str | Path) -> tuple[Path, Path]:
@@ -26,19 +26,3 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
     write_atomic(md_path, render_markdown(report))
     write_atomic(html_path, render_html(report))
     return md_path, html_path
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """A reader (a browser refreshing the page) never sees half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is for reading
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -23,7 +23,7 @@ import numpy as np
 
 from trainguard.errors import UserError
 from trainguard.findings import Finding
-from trainguard.store.reader import RunReader
+from trainguard.store.reader import RunReader, load_json
 from trainguard.store.schema import DB_NAME, connect
 
 SCALAR_COLUMNS = ("step", "loss", "lr", "grad_norm", "update_ratio", "step_time", "data_wait", "loss_scale")
@@ -239,13 +239,13 @@ def _json_columns(raw: tuple) -> dict[str, Column]:
     if distinct == {None}:
         return {}
     if len(distinct) <= 64:  # weights are usually one fixed dict, repeated: parse each text once
-        cache = {v: _loads(v) for v in distinct}
+        cache = {v: load_json(v) for v in distinct}
         parsed = list(map(cache.__getitem__, raw))
     else:
         try:
             parsed = json.loads("[" + ",".join(v if v is not None else "null" for v in raw) + "]")
         except ValueError:
-            parsed = [_loads(v) for v in raw]
+            parsed = [load_json(v) for v in raw]
     # map() over C methods instead of comprehensions: this runs over every step of a million-step run
     dicts = parsed if set(map(type, parsed)) == {dict} else [d if isinstance(d, dict) else {} for d in parsed]
     names = list(dict.fromkeys(itertools.chain.from_iterable(dicts)))  # first-seen order, in C
@@ -268,13 +268,6 @@ def _numeric(v: Any) -> bool:
     return isinstance(v, str) and v in ("nan", "inf", "-inf")
 
 
-def _loads(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
 
 
 def _load_schedule(run_dir: Path) -> dict[str, list[float]] | None:

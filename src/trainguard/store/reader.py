@@ -28,7 +28,8 @@ def _num(value: Any) -> Any:
     return value
 
 
-def _loads(text: str | None) -> Any:
+def load_json(text: str | None) -> Any:
+    """A JSON column back to Python; None for NULL or text that is not JSON."""
     if text is None:
         return None
     try:
@@ -93,7 +94,7 @@ class RunReader:
         return read_status(self.run_dir)
 
     def meta(self) -> dict[str, Any]:
-        return {k: _loads(v) for k, v in self._query("SELECT key, value FROM meta")}
+        return {k: load_json(v) for k, v in self._query("SELECT key, value FROM meta")}
 
     def steps(self, *, rank: int | None = None, since_rowid: int = 0) -> Iterator[dict[str, Any]]:
         """One dict per optimizer step, in the order they were written."""
@@ -109,7 +110,7 @@ class RunReader:
             rec: dict[str, Any] = {"kind": "step", "rowid": row[0]}
             for col, value in zip(STEP_COLUMNS, row[1:]):
                 if col in ("parts", "weights", "extra"):
-                    rec[col] = _numdict(_loads(value)) or {}
+                    rec[col] = _numdict(load_json(value)) or {}
                 else:
                     rec[col] = _num(value)
             yield rec
@@ -120,7 +121,7 @@ class RunReader:
             return None
         rec = {"kind": "step", "rowid": rows[0][0]}
         for col, value in zip(STEP_COLUMNS, rows[0][1:]):
-            rec[col] = _numdict(_loads(value)) if col in ("parts", "weights", "extra") else _num(value)
+            rec[col] = _numdict(load_json(value)) if col in ("parts", "weights", "extra") else _num(value)
         return rec
 
     def step_count(self) -> int:
@@ -136,7 +137,7 @@ class RunReader:
         out = []
         for id_, t, attempt, rank, pid, step, kind_, name, data in self._query(sql + " ORDER BY id", args):
             out.append({"id": id_, "t": t, "attempt": attempt, "rank": rank, "pid": pid, "step": step,
-                        "kind": kind_, "name": name, "data": _loads(data)})
+                        "kind": kind_, "name": name, "data": load_json(data)})
         return out
 
     def heartbeats(self) -> list[dict[str, Any]]:

@@ -21,20 +21,26 @@ STATUS_NAME = "status.json"
 STATES = ("running", "hung", "completed", "failed", "crashed", "killed")
 
 
-def write_status(run_dir: str | Path, status: dict[str, Any]) -> None:
-    run_dir = Path(run_dir)
-    fd, tmp = tempfile.mkstemp(prefix=".status.", suffix=".tmp", dir=run_dir)
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write `text` to `path` so that a reader (a poller, a browser refreshing a page) never sees half of it:
+    a temp file beside it, renamed over it."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(status, fh, indent=2, default=str)
-            fh.write("\n")
-        os.replace(tmp, run_dir / STATUS_NAME)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)  # mkstemp makes it private; these files are for reading
+        os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+
+
+def write_status(run_dir: str | Path, status: dict[str, Any]) -> None:
+    write_atomic(Path(run_dir) / STATUS_NAME, json.dumps(status, indent=2, default=str) + "\n")
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:

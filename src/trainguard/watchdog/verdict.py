@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,7 +239,3 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def now() -> float:
-    return time.time()
