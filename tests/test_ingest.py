@@ -10,7 +10,6 @@ Run: pytest tests/test_ingest.py
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -25,9 +24,6 @@ from tgtest import run_trainguard
 
 from trainguard.errors import UserError
 from trainguard.ingest.diagnose import diagnose_path
-
-RULES = importlib.util.find_spec("trainguard.rules.engine") is not None
-needs_rules = pytest.mark.skipif(not RULES, reason="the health rules engine is not in this build")
 
 
 def names(d) -> list[str]:
@@ -91,10 +87,7 @@ def test_tqdm_bar_and_hf_dict_lines(tmp_path: Path) -> None:
                            "print({'eval_loss': 1.5, 'epoch': 1.0})\n")
     d = diagnose_path(log)
     assert d.steps >= 50 and d.evals == 1
-    if RULES:
-        assert "lr-reaches-zero" in names(d)
-    else:
-        assert not [n for n in names(d) if n != "log-ends-unfinished"]
+    assert "lr-reaches-zero" in names(d)
 
 
 def test_tensorboard_files_from_summary_writer(tmp_path: Path) -> None:
@@ -110,8 +103,7 @@ def test_tensorboard_files_from_summary_writer(tmp_path: Path) -> None:
     w.close()
     d = diagnose_path(tmp_path / "tb")
     assert d.format == "tensorboard event files" and d.steps == 40 and d.evals == 2
-    if RULES:
-        assert "nonfinite-loss" in names(d)
+    assert "nonfinite-loss" in names(d)
 
 
 def test_csv_jsonl_and_ultralytics_results(tmp_path: Path) -> None:
@@ -127,15 +119,13 @@ def test_csv_jsonl_and_ultralytics_results(tmp_path: Path) -> None:
                           for s in range(1, 60)) + '{"step": 60, "loss": ')  # truncated last line
     d = diagnose_path(jl)
     assert d.steps == 59 and d.skipped == 1
-    if RULES:
-        assert "lr-reaches-zero" in names(d)
-        assert "lr" not in {n for _, n in d.not_run}
+    assert "lr-reaches-zero" in names(d)
+    assert "lr" not in {n for _, n in d.not_run}
     gen = tmp_path / "g.csv"
     gen.write_text("step,loss\n" + "".join(f"{s},{1 / s}\n" for s in range(1, 30)))
     d = diagnose_path(gen)
     assert d.steps == 29
-    if RULES:
-        assert ("lr-reaches-zero", "lr") in d.not_run  # said, not silently skipped
+    assert ("lr-reaches-zero", "lr") in d.not_run  # said, not silently skipped
 
 
 @pytest.mark.parametrize("name", ["seed001_eval_typeerror_noprobe", "healthy_uninstrumented",

@@ -9,7 +9,6 @@ Run: pytest tests/test_integrations.py
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,8 +23,6 @@ pytest.importorskip("lightning")
 
 HERE = Path(__file__).resolve().parent / "integrations"
 # The planted failures are found by the health rules (another issue's engine); without it, skip them.
-RULES = importlib.util.find_spec("trainguard.rules.engine") is not None
-needs_rules = pytest.mark.skipif(not RULES, reason="the health rules engine is not in this build")
 
 
 def train(tmp: Path, script: str, plant: str = "none", env: dict | None = None, *extra: str) -> dict:
@@ -108,14 +105,12 @@ def test_hf_nan_is_seen_although_the_trainer_filters_it(hf_runs: dict) -> None:
     assert all(v == v for v in logged)  # the Trainer's own log never shows it
 
 
-@needs_rules
 @pytest.mark.parametrize("plant,name", [("lr-zero", "lr-reaches-zero"), ("nan", "nonfinite-loss"),
                                         ("frozen", "weights-not-updating")])
 def test_hf_planted_failures_found_by_name(hf_runs: dict, plant: str, name: str) -> None:
     assert name in hf_runs[plant]["names"], hf_runs[plant]["status"]["findings"]
 
 
-@needs_rules
 @pytest.mark.parametrize("plant,name", [("lr-zero", "lr-reaches-zero"), ("nan", "nonfinite-grad")])
 def test_hf_planted_failures_found_in_trainer_state(hf_runs: dict, plant: str, name: str) -> None:
     # offline the Trainer's NaN-filtered loss hides the NaN; its grad_norm does not
@@ -177,7 +172,6 @@ def test_lightning_metrics_csv_diagnosed_quiet(pl_runs: dict) -> None:
     assert d["state"] == "completed" and loud(d["findings"]) == []
 
 
-@needs_rules
 @pytest.mark.parametrize("plant,name", [("lr-zero", "lr-reaches-zero"), ("nan", "nonfinite-loss"),
                                         ("frozen", "weights-not-updating")])
 def test_lightning_planted_failures_found_by_name(pl_runs: dict, plant: str, name: str) -> None:
@@ -194,7 +188,6 @@ def test_lightning_under_trainguard_preflight(tmp_path: Path) -> None:
     assert "brought forward: save (every 16, ran at step" in out and "checkpoint round trip: ok" in out
 
 
-@needs_rules
 def test_lightning_nan_found_in_metrics_csv(pl_runs: dict) -> None:
     names = [f["name"] for f in diagnose(pl_runs["nan"]["out"])["findings"]]
     assert "nonfinite-loss" in names
