@@ -9,7 +9,7 @@ import collections
 from typing import Any
 
 from trainguard.findings import Finding
-from trainguard.rules.engine import Rule, finite, fmt, median
+from trainguard.rules.engine import Rule, Streak, finite, fmt, median
 
 WINDOW = 20  # steps a composition rule looks at before it is sure (fewer in a short run, see below)
 
@@ -135,8 +135,10 @@ class LossPartVanished(Rule):
         super().__init__(plan)
         self.last: dict[str, tuple[int, float]] = {}  # last non-zero report: step, value
         self.gap: dict[str, int] = {}
-        self.missing: dict[str, list[int]] = {}
-        self.zeros: dict[str, list[int]] = {}
+        # per part, the steps in a row it was missing from, and those it read exactly 0 (count and head)
+        self.missing: dict[str, Streak] = {}
+        self.zeros: dict[str, Streak] = {}
+        self.none = Streak()  # stands for a part with no streak
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         parts = row.get("parts") or {}
@@ -144,35 +146,40 @@ class LossPartVanished(Rule):
             return None  # a step without any parts says nothing about one part
         step = row["step"]
         for name, value in parts.items():
-            if name in self.last and name in self.missing and self.missing[name]:
-                self.gap[name] = max(self.gap.get(name, 1), len(self.missing[name]) + 1)
-            self.missing[name] = []
+            gone = self.missing.get(name)
+            if gone is None:
+                gone = self.missing[name] = Streak()
+            elif gone.count:
+                if name in self.last:
+                    self.gap[name] = max(self.gap.get(name, 1), gone.count + 1)
+                gone.clear()
             if finite(value) and value == 0:
                 if name in self.last:
-                    self.zeros.setdefault(name, []).append(step)
+                    self.zeros.setdefault(name, Streak()).add(step)
             elif finite(value):
                 self.last[name] = (step, value)
-                self.zeros[name] = []
+                if name in self.zeros:
+                    self.zeros[name].clear()
         for name in self.last:
             if name not in parts:
-                self.missing.setdefault(name, []).append(step)
+                self.missing.setdefault(name, Streak()).add(step)
         for name, (seen, value) in self.last.items():
             need = max(10, 3 * self.gap.get(name, 1))
-            gone, zero = self.missing.get(name, []), self.zeros.get(name, [])
-            if len(gone) >= need:
+            gone, zero = self.missing.get(name, self.none), self.zeros.get(name, self.none)
+            if gone.count >= need:
                 return self._found(name, seen, value, gone, "missing from", row)
-            if len(zero) >= need:
+            if zero.count >= need:
                 return self._found(name, seen, value, zero, "exactly 0 at", row)
         return None
 
-    def _found(self, name: str, seen: int, value: float, steps: list[int], how: str, row: dict) -> Finding:
+    def _found(self, name: str, seen: int, value: float, steps: Streak, how: str, row: dict) -> Finding:
         return self.finding(
-            step=steps[0],
+            step=steps.steps[0],
             summary=f"loss part {name} was reported (last {fmt(value)} at step {seen}) and is {how} the "
-                    f"{len(steps)} steps since",
+                    f"{steps.count} steps since",
             fix="find why the part stops (a condition on the step, an empty mask, a renamed key); to switch a "
                 "part off on purpose give it weight 0",
-            evidence={"part": name, "last_value": value, "last_step": seen, "steps": steps[:20],
+            evidence={"part": name, "last_value": value, "last_step": seen, "steps": list(steps.steps),
                       "detected_step": row["step"]},
             cause="zero" if how.startswith("exactly") else "missing",
         )
@@ -210,10 +217,13 @@ class LossPartsDontSum(Rule):
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
-        self.bad: list[int] = []
+        self.bad = Streak(keep=10)  # steps in a row whose parts did not add up
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
-        parts = {k: v for k, v in (row.get("parts") or {}).items() if finite(v)}
+        reported = row.get("parts")
+        if not reported or len(reported) < 2:
+            return None  # most runs report no parts: decided before building anything
+        parts = {k: v for k, v in reported.items() if finite(v)}
         loss = row.get("loss")
         if len(parts) < 2 or not finite(loss):
             return None
@@ -222,18 +232,18 @@ class LossPartsDontSum(Rule):
         scale = max(abs(loss), sum(abs(_weight(row, k) * v) for k, v in parts.items()))
         tol = self.TOL * scale + 1e-6
         if abs(loss - weighted) <= tol or abs(loss - mean) <= tol:
-            self.bad = []
+            self.bad.clear()
             return None
-        self.bad.append(row["step"])
-        if len(self.bad) < 10:
+        self.bad.add(row["step"])
+        if self.bad.count < 10:
             return None
         terms = ", ".join(f"{k} {fmt(_weight(row, k))} x {fmt(v)}" for k, v in parts.items())
         return self.finding(
-            step=self.bad[0],
+            step=self.bad.steps[0],
             summary=f"the total loss is {fmt(loss)} but weight x part adds up to {fmt(weighted)} ({terms})",
             fix="compute the total from the same weighted parts you report: total = sum(w[k] * parts[k])",
             evidence={"loss": loss, "weighted_sum": weighted, "parts": parts,
-                      "weights": {k: _weight(row, k) for k in parts}, "steps": self.bad[:10],
+                      "weights": {k: _weight(row, k) for k in parts}, "steps": list(self.bad.steps),
                       "detected_step": row["step"]},
         )
 

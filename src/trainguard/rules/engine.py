@@ -90,6 +90,18 @@ class Engine:
         self.errors: list[str] = []  # rules that raised: switched off, named here (fail-open)
         self.last_step: int | None = None
 
+    @property
+    def rules(self) -> list[Rule]:
+        return self._rules
+
+    @rules.setter
+    def rules(self, rules: list[Rule]) -> None:
+        # Each event goes only to the rules that override its hook: most rules read steps or events,
+        # not both, and a call per rule per event is most of the engine's cost on a long log.
+        self._rules = list(rules)
+        self._step_hooks = [r.on_step for r in self._rules if type(r).on_step is not Rule.on_step]
+        self._event_hooks = [r.on_event for r in self._rules if type(r).on_event is not Rule.on_event]
+
     def feed(self, event: dict[str, Any]) -> list[Finding]:
         """Feeds one event to every rule; returns the findings that are new."""
         kind = event.get("kind")
@@ -98,14 +110,18 @@ class Engine:
             return []  # rank 0 speaks for the run (the watchdog writes as -1); other ranks are TG7xx's
         if kind == "step":
             self.last_step = event.get("step")
+            hooks = self._step_hooks
+        else:
+            hooks = self._event_hooks
         out: list[Finding] = []
-        for rule in list(self.rules):
+        for hook in hooks:  # a dropped rule rebuilds the lists; this loop keeps the one it started with
             try:
-                got = rule.on_step(event) if kind == "step" else rule.on_event(event)
+                got = hook(event)
             except Exception as exc:  # a broken rule must not take the others (or the run) down
-                self._drop(rule, exc)
+                self._drop(hook.__self__, exc)
                 continue
-            out.extend(self._new(got))
+            if got is not None:
+                out.extend(self._new(got))
         return out
 
     def feed_all(self, events: Iterable[dict[str, Any]]) -> list[Finding]:
@@ -140,7 +156,7 @@ class Engine:
 
     def _drop(self, rule: Rule, exc: Exception) -> None:
         self.errors.append(f"rule {rule.name} raised {exc!r} and was switched off")
-        self.rules.remove(rule)
+        self.rules = [r for r in self.rules if r is not rule]
 
 
 def run_rules(events: Iterable[dict[str, Any]], plan: dict[str, Any] | None = None,
@@ -165,7 +181,32 @@ def all_rules() -> list[type[Rule]]:
     return out
 
 
-# -- small numeric helpers shared by the rule modules ------------------------------------------------
+# -- small helpers shared by the rule modules --------------------------------------------------------
+
+class Streak:
+    """Consecutive steps (or evaluations) of one kind: how many, and the first `keep` of them.
+
+    A finding shows the first few steps of a streak; the streak itself may last the rest of a long log,
+    so the rule keeps its count and its head, never the whole list.
+    """
+
+    __slots__ = ("count", "steps", "keep")
+
+    def __init__(self, keep: int = 20) -> None:
+        self.count = 0
+        self.steps: list[Any] = []
+        self.keep = keep
+
+    def add(self, step: Any) -> None:
+        self.count += 1
+        if len(self.steps) < self.keep:
+            self.steps.append(step)
+
+    def clear(self) -> None:
+        self.count = 0
+        self.steps = []
+
+
 
 def finite(value: Any) -> bool:
     """A real number that is not NaN or inf (bools are not numbers here). Hot: called per field per step."""

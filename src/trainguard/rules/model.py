@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from trainguard.findings import Finding
-from trainguard.rules.engine import Rule, finite, fmt
+from trainguard.rules.engine import Rule, Streak, finite, fmt
 
 
 class ExpertCollapse(Rule):
@@ -46,7 +46,7 @@ class ExpertCollapse(Rule):
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
-        self.streak: dict[str, list[int]] = {}
+        self.streak: dict[str, Streak] = {}  # per layer: the reports in a row that looked collapsed
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         if event.get("kind") != "experts":
@@ -62,12 +62,13 @@ class ExpertCollapse(Rule):
         entropy = max(0.0, -sum(s * math.log(s) for s in shares if s > 0) / math.log(n))  # no "-0.00"
         dead = sum(1 for s in shares if s < 0.01 / n)
         if entropy >= 0.5 and dead < n / 2:
-            self.streak[layer] = []
+            self.streak.pop(layer, None)
             return None
-        steps = self.streak.setdefault(layer, [])
-        steps.append(event.get("step"))
-        if len(steps) < 3:
+        streak = self.streak.setdefault(layer, Streak())
+        streak.add(event.get("step"))
+        if streak.count < 3:
             return None
+        steps = list(streak.steps)
         top = max(range(n), key=lambda i: shares[i])
         return self.finding(
             step=steps[0],

@@ -360,23 +360,42 @@ class CheckpointStale(Rule):
     """
 
     code, name, severity = "TG526", "checkpoint-stale", "warning"
+    MAX_SIZES = 512  # gap sizes counted exactly; beyond, to 3 significant digits
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
-        self.saves: list[int] = []
+        # The gaps between saves, counted by size: their median is the interval. Checkpoints in a long
+        # log number in the thousands but their gaps take few sizes, so a count per size stays small
+        # where a list of every save would grow (and a median over it at every step would crawl).
+        self.gaps: collections.Counter[int] = collections.Counter()
+        self.coarse = False  # past MAX_SIZES sizes, gaps are counted to 3 significant digits
+        self.saves: collections.deque[int] = collections.deque(maxlen=10)  # the latest, for the evidence
+        self.interval: float | None = None
 
     def on_event(self, event: dict[str, Any]) -> None:
         if event.get("kind") == "checkpoint" and event.get("step") is not None:
             if not self.saves or event["step"] > self.saves[-1]:
-                self.saves.append(int(event["step"]))
+                step = int(event["step"])
+                if self.saves:
+                    self._count_gap(step - self.saves[-1])
+                self.saves.append(step)
+
+    def _count_gap(self, gap: int) -> None:
+        if not self.coarse and len(self.gaps) >= self.MAX_SIZES:
+            # Time-based saving gives a new gap size at nearly every save: rounding keeps the count
+            # bounded and moves the median by under 0.5%.
+            self.coarse = True
+            rounded: collections.Counter[int] = collections.Counter()
+            for size, n in self.gaps.items():
+                rounded[_three_digits(size)] += n
+            self.gaps = rounded
+        self.gaps[_three_digits(gap) if self.coarse else gap] += 1
+        self.interval = _counted_median(self.gaps)
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
-        if len(self.saves) < 2:
+        interval = self.interval
+        if interval is None:
             return None
-        gaps = [b - a for a, b in zip(self.saves, self.saves[1:]) if b > a]
-        if not gaps:
-            return None
-        interval = median(gaps)
         since = row["step"] - self.saves[-1]
         if since < 2.5 * interval or since < interval + 10:
             return None
@@ -386,5 +405,24 @@ class CheckpointStale(Rule):
                     f"{fmt(interval)} steps until then",
             fix="check the save condition and its try/except; save on a step count (guard.due('save', every=N))",
             evidence={"last_checkpoint_step": self.saves[-1], "interval": interval, "steps_since": since,
-                      "checkpoints": self.saves[-10:], "detected_step": row["step"]},
+                      "checkpoints": list(self.saves), "detected_step": row["step"]},
         )
+
+
+def _three_digits(n: int) -> int:
+    """`n` rounded to 3 significant digits (123456 -> 123000)."""
+    unit = 10 ** max(0, len(str(n)) - 3)
+    return round(n / unit) * unit
+
+
+def _counted_median(counts: collections.Counter[int]) -> float:
+    """The median of the values a Counter counts, as `engine.median` gives it for the expanded list."""
+    n = sum(counts.values())
+    want = (n // 2 - 1, n // 2) if n % 2 == 0 else (n // 2, n // 2)
+    found: list[float] = []
+    seen = 0
+    for value in sorted(counts):
+        seen += counts[value]
+        while len(found) < 2 and seen > want[len(found)]:
+            found.append(value)
+    return found[0] if n % 2 else 0.5 * (found[0] + found[1])

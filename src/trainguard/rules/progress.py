@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 from typing import Any
 
 from trainguard.findings import Finding
-from trainguard.rules.engine import Rule, finite, fmt, median, robust_std
+from trainguard.rules.engine import Rule, Streak, finite, fmt, median, robust_std
 
 
 class WeightsNotUpdating(Rule):
@@ -44,7 +45,8 @@ class WeightsNotUpdating(Rule):
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
-        self.zeros: list[dict[str, Any]] = []
+        self.zeros = Streak()  # sampled steps in a row with an update ratio of 0
+        self.zero_first: dict[str, Any] = {}  # the first of them: its LR and grad norm name the cause
         self.not_in_optimizer: dict[str, Any] | None = None
 
     def on_event(self, event: dict[str, Any]) -> None:
@@ -56,12 +58,14 @@ class WeightsNotUpdating(Rule):
         if not finite(ratio):
             return None
         if ratio > 0:
-            self.zeros = []
+            self.zeros.clear()
             return None
-        self.zeros.append(row)
-        if len(self.zeros) < 2:
+        if not self.zeros.count:
+            self.zero_first = row
+        self.zeros.add(row["step"])
+        if self.zeros.count < 2:
             return None
-        first = self.zeros[0]
+        first = self.zero_first
         lr, gn = first.get("lr"), first.get("grad_norm")
         if finite(lr) and lr == 0:
             why, cause = "the learning rate is 0", "lr-zero"
@@ -74,11 +78,11 @@ class WeightsNotUpdating(Rule):
             why, cause = "the optimizer does not update the model's parameters", "wrong-params"
         return self.finding(
             step=first["step"],
-            summary=f"{len(self.zeros)} sampled optimizer steps in a row changed no weight (update ratio 0; "
+            summary=f"{self.zeros.count} sampled optimizer steps in a row changed no weight (update ratio 0; "
                     f"lr {fmt(lr)}, grad norm {fmt(gn)}): {why}",
             fix="build the optimizer from model.parameters() once the model is final; check the LR and that "
                 "loss.backward() runs before optimizer.step()",
-            evidence={"steps": [r["step"] for r in self.zeros], "update_ratio": 0.0, "lr": lr, "grad_norm": gn,
+            evidence={"steps": list(self.zeros.steps), "update_ratio": 0.0, "lr": lr, "grad_norm": gn,
                       "detected_step": row["step"], "params_not_in_optimizer": self.not_in_optimizer},
             cause=cause,
         )
@@ -197,7 +201,7 @@ class EvalMetricsFrozen(Rule):
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
         self.key: tuple | None = None
-        self.same: list[dict[str, Any]] = []
+        self.same = Streak()  # the steps of the evaluations in a row with these results
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         if event.get("kind") != "eval":
@@ -206,20 +210,20 @@ class EvalMetricsFrozen(Rule):
         if key is None:
             return None
         if key != self.key:
-            self.key, self.same = key, [event]
-            return None
-        self.same.append(event)
-        if len(self.same) < 3:
+            self.key = key
+            self.same.clear()
+        self.same.add(event.get("step"))
+        if self.same.count < 3:
             return None
         values = ", ".join(f"{k}={fmt(v)}" for k, v in key)
-        steps = [e.get("step") for e in self.same]
+        steps = self.same.steps
         return self.finding(
             step=steps[0],
-            summary=f"{len(self.same)} evaluations in a row gave identical results ({values}) at steps "
+            summary=f"{self.same.count} evaluations in a row gave identical results ({values}) at steps "
                     f"{', '.join(str(s) for s in steps)}",
             fix="check that the weights move (lr, optimizer params) and that evaluation runs the model being "
                 "trained, not a copy",
-            evidence={"metrics": dict(key), "steps": steps, "detected_step": steps[-1]},
+            evidence={"metrics": dict(key), "steps": list(steps), "detected_step": event.get("step")},
         )
 
 
@@ -396,8 +400,15 @@ class LossDiverging(Rule):
         self.k = self.window(0.02, 10, 50) if self.total_steps else 25
         self.block: list[float] = []
         self.block_start: int | None = None
-        self.blocks: list[tuple[int, int, float, float]] = []  # (first step, last step, median, noise)
-        self.best: tuple[int, int, float, float] | None = None
+        # Blocks are (first step, last step, median, noise). Only these are kept, not every block: a
+        # list of all of them grows with the log, and a scan of it at every block makes a long log
+        # quadratic.
+        self.count = 0  # blocks so far
+        self.first: float | None = None  # the first block's median: where the run started
+        self.recent: collections.deque[tuple[int, int, float, float]] = collections.deque(maxlen=3)
+        self.best: tuple[int, int, float, float] | None = None  # the lowest block before the last two
+        self.need = 0.0  # how far above the best a block must be to count as diverged
+        self.onset: tuple[int, int, float, float] | None = None  # the first block after the best above half that
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         loss = row.get("loss")
@@ -408,23 +419,34 @@ class LossDiverging(Rule):
         self.block.append(loss)
         if len(self.block) < self.k:
             return None
-        self.blocks.append((self.block_start, row["step"], median(self.block), robust_std(self.block)))
+        blk = (self.block_start, row["step"], median(self.block), robust_std(self.block))
         self.block = []
-        if len(self.blocks) >= 3:
-            # the best block before the last two, kept as blocks age into that range (a min over all
-            # blocks at every block would grow with the run and make a long log quadratic)
-            aged = self.blocks[-3]
+        self.count += 1
+        if self.first is None:
+            self.first = blk[2]
+        self.recent.append(blk)
+        if self.count >= 3:
+            # the best block before the last two, kept as blocks age into that range
+            aged = self.recent[0]
             if self.best is None or aged[2] < self.best[2]:
-                self.best = aged
-        if len(self.blocks) < 4:
+                self.best, self.onset = aged, None
+                self.need = max(3 * aged[3], 0.5 * abs(aged[2]), 0.25 * (self.first - aged[2]))
+                after = [self.recent[1], self.recent[2]]  # every block after a new best
+            else:
+                after = [blk]  # the best and its bar are unchanged: only the new block is news
+            # The onset is the first block after the best that rose by half the bar. The best changes
+            # only to the block that just aged, so the blocks after it are always the last two, then
+            # each new one: watching them as they come finds the onset a scan of all blocks would.
+            for cand in after:
+                if self.onset is None and cand[0] > self.best[1] and cand[2] > self.best[2] + 0.5 * self.need:
+                    self.onset = cand
+        if self.count < 4:
             return None
-        best = self.best
-        b, c = self.blocks[-2], self.blocks[-1]
-        first = self.blocks[0][2]
-        need = max(3 * best[3], 0.5 * abs(best[2]), 0.25 * (first - best[2]))
+        best, need, first = self.best, self.need, self.first
+        b, c = self.recent[1], self.recent[2]
         if c[2] - best[2] <= need or b[2] - best[2] <= need:
             return None
-        onset = next(blk for blk in self.blocks if blk[0] > best[1] and blk[2] > best[2] + 0.5 * need)
+        onset = self.onset or c  # c itself clears the bar, so an onset was always seen
         return self.finding(
             step=onset[0],
             summary=f"the loss rose from its best {fmt(best[2])} (steps {best[0]}-{best[1]}) to {fmt(c[2])} "
@@ -469,7 +491,9 @@ class LossSpike(Rule):
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
         self.hist: collections.deque[float] = collections.deque(maxlen=50)
+        self.ordered: list[float] = []  # the same 50 losses, sorted: the median without a sort per step
         self.start: list[float] = []
+        self.start_median: float | None = None
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         loss = row.get("loss")
@@ -478,18 +502,29 @@ class LossSpike(Rule):
         found = None
         if len(self.start) < 10:
             self.start.append(loss)
-        if len(self.hist) >= 30:
-            values = list(self.hist)
-            med = median(values)
-            sd = max(robust_std(values), 1e-3 * abs(med), 1e-12)
-            # a jump must also matter on the run's own scale: 5% of where its loss started
-            if loss - med > max(10 * sd, 0.5 * abs(med), 0.05 * abs(median(self.start))):
-                found = self.finding(
-                    step=row["step"],
-                    summary=f"loss {fmt(loss)} against a median of {fmt(med)} over the last {len(values)} steps "
-                            f"(robust std {fmt(sd)})",
-                    fix="look at that step's batch; clip gradients; skip or fix the sample",
-                    evidence={"loss": loss, "median": med, "robust_std": sd, "detected_step": row["step"]},
-                )
+            if len(self.start) == 10:
+                self.start_median = median(self.start)
+        n = len(self.ordered)
+        if n >= 30:
+            s = self.ordered
+            med = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+            jump = loss - med
+            # A jump must also matter on the run's own scale: 5% of where its loss started (30 steps
+            # in, the 10 starting losses are in). These two bars are cheap; the robust std costs two
+            # sorts and is worked out only for a loss that clears them.
+            if jump > 0.5 * abs(med) and jump > 0.05 * abs(self.start_median):
+                values = list(self.hist)
+                sd = max(robust_std(values), 1e-3 * abs(med), 1e-12)
+                if jump > 10 * sd:
+                    found = self.finding(
+                        step=row["step"],
+                        summary=f"loss {fmt(loss)} against a median of {fmt(med)} over the last {len(values)} "
+                                f"steps (robust std {fmt(sd)})",
+                        fix="look at that step's batch; clip gradients; skip or fix the sample",
+                        evidence={"loss": loss, "median": med, "robust_std": sd, "detected_step": row["step"]},
+                    )
+        if len(self.hist) == self.hist.maxlen:
+            del self.ordered[bisect.bisect_left(self.ordered, self.hist[0])]  # the loss about to leave
         self.hist.append(loss)
+        bisect.insort(self.ordered, loss)
         return found

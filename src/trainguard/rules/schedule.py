@@ -144,9 +144,16 @@ class ScheduleHorizonMismatch(Rule):
         horizon = plan.get("sched_horizon")
         self.horizon = int(horizon) if finite(horizon) and horizon > 0 else None
         self.prev: tuple[int, float] | None = None
-        self.ticks: list[float] = []
+        self.ticks: list[float] = []  # scheduler steps per optimizer step: the first 3 decide
         self.first_step: int | None = None
-        self.lrs: list[tuple[int, float]] = []
+        # The LR curve as the still-warming test reads it: ends, length, rises and falls between
+        # neighbours. Counted as it comes, not kept: without a plan the rule never decides, and a list
+        # would grow with the log.
+        self.lr_first: float | None = None
+        self.lr_last: float | None = None
+        self.lr_count = 0
+        self.rises = 0
+        self.falls = 0
         self.decided = False
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
@@ -156,18 +163,25 @@ class ScheduleHorizonMismatch(Rule):
         if self.first_step is None:
             self.first_step = step
         if finite(epoch):
-            if self.prev is not None and step == self.prev[0] + 1:
+            if self.prev is not None and step == self.prev[0] + 1 and len(self.ticks) < 3:
                 self.ticks.append(epoch - self.prev[1])
             self.prev = (step, epoch)
         lr = step_lr(row)
         if lr is not None:
-            self.lrs.append((step, lr))
+            if self.lr_last is None:
+                self.lr_first = lr
+            elif lr > self.lr_last:
+                self.rises += 1
+            elif lr < self.lr_last:
+                self.falls += 1
+            self.lr_last = lr
+            self.lr_count += 1
         if not self.total_steps:
             return None
         if self.horizon and len(self.ticks) >= 3:
             self.decided = True
             return self._by_horizon(step)
-        if not self.horizon and self.fraction(step) >= 0.5 and len(self.lrs) >= 20:
+        if not self.horizon and self.fraction(step) >= 0.5 and self.lr_count >= 20:
             self.decided = True
             return self._still_warming(step)
         return None
@@ -209,17 +223,15 @@ class ScheduleHorizonMismatch(Rule):
     def _still_warming(self, step: int) -> Finding | None:
         # Without a readable horizon: an LR that has only ever risen, half-way through, is a warmup
         # that will not end in this run.
-        values = [lr for _, lr in self.lrs]
-        rises = sum(1 for a, b in zip(values, values[1:]) if b > a)
-        falls = sum(1 for a, b in zip(values, values[1:]) if b < a)
-        if falls > 0 or rises < 0.5 * (len(values) - 1):
+        rises, first, last = self.rises, self.lr_first, self.lr_last
+        if self.falls > 0 or rises < 0.5 * (self.lr_count - 1):
             return None
         return self.finding(
             step=self.first_step,
-            summary=f"the learning rate has only risen for {len(values)} steps ({fmt(values[0])} -> "
-                    f"{fmt(values[-1])}) and is still rising at step {step}, {self.fraction(step):.0%} of the "
+            summary=f"the learning rate has only risen for {self.lr_count} steps ({fmt(first)} -> "
+                    f"{fmt(last)}) and is still rising at step {step}, {self.fraction(step):.0%} of the "
                     f"planned {fmt(self.total_steps)} steps: the warmup will not finish",
-            evidence={"first_lr": values[0], "last_lr": values[-1], "rising_steps": rises,
+            evidence={"first_lr": first, "last_lr": last, "rising_steps": rises,
                       "detected_step": step, "total_steps": self.total_steps, "grad_accum": self.grad_accum},
             cause="still-warming",
             fix="count warmup and decay in optimizer steps (divide micro-batch counts by grad_accum)",
