@@ -7,6 +7,7 @@ Each rule's firing and quiet behaviour on real training runs is tested by its sc
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -116,6 +117,65 @@ def test_a_rule_that_raises_is_switched_off_and_the_others_go_on() -> None:
     found = engine.feed_all(_steps([1e-3] * 30 + [0.0] * 70))
     assert [f.name for f in found] == ["lr-reaches-zero"]
     assert len(engine.errors) == 1 and "always-raises" in engine.errors[0]
+
+
+def _long_run(n: int):
+    """n steps of a run that keeps every rule busy: streaks that never end (a NaN every 37 steps, a
+    vanished and a zeroed loss part, parts that never add up, update ratios of 0, frozen evaluations,
+    collapsed experts), an LR still warming up, regular checkpoints, output line counts."""
+    for s in range(1, n + 1):
+        loss = float("nan") if s % 37 == 0 else 2.0 + 1.0 / (1 + s / 1000) + 0.01 * (s * 7919 % 13)
+        parts = {"kd": 1.0 + 0.01 * (s % 7), "bal": 0.0} if s > 100 else {"kd": 1.0, "lm": 2.0, "bal": 0.5}
+        yield {"kind": "step", "step": s, "t": float(s), "loss": loss, "lr": 1e-4 + s * 1e-9,
+               "grad_norm": 1.0 + 0.01 * (s % 11), "update_ratio": 0.0 if s % 10 == 0 else None,
+               "sched_epoch": float(s), "loss_scale": 1024.0, "parts": parts, "weights": {"kd": 1.0, "bal": 0.1},
+               "extra": {}, "rank": 0, "step_time": 0.05, "data_wait": 0.001}
+        if s % 100 == 0:
+            yield {"kind": "eval", "step": s, "t": float(s), "data": {"loss": 2.5, "perplexity": 12.18}}
+            yield {"kind": "output", "step": s, "t": float(s), "data": {"lines": 2 * s}}
+        if s % 50 == 0:
+            yield {"kind": "experts", "step": s, "t": float(s), "data": {"layer": 0, "load": [97, 1, 1, 1]}}
+        if s % 500 in (0, 200):  # gaps of 200 and 300 steps
+            yield {"kind": "checkpoint", "step": s, "t": float(s), "data": {}}
+
+
+def _retained(obj: object, seen: set[int]) -> int:
+    """How many items the containers reachable from `obj` hold (what would grow with a log's length)."""
+    if id(obj) in seen or isinstance(obj, (str, bytes, int, float, type(None), type)):
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        return len(obj) + sum(_retained(k, seen) + _retained(v, seen) for k, v in obj.items())
+    if isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
+        return len(obj) + sum(_retained(v, seen) for v in obj)
+    fields = [getattr(obj, a) for a in getattr(type(obj), "__slots__", ()) if hasattr(obj, a)]
+    if hasattr(obj, "__dict__"):
+        fields.append(vars(obj))
+    return sum(_retained(f, seen) for f in fields)
+
+
+# Memory samples feed these two, which still keep every sample; they are left out until they do not.
+GROWS_WITH_SAMPLES = {"memory-creep", "device-memory-near-full"}
+
+
+def test_the_rules_keep_bounded_state_on_a_long_run() -> None:
+    # A 1 GB log is 15+ million steps: a rule that keeps a value per step (or per streak step) would
+    # hold them all. Its state after 120k steps must be no larger than after 30k. The plan is long, so
+    # the rules that decide half-way through it are still collecting.
+    engine = Engine({"total_steps": 10_000_000})
+    events = _long_run(120_000)
+    sizes = []
+    for upto in (30_000, 120_000):
+        for ev in events:
+            engine.feed(ev)
+            if ev["kind"] == "step" and ev["step"] == upto:
+                break
+        sizes.append({r.name: _retained(vars(r), set()) for r in engine.rules if r.name not in GROWS_WITH_SAMPLES})
+    grown = {name: (sizes[0][name], n) for name, n in sizes[1].items() if n > sizes[0][name]}
+    assert not grown, f"rule state grew from 30k to 120k steps (items held): {grown}"
+    assert not engine.errors
+    fired = {f[0] for f in engine._reported}
+    assert {"nonfinite-loss", "loss-part-vanished", "eval-metrics-frozen", "expert-collapse"} <= fired
 
 
 def test_sched_horizon_is_read_from_the_usual_schedulers() -> None:
