@@ -3,8 +3,8 @@
     trainguard diagnose train.log            trainguard diagnose out/        (a Hugging Face output folder)
     trainguard diagnose lightning_logs/      trainguard diagnose runs/exp1/results.csv --json
 
-The reader's events go through the same rules engine as a live run, one event at a time (a 1 GB log
-is read in constant memory, as far as the rules keep constant state). Then what only a log can show:
+The reader's events go through the same rules engine as a live run, one event at a time: a 1 GB log
+is read in constant memory (the rules keep bounded state; see benchmarks/diagnose_big_log.py). Then what only a log can show:
 a traceback (the watchdog's own `run-crashed`), a log that stops without completing, PyTorch's own
 warnings. The report names the rules that could not run because the log lacks their data.
 """
@@ -34,8 +34,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
 
 
 # What the readers can ever put in an event stream. A rule that needs something else cannot fire on a log
-# and is not fed at all: some rules keep per-step history for their own data (an LR list beside the
-# scheduler's epochs), which would grow with a log's length for nothing.
+# and is not fed at all: its per-step work would cost time on a long log for nothing.
 READER_DATA = {"loss", "lr", "grad_norm", "parts", "eval", "checkpoint", "output line counts"}
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
-from trainguard.rules.engine import run_rules
+from trainguard.rules.engine import Engine
 from trainguard.rules.live import output_events
 from trainguard.store.reader import RunReader
 
@@ -25,7 +25,9 @@ def diagnose_run(run_dir: str | Path) -> list[Finding]:
         if not reader.has_db:
             raise UserError(f"{run_dir} has no run.db: the probe never recorded this run, nothing to diagnose")
         plan = reader.meta().get("plan") or {}
-        events = list(reader.iter_events())
         last = reader.last_step()
-    events += output_events(run_dir, (last or {}).get("step"))
-    return most_severe_first(run_rules(events, plan, source="diagnose"))
+        engine = Engine(plan, source="diagnose")
+        # streamed from the store: a run of millions of steps never sits in a list
+        found = engine.feed_all(reader.iter_events())
+    found += engine.feed_all(output_events(run_dir, (last or {}).get("step")))
+    return most_severe_first(found + engine.end())

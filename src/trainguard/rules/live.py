@@ -66,9 +66,22 @@ def output_events(run_dir: Path, steps: int | None) -> list[dict[str, Any]]:
     if not steps or not path.is_file():
         return []
     try:
-        data = path.read_bytes()
+        lines = count_lines(path)
     except OSError:
         return []
-    lines = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").count(b"\n")
     return [{"kind": "output", "t": None, "step": 0, "data": {"lines": 0}},
             {"kind": "output", "t": None, "step": steps, "data": {"lines": lines}}]
+
+
+def count_lines(path: Path, block: int = 1 << 20) -> int:
+    """Lines ended by \\n, \\r\\n or a lone \\r (a tqdm redraw), read a block at a time: output.log
+    may be gigabytes."""
+    lines = 0
+    cr_pending = False  # the previous block ended in \r: a \n opening this one belongs to it
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            lines += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+            if cr_pending and chunk.startswith(b"\n"):
+                lines -= 1
+            cr_pending = chunk.endswith(b"\r")
+    return lines
