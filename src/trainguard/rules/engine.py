@@ -34,7 +34,10 @@ class Rule:
 
     Subclasses set `code`, `name`, `severity` (as in the catalogue) and override any of `on_step`,
     `on_event`, `end`. Each returns a Finding or None (or a list, for a rule that escalates). A rule
-    keeps whatever state it needs; it must stay cheap per event (it may run in the training process).
+    keeps whatever state it needs; it must stay cheap per event (it may run in the training process)
+    and bounded: nothing it keeps may grow with the number of steps or events (a 1 GB log is 15
+    million steps). Windows are deques, streaks are `Streak`s, whole-run summaries are running counts;
+    tests/test_rules.py checks it.
     """
 
     code = ""
