@@ -81,11 +81,14 @@ def log_lines(step: int, total: int, rng: random.Random, spike_at: int) -> str:
 def write_log(path: Path, megabytes: float, seed: int = 0) -> int:
     """Writes about `megabytes` MiB; returns the number of steps (the schedule spans exactly those)."""
     target = int(megabytes * 2**20)
-    # bytes per step, measured on a sample with step numbers of the final length
+    # bytes per step, sampled where the step numbers have their typical length (a few rounds, since
+    # that length depends on the total)
     rng = random.Random(seed)
-    guess = 10**7
-    sample = sum(len(log_lines(guess + i, 2 * guess, rng, -1)) for i in range(20000)) / 20000
-    total = max(1000, int(target / sample))
+    total = 10**6
+    for _ in range(3):
+        at = int(0.6 * total)
+        sample = sum(len(log_lines(at + i, total, rng, -1)) for i in range(20000)) / 20000
+        total = max(1000, int(target / sample))
     rng = random.Random(seed)
     with open(path, "w") as f:
         chunk: list[str] = []
