@@ -46,6 +46,10 @@ ENV_DISABLE = "TRAINGUARD_DISABLE"
 FLUSH_INTERVAL = 0.2  # seconds between commits: bounds what a SIGKILL can lose
 STATUS_INTERVAL = 1.0  # seconds between status.json rewrites when no watchdog owns it
 RULES_INTERVAL = 1.0  # seconds between runs of the health rules when no watchdog runs them
+# Memory is also sampled on the training thread as steps complete, so the memory rules see a leak within
+# a share of the run however fast the steps are: at most this many samples over the planned run (and no
+# closer than samples.MIN_STEP_SAMPLE_GAP seconds apart, which bounds the cost on a fast loop).
+SAMPLES_PER_RUN = 1000
 ENV_RULES = "TRAINGUARD_RULES"  # "0": the probe does not run the health rules itself
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
 
@@ -134,17 +138,20 @@ class Guard:
         self._experts_seen: set[tuple[int, Any]] = set()
         self._process = samples.own_process()
         self._last_sample = 0.0
-        # Without a watchdog the probe runs the health rules itself, off the training thread.
+        self._last_sample_step = 0
+        self._sample_every = max(1, (self.total_steps or 0) // SAMPLES_PER_RUN)
         self._rules: Any = None
-        self._rules_reader: Any = None
         self._last_rules = 0.0
         self.rules_cpu = 0.0  # CPU seconds the probe's thread spent in the health rules
-        if not self.under_watchdog and self.rank == 0 and os.environ.get(ENV_RULES, "1") != "0":
-            from trainguard.rules.live import LiveRules
-
-            self._rules = LiveRules(source="probe")
 
         self._write_meta(label, config)
+        if not self.under_watchdog and self.rank == 0 and os.environ.get(ENV_RULES, "1") != "0":
+            # Without a watchdog the probe runs the health rules itself, off the training thread, fed in
+            # memory with what it queues for the store (before the hooks: they may queue an event).
+            from trainguard.rules.live import InboxRules
+
+            self._rules = InboxRules(self._plan, source="probe")
+            self._writer.tap = self._rules.take
         from trainguard.probe import fastforward  # preflight mode only; None otherwise
 
         self._ff = fastforward.from_env(self)  # before the hooks: it copies the scheduler
@@ -527,6 +534,7 @@ class Guard:
             self._emit(rec)
 
     def _emit(self, rec: dict[str, Any]) -> None:
+        self._maybe_sample_on_step(rec)
         named = list(rec.pop("pending", [])) + list(rec.pop("opt_tensors", []))
         packs = devicestats.pack(named) if named else []
         self._inflight.append((rec, packs))
@@ -608,6 +616,8 @@ class Guard:
                 row["extra"]["nonfinite_batch"] = self._ring.save(self.run_dir, row["step"],
                                                                   micro - self.grad_accum + 1, micro)
             self._writer.add_step(row)
+            if rec.get("memory"):
+                self._writer.add_event("sample", "memory", rec["memory"], step=row["step"], t=row["t"])
             done += 1
             for fn in self._observers:
                 try:
@@ -652,8 +662,21 @@ class Guard:
             done += 1
         self._experts_inflight[:done] = []
 
+    def _maybe_sample_on_step(self, rec: dict[str, Any]) -> None:
+        """Memory at a completed step (training thread): every `_sample_every` steps, rate-limited in time.
+
+        The sample rides with the step's record and is stored after its row, with its step; reading the
+        counters costs microseconds and never waits for the device (see probe/samples.py)."""
+        step = rec.get("step") or 0
+        now = time.time()
+        if step - self._last_sample_step < self._sample_every or now - self._last_sample < samples.MIN_STEP_SAMPLE_GAP:
+            return
+        self._last_sample_step, self._last_sample = step, now
+        rec["memory"] = samples.memory_sample(self._process, self._cuda_index)
+
     def _sample(self) -> None:
-        """Host and device memory, at most once a second (see probe/samples.py: no device sync)."""
+        """Host and device memory from the background thread when no step brought a sample for a second
+        (a long evaluation, a slow step): see probe/samples.py, no device sync."""
         now = time.time()
         if now - self._last_sample < samples.SAMPLE_INTERVAL:
             return
@@ -667,11 +690,7 @@ class Guard:
         self._last_rules = time.time()
         cpu0 = time.thread_time()
         try:
-            if self._rules_reader is None:
-                from trainguard.store.reader import RunReader
-
-                self._rules_reader = RunReader(self.run_dir)
-            found = self._rules.poll(self._rules_reader)
+            found = self._rules.poll()
             if final:
                 found += self._rules.end()
                 # what the rules cost this process, for the overhead budget (CPU seconds, all passes)
@@ -714,6 +733,7 @@ class Guard:
                 extra["optimizer_step_skipped"] = True
         grad_norm = values.get("grad_norm")
         row = {
+            "kind": "step",  # the rules' event kind (the store ignores it)
             "step": rec["step"],
             "t": rec.get("t") or time.time(),
             "micro": rec.get("micro"),
@@ -754,17 +774,18 @@ class Guard:
             "pid": self._pid, "python": sys.version.split()[0], "trainguard": __version__,
             "torch": _torch_version(), "attempt": self.attempt,
         })
+        self._plan = {
+            "total_steps": self.total_steps, "grad_accum": self.grad_accum,
+            "scheduler": type(self.scheduler).__name__ if self.scheduler is not None else None,
+            "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
+            "model": type(self.model).__name__ if self.model is not None else None,
+            "scaler": type(self.scaler).__name__ if self.scaler is not None else None,
+            "stats_every": self.stats_every,
+            "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
+            "output_size": _safe(lambda: planinfo.output_size(self.model, config)),
+        }
         if self.rank == 0:
-            w.set_meta("plan", {
-                "total_steps": self.total_steps, "grad_accum": self.grad_accum,
-                "scheduler": type(self.scheduler).__name__ if self.scheduler is not None else None,
-                "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
-                "model": type(self.model).__name__ if self.model is not None else None,
-                "scaler": type(self.scaler).__name__ if self.scaler is not None else None,
-                "stats_every": self.stats_every,
-                "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
-                "output_size": _safe(lambda: planinfo.output_size(self.model, config)),
-            })
+            w.set_meta("plan", self._plan)
             if config is not None:
                 w.set_meta("config", config)
         w.add_event("probe", "start", {"pid": self._pid, "attempt": self.attempt})

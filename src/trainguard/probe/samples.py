@@ -1,4 +1,7 @@
-"""Memory samples for the rules (memory-creep, device-memory-near-full), taken by the probe's background thread.
+"""Memory samples for the rules (memory-creep, device-memory-near-full).
+
+Taken on the training thread as steps complete (every few steps, at most MIN_STEP_SAMPLE_GAP apart), and
+by the probe's background thread when no step brought one for SAMPLE_INTERVAL (a long evaluation).
 
 Host RSS comes from psutil. Device numbers come from `torch.cuda.memory_allocated`,
 `max_memory_allocated`, `memory_reserved` (the caching allocator's own counters, read on the host) and
@@ -11,7 +14,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-SAMPLE_INTERVAL = 1.0  # seconds between samples: at most one a second, off the training thread
+SAMPLE_INTERVAL = 1.0  # seconds: the background thread samples when no step did for this long
+MIN_STEP_SAMPLE_GAP = 0.05  # seconds: at most 20 samples a second from the training thread (~10 us each)
 
 
 def memory_sample(process: Any, device_index: int | None = None) -> dict[str, Any]:

@@ -210,9 +210,13 @@ class MemoryCreep(Rule):
     """TG524 memory-creep: host or device memory that grows steadily while the run trains.
 
     ## What it detects
-    Memory samples the probe takes once a second (host RSS; on CUDA, allocated device memory). After
-    the first two samples (start-up), the rule fires when at least 6 samples have been taken, memory
-    rose in at least 80% of the intervals, and it grew by at least 20% and 64 MiB since then.
+    Memory samples the probe takes as steps complete (up to 1,000 over the planned run, at most 20 a
+    second) and once a second when no step does: host RSS and, on CUDA, allocated device memory. After
+    the first two samples (start-up: the allocator and the optimizer state fill in), the rule fires
+    when some recent stretch of at least 6 samples rose in at least 80% of its intervals and grew by
+    at least 20% and 64 MiB. A leak that starts half-way is judged on its own stretch, not diluted by
+    the flat half before it. A long run's history is kept thinned (every other sample dropped when 128
+    are held), so the rule costs the same at step 100 and at step 1,000,000.
 
     ## Why it matters
     A leak ends in an out-of-memory kill hours in, usually after the last checkpoint. The classic:
@@ -220,8 +224,8 @@ class MemoryCreep(Rule):
     batch, growing lists of metrics.
 
     ## Example
-    `TG524 memory-creep [warning] at step 40: host RSS grew from 412 MiB to 780 MiB over 7 samples
-    (steps 40-380), rising in 100% of them`
+    `TG524 memory-creep [warning] at step 7: host RSS grew from 412 MiB to 780 MiB over 24 samples
+    (steps 7-79), rising in 100% of them`
 
     ## What to change
     Store `.item()` or `.detach()` of what you keep; clear caches; look for lists that grow per step.
@@ -236,10 +240,12 @@ class MemoryCreep(Rule):
 
     code, name, severity = "TG524", "memory-creep", "warning"
     SERIES = (("rss", "host RSS"), ("dev_allocated", "device memory allocated"))
+    KEEP = 128  # points held per series; when full, every other one is dropped and the stride doubles
+    MIN_POINTS = 6
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
-        self.series: dict[str, list[tuple[int, float]]] = {}
+        self.series: dict[str, _Thinned] = {}
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         if event.get("kind") != "sample":
@@ -249,34 +255,69 @@ class MemoryCreep(Rule):
             value = data.get(key)
             if not finite(value):
                 continue
-            pts = self.series.setdefault(key, [])
-            pts.append((event.get("step") or 0, float(value)))
-            used = pts[2:]
-            if len(used) < 6:
+            series = self.series.setdefault(key, _Thinned(self.KEEP, skip=2))
+            if not series.add(event.get("step") or 0, float(value)):
                 continue
-            rises = sum(1 for a, b in zip(used, used[1:]) if b[1] > a[1])
-            first, last = used[0][1], used[-1][1]
-            if rises < 0.8 * (len(used) - 1) or last - first < max(0.2 * first, 64 * MIB):
+            stretch = _rising_stretch(series.points, self.MIN_POINTS)
+            if stretch is None:
                 continue
+            pts, rises = stretch
+            (step0, first), (step1, last) = pts[0], pts[-1]
             return self.finding(
-                step=used[0][0],
-                summary=f"{label} grew from {first / MIB:.0f} MiB to {last / MIB:.0f} MiB over {len(used)} samples "
-                        f"(steps {used[0][0]}-{used[-1][0]}), rising in {rises / (len(used) - 1):.0%} of them",
+                step=step0,
+                summary=f"{label} grew from {first / MIB:.0f} MiB to {last / MIB:.0f} MiB over {len(pts)} samples "
+                        f"(steps {step0}-{step1}), rising in {rises / (len(pts) - 1):.0%} of them",
                 fix="keep .item() or .detach() of what you store per step; clear caches; find the list that grows",
-                evidence={"series": key, "first_bytes": first, "last_bytes": last, "samples": len(used),
+                evidence={"series": key, "first_bytes": first, "last_bytes": last, "samples": len(pts),
                           "detected_step": event.get("step")},
                 cause=key,
             )
         return None
 
 
+class _Thinned:
+    """A series of (step, value) points in bounded memory: once `keep` are held, every other one is
+    dropped and only every 2nd, 4th, ... new point is kept, so the whole run stays in view, coarser."""
+
+    def __init__(self, keep: int, skip: int = 0) -> None:
+        self.keep, self.skip = keep, skip
+        self.points: list[tuple[int, float]] = []
+        self.stride, self.seen = 1, 0
+
+    def add(self, step: int, value: float) -> bool:
+        """Adds a point; False when it was skipped (start-up) or thinned away."""
+        self.seen += 1
+        if self.seen <= self.skip or (self.seen - self.skip) % self.stride:
+            return False
+        self.points.append((step, value))
+        if len(self.points) > self.keep:
+            self.points = self.points[::2]
+            self.stride *= 2
+        return True
+
+
+def _rising_stretch(points: list[tuple[int, float]], min_points: int) -> tuple[list, int] | None:
+    """The longest recent stretch (ending at the newest point) of at least `min_points` that rose in 80%
+    of its intervals and grew by 20% and 64 MiB; with the count of its rises. One pass from the end."""
+    best = None
+    rises = 0
+    last = points[-1][1] if points else 0.0
+    for n in range(2, len(points) + 1):
+        a, b = points[-n][1], points[-n + 1][1]
+        rises += b > a
+        first = a
+        if n >= min_points and rises >= 0.8 * (n - 1) and last - first >= max(0.2 * first, 64 * MIB):
+            best = (points[-n:], rises)
+    return best
+
+
 class DeviceMemoryNearFull(Rule):
     """TG525 device-memory-near-full: the accelerator's memory is 95% or more in use.
 
     ## What it detects
-    Three memory samples in a row (one a second) where the device's used memory (total minus free,
-    from the driver, so other processes on the same device count too) is at least 95% of its total,
-    and at least half of the device is reserved by this process itself.
+    Three memory samples in a row (taken as steps complete, see memory-creep) where the device's used
+    memory (total minus free, from the driver, so other processes on the same device count too) is at
+    least 95% of its total, and at least half of the device is reserved by this process itself.
 
     ## Why it matters
     At 96-98% (seed 002) the next longer sequence or larger eval batch is an out-of-memory crash,
@@ -303,7 +344,8 @@ class DeviceMemoryNearFull(Rule):
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
-        self.full: list[dict[str, Any]] = []
+        self.first_full: dict[str, Any] | None = None  # first sample of the current run of full ones
+        self.full = 0
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         if event.get("kind") != "sample":
@@ -316,13 +358,14 @@ class DeviceMemoryNearFull(Rule):
         own = d.get("dev_reserved", 0) / total if finite(d.get("dev_reserved")) else 1.0
         # Half of the device must be this process's own: another job filling a shared device is its finding.
         if used < self.FULL or own < 0.5:
-            self.full = []
+            self.first_full, self.full = None, 0
             return None
-        self.full.append(event)
-        if len(self.full) < 3:
+        self.first_full = self.first_full or event
+        self.full += 1
+        if self.full < 3:
             return None
         return self.finding(
-            step=self.full[0].get("step"),
+            step=self.first_full.get("step"),
             summary=f"device {d.get('device', 0)} is {used:.0%} full ({(total - free) / GIB:.1f} of {total / GIB:.1f} "
                     f"GiB in use; this process has {d.get('dev_allocated', 0) / GIB:.1f} GiB allocated, "
                     f"{d.get('dev_reserved', 0) / GIB:.1f} GiB reserved)",
