@@ -168,6 +168,7 @@ def main() -> int:
     plain_t, guarded_t = [], []
     hot[0] = 0.0
     bg_cpu0 = _thread_cpu(guard)
+    rules_cpu0 = guard.rules_cpu
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
@@ -190,6 +191,7 @@ def main() -> int:
 
     with RunReader(run_dir) as reader:
         rows = reader.step_count()
+        memory_samples = len(reader.events("sample"))
         scales = [r["loss_scale"] for r in reader.steps() if r["loss_scale"] is not None]
     n = args.block
     result = {
@@ -208,6 +210,9 @@ def main() -> int:
         "probe_hot_path_pct_of_step": round(100 * hot_s / sum(guarded_t), 3),
         "probe_thread_cpu_ms_per_step": round(1000 * bg_s / (n * len(guarded_t)), 4),
         "probe_thread_cpu_pct_of_step": round(100 * bg_s / sum(guarded_t), 3),
+        # of which the health rules (the probe runs them itself here: no watchdog)
+        "rules_cpu_ms_per_step": round(1000 * (guard.rules_cpu - rules_cpu0) / (n * len(guarded_t)), 4),
+        "memory_samples": memory_samples,
         "amp": args.amp,
         "sync_debug_mode": mode,
         "sync_warnings_total": len(syncs),
