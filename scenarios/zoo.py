@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -307,8 +308,17 @@ def main() -> int:
         for n in names:
             print(f"{n:40} {load_expect(n).get('summary', '')}")
         return 0
+    # Scenarios that need the GPU run one at a time: they share one device, and some fill it on purpose.
+    gpu = threading.Lock()
+
+    def run_one(name: str) -> Result:
+        if load_expect(name).get("requires") != "cuda":
+            return run_scenario(name, args.keep)
+        with gpu:
+            return run_scenario(name, args.keep)
+
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(lambda n: run_scenario(n, args.keep), names))
+        results = list(pool.map(run_one, names))
     print_table(results)
     if args.json:
         Path(args.json).write_text(json.dumps([r.__dict__ | {"output": r.output[-1000:]} for r in results], indent=2, default=str))
