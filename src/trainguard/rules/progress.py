@@ -8,6 +8,7 @@ from typing import Any
 
 from trainguard.findings import Finding
 from trainguard.rules.engine import Rule, finite, fmt, median, robust_std
+from trainguard.rules.schedule import step_lr
 
 
 class WeightsNotUpdating(Rule):
@@ -62,7 +63,7 @@ class WeightsNotUpdating(Rule):
         if len(self.zeros) < 2:
             return None
         first = self.zeros[0]
-        lr, gn = first.get("lr"), first.get("grad_norm")
+        lr, gn = step_lr(first), first.get("grad_norm")  # the largest LR: one group at 0 (a warmup) is not "LR 0"
         if finite(lr) and lr == 0:
             why, cause = "the learning rate is 0", "lr-zero"
         elif finite(gn) and gn == 0:
