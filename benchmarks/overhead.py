@@ -92,6 +92,21 @@ def _thread_cpu(guard) -> float:
     return 0.0
 
 
+def _bootstrap_ci(plain: list[float], guarded: list[float], draws: int = 5000) -> list[float]:
+    """95% interval of the overhead (%) from resampling whole A/B rounds: how far the noise between
+    rounds leaves the figure uncertain."""
+    import random
+
+    rng = random.Random(0)
+    pairs = list(zip(plain, guarded))
+    figures = []
+    for _ in range(draws):
+        pick = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        figures.append(100 * (sum(g for _, g in pick) / sum(u for u, _ in pick) - 1))
+    figures.sort()
+    return [round(figures[int(0.025 * draws)], 2), round(figures[int(0.975 * draws)], 2)]
+
+
 def timed_block(step, n: int, device: str) -> float:
     if device == "cuda":
         torch.cuda.synchronize()  # block boundaries only: the timing needs the GPU drained
@@ -205,6 +220,7 @@ def main() -> int:
         "overhead_pct": round(100 * (sum(guarded_t) / sum(plain_t) - 1), 2),
         "per_round_pct": [round(100 * (g / u - 1), 2) for g, u in zip(guarded_t, plain_t)],
         "median_round_pct": round(statistics.median(100 * (g / u - 1) for g, u in zip(guarded_t, plain_t)), 2),
+        "overhead_pct_ci95": _bootstrap_ci(plain_t, guarded_t),
         "rows_recorded": rows,
         "probe_hot_path_ms_per_step": round(1000 * hot_s / (n * len(guarded_t)), 4),
         "probe_hot_path_pct_of_step": round(100 * hot_s / sum(guarded_t), 3),
