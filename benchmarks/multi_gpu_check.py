@@ -64,7 +64,7 @@ rank = int(os.environ["RANK"]); torch.cuda.set_device(rank)
 dist.init_process_group("nccl")
 torch.manual_seed(0)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(512, 512).cuda(), device_ids=[rank])
-opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 guard = trainguard.watch(model, opt, total_steps=100)
 for step in range(100):
     x = torch.randn(64, 512, device="cuda")
