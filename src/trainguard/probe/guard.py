@@ -669,7 +669,10 @@ class Guard:
         counters costs microseconds and never waits for the device (see probe/samples.py)."""
         step = rec.get("step") or 0
         now = time.time()
-        if step - self._last_sample_step < self._sample_every or now - self._last_sample < samples.MIN_STEP_SAMPLE_GAP:
+        # Without a planned length the gap grows with the run (step/1000), so an open-ended run stores
+        # samples in proportion to the logarithm of its steps (~2,300 per tenfold), not one per step.
+        every = self._sample_every if self.total_steps else max(1, step // SAMPLES_PER_RUN)
+        if step - self._last_sample_step < every or now - self._last_sample < samples.MIN_STEP_SAMPLE_GAP:
             return
         self._last_sample_step, self._last_sample = step, now
         rec["memory"] = samples.memory_sample(self._process, self._cuda_index)
