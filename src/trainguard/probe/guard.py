@@ -50,6 +50,7 @@ RULES_INTERVAL = 1.0  # seconds between runs of the health rules when no watchdo
 # a share of the run however fast the steps are: at most this many samples over the planned run (and no
 # closer than samples.MIN_STEP_SAMPLE_GAP seconds apart, which bounds the cost on a fast loop).
 SAMPLES_PER_RUN = 1000
+MAX_SAMPLE_EVERY = 20  # ...but at least one every 20 steps, so a long run's leak is seen within 200 steps
 ENV_RULES = "TRAINGUARD_RULES"  # "0": the probe does not run the health rules itself
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
 
@@ -139,7 +140,9 @@ class Guard:
         self._process = samples.own_process()
         self._last_sample = 0.0
         self._last_sample_step = 0
-        self._sample_every = max(1, (self.total_steps or 0) // SAMPLES_PER_RUN)
+        self._sample_every = min(MAX_SAMPLE_EVERY, max(1, (self.total_steps or 0) // SAMPLES_PER_RUN))
+        self._sampling = True  # off after the first failure to read memory (logged once)
+        self._rules_lock = threading.Lock()  # the background thread and an exit path may both run them
         self._rules: Any = None
         self._last_rules = 0.0
         self.rules_cpu = 0.0  # CPU seconds the probe's thread spent in the health rules
@@ -617,7 +620,7 @@ class Guard:
                                                                   micro - self.grad_accum + 1, micro)
             self._writer.add_step(row)
             if rec.get("memory"):
-                self._writer.add_event("sample", "memory", rec["memory"], step=row["step"], t=row["t"])
+                self._writer.add_event("sample", "memory", rec["memory"], step=row["step"])
             done += 1
             for fn in self._observers:
                 try:
@@ -671,25 +674,44 @@ class Guard:
         now = time.time()
         # Without a planned length the gap grows with the run (step/1000), so an open-ended run stores
         # samples in proportion to the logarithm of its steps (~2,300 per tenfold), not one per step.
-        every = self._sample_every if self.total_steps else max(1, step // SAMPLES_PER_RUN)
-        if step - self._last_sample_step < every or now - self._last_sample < samples.MIN_STEP_SAMPLE_GAP:
+        every = self._sample_every if self.total_steps else min(MAX_SAMPLE_EVERY, max(1, step // SAMPLES_PER_RUN))
+        if (not self._sampling or step - self._last_sample_step < every
+                or now - self._last_sample < samples.MIN_STEP_SAMPLE_GAP):
             return
         self._last_sample_step, self._last_sample = step, now
-        rec["memory"] = samples.memory_sample(self._process, self._cuda_index)
+        rec["memory"] = self._memory_sample()
+
+    def _memory_sample(self) -> dict[str, Any] | None:
+        """A memory sample with the phase it was taken in, or None; a failure turns sampling off (once
+        logged), never the guard: losing memory samples must not cost the run its step rows."""
+        try:
+            sample = samples.memory_sample(self._process, self._cuda_index)
+        except Exception as exc:
+            self._sampling = False
+            self._selflog.error("memory samples (switched off)", exc)
+            return None
+        if sample:
+            sample["phase"] = self._phases[-1] if self._phases else None
+        return sample
 
     def _sample(self) -> None:
         """Host and device memory from the background thread when no step brought a sample for a second
         (a long evaluation, a slow step): see probe/samples.py, no device sync."""
         now = time.time()
-        if now - self._last_sample < samples.SAMPLE_INTERVAL:
+        if not self._sampling or now - self._last_sample < samples.SAMPLE_INTERVAL:
             return
         self._last_sample = now
-        sample = samples.memory_sample(self._process, self._cuda_index)
+        sample = self._memory_sample()
         if sample:
             self._writer.add_event("sample", "memory", sample, step=self.step_count)
 
     def _run_rules(self, final: bool = False) -> None:
-        """The health rules over what was committed since the last time; new findings become events."""
+        """The health rules over what was queued since the last time; new findings become events."""
+        with self._rules_lock:
+            if self._rules is not None:
+                self._run_rules_locked(final)
+
+    def _run_rules_locked(self, final: bool) -> None:
         self._last_rules = time.time()
         cpu0 = time.thread_time()
         try:
@@ -700,8 +722,10 @@ class Guard:
                 self._writer.set_meta(f"rules_cpu.{self.rank}", {
                     "cpu_s": round(self.rules_cpu + time.thread_time() - cpu0, 4), "steps": self.step_count})
         except Exception as exc:
-            # Why switch them off: a rules pass that raised once will raise at every pass.
+            # Why switch them off: a rules pass that raised once will raise at every pass. The store's
+            # tap goes too, or rows would pile up in an inbox nobody reads.
             self._rules = None
+            self._writer.tap = None
             self._fail("health rules (switched off)", exc)
             return
         self.rules_cpu += time.thread_time() - cpu0

@@ -102,10 +102,9 @@ class Engine:
         for rule in list(self.rules):
             try:
                 got = rule.on_step(event) if kind == "step" else rule.on_event(event)
+                out.extend(self._new(got))  # inside: a rule returning something malformed is broken too
             except Exception as exc:  # a broken rule must not take the others (or the run) down
                 self._drop(rule, exc)
-                continue
-            out.extend(self._new(got))
         return out
 
     def feed_all(self, events: Iterable[dict[str, Any]]) -> list[Finding]:

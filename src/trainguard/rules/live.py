@@ -51,12 +51,17 @@ class InboxRules:
     """The probe's rules: rows and events arrive in memory (`take`, from any thread) and are fed to the
     engine in time order at each `poll` (the probe's background thread, once a second)."""
 
+    MAX_WAITING = 200_000  # items between two polls; past this the oldest go (counted), memory stays bounded
+
     def __init__(self, plan: dict[str, Any], source: str = "probe") -> None:
         self.engine = Engine(plan, source=source)
-        self.inbox: collections.deque[dict[str, Any]] = collections.deque()
+        self.inbox: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.MAX_WAITING)
+        self.dropped = 0
 
     def take(self, item: dict[str, Any]) -> None:
         if item.get("kind") != "finding":  # the rules' own output, written back as events
+            if len(self.inbox) == self.MAX_WAITING:
+                self.dropped += 1
             self.inbox.append(item)
 
     def poll(self) -> list[Finding]:

@@ -210,13 +210,17 @@ class MemoryCreep(Rule):
     """TG524 memory-creep: host or device memory that grows steadily while the run trains.
 
     ## What it detects
-    Memory samples the probe takes as steps complete (up to 1,000 over the planned run, at most 20 a
-    second) and once a second when no step does: host RSS and, on CUDA, allocated device memory. After
-    the first two samples (start-up: the allocator and the optimizer state fill in), the rule fires
-    when some recent stretch of at least 6 samples rose in at least 80% of its intervals and grew by
-    at least 20% and 64 MiB. A leak that starts half-way is judged on its own stretch, not diluted by
-    the flat half before it. A long run's history is kept thinned (every other sample dropped when 128
-    are held), so the rule costs the same at step 100 and at step 1,000,000.
+    Memory samples the probe takes as steps complete (every 1-20 steps, at most 20 a second) and once a
+    second when no step does: host RSS and, on CUDA, allocated device memory. Samples from the first
+    1% of the planned run (at least 10 steps: the allocator and the optimizer state fill in) and from
+    evaluation or checkpoint phases (predictions gathered, state copied, then freed) are not judged.
+    The rule fires when a recent stretch of at least 6 samples spanning 2% of the plan (at least
+    20 steps, at most 100) rose in 80% of its intervals (a rise: more than 256 KiB) and grew by at least 20%
+    and 64 MiB even without its two largest increments, so a one-off allocation (a table built once,
+    a cache filled in a step or two) followed by a slow drift is not a leak. The newest 32 samples are
+    kept as they are and the older history thinned (every other one dropped when 128 are held), so
+    the rule costs the same at step 100 and at step 1,000,000 and sees a late leak as quickly as an
+    early one.
 
     ## Why it matters
     A leak ends in an out-of-memory kill hours in, usually after the last checkpoint. The classic:
@@ -224,15 +228,15 @@ class MemoryCreep(Rule):
     batch, growing lists of metrics.
 
     ## Example
-    `TG524 memory-creep [warning] at step 7: host RSS grew from 412 MiB to 780 MiB over 24 samples
-    (steps 7-79), rising in 100% of them`
+    `TG524 memory-creep [warning] at step 20: host RSS grew from 352 MiB to 441 MiB over 16 samples
+    (steps 20-64), rising in 100% of them`
 
     ## What to change
     Store `.item()` or `.detach()` of what you keep; clear caches; look for lists that grow per step.
 
     ## Known false positives
-    A run that grows a replay buffer or cache by design; the first minutes of a run that fills its
-    allocator's cache.
+    A run that grows a replay buffer or cache by design, when it grows by more than a fifth of the
+    process's memory over tens of steps before it levels off.
 
     ## Options
     None.
@@ -240,25 +244,32 @@ class MemoryCreep(Rule):
 
     code, name, severity = "TG524", "memory-creep", "warning"
     SERIES = (("rss", "host RSS"), ("dev_allocated", "device memory allocated"))
-    KEEP = 128  # points held per series; when full, every other one is dropped and the stride doubles
     MIN_POINTS = 6
+    RISE = 256 * 1024  # bytes: smaller changes are page-level noise, not a rise
+    NOT_TRAINING = ("eval", "val", "test", "predict", "save", "checkpoint")
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
         self.series: dict[str, _Thinned] = {}
+        self.warmup = max(10, int(0.01 * self.total_steps)) if self.total_steps else 10
+        # long enough to tell a leak from a cache filling up, short enough for 200 steps of latency
+        self.min_span = max(20, min(100, int(0.02 * self.total_steps))) if self.total_steps else 20
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         if event.get("kind") != "sample":
             return None
         data = event.get("data") or {}
+        step = event.get("step") or 0
+        phase = str(data.get("phase") or "").lower()
+        if step < self.warmup or phase.startswith(self.NOT_TRAINING):
+            return None
         for key, label in self.SERIES:
             value = data.get(key)
             if not finite(value):
                 continue
-            series = self.series.setdefault(key, _Thinned(self.KEEP, skip=2))
-            if not series.add(event.get("step") or 0, float(value)):
-                continue
-            stretch = _rising_stretch(series.points, self.MIN_POINTS)
+            series = self.series.setdefault(key, _Thinned())
+            series.add(step, float(value))
+            stretch = _rising_stretch(series.view(), self.MIN_POINTS, self.min_span, self.RISE)
             if stretch is None:
                 continue
             pts, rises = stretch
@@ -276,37 +287,51 @@ class MemoryCreep(Rule):
 
 
 class _Thinned:
-    """A series of (step, value) points in bounded memory: once `keep` are held, every other one is
-    dropped and only every 2nd, 4th, ... new point is kept, so the whole run stays in view, coarser."""
+    """A series of (step, value) points in bounded memory: the newest `recent` as they are, the older
+    ones thinned (once `keep` are held, every other one is dropped and only every 2nd, 4th, ... point
+    leaving the recent window is kept), so the whole run stays in view, coarser with age."""
 
-    def __init__(self, keep: int, skip: int = 0) -> None:
-        self.keep, self.skip = keep, skip
-        self.points: list[tuple[int, float]] = []
-        self.stride, self.seen = 1, 0
+    def __init__(self, keep: int = 128, recent: int = 32) -> None:
+        self.keep = keep
+        self.recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=recent)
+        self.old: list[tuple[int, float]] = []
+        self.stride, self.aged = 1, 0
 
-    def add(self, step: int, value: float) -> bool:
-        """Adds a point; False when it was skipped (start-up) or thinned away."""
-        self.seen += 1
-        if self.seen <= self.skip or (self.seen - self.skip) % self.stride:
-            return False
-        self.points.append((step, value))
-        if len(self.points) > self.keep:
-            self.points = self.points[::2]
-            self.stride *= 2
-        return True
+    def add(self, step: int, value: float) -> None:
+        if len(self.recent) == self.recent.maxlen:
+            self.aged += 1
+            leaving = self.recent[0]
+            if self.aged % self.stride == 0:
+                self.old.append(leaving)
+                if len(self.old) >= self.keep:
+                    self.old = self.old[1::2]  # keeps the newest of each pair
+                    self.stride *= 2
+        self.recent.append((step, value))
+
+    def view(self) -> list[tuple[int, float]]:
+        return self.old + list(self.recent)
 
 
-def _rising_stretch(points: list[tuple[int, float]], min_points: int) -> tuple[list, int] | None:
-    """The longest recent stretch (ending at the newest point) of at least `min_points` that rose in 80%
-    of its intervals and grew by 20% and 64 MiB; with the count of its rises. One pass from the end."""
+def _rising_stretch(points: list[tuple[int, float]], min_points: int, min_span: int,
+                    rise: float) -> tuple[list, int] | None:
+    """The longest recent stretch (ending at the newest point) of at least `min_points` samples and
+    `min_span` steps that rose in 80% of its intervals and grew by 20% and 64 MiB without its two
+    largest increments; with the count of its rises. One pass from the end."""
     best = None
     rises = 0
-    last = points[-1][1] if points else 0.0
+    top1 = top2 = 0.0  # the two largest increments so far
+    last_step, last = points[-1] if points else (0, 0.0)
     for n in range(2, len(points) + 1):
-        a, b = points[-n][1], points[-n + 1][1]
-        rises += b > a
-        first = a
-        if n >= min_points and rises >= 0.8 * (n - 1) and last - first >= max(0.2 * first, 64 * MIB):
+        (step0, a), b = points[-n], points[-n + 1][1]
+        inc = b - a
+        rises += inc > rise
+        if inc > top1:
+            top1, top2 = inc, top1
+        elif inc > top2:
+            top2 = inc
+        steady = last - a - max(top1, 0.0) - max(top2, 0.0)
+        if (n >= min_points and last_step - step0 >= min_span and rises >= 0.8 * (n - 1)
+                and steady >= max(0.2 * a, 64 * MIB)):
             best = (points[-n:], rises)
     return best
 

@@ -80,7 +80,7 @@ class StoreWriter:
                 values.append(_finite_or_text(row.get(col)))
         self._steps.append(tuple(values))
         if self.tap is not None:
-            self.tap(row)
+            self.tap(dict(row))  # a copy: what the rules see is what was stored, whatever the caller does next
 
     def add_event(self, kind: str, name: str | None = None, data: Any = None, *,
                   step: int | None = None, t: float | None = None) -> None:
