@@ -92,6 +92,21 @@ def _thread_cpu(guard) -> float:
     return 0.0
 
 
+def _bootstrap_ci(plain: list[float], guarded: list[float], draws: int = 5000) -> list[float]:
+    """95% interval of the overhead (%) from resampling whole A/B rounds: how far the noise between
+    rounds leaves the figure uncertain."""
+    import random
+
+    rng = random.Random(0)
+    pairs = list(zip(plain, guarded))
+    figures = []
+    for _ in range(draws):
+        pick = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        figures.append(100 * (sum(g for _, g in pick) / sum(u for u, _ in pick) - 1))
+    figures.sort()
+    return [round(figures[int(0.025 * draws)], 2), round(figures[int(0.975 * draws)], 2)]
+
+
 def timed_block(step, n: int, device: str) -> float:
     if device == "cuda":
         torch.cuda.synchronize()  # block boundaries only: the timing needs the GPU drained
@@ -168,6 +183,7 @@ def main() -> int:
     plain_t, guarded_t = [], []
     hot[0] = 0.0
     bg_cpu0 = _thread_cpu(guard)
+    rules_cpu0 = guard.rules_cpu
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
@@ -190,6 +206,7 @@ def main() -> int:
 
     with RunReader(run_dir) as reader:
         rows = reader.step_count()
+        memory_samples = len(reader.events("sample"))
         scales = [r["loss_scale"] for r in reader.steps() if r["loss_scale"] is not None]
     n = args.block
     result = {
@@ -203,11 +220,15 @@ def main() -> int:
         "overhead_pct": round(100 * (sum(guarded_t) / sum(plain_t) - 1), 2),
         "per_round_pct": [round(100 * (g / u - 1), 2) for g, u in zip(guarded_t, plain_t)],
         "median_round_pct": round(statistics.median(100 * (g / u - 1) for g, u in zip(guarded_t, plain_t)), 2),
+        "overhead_pct_ci95": _bootstrap_ci(plain_t, guarded_t),
         "rows_recorded": rows,
         "probe_hot_path_ms_per_step": round(1000 * hot_s / (n * len(guarded_t)), 4),
         "probe_hot_path_pct_of_step": round(100 * hot_s / sum(guarded_t), 3),
         "probe_thread_cpu_ms_per_step": round(1000 * bg_s / (n * len(guarded_t)), 4),
         "probe_thread_cpu_pct_of_step": round(100 * bg_s / sum(guarded_t), 3),
+        # of which the health rules (the probe runs them itself here: no watchdog)
+        "rules_cpu_ms_per_step": round(1000 * (guard.rules_cpu - rules_cpu0) / (n * len(guarded_t)), 4),
+        "memory_samples": memory_samples,
         "amp": args.amp,
         "sync_debug_mode": mode,
         "sync_warnings_total": len(syncs),

@@ -107,7 +107,7 @@ def test_tensorboard_files_from_summary_writer(tmp_path: Path) -> None:
 
 
 def test_csv_jsonl_and_ultralytics_results(tmp_path: Path) -> None:
-    # Ultralytics cannot run here (torchvision does not load beside this torch); its results.csv layout:
+    # a 30-epoch results.csv (the real library's own files are read in tests/test_ultralytics.py):
     res = tmp_path / "results.csv"
     res.write_text("epoch,train/box_loss,train/cls_loss,train/dfl_loss,metrics/mAP50(B),val/box_loss,lr/pg0,lr/pg1,lr/pg2\n"
                    + "".join(f"{e},{1.5 - e * .01},{2.0 - e * .02},{1.1},{0.1 * e},{1.4},0.01,0.01,0.01\n"

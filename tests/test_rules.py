@@ -234,6 +234,15 @@ def test_the_probe_runs_the_rules_itself_without_a_watchdog(lr_zero_runs: dict) 
     assert "TG101 lr-reaches-zero [error]" in lr_zero_runs["alone_stderr"]
 
 
+def test_the_probes_in_memory_feed_finds_what_the_store_replays(lr_zero_runs: dict) -> None:
+    """The probe feeds its rules the rows it queues for the store, without reading them back; the same
+    run read back from run.db by `trainguard diagnose` must give the same findings at the same steps."""
+    status = json.loads((lr_zero_runs["alone"] / "status.json").read_text())
+    live = sorted((f["name"], f["step"]) for f in status["findings"])
+    replayed = json.loads(run_trainguard("diagnose", "--json", str(lr_zero_runs["alone"])).stdout)
+    assert live and live == sorted((f["name"], f["step"]) for f in replayed)
+
+
 def test_diagnose_reads_a_run_recorded_before_the_rules(lr_zero_runs: dict) -> None:
     old = lr_zero_runs["old"]
     status = json.loads((old / "status.json").read_text())

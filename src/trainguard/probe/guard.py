@@ -46,6 +46,11 @@ ENV_DISABLE = "TRAINGUARD_DISABLE"
 FLUSH_INTERVAL = 0.2  # seconds between commits: bounds what a SIGKILL can lose
 STATUS_INTERVAL = 1.0  # seconds between status.json rewrites when no watchdog owns it
 RULES_INTERVAL = 1.0  # seconds between runs of the health rules when no watchdog runs them
+# Memory is also sampled on the training thread as steps complete, so the memory rules see a leak within
+# a share of the run however fast the steps are: at most this many samples over the planned run (and no
+# closer than samples.MIN_STEP_SAMPLE_GAP seconds apart, which bounds the cost on a fast loop).
+SAMPLES_PER_RUN = 1000
+MAX_SAMPLE_EVERY = 20  # ...but at least one every 20 steps, so a long run's leak is seen within 200 steps
 ENV_RULES = "TRAINGUARD_RULES"  # "0": the probe does not run the health rules itself
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
 
@@ -134,17 +139,22 @@ class Guard:
         self._experts_seen: set[tuple[int, Any]] = set()
         self._process = samples.own_process()
         self._last_sample = 0.0
-        # Without a watchdog the probe runs the health rules itself, off the training thread.
+        self._last_sample_step = 0
+        self._sample_every = min(MAX_SAMPLE_EVERY, max(1, (self.total_steps or 0) // SAMPLES_PER_RUN))
+        self._sampling = True  # off after the first failure to read memory (logged once)
+        self._rules_lock = threading.Lock()  # the background thread and an exit path may both run them
         self._rules: Any = None
-        self._rules_reader: Any = None
         self._last_rules = 0.0
         self.rules_cpu = 0.0  # CPU seconds the probe's thread spent in the health rules
-        if not self.under_watchdog and self.rank == 0 and os.environ.get(ENV_RULES, "1") != "0":
-            from trainguard.rules.live import LiveRules
-
-            self._rules = LiveRules(source="probe")
 
         self._write_meta(label, config)
+        if not self.under_watchdog and self.rank == 0 and os.environ.get(ENV_RULES, "1") != "0":
+            # Without a watchdog the probe runs the health rules itself, off the training thread, fed in
+            # memory with what it queues for the store (before the hooks: they may queue an event).
+            from trainguard.rules.live import InboxRules
+
+            self._rules = InboxRules(self._plan, source="probe")
+            self._writer.tap = self._rules.take
         from trainguard.probe import fastforward  # preflight mode only; None otherwise
 
         self._ff = fastforward.from_env(self)  # before the hooks: it copies the scheduler
@@ -527,6 +537,7 @@ class Guard:
             self._emit(rec)
 
     def _emit(self, rec: dict[str, Any]) -> None:
+        self._maybe_sample_on_step(rec)
         named = list(rec.pop("pending", [])) + list(rec.pop("opt_tensors", []))
         packs = devicestats.pack(named) if named else []
         self._inflight.append((rec, packs))
@@ -608,6 +619,8 @@ class Guard:
                 row["extra"]["nonfinite_batch"] = self._ring.save(self.run_dir, row["step"],
                                                                   micro - self.grad_accum + 1, micro)
             self._writer.add_step(row)
+            if rec.get("memory"):
+                self._writer.add_event("sample", "memory", rec["memory"], step=row["step"])
             done += 1
             for fn in self._observers:
                 try:
@@ -652,34 +665,67 @@ class Guard:
             done += 1
         self._experts_inflight[:done] = []
 
-    def _sample(self) -> None:
-        """Host and device memory, at most once a second (see probe/samples.py: no device sync)."""
+    def _maybe_sample_on_step(self, rec: dict[str, Any]) -> None:
+        """Memory at a completed step (training thread): every `_sample_every` steps, rate-limited in time.
+
+        The sample rides with the step's record and is stored after its row, with its step; reading the
+        counters costs microseconds and never waits for the device (see probe/samples.py)."""
+        step = rec.get("step") or 0
         now = time.time()
-        if now - self._last_sample < samples.SAMPLE_INTERVAL:
+        # Without a planned length the gap grows with the run (step/1000), so an open-ended run stores
+        # samples in proportion to the logarithm of its steps (~2,300 per tenfold), not one per step.
+        every = self._sample_every if self.total_steps else min(MAX_SAMPLE_EVERY, max(1, step // SAMPLES_PER_RUN))
+        if (not self._sampling or step - self._last_sample_step < every
+                or now - self._last_sample < samples.MIN_STEP_SAMPLE_GAP):
+            return
+        self._last_sample_step, self._last_sample = step, now
+        rec["memory"] = self._memory_sample()
+
+    def _memory_sample(self) -> dict[str, Any] | None:
+        """A memory sample with the phase it was taken in, or None; a failure turns sampling off (once
+        logged), never the guard: losing memory samples must not cost the run its step rows."""
+        try:
+            sample = samples.memory_sample(self._process, self._cuda_index)
+        except Exception as exc:
+            self._sampling = False
+            self._selflog.error("memory samples (switched off)", exc)
+            return None
+        if sample:
+            sample["phase"] = self._phases[-1] if self._phases else None
+        return sample
+
+    def _sample(self) -> None:
+        """Host and device memory from the background thread when no step brought a sample for a second
+        (a long evaluation, a slow step): see probe/samples.py, no device sync."""
+        now = time.time()
+        if not self._sampling or now - self._last_sample < samples.SAMPLE_INTERVAL:
             return
         self._last_sample = now
-        sample = samples.memory_sample(self._process, self._cuda_index)
+        sample = self._memory_sample()
         if sample:
             self._writer.add_event("sample", "memory", sample, step=self.step_count)
 
     def _run_rules(self, final: bool = False) -> None:
-        """The health rules over what was committed since the last time; new findings become events."""
+        """The health rules over what was queued since the last time; new findings become events."""
+        with self._rules_lock:
+            if self._rules is not None:
+                self._run_rules_locked(final)
+
+    def _run_rules_locked(self, final: bool) -> None:
         self._last_rules = time.time()
         cpu0 = time.thread_time()
         try:
-            if self._rules_reader is None:
-                from trainguard.store.reader import RunReader
-
-                self._rules_reader = RunReader(self.run_dir)
-            found = self._rules.poll(self._rules_reader)
+            found = self._rules.poll()
             if final:
                 found += self._rules.end()
                 # what the rules cost this process, for the overhead budget (CPU seconds, all passes)
                 self._writer.set_meta(f"rules_cpu.{self.rank}", {
                     "cpu_s": round(self.rules_cpu + time.thread_time() - cpu0, 4), "steps": self.step_count})
         except Exception as exc:
-            # Why switch them off: a rules pass that raised once will raise at every pass.
+            # Why switch them off: a rules pass that raised once will raise at every pass. The store's
+            # tap goes too, or rows would pile up in an inbox nobody reads.
             self._rules = None
+            self._writer.tap = None
             self._fail("health rules (switched off)", exc)
             return
         self.rules_cpu += time.thread_time() - cpu0
@@ -714,6 +760,7 @@ class Guard:
                 extra["optimizer_step_skipped"] = True
         grad_norm = values.get("grad_norm")
         row = {
+            "kind": "step",  # the rules' event kind (the store ignores it)
             "step": rec["step"],
             "t": rec.get("t") or time.time(),
             "micro": rec.get("micro"),
@@ -754,17 +801,18 @@ class Guard:
             "pid": self._pid, "python": sys.version.split()[0], "trainguard": __version__,
             "torch": _torch_version(), "attempt": self.attempt,
         })
+        self._plan = {
+            "total_steps": self.total_steps, "grad_accum": self.grad_accum,
+            "scheduler": type(self.scheduler).__name__ if self.scheduler is not None else None,
+            "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
+            "model": type(self.model).__name__ if self.model is not None else None,
+            "scaler": type(self.scaler).__name__ if self.scaler is not None else None,
+            "stats_every": self.stats_every,
+            "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
+            "output_size": _safe(lambda: planinfo.output_size(self.model, config)),
+        }
         if self.rank == 0:
-            w.set_meta("plan", {
-                "total_steps": self.total_steps, "grad_accum": self.grad_accum,
-                "scheduler": type(self.scheduler).__name__ if self.scheduler is not None else None,
-                "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
-                "model": type(self.model).__name__ if self.model is not None else None,
-                "scaler": type(self.scaler).__name__ if self.scaler is not None else None,
-                "stats_every": self.stats_every,
-                "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
-                "output_size": _safe(lambda: planinfo.output_size(self.model, config)),
-            })
+            w.set_meta("plan", self._plan)
             if config is not None:
                 w.set_meta("config", config)
         w.add_event("probe", "start", {"pid": self._pid, "attempt": self.attempt})

@@ -120,11 +120,10 @@ class Engine:
         for hook in hooks:  # a dropped rule rebuilds the lists; this loop keeps the one it started with
             try:
                 got = hook(event)
+                if got is not None:
+                    out.extend(self._new(got))  # inside: a rule returning something malformed is broken too
             except Exception as exc:  # a broken rule must not take the others (or the run) down
                 self._drop(hook.__self__, exc)
-                continue
-            if got is not None:
-                out.extend(self._new(got))
         return out
 
     def feed_all(self, events: Iterable[dict[str, Any]]) -> list[Finding]:

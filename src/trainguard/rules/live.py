@@ -1,12 +1,15 @@
-"""The rules on a live run: read what the store gained since the last look, feed it to the engine.
+"""The rules on a live run, fed as the run writes.
 
-Two callers, one class: the watchdog's monitor (`RulesMonitor`, polled by the supervisor every half
-second) and the probe's background thread when no watchdog is there (`trainguard.probe.guard`). Both
-read the run folder, so both feed the rules exactly what `trainguard diagnose` would read afterwards.
+Two feeds, one engine: the watchdog's monitor (`RulesMonitor`, polled by the supervisor every half
+second) reads what the store gained since its last look, so it feeds the rules exactly what
+`trainguard diagnose` reads afterwards. The probe, when no watchdog is there, hands the rows and events
+it queues for the store straight to `InboxRules`: reading them back from SQLite in the training process
+cost a query, JSON decoding and a dict per row on a thread that shares the GIL with the loop.
 """
 
 from __future__ import annotations
 
+import collections
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,34 @@ class LiveRules:
 
     def end(self) -> list[Finding]:
         return self.engine.end() if self.engine is not None else []
+
+
+class InboxRules:
+    """The probe's rules: rows and events arrive in memory (`take`, from any thread) and are fed to the
+    engine in time order at each `poll` (the probe's background thread, once a second)."""
+
+    MAX_WAITING = 200_000  # items between two polls; past this the oldest go (counted), memory stays bounded
+
+    def __init__(self, plan: dict[str, Any], source: str = "probe") -> None:
+        self.engine = Engine(plan, source=source)
+        self.inbox: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.MAX_WAITING)
+        self.dropped = 0
+
+    def take(self, item: dict[str, Any]) -> None:
+        if item.get("kind") != "finding":  # the rules' own output, written back as events
+            if len(self.inbox) == self.MAX_WAITING:
+                self.dropped += 1
+            self.inbox.append(item)
+
+    def poll(self) -> list[Finding]:
+        batch = []
+        while self.inbox:
+            batch.append(self.inbox.popleft())
+        batch.sort(key=lambda e: e.get("t") or 0)
+        return self.engine.feed_all(batch)
+
+    def end(self) -> list[Finding]:
+        return self.engine.end()
 
 
 class RulesMonitor:

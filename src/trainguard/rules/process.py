@@ -210,9 +210,17 @@ class MemoryCreep(Rule):
     """TG524 memory-creep: host or device memory that grows steadily while the run trains.
 
     ## What it detects
-    Memory samples the probe takes once a second (host RSS; on CUDA, allocated device memory). After
-    the first two samples (start-up), the rule fires when at least 6 samples have been taken, memory
-    rose in at least 80% of the intervals, and it grew by at least 20% and 64 MiB since then.
+    Memory samples the probe takes as steps complete (every 1-20 steps, at most 20 a second) and once a
+    second when no step does: host RSS and, on CUDA, allocated device memory. Samples from the first
+    1% of the planned run (at least 10 steps: the allocator and the optimizer state fill in) and from
+    evaluation or checkpoint phases (predictions gathered, state copied, then freed) are not judged.
+    The rule fires when a recent stretch of at least 6 samples spanning 2% of the plan (at least
+    20 steps, at most 100) rose in 80% of its intervals (a rise: more than 256 KiB) and grew by at least 20%
+    and 64 MiB even without its two largest increments, so a one-off allocation (a table built once,
+    a cache filled in a step or two) followed by a slow drift is not a leak. The newest 32 samples are
+    kept as they are and the older history thinned (every other one dropped when 128 are held), so
+    the rule costs the same at step 100 and at step 1,000,000 and sees a late leak as quickly as an
+    early one.
 
     ## Why it matters
     A leak ends in an out-of-memory kill hours in, usually after the last checkpoint. The classic:
@@ -220,15 +228,15 @@ class MemoryCreep(Rule):
     batch, growing lists of metrics.
 
     ## Example
-    `TG524 memory-creep [warning] at step 40: host RSS grew from 412 MiB to 780 MiB over 7 samples
-    (steps 40-380), rising in 100% of them`
+    `TG524 memory-creep [warning] at step 20: host RSS grew from 352 MiB to 441 MiB over 16 samples
+    (steps 20-64), rising in 100% of them`
 
     ## What to change
     Store `.item()` or `.detach()` of what you keep; clear caches; look for lists that grow per step.
 
     ## Known false positives
-    A run that grows a replay buffer or cache by design; the first minutes of a run that fills its
-    allocator's cache.
+    A run that grows a replay buffer or cache by design, when it grows by more than a fifth of the
+    process's memory over tens of steps before it levels off.
 
     ## Options
     None.
@@ -236,47 +244,105 @@ class MemoryCreep(Rule):
 
     code, name, severity = "TG524", "memory-creep", "warning"
     SERIES = (("rss", "host RSS"), ("dev_allocated", "device memory allocated"))
+    MIN_POINTS = 6
+    RISE = 256 * 1024  # bytes: smaller changes are page-level noise, not a rise
+    NOT_TRAINING = ("eval", "val", "test", "predict", "save", "checkpoint")
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
-        self.series: dict[str, list[tuple[int, float]]] = {}
+        self.series: dict[str, _Thinned] = {}
+        self.warmup = max(10, int(0.01 * self.total_steps)) if self.total_steps else 10
+        # long enough to tell a leak from a cache filling up, short enough for 200 steps of latency
+        self.min_span = max(20, min(100, int(0.02 * self.total_steps))) if self.total_steps else 20
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         if event.get("kind") != "sample":
             return None
         data = event.get("data") or {}
+        step = event.get("step") or 0
+        phase = str(data.get("phase") or "").lower()
+        if step < self.warmup or phase.startswith(self.NOT_TRAINING):
+            return None
         for key, label in self.SERIES:
             value = data.get(key)
             if not finite(value):
                 continue
-            pts = self.series.setdefault(key, [])
-            pts.append((event.get("step") or 0, float(value)))
-            used = pts[2:]
-            if len(used) < 6:
+            series = self.series.setdefault(key, _Thinned())
+            series.add(step, float(value))
+            stretch = _rising_stretch(series.view(), self.MIN_POINTS, self.min_span, self.RISE)
+            if stretch is None:
                 continue
-            rises = sum(1 for a, b in zip(used, used[1:]) if b[1] > a[1])
-            first, last = used[0][1], used[-1][1]
-            if rises < 0.8 * (len(used) - 1) or last - first < max(0.2 * first, 64 * MIB):
-                continue
+            pts, rises = stretch
+            (step0, first), (step1, last) = pts[0], pts[-1]
             return self.finding(
-                step=used[0][0],
-                summary=f"{label} grew from {first / MIB:.0f} MiB to {last / MIB:.0f} MiB over {len(used)} samples "
-                        f"(steps {used[0][0]}-{used[-1][0]}), rising in {rises / (len(used) - 1):.0%} of them",
+                step=step0,
+                summary=f"{label} grew from {first / MIB:.0f} MiB to {last / MIB:.0f} MiB over {len(pts)} samples "
+                        f"(steps {step0}-{step1}), rising in {rises / (len(pts) - 1):.0%} of them",
                 fix="keep .item() or .detach() of what you store per step; clear caches; find the list that grows",
-                evidence={"series": key, "first_bytes": first, "last_bytes": last, "samples": len(used),
+                evidence={"series": key, "first_bytes": first, "last_bytes": last, "samples": len(pts),
                           "detected_step": event.get("step")},
                 cause=key,
             )
         return None
 
 
+class _Thinned:
+    """A series of (step, value) points in bounded memory: the newest `recent` as they are, the older
+    ones thinned (once `keep` are held, every other one is dropped and only every 2nd, 4th, ... point
+    leaving the recent window is kept), so the whole run stays in view, coarser with age."""
+
+    def __init__(self, keep: int = 128, recent: int = 32) -> None:
+        self.keep = keep
+        self.recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=recent)
+        self.old: list[tuple[int, float]] = []
+        self.stride, self.aged = 1, 0
+
+    def add(self, step: int, value: float) -> None:
+        if len(self.recent) == self.recent.maxlen:
+            self.aged += 1
+            leaving = self.recent[0]
+            if self.aged % self.stride == 0:
+                self.old.append(leaving)
+                if len(self.old) >= self.keep:
+                    self.old = self.old[1::2]  # keeps the newest of each pair
+                    self.stride *= 2
+        self.recent.append((step, value))
+
+    def view(self) -> list[tuple[int, float]]:
+        return self.old + list(self.recent)
+
+
+def _rising_stretch(points: list[tuple[int, float]], min_points: int, min_span: int,
+                    rise: float) -> tuple[list, int] | None:
+    """The longest recent stretch (ending at the newest point) of at least `min_points` samples and
+    `min_span` steps that rose in 80% of its intervals and grew by 20% and 64 MiB without its two
+    largest increments; with the count of its rises. One pass from the end."""
+    best = None
+    rises = 0
+    top1 = top2 = 0.0  # the two largest increments so far
+    last_step, last = points[-1] if points else (0, 0.0)
+    for n in range(2, len(points) + 1):
+        (step0, a), b = points[-n], points[-n + 1][1]
+        inc = b - a
+        rises += inc > rise
+        if inc > top1:
+            top1, top2 = inc, top1
+        elif inc > top2:
+            top2 = inc
+        steady = last - a - max(top1, 0.0) - max(top2, 0.0)
+        if (n >= min_points and last_step - step0 >= min_span and rises >= 0.8 * (n - 1)
+                and steady >= max(0.2 * a, 64 * MIB)):
+            best = (points[-n:], rises)
+    return best
+
+
 class DeviceMemoryNearFull(Rule):
     """TG525 device-memory-near-full: the accelerator's memory is 95% or more in use.
 
     ## What it detects
-    Three memory samples in a row (one a second) where the device's used memory (total minus free,
-    from the driver, so other processes on the same device count too) is at least 95% of its total,
-    and at least half of the device is reserved by this process itself.
+    Three memory samples in a row (taken as steps complete, see memory-creep) where the device's used
+    memory (total minus free, from the driver, so other processes on the same device count too) is at
+    least 95% of its total, and at least half of the device is reserved by this process itself.
 
     ## Why it matters
     At 96-98% (seed 002) the next longer sequence or larger eval batch is an out-of-memory crash,
@@ -303,7 +369,8 @@ class DeviceMemoryNearFull(Rule):
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
-        self.full: list[dict[str, Any]] = []
+        self.first_full: dict[str, Any] | None = None  # first sample of the current run of full ones
+        self.full = 0
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         if event.get("kind") != "sample":
@@ -316,13 +383,14 @@ class DeviceMemoryNearFull(Rule):
         own = d.get("dev_reserved", 0) / total if finite(d.get("dev_reserved")) else 1.0
         # Half of the device must be this process's own: another job filling a shared device is its finding.
         if used < self.FULL or own < 0.5:
-            self.full = []
+            self.first_full, self.full = None, 0
             return None
-        self.full.append(event)
-        if len(self.full) < 3:
+        self.first_full = self.first_full or event
+        self.full += 1
+        if self.full < 3:
             return None
         return self.finding(
-            step=self.full[0].get("step"),
+            step=self.first_full.get("step"),
             summary=f"device {d.get('device', 0)} is {used:.0%} full ({(total - free) / GIB:.1f} of {total / GIB:.1f} "
                     f"GiB in use; this process has {d.get('dev_allocated', 0) / GIB:.1f} GiB allocated, "
                     f"{d.get('dev_reserved', 0) / GIB:.1f} GiB reserved)",

@@ -9,6 +9,7 @@ from typing import Any
 
 from trainguard.findings import Finding
 from trainguard.rules.engine import Rule, Streak, finite, fmt, median, robust_std
+from trainguard.rules.schedule import step_lr
 
 
 class WeightsNotUpdating(Rule):
@@ -66,7 +67,7 @@ class WeightsNotUpdating(Rule):
         if self.zeros.count < 2:
             return None
         first = self.zero_first
-        lr, gn = first.get("lr"), first.get("grad_norm")
+        lr, gn = step_lr(first), first.get("grad_norm")  # the largest LR: one group at 0 (a warmup) is not "LR 0"
         if finite(lr) and lr == 0:
             why, cause = "the learning rate is 0", "lr-zero"
         elif finite(gn) and gn == 0:

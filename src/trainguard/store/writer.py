@@ -15,6 +15,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,8 @@ class StoreWriter:
         self._meta: dict[str, str] = {}
         self._beat: tuple | None = None
         self._lock = threading.Lock()  # one flush at a time; queueing needs no lock (deque is atomic)
+        # Called with each step row and event as it is queued (the probe's in-memory feed to its rules)
+        self.tap: Callable[[dict[str, Any]], None] | None = None
         self.last_error: str | None = None
         self.failed_flushes = 0
         self.dropped = 0
@@ -76,12 +79,15 @@ class StoreWriter:
             else:
                 values.append(_finite_or_text(row.get(col)))
         self._steps.append(tuple(values))
+        if self.tap is not None:
+            self.tap(dict(row))  # a copy: what the rules see is what was stored, whatever the caller does next
 
     def add_event(self, kind: str, name: str | None = None, data: Any = None, *,
                   step: int | None = None, t: float | None = None) -> None:
-        self._events.append(
-            (t if t is not None else time.time(), self.attempt, self.rank, self.pid, step, kind, name, to_json(data))
-        )
+        t = t if t is not None else time.time()
+        self._events.append((t, self.attempt, self.rank, self.pid, step, kind, name, to_json(data)))
+        if self.tap is not None:
+            self.tap({"kind": kind, "name": name, "step": step, "t": t, "data": data})
 
     def set_meta(self, key: str, value: Any) -> None:
         self._meta[key] = to_json(value) or "null"
