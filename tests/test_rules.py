@@ -122,7 +122,8 @@ def test_a_rule_that_raises_is_switched_off_and_the_others_go_on() -> None:
 def _long_run(n: int):
     """n steps of a run that keeps every rule busy: streaks that never end (a NaN every 37 steps, a
     vanished and a zeroed loss part, parts that never add up, update ratios of 0, frozen evaluations,
-    collapsed experts), an LR still warming up, regular checkpoints, output line counts."""
+    collapsed experts, creeping host memory, a full device), an LR still warming up, regular checkpoints,
+    output line counts."""
     for s in range(1, n + 1):
         loss = float("nan") if s % 37 == 0 else 2.0 + 1.0 / (1 + s / 1000) + 0.01 * (s * 7919 % 13)
         parts = {"kd": 1.0 + 0.01 * (s % 7), "bal": 0.0} if s > 100 else {"kd": 1.0, "lm": 2.0, "bal": 0.5}
@@ -137,6 +138,10 @@ def _long_run(n: int):
             yield {"kind": "experts", "step": s, "t": float(s), "data": {"layer": 0, "load": [97, 1, 1, 1]}}
         if s % 500 in (0, 200):  # gaps of 200 and 300 steps
             yield {"kind": "checkpoint", "step": s, "t": float(s), "data": {}}
+        if s % 20 == 0:  # memory samples: host RSS creeping up, the device 96% full
+            yield {"kind": "sample", "step": s, "t": float(s),
+                   "data": {"rss": 2**30 + 65536 * s, "dev_total": 80 * 2**30, "dev_free": 3 * 2**30,
+                            "dev_reserved": 76 * 2**30, "dev_allocated": 70 * 2**30}}
 
 
 def _retained(obj: object, seen: set[int]) -> int:
@@ -154,15 +159,12 @@ def _retained(obj: object, seen: set[int]) -> int:
     return sum(_retained(f, seen) for f in fields)
 
 
-# Memory samples feed these two, which still keep every sample; they are left out until they do not.
-GROWS_WITH_SAMPLES = {"memory-creep", "device-memory-near-full"}
-
-
 def test_the_rules_keep_bounded_state_on_a_long_run() -> None:
     # A 1 GB log is 15+ million steps: a rule that keeps a value per step (or per streak step) would
-    # hold them all. Its state after 120k steps must be no larger than after 30k. The plan is long, so
-    # the rules that decide half-way through it are still collecting.
-    engine = Engine({"total_steps": 10_000_000})
+    # hold them all, and from 30k to 120k steps its state would grow about 4x. Bounded state does not
+    # grow; a thinned series (memory-creep's) may swing up to 1.7x as it halves and refills, so the bar
+    # is 2x. The plan is long, so the rules that decide half-way through it are still collecting.
+    engine = Engine({"total_steps": 1_000_000})
     events = _long_run(120_000)
     sizes = []
     for upto in (30_000, 120_000):
@@ -170,12 +172,13 @@ def test_the_rules_keep_bounded_state_on_a_long_run() -> None:
             engine.feed(ev)
             if ev["kind"] == "step" and ev["step"] == upto:
                 break
-        sizes.append({r.name: _retained(vars(r), set()) for r in engine.rules if r.name not in GROWS_WITH_SAMPLES})
-    grown = {name: (sizes[0][name], n) for name, n in sizes[1].items() if n > sizes[0][name]}
+        sizes.append({r.name: _retained(vars(r), set()) for r in engine.rules})
+    grown = {name: (sizes[0][name], n) for name, n in sizes[1].items() if n > 2 * sizes[0][name] + 10}
     assert not grown, f"rule state grew from 30k to 120k steps (items held): {grown}"
     assert not engine.errors
     fired = {f[0] for f in engine._reported}
-    assert {"nonfinite-loss", "loss-part-vanished", "eval-metrics-frozen", "expert-collapse"} <= fired
+    assert {"nonfinite-loss", "loss-part-vanished", "eval-metrics-frozen", "expert-collapse", "memory-creep",
+            "device-memory-near-full"} <= fired
 
 
 def test_sched_horizon_is_read_from_the_usual_schedulers() -> None:
