@@ -80,16 +80,25 @@ def test_the_history_stays_bounded() -> None:
     assert len(view) <= 128 + 32 and view[-1] == (999_999, 999_999.0) and view[0][0] < 20_000
 
 
-def test_the_probe_samples_memory_as_steps_complete(tmp_path: Path) -> None:
+def watched_linear(run_dir: Path, total: int):
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    guard = trainguard.watch(model, opt, total_steps=400, run_dir=tmp_path)
-    for _ in range(400):
-        loss = model(torch.randn(4, 8)).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        guard.step(loss)
+    guard = trainguard.watch(model, opt, total_steps=total, run_dir=run_dir)
+
+    def train(steps: int) -> None:
+        for _ in range(steps):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            guard.step(loss)
+
+    return guard, train
+
+
+def test_the_probe_samples_memory_as_steps_complete(tmp_path: Path) -> None:
+    guard, train = watched_linear(tmp_path, 400)
+    train(400)
     guard.finish()
     with RunReader(tmp_path) as reader:
         got = [e for e in reader.events("sample")]
@@ -104,15 +113,8 @@ def test_a_failing_memory_sample_costs_no_step_row(tmp_path: Path, monkeypatch) 
         raise OSError("no /proc here")
 
     monkeypatch.setattr(samples, "memory_sample", broken)  # a fault in what the probe reads, not in the probe
-    model = torch.nn.Linear(8, 8)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    guard = trainguard.watch(model, opt, total_steps=100, run_dir=tmp_path)
-    for _ in range(100):
-        loss = model(torch.randn(4, 8)).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        guard.step(loss)
+    guard, train = watched_linear(tmp_path, 100)
+    train(100)
     guard.finish()
     with RunReader(tmp_path) as reader:
         assert reader.step_count() == 100 and reader.events("sample") == []
@@ -121,9 +123,7 @@ def test_a_failing_memory_sample_costs_no_step_row(tmp_path: Path, monkeypatch) 
 
 
 def test_rules_that_break_stop_feeding_their_inbox(tmp_path: Path) -> None:
-    model = torch.nn.Linear(8, 8)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    guard = trainguard.watch(model, opt, total_steps=100, run_dir=tmp_path)
+    guard, train = watched_linear(tmp_path, 100)
 
     def broken(batch):
         raise RuntimeError("a rules pass that raises")
@@ -131,12 +131,7 @@ def test_rules_that_break_stop_feeding_their_inbox(tmp_path: Path) -> None:
     guard._rules.engine.feed_all = broken  # a fault inside the rules, to see what the probe does with it
     guard._run_rules()
     assert guard._rules is None and guard._writer.tap is None
-    for _ in range(20):
-        loss = model(torch.randn(4, 8)).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        guard.step(loss)
+    train(20)
     guard.finish()
     with RunReader(tmp_path) as reader:
         assert reader.step_count() == 20
