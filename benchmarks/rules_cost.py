@@ -3,12 +3,12 @@
     python benchmarks/rules_cost.py               # 20,000 steps with 3 loss parts, evals, samples
     python benchmarks/rules_cost.py --steps 5000
 
-Two figures, both CPU time of the thread that runs the rules (the probe's background thread, or the
-watchdog), per optimizer step:
+Two figures, both CPU time of the thread that runs the rules, per optimizer step:
 - engine: every rule fed a step row (with loss parts and weights) and the evaluations, memory samples
-  and checkpoints a real run has, straight from memory;
-- live: the same through the path a live run takes: rows committed to a real run store, then read
-  back by `LiveRules.poll` (SQLite reads included) once per simulated second of 100 steps.
+  and checkpoints a real run has, straight from memory: the probe's path when it runs the rules itself
+  (its store writer hands them what it queues);
+- live: the watchdog's path: rows committed to a real run store, then read back by `LiveRules.poll`
+  (SQLite reads included) once per simulated second of 100 steps, in the watchdog's own process.
 
 Divide by your step time for the share: at 30 ms a step, 30 us is 0.1%. Prints one JSON line.
 A real run alone records the same figure for itself: meta "rules_cpu.<rank>" in its run.db.
