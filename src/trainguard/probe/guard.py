@@ -140,7 +140,6 @@ class Guard:
         self._process = samples.own_process()
         self._last_sample = 0.0
         self._last_sample_step = 0
-        self._sample_every = min(MAX_SAMPLE_EVERY, max(1, (self.total_steps or 0) // SAMPLES_PER_RUN))
         self._sampling = True  # off after the first failure to read memory (logged once)
         self._rules_lock = threading.Lock()  # the background thread and an exit path may both run them
         self._rules: Any = None
@@ -666,15 +665,15 @@ class Guard:
         self._experts_inflight[:done] = []
 
     def _maybe_sample_on_step(self, rec: dict[str, Any]) -> None:
-        """Memory at a completed step (training thread): every `_sample_every` steps, rate-limited in time.
+        """Memory at a completed step (training thread): every few steps, rate-limited in time.
 
         The sample rides with the step's record and is stored after its row, with its step; reading the
         counters costs microseconds and never waits for the device (see probe/samples.py)."""
         step = rec.get("step") or 0
         now = time.time()
-        # Without a planned length the gap grows with the run (step/1000), so an open-ended run stores
-        # samples in proportion to the logarithm of its steps (~2,300 per tenfold), not one per step.
-        every = self._sample_every if self.total_steps else min(MAX_SAMPLE_EVERY, max(1, step // SAMPLES_PER_RUN))
+        # The gap is a share of the planned length; without one it grows with the run (step/1000), so an
+        # open-ended run stores samples in proportion to the logarithm of its steps (~2,300 per tenfold).
+        every = min(MAX_SAMPLE_EVERY, max(1, (self.total_steps or step) // SAMPLES_PER_RUN))
         if (not self._sampling or step - self._last_sample_step < every
                 or now - self._last_sample < samples.MIN_STEP_SAMPLE_GAP):
             return
