@@ -718,8 +718,10 @@ class Guard:
             if final:
                 found += self._rules.end()
                 # what the rules cost this process, for the overhead budget (CPU seconds, all passes)
+                # (and how many queued items the rules never saw: their inbox is bounded)
                 self._writer.set_meta(f"rules_cpu.{self.rank}", {
-                    "cpu_s": round(self.rules_cpu + time.thread_time() - cpu0, 4), "steps": self.step_count})
+                    "cpu_s": round(self.rules_cpu + time.thread_time() - cpu0, 4), "steps": self.step_count,
+                    "inbox_dropped": self._rules.dropped})
         except Exception as exc:
             # Why switch them off: a rules pass that raised once will raise at every pass. The store's
             # tap goes too, or rows would pile up in an inbox nobody reads.
