@@ -72,9 +72,12 @@ def main() -> None:
               help="With --on-hang restart: restarts at most (0 = never); a hang that repeats at the same "
                    "place stops restarting sooner.")
 @click.option("--quiet", is_flag=True, help="Do not echo the command's output (it still goes to output.log).")
+@click.option("--no-auto", is_flag=True,
+              help="No automatic probe in the command's Python processes (stacks on a signal, torch's optimizer "
+                   "hooks); also TRAINGUARD_AUTO=0.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ...], stop_on: str, on_hang: str,
-        max_restarts: int, quiet: bool, command: tuple[str, ...]) -> None:
+        max_restarts: int, quiet: bool, no_auto: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND under the watchdog and tell its true final state.
 
     Exit codes: the command's own code when it ran to its end (128+N when killed by signal N);
@@ -86,17 +89,25 @@ def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ..
     options = RunOptions(
         command=list(command), run_dir=run_dir, stall_timeout=stall_timeout, expects=list(expects),
         stop_on=[s.strip() for s in stop_on.split(",") if s.strip()], on_hang=on_hang, max_restarts=max_restarts,
-        echo=not quiet,
+        echo=not quiet, env=_auto_env(no_auto),
     )
     sup = Supervisor(options, monitors=_default_monitors())
     sys.exit(sup.run())
 
 
+def _auto_env(no_auto: bool) -> dict[str, str]:
+    """The bootstrap of the automatic probe for every Python process of the command (probe/auto.py)."""
+    from trainguard.probe.auto import ENV_AUTO, bootstrap_env
+
+    return {ENV_AUTO: "0"} if no_auto else bootstrap_env()
+
+
 def _default_monitors() -> list:
     """Monitors every `trainguard run` gets. Each family that can watch a live run adds itself here."""
     from trainguard.rules.live import RulesMonitor
+    from trainguard.watchdog.liveoutput import OutputRulesMonitor, output_rules_enabled
 
-    return [RulesMonitor()]
+    return [RulesMonitor()] + ([OutputRulesMonitor()] if output_rules_enabled() else [])
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -353,18 +364,19 @@ def compare(run_a: str, run_b: str, out: str, warmup: int | None, min_speedup: f
 
 
 @main.command()
-@click.option("--run-dir", type=click.Path(file_okay=False), default=None, help="Run folder for the demo run.")
-@click.option("--steps", type=int, default=300, show_default=True, help="Optimizer steps of the demo.")
-def demo(run_dir: str | None, steps: int) -> None:
-    """Train a small bundled model on the CPU under `trainguard run` and show what it found."""
-    from importlib import resources
+@click.option("--root", type=click.Path(file_okay=False), default=None,
+              help="Folder for the demo's runs and scripts (default ./trainguard-runs).")
+def demo(root: str | None) -> None:
+    """Three short runs on the CPU under the watchdog: a healthy one and two of the seeds' failures caught.
 
-    from trainguard.watchdog.supervisor import RunOptions, Supervisor
+    Exit codes: 0 when each run ended as the demo expects (healthy: completed and quiet; the failures:
+    found), else 1.
+    """
+    from pathlib import Path
 
-    script = resources.files("trainguard") / "demo" / "train_tiny.py"
-    options = RunOptions(command=[sys.executable, str(script), "--steps", str(steps)], run_dir=run_dir,
-                         expects=[], echo=True)
-    sys.exit(Supervisor(options, monitors=_default_monitors()).run())
+    from trainguard.demo.tour import run_tour
+
+    sys.exit(run_tour(_default_monitors, Path(root) if root else None))
 
 
 def _add_recipes() -> None:

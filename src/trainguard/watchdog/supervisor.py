@@ -415,8 +415,9 @@ class Supervisor:
         self._seen.add((f.code, f.name, f.cause))
         if f.t is None:
             f.t = time.time()
-        if f not in self.findings:
-            self.findings.append(f)
+        if f in self.findings:
+            return  # reported already (a hang or a --stop-on finding comes back in the verdict)
+        self.findings.append(f)
         if f.source != "probe":
             self.writer.add_event("finding", f.name, f.to_dict(), step=f.step)
             self.writer.flush()
@@ -444,8 +445,8 @@ class Supervisor:
             "phase": state.phase,
             "exit_code": exit_code,
             "signal": signal_name,
-            "loss": (last or {}).get("loss"),
-            "lr": (last or {}).get("lr"),
+            "loss": _printed_or((last or {}).get("loss"), state, "loss"),
+            "lr": _printed_or((last or {}).get("lr"), state, "lr"),
             "pid": self.proc.pid,
             "command": self.options.command,
             "started": self.started,
@@ -559,6 +560,11 @@ def _label(command: list[str]) -> str:
             return command[2].rsplit(".", 1)[-1]
         return Path(command[1]).stem
     return Path(command[0]).name
+
+
+def _printed_or(value: Any, state: WatchState, key: str) -> Any:
+    """A value the probe did not measure, from what the command printed (watchdog/liveoutput.py)."""
+    return value if value is not None else (state.scratch.get("output") or {}).get(key)
 
 
 def _buffer(stream: Any) -> Any:
