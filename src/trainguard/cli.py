@@ -72,9 +72,12 @@ def main() -> None:
               help="With --on-hang restart: restarts at most (0 = never); a hang that repeats at the same "
                    "place stops restarting sooner.")
 @click.option("--quiet", is_flag=True, help="Do not echo the command's output (it still goes to output.log).")
+@click.option("--no-auto", is_flag=True,
+              help="No automatic probe in the command's Python processes (stacks on a signal, torch's optimizer "
+                   "hooks); also TRAINGUARD_AUTO=0.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ...], stop_on: str, on_hang: str,
-        max_restarts: int, quiet: bool, command: tuple[str, ...]) -> None:
+        max_restarts: int, quiet: bool, no_auto: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND under the watchdog and tell its true final state.
 
     Exit codes: the command's own code when it ran to its end (128+N when killed by signal N);
@@ -86,17 +89,25 @@ def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ..
     options = RunOptions(
         command=list(command), run_dir=run_dir, stall_timeout=stall_timeout, expects=list(expects),
         stop_on=[s.strip() for s in stop_on.split(",") if s.strip()], on_hang=on_hang, max_restarts=max_restarts,
-        echo=not quiet,
+        echo=not quiet, env=_auto_env(no_auto),
     )
     sup = Supervisor(options, monitors=_default_monitors())
     sys.exit(sup.run())
 
 
+def _auto_env(no_auto: bool) -> dict[str, str]:
+    """The bootstrap of the automatic probe for every Python process of the command (probe/auto.py)."""
+    from trainguard.probe.auto import ENV_AUTO, bootstrap_env
+
+    return {ENV_AUTO: "0"} if no_auto else bootstrap_env()
+
+
 def _default_monitors() -> list:
     """Monitors every `trainguard run` gets. Each family that can watch a live run adds itself here."""
     from trainguard.rules.live import RulesMonitor
+    from trainguard.watchdog.liveoutput import OutputRulesMonitor, output_rules_enabled
 
-    return [RulesMonitor()]
+    return [RulesMonitor()] + ([OutputRulesMonitor()] if output_rules_enabled() else [])
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

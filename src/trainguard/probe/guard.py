@@ -75,6 +75,7 @@ class Guard:
         name: str | None = None,
         config: dict | None = None,
         stats_every: int = 10,
+        auto: bool = False,
     ) -> None:
         if grad_accum < 1:
             raise ValueError(f"trainguard.watch: grad_accum must be >= 1, got {grad_accum}")
@@ -87,6 +88,7 @@ class Guard:
         self.total_steps = total_steps
         self.grad_accum = int(grad_accum)
         self.stats_every = max(1, int(stats_every))
+        self.auto = auto  # made by the automatic probe (probe/auto.py) at the first optimizer step
         self.rank = int(os.environ.get("RANK", "0") or 0)
         self.attempt = int(os.environ.get(ENV_ATTEMPT, "0") or 0)
         self.under_watchdog = bool(os.environ.get(ENV_WATCHDOG))
@@ -811,7 +813,7 @@ class Guard:
         w.set_meta("label", label)
         w.set_meta(f"probe.{self.rank}", {
             "pid": self._pid, "python": sys.version.split()[0], "trainguard": __version__,
-            "torch": _torch_version(), "attempt": self.attempt,
+            "torch": _torch_version(), "attempt": self.attempt, "auto": self.auto,
         })
         self._plan = {
             "total_steps": self.total_steps, "grad_accum": self.grad_accum,
@@ -827,7 +829,7 @@ class Guard:
             w.set_meta("plan", self._plan)
             if config is not None:
                 w.set_meta("config", config)
-        w.add_event("probe", "start", {"pid": self._pid, "attempt": self.attempt})
+        w.add_event("probe", "start", {"pid": self._pid, "attempt": self.attempt, "auto": self.auto})
         w.flush()
 
     def _install_hooks(self) -> None:

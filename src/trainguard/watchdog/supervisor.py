@@ -444,8 +444,8 @@ class Supervisor:
             "phase": state.phase,
             "exit_code": exit_code,
             "signal": signal_name,
-            "loss": (last or {}).get("loss"),
-            "lr": (last or {}).get("lr"),
+            "loss": _printed_or((last or {}).get("loss"), state, "loss"),
+            "lr": _printed_or((last or {}).get("lr"), state, "lr"),
             "pid": self.proc.pid,
             "command": self.options.command,
             "started": self.started,
@@ -550,6 +550,11 @@ def _label(command: list[str]) -> str:
             return command[2].rsplit(".", 1)[-1]
         return Path(command[1]).stem
     return Path(command[0]).name
+
+
+def _printed_or(value: Any, state: WatchState, key: str) -> Any:
+    """A value the probe did not measure, from what the command printed (watchdog/liveoutput.py)."""
+    return value if value is not None else (state.scratch.get("output") or {}).get(key)
 
 
 def _buffer(stream: Any) -> Any:
