@@ -364,18 +364,19 @@ def compare(run_a: str, run_b: str, out: str, warmup: int | None, min_speedup: f
 
 
 @main.command()
-@click.option("--run-dir", type=click.Path(file_okay=False), default=None, help="Run folder for the demo run.")
-@click.option("--steps", type=int, default=300, show_default=True, help="Optimizer steps of the demo.")
-def demo(run_dir: str | None, steps: int) -> None:
-    """Train a small bundled model on the CPU under `trainguard run` and show what it found."""
-    from importlib import resources
+@click.option("--root", type=click.Path(file_okay=False), default=None,
+              help="Folder for the demo's runs and scripts (default ./trainguard-runs).")
+def demo(root: str | None) -> None:
+    """Three short runs on the CPU under the watchdog: a healthy one and two of the seeds' failures caught.
 
-    from trainguard.watchdog.supervisor import RunOptions, Supervisor
+    Exit codes: 0 when each run ended as the demo expects (healthy: completed and quiet; the failures:
+    found), else 1.
+    """
+    from pathlib import Path
 
-    script = resources.files("trainguard") / "demo" / "train_tiny.py"
-    options = RunOptions(command=[sys.executable, str(script), "--steps", str(steps)], run_dir=run_dir,
-                         expects=[], echo=True)
-    sys.exit(Supervisor(options, monitors=_default_monitors()).run())
+    from trainguard.demo.tour import run_tour
+
+    sys.exit(run_tour(_default_monitors, Path(root) if root else None))
 
 
 def _add_recipes() -> None:

@@ -466,7 +466,7 @@ class Guard:
             if len(groups) > 1:
                 rec["lrs"] = [float(g["lr"]) if not _is_tensor(g["lr"]) else None for g in groups]
             if self.scheduler is not None:
-                rec["sched_epoch"] = getattr(self.scheduler, "last_epoch", None)
+                rec["sched_epoch"] = planinfo.sched_epoch(self.scheduler)
             if self.scaler is not None:
                 scale = getattr(self.scaler, "_scale", None)  # a device tensor; get_scale() would sync
                 if scale is not None:
@@ -823,6 +823,7 @@ class Guard:
             "scaler": type(self.scaler).__name__ if self.scaler is not None else None,
             "stats_every": self.stats_every,
             "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
+            "schedulers": _safe(lambda: planinfo.sched_names(self.scheduler)),
             "output_size": _safe(lambda: planinfo.output_size(self.model, config)),
         }
         if self.rank == 0:

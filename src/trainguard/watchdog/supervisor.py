@@ -414,8 +414,9 @@ class Supervisor:
         self._seen.add((f.code, f.name, f.cause))
         if f.t is None:
             f.t = time.time()
-        if f not in self.findings:
-            self.findings.append(f)
+        if f in self.findings:
+            return  # reported already (a hang or a --stop-on finding comes back in the verdict)
+        self.findings.append(f)
         if f.source != "probe":
             self.writer.add_event("finding", f.name, f.to_dict(), step=f.step)
             self.writer.flush()
