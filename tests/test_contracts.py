@@ -180,3 +180,28 @@ def test_replicas_rule_compares_every_rank_and_names_the_parameter() -> None:
     # other ranks' events reach only the rules that compare ranks: a rank-1 crash is not rank 0's finding
     assert engine.feed({"kind": "contract", "name": "grads-never-reset", "rank": 1, "step": 3,
                         "data": {"param": "w", "steps": [2, 3]}}) == []
+
+
+def test_grad_scaler_without_autocast_is_found_and_with_it_quiet(workdir: Path) -> None:
+    for autocast in (False, True):
+        model = _net()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cpu")
+        run = workdir / f"run-{autocast}"
+        guard = trainguard.watch(model, opt, total_steps=5, scaler=scaler, run_dir=run)
+        for _ in range(5):
+            x, y = _batch()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            guard.step(loss)
+        guard.finish()
+        found = _contracts(run)
+        if autocast:
+            assert found == {}
+        else:
+            assert found["autocast-runs-fp32"]["cause"] == "no-autocast"
+            assert found["autocast-runs-fp32"]["steps"] == [1, 2, 3]

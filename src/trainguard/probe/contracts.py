@@ -28,6 +28,7 @@ from typing import Any
 
 from trainguard.probe import devicestats, workerrng
 
+ENV_CONTRACTS = "TRAINGUARD_CONTRACTS"  # "0": no contract checks (their hooks are not even installed)
 EVAL_PHASES = frozenset({"eval", "evaluate", "evaluation", "val", "valid", "validate", "validation", "test"})
 NO_GRAD_STREAK = 3  # forwards in a row under no_grad in training mode, outside an eval phase: an eval loop
 AUTOCAST_FP32_SHARE = 0.5  # of the largest layers' weights computing in fp32 inside autocast
@@ -67,7 +68,7 @@ class _GradWatch:
 
 def attach(guard: Any) -> Contracts | None:
     """The contract checks for this guard's model and optimizer (None when there is nothing to check)."""
-    if guard.model is None and guard.optimizer is None:
+    if guard.model is None and guard.optimizer is None or os.environ.get(ENV_CONTRACTS, "1") == "0":
         return None
     try:
         import torch  # noqa: F401  (the checks need torch; without it there is nothing to check)
@@ -106,6 +107,7 @@ class Contracts:
         self.big_layers: list[tuple[str, Any, int]] = []
         self.device_type: str | None = None
         self.train_forward_seen = False
+        self.eval_init_checked = False
         self.no_grad_streak = 0
         self.scaler_no_autocast: list[int] = []
         self.autocast_step = 0
@@ -391,7 +393,8 @@ class Contracts:
                 self.no_grad_streak = 0
             elif module.training:
                 self._train_mode_without_grad(module)
-            elif not self.train_forward_seen and g.step_count > 0 and "eval-before-train-init" not in self.sent:
+            elif not self.train_forward_seen and g.step_count > 0 and not self.eval_init_checked:
+                self.eval_init_checked = True  # once: it reads a device counter (a sync on a GPU)
                 self._eval_before_train()
         except Exception as exc:
             self.failed("train/eval mode", exc)
@@ -560,6 +563,9 @@ class Contracts:
                 break
         if target is None:
             return
+        if out.device.type == "cuda" and target.device.type == "cpu":
+            # from pinned memory the copy is truly asynchronous; from pageable memory it would wait
+            target = target.pin_memory()
         y = target.to(out.device, non_blocking=True).to(out.dtype)
         with torch.no_grad():
             wide = out - y  # what the loss computes when it broadcasts: (B, B)
