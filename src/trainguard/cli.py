@@ -75,9 +75,12 @@ def main() -> None:
 @click.option("--no-auto", is_flag=True,
               help="No automatic probe in the command's Python processes (stacks on a signal, torch's optimizer "
                    "hooks); also TRAINGUARD_AUTO=0.")
+@click.option("--sink", "sinks", multiple=True, metavar="NAME[=VALUE]",
+              help="Copy steps and findings to tensorboard, wandb, mlflow or prometheus as the run goes "
+                   "(repeatable; also TRAINGUARD_SINKS=name,...). See `trainguard export --help`.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ...], stop_on: str, on_hang: str,
-        max_restarts: int, quiet: bool, no_auto: bool, command: tuple[str, ...]) -> None:
+        max_restarts: int, quiet: bool, no_auto: bool, sinks: tuple[str, ...], command: tuple[str, ...]) -> None:
     """Run COMMAND under the watchdog and tell its true final state.
 
     Exit codes: the command's own code when it ran to its end (128+N when killed by signal N);
@@ -91,8 +94,52 @@ def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ..
         stop_on=[s.strip() for s in stop_on.split(",") if s.strip()], on_hang=on_hang, max_restarts=max_restarts,
         echo=not quiet, env=_auto_env(no_auto),
     )
+    specs = _sink_specs(sinks)
     sup = Supervisor(options, monitors=_default_monitors())
-    sys.exit(sup.run())
+    if not specs:
+        sys.exit(sup.run())
+    from trainguard.sinks.feed import LiveFeed
+
+    feed = LiveFeed(sup.run_dir, specs).start()
+    try:
+        code = sup.run()
+    finally:
+        feed.stop()  # the last pass and the final state; bounded, and a sink's failure never changes `code`
+    sys.exit(code)
+
+
+def _sink_specs(flags: tuple[str, ...]) -> list:
+    from trainguard.sinks import check_available, parse_specs
+
+    specs = parse_specs(flags)
+    check_available(specs)
+    return specs
+
+
+@main.command()
+@click.argument("run", required=False)
+@click.option("--sink", "sinks", multiple=True, metavar="NAME[=VALUE]",
+              help="tensorboard[=LOGDIR], wandb[=PROJECT], mlflow[=URI[@EXPERIMENT]], prometheus[=FILE.prom|:PORT] "
+                   "(repeatable; also TRAINGUARD_SINKS).")
+def export(run: str | None, sinks: tuple[str, ...]) -> None:
+    """Copy a stored run's steps, evaluations, findings and final state to the sinks (default: the newest run).
+
+    tensorboard: event files in RUN/tensorboard (or LOGDIR/RUN_NAME); wandb: a W&B run (WANDB_MODE and
+    WANDB_PROJECT apply), findings as alerts and in the summary; mlflow: a run in the experiment
+    `trainguard` (MLFLOW_TRACKING_URI, else ./mlruns); prometheus: RUN/metrics.prom or an endpoint on :PORT.
+    Exit codes: 0, 1 when a sink failed (the reason is in RUN/guard.log), 2 bad input.
+    """
+    from trainguard.sinks.feed import feed_once
+    from trainguard.store.paths import resolve_run
+
+    specs = _sink_specs(sinks)
+    if not specs:
+        raise UserError("no sink named: --sink tensorboard|wandb|mlflow|prometheus (or TRAINGUARD_SINKS)")
+    path = resolve_run(run)
+    held = feed_once(path, specs)
+    for spec in specs:
+        click.echo(f"{spec.name}: {'written' if spec.name in held else 'failed (see ' + str(path / 'guard.log') + ')'}")
+    sys.exit(0 if len(held) == len(specs) else 1)
 
 
 def _auto_env(no_auto: bool) -> dict[str, str]:
