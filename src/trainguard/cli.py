@@ -32,6 +32,12 @@ class _Group(click.Group):
         except UserError as exc:
             click.echo(f"trainguard: error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except click.UsageError as exc:
+            # click's own form is three lines (usage, a hint, the error): bad input is one line here.
+            where = exc.ctx.command_path if exc.ctx is not None else "trainguard"
+            message = " ".join(exc.format_message().split())
+            click.echo(f"trainguard: error: {message} (see {where} --help)", err=True)
+            ctx.exit(exc.exit_code)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
             raise
         except BrokenPipeError:
@@ -52,13 +58,35 @@ class _Group(click.Group):
             ctx.exit(70)
 
 
+class _WrapsCommand(click.Command):
+    """`run` and `preflight`: their arguments are another command line, passed through untouched.
+
+    So that the wrapped command's own options reach it, click is told to leave unknown options alone,
+    which would make a typo in one of ours (`--stall-timout 5`) the command to run. Ours come first, so
+    a wrapped command that starts with an option is a typo: it is answered as click answers any unknown
+    option, with the closest of ours.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        wrapped = ctx.params.get("command") or ()
+        if wrapped and wrapped[0].startswith("-") and wrapped[0] != "-":
+            import difflib
+
+            name = wrapped[0].split("=", 1)[0]
+            ours = [opt for param in self.get_params(ctx) for opt in param.opts
+                    if opt.startswith("--") and opt != "--help"]
+            raise click.NoSuchOption(name, possibilities=difflib.get_close_matches(name, ours), ctx=ctx)
+        return rest
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="trainguard")
 def main() -> None:
     """trainguard keeps deep-learning training runs honest."""
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command(cls=_WrapsCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run folder (default: a new one under ./trainguard-runs).")
 @click.option("--stall-timeout", type=float, default=None,
               help="Seconds without progress that count as a hang (default: learned from the run itself).")
@@ -157,7 +185,7 @@ def _default_monitors() -> list:
     return [RulesMonitor()] + ([OutputRulesMonitor()] if output_rules_enabled() else [])
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command(cls=_WrapsCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Preflight folder (default: a new one under ./trainguard-runs).")
 @click.option("--steps", type=int, default=4, show_default=True,
               help="Real optimizer steps before every periodic path is brought forward (at least 2).")
@@ -315,9 +343,8 @@ def ls_runs(root: str | None) -> None:
     if not runs:
         click.echo(f"no runs under {root or runs_root()}")
         return
-    table = Table(box=None)
-    for col in ("run", "state", "step", "findings", "started", "command"):
-        table.add_column(col)
+    header = ("run", "state", "step", "findings", "started", "command")
+    rows = []
     for path in runs:
         try:
             st = read_status(path)
@@ -325,9 +352,20 @@ def ls_runs(root: str | None) -> None:
             st = {"state": "unreadable"}
         started = st.get("started")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else ""
-        cmd = " ".join(st.get("command") or [])[:50]
+        cmd = " ".join(st.get("command") or [])
         errs = sum(1 for f in st.get("findings") or [] if f.get("severity") == "error")
-        table.add_row(path.name, st.get("state", "?"), str(st.get("step", "")), str(errs or ""), when, cmd)
+        rows.append((path.name, st.get("state", "?"), str(st.get("step", "")), str(errs or ""), when, cmd))
+    if not sys.stdout.isatty():
+        # Piped or redirected: every name whole (a script greps it, or passes it to `status`), no cut.
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+        for r in [header, *rows]:
+            click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1])
+        return
+    table = Table(box=None)
+    for col in header:
+        table.add_column(col, no_wrap=col == "run")
+    for r in rows:
+        table.add_row(*r[:-1], r[-1][:50])
     Console(width=max(100, Console().width)).print(table)
 
 
