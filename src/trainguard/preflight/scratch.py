@@ -101,7 +101,10 @@ def outside_writes(start_dirs: list[Path]) -> list[dict[str, str]]:
     return list(out.values())
 
 
-def is_temporary(path: str) -> bool:
+def temporary_dirs() -> list[str]:
     """Temp and cache folders: written by libraries all the time, never resumed from by accident."""
-    temps = [os.path.realpath(tempfile.gettempdir()), os.path.realpath(os.path.expanduser("~/.cache"))]
-    return any(path.startswith(t + os.sep) for t in temps)
+    return [os.path.realpath(tempfile.gettempdir()), os.path.realpath(os.path.expanduser("~/.cache"))]
+
+
+def is_temporary(path: str) -> bool:
+    return any(path.startswith(t + os.sep) for t in temporary_dirs())
