@@ -92,7 +92,12 @@ def main() -> None:
               help="Seconds without progress that count as a hang (default: learned from the run itself).")
 @click.option("--expect", "expects", multiple=True, metavar="PATH",
               help="An artifact the command must write during the run (repeatable); missing or stale = failed.")
-@click.option("--stop-on", default="", metavar="NAME,...", help="Stop the run when one of these findings appears.")
+@click.option("--stop-on", default="", metavar="CODE-or-NAME,...",
+              help="Stop the run when one of these findings appears (rule codes like TG101 or names like "
+                   "lr-reaches-zero; see `trainguard rules`).")
+@click.option("--fail-on", type=click.Choice(["error", "warning"]), default=None,
+              help="For orchestrators: exit 122 when the run completed but has findings of this severity or worse "
+                   "(its health in status.json).")
 @click.option("--on-hang", type=click.Choice(["kill", "wait", "restart"]), default="kill", show_default=True,
               help="What to do with a hung process: stop it, leave it alive for inspection, or stop it and "
                    "start it again from the newest reported checkpoint.")
@@ -107,19 +112,21 @@ def main() -> None:
               help="Copy steps and findings to tensorboard, wandb, mlflow or prometheus as the run goes "
                    "(repeatable; also TRAINGUARD_SINKS=name,...). See `trainguard export --help`.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ...], stop_on: str, on_hang: str,
-        max_restarts: int, quiet: bool, no_auto: bool, sinks: tuple[str, ...], command: tuple[str, ...]) -> None:
+def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ...], stop_on: str,
+        fail_on: str | None, on_hang: str, max_restarts: int, quiet: bool, no_auto: bool, sinks: tuple[str, ...],
+        command: tuple[str, ...]) -> None:
     """Run COMMAND under the watchdog and tell its true final state.
 
     Exit codes: the command's own code when it ran to its end (128+N when killed by signal N);
     123 failed (exit 0 but an expected artifact is missing or stale, or the probe never finished);
-    124 hung; 125 stopped on a finding (--stop-on); 2 bad input.
+    124 hung; 125 stopped on a finding (--stop-on); 122 completed with findings at --fail-on's severity
+    or worse; 2 bad input.
     """
     from trainguard.watchdog.supervisor import RunOptions, Supervisor
 
     options = RunOptions(
         command=list(command), run_dir=run_dir, stall_timeout=stall_timeout, expects=list(expects),
-        stop_on=[s.strip() for s in stop_on.split(",") if s.strip()], on_hang=on_hang, max_restarts=max_restarts,
+        stop_on=_stop_on(stop_on), fail_on=fail_on, on_hang=on_hang, max_restarts=max_restarts,
         echo=not quiet, env=_auto_env(no_auto),
     )
     specs = _sink_specs(sinks)
@@ -168,6 +175,13 @@ def export(run: str | None, sinks: tuple[str, ...]) -> None:
     for spec in specs:
         click.echo(f"{spec.name}: {'written' if spec.name in held else 'failed (see ' + str(path / 'guard.log') + ')'}")
     sys.exit(0 if len(held) == len(specs) else 1)
+
+
+def _stop_on(text: str) -> list[str]:
+    """--stop-on's rule codes or names, as the names findings carry; an unknown one is bad input (exit 2)."""
+    from trainguard.rules.catalog import lookup
+
+    return [lookup(item).name for item in (s.strip() for s in text.split(",")) if item]
 
 
 def _auto_env(no_auto: bool) -> dict[str, str]:
@@ -305,6 +319,8 @@ def status(run: str | None, as_json: bool) -> None:
 
 
 def _print_status(path: Any, st: dict) -> None:
+    from trainguard.store.status import health_counts
+
     state = st.get("state", "?")
     line = f"{path}: {state}"
     if st.get("signal"):
@@ -315,6 +331,7 @@ def _print_status(path: Any, st: dict) -> None:
         line += f", step {st['step']}" + (f"/{st['total_steps']}" if st.get("total_steps") else "")
     if st.get("phase"):
         line += f", phase {st['phase']}"
+    line += f"; health {health_counts(st)}"  # beside the state: a completed run may still be unhealthy
     click.echo(line)
     if st.get("state_note"):
         click.echo(f"  note: {st['state_note']}")
@@ -344,7 +361,7 @@ def ls_runs(root: str | None) -> None:
     if not runs:
         click.echo(f"no runs under {root or runs_root()}")
         return
-    header = ("run", "state", "step", "findings", "started", "command")
+    header = ("run", "state", "health", "step", "findings", "started", "command")
     rows = []
     for path in runs:
         try:
@@ -355,7 +372,8 @@ def ls_runs(root: str | None) -> None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else ""
         cmd = " ".join(st.get("command") or [])
         errs = sum(1 for f in st.get("findings") or [] if f.get("severity") == "error")
-        rows.append((path.name, st.get("state", "?"), str(st.get("step", "")), str(errs or ""), when, cmd))
+        rows.append((path.name, st.get("state", "?"), st.get("health", ""), str(st.get("step", "")), str(errs or ""),
+                     when, cmd))
     if not sys.stdout.isatty():
         # Piped or redirected: every name whole (a script greps it, or passes it to `status`), no cut.
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
