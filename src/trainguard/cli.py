@@ -217,7 +217,8 @@ def preflight(run_dir: str | None, steps: int, timeout: float, quiet: bool, comm
 
     The script runs unmodified in a scratch folder: a few real steps, then every guard.due() path once,
     the loader iterated again, a second brief start resuming from the checkpoint it saved, the LR schedule
-    simulated for the whole plan. Exit codes: 0 no error finding, 1 error findings, 2 bad input.
+    simulated for the whole plan. Exit codes: 0 no error finding, 1 error findings, 2 bad input, 3 the
+    script could not be fast-forwarded (no trainguard.watch): a few steps were checked, the rest is listed.
     """
     from trainguard.preflight.run import PreflightOptions
     from trainguard.preflight.run import preflight as run_preflight
