@@ -61,30 +61,38 @@ def main() -> None:
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run folder (default: a new one under ./trainguard-runs).")
 @click.option("--stall-timeout", type=float, default=None,
-              help="Seconds without progress that count as a hang (default: learned from the run itself).")
+              help="Seconds without progress before a stall is reported, with stacks and cause (default: "
+                   "learned from the run itself, at least 60; 300 until the first optimizer step).")
+@click.option("--hang-limit", "hang_limits", multiple=True, metavar="[PHASE=]SECONDS",
+              help="Stop a stall that lasts this long even without proof that it is stuck (repeatable; "
+                   "PHASE=SECONDS for one phase, 'startup' for the time before the first optimizer step). "
+                   "Default: 5x the phase's own longest (at least 600 s); 1800 s for a phase never seen.")
 @click.option("--expect", "expects", multiple=True, metavar="PATH",
               help="An artifact the command must write during the run (repeatable); missing or stale = failed.")
 @click.option("--stop-on", default="", metavar="NAME,...", help="Stop the run when one of these findings appears.")
 @click.option("--on-hang", type=click.Choice(["kill", "wait", "restart"]), default="kill", show_default=True,
-              help="What to do with a hung process: stop it, leave it alive for inspection, or stop it and "
-                   "start it again from the newest reported checkpoint.")
+              help="What to do when a hang is proven (or a stall outlasts its limit): stop it, leave it alive "
+                   "for inspection, or stop it and start it again from the newest reported checkpoint.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=3, show_default=True,
               help="With --on-hang restart: restarts at most (0 = never); a hang that repeats at the same "
                    "place stops restarting sooner.")
 @click.option("--quiet", is_flag=True, help="Do not echo the command's output (it still goes to output.log).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ...], stop_on: str, on_hang: str,
-        max_restarts: int, quiet: bool, command: tuple[str, ...]) -> None:
+def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str, ...], expects: tuple[str, ...],
+        stop_on: str, on_hang: str, max_restarts: int, quiet: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND under the watchdog and tell its true final state.
 
     Exit codes: the command's own code when it ran to its end (128+N when killed by signal N);
     123 failed (exit 0 but an expected artifact is missing or stale, or the probe never finished);
-    124 hung; 125 stopped on a finding (--stop-on); 2 bad input.
+    124 hung (stopped on proof that it cannot recover, or past its limit); 125 stopped on a finding
+    (--stop-on); 2 bad input. A stall without proof is reported and the run goes on.
     """
+    from trainguard.watchdog.stop import parse_hang_limits
     from trainguard.watchdog.supervisor import RunOptions, Supervisor
 
     options = RunOptions(
-        command=list(command), run_dir=run_dir, stall_timeout=stall_timeout, expects=list(expects),
+        command=list(command), run_dir=run_dir, stall_timeout=stall_timeout,
+        hang_limits=parse_hang_limits(hang_limits), expects=list(expects),
         stop_on=[s.strip() for s in stop_on.split(",") if s.strip()], on_hang=on_hang, max_restarts=max_restarts,
         echo=not quiet,
     )
