@@ -77,9 +77,16 @@ def main() -> None:
               help="With --on-hang restart: restarts at most (0 = never); a hang that repeats at the same "
                    "place stops restarting sooner.")
 @click.option("--quiet", is_flag=True, help="Do not echo the command's output (it still goes to output.log).")
+@click.option("--no-auto", is_flag=True,
+              help="No automatic probe in the command's Python processes (stacks on a signal, torch's optimizer "
+                   "hooks); also TRAINGUARD_AUTO=0.")
+@click.option("--sink", "sinks", multiple=True, metavar="NAME[=VALUE]",
+              help="Copy steps and findings to tensorboard, wandb, mlflow or prometheus as the run goes "
+                   "(repeatable; also TRAINGUARD_SINKS=name,...). See `trainguard export --help`.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str, ...], expects: tuple[str, ...],
-        stop_on: str, on_hang: str, max_restarts: int, quiet: bool, command: tuple[str, ...]) -> None:
+        stop_on: str, on_hang: str, max_restarts: int, quiet: bool, no_auto: bool, sinks: tuple[str, ...],
+        command: tuple[str, ...]) -> None:
     """Run COMMAND under the watchdog and tell its true final state.
 
     Exit codes: the command's own code when it ran to its end (128+N when killed by signal N);
@@ -94,17 +101,69 @@ def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str
         command=list(command), run_dir=run_dir, stall_timeout=stall_timeout,
         hang_limits=parse_hang_limits(hang_limits), expects=list(expects),
         stop_on=[s.strip() for s in stop_on.split(",") if s.strip()], on_hang=on_hang, max_restarts=max_restarts,
-        echo=not quiet,
+        echo=not quiet, env=_auto_env(no_auto),
     )
+    specs = _sink_specs(sinks)
     sup = Supervisor(options, monitors=_default_monitors())
-    sys.exit(sup.run())
+    if not specs:
+        sys.exit(sup.run())
+    from trainguard.sinks.feed import LiveFeed
+
+    feed = LiveFeed(sup.run_dir, specs).start()
+    try:
+        code = sup.run()
+    finally:
+        feed.stop()  # the last pass and the final state; bounded, and a sink's failure never changes `code`
+    sys.exit(code)
+
+
+def _sink_specs(flags: tuple[str, ...]) -> list:
+    from trainguard.sinks import check_available, parse_specs
+
+    specs = parse_specs(flags)
+    check_available(specs)
+    return specs
+
+
+@main.command()
+@click.argument("run", required=False)
+@click.option("--sink", "sinks", multiple=True, metavar="NAME[=VALUE]",
+              help="tensorboard[=LOGDIR], wandb[=PROJECT], mlflow[=URI[@EXPERIMENT]], prometheus[=FILE.prom|:PORT] "
+                   "(repeatable; also TRAINGUARD_SINKS).")
+def export(run: str | None, sinks: tuple[str, ...]) -> None:
+    """Copy a stored run's steps, evaluations, findings and final state to the sinks (default: the newest run).
+
+    tensorboard: event files in RUN/tensorboard (or LOGDIR/RUN_NAME); wandb: a W&B run (WANDB_MODE and
+    WANDB_PROJECT apply), findings as alerts and in the summary; mlflow: a run in the experiment
+    `trainguard` (MLFLOW_TRACKING_URI, else ./mlruns); prometheus: RUN/metrics.prom or an endpoint on :PORT.
+    Exit codes: 0, 1 when a sink failed (the reason is in RUN/guard.log), 2 bad input.
+    """
+    from trainguard.sinks.feed import feed_once
+    from trainguard.store.paths import resolve_run
+
+    specs = _sink_specs(sinks)
+    if not specs:
+        raise UserError("no sink named: --sink tensorboard|wandb|mlflow|prometheus (or TRAINGUARD_SINKS)")
+    path = resolve_run(run)
+    held = feed_once(path, specs)
+    for spec in specs:
+        click.echo(f"{spec.name}: {'written' if spec.name in held else 'failed (see ' + str(path / 'guard.log') + ')'}")
+    sys.exit(0 if len(held) == len(specs) else 1)
+
+
+def _auto_env(no_auto: bool) -> dict[str, str]:
+    """The bootstrap of the automatic probe for every Python process of the command (probe/auto.py)."""
+    from trainguard.probe.auto import ENV_AUTO, bootstrap_env
+
+    return {ENV_AUTO: "0"} if no_auto else bootstrap_env()
 
 
 def _default_monitors() -> list:
     """Monitors every `trainguard run` gets. Each family that can watch a live run adds itself here."""
     from trainguard.rules.live import RulesMonitor
+    from trainguard.watchdog.liveoutput import OutputRulesMonitor, output_rules_enabled
 
-    return [RulesMonitor()]
+    return [RulesMonitor()] + ([OutputRulesMonitor()] if output_rules_enabled() else [])
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -361,18 +420,19 @@ def compare(run_a: str, run_b: str, out: str, warmup: int | None, min_speedup: f
 
 
 @main.command()
-@click.option("--run-dir", type=click.Path(file_okay=False), default=None, help="Run folder for the demo run.")
-@click.option("--steps", type=int, default=300, show_default=True, help="Optimizer steps of the demo.")
-def demo(run_dir: str | None, steps: int) -> None:
-    """Train a small bundled model on the CPU under `trainguard run` and show what it found."""
-    from importlib import resources
+@click.option("--root", type=click.Path(file_okay=False), default=None,
+              help="Folder for the demo's runs and scripts (default ./trainguard-runs).")
+def demo(root: str | None) -> None:
+    """Three short runs on the CPU under the watchdog: a healthy one and two of the seeds' failures caught.
 
-    from trainguard.watchdog.supervisor import RunOptions, Supervisor
+    Exit codes: 0 when each run ended as the demo expects (healthy: completed and quiet; the failures:
+    found), else 1.
+    """
+    from pathlib import Path
 
-    script = resources.files("trainguard") / "demo" / "train_tiny.py"
-    options = RunOptions(command=[sys.executable, str(script), "--steps", str(steps)], run_dir=run_dir,
-                         expects=[], echo=True)
-    sys.exit(Supervisor(options, monitors=_default_monitors()).run())
+    from trainguard.demo.tour import run_tour
+
+    sys.exit(run_tour(_default_monitors, Path(root) if root else None))
 
 
 def _add_recipes() -> None:

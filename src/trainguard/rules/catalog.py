@@ -70,6 +70,7 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG101", "lr-reaches-zero", "error", "stable", "0.1.0", f"{_R}.schedule:LrReachesZero"),
     RuleEntry("TG102", "schedule-horizon-mismatch", "warning", "stable", "0.1.0",
               f"{_R}.schedule:ScheduleHorizonMismatch"),
+    RuleEntry("TG103", "lr-cycles-to-zero", "error", "preview", "0.1.0", f"{_R}.schedule:LrCyclesToZero"),
     RuleEntry("TG201", "weights-not-updating", "error", "stable", "0.1.0", f"{_R}.progress:WeightsNotUpdating"),
     RuleEntry("TG202", "params-without-grad", "warning", "stable", "0.1.0", f"{_R}.progress:ParamsWithoutGrad"),
     RuleEntry("TG203", "eval-metrics-frozen", "error", "stable", "0.1.0", f"{_R}.progress:EvalMetricsFrozen"),
@@ -115,6 +116,8 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG616", "patience-too-short", "error", "preview", "0.1.0", "trainguard.preflight.check:patience"),
     RuleEntry("TG617", "implausible-value", "error", "preview", "0.1.0", "trainguard.preflight.check:implausible"),
     RuleEntry("TG618", "warmup-ignored", "warning", "preview", "0.1.0", "trainguard.preflight.check:warmup_ignored"),
+    RuleEntry("TG619", "max-steps-counts-micro-batches", "error", "preview", "0.1.0",
+              "trainguard.preflight.check:max_steps_counts_micro"),
     # integrations and ingest (issue 8): what a log alone shows, for `trainguard diagnose PATH`
     RuleEntry("TG151", "scheduler-before-optimizer", "warning", "stable", "0.1.0",
               "trainguard.ingest.signs:scheduler_before_optimizer"),
