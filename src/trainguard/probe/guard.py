@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainguard.probe import devicestats, planinfo, samples, stackdump
+from trainguard.probe import contracts, devicestats, planinfo, samples, stackdump
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.selflog import GuardLog
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
@@ -165,6 +165,11 @@ class Guard:
 
         self._ff = fastforward.from_env(self)  # before the hooks: it copies the scheduler
         self._install_hooks()
+        try:  # API-contract checks (probe/contracts.py): hooks of their own, fail-open like the rest
+            self._contracts = contracts.attach(self)
+        except Exception as exc:
+            self._contracts = None
+            self._fail("contract checks", exc)
         self._stop = threading.Event()
         self._drain_lock = threading.Lock()
         self._thread = threading.Thread(target=self._background, name="trainguard-probe", daemon=True)
@@ -211,6 +216,8 @@ class Guard:
             self._t_progress = now
             self._uses_step = True
             self._add_value("loss", loss)
+            if self._contracts is not None:
+                self._contracts.on_loss(loss)
             if parts:
                 for key, value in parts.items():
                     self._add_value(f"part:{key}", value)
@@ -267,6 +274,8 @@ class Guard:
 
     def batches(self, iterable: Iterable) -> Iterator:
         """Yields from `iterable`, measuring the time spent waiting for each item (data wait)."""
+        if self._contracts is not None and not self._disabled:
+            self._contracts.loader(iterable)  # fingerprints DataLoader workers' generators (fail-open)
         if self._ff is not None:
             iterable = self._ff.batches(self, iterable)
         iterator = iter(iterable)
@@ -648,6 +657,8 @@ class Guard:
                     self._fail("observer", exc)
         del self._inflight[:done]
         self._drain_experts(final)
+        if self._contracts is not None:
+            self._contracts.drain(final)
         phase = self._phases[-1] if self._phases else None
         self._writer.set_heartbeat(
             t_progress=self._t_progress, micro=self.micro, step=self.step_count, phase=phase,

@@ -113,13 +113,17 @@ def output_size(model: Any, config: dict | None) -> int | None:
         return None
     # The last module with weights of its own, in registration order, is taken as the output layer;
     # only a Linear there says "classes or vocabulary" (a detector's last Conv2d says nothing).
-    last = None
+    first = last = None
     for module in model.modules():
         if next(iter(module.children()), None) is None and next(module.parameters(recurse=False), None) is not None:
+            first = first or module
             last = module
     if last is None or type(last).__name__ != "Linear":
         return None
-    return _int(getattr(last, "out_features", None))
+    size = _int(getattr(last, "out_features", None))
+    if size is not None and type(first).__name__ == "Linear" and first is not last and first.in_features == size:
+        return None  # the output reconstructs the input (an autoencoder, a VAE): its size is not a class count
+    return size
 
 
 def _int(value: Any) -> int | None:

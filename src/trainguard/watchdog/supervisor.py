@@ -45,6 +45,7 @@ POLL_INTERVAL = 0.5
 MAX_IO_GRACE = 5  # stalls forgiven in a row because the run was still writing or importing
 KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when trainguard stops a run
 WATCHDOG_RANK = -1  # rows the watchdog writes carry rank -1
+FAIL_ON_EXIT = 122  # a completed run whose findings reach --fail-on's severity (123-125 are taken)
 RELOOK_MIN, RELOOK_MAX = 5.0, 300.0  # seconds between looks at an open stall (the stall timeout, within these)
 # A line that shows a training step's loss: for a script without the probe, the end of its start-up.
 _LOSS_LINE = re.compile(r"(?i)\bloss\b['\"]?\s*[:=]?\s*[-+]?(\d|nan|inf)")
@@ -98,6 +99,7 @@ class RunOptions:
     hang_limits: dict[str, float] = field(default_factory=dict)  # --hang-limit: {phase or "*": seconds}
     expects: list[str] = field(default_factory=list)
     stop_on: list[str] = field(default_factory=list)
+    fail_on: str | None = None  # "error" | "warning": a completed run with such findings exits FAIL_ON_EXIT
     on_hang: str = "kill"  # wait | kill | restart
     max_restarts: int = 3  # with on_hang="restart": restarts at most; a repeated hang stops sooner
     live: bool | None = None  # None: a live status line only when stderr is a terminal
@@ -547,7 +549,19 @@ class Supervisor:
         self.reader.close()
         self.writer.close()
         self._write_report()
-        return v.trainguard_exit
+        return self._fail_on(v.trainguard_exit)
+
+    def _fail_on(self, code: int) -> int:
+        """--fail-on: a run that ended well (exit 0) but whose findings reach the given severity fails."""
+        if code != 0 or not self.options.fail_on:
+            return code
+        worst = {"error"} if self.options.fail_on == "error" else {"error", "warning"}
+        hits = [f for f in self.findings if f.severity in worst]
+        if not hits:
+            return code
+        self._note(f"trainguard: exit {FAIL_ON_EXIT}: {len(hits)} finding(s) at --fail-on {self.options.fail_on}"
+                   f" or worse (the first: {hits[0].code} {hits[0].name})")
+        return FAIL_ON_EXIT
 
     def _write_report(self) -> None:
         """report.md and report.html, fail-open: a report failure never changes the verdict or exit code."""
@@ -636,6 +650,9 @@ class Supervisor:
 
     def _summary(self, v: verdict.Verdict, step: int | None) -> None:
         dur = time.time() - self.started
+        severities = {f.severity for f in self.findings}
+        health = ("error" if v.state != "completed" or "error" in severities else
+                  "warning" if "warning" in severities else "ok")
         head = f"trainguard: run {v.state}"
         if v.signal:
             head += f" ({v.signal})"
@@ -644,6 +661,7 @@ class Supervisor:
         head += f" after {dur:.1f} s"
         if step is not None:
             head += f", step {step}"
+        head += f"; health {health}"
         lines = [head]
         errors = [f for f in self.findings if f.severity == "error"]
         warnings = [f for f in self.findings if f.severity == "warning"]
