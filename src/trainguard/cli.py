@@ -221,7 +221,8 @@ def preflight(run_dir: str | None, steps: int, timeout: float, quiet: bool, comm
 
     The script runs unmodified in a scratch folder: a few real steps, then every guard.due() path once,
     the loader iterated again, a second brief start resuming from the checkpoint it saved, the LR schedule
-    simulated for the whole plan. Exit codes: 0 no error finding, 1 error findings, 2 bad input.
+    simulated for the whole plan. Exit codes: 0 no error finding, 1 error findings, 2 bad input, 3 the
+    script could not be fast-forwarded (no trainguard.watch): a few steps were checked, the rest is listed.
     """
     from trainguard.preflight.run import PreflightOptions
     from trainguard.preflight.run import preflight as run_preflight
@@ -453,18 +454,30 @@ def report(run: str | None, to_terminal: bool) -> None:
 @click.option("--min-speedup", type=float, default=None, metavar="X",
               help="Exit 1 unless B is surely at least X times faster (the 95% interval's low end >= X).")
 @click.option("--same-convergence", is_flag=True, help="Exit 1 unless convergence matches.")
+@click.option("--repeat-a", "repeats_a", multiple=True, metavar="RUN",
+              help="Another run of A's configuration (repeatable): the repeats' spread is the run-to-run variation.")
+@click.option("--repeat-b", "repeats_b", multiple=True, metavar="RUN", help="Another run of B's configuration (repeatable).")
+@click.option("--run-noise", type=float, default=None, metavar="FRACTION",
+              help="The run-to-run variation of a run's median step time, as a relative sd measured before (0.05 = "
+                   "5%), when there are no repeats. Without repeats or this, --min-speedup refuses to decide.")
 def compare(run_a: str, run_b: str, out: str, warmup: int | None, min_speedup: float | None,
-            same_convergence: bool) -> None:
+            same_convergence: bool, repeats_a: tuple[str, ...], repeats_b: tuple[str, ...],
+            run_noise: float | None) -> None:
     """Compare RUN_B against RUN_A (the baseline): speed, convergence, findings.
 
-    Exit codes: 0, or 1 when --min-speedup or --same-convergence is not met; 2 bad input.
+    Exit codes: 0, or 1 when --min-speedup or --same-convergence is not met (with one run each and neither
+    repeats nor --run-noise, --min-speedup cannot be decided: not met); 2 bad input.
     """
     from trainguard.report.compare import unmet, write_comparison
     from trainguard.store.paths import prepare_run_dir, resolve_run
 
     if warmup is not None and warmup < 0:
         raise UserError(f"--warmup must be 0 or more steps, got {warmup}")
-    paths, result = write_comparison(resolve_run(run_a), resolve_run(run_b), prepare_run_dir(out), warmup=warmup)
+    if run_noise is not None and not 0 <= run_noise < 1:
+        raise UserError(f"--run-noise is a relative sd in [0, 1) (0.05 = 5%), got {run_noise}")
+    paths, result = write_comparison(resolve_run(run_a), resolve_run(run_b), prepare_run_dir(out), warmup=warmup,
+                                     repeats_a=[resolve_run(r) for r in repeats_a],
+                                     repeats_b=[resolve_run(r) for r in repeats_b], run_noise=run_noise)
     click.echo(result["headline"])
     for p in paths:
         click.echo(f"comparison: {p}")

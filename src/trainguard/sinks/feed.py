@@ -89,6 +89,7 @@ class Feed:
                 self._finding(event["data"])
         for finding in read_status(self.run_dir).get("findings") or []:
             self._finding(finding)  # findings only status.json holds (a watchdog that could not write the store)
+        self._each(lambda s: s.flush())
 
     def close(self) -> None:
         """The last pass: what is left in the store, then each sink's final state."""

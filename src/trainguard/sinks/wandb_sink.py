@@ -50,6 +50,9 @@ class WandbSink:
                                                           "fix") if finding.get(k) is not None})
         self.run.summary["trainguard/findings"] = self.findings
 
+    def flush(self) -> None:
+        pass  # wandb batches and sends on its own
+
     def close(self, status: dict[str, Any]) -> None:
         state = status.get("state", "unknown")
         self.run.summary["trainguard/state"] = state
