@@ -84,7 +84,7 @@ class StallDiagnosis:
         return ev
 
 
-def diagnose_stall(run_dir: Path, pid: int, *, attempt: int = 0, samples: int = SAMPLES,
+def diagnose_stall(run_dir: Path, pid: int, *, attempt: int | str = 0, samples: int = SAMPLES,
                    interval: float = INTERVAL) -> StallDiagnosis:
     snap = stacks.collect(pid, run_dir, samples=samples, interval=interval)
     try:

@@ -376,8 +376,9 @@ def _frame(file: str, line: int, func: str, local_vars: dict[str, str] | None = 
 # -- saving ------------------------------------------------------------------------------------------
 
 
-def save(snap: Snapshot, folder: Path, attempt: int = 0) -> Path:
-    """Writes `hang-<attempt>.json` (everything) and `hang-<attempt>.txt` (for people); returns the .txt path."""
+def save(snap: Snapshot, folder: Path, attempt: int | str = 0) -> Path:
+    """Writes `hang-<attempt>.json` (everything) and `hang-<attempt>.txt` (for people); returns the .txt path.
+    A later look at the same stall is `hang-<attempt>-<look>`."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"hang-{attempt}.json").write_text(json.dumps(snap.to_dict(), indent=1, default=str))
     txt = folder / f"hang-{attempt}.txt"
