@@ -190,9 +190,11 @@ def test_bytes_written_to_a_file_are_progress_but_the_run_folder_is_not(tmp_path
         "import sys, time\n"
         "store = open(sys.argv[1] + '/run.db-wal', 'wb')\n"  # the probe's store: never progress
         "ckpt = open(sys.argv[2], 'wb')\n"
+        "log = open(sys.argv[2] + '.log', 'w')\n"
         "for i in range(60):\n"
-        "    store.write(b'x' * 4096); store.flush()\n"
-        "    if i >= 30: ckpt.write(b'y' * 65536); ckpt.flush()\n"  # writes only in the second half
+        "    store.write(b'x' * 65536); store.flush()\n"
+        "    log.write('step %d\\n' % i); log.flush()\n"  # a line now and then: too little to be progress
+        "    if i >= 30: ckpt.write(b'y' * (1 << 20)); ckpt.flush()\n"  # a save, in the second half
         "    time.sleep(0.1)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script, str(run_dir), str(tmp_path / "ckpt.pt")])
@@ -205,7 +207,7 @@ def test_bytes_written_to_a_file_are_progress_but_the_run_folder_is_not(tmp_path
             if time.time() - t0 < 2.0:
                 seen_early = last
             time.sleep(0.2)
-        assert seen_early is None, "writes into the run folder counted as progress"
+        assert seen_early is None, "writes into the run folder, or a log line, counted as progress"
         assert watch.last_write is not None and watch.last_write - t0 >= 2.5
     finally:
         proc.kill()
