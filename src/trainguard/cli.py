@@ -4,9 +4,10 @@
     trainguard status [RUN]          trainguard ls
     trainguard rules [CODE-or-NAME]  trainguard demo
     trainguard report [RUN] [--print]  trainguard compare RUN_A RUN_B [--out DIR]
+    trainguard export [RUN] --sink tensorboard|wandb|mlflow|prometheus[=VALUE]
 
-Bad input (an unknown run, a command that does not exist, an unwritable folder) is one line on stderr
-and exit code 2, never a traceback. Heavy modules are imported inside the command that needs them.
+Bad input (an unknown run, a command that does not exist, an unwritable folder, a mistyped option) is
+one line on stderr and exit code 2, never a traceback. Heavy modules are imported inside the command that needs them.
 """
 
 from __future__ import annotations
@@ -147,8 +148,12 @@ def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str
     feed = LiveFeed(sup.run_dir, specs).start()
     try:
         code = sup.run()
-    finally:
-        feed.stop()  # the last pass and the final state; bounded, and a sink's failure never changes `code`
+    except BaseException:
+        feed.stop(wait=5)  # interrupted, or the watchdog failed: a short last pass, then out
+        raise
+    feed.stop()  # the last pass and the final state; bounded, and a sink's failure never changes `code`
+    for name, why in feed.feed.failed.items():
+        click.echo(f"trainguard: sink {name} was switched off: {why} (the run is unaffected)", err=True)
     sys.exit(code)
 
 
