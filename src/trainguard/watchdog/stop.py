@@ -14,10 +14,11 @@ first evaluation, a slow save, a wait for a file). The run is stopped:
    thread waiting on a lock or an event of its own process that no live thread of it could release; ranks
    waiting in different collectives (or some in none); the loop waiting for a batch while no DataLoader
    worker is alive, or while a worker is blocked on a lock or event that nothing in it can release;
-2. when the same frames hold across looks, nothing is written, and the stall has lasted far longer
-   (`STUCK_FACTOR` times) than the longest quiet stretch the run has come through, in a phase it has been
-   through before (`stuck`). A wait on the world (a file, a sleep-poll, the GPU, another rank) never
-   counts: the world may answer;
+2. when a wait inside the process (a lock, an event) stays at the same place across looks, with no CPU
+   spent and nothing read or written, far longer (`STUCK_FACTOR` times, and `STUCK_FLOOR` at least) than the
+   longest quiet stretch the run has come through, in a phase it has been through before (`stuck`). A wait on the world (a file, a
+   sleep-poll, the GPU, another rank, a DataLoader worker) never counts, nor a process that burns CPU (a
+   busy loop looks like a long native computation): the limit decides those;
 3. when the stall outlasts its limit (`StopLimits.limit`): `--hang-limit` where the user set one; else,
    like the section timeouts of NVIDIA's resiliency extension, a phase the run has been through gets
    `LIMIT_FACTOR` times its own longest duration (never less than `LIMIT_FLOOR`), and a phase never seen
@@ -31,14 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.errors import UserError
-from trainguard.watchdog.classify import IO_MOVING_BYTES
+from trainguard.watchdog.classify import BUSY_CPU, IO_MOVING_BYTES
 
 NEW_PHASE_LIMIT = 1800.0  # a phase never seen before (the first eval, the first save, start-up)
 LIMIT_FACTOR = 5.0  # a phase seen before: this many times its longest duration (or quiet stretch) ...
 LIMIT_FLOOR = 600.0  # ... and never less than this
-STUCK_FACTOR = 10.0  # "far longer than anything the run has done"
-# Causes that wait on something outside the process, which may still answer: never "stuck" by frames alone.
-WAITS_ON_THE_WORLD = ("io", "sleep", "device-sync", "collective", "unknown")
+STUCK_FACTOR = 10.0  # "far longer than anything the run has done" ...
+STUCK_FLOOR = 120.0  # ... and never less than this (a first download or a first wait has nothing to compare)
+MOVED_BYTES = 64 << 10  # read or written between the first look and the last: the wait moves data
 ANY_PHASE = "*"
 STARTUP = "startup"
 
@@ -90,8 +91,8 @@ class StopLimits:
             return NEW_PHASE_LIMIT, what
         learned = LIMIT_FACTOR * own
         if learned <= LIMIT_FLOOR:
-            return LIMIT_FLOOR, f"the floor; {_name(phase)} took at most {own:.1f} s before"
-        return learned, f"{LIMIT_FACTOR:g} x the longest the {_name(phase)} took before, {own:.1f} s"
+            return LIMIT_FLOOR, f"the floor; {_name(phase)} took at most {own:.3g} s before"
+        return learned, f"{LIMIT_FACTOR:g} x the longest the {_name(phase)} took before, {own:.3g} s"
 
 
 def _name(phase: str | None) -> str:
@@ -105,23 +106,35 @@ def proof(diagnosis: Any) -> str | None:
 
 
 def stuck(looks: list[Any], *, idle: float, longest_done: float, phase_seen: bool) -> str | None:
-    """Proof by persistence: the same cause at the same place in every look, no bytes moved, for `STUCK_FACTOR` times longer
-    than the longest quiet stretch the run came through. `looks` are the StallDiagnosis of this stall."""
+    """Proof by persistence: a wait inside the process (a lock, an event, a condition that no look could
+    prove unreleasable, e.g. because another thread sits in user code) at the same place in every look,
+    with no CPU spent and nothing read or written, for `STUCK_FACTOR` times longer than the longest quiet stretch
+    the run came through, in a phase it has been through before. `looks` are this stall's StallDiagnosis.
+
+    A process that burns CPU is left to the limit: a busy loop and a long native computation look alike
+    (the same frame, no I/O), and the second is healthy. A wait on the world (a file, a sleep, the GPU,
+    another rank, a DataLoader worker) is left to the limit too: the world may answer."""
     if len(looks) < 2 or not phase_seen or longest_done <= 0:
         return None
-    causes = {lk.diagnosis.cause for lk in looks}
-    if len(causes) != 1 or causes & set(WAITS_ON_THE_WORLD):
+    if {lk.diagnosis.cause for lk in looks} != {"deadlock"}:
         return None
-    if any(lk.io_bytes_moved >= IO_MOVING_BYTES for lk in looks):
+    if any((lk.cpu_percent or 0.0) >= BUSY_CPU for lk in looks):
+        return None
+    if any(lk.io_bytes_moved >= IO_MOVING_BYTES for lk in looks) or _read_between(looks) >= MOVED_BYTES:
         return None  # (the probe's own heartbeat writes a little all the time: only a real write counts)
-    # the place, not the exact frames: a spinning loop is caught on different lines of the same loop, and
-    # `where` is its head
     places = {lk.diagnosis.where for lk in looks}
     if len(places) != 1 or None in places:
         return None
-    if idle < STUCK_FACTOR * longest_done:
+    if idle < max(STUCK_FACTOR * longest_done, STUCK_FLOOR):
         return None
     d = looks[-1].diagnosis
-    return (f"the same frames ({d.cause} at {d.where}) in {len(looks)} looks, nothing written, for {idle:.0f} s: "
-            f"more than {STUCK_FACTOR:g} x the longest quiet stretch the run came through ({longest_done:.1f} s)")
+    return (f"the same wait ({d.where}) in {len(looks)} looks, no CPU spent, nothing written, for {idle:.0f} s: "
+            f"more than {STUCK_FACTOR:g} x the longest quiet stretch the run came through ({longest_done:.3g} s)")
 
+
+def _read_between(looks: list[Any]) -> int:
+    """Bytes the run read between the first look and the last (a download that still flows)."""
+    first, last = getattr(looks[0], "tree_io", None), getattr(looks[-1], "tree_io", None)
+    if first is None or last is None:
+        return 0
+    return max(0, last[1] - first[1])

@@ -203,7 +203,6 @@ class Supervisor:
         self._open: OpenStall | None = None
         self._looks = 0
         self._phase_events_seen = 0
-        self._first_step_at: float | None = None
         self._loss_line_seen = False
         self._lines_scanned = 0
         self.writes = WriteWatch(self.run_dir)
@@ -283,8 +282,6 @@ class Supervisor:
             startup = not any(b["step"] for b in beats)
         else:
             startup = not self._printed_a_loss()
-        if not startup and self._first_step_at is None:
-            self._first_step_at = time.time()
         if t_progress is None and probe_starts:
             # The probe started (imports and model building are done) but no heartbeat came yet: a process
             # that then froze with the GIL held (a C call that blocks) never writes one.
@@ -492,10 +489,9 @@ class Supervisor:
         return state.phase is None or state.phase in self.limits.longest or self.stall.has_pace(state.phase)
 
     def _longest_done(self) -> float:
-        """The longest quiet stretch the run came through: any gap between marks (the first step's
-        compilation included), any completed phase, its start-up until the first step."""
-        startup = (self._first_step_at - self.attempt_started) if self._first_step_at else 0.0
-        return max([self.stall.longest_gap, self.stall.first_gap, startup, *self.limits.longest.values()])
+        """The longest quiet stretch the run came through: any gap between marks (the first step's, from the
+        last mark of start-up, included) and any completed phase."""
+        return max([self.stall.longest_gap, self.stall.first_gap, *self.limits.longest.values()])
 
     @staticmethod
     def _relook(timeout: float) -> float:

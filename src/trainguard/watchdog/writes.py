@@ -5,7 +5,7 @@
 
 Read from the kernel's file table of every process of the run (psutil `open_files`: path, fd, offset):
 a file open for writing whose offset grew since the last look, or that is new and already holds bytes,
-was written. The run folder is left out: the probe writes its store there all the time, alive or not.
+was written; a megabyte written since the last mark makes a new one. The run folder is left out: the probe writes its store there all the time, alive or not.
 Pipes and sockets are not files here; output lines are counted by the tee. Reading the file table costs a
 few milliseconds per process, so it is read at most every `every` seconds.
 """
@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 EVERY = 2.0  # seconds between reads of the file table
+# A mark needs this many bytes written since the last one: a save moves megabytes, while a thread that
+# appends a line to a log now and then (a heartbeat, a metrics service) would otherwise hide a real hang.
+MARK_BYTES = 1 << 20
 MAX_FILES = 4096  # a process with more open files than this is not read (the cost would grow with it)
 
 
@@ -29,6 +32,7 @@ class WriteWatch:
         self._offsets: dict[tuple[int, int, str], int] = {}
         self._last_poll = 0.0
         self._off = False
+        self._pending = 0  # bytes written since the last mark
 
     def poll(self, pid: int) -> float | None:
         """Reads the file table when due; returns the last time a write was seen (None: never)."""
@@ -41,9 +45,9 @@ class WriteWatch:
         except ImportError:
             self._off = True  # psutil missing: output and the probe remain the signs of progress
             return self.last_write
-        grew = any(pos > self._offsets.get(key, 0) for key, pos in offsets.items())
-        if grew:
-            self.last_write = now
+        self._pending += sum(max(0, pos - self._offsets.get(key, 0)) for key, pos in offsets.items())
+        if self._pending >= MARK_BYTES:
+            self.last_write, self._pending = now, 0
         self._offsets = offsets
         return self.last_write
 
