@@ -600,11 +600,21 @@ def run_check(path: str, *, dataset_size: int | None, do_fix: bool, output: str 
         data, changes = fix(cfg, plan, findings)
         out = Path(output)
         fmt = "json" if out.suffix.lower() == ".json" else "yaml"
+        if fmt == "yaml" and cfg.fmt == "yaml":
+            # YAML to YAML: the file's own text changed in place, its comments and layout kept
+            from trainguard.preflight.yamlfix import rewrite
+
+            before = cfg.path.read_text(encoding="utf-8")
+            text = rewrite(before, [(c.key, c.new) for c in changes])
+            diff = [ln.rstrip("\n") for ln in difflib.unified_diff(
+                before.splitlines(keepends=True), text.splitlines(keepends=True), str(cfg.path), str(out))]
+        else:
+            text, diff = dump(data, fmt), diff_lines(cfg, data, str(out))
         try:
-            out.write_text(dump(data, fmt))
+            out.write_text(text)
         except OSError as exc:
             raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
-        for line in diff_lines(cfg, data, str(out)):
+        for line in diff:
             echo(line)
         for c in changes:
             echo(f"fixed {c.key}: {c.old!r} -> {c.new!r}: {c.why}")

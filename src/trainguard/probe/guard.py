@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainguard.probe import devicestats, planinfo, samples, stackdump
+from trainguard.probe import contracts, devicestats, planinfo, samples, stackdump
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.selflog import GuardLog
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
@@ -166,6 +166,11 @@ class Guard:
 
         self._ff = fastforward.from_env(self)  # before the hooks: it copies the scheduler
         self._install_hooks()
+        try:  # API-contract checks (probe/contracts.py): hooks of their own, fail-open like the rest
+            self._contracts = contracts.attach(self)
+        except Exception as exc:
+            self._contracts = None
+            self._fail("contract checks", exc)
         self._stop = threading.Event()
         self._drain_lock = threading.Lock()
         self._thread = threading.Thread(target=self._background, name="trainguard-probe", daemon=True)
@@ -212,6 +217,8 @@ class Guard:
             self._t_progress = now
             self._uses_step = True
             self._add_value("loss", loss)
+            if self._contracts is not None:
+                self._contracts.on_loss(loss)
             if parts:
                 for key, value in parts.items():
                     self._add_value(f"part:{key}", value)
@@ -268,6 +275,8 @@ class Guard:
 
     def batches(self, iterable: Iterable) -> Iterator:
         """Yields from `iterable`, measuring the time spent waiting for each item (data wait)."""
+        if self._contracts is not None and not self._disabled:
+            self._contracts.loader(iterable)  # fingerprints DataLoader workers' generators (fail-open)
         if self._ff is not None:
             iterable = self._ff.batches(self, iterable)
         iterator = iter(iterable)
@@ -649,6 +658,8 @@ class Guard:
                     self._fail("observer", exc)
         del self._inflight[:done]
         self._drain_experts(final)
+        if self._contracts is not None:
+            self._contracts.drain(final)
         phase = self._phases[-1] if self._phases else None
         self._writer.set_heartbeat(
             t_progress=self._t_progress, micro=self.micro, step=self.step_count, phase=phase,
@@ -848,6 +859,11 @@ class Guard:
             cuda = [p.device.index for p in self._model_params[:1] if p.device.type == "cuda"]
             if cuda:
                 self._cuda_index = cuda[0]
+        if self.model is not None and hasattr(self.model, "register_forward_hook"):
+            try:
+                self._forward_handle = self.model.register_forward_hook(_forward_marker(self))
+            except Exception as exc:
+                self._fail("forward hook", exc)
         if self.optimizer is None:
             return
         try:
@@ -975,6 +991,27 @@ class Guard:
             "findings": findings,
         }
         write_status(self.run_dir, status, final=state != "running")
+
+
+def _forward_marker(guard: Guard) -> Any:
+    """A forward hook on the watched model's top module: every forward is progress for the watchdog (an
+    evaluation over the same model included), at the cost of one clock read. It holds the guard weakly,
+    and is kept out of `torch.compile` graphs (a clock read traced into a graph would be a constant)."""
+    import weakref
+
+    ref = weakref.ref(guard)
+
+    def mark(module: Any, args: Any, output: Any) -> None:
+        g = ref()
+        if g is not None:
+            g._t_progress = time.time()
+
+    try:
+        import torch
+
+        return torch.compiler.disable(mark)
+    except Exception:
+        return mark
 
 
 def _nonfinite_row(row: dict[str, Any]) -> bool:
