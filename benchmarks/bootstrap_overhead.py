@@ -86,7 +86,10 @@ def ratio_ci(base: list[float], test: list[float], draws: int = 5000) -> tuple[f
 def env_with(bootstrap: bool, run_dir: str) -> dict[str, str]:
     from trainguard.probe.auto import bootstrap_env
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_") and k != "PYTHONDONTWRITEBYTECODE"}
+    # bytecode cached (in a folder of the benchmark's own), as an installed package has it: without it,
+    # every start would compile trainguard's modules again (PYTHONDONTWRITEBYTECODE=1 on some machines)
+    env["PYTHONPYCACHEPREFIX"] = str(Path(run_dir).parent / "pycache")
     if bootstrap:
         env.update(bootstrap_env(env))
         env.update({"TRAINGUARD_RUN_DIR": run_dir, "TRAINGUARD_WATCHDOG": "1"})
@@ -95,6 +98,8 @@ def env_with(bootstrap: bool, run_dir: str) -> dict[str, str]:
 
 def startup(runs: int, tmp: str, code: str) -> dict:
     plain, boot = [], []
+    for on in (False, True):  # untimed: fills the bytecode cache
+        subprocess.run([sys.executable, "-c", code], env=env_with(on, f"{tmp}/warm"), check=True)
     for i in range(runs):
         for on in ((False, True) if i % 2 == 0 else (True, False)):
             t0 = time.perf_counter()
@@ -138,14 +143,18 @@ def main() -> int:
     p.add_argument("--startup-runs", type=int, default=20, help="interpreter starts per side")
     p.add_argument("--startup-code", default="pass", help="what each started interpreter runs")
     p.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), help="torch CPU threads")
+    p.add_argument("--only", choices=["startup", "training"], help="measure one of the two figures")
     p.add_argument("--out", help="also write the JSON result here")
     args = p.parse_args()
     args.amp = "bf16" if args.device == "cuda" else "none"
     args.ctx = 64 if args.device == "cpu" else 512
     args.batch_size = 16 if args.device == "cpu" else 8
     with tempfile.TemporaryDirectory(prefix="tg-bootstrap-") as tmp:
-        result = {"benchmark": "bootstrap_overhead", "python": sys.version.split()[0],
-                  "startup": startup(args.startup_runs, tmp, args.startup_code), "training": training(args, tmp)}
+        result = {"benchmark": "bootstrap_overhead", "python": sys.version.split()[0]}
+        if args.only in (None, "startup"):
+            result["startup"] = startup(args.startup_runs, tmp, args.startup_code)
+        if args.only in (None, "training"):
+            result["training"] = training(args, tmp)
     line = json.dumps(result)
     print(line)
     if args.out:

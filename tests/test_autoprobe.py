@@ -161,3 +161,20 @@ def test_a_late_trainguard_watch_retires_the_automatic_probe(tmp_path: Path) -> 
     assert names.count("start") == 2 and "auto-retired" in names
     assert [d["auto"] for n, d in events if n == "start"] == [True, False]
     assert names.count("finish") == 1  # the script's own guard's; the retired one does not claim the end
+
+
+def test_the_stack_dump_sidecar_is_json_without_the_json_module() -> None:
+    # the bootstrap writes it before anything imported json (which costs every process tens of ms)
+    code = textwrap.dedent("""
+        import sys
+        from trainguard.probe import stackdump
+        sys.modules.pop("json", None)
+        info = {"pid": 5, "file": "/tmp/a\\"b\\\\c.txt", "argv": ["x", "\\u00e9", "\\x01", "\\udcff", "\\U0001f600"],
+                "installed": 1.5}
+        text = stackdump._to_json(info)
+        import json
+        assert json.loads(text) == info, text
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
