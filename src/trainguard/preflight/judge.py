@@ -579,6 +579,8 @@ def report_lines(state: str, findings: list[Finding], s: dict[str, Any], run_dir
                      f" at step {sched.get('total_steps')} (curve: schedule.json)")
     elif sched.get("skipped") or sched.get("truncated"):
         lines.append(f"  LR schedule: {sched.get('skipped') or sched.get('truncated')}")
+    elif s["probe_used"]:
+        lines.append("  LR schedule: not checked (the script stopped before the schedule could be measured)")
     est = [f"{fmt_duration(s['seconds_per_step'])}/step" if s["seconds_per_step"] else None,
            f"{fmt_duration(s['seconds_per_epoch'])}/epoch" if s["seconds_per_epoch"] else None,
            f"{fmt_duration(s['seconds_total_estimate'])} for {s['total_steps']} steps"

@@ -147,17 +147,23 @@ class FastForward:
         if self.mode != "first":
             return
         k = guard.opt_steps + 1
-        if guard.scheduler is None:
+        if guard.scheduler is None or planinfo.is_timm(guard.scheduler):
             self._watch_hand_lr(guard, k)
             return
-        if self._sched_copy is None:
-            return
-        epoch = planinfo.sched_epoch(guard.scheduler)
+        epoch = planinfo.sched_epoch(guard.scheduler) if self._sched_copy is not None else None
         if epoch is not None and len(self.lrs_seen) < 64:
             self.lrs_seen[k] = epoch
-        if k == max(2, self.steps) and 1 in self.lrs_seen and k in self.lrs_seen:
+        if k != max(2, self.steps):
+            return
+        if 1 in self.lrs_seen and k in self.lrs_seen:
             ratio = (self.lrs_seen[k] - self.lrs_seen[1]) / (k - 1)
             self._simulate(guard, ratio)
+        else:  # the output must say the schedule went unchecked, not stay silent about it
+            why = ("it could not be copied (see guard.log)" if self._sched_copy is None else
+                   "it keeps no step count (last_epoch) to measure how the script steps it")
+            self._unchecked(guard, {"scheduler": type(guard.scheduler).__name__,
+                                    "skipped": f"the scheduler {type(guard.scheduler).__name__} was not simulated:"
+                                               f" {why}; the LR schedule was not checked"})
 
     def after_step(self, guard: Any) -> None:
         """A step closed: stop the script when the fast-forward is done (PreflightStop propagates)."""
@@ -242,7 +248,9 @@ class FastForward:
 
         nanoGPT sets `param_groups[i]["lr"] = get_lr(iter_num)` before each step. A module-level function
         of the script whose name says LR and that reproduces the LRs of the first steps exactly is that
-        function: it is called for every planned step. Otherwise schedule.json says why nothing was checked.
+        function: it is called for every planned step. timm's schedulers are read the same way: stepped with
+        `step_update(num_updates)`, their LR at update t is `_get_lr(t)`, checked against the first steps.
+        Otherwise schedule.json says why nothing was checked.
         """
         groups = guard.optimizer.param_groups if guard.optimizer is not None else []
         lr = groups[0].get("lr") if groups else None
@@ -254,11 +262,29 @@ class FastForward:
             from trainguard.preflight.schedule import simulate_function
 
             seen = [self.lrs_seen[i] for i in sorted(self.lrs_seen)]
-            found = find_lr_function(sys.modules.get("__main__"), self.lrs_seen)
+            sched = guard.scheduler
+            if sched is not None:  # timm: stepped per update, its LR at update t is `_get_lr(t)`
+                name = f"{type(sched).__name__}._get_lr"
+                copy = self._sched_copy[0] if self._sched_copy is not None else sched
+                fn = (lambda t: copy._get_lr(t)[0]) if not getattr(sched, "t_in_epochs", True) else None
+                shift = _shift_matching(fn, self.lrs_seen) if fn is not None else None
+                found = (fn, shift) if shift is not None else None
+            else:
+                found = find_lr_function(sys.modules.get("__main__"), self.lrs_seen)
+                name = found[0].__name__ if found else ""
             if found is not None:
                 fn, shift = found
                 result = simulate_function(fn, shift=shift, total_steps=guard.total_steps,
-                                           grad_accum=guard.grad_accum, name=fn.__name__)
+                                           grad_accum=guard.grad_accum, name=name)
+                if sched is not None:  # a timm scheduler, simulated through its own formula: not "by hand"
+                    result.update(scheduler=type(sched).__name__, function=None, timm=True)
+            elif sched is not None:
+                result = {"scheduler": type(sched).__name__, "total_steps": guard.total_steps, "skipped": (
+                    f"the timm scheduler {type(sched).__name__} counts epochs (t_in_epochs=True): it was not"
+                    " simulated per optimizer step; the LR schedule was not checked"
+                    if getattr(sched, "t_in_epochs", True) else
+                    f"the timm scheduler {type(sched).__name__} did not reproduce the LRs of the first steps"
+                    " (is step_update() called once per optimizer step?); the LR schedule was not checked")}
             else:
                 varied = max(seen) - min(seen) > 1e-12 * max(abs(v) for v in seen)
                 result = {"scheduler": None, "total_steps": guard.total_steps, "grad_accum": guard.grad_accum,
@@ -269,10 +295,28 @@ class FastForward:
                     " the LR schedule was not checked" if varied else
                     f"no scheduler was passed to trainguard.watch() and the LR stayed at {seen[0]:.3g} over the"
                     f" first {len(seen)} steps: the LR schedule was not checked (pass the scheduler to watch())")
-            (Path(guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
-            self._event(guard, "schedule", {k2: v for k2, v in result.items() if k2 != "curve"})
+            self._unchecked(guard, result)
         except Exception as exc:
             guard._fail("preflight schedule simulation", exc)
+
+    def _unchecked(self, guard: Any, result: dict[str, Any]) -> None:
+        """Writes a schedule result (simulated, or why not) where the preflight reads it."""
+        try:
+            (Path(guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
+            self._event(guard, "schedule", {k: v for k, v in result.items() if k != "curve"})
+        except Exception as exc:
+            guard._fail("preflight schedule result", exc)
+
+
+def _shift_matching(fn: Any, seen: dict[int, float]) -> int | None:
+    """The shift s for which fn(k + s) is the LR seen at every optimizer step k, if any."""
+    for shift in (-1, 0, 1):
+        try:
+            if all(abs(float(fn(k + shift)) - v) <= 1e-9 * max(1.0, abs(v)) for k, v in seen.items()):
+                return shift
+        except Exception:
+            continue  # not callable with this step number
+    return None
 
 
 HAND_LR_STEPS = 3  # LRs of real steps a hand-written LR function must reproduce before it is trusted
@@ -299,12 +343,9 @@ def find_lr_function(module: Any, seen: dict[int, float]) -> tuple[Any, int] | N
         required = [q for q in params if q.default is q.empty and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD)]
         if not positional or len(required) > 1:
             continue
-        for shift in (-1, 0, 1):
-            try:
-                if all(abs(float(fn(k + shift)) - v) <= 1e-9 * max(1.0, abs(v)) for k, v in seen.items()):
-                    return fn, shift
-            except Exception:
-                continue  # not callable with this step number
+        shift = _shift_matching(fn, seen)
+        if shift is not None:
+            return fn, shift
     return None
 
 
