@@ -1,13 +1,22 @@
-"""Sparse top-k knowledge distillation across vocabularies, computed chunk by chunk.
+"""Sparse top-k knowledge distillation across vocabularies: the teacher's side, streamed.
 
 Teacher side (no grad): for each aligned position, the top-k of the tempered log-probs
 log softmax(z_t / T) are kept, their ids mapped to student ids (`vocab_map`), and everything else
-(the rest of the vocabulary and top-k ids with no student counterpart) becomes one tail term, computed
-exactly from the full logits of that chunk. Only [N, k] values and ids survive the chunk, never the
-[N, V_t] logits of the whole batch.
+(the rest of the vocabulary and top-k ids with no student counterpart) becomes one tail term.
 
-Student side: the same partition of the student's tempered distribution (each mapped id, then the
-tail), and the loss is the KL between the two partitioned distributions times T^2:
+The teacher's logits are never held whole, not even for one chunk of positions: `teacher_targets`
+walks `rows` positions x `tile` vocabulary columns at a time, keeping a running log-sum-exp and a
+running top-k (each tile's top-k merged with the best so far). At B=4, T=512, V_t=151,936 the full fp32
+logits are 1,187 MiB; the working set here is one tile (rows x tile x 6 bytes: the bf16 product and
+its fp32 copy) plus the [N, k] result. The tail is 1 - (mass of the mapped top-k), in fp32: its
+rounding (~1e-7 absolute) only matters where the tail itself is negligible.
+
+On CUDA the whole walk is captured once per padded row count as a CUDA graph (`GraphedTargets`): a
+walk is a few hundred small kernels, and replaying them costs one launch instead of a few thousand.
+
+Student side: `fused_head.head_losses` (one pass over each chunk of student logits for LM and KD).
+`sparse_kd` below is the plain autograd form of the same KD, kept as the reference the fused one is
+tested against and for evaluation's full-vocabulary KL:
 
     KD = T^2 * ( sum_i p_i (log p_i - log q_i) + p_tail (log p_tail - log q_tail) )
 
@@ -21,39 +30,140 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 MASKED = -1.0e4  # finite "minus infinity" for masked logits: logsumexp stays finite, gradients stay NaN-free
+TILE_ELEMENTS = 1 << 19  # rows x vocabulary columns of teacher logits alive at once (3 MiB as bf16 + fp32)
 
 
 @dataclass
 class TeacherTargets:
-    sid: torch.Tensor  # [N, k] student ids; V_s (one past the student vocabulary) where unmapped
-    logp: torch.Tensor  # [N, k] tempered teacher log-probs; 0 where unmapped (masked by `mapped`)
+    sid: torch.Tensor  # [N, k] int32 student ids; V_s (one past the student vocabulary) where unmapped
+    logp: torch.Tensor  # [N, k] float32 tempered teacher log-probs; 0 where unmapped (masked by `mapped`)
     mapped: torch.Tensor  # [N, k] bool
-    tail: torch.Tensor  # [N] log of the teacher mass outside the mapped top-k (-inf when none)
+    tail: torch.Tensor  # [N] float32 log of the teacher mass outside the mapped top-k (-inf when none)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.sid, self.logp, self.mapped, self.tail))
+
+
+def _logit_tile(head: Any, h: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Columns lo:hi of head(h), computed from those rows of the weight only (any callable: sliced)."""
+    weight = getattr(head, "weight", None)
+    if weight is None:
+        return head(h)[:, lo:hi]
+    bias = getattr(head, "bias", None)
+    return F.linear(h.to(weight.dtype), weight[lo:hi], None if bias is None else bias[lo:hi])
+
+
+def _head_width(head: Any, h: torch.Tensor) -> int:
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if weight is not None else int(head(h[:1]).shape[-1])
+
+
+def _finish(top: torch.Tensor, idx: torch.Tensor, lse: torch.Tensor, vocab_map: torch.Tensor,
+            student_vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    sid = vocab_map[idx]
+    mapped = sid >= 0
+    logp = torch.where(mapped, top - lse[:, None], 0.0)
+    inside = torch.where(mapped, logp.exp(), 0.0).sum(-1)
+    tail = torch.log1p(-inside.clamp(max=1.0))  # -inf when the mapped top-k holds all the mass
+    return torch.where(mapped, sid, student_vocab).to(torch.int32), logp, mapped, tail
+
+
+def _exact_rows(h: torch.Tensor, head: Any, vocab_map: torch.Tensor, temperature: float,
+                student_vocab: int) -> tuple[torch.Tensor, ...]:
+    """k = the whole vocabulary (evaluation's full KL): no selection, the tail computed exactly."""
+    z = head(h).float() / temperature
+    lse = torch.logsumexp(z, dim=-1, keepdim=True)
+    sid = vocab_map.expand_as(z)
+    mapped = sid >= 0
+    tail = (torch.logsumexp(z.masked_fill(mapped, float("-inf")), dim=-1, keepdim=True) - lse).squeeze(-1)
+    return (torch.where(mapped, sid, student_vocab).to(torch.int32), torch.where(mapped, z - lse, 0.0), mapped,
+            tail)
+
+
+def _streamed_rows(h: torch.Tensor, head: Any, vocab_map: torch.Tensor, k: int, temperature: float,
+                   student_vocab: int, width: int, tile: int) -> tuple[torch.Tensor, ...]:
+    """Running log-sum-exp and top-k over vocabulary tiles of `h`'s logits."""
+    lse = torch.full((h.shape[0],), float("-inf"), device=h.device)
+    top = idx = None
+    for lo in range(0, width, tile):
+        z = _logit_tile(head, h, lo, min(width, lo + tile)).float() / temperature
+        lse = torch.logaddexp(lse, torch.logsumexp(z, dim=-1))
+        v, i = z.topk(min(k, z.shape[-1]), dim=-1)
+        if top is None:
+            top, idx = v, i + lo
+        else:
+            v, i = torch.cat([top, v], -1), torch.cat([idx, i + lo], -1)
+            top, pos = v.topk(min(k, v.shape[-1]), dim=-1)
+            idx = i.gather(-1, pos)
+    return _finish(top, idx, lse, vocab_map, student_vocab)
 
 
 @torch.no_grad()
 def teacher_targets(hidden: torch.Tensor, head: Any, vocab_map: torch.Tensor, k: int, temperature: float,
-                    student_vocab: int, chunk: int) -> TeacherTargets:
-    """Top-k tempered teacher log-probs at `hidden` [N, H_t], mapped into student ids, chunk by chunk."""
-    sids, logps, maps, tails = [], [], [], []
+                    student_vocab: int, chunk: int, tile: int | None = None) -> TeacherTargets:
+    """Top-k tempered teacher log-probs at `hidden` [N, H_t], mapped into student ids.
+
+    `chunk` positions at a time, and `tile` vocabulary columns at a time (default: `TILE_ELEMENTS` //
+    chunk, at least 2k), so at most chunk x tile teacher logits exist at once.
+    """
+    width = _head_width(head, hidden)
+    parts = []
     for i in range(0, hidden.shape[0], chunk):
-        z = head(hidden[i: i + chunk]).float() / temperature  # [c, V_t]: the only full logits, one chunk
-        lse = torch.logsumexp(z, dim=-1, keepdim=True)
-        if k >= z.shape[-1]:  # the whole vocabulary (evaluation's full KL): no sort needed
-            top, idx = z, torch.arange(z.shape[-1], device=z.device).expand_as(z)
+        h = hidden[i: i + chunk]
+        if k >= width:
+            parts.append(_exact_rows(h, head, vocab_map, temperature, student_vocab))
         else:
-            top, idx = z.topk(k, dim=-1)
-        sid = vocab_map[idx]
-        mapped = sid >= 0
-        # tail = everything except the mapped top-k entries: mask those, keep the rest of the row
-        masked = z.scatter(-1, idx, torch.where(mapped, torch.full_like(top, float("-inf")), top))
-        tails.append((torch.logsumexp(masked, dim=-1, keepdim=True) - lse).squeeze(-1))
-        sids.append(torch.where(mapped, sid, student_vocab))
-        logps.append(torch.where(mapped, top - lse, 0.0))
-        maps.append(mapped)
-    return TeacherTargets(torch.cat(sids), torch.cat(logps), torch.cat(maps), torch.cat(tails))
+            t = tile or max(2 * k, TILE_ELEMENTS // max(1, h.shape[0]))
+            parts.append(_streamed_rows(h, head, vocab_map, k, temperature, student_vocab, width, t))
+    if not parts:
+        e = hidden.new_zeros((0, min(k, width)))
+        return TeacherTargets(e.to(torch.int32), e.float(), e.bool(), hidden.new_zeros((0,), dtype=torch.float32))
+    return TeacherTargets(*(torch.cat(p) for p in zip(*parts)))
+
+
+class GraphedTargets:
+    """`teacher_targets` replayed as CUDA graphs, one per padded row count (a multiple of `chunk`).
+
+    The head, the vocabulary map and the settings are fixed for the object's life (a frozen teacher).
+    Positions are copied into a static input, padding rows are zeros (their targets are dropped), and
+    the outputs are cloned, so nothing a caller holds is overwritten by the next replay.
+    """
+
+    def __init__(self, head: Any, vocab_map: torch.Tensor, k: int, temperature: float, student_vocab: int,
+                 chunk: int, tile: int | None = None, max_graphs: int = 8):
+        self.args = (head, vocab_map, k, temperature, student_vocab, chunk, tile)
+        self.chunk, self.max_graphs = chunk, max_graphs
+        self.graphs: dict[int, tuple[Any, torch.Tensor, TeacherTargets]] = {}
+
+    def _capture(self, rows: int, like: torch.Tensor) -> tuple[Any, torch.Tensor, TeacherTargets]:
+        head, vmap, k, temperature, sv, chunk, tile = self.args
+        static = torch.zeros((rows, like.shape[1]), dtype=like.dtype, device=like.device)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside capture (lazy inits, cuBLAS workspaces)
+            teacher_targets(static, head, vmap, k, temperature, sv, chunk, tile)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = teacher_targets(static, head, vmap, k, temperature, sv, chunk, tile)
+        return graph, static, out
+
+    def __call__(self, hidden: torch.Tensor) -> TeacherTargets:
+        n = hidden.shape[0]
+        rows = max(self.chunk, -(-n // self.chunk) * self.chunk)
+        entry = self.graphs.get(rows)
+        if entry is None:
+            if len(self.graphs) >= self.max_graphs:
+                self.graphs.pop(next(iter(self.graphs)))
+            entry = self.graphs[rows] = self._capture(rows, hidden)
+        graph, static, out = entry
+        static[:n].copy_(hidden)
+        static[n:].zero_()
+        graph.replay()
+        return TeacherTargets(out.sid[:n].clone(), out.logp[:n].clone(), out.mapped[:n].clone(), out.tail[:n].clone())
 
 
 def sparse_kd(student_logits: torch.Tensor, t: TeacherTargets, temperature: float) -> torch.Tensor:
@@ -61,8 +171,9 @@ def sparse_kd(student_logits: torch.Tensor, t: TeacherTargets, temperature: floa
     z = student_logits.float() / temperature
     lse = torch.logsumexp(z, dim=-1, keepdim=True)
     ext = torch.cat([z, z.new_full((z.shape[0], 1), MASKED)], dim=-1)  # column V_s: where unmapped ids point
-    q = ext.gather(-1, t.sid) - lse
-    tail_s = torch.logsumexp(ext.scatter(-1, t.sid, MASKED), dim=-1) - lse.squeeze(-1)
+    sid = t.sid.long()
+    q = ext.gather(-1, sid) - lse
+    tail_s = torch.logsumexp(ext.scatter(-1, sid, MASKED), dim=-1) - lse.squeeze(-1)
     p = torch.where(t.mapped, t.logp.exp(), 0.0)
     body = (p * (t.logp - q)).sum(-1)
     has_tail = torch.isfinite(t.tail)
