@@ -125,15 +125,15 @@ def one_mode(args: argparse.Namespace) -> dict:
             res = {"signal_build_peak_bytes": build_peak, "signal_held_bytes": held,
                    "full_fp32_logits_bytes": ht.shape[0] * V_t * 4}
             if args.mode == "topk" and dev.type == "cuda":  # time of the walk: eager vs graph replay
-                for name, fn in (("eager", lambda: teacher_targets(ht, teacher.lm_head, spec.vocab_map, k,
-                                                                   spec.temperature, V_s, chunk)),
+                for name, fn in (("eager", lambda h: teacher_targets(h, teacher.lm_head, spec.vocab_map, k,
+                                                                     spec.temperature, V_s, chunk)),
                                  ("graph", GraphedTargets(teacher.lm_head, spec.vocab_map, k, spec.temperature, V_s,
                                                           chunk))):
-                    fn()
+                    fn(ht)
                     torch.cuda.synchronize()
                     t0_ = time.perf_counter()
                     for _ in range(5):
-                        fn()
+                        fn(ht)
                     torch.cuda.synchronize()
                     res[f"targets_{name}_ms"] = (time.perf_counter() - t0_) / 5 * 1e3
         return res
