@@ -65,8 +65,9 @@ def _teacher_rows(teacher: Any, seqs: list[list[int]], k: int, temperature: floa
             n = len(s) - 1
             # identity map: "student" ids are teacher ids, so sid is the teacher's top-k in probability order
             t = teacher_targets(h[b, :n], head, identity, k, temperature, width, chunk)
-            out_ids.append(t.sid.cpu().numpy().astype(np.uint32))
-            out_lp.append(t.logp.cpu().numpy())
+            order = t.logp.argsort(-1, descending=True)  # the walk does not sort; the file is delta-coded
+            out_ids.append(t.sid.gather(-1, order).cpu().numpy().astype(np.uint32))
+            out_lp.append(t.logp.gather(-1, order).cpu().numpy())
             logits = head(h[b, :n]).float()
             nll.append(float(torch.nn.functional.cross_entropy(logits, ids[b, 1: n + 1], reduction="sum")))
     return out_ids, out_lp, nll

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 MASKED = -1.0e4  # finite "minus infinity" for masked logits: logsumexp stays finite, gradients stay NaN-free
 TILE_ELEMENTS = 1 << 19  # rows x vocabulary columns of teacher logits alive at once (3 MiB as bf16 + fp32)
+KERNEL_ROWS = 256  # rows per Triton walk: a [256, 3840] bf16 tile is 1.9 MiB
 
 
 @dataclass
@@ -85,43 +86,84 @@ def _exact_rows(h: torch.Tensor, head: Any, vocab_map: torch.Tensor, temperature
 
 def _streamed_rows(h: torch.Tensor, head: Any, vocab_map: torch.Tensor, k: int, temperature: float,
                    student_vocab: int, width: int, tile: int) -> tuple[torch.Tensor, ...]:
-    """Running log-sum-exp and top-k over vocabulary tiles of `h`'s logits."""
+    """Running log-sum-exp and top-k over vocabulary tiles of `h`'s logits (plain torch)."""
     lse = torch.full((h.shape[0],), float("-inf"), device=h.device)
     top = idx = None
     for lo in range(0, width, tile):
         z = _logit_tile(head, h, lo, min(width, lo + tile)).float() / temperature
         lse = torch.logaddexp(lse, torch.logsumexp(z, dim=-1))
-        v, i = z.topk(min(k, z.shape[-1]), dim=-1)
+        v, i = z.topk(min(k, z.shape[-1]), dim=-1, sorted=False)
         if top is None:
             top, idx = v, i + lo
         else:
             v, i = torch.cat([top, v], -1), torch.cat([idx, i + lo], -1)
-            top, pos = v.topk(min(k, v.shape[-1]), dim=-1)
+            top, pos = v.topk(min(k, v.shape[-1]), dim=-1, sorted=False)
             idx = i.gather(-1, pos)
     return _finish(top, idx, lse, vocab_map, student_vocab)
 
 
+def _kernel_rows(h: torch.Tensor, head: Any, vocab_map: torch.Tensor, k: int, temperature: float,
+                 student_vocab: int, width: int) -> tuple[torch.Tensor, ...]:
+    """The same walk with `topk_triton.merge_tile`: 16-bit logits tiles, no sort, one kernel per tile."""
+    from trainguard.recipes.distill import topk_triton
+
+    r = h.shape[0]
+    tile = topk_triton.BLOCK - k
+    weight = head.weight
+    run_val = torch.empty((r, k), dtype=weight.dtype, device=h.device)
+    run_id = torch.empty((r, k), dtype=torch.int32, device=h.device)
+    m = torch.full((r,), float("-inf"), device=h.device)
+    s = torch.zeros((r,), device=h.device)
+    for lo in range(0, width, tile):
+        z = _logit_tile(head, h, lo, min(width, lo + tile))
+        topk_triton.merge_tile(z, lo, run_val, run_id, m, s, 1.0 / temperature, k, first=lo == 0)
+    return _finish(run_val.float() / temperature, run_id.long(), m + s.log(), vocab_map, student_vocab)
+
+
+def _use_kernel(hidden: torch.Tensor, head: Any, k: int, width: int) -> bool:
+    weight = getattr(head, "weight", None)
+    if not (hidden.is_cuda and weight is not None and weight.dtype in (torch.bfloat16, torch.float16)):
+        return False
+    if getattr(head, "bias", None) is not None or not 1 <= k <= 1024 or width <= 2 * k:
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @torch.no_grad()
 def teacher_targets(hidden: torch.Tensor, head: Any, vocab_map: torch.Tensor, k: int, temperature: float,
-                    student_vocab: int, chunk: int, tile: int | None = None) -> TeacherTargets:
+                    student_vocab: int, chunk: int, tile: int | None = None, kernel: bool | None = None) -> TeacherTargets:
     """Top-k tempered teacher log-probs at `hidden` [N, H_t], mapped into student ids.
 
     `chunk` positions at a time, and `tile` vocabulary columns at a time (default: `TILE_ELEMENTS` //
-    chunk, at least 2k), so at most chunk x tile teacher logits exist at once.
+    chunk, at least 2k), so at most chunk x tile teacher logits exist at once. On CUDA with a 16-bit
+    head the walk uses the Triton kernel (`kernel=None`: when available), `KERNEL_ROWS` rows at a time.
+    The result is written into tensors allocated once, so the targets are never held twice.
     """
     width = _head_width(head, hidden)
-    parts = []
-    for i in range(0, hidden.shape[0], chunk):
-        h = hidden[i: i + chunk]
+    n = hidden.shape[0]
+    kk = min(k, width)
+    out = TeacherTargets(torch.empty((n, kk), dtype=torch.int32, device=hidden.device),
+                         torch.empty((n, kk), dtype=torch.float32, device=hidden.device),
+                         torch.empty((n, kk), dtype=torch.bool, device=hidden.device),
+                         torch.empty((n,), dtype=torch.float32, device=hidden.device))
+    use_kernel = k < width and (_use_kernel(hidden, head, k, width) if kernel is None else kernel)
+    step = KERNEL_ROWS if use_kernel else chunk
+    for i in range(0, n, step):
+        h = hidden[i: i + step]
         if k >= width:
-            parts.append(_exact_rows(h, head, vocab_map, temperature, student_vocab))
+            part = _exact_rows(h, head, vocab_map, temperature, student_vocab)
+        elif use_kernel:
+            part = _kernel_rows(h, head, vocab_map, k, temperature, student_vocab, width)
         else:
             t = tile or max(2 * k, TILE_ELEMENTS // max(1, h.shape[0]))
-            parts.append(_streamed_rows(h, head, vocab_map, k, temperature, student_vocab, width, t))
-    if not parts:
-        e = hidden.new_zeros((0, min(k, width)))
-        return TeacherTargets(e.to(torch.int32), e.float(), e.bool(), hidden.new_zeros((0,), dtype=torch.float32))
-    return TeacherTargets(*(torch.cat(p) for p in zip(*parts)))
+            part = _streamed_rows(h, head, vocab_map, k, temperature, student_vocab, width, t)
+        for dst, src in zip((out.sid, out.logp, out.mapped, out.tail), part):
+            dst[i: i + h.shape[0]] = src
+    return out
 
 
 class GraphedTargets:
