@@ -53,6 +53,8 @@ def one_mode(args: argparse.Namespace) -> dict:
     if args.layers:
         t_shape["num_hidden_layers"] = s_shape["num_hidden_layers"] = args.layers
     precision = "bf16" if dev.type == "cuda" else "fp32"
+    if args.experts:  # the teacher's MoE experts implementation (transformers' own), both modes alike
+        t_shape["experts_implementation"] = args.experts
     with dev:
         teacher = AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen2_moe", **t_shape))
         student = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **s_shape))
@@ -73,6 +75,8 @@ def one_mode(args: argparse.Namespace) -> dict:
         spec.graphed = GraphedTargets(teacher.get_output_embeddings(), spec.vocab_map, k, spec.temperature, V_s, chunk)
     if args.compile:  # the student's decoder stack compiled in both modes alike (the teacher stays eager)
         student.model = torch.compile(student.model)
+    if args.compile_teacher:
+        teacher.model = torch.compile(teacher.model)
     opt = torch.optim.AdamW(student.parameters(), lr=1e-5)
 
     def batch() -> dict:
@@ -191,13 +195,14 @@ def one_mode(args: argparse.Namespace) -> dict:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             step()
             torch.cuda.synchronize()
-        name = f"profile_{args.mode}{'_graph' if args.graph else ''}{'_compile' if args.compile else ''}.txt"
+        name = (f"profile_{args.mode}{'_graph' if args.graph else ''}{'_compile' if args.compile else ''}"
+                f"{'_tc' if args.compile_teacher else ''}{'_' + args.experts if args.experts else ''}.txt")
         table = prof.key_averages()
         Path(args.profile_dir, name).write_text(
             table.table(sort_by="cpu_time_total", row_limit=25) + "\n" + table.table(sort_by="cuda_time_total", row_limit=25))
     return {"mode": args.mode, "k": k, "chunk": chunk, "peak_bytes": peak, "baseline_bytes": base,
             "step_peak_bytes": max(0, peak - base), "tokens_per_s": B * T * args.iters / secs,
-            "seconds_per_step": secs / args.iters, "graph": bool(args.graph), "compile": bool(args.compile), **signal}
+            "seconds_per_step": secs / args.iters, "graph": bool(args.graph), **signal}
 
 
 def main() -> None:
@@ -214,6 +219,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=None, help="timed steps (default: 5 on cuda, 2 on cpu)")
     ap.add_argument("--modes", default="topk,full", help="comma-separated: topk, topk-eager (no CUDA graph), full")
     ap.add_argument("--compile", action="store_true", help="torch.compile the student's decoder stack (all modes)")
+    ap.add_argument("--experts", default=None, help="teacher experts implementation: eager (HF default loop), "
+                    "grouped_mm or batched_mm (both modes)")
+    ap.add_argument("--compile-teacher", action="store_true", help="torch.compile the teacher's decoder stack (all modes)")
     ap.add_argument("--graph", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--profile-dir", default=None, help="CUDA: write a profiler table of one step per mode here")
     ap.add_argument("--mode", choices=["topk", "full"], help=argparse.SUPPRESS)
@@ -236,7 +244,8 @@ def main() -> None:
     for name in args.modes.split(","):
         mode = "full" if name == "full" else "topk"
         cmd = [sys.executable, __file__, "--mode", mode, f"--graph={int(name == 'topk')}"] + (
-            ["--compile"] if args.compile else []) + ([f"--profile-dir={args.profile_dir}"] if args.profile_dir else []) + [
+            ["--compile"] if args.compile else []) + (["--compile-teacher"] if args.compile_teacher else []) + (
+            [f"--experts={args.experts}"] if args.experts else []) + ([f"--profile-dir={args.profile_dir}"] if args.profile_dir else []) + [
             f"--{k}={v}" for k, v in (("device", args.device), ("batch", args.batch), ("seq", args.seq),
                                       ("layers", args.layers), ("k", args.k), ("chunk", args.chunk),
                                       ("overlap", args.overlap), ("iters", args.iters))]
@@ -246,6 +255,7 @@ def main() -> None:
             continue
         results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
     out = {"benchmark": "distill_topk_memory", "device": args.device, "batch": args.batch, "seq": args.seq,
+           "compile_student": args.compile, "compile_teacher": args.compile_teacher, "experts": args.experts or "eager",
            "layers": args.layers or "real (teacher 24, student 30)", "teacher_vocab": TEACHER_SHAPE["vocab_size"],
            "student_vocab": STUDENT_SHAPE["vocab_size"], "k": args.k, **results}
     if "step_peak_bytes" in results.get("topk", {}) and "step_peak_bytes" in results.get("full", {}):
