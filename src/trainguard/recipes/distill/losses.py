@@ -107,9 +107,10 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
     logp = torch.zeros((M, k), dtype=torch.float32, device=hs.device)
     mapped = torch.zeros((M, k), dtype=torch.bool, device=hs.device)
     tail = torch.full((M,), float("-inf"), dtype=torch.float32, device=hs.device)
-    if use_kd:
-        has_kd[s_pos] = True
-        sid[s_pos], logp[s_pos], mapped[s_pos], tail[s_pos] = targets.sid, targets.logp, targets.mapped, targets.tail
+    if use_kd:  # index_copy_, not `x[idx] = v`: the latter waited for the device on every batch (profiled)
+        has_kd.index_fill_(0, s_pos, True)
+        for dst, src in ((sid, targets.sid), (logp, targets.logp), (mapped, targets.mapped), (tail, targets.tail)):
+            dst.index_copy_(0, s_pos, src)
     lm_sum, kd_sum = head_losses(hs, s_head.weight, labels, has_kd, sid, logp, mapped, tail, spec.temperature,
                                  spec.chunk, use_kd)
     out["lm_sum"], out["kd_sum"] = lm_sum, kd_sum

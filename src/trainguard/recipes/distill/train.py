@@ -214,6 +214,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     stopped_early = False
     micro, step_loss = 0, None
     t0 = time.time()
+    eval_seconds, tokens_seen = 0.0, []  # the loop's own speed: tokens per second outside evaluations
     data = train_batches(train_ex, t.batch_size, cfg.seed, *position, pad_s, pad_t)
     with guard.phase("train"):
         for data_epoch, data_index, batch in guard.batches(data):
@@ -238,6 +239,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
             # log() before step(): extra scalars belong to the step that `guard.step` may close right here
             guard.log(align_ratio=out["aligned"] / out["positions"])
             guard.step(loss.detach(), parts=parts, weights=weights)
+            tokens_seen.append(out["tokens"])
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
             micro += 1
             if micro % t.grad_accum:
@@ -265,7 +267,9 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
                     f"kd {kd.item():.4f} (w {w['kd']:.3f}) | hidden {hid.item():.4f} (w {w['hidden']:.3f}) | "
                     f"lr {scheduler.get_last_lr()[0]:.2e} | {time.time() - t0:.1f}s")
             if guard.due("eval", every=t.eval_every) or step == t.max_steps:
+                te = time.time()
                 metrics = run_eval()
+                eval_seconds += time.time() - te
                 evals.append({"step": step, **metrics})
                 say(f"eval step {step}: ppl {metrics['perplexity']:.3f} bpb {metrics['bpb']:.4f}"
                     + (f" kd_topk {metrics['kd_topk']:.4f} kl_full {metrics['kl_full']:.4f}" if "kd_topk" in metrics else ""))
@@ -282,8 +286,13 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
                 save("last.pt")
             if stopped_early or step >= t.max_steps or step == stop_after:
                 break
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    train_seconds = time.time() - t0 - eval_seconds
+    n_tokens = int(sum(int(x) for x in tokens_seen))
     guard.finish()
     return {
+        "train_seconds": train_seconds, "train_tokens": n_tokens, "tokens_per_s": n_tokens / max(1e-9, train_seconds),
         "losses": [float(x) for x in losses], "evals": evals, "step": step, "stopped_early": stopped_early,
         "best_bpb": best_bpb, "run_dir": str(out_dir), "last": str(out_dir / "last.pt"),
         "vocab_overlap": n_mapped, "align_ratio_train": ratio,
