@@ -82,7 +82,10 @@ def one_mode(args: argparse.Namespace) -> dict:
     def batch() -> dict:
         s_ids = torch.randint(0, V_s, (B, T), generator=g)
         labels = torch.cat([s_ids[:, 1:], torch.full((B, 1), -100)], 1)
-        return {k_: v.to(dev) for k_, v in {
+        # pinned and non-blocking, as a DataLoader with pin_memory gives: a pageable copy would wait for the
+        # device to finish the previous step, serialising host and device in both modes
+        pin = dev.type == "cuda"
+        return {k_: (v.pin_memory() if pin else v).to(dev, non_blocking=pin) for k_, v in {
             "s_ids": s_ids, "s_mask": torch.ones(B, T, dtype=torch.long), "labels": labels,
             "t_ids": torch.randint(0, V_t, (B, T), generator=g), "t_mask": torch.ones(B, T, dtype=torch.long),
             "s_pos": pos, "t_pos": pos}.items()}
