@@ -60,7 +60,7 @@ def corpus(mb: float) -> tuple[str, str]:
 
 
 def log(out: Path, record: dict) -> None:
-    line = json.dumps(record)
+    line = json.dumps(record, default=str)
     print(line, flush=True)
     with (out / "quality.jsonl").open("a") as f:
         f.write(line + "\n")

@@ -139,7 +139,7 @@ def build_cache(cfg: DistillConfig, out: str | os.PathLike, *, shard_windows: in
     guard.finish()
     return {"folder": str(folder), "shards": n_shards, "written": written, "kept": done,
             "complete": cache.complete(), "bytes_per_position": round(cache.bytes_per_position(), 1),
-            "positions_per_s": positions / max(1e-9, time.time() - t0), "run_dir": guard.run_dir}
+            "positions_per_s": positions / max(1e-9, time.time() - t0), "run_dir": str(guard.run_dir)}
 
 
 def verify_cache(cfg: DistillConfig, folder: str | os.PathLike, shards: int = 2, seed: int = 0) -> dict[str, Any]:
