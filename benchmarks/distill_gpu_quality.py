@@ -129,7 +129,10 @@ def main() -> None:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/distill_quality")
-    work.mkdir(parents=True, exist_ok=True)
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)  # a fresh teacher each run: an old cache would be refused
+    work.mkdir(parents=True)
     train_text, eval_text = corpus(args.corpus_mb)
     (work / "train.txt").write_text(train_text, encoding="utf-8")
     (work / "eval.txt").write_text(eval_text, encoding="utf-8")
