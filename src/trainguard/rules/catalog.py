@@ -63,12 +63,14 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG504", "artifact-missing", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:check_artifacts"),
     RuleEntry("TG505", "artifact-stale", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:check_artifacts"),
     RuleEntry("TG506", "probe-not-finished", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:probe_not_finished"),
+    RuleEntry("TG509", "run-stalled", "warning", "stable", "0.1.0", "trainguard.watchdog.stall:stalled_finding"),
     # -- health rules (issue 4): silent failures found while the run trains; the engine runs every
     # entry below whose target is a `trainguard.rules.engine.Rule` class. TG52x and TG81x leave the
     # low numbers of those families to the hang and distillation areas.
     RuleEntry("TG101", "lr-reaches-zero", "error", "stable", "0.1.0", f"{_R}.schedule:LrReachesZero"),
     RuleEntry("TG102", "schedule-horizon-mismatch", "warning", "stable", "0.1.0",
               f"{_R}.schedule:ScheduleHorizonMismatch"),
+    RuleEntry("TG103", "lr-cycles-to-zero", "error", "preview", "0.1.0", f"{_R}.schedule:LrCyclesToZero"),
     RuleEntry("TG201", "weights-not-updating", "error", "stable", "0.1.0", f"{_R}.progress:WeightsNotUpdating"),
     RuleEntry("TG202", "params-without-grad", "warning", "stable", "0.1.0", f"{_R}.progress:ParamsWithoutGrad"),
     RuleEntry("TG203", "eval-metrics-frozen", "error", "stable", "0.1.0", f"{_R}.progress:EvalMetricsFrozen"),
@@ -91,6 +93,17 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG525", "device-memory-near-full", "warning", "stable", "0.1.0",
               f"{_R}.process:DeviceMemoryNearFull"),
     RuleEntry("TG526", "checkpoint-stale", "warning", "stable", "0.1.0", f"{_R}.process:CheckpointStale"),
+    # -- API contracts broken by the training code (issue 20): seen by the probe (probe/contracts.py)
+    RuleEntry("TG211", "step-updates-nothing", "error", "preview", "0.1.0", f"{_R}.contracts:StepUpdatesNothing"),
+    RuleEntry("TG212", "frozen-params-updated", "error", "preview", "0.1.0", f"{_R}.contracts:FrozenParamsUpdated"),
+    RuleEntry("TG213", "grads-never-reset", "error", "preview", "0.1.0", f"{_R}.contracts:GradsNeverReset"),
+    RuleEntry("TG214", "eval-in-train-mode", "warning", "preview", "0.1.0", f"{_R}.contracts:EvalInTrainMode"),
+    RuleEntry("TG215", "eval-before-train-init", "warning", "preview", "0.1.0", f"{_R}.contracts:EvalBeforeTrainInit"),
+    RuleEntry("TG216", "eval-not-deterministic", "warning", "preview", "0.1.0", f"{_R}.contracts:EvalNotDeterministic"),
+    RuleEntry("TG311", "autocast-runs-fp32", "warning", "preview", "0.1.0", f"{_R}.contracts:AutocastRunsFp32"),
+    RuleEntry("TG541", "workers-share-rng", "warning", "preview", "0.1.0", f"{_R}.contracts:WorkersShareRng"),
+    RuleEntry("TG542", "loss-broadcasts-batch", "error", "preview", "0.1.0", f"{_R}.contracts:LossBroadcastsBatch"),
+    RuleEntry("TG701", "replicas-diverged", "error", "preview", "0.1.0", f"{_R}.contracts:ReplicasDiverged"),
     RuleEntry("TG811", "expert-collapse", "warning", "stable", "0.1.0", f"{_R}.model:ExpertCollapse"),
     RuleEntry("TG812", "perplexity-implausible", "warning", "stable", "0.1.0", f"{_R}.model:PerplexityImplausible"),
     RuleEntry("TG508", "leftover-processes", "warning", "stable", "0.1.0", "trainguard.watchdog.verdict:leftover_finding"),
@@ -114,6 +127,8 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG616", "patience-too-short", "error", "preview", "0.1.0", "trainguard.preflight.check:patience"),
     RuleEntry("TG617", "implausible-value", "error", "preview", "0.1.0", "trainguard.preflight.check:implausible"),
     RuleEntry("TG618", "warmup-ignored", "warning", "preview", "0.1.0", "trainguard.preflight.check:warmup_ignored"),
+    RuleEntry("TG619", "max-steps-counts-micro-batches", "error", "preview", "0.1.0",
+              "trainguard.preflight.check:max_steps_counts_micro"),
     # integrations and ingest (issue 8): what a log alone shows, for `trainguard diagnose PATH`
     RuleEntry("TG151", "scheduler-before-optimizer", "warning", "stable", "0.1.0",
               "trainguard.ingest.signs:scheduler_before_optimizer"),

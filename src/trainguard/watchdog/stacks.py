@@ -5,7 +5,7 @@
 
 For each process of the run's tree (the command, its children, DataLoader workers) and each sample:
 - every thread's Python stack: from the probe's signal-triggered dump (`probe/stackdump.py`) where the
-  process has the handler, needing no ptrace rights; else from `py-spy dump` (the `stacks` extra), which
+  process has the handler, needing no ptrace rights; else from `py-spy dump` (a dependency), which
   needs ptrace rights over the process (root, or the same user where the kernel allows it);
 - CPU % over the interval, scheduler state, RSS, read+written bytes, `/proc/PID/wchan` and
   `/proc/PID/stack` (what the kernel says it waits on) where readable.
@@ -66,6 +66,7 @@ class ProcSample:
     cpu_percent: float | None = None
     rss_mb: float | None = None
     io_bytes: int | None = None  # wchar: bytes written through syscalls so far (a save in progress moves it)
+    read_bytes: int | None = None  # rchar: bytes read through syscalls so far (a download in progress moves it)
     wchan: str | None = None
     kernel_stack: list[str] | None = None
     threads: list[ThreadStack] = field(default_factory=list)
@@ -177,7 +178,7 @@ def _proc_state(p: Any) -> ProcSample:
         return s
     s.rank = (_safe(p.environ) or {}).get("RANK")
     s.cpu_percent = _safe(lambda: round(p.cpu_percent(None), 1))
-    s.io_bytes = _io_bytes(p.pid)
+    s.io_bytes, s.read_bytes = _io_bytes(p.pid), _io_bytes(p.pid, "rchar")
     s.wchan = _read(f"/proc/{p.pid}/wchan")
     if s.wchan in ("0", ""):
         s.wchan = None
@@ -187,13 +188,13 @@ def _proc_state(p: Any) -> ProcSample:
     return s
 
 
-def _io_bytes(pid: int) -> int | None:
+def _io_bytes(pid: int, field: str = "wchar") -> int | None:
     text = _read(f"/proc/{pid}/io")
     if not text:
         return None
     vals = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
     try:
-        return int(vals.get("wchar", 0))
+        return int(vals.get(field, 0))
     except ValueError:
         return None
 
@@ -311,12 +312,32 @@ def parse_faulthandler(text: str, main_ident: str | None = None) -> list[ThreadS
     return threads
 
 
+ENV_PY_SPY = "TRAINGUARD_PY_SPY"  # "0": never run py-spy (no ptrace of the run's processes at all)
+
+
 def find_py_spy() -> str | None:
-    """py-spy next to this interpreter (the `stacks` extra), else on PATH."""
+    """py-spy next to this interpreter (a default dependency where wheels exist), else on PATH."""
     import sys
 
+    if os.environ.get(ENV_PY_SPY, "1") == "0":
+        return None
     beside = Path(sys.executable).parent / "py-spy"
     return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+_DENIED = re.compile(r"ermission denied|Operation not permitted|ptrace", re.IGNORECASE)
+
+
+def py_spy_error(pid: int, text: str, returncode: int) -> str:
+    """The reason in py-spy's error output (its Rust backtrace left out); a refused ptrace said so plainly."""
+    text = text.split("Stack backtrace:", 1)[0]
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and ln.strip() != "Caused by:"]
+    why = lines[0] if lines else f"exit code {returncode}"
+    denied = next((ln for ln in lines if _DENIED.search(ln)), None)
+    if denied is not None:
+        why = f"py-spy has no ptrace rights over pid {pid} ({why}: {denied})" if denied != why else \
+            f"py-spy has no ptrace rights over pid {pid} ({why})"
+    return why[:300]
 
 
 def py_spy_dump(pid: int, spy: str) -> tuple[list[ThreadStack], str | None]:
@@ -327,11 +348,7 @@ def py_spy_dump(pid: int, spy: str) -> tuple[list[ThreadStack], str | None]:
     except (OSError, subprocess.SubprocessError) as exc:
         return [], f"py-spy failed: {exc}"
     if out.returncode != 0:
-        err = (out.stderr or out.stdout).strip().splitlines()
-        why = err[-1] if err else f"exit code {out.returncode}"
-        if "ermission" in why or "ptrace" in why.lower():
-            why = f"py-spy has no ptrace rights over pid {pid} ({why})"
-        return [], why[:300]
+        return [], py_spy_error(pid, out.stderr or out.stdout, out.returncode)
     try:
         data = json.loads(out.stdout)
     except ValueError:
@@ -360,8 +377,9 @@ def _frame(file: str, line: int, func: str, local_vars: dict[str, str] | None = 
 # -- saving ------------------------------------------------------------------------------------------
 
 
-def save(snap: Snapshot, folder: Path, attempt: int = 0) -> Path:
-    """Writes `hang-<attempt>.json` (everything) and `hang-<attempt>.txt` (for people); returns the .txt path."""
+def save(snap: Snapshot, folder: Path, attempt: int | str = 0) -> Path:
+    """Writes `hang-<attempt>.json` (everything) and `hang-<attempt>.txt` (for people); returns the .txt path.
+    A later look at the same stall is `hang-<attempt>-<look>`."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"hang-{attempt}.json").write_text(json.dumps(snap.to_dict(), indent=1, default=str))
     txt = folder / f"hang-{attempt}.txt"
