@@ -506,7 +506,7 @@ def demo(root: str | None) -> None:
 
     from trainguard.demo.tour import run_tour
 
-    sys.exit(run_tour(_default_monitors, Path(root) if root else None))
+    sys.exit(run_tour(Path(root) if root else None))
 
 
 def _add_recipes() -> None:
