@@ -240,6 +240,7 @@ class Supervisor:
             while self.proc.poll() is None:
                 time.sleep(POLL_INTERVAL)
                 state = self._observe()
+                self._scratch = state.scratch
                 for finding in self._poll_monitors(state):
                     self._report(finding)
                     if finding.name in self.options.stop_on and stopped is None:
@@ -571,9 +572,11 @@ class Supervisor:
             self._guard_error(f"could not write the report: {exc!r}")
 
     def _observe_final(self, step: int | None) -> WatchState:
+        # the monitors' notes of the last poll (the printed step, loss and LR) carry over to the end
         return WatchState(run_dir=self.run_dir, reader=self.reader, pid=self.proc.pid, started=self.started,
                           now=time.time(), step=step, phase=None, t_progress=None, probe_used=False,
-                          output_lines=self.capture.lines, last_output=self.capture.last_output)
+                          output_lines=self.capture.lines, last_output=self.capture.last_output,
+                          scratch={k: v for k, v in getattr(self, "_scratch", {}).items() if k == "output"})
 
     # -- reporting ----------------------------------------------------------------------------------
 
