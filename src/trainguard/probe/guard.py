@@ -872,6 +872,8 @@ class Guard:
             "stats_every": self.stats_every,
             "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
             "schedulers": _safe(lambda: planinfo.sched_names(self.scheduler)),
+            # TG102 measures scheduler steps per optimizer step from this count (timm's schedulers keep none)
+            "sched_counted": _safe(lambda: planinfo.sched_epoch(self.scheduler) is not None),
             "output_size": _safe(lambda: planinfo.output_size(self.model, config)),
         }
         if self.rank == 0:
