@@ -37,6 +37,7 @@ from trainguard.probe.selflog import GuardLog
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
+from trainguard.untrusted import printable
 
 ENV_WATCHDOG = "TRAINGUARD_WATCHDOG"
 ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"
@@ -764,7 +765,7 @@ class Guard:
         for f in found:
             self._writer.add_event("finding", f.name, f.to_dict(), step=f.step)
             try:
-                print(f"trainguard: {f.one_line()}", file=sys.stderr, flush=True)
+                print(f"trainguard: {printable(f.one_line())}", file=sys.stderr, flush=True)
             except (OSError, ValueError):
                 pass
         if found:
@@ -842,6 +843,8 @@ class Guard:
             "stats_every": self.stats_every,
             "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
             "schedulers": _safe(lambda: planinfo.sched_names(self.scheduler)),
+            # TG102 measures scheduler steps per optimizer step from this count (timm's schedulers keep none)
+            "sched_counted": _safe(lambda: planinfo.sched_epoch(self.scheduler) is not None),
             "output_size": _safe(lambda: planinfo.output_size(self.model, config)),
         }
         if self.rank == 0:

@@ -36,6 +36,7 @@ from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.reader import RunReader
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
+from trainguard.untrusted import printable
 from trainguard.watchdog import crash, keeper, restart, statusline, stop, verdict
 from trainguard.watchdog.stall import StallPolicy, hang_finding, stall_ended, stalled_finding
 from trainguard.watchdog.tee import OutputCapture
@@ -599,7 +600,8 @@ class Supervisor:
         self._note(f"trainguard: {f.one_line()}")
 
     def _note(self, text: str) -> None:
-        self.capture.write_note(text, _buffer(sys.stderr))
+        # trainguard's own lines quote exception messages and phase names: never raw control characters
+        self.capture.write_note(printable(text), _buffer(sys.stderr))
 
     def _guard_error(self, text: str, kind: str | None = None) -> None:
         """One line in guard.log, once per `kind` (default: the text itself); repeats are only counted."""
