@@ -151,6 +151,8 @@ def _typed(name: str, value: Any, dotted: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         what = "an integer" if kind is int else "a number"
         raise UserError(f"config key {dotted}: expected {what}, got {value!r}")
+    if isinstance(value, int) and abs(value) > 10**18:  # past any float's integer range and any real setting
+        raise UserError(f"config key {dotted}: {len(str(abs(value)))}-digit number, too large for a setting")
     if not math.isfinite(value):
         raise UserError(f"config key {dotted}: expected a finite number, got {value!r}")
     if kind is int:
