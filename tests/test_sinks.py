@@ -110,6 +110,7 @@ def test_a_failing_sink_never_changes_the_verdict(workdir: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert json.loads((workdir / "r" / "status.json").read_text())["state"] == "completed"
     assert "sink tensorboard failed and was switched off" in (workdir / "r" / "guard.log").read_text()
+    assert "trainguard: sink tensorboard was switched off" in out.stderr  # said once where the user looks
 
 
 def test_bad_sink_input_is_one_line_and_exit_2(workdir: Path) -> None:
@@ -130,3 +131,68 @@ def test_export_copies_a_finished_run(watched: Path) -> None:
     acc = EventAccumulator(str(watched / "tb" / "run"), size_guidance={"tensors": 0})
     acc.Reload()
     assert any(b"lr-reaches-zero" in e.tensor_proto.string_val[0] for e in acc.Tensors("trainguard/findings"))
+
+
+ENDPOINT_SCRIPT = '''
+import sys, time, torch, trainguard
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.01)
+guard = trainguard.watch(model, opt, total_steps=40)
+for step in range(1, 41):
+    x = torch.randn(8, 4)
+    if step == 10:
+        x[0, 0] = float("inf")
+    loss = model(x).pow(2).mean()
+    guard.step(loss)
+    if torch.isfinite(loss):
+        loss.backward(); opt.step()
+    opt.zero_grad()
+guard.finish()
+time.sleep(float(sys.argv[1]))  # long enough for the test to scrape the endpoint while the run lives
+'''
+
+
+def test_prometheus_endpoint_serves_the_live_run(workdir: Path) -> None:
+    import socket
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+    from tgtest import trainguard_cmd
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (workdir / "train.py").write_text(ENDPOINT_SCRIPT)
+    proc = subprocess.Popen(trainguard_cmd("run", "--run-dir", "r", "--stall-timeout", "120", "--sink",
+                                           f"prometheus=127.0.0.1:{port}", "--", sys.executable, "train.py", "60"),
+                            cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        found: dict = {}
+        deadline = time.time() + 90
+        while time.time() < deadline and "nonfinite-loss" not in found:
+            time.sleep(1)
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                continue  # not serving yet
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            if "trainguard_finding" in families:
+                found = {s.labels["name"]: s.labels["step"] for s in families["trainguard_finding"].samples}
+        assert found.get("nonfinite-loss") == "10", found
+        (state,) = families["trainguard_run_state"].samples
+        assert state.labels["state"] == "running"  # scraped while the run lives
+        assert families["trainguard_step"].samples[0].value == 40
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_a_sink_whose_library_is_missing_is_one_line_before_the_run(workdir: Path) -> None:
+    # the interpreter told wandb cannot be imported (None in sys.modules), as without the wandb extra
+    code = "import sys; sys.modules['wandb'] = None; from trainguard.cli import main; main()"
+    out = subprocess.run([sys.executable, "-c", code, "run", "--run-dir", "r", "--sink", "wandb", "--", "true"],
+                         cwd=workdir, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == "trainguard: error: the wandb sink needs wandb: pip install 'trainguard[wandb]'"
+    assert not (workdir / "r").exists()  # refused before anything started

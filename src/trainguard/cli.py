@@ -4,9 +4,10 @@
     trainguard status [RUN]          trainguard ls
     trainguard rules [CODE-or-NAME]  trainguard demo
     trainguard report [RUN] [--print]  trainguard compare RUN_A RUN_B [--out DIR]
+    trainguard export [RUN] --sink tensorboard|wandb|mlflow|prometheus[=VALUE]
 
-Bad input (an unknown run, a command that does not exist, an unwritable folder) is one line on stderr
-and exit code 2, never a traceback. Heavy modules are imported inside the command that needs them.
+Bad input (an unknown run, a command that does not exist, an unwritable folder, a mistyped option) is
+one line on stderr and exit code 2, never a traceback. Heavy modules are imported inside the command that needs them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ import click
 
 from trainguard import __version__
 from trainguard.errors import UserError
+from trainguard.untrusted import printable
+
+
+def echo(message: Any = "", err: bool = False) -> None:
+    """click.echo with control characters neutralised: what trainguard prints quotes exception messages,
+    phase names and paths from the run, and none of them may drive the reader's terminal."""
+    click.echo(printable(message), err=err)
 
 
 class _Group(click.Group):
@@ -30,13 +38,13 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except UserError as exc:
-            click.echo(f"trainguard: error: {exc}", err=True)
+            echo(f"trainguard: error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except click.UsageError as exc:
             # click's own form is three lines (usage, a hint, the error): bad input is one line here.
             where = exc.ctx.command_path if exc.ctx is not None else "trainguard"
             message = " ".join(exc.format_message().split())
-            click.echo(f"trainguard: error: {message} (see {where} --help)", err=True)
+            echo(f"trainguard: error: {message} (see {where} --help)", err=True)
             ctx.exit(exc.exit_code)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
             raise
@@ -48,12 +56,12 @@ class _Group(click.Group):
                 pass
             ctx.exit(0)
         except KeyboardInterrupt:
-            click.echo("trainguard: interrupted", err=True)
+            echo("trainguard: interrupted", err=True)
             ctx.exit(130)
         except Exception as exc:
             if os.environ.get("TRAINGUARD_DEBUG"):
                 raise
-            click.echo(f"trainguard: internal error: {type(exc).__name__}: {exc} (TRAINGUARD_DEBUG=1 shows the traceback)",
+            echo(f"trainguard: internal error: {type(exc).__name__}: {exc} (TRAINGUARD_DEBUG=1 shows the traceback)",
                        err=True)
             ctx.exit(70)
 
@@ -89,13 +97,23 @@ def main() -> None:
 @main.command(cls=_WrapsCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run folder (default: a new one under ./trainguard-runs).")
 @click.option("--stall-timeout", type=float, default=None,
-              help="Seconds without progress that count as a hang (default: learned from the run itself).")
+              help="Seconds without progress before a stall is reported, with stacks and cause (default: "
+                   "learned from the run itself, at least 60; 300 until the first optimizer step).")
+@click.option("--hang-limit", "hang_limits", multiple=True, metavar="[PHASE=]SECONDS",
+              help="Stop a stall that lasts this long even without proof that it is stuck (repeatable; "
+                   "PHASE=SECONDS for one phase, 'startup' for the time before the first optimizer step). "
+                   "Default: 5x the phase's own longest (at least 600 s); 1800 s for a phase never seen.")
 @click.option("--expect", "expects", multiple=True, metavar="PATH",
               help="An artifact the command must write during the run (repeatable); missing or stale = failed.")
-@click.option("--stop-on", default="", metavar="NAME,...", help="Stop the run when one of these findings appears.")
+@click.option("--stop-on", default="", metavar="CODE-or-NAME,...",
+              help="Stop the run when one of these findings appears (rule codes like TG101 or names like "
+                   "lr-reaches-zero; see `trainguard rules`).")
+@click.option("--fail-on", type=click.Choice(["error", "warning"]), default=None,
+              help="For orchestrators: exit 122 when the run completed but has findings of this severity or worse "
+                   "(its health in status.json).")
 @click.option("--on-hang", type=click.Choice(["kill", "wait", "restart"]), default="kill", show_default=True,
-              help="What to do with a hung process: stop it, leave it alive for inspection, or stop it and "
-                   "start it again from the newest reported checkpoint.")
+              help="What to do when a hang is proven (or a stall outlasts its limit): stop it, leave it alive "
+                   "for inspection, or stop it and start it again from the newest reported checkpoint.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=3, show_default=True,
               help="With --on-hang restart: restarts at most (0 = never); a hang that repeats at the same "
                    "place stops restarting sooner.")
@@ -107,19 +125,25 @@ def main() -> None:
               help="Copy steps and findings to tensorboard, wandb, mlflow or prometheus as the run goes "
                    "(repeatable; also TRAINGUARD_SINKS=name,...). See `trainguard export --help`.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ...], stop_on: str, on_hang: str,
-        max_restarts: int, quiet: bool, no_auto: bool, sinks: tuple[str, ...], command: tuple[str, ...]) -> None:
+def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str, ...], expects: tuple[str, ...],
+        stop_on: str, fail_on: str | None, on_hang: str, max_restarts: int, quiet: bool, no_auto: bool,
+        sinks: tuple[str, ...],
+        command: tuple[str, ...]) -> None:
     """Run COMMAND under the watchdog and tell its true final state.
 
     Exit codes: the command's own code when it ran to its end (128+N when killed by signal N);
     123 failed (exit 0 but an expected artifact is missing or stale, or the probe never finished);
-    124 hung; 125 stopped on a finding (--stop-on); 2 bad input.
+    124 hung (stopped on proof that it cannot recover, or past its limit; a stall without proof is reported
+    and the run goes on); 125 stopped on a finding (--stop-on); 122 completed with findings at --fail-on's
+    severity or worse; 2 bad input.
     """
+    from trainguard.watchdog.stop import parse_hang_limits
     from trainguard.watchdog.supervisor import RunOptions, Supervisor
 
     options = RunOptions(
-        command=list(command), run_dir=run_dir, stall_timeout=stall_timeout, expects=list(expects),
-        stop_on=[s.strip() for s in stop_on.split(",") if s.strip()], on_hang=on_hang, max_restarts=max_restarts,
+        command=list(command), run_dir=run_dir, stall_timeout=stall_timeout,
+        hang_limits=parse_hang_limits(hang_limits), expects=list(expects),
+        stop_on=_stop_on(stop_on), fail_on=fail_on, on_hang=on_hang, max_restarts=max_restarts,
         echo=not quiet, env=_auto_env(no_auto),
     )
     specs = _sink_specs(sinks)
@@ -131,8 +155,12 @@ def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ..
     feed = LiveFeed(sup.run_dir, specs).start()
     try:
         code = sup.run()
-    finally:
-        feed.stop()  # the last pass and the final state; bounded, and a sink's failure never changes `code`
+    except BaseException:
+        feed.stop(wait=5)  # interrupted, or the watchdog failed: a short last pass, then out
+        raise
+    feed.stop()  # the last pass and the final state; bounded, and a sink's failure never changes `code`
+    for name, why in feed.feed.failed.items():
+        echo(f"trainguard: sink {name} was switched off: {why} (the run is unaffected)", err=True)
     sys.exit(code)
 
 
@@ -166,8 +194,15 @@ def export(run: str | None, sinks: tuple[str, ...]) -> None:
     path = resolve_run(run)
     held = feed_once(path, specs)
     for spec in specs:
-        click.echo(f"{spec.name}: {'written' if spec.name in held else 'failed (see ' + str(path / 'guard.log') + ')'}")
+        echo(f"{spec.name}: {'written' if spec.name in held else 'failed (see ' + str(path / 'guard.log') + ')'}")
     sys.exit(0 if len(held) == len(specs) else 1)
+
+
+def _stop_on(text: str) -> list[str]:
+    """--stop-on's rule codes or names, as the names findings carry; an unknown one is bad input (exit 2)."""
+    from trainguard.rules.catalog import lookup
+
+    return [lookup(item).name for item in (s.strip() for s in text.split(",")) if item]
 
 
 def _auto_env(no_auto: bool) -> dict[str, str]:
@@ -198,7 +233,8 @@ def preflight(run_dir: str | None, steps: int, timeout: float, quiet: bool, comm
 
     The script runs unmodified in a scratch folder: a few real steps, then every guard.due() path once,
     the loader iterated again, a second brief start resuming from the checkpoint it saved, the LR schedule
-    simulated for the whole plan. Exit codes: 0 no error finding, 1 error findings, 2 bad input.
+    simulated for the whole plan. Exit codes: 0 no error finding, 1 error findings, 2 bad input, 3 the
+    script could not be fast-forwarded (no trainguard.watch): a few steps were checked, the rest is listed.
     """
     from trainguard.preflight.run import PreflightOptions
     from trainguard.preflight.run import preflight as run_preflight
@@ -222,7 +258,7 @@ def check(config: str, dataset_size: int | None, do_fix: bool, output: str | Non
     from trainguard.preflight.check import run_check
 
     sys.exit(run_check(config, dataset_size=dataset_size, do_fix=do_fix, output=output, as_json=as_json,
-                       echo=click.echo))
+                       echo=echo))
 
 
 @main.command()
@@ -252,10 +288,10 @@ def diagnose(path: str, as_json: bool) -> None:
         target = target / "output.log"
     d = diagnose_path(target, ended=ended)
     if as_json:
-        click.echo(json.dumps(d.to_dict(), default=str))
+        echo(json.dumps(d.to_dict(), default=str))
     else:
         for line in render(d):
-            click.echo(line)
+            echo(line)
     sys.exit(1 if any(f.severity == "error" for f in d.findings) else 0)
 
 
@@ -271,13 +307,13 @@ def _diagnose_run_folder(run_dir: Any, as_json: bool) -> None:
 
     findings = diagnose_run(run_dir)
     if as_json:
-        click.echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
+        echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
     elif not findings:
-        click.echo("trainguard: no findings")
+        echo("trainguard: no findings")
     for f in [] if as_json else findings:
-        click.echo(f.one_line())
+        echo(f.one_line())
         if f.fix:
-            click.echo(f"  fix: {f.fix}")
+            echo(f"  fix: {f.fix}")
     sys.exit(1 if any(f.severity == "error" for f in findings) else 0)
 
 
@@ -288,22 +324,20 @@ def status(run: str | None, as_json: bool) -> None:
     """Print a run's state, step and findings (default: the newest run)."""
     from trainguard.store.paths import resolve_run
     from trainguard.store.status import read_status
-    from trainguard.watchdog.verdict import pid_alive
 
     path = resolve_run(run)
-    st = read_status(path)
+    st = read_status(path)  # a live state whose owner is gone comes back as `abandoned` (store/owner.py)
     if not st:
         raise UserError(f"{path} has no status.json yet")
-    if st.get("state") == "running" and st.get("pid") and not pid_alive(int(st["pid"])):
-        # Truthful states: a "running" run whose process is gone ended without a word.
-        st["state_note"] = "the process is gone but never reported an end: it was killed or its watchdog died"
     if as_json:
-        click.echo(json.dumps(st, indent=2))
+        echo(json.dumps(st, indent=2))
         return
     _print_status(path, st)
 
 
 def _print_status(path: Any, st: dict) -> None:
+    from trainguard.store.status import health_counts
+
     state = st.get("state", "?")
     line = f"{path}: {state}"
     if st.get("signal"):
@@ -314,19 +348,20 @@ def _print_status(path: Any, st: dict) -> None:
         line += f", step {st['step']}" + (f"/{st['total_steps']}" if st.get("total_steps") else "")
     if st.get("phase"):
         line += f", phase {st['phase']}"
-    click.echo(line)
+    line += f"; health {health_counts(st)}"  # beside the state: a completed run may still be unhealthy
+    echo(line)
     if st.get("state_note"):
-        click.echo(f"  note: {st['state_note']}")
+        echo(f"  note: {st['state_note']}")
     findings = st.get("findings") or []
     if not findings:
-        click.echo("  no findings")
+        echo("  no findings")
     for f in findings:
         at = f" at step {f['step']}" if f.get("step") is not None else ""
-        click.echo(f"  {f.get('code')} {f.get('name')} [{f.get('severity')}]{at}: {f.get('summary')}")
+        echo(f"  {f.get('code')} {f.get('name')} [{f.get('severity')}]{at}: {f.get('summary')}")
         if f.get("where"):
-            click.echo(f"    where: {f['where']}")
+            echo(f"    where: {f['where']}")
         if f.get("fix"):
-            click.echo(f"    fix: {f['fix']}")
+            echo(f"    fix: {f['fix']}")
 
 
 @main.command("ls")
@@ -341,9 +376,9 @@ def ls_runs(root: str | None) -> None:
 
     runs = list_runs(root)
     if not runs:
-        click.echo(f"no runs under {root or runs_root()}")
+        echo(f"no runs under {root or runs_root()}")
         return
-    header = ("run", "state", "step", "findings", "started", "command")
+    header = ("run", "state", "health", "step", "findings", "started", "command")
     rows = []
     for path in runs:
         try:
@@ -354,12 +389,13 @@ def ls_runs(root: str | None) -> None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else ""
         cmd = " ".join(st.get("command") or [])
         errs = sum(1 for f in st.get("findings") or [] if f.get("severity") == "error")
-        rows.append((path.name, st.get("state", "?"), str(st.get("step", "")), str(errs or ""), when, cmd))
+        rows.append((path.name, st.get("state", "?"), st.get("health", ""), str(st.get("step", "")), str(errs or ""),
+                     when, cmd))
     if not sys.stdout.isatty():
         # Piped or redirected: every name whole (a script greps it, or passes it to `status`), no cut.
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
         for r in [header, *rows]:
-            click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1])
+            echo("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1])
         return
     table = Table(box=None)
     for col in header:
@@ -378,24 +414,24 @@ def rules(rule: str | None, as_json: bool) -> None:
 
     if rule is None:
         if as_json:
-            click.echo(json.dumps([{"code": e.code, "name": e.name, "family": e.family, "severity": e.severity,
+            echo(json.dumps([{"code": e.code, "name": e.name, "family": e.family, "severity": e.severity,
                                     "status": e.status, "summary": e.headline()} for e in CATALOG], indent=2))
             return
         for e in CATALOG:
-            click.echo(f"{e.code}  {e.name:<28} {e.severity:<8} {e.family}")
+            echo(f"{e.code}  {e.name:<28} {e.severity:<8} {e.family}")
         return
     e = lookup(rule)
     if as_json:
-        click.echo(json.dumps({"code": e.code, "name": e.name, "family": e.family, "severity": e.severity,
+        echo(json.dumps({"code": e.code, "name": e.name, "family": e.family, "severity": e.severity,
                                "status": e.status, "since": e.since, "summary": e.headline(), "doc": e.doc()},
                               indent=2))
         return
-    click.echo(f"{e.name} ({e.code})")
-    click.echo(f"Family: {e.family}. Severity: {e.severity}. Status: {e.status} since {e.since}.")
-    click.echo("")
-    click.echo(e.headline())
-    click.echo("")
-    click.echo(e.doc())
+    echo(f"{e.name} ({e.code})")
+    echo(f"Family: {e.family}. Severity: {e.severity}. Status: {e.status} since {e.since}.")
+    echo("")
+    echo(e.headline())
+    echo("")
+    echo(e.doc())
 
 
 @main.command()
@@ -411,9 +447,9 @@ def report(run: str | None, to_terminal: bool) -> None:
         from rich.console import Console
         from rich.markdown import Markdown
 
-        Console().print(Markdown(md_path.read_text()))
-    click.echo(f"report: {html_path}")
-    click.echo(f"report: {md_path}")
+        Console().print(Markdown(printable(md_path.read_text(encoding="utf-8", errors="replace"))))
+    echo(f"report: {html_path}")
+    echo(f"report: {md_path}")
 
 
 @main.command()
@@ -426,24 +462,36 @@ def report(run: str | None, to_terminal: bool) -> None:
 @click.option("--min-speedup", type=float, default=None, metavar="X",
               help="Exit 1 unless B is surely at least X times faster (the 95% interval's low end >= X).")
 @click.option("--same-convergence", is_flag=True, help="Exit 1 unless convergence matches.")
+@click.option("--repeat-a", "repeats_a", multiple=True, metavar="RUN",
+              help="Another run of A's configuration (repeatable): the repeats' spread is the run-to-run variation.")
+@click.option("--repeat-b", "repeats_b", multiple=True, metavar="RUN", help="Another run of B's configuration (repeatable).")
+@click.option("--run-noise", type=float, default=None, metavar="FRACTION",
+              help="The run-to-run variation of a run's median step time, as a relative sd measured before (0.05 = "
+                   "5%), when there are no repeats. Without repeats or this, --min-speedup refuses to decide.")
 def compare(run_a: str, run_b: str, out: str, warmup: int | None, min_speedup: float | None,
-            same_convergence: bool) -> None:
+            same_convergence: bool, repeats_a: tuple[str, ...], repeats_b: tuple[str, ...],
+            run_noise: float | None) -> None:
     """Compare RUN_B against RUN_A (the baseline): speed, convergence, findings.
 
-    Exit codes: 0, or 1 when --min-speedup or --same-convergence is not met; 2 bad input.
+    Exit codes: 0, or 1 when --min-speedup or --same-convergence is not met (with one run each and neither
+    repeats nor --run-noise, --min-speedup cannot be decided: not met); 2 bad input.
     """
     from trainguard.report.compare import unmet, write_comparison
     from trainguard.store.paths import prepare_run_dir, resolve_run
 
     if warmup is not None and warmup < 0:
         raise UserError(f"--warmup must be 0 or more steps, got {warmup}")
-    paths, result = write_comparison(resolve_run(run_a), resolve_run(run_b), prepare_run_dir(out), warmup=warmup)
-    click.echo(result["headline"])
+    if run_noise is not None and not 0 <= run_noise < 1:
+        raise UserError(f"--run-noise is a relative sd in [0, 1) (0.05 = 5%), got {run_noise}")
+    paths, result = write_comparison(resolve_run(run_a), resolve_run(run_b), prepare_run_dir(out), warmup=warmup,
+                                     repeats_a=[resolve_run(r) for r in repeats_a],
+                                     repeats_b=[resolve_run(r) for r in repeats_b], run_noise=run_noise)
+    echo(result["headline"])
     for p in paths:
-        click.echo(f"comparison: {p}")
+        echo(f"comparison: {p}")
     problems = unmet(result, min_speedup=min_speedup, same_convergence=same_convergence)
     for text in problems:
-        click.echo(f"compare: not met: {text}", err=True)
+        echo(f"compare: not met: {text}", err=True)
     if problems:
         sys.exit(1)
 
@@ -461,7 +509,7 @@ def demo(root: str | None) -> None:
 
     from trainguard.demo.tour import run_tour
 
-    sys.exit(run_tour(_default_monitors, Path(root) if root else None))
+    sys.exit(run_tour(Path(root) if root else None))
 
 
 def _add_recipes() -> None:

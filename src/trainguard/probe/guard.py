@@ -37,6 +37,7 @@ from trainguard.probe.selflog import GuardLog
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
+from trainguard.untrusted import printable
 
 ENV_WATCHDOG = "TRAINGUARD_WATCHDOG"
 ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"
@@ -764,7 +765,7 @@ class Guard:
         for f in found:
             self._writer.add_event("finding", f.name, f.to_dict(), step=f.step)
             try:
-                print(f"trainguard: {f.one_line()}", file=sys.stderr, flush=True)
+                print(f"trainguard: {printable(f.one_line())}", file=sys.stderr, flush=True)
             except (OSError, ValueError):
                 pass
         if found:
@@ -842,6 +843,8 @@ class Guard:
             "stats_every": self.stats_every,
             "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
             "schedulers": _safe(lambda: planinfo.sched_names(self.scheduler)),
+            # TG102 measures scheduler steps per optimizer step from this count (timm's schedulers keep none)
+            "sched_counted": _safe(lambda: planinfo.sched_epoch(self.scheduler) is not None),
             "output_size": _safe(lambda: planinfo.output_size(self.model, config)),
         }
         if self.rank == 0:
@@ -858,6 +861,11 @@ class Guard:
             cuda = [p.device.index for p in self._model_params[:1] if p.device.type == "cuda"]
             if cuda:
                 self._cuda_index = cuda[0]
+        if self.model is not None and hasattr(self.model, "register_forward_hook"):
+            try:
+                self._forward_handle = self.model.register_forward_hook(_forward_marker(self))
+            except Exception as exc:
+                self._fail("forward hook", exc)
         if self.optimizer is None:
             return
         try:
@@ -985,6 +993,27 @@ class Guard:
             "findings": findings,
         }
         write_status(self.run_dir, status, final=state != "running")
+
+
+def _forward_marker(guard: Guard) -> Any:
+    """A forward hook on the watched model's top module: every forward is progress for the watchdog (an
+    evaluation over the same model included), at the cost of one clock read. It holds the guard weakly,
+    and is kept out of `torch.compile` graphs (a clock read traced into a graph would be a constant)."""
+    import weakref
+
+    ref = weakref.ref(guard)
+
+    def mark(module: Any, args: Any, output: Any) -> None:
+        g = ref()
+        if g is not None:
+            g._t_progress = time.time()
+
+    try:
+        import torch
+
+        return torch.compiler.disable(mark)
+    except Exception:
+        return mark
 
 
 def _nonfinite_row(row: dict[str, Any]) -> bool:

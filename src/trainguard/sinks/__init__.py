@@ -44,13 +44,17 @@ class Sink(Protocol):
     """The whole surface of a sink. Calls come from one thread, in order.
 
     `scalars` gets one optimizer step's numbers (or an evaluation's, keys prefixed `eval/`), `finding`
-    each finding once (a dict as in status.json), `close` the final status.json once at the end. A sink
-    may raise: the feed logs the error once and stops calling that sink; it must never block for long.
+    each finding once (a dict as in status.json), `flush` comes after each pass over the store (a sink
+    may hold scalars until then and send them in one batch), `close` the final status.json once at the
+    end. A sink may raise: the feed logs the error once and stops calling that sink; it must never block
+    for long.
     """
 
     def scalars(self, step: int, values: dict[str, float], t: float) -> None: ...
 
     def finding(self, finding: dict[str, Any]) -> None: ...
+
+    def flush(self) -> None: ...
 
     def close(self, status: dict[str, Any]) -> None: ...
 
@@ -87,7 +91,11 @@ def check_available(specs: list[SinkSpec]) -> None:
 
     for spec in specs:
         _, library, extra = SINKS[spec.name]
-        if find_spec(library) is None:
+        try:
+            found = find_spec(library) is not None
+        except (ImportError, ValueError):  # a parent package that fails, a module marked unimportable
+            found = False
+        if not found:
             raise UserError(f"the {spec.name} sink needs {library}: pip install 'trainguard[{extra}]'")
 
 

@@ -57,7 +57,7 @@ class Feed:
         self._event_id = 0
         self._findings_seen: set[tuple] = set()
         self._reader: RunReader | None = None
-        self.failed: set[str] = set()
+        self.failed: dict[str, str] = {}  # sink name -> why it was switched off
 
     def _open(self) -> None:
         for spec in self._specs:
@@ -89,6 +89,7 @@ class Feed:
                 self._finding(event["data"])
         for finding in read_status(self.run_dir).get("findings") or []:
             self._finding(finding)  # findings only status.json holds (a watchdog that could not write the store)
+        self._each(lambda s: s.flush())
 
     def close(self) -> None:
         """The last pass: what is left in the store, then each sink's final state."""
@@ -118,7 +119,7 @@ class Feed:
         except Exception as exc:
             # Why swallow: a sink is a copy for people's dashboards; the run and its verdict come first.
             _guard_log(self.run_dir, f"sink {name} failed and was switched off: {type(exc).__name__}: {exc}")
-            self.failed.add(name)
+            self.failed.setdefault(name, f"{type(exc).__name__}: {exc}")
             return False
 
 

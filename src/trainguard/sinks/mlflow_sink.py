@@ -18,6 +18,7 @@ DEFAULT_EXPERIMENT = "trainguard"
 DEFAULT_URI = "file:./mlruns"
 STATUS = {"completed": "FINISHED", "hung": "KILLED", "killed": "KILLED"}
 MAX_TAG = 5000  # MLflow's limit on a tag's value
+BATCH = 1000  # metrics per log_batch call
 
 
 class MlflowSink:
@@ -37,12 +38,19 @@ class MlflowSink:
                                      tags={"trainguard.run_dir": str(run_dir.resolve())})
         self.run_id = run.info.run_id
         self.findings: list[dict[str, Any]] = []
+        self.pending: list[Any] = []
 
     def scalars(self, step: int, values: dict[str, float], t: float) -> None:
         from mlflow.entities import Metric
 
         stamp = int((t or time.time()) * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, stamp, step) for k, v in values.items()])
+        self.pending.extend(Metric(k, v, stamp, step) for k, v in values.items())
+
+    def flush(self) -> None:
+        # one request per BATCH metrics (a tracking server's limit is 1000 a call), not one per step
+        while self.pending:
+            self.client.log_batch(self.run_id, metrics=self.pending[:BATCH])
+            del self.pending[:BATCH]
 
     def finding(self, finding: dict[str, Any]) -> None:
         at = f" at step {finding['step']}" if finding.get("step") is not None else ""
@@ -51,6 +59,7 @@ class MlflowSink:
         self.findings.append(finding)
 
     def close(self, status: dict[str, Any]) -> None:
+        self.flush()
         state = status.get("state", "unknown")
         self.client.set_tag(self.run_id, "trainguard.state", state)
         self.client.log_dict(self.run_id, self.findings, "trainguard/findings.json")

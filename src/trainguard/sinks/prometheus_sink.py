@@ -1,7 +1,7 @@
 """The Prometheus sink: the run's state, progress and findings as Prometheus metrics.
 
 By default a textfile (`RUN/metrics.prom`, for node_exporter's textfile collector: point it at the
-file or copy it there), rewritten atomically on every change; `prometheus=/path/file.prom` picks the
+file or copy it there), rewritten atomically after each pass over the store (every 2 s); `prometheus=/path/file.prom` picks the
 file, `prometheus=:9464` (or `HOST:PORT`) serves the same metrics over HTTP instead, for as long as
 `trainguard run` lives.
 
@@ -57,14 +57,15 @@ class PrometheusSink:
         for name, gauge in self.values.items():
             if name in values:
                 gauge.labels(self.run).set(values[name])
-        self._write()
+
+    def flush(self) -> None:
+        self._write()  # once per pass over the store, not once per step
 
     def finding(self, finding: dict[str, Any]) -> None:
         step = finding.get("step")
         self.finding_series.labels(self.run, str(finding.get("code")), str(finding.get("name")),
                                    str(finding.get("severity")), "" if step is None else str(step)).set(1)
         self.counts.labels(self.run, str(finding.get("severity"))).inc()
-        self._write()
 
     def close(self, status: dict[str, Any]) -> None:
         self._set_state(status.get("state", "unknown"))

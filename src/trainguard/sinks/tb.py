@@ -44,6 +44,9 @@ class TensorBoardSink:
                   finding.get("t"))
         self._writer.flush()  # a finding is worth seeing now, not at the next buffer flush
 
+    def flush(self) -> None:
+        self._writer.flush()
+
     def close(self, status: dict[str, Any]) -> None:
         from tensorboard.plugins.text.summary_v2 import text_pb
 

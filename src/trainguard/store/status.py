@@ -6,6 +6,11 @@ evidence, fix; crash findings also exception and where). More fields are welcome
 `owner` names the process that writes it; readers (`read_status`) show a live state whose owner is gone
 as `abandoned` (see store/owner.py), never as `running`.
 
+`health` in {ok, warning, error} stands beside `state`: `state` says how the process ended, `health`
+what the run's findings say about it. A run that exited 0 with its LR at zero is `completed` and
+`error`; a run that did not end well (failed, crashed, killed, hung) is always `error`. It is derived
+from the rest at every write (and on reading a status.json written before it existed).
+
 It is written atomically (a temp file renamed over the old one) so a reader never sees half a file.
 Its last word must be true even on a full disk: the owner of a run keeps a small reserve file beside
 it (`reserve_space`) and gives it up for the final status when nothing else can be written.
@@ -21,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UserError
+from trainguard.untrusted import load_json, regular_file
 
 STATUS_NAME = "status.json"
 STATES = ("running", "hung", "completed", "failed", "crashed", "killed")
 RESERVE_NAME = ".status.reserve"
 RESERVE_BYTES = 256 * 1024  # room for a final status.json with its findings, kept while the run lives
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+MAX_STATUS_BYTES = 64 << 20  # a status.json larger than this is damaged; reading it whole would cost the memory
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
@@ -47,8 +54,33 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
         raise
 
 
+HEALTHS = ("ok", "warning", "error")
+BAD_ENDS = ("failed", "crashed", "killed", "hung", "abandoned")
+
+
+def health_of(status: dict[str, Any]) -> str:
+    """ok | warning | error: the worst of the findings' severities, error for a run that did not end well."""
+    if status.get("state") in BAD_ENDS:
+        return "error"
+    severities = {f.get("severity") for f in status.get("findings") or [] if isinstance(f, dict)}
+    return "error" if "error" in severities else "warning" if "warning" in severities else "ok"
+
+
+def health_counts(status: dict[str, Any]) -> str:
+    """`error (2 errors, 1 warning)`: the health word with what it rests on, for one line of output."""
+    found = [f for f in status.get("findings") or [] if isinstance(f, dict)]
+    errors = sum(f.get("severity") == "error" for f in found)
+    warnings = sum(f.get("severity") == "warning" for f in found)
+    parts = [f"{errors} error{'s' if errors != 1 else ''}" if errors else "",
+             f"{warnings} warning{'s' if warnings != 1 else ''}" if warnings else ""]
+    detail = ", ".join(p for p in parts if p)
+    health = status.get("health") or health_of(status)
+    return f"{health} ({detail})" if detail else health
+
+
 def write_status(run_dir: str | Path, status: dict[str, Any], *, final: bool = False) -> None:
     """Writes status.json; with `final`, a full disk gives up the run's reserve (see `reserve_space`)."""
+    status = {**status, "health": health_of(status)}
     text = json.dumps(status, indent=2, default=str) + "\n"
     path = Path(run_dir) / STATUS_NAME
     try:
@@ -87,8 +119,10 @@ def release_space(run_dir: str | Path) -> bool:
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / STATUS_NAME
+    if not path.exists() and not path.is_symlink():
+        return {}
     try:
-        data = json.loads(path.read_text())
+        data = load_json(regular_file(path, "status.json").read_bytes()[:MAX_STATUS_BYTES + 1])
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
@@ -97,4 +131,32 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
         raise UserError(f"{path} is not a trainguard status (a JSON object is expected, found {type(data).__name__})")
     from trainguard.store.owner import check_owner
 
-    return check_owner(data)
+    data = check_owner(_shaped(data))
+    derived = health_of(data)  # written before `health` existed, or since abandoned by its owner
+    if data.get("health") not in HEALTHS or HEALTHS.index(derived) > HEALTHS.index(data["health"]):
+        data["health"] = derived
+    return data
+
+
+_NUMBERS = ("step", "total_steps", "exit_code", "pid", "started", "updated", "ended", "attempt")
+
+
+def _shaped(data: dict[str, Any]) -> dict[str, Any]:
+    """A damaged or hand-edited status.json shaped so that every reader can rely on the types it documents:
+    fields of the wrong type are dropped (a finding that is not an object, a step that is not a number)."""
+    out = dict(data)
+    if not isinstance(out.get("state"), str):
+        out["state"] = "unknown (status.json holds no state)" if "state" not in out else "unknown (bad state)"
+    for key in _NUMBERS:
+        value = out.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not -1e18 < value < 1e18):
+            out.pop(key)
+    findings = out.get("findings")
+    out["findings"] = [f for f in findings if isinstance(f, dict)] if isinstance(findings, list) else []
+    for key, kind in (("command", list), ("owner", dict), ("phase", str), ("signal", str), ("state_note", str)):
+        if key in out and out[key] is not None and not isinstance(out[key], kind):
+            out.pop(key)
+    if isinstance(out.get("command"), list):
+        out["command"] = [str(c) for c in out["command"]]
+    return out
