@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 from trainguard.errors import UserError
 from trainguard.ingest.events import STEP_NAMES, Facts, Source, metrics_to_events, sniff_binary, to_number
 from trainguard.ingest.textlog import MAX_LINE
+from trainguard.untrusted import load_json
 
 ULTRALYTICS_PARTS = ("train/",)  # results.csv: train/box_loss, train/cls_loss, train/dfl_loss
 
@@ -96,8 +96,8 @@ def _json_rows(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
             if not line:
                 continue
             try:
-                obj = json.loads(line)
-            except ValueError:
+                obj = load_json(line)
+            except ValueError:  # malformed, nested too deep, a number too long
                 facts.skipped += 1
                 continue
             if isinstance(obj, dict):

@@ -30,13 +30,17 @@ TRACEBACK_LINES = 400  # lines kept of one traceback
 _NEWLINE = re.compile(rb"[\r\n]")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _NUM = r"[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?)"
-_PAIR = re.compile(r"([A-Za-z][\w/.\-]*)\s*[=:]\s*(" + _NUM + r")(?![\w.])", re.IGNORECASE)
+# a key starts where a word starts: without the look-behind a 64 KiB run of letters (a base64 blob) is
+# tried from each of its positions, quadratic in the line (minutes for one line)
+_PAIR = re.compile(r"(?<![\w/.\-])([A-Za-z][\w/.\-]*)\s*[=:]\s*(" + _NUM + r")(?![\w.])", re.IGNORECASE)
 _SPACED = re.compile(r"\b(loss|lr|learning_rate|grad_norm)\s+(" + _NUM + r")(?![\w.])", re.IGNORECASE)
 # Hugging Face 5 prints its values quoted ('loss': '1.181'), older versions bare ('loss': 1.181)
 _QUOTED = re.compile(r"""['"]([\w/.\-]+)['"]\s*:\s*['"]?(""" + _NUM + r""")['"]?(?![\w.])""", re.IGNORECASE)
 _STEP = re.compile(r"\b(?:global[_ ]step|step|iter(?:ation)?)\b\s*[:=#]?\s*(\d+)", re.IGNORECASE)
-_TQDM = re.compile(r"(\d+)/(\d+) \[[^\]]*?\]")
-_TQDM_POST = re.compile(r"(\d+)/(\d+) \[[^\]]*?,\s*([^\]]*=[^\]]*)\]")
+_TQDM = re.compile(r"(\d+)/(\d+) \[[^\]]{0,1000}?\]")
+# a bar with its bracket; the postfix (`loss=2.1, lr=1e-4`) is cut out of the bracket in Python: as one
+# regex (lazy prefix, comma, `=` inside) it was cubic in a bracket that never closes
+_TQDM_BRACKET = re.compile(r"(\d+)/(\d+) \[([^\]]{0,1000})\]")  # a bracket is short: bounded scan
 _EVAL_WORD = re.compile(r"(?:^|[\s\[(|])(?:eval|evaluation|val|valid|validation)\b", re.IGNORECASE)
 _EPOCH_BAR = re.compile(r"^\s*(?:epoch|validation|sanity)", re.IGNORECASE)
 # the last line of a traceback, as `trainguard.watchdog.crash` reads it
@@ -230,11 +234,11 @@ class _LineParser:
         if n < self.bar_last and total == self.bar_total:
             self.bar_offset += self.bar_total  # a bar that restarts each epoch
         self.bar_last, self.bar_total = n, total
-        post = _TQDM_POST.search(line)
+        post = _bar_postfix(line)
         if post is None or n == 0:
             return []
         pairs = {k: v for k, v in ((k, to_number(v)) for k, v in re.findall(r"([\w/.\-]+)=([^,\s\]]+)",
-                                                                            post.group(3))) if v is not None}
+                                                                            post)) if v is not None}
         if self.plan_total is None and not _EPOCH_BAR.match(line):
             self.plan_total = total
         return self._emit(self.bar_offset + n, pairs, parts=True)
@@ -250,6 +254,16 @@ class _LineParser:
 
 
 @functools.lru_cache(maxsize=1024)
+def _bar_postfix(line: str) -> str | None:
+    """`loss=2.1, lr=1e-4` of the first bar whose bracket has, after its first comma, a `key=value`."""
+    for m in _TQDM_BRACKET.finditer(line):
+        inside = m.group(3)
+        comma = inside.find(",")
+        if comma >= 0 and "=" in inside[comma + 1:]:
+            return inside[comma + 1:].lstrip()
+    return None
+
+
 def _part_names(keys: tuple[str, ...]) -> tuple[str, ...]:
     """Keys that are loss parts (`kd_loss`, `lm_loss`): named *loss but not the total."""
     return tuple(k for k in keys if k.lower().endswith("loss") and k.lower() not in

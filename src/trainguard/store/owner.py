@@ -32,7 +32,7 @@ def owner_alive(owner: dict[str, Any]) -> bool | None:
         return None
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # no such process; a number no pid can be
         return False
     except (PermissionError, OSError):
         pass  # someone else's process holds the pid: its start time decides
