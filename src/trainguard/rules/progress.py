@@ -161,37 +161,63 @@ class ParamsWithoutGrad(Rule):
 
 
 def _eval_key(data: dict[str, Any]) -> tuple | None:
-    numeric = {k: v for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    # NaN and inf are `nonfinite-loss`'s to report: a NaN repeated is not a frozen result
+    numeric = {k: v for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and finite(v)}
     if not numeric:
         return None
     # A metric pinned at a bound (accuracy 1.0, error 0.0) is not frozen, it is finished.
     if all(v in (0.0, 1.0) for v in numeric.values()):
         return None
-    return tuple(sorted((k, float(f"{v:.7g}") if finite(v) else str(v)) for k, v in numeric.items()))
+    return tuple(sorted((k, float(f"{v:.7g}")) for k, v in numeric.items()))
+
+
+# Loss-like evaluation metrics: averages over many samples, which move whenever the weights move.
+_CONTINUOUS = ("loss", "ppl", "perplexity", "nll")
+# Metrics about the evaluation's cost, not the model: they change on their own.
+_NOT_MODEL = ("runtime", "per_second", "samples", "steps", "epoch", "time", "flos", "mem")
+FROZEN_SPREAD = 1e-5  # relative: a loss equal to 5 significant digits
+FROZEN_EVALS = 5  # evaluations in a row, for one metric while others move
+
+
+def _uniform_classes(value: float) -> int | None:
+    """K when `value` is ln(K) to 5 digits (2 <= K <= 1,000,000): the loss of a uniform guess over K classes."""
+    if not 0.69 < value < 13.9:
+        return None
+    k = round(math.exp(value))
+    return k if abs(math.log(k) - value) <= 1e-5 * value else None
 
 
 class EvalMetricsFrozen(Rule):
-    """TG203 eval-metrics-frozen: identical evaluation results across three or more evaluations.
+    """TG203 eval-metrics-frozen: evaluation results that do not change from one evaluation to the next.
 
     ## What it detects
-    Three evaluations in a row (`guard.eval(...)`) whose numeric results are all identical (to 7
-    significant digits). Results made only of 0s and 1s (an accuracy at 100%) do not count.
+    Either three evaluations in a row whose numeric results are all identical (to 7 significant
+    digits; results made only of 0s and 1s, an accuracy at 100%, do not count); or one loss-like
+    metric (`loss`, `ppl`, `nll`) equal to 5 significant digits at five evaluations in a row while
+    the other metrics move, judged per metric. A frozen loss at ln(K) is named as the loss of a
+    uniform guess over K classes. NaN and inf are left to `nonfinite-loss`.
 
     ## Why it matters
     Between two evaluations the weights changed, so the results should too. Identical results mean
     the weights did not change (seed 002: `101.40 -> 101.40 -> 101.40` with the LR at zero), or the
-    evaluation does not look at the model being trained (a stale copy, a cached result).
+    evaluation does not look at the model being trained (a stale copy, a cached result). An eval loss
+    pinned at ln(4) while the accuracy jitters around 25% is a 4-way classifier that outputs the same
+    distribution for every input: it never learned.
 
     ## Example
-    `TG203 eval-metrics-frozen [error] at step 1000: 3 evaluations in a row gave identical results
-    (loss=101.4) at steps 1000, 2000, 3000`
+    `TG203 eval-metrics-frozen [error] at step 400: eval loss 1.38629 at 5 evaluations in a row (steps
+    400-600, spread 1.2e-06) while accuracy moved (0.234-0.301): it is ln(4), the loss of a uniform
+    guess over 4 classes`
 
     ## What to change
     Check that the weights move (`weights-not-updating`, `lr-reaches-zero`) and that the evaluation
-    runs the model being trained, not a copy made before training.
+    runs the model being trained, not a copy made before training; a loss at ln(K): check the labels
+    reach the loss and the head is not saturated or detached.
 
     ## Known false positives
-    An evaluation that reports a rounded or integer metric that truly did not change.
+    An evaluation that reports a rounded or integer metric that truly did not change; a loss measured
+    after the LR schedule has decayed to nothing (not judged per metric once the LR is below 5% of
+    its peak).
 
     ## Options
     None.
@@ -203,11 +229,26 @@ class EvalMetricsFrozen(Rule):
         super().__init__(plan)
         self.key: tuple | None = None
         self.same = Streak()  # the steps of the evaluations in a row with these results
+        # per loss-like metric: the recent (step, value) of evaluations in a row, and the other metrics' ranges
+        self.runs: dict[str, collections.deque[tuple[Any, float]]] = {}
+        self.others: dict[str, collections.deque[float]] = {}
+        self.lr_peak = 0.0
+        self.lr = None
+
+    def on_step(self, row: dict[str, Any]) -> None:
+        lr = step_lr(row)
+        if finite(lr):
+            self.lr = lr
+            self.lr_peak = max(self.lr_peak, lr)
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         if event.get("kind") != "eval":
             return None
-        key = _eval_key(event.get("data") or {})
+        data = event.get("data") or {}
+        return self._all_same(event, data) or self._one_frozen(event, data)
+
+    def _all_same(self, event: dict[str, Any], data: dict[str, Any]) -> Finding | None:
+        key = _eval_key(data)
         if key is None:
             return None
         if key != self.key:
@@ -227,13 +268,57 @@ class EvalMetricsFrozen(Rule):
             evidence={"metrics": dict(key), "steps": list(steps), "detected_step": event.get("step")},
         )
 
+    def _one_frozen(self, event: dict[str, Any], data: dict[str, Any]) -> Finding | None:
+        step = event.get("step")
+        for name, value in data.items():
+            low = str(name).lower()
+            if any(w in low for w in _NOT_MODEL) or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if not any(w in low for w in _CONTINUOUS):
+                self.others.setdefault(name, collections.deque(maxlen=FROZEN_EVALS)).append(value)
+                continue
+            run = self.runs.setdefault(name, collections.deque(maxlen=FROZEN_EVALS))
+            if not finite(value) or value == 0:
+                run.clear()
+                continue
+            run.append((step, float(value)))
+        if self.lr is not None and self.lr_peak > 0 and self.lr < 0.05 * self.lr_peak:
+            return None  # the schedule has decayed: weights that settle are meant to
+        for name, run in self.runs.items():
+            if len(run) < FROZEN_EVALS:
+                continue
+            values = [v for _, v in run]
+            spread = max(values) - min(values)
+            if spread > FROZEN_SPREAD * abs(median(values)):
+                continue
+            moved = {k: (min(v), max(v)) for k, v in self.others.items()
+                     if len(v) == FROZEN_EVALS and all(finite(x) for x in v) and max(v) > min(v)}
+            if not moved:
+                continue  # nothing else moved either: the all-identical check speaks for that
+            level = median(values)
+            k = _uniform_classes(level)
+            uniform = f": it is ln({k}), the loss of a uniform guess over {k} classes" if k else ""
+            other = ", ".join(f"{n} {fmt(lo)}-{fmt(hi)}" for n, (lo, hi) in list(moved.items())[:3])
+            return self.finding(
+                step=run[0][0], cause=f"frozen-{name}",
+                summary=f"eval {name} {level:.6g} at {FROZEN_EVALS} evaluations in a row (steps {run[0][0]}-"
+                        f"{run[-1][0]}, spread {fmt(spread)}) while {other} moved{uniform}",
+                fix="check that the weights move and the evaluation runs the model being trained; a loss at ln(K): "
+                    "check that the labels reach the loss and the output head is not saturated or detached",
+                evidence={"metric": name, "value": level, "spread": spread, "steps": [s for s, _ in run],
+                          "others": moved, "uniform_classes": k, "detected_step": step},
+            )
+        return None
+
 
 class LossNotDecreasing(Rule):
     """TG204 loss-not-decreasing: no improvement beyond the loss's own noise over a window of the run.
 
     ## What it detects
-    After a window of 5% of the planned run (at least 50, at most 200 steps; 200 without a plan), the
-    median loss of the first half of the steps so far is compared with the median of the latest half.
+    After a window of 5% of the planned run (at least 50, at most 200 steps; 200 without a plan),
+    counted in optimizer steps, not in logged rows (a log that reports every 50th step reaches it in a
+    few rows; at least 16 rows are needed; without a plan, rows), the median loss of the first half of the rows so far is
+    compared with the median of the latest half.
     The loss must have fallen by more than twice the standard error of that comparison (from the
     loss's own step-to-step noise) and by at least 1% of its starting level, or the rule fires. When
     the loss is so noisy that a fall of 5% could not be told from noise yet, the rule waits for more
@@ -262,6 +347,7 @@ class LossNotDecreasing(Rule):
 
     code, name, severity = "TG204", "loss-not-decreasing", "warning"
     MAX_KEEP = 2000
+    MIN_ROWS = 16  # 8 a half: fewer cannot give a median and a noise
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -283,15 +369,18 @@ class LossNotDecreasing(Rule):
         self.losses.append(loss)
         if len(self.losses) > self.MAX_KEEP:
             del self.losses[self.MAX_KEEP // 2 : self.MAX_KEEP // 2 + 1]  # keep the start, thin the middle
-        if self.n < self.next_check:
+        # steps covered, whatever the logging interval; without a plan the window has no length to be a
+        # share of, and a row stands for a step (the 200-step window and 1000-step patience are rows)
+        span = row["step"] - self.first_step + 1 if self.total_steps else self.n
+        if span < self.next_check or self.n < self.MIN_ROWS:
             return None
         k = len(self.losses) // 2
-        self.next_check = self.n + max(5, k // 4)
+        self.next_check = span + max(5, k // 4) * max(1, span // self.n)  # a quarter of a half again, in steps
         first, recent = self.losses[:k], self.losses[-k:]
         start, now = median(first), median(recent)
         noise = robust_std(recent)
         se = 1.25 * noise * math.sqrt(2.0 / k)
-        if se > 0.025 * abs(start) and self.n < self.patience:
+        if se > 0.025 * abs(start) and span < self.patience:
             return None  # too noisy to tell a 5% fall from chance yet: wait for more steps
         self.decided = True
         need = max(2 * se, 0.01 * abs(start))
@@ -299,8 +388,8 @@ class LossNotDecreasing(Rule):
             return None
         return self.finding(
             step=self.first_step,
-            summary=f"after {self.n} steps the loss is {fmt(now)} (median of the last {k}), against "
-                    f"{fmt(start)} over its first {k} steps; its step-to-step noise is {fmt(noise)}",
+            summary=f"after {self.n} logged steps (to step {row['step']}) the loss is {fmt(now)} (median of the last "
+                    f"{k}), against {fmt(start)} over its first {k}; its step-to-step noise is {fmt(noise)}",
             fix="check that inputs and targets line up, the LR suits the optimizer, and gradients reach the model",
             evidence={"start_median": start, "recent_median": now, "noise": noise, "needed_drop": need,
                       "window": k, "detected_step": row["step"]},
