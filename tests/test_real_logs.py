@@ -42,17 +42,8 @@ def grade(item: dict) -> tuple[str, str]:
     return ("right" if any(f.code in accept or f.name in accept for f in severe) else "miss"), said
 
 
-# still wrong on main, fixed by the rules' work in progress (frozen evaluations per metric, spikes in log space)
-PENDING = {"textlog/1025378573__T5-Finetune__train.log"}
-
-
-def _param(item: dict) -> object:
-    marks = [pytest.mark.xfail(strict=True, reason="pending rule change")] if item["path"] in PENDING else []
-    return pytest.param(item, id=item["path"].split("/")[-1][:60], marks=marks)
-
-
 @pytest.mark.skipif(not ITEMS, reason=f"the real-logs corpus is not at {CORPUS}")
-@pytest.mark.parametrize("item", [_param(i) for i in ITEMS])
+@pytest.mark.parametrize("item", ITEMS, ids=[i["path"].split("/")[-1][:60] for i in ITEMS])
 def test_real_artifact_gets_its_verdict(item: dict) -> None:
     verdict, said = grade(item)
     assert verdict == "right", f"{verdict}: expected {item['expect']} ({item['why'][:160]}); diagnose said {said}"

@@ -145,6 +145,29 @@ def test_plateau_window_is_counted_in_steps_not_rows() -> None:
     assert "loss-not-decreasing" not in [f.name for f in run_rules(falling, {"total_steps": 3140})]
 
 
+def _spiky(seed: int, sigma: float, spikes: dict[int, float], n: int = 1500) -> list[dict]:
+    """Per-batch losses falling from 3 to 0.3 with log-normal noise of `sigma`, times `spikes[step]`."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+    return [{"kind": "step", "step": s, "t": float(s),
+             "loss": (0.3 + 2.7 * math.exp(-s / 300)) * math.exp(rng.gauss(0, sigma)) * spikes.get(s, 1.0)}
+            for s in range(1, n + 1)]
+
+
+def test_spike_is_judged_against_the_runs_own_noise_tail() -> None:
+    def spikes(rows: list[dict]) -> list:
+        return [f for f in run_rules(rows, {"total_steps": len(rows)}) if f.name == "loss-spike"]
+    # a fine-tune's per-batch losses: jumps of 5-10x are its ordinary noise, a 15x one is too (T5's log)
+    assert spikes(_spiky(0, 0.8, {1136: 15.0})) == []
+    # a smooth run: a 2x blip is not a spike, a 2,250x one is, and it is the one reported
+    (f,) = spikes(_spiky(1, 0.03, {300: 2.0, 1200: 2250.0}))
+    assert f.step == 1200 and f.evidence["ratio"] > 1000
+    # a 20x spike first, then a 2,250x one: the larger is reported too, not hidden behind the first
+    assert [f.step for f in spikes(_spiky(2, 0.03, {400: 20.0, 1200: 2250.0}))] == [400, 1200]
+
+
 class _Broken(Rule):
     code, name, severity = "TG999", "always-raises", "warning"
 

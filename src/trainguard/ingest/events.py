@@ -22,7 +22,7 @@ LR_NAMES = ("lr", "learning_rate", "train/lr", "train/learning_rate", "lr-adamw"
             "lr/pg0", "learning-rate")
 GRAD_NAMES = ("grad_norm", "gradient_norm", "train/grad_norm", "grad-norm", "gnorm", "grad norm")
 STEP_NAMES = ("step", "global_step", "iteration", "iter", "it", "train/global_step", "trainer/global_step",
-              "current_steps")  # LLaMA-Factory's trainer_log.jsonl
+              "current_steps", "_step")  # LLaMA-Factory's trainer_log.jsonl; W&B history exports
 EVAL_PREFIXES = ("eval_", "eval/", "val_", "val/", "valid_", "validation_", "validation/", "test_", "test/",
                  "dev_", "evaluation_", "metrics/")
 

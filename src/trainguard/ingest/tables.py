@@ -137,20 +137,40 @@ def read_jsonl(path: Path) -> Source:
     rows = _json_rows(path, facts)
     if total:
         rows = _reaches(rows, total, facts)
-    fmt = "llama-factory trainer_log.jsonl" if total else "json lines"
+    fmt = ("ms-swift logging.jsonl" if "global_step/max_steps" in _first_line(path) else
+           "llama-factory trainer_log.jsonl") if total else "json lines"
     return Source(path=path, format=fmt, events=_merged(rows, None, facts, ()), plan=plan, facts=facts,
                   log_like=bool(total))
 
 
-def _peek_total(path: Path) -> int | None:
+def _first_line(path: Path) -> str:
     with open(path, "rb") as f:
-        first = f.readline(MAX_LINE)
+        return f.readline(MAX_LINE).decode("utf-8", "replace")
+
+
+def _peek_total(path: Path) -> int | None:
+    first = _first_line(path)
     try:
         obj = json.loads(first)
     except ValueError:
         return None
-    total = to_number(obj.get("total_steps")) if isinstance(obj, dict) else None
+    if not isinstance(obj, dict):
+        return None
+    total = to_number(obj.get("total_steps"))
+    if total is None and (of_max := _of_max(obj)) is not None:
+        total = of_max[1]
     return int(total) if total is not None and 0 < total < 1e15 else None
+
+
+def _of_max(row: dict[str, Any]) -> tuple[int, int] | None:
+    """ms-swift's `"global_step/max_steps": "10/500"`."""
+    value = row.get("global_step/max_steps")
+    if not isinstance(value, str) or "/" not in value:
+        return None
+    n, _, total = value.partition("/")
+    if not (n.strip().isdigit() and total.strip().isdigit()):
+        return None
+    return int(n), int(total)
 
 
 def _reaches(rows: Iterable[dict[str, Any]], total: int, facts: Facts) -> Iterator[dict[str, Any]]:
@@ -245,7 +265,7 @@ def _merged(rows: Iterable[dict[str, Any]], key: str | None, facts: Facts,
             if name is None or name == key or str(name).lower() in STEP_NAMES:
                 continue
             number = to_number(value)
-            if number is not None and str(name).lower() != "epoch":
+            if number is not None and str(name).lower() not in ("epoch", "total_steps", "percentage"):
                 merged[str(name)] = number
     if current is not None:
         yield from metrics_to_events(current, merged, facts, parts_from=parts or _loss_parts(tuple(merged)))
@@ -264,6 +284,8 @@ def _loss_parts(names: tuple[str, ...]) -> tuple[str, ...]:
 
 def _step_of(row: dict[str, Any], key: str | None) -> int | None:
     names = [key] if key else [k for k in row if str(k).lower() in STEP_NAMES]
+    if not names and (of_max := _of_max(row)) is not None:
+        return of_max[0]
     for name in names:
         value = to_number(row.get(name))
         if value is not None and value == value and abs(value) < 1e15:

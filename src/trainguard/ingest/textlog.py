@@ -43,19 +43,28 @@ _NUM = r"[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+
 _QUALIFIER = r"(?:(?:train|training|val|valid|validation|eval|evaluation|test|dev|batch|average|avg|mean|epoch|total|running)\s+){0,2}"
 _PAIR = re.compile(r"(?<![\w/.\-])(" + _QUALIFIER + r"[A-Za-z][\w/.\-]*)\s*[=:]\s*(" + _NUM + r")(?![\w.])",
                    re.IGNORECASE)
-_SPACED = re.compile(r"\b(loss|lr|learning_rate|grad_norm)\s+(" + _NUM + r")(?![\w.])", re.IGNORECASE)
+_SPACED = re.compile(r"\b(" + _QUALIFIER + r"(?:loss|lr|learning_rate|grad_norm))\s+(" + _NUM + r")(?![\w.])",
+                     re.IGNORECASE)
 # one cell of a `| lr 20.0000 | loss   nan |` table (pytorch/examples, fairseq): a name, then its number
 _CELL = re.compile(r"((?:[A-Za-z][\w/.\-]*\s+){0,3}?[A-Za-z][\w/.\-]*)\s*[:=]?\s*(" + _NUM + r")", re.IGNORECASE)
 # `BLEU-1 73.98, BLEU-2 68.28` on a line that says it is an evaluation
 _LOOSE = re.compile(r"(?<![\w/.\-])([A-Za-z][\w\-]*)\s+(" + _NUM + r")(?![\w.])", re.IGNORECASE)
 # Hugging Face 5 prints its values quoted ('loss': '1.181'), older versions bare ('loss': 1.181)
 _QUOTED = re.compile(r"""['"]([\w/.\-]+)['"]\s*:\s*['"]?(""" + _NUM + r""")['"]?(?![\w.])""", re.IGNORECASE)
-_STEP = re.compile(r"\b(?:global[_ ]step|step|iter(?:ation)?)\b\s*[:=#]?\s*(\d+)(?:\s*/\s*(\d+))?", re.IGNORECASE)
-_EPOCH = re.compile(r"\bepoch\b\s*[:=#]?\s*(\d+)(?:\s*/\s*(\d+))?", re.IGNORECASE)
+# `step 120`, `Step 5/100`, `global_step: 10` (PaddleOCR), `num_updates=100` (fairseq), `Iter(train) [100/40000]`
+_STEP = re.compile(r"\b(?:global[_ ]step|num_updates|step|iter(?:ation)?)\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(\d+)"
+                   r"(?:\s*/\s*(\d+))?", re.IGNORECASE)
+# `Epoch 3/100`, `epoch 001`, `Epoch: [0]` (torchvision), `Epoch(train) [1]` (mmengine), `epoch: [1/500]`
+# (PaddleOCR), `Train: 0 [` (timm)
+_EPOCH = re.compile(r"\bepoch\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?|\btrain:\s*(\d+)\s+(?=\[)",
+                    re.IGNORECASE)
+# `[10/25]`, `[   0/1251 (  0%)]`: where in its epoch a bracketed progress line is
+_BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*(?:\(\s*\d+%\s*\))?\s*\]")
+_OF_MAX = re.compile(r"""global_step/max_steps['"]?\s*:\s*['"]?(\d+)/(\d+)""")
 # `200/ 2983 batches`: where in the epoch a pytorch/examples-style line is
 _PROGRESS = re.compile(r"(\d+)\s*/\s*(\d+)\s*(?:batches|batch|steps|iters|iterations)\b", re.IGNORECASE)
-_NOT_METRICS = {"step", "global_step", "iter", "iteration", "it", "epoch", "time", "eta"}
-_SUMMARY = ("average_", "avg_", "mean_", "epoch_")  # an epoch's summary, not a step's value
+_NOT_METRICS = {"step", "global_step", "iter", "iteration", "it", "epoch", "time", "eta", "num_updates"}
+_SUMMARY = ("average_", "avg_", "mean_", "epoch_", "best_")  # an epoch's summary, not a step's value
 _TQDM = re.compile(r"(\d+)/(\d+) \[[^\]]*?\]")
 _TQDM_POST = re.compile(r"(\d+)/(\d+) \[[^\]]*?,\s*([^\]]*=[^\]]*)\]")
 _EVAL_WORD = re.compile(r"(?:^|[\s\[(|])(?:eval|evaluation|val|valid|validation|dev|test)\b", re.IGNORECASE)
@@ -220,18 +229,18 @@ class _LineParser:
         pairs = _pairs(line)
         if not pairs:
             return []
-        epoch = _EPOCH.search(line)
-        if epoch and epoch.group(2) and int(epoch.group(1)) == int(epoch.group(2)) > 1:
-            # `Epoch 100/100 - Train Loss: ...`: the last of the planned epochs was reached
-            self.facts.completed = self.facts.completed or f"reached the last epoch: {line[:120]}"
-        step = self._step_of(line, epoch)
+        epoch = _epoch_of(line)
         train = {k: v for k, v in pairs.items() if not is_eval_name(k) and k not in _NOT_METRICS
                  and not k.startswith(_SUMMARY)}
-        evals = {_eval_key(k): v for k, v in pairs.items() if is_eval_name(k)}
-        # `[Eval] loss: 22.3`, `eval step 100 loss=2.1`: a line marked as evaluation is one as a whole;
-        # every word looked for holds "val", and the substring test costs a tenth of the search
+        evals = {_eval_key(k): v for k, v in pairs.items() if is_eval_name(k) and not _eval_key(k).startswith("best")}
+        # `[Eval] loss: 22.3`, `eval step 100 loss=2.1`: a line marked as evaluation is one as a whole
         if not evals and _eval_line(line):
             evals, train = train, {}
+        if train and epoch and epoch[1] and epoch[0] == epoch[1] > 1:
+            # `Epoch 100/100 - Train Loss: ...`: the last of the planned epochs was reached
+            self.facts.completed = self.facts.completed or f"reached the last epoch: {line[:120]}"
+        # an evaluation's own progress (`Epoch(val) [1][5/5]`) counts evaluation batches, not steps
+        step = self._step_of(line, epoch if train else None, progress=bool(train))
         out: list[dict[str, Any]] = []
         # `Epoch 1 - Batch loss: 12.1`: a line per batch with no step on it counts as the next step
         counting = epoch is not None or any(k.startswith("batch") for k in train)
@@ -250,19 +259,26 @@ class _LineParser:
             self.facts.ends_with = "summary"  # `Epoch 20 - Average Train Loss: 0.0038`: an epoch's end
         return out
 
-    def _step_of(self, line: str, epoch: re.Match[str] | None) -> int | None:
+    def _step_of(self, line: str, epoch: tuple[int, int | None] | None, progress: bool = True) -> int | None:
         """The optimizer step a metric line is at: `step 120`, `Step 5/100` (restarting each epoch), or
-        `200/ 2983 batches` within epoch N; None when the line names none."""
+        `200/ 2983 batches` / `[10/25]` within epoch N; None when the line names none."""
         m = _STEP.search(line)
         if m is not None:
             n, per = int(m.group(1)), int(m.group(2)) if m.group(2) else None
-        elif (p := _PROGRESS.search(line)) is not None:
+        elif progress and ((p := _PROGRESS.search(line)) is not None or (p := _BRACKET.search(line)) is not None):
             n, per = int(p.group(1)), int(p.group(2))
         else:
             return None
-        if epoch is None or per is None:
+        if per is None:
             return n
-        e = int(epoch.group(1))
+        if epoch is None:
+            # `Iter(train) [100/40000]`, `Step 5/100` with no epoch: the count of the whole run
+            if m is not None and 0 < n <= per:
+                self.plan_total = self.plan_total or per
+                if n == per:
+                    self.facts.completed = self.facts.completed or f"reached its last step ({per:,})"
+            return n
+        e = epoch[0]
         if self.first_epoch is None:
             self.first_epoch = e
         # the counter restarts each epoch: epochs before this one, times the steps each holds
@@ -275,6 +291,12 @@ class _LineParser:
         if "train_runtime" in pairs:
             return []  # the closing summary (its mean loss is no step)
         step = pairs.pop("step", None) or pairs.pop("global_step", None)
+        if step is None and (swift := _OF_MAX.search(line)) is not None:
+            # ms-swift: 'global_step/max_steps': '10/500'
+            step, total = int(swift.group(1)), int(swift.group(2))
+            self.plan_total = self.plan_total or total
+            if step == total:
+                self.facts.completed = self.facts.completed or f"global_step reaches max_steps ({total:,})"
         if all(k.startswith("eval_") for k in pairs if k != "epoch"):
             data = {k[5:]: v for k, v in pairs.items() if k.startswith("eval_")}
             self.facts.evals += 1
@@ -316,6 +338,18 @@ class _LineParser:
             self.step = step
             self.facts.ends_with = "step"
         return out
+
+
+def _epoch_of(line: str) -> tuple[int, int | None] | None:
+    """(epoch, planned epochs or None) when the line names its epoch."""
+    if "poch" not in line and "rain:" not in line:
+        return None
+    m = _EPOCH.search(line)
+    if m is None:
+        return None
+    if m.group(3) is not None:
+        return int(m.group(3)), None
+    return int(m.group(1)), int(m.group(2)) if m.group(2) else None
 
 
 def _pairs(line: str) -> dict[str, float]:
