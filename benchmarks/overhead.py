@@ -92,6 +92,40 @@ def _thread_cpu(guard) -> float:
     return 0.0
 
 
+def _time_contracts(guard, model, opt) -> dict[str, float]:
+    """Re-registers the contract checks' hooks (probe/contracts.py) through a timer of their own: their
+    share of the hot path, measured directly. TRAINGUARD_CONTRACTS=0 runs the benchmark without them."""
+    spent = {"all": 0.0, "in_step": 0.0}
+    c = guard._contracts
+    if c is None:
+        return spent
+
+    def timed(fn, also: str | None = None):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                dt = time.perf_counter() - t0
+                spent["all"] += dt
+                if also:
+                    spent[also] += dt
+        return wrapper
+
+    for handle in c.handles:
+        handle.remove()
+    opt.register_step_pre_hook(timed(c._opt_pre))
+    opt.register_step_post_hook(timed(c._opt_post))
+    if c.module is not None:
+        model.register_forward_pre_hook(timed(c._forward_pre), with_kwargs=True)
+        model.register_forward_hook(timed(c._forward_post), with_kwargs=True)
+    for w in c.grad_watch:
+        w.param.register_hook(timed(c._before_accumulate(w)))
+        w.param.register_post_accumulate_grad_hook(timed(c._after_accumulate(w)))
+    c.on_loss = timed(c.on_loss, also="in_step")
+    return spent
+
+
 def _bootstrap_ci(plain: list[float], guarded: list[float], draws: int = 5000) -> list[float]:
     """95% interval of the overhead (%) from resampling whole A/B rounds: how far the noise between
     rounds leaves the figure uncertain."""
@@ -169,6 +203,7 @@ def main() -> int:
     watched[1].register_step_pre_hook(timed(guard._on_opt_pre))
     watched[1].register_step_post_hook(timed(guard._on_opt_post))
     guard.step = timed(guard.step)
+    contracts_hot = _time_contracts(guard, watched[0], watched[1])
     gen_a, gen_b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
     step_plain = make_step(*plain, data, args, gen_a, scaler=scalers[0])
     step_guarded = make_step(*watched, data, args, gen_b, guard=guard, scaler=scalers[1])
@@ -182,6 +217,7 @@ def main() -> int:
         torch.cuda.set_sync_debug_mode(mode)
     plain_t, guarded_t = [], []
     hot[0] = 0.0
+    contracts_hot["all"] = contracts_hot["in_step"] = 0.0
     bg_cpu0 = _thread_cpu(guard)
     rules_cpu0 = guard.rules_cpu
     import warnings
@@ -197,6 +233,8 @@ def main() -> int:
     if args.device == "cuda":
         torch.cuda.set_sync_debug_mode(0)
     hot_s, bg_s = hot[0], _thread_cpu(guard) - bg_cpu0
+    # the contracts' loss check runs inside guard.step: counted once, in the probe's hot path
+    hot_s += contracts_hot["all"] - contracts_hot["in_step"]
     syncs = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
     probe_syncs = sorted({s for s in syncs if "trainguard" in s})
     guard.finish()
@@ -228,6 +266,10 @@ def main() -> int:
         "probe_thread_cpu_pct_of_step": round(100 * bg_s / sum(guarded_t), 3),
         # of which the health rules (the probe runs them itself here: no watchdog)
         "rules_cpu_ms_per_step": round(1000 * (guard.rules_cpu - rules_cpu0) / (n * len(guarded_t)), 4),
+        # of the hot path: the API-contract checks' hooks (optimizer, forward, gradient hooks; issue 20)
+        "contracts": guard._contracts is not None,
+        "contracts_hot_ms_per_step": round(1000 * contracts_hot["all"] / (n * len(guarded_t)), 4),
+        "contracts_hot_pct_of_step": round(100 * contracts_hot["all"] / sum(guarded_t), 3),
         "memory_samples": memory_samples,
         "amp": args.amp,
         "sync_debug_mode": mode,

@@ -220,11 +220,17 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
 # planned run or 200 steps, whichever is smaller.
 FAST_RULES = {"lr-reaches-zero", "nonfinite-loss", "nonfinite-grad", "weights-not-updating"}
 UNBUDGETED = {"eval-metrics-frozen"}
+# Issue 20's contracts are checked where the code runs: within the sampling gap (stats_every, 10 steps).
+CONTRACT_RULES = {"step-updates-nothing", "frozen-params-updated", "grads-never-reset", "eval-in-train-mode",
+                  "eval-before-train-init", "autocast-runs-fp32", "loss-broadcasts-batch", "replicas-diverged",
+                  "workers-share-rng"}
 
 
 def latency_budget(name: str, total_steps: Any) -> int | None:
     if name in UNBUDGETED:
         return None
+    if name in CONTRACT_RULES:
+        return 10
     if name in FAST_RULES:
         return 20
     if isinstance(total_steps, int) and total_steps > 0:

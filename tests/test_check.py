@@ -29,7 +29,7 @@ def test_seed002_schedule_and_warmup(tmp_path: Path) -> None:
     assert r.returncode == 1, r.stderr
     report = _last_json(r.stdout)
     names = {f["name"]: f for f in report["findings"]}
-    assert set(names) == {"schedule-ignores-accumulation", "warmup-exceeds-run"}
+    assert set(names) == {"max-steps-counts-micro-batches", "schedule-ignores-accumulation", "warmup-exceeds-run"}
     assert report["plan"]["optimizer_steps"] == 4686  # 100000 / 4 = 25000 micro-batches // 16 × 3
     assert "75000" in names["schedule-ignores-accumulation"]["summary"]
     assert names["schedule-ignores-accumulation"]["evidence"]["training.gradient_accumulation_steps"] == 16
@@ -47,7 +47,34 @@ def test_fix_writes_a_config_that_passes(tmp_path: Path, suffix: str) -> None:
     assert again.returncode == 0 and _last_json(again.stdout)["findings"] == []
     data = json.loads(out.read_text()) if suffix == ".json" else yaml.safe_load(out.read_text())
     assert data["training"]["num_training_steps"] == 4686 and data["training"]["warmup_steps"] == 469
+    assert data["training"]["max_steps"] == 4686
     assert data["distillation"] == {"temperature": 3.0, "kd_top_k": None}  # the rest is kept as it was
+
+
+def test_seed002_max_steps_counted_in_micro_batches(tmp_path: Path) -> None:
+    # Seed 002's own shape: 3 epochs of 25,000 micro-batches, accumulation 16, max_steps 75,000 (the
+    # micro-batch count). Before TG619 this passed as "plan: 75000 optimizer steps (max_steps 75000)".
+    cfg = tmp_path / "seed002.yaml"
+    cfg.write_text("training:\n  num_train_epochs: 3\n  per_device_train_batch_size: 4\n"
+                   "  gradient_accumulation_steps: 16\n  max_steps: 75000\n  warmup_steps: 1000\n"
+                   "  lr_scheduler_type: cosine\n  learning_rate: 3.0e-5\ndataset_size: 100000\n")
+    r = run_trainguard("check", "--json", str(cfg), cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    report = _last_json(r.stdout)
+    assert [f["name"] for f in report["findings"]] == ["max-steps-counts-micro-batches"]
+    f = report["findings"][0]
+    # the arithmetic is in the finding: 25000 per epoch x 3 = 75000 micro-batches; 1562 x 3 = 4686 steps
+    assert "25000 per epoch × 3" in f["summary"] and "1562 × 3 = 4686 optimizer steps" in f["summary"]
+    assert f["evidence"]["training.max_steps"] == 75000 and f["evidence"]["micro_batches"] == 75000
+    assert report["plan"]["optimizer_steps"] == 4686
+    out = tmp_path / "fixed.yaml"
+    r = run_trainguard("check", str(cfg), "--fix", "--output", str(out), cwd=tmp_path)
+    assert r.returncode == 0 and "fixed training.max_steps: 75000 -> 4686" in r.stdout, r.stdout
+    assert yaml.safe_load(out.read_text())["training"]["max_steps"] == 4686
+    # the same max_steps without accumulation counts optimizer steps: nothing to say
+    cfg.write_text(cfg.read_text().replace("gradient_accumulation_steps: 16", "gradient_accumulation_steps: 1"))
+    _, findings = check(load_config(cfg))
+    assert "max-steps-counts-micro-batches" not in {x.name for x in findings}
 
 
 def test_seed004_patience_shorter_than_curriculum_and_fix(tmp_path: Path) -> None:

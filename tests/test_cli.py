@@ -86,3 +86,18 @@ def test_garbage_inputs_get_one_line(workdir: Path) -> None:
     (workdir / "l").mkdir()
     (workdir / "l" / "status.json").write_text("[1, 2]")
     _one_line_error(run_trainguard("status", "l", cwd=workdir))
+
+
+def test_distill_without_its_extra_is_one_line_and_exit_2(workdir: Path) -> None:
+    # The interpreter is told tokenizers cannot be imported (None in sys.modules is how Python itself
+    # marks a module as unimportable), as in an environment installed without the distill extra.
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['tokenizers'] = None; from trainguard.cli import main; main()"
+    out = subprocess.run([sys.executable, "-c", code, "distill", "bundled"], cwd=workdir, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert "Traceback" not in out.stderr and "internal error" not in out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "pip install 'trainguard[distill]'" in lines[0], out.stderr

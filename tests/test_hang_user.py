@@ -112,6 +112,7 @@ UNINSTRUMENTED = textwrap.dedent('''
 
 
 def test_without_the_probe_and_without_ptrace_the_hang_is_unknown_and_says_why() -> None:
+    # --no-auto: not even the automatic probe's signal dump (tests/test_hang_noptrace.py has it on)
     python = _nobody_python()
     tmp_path = Path(tempfile.mkdtemp(prefix="tg-nobody-"))
     tmp_path.chmod(0o777)
@@ -120,7 +121,8 @@ def test_without_the_probe_and_without_ptrace_the_hang_is_unknown_and_says_why()
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
         env["HOME"] = str(tmp_path)
         r = subprocess.run(["runuser", "-u", "nobody", "--", python, "-m", "trainguard.cli", "run", "--quiet",
-                            "--run-dir", str(tmp_path / "run"), "--stall-timeout", "3", "--", python, "train.py"],
+                            "--run-dir", str(tmp_path / "run"), "--stall-timeout", "3", "--no-auto", "--", python,
+                            "train.py"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
         assert r.returncode == 124, r.stderr
         status = json.loads((tmp_path / "run" / "status.json").read_text())

@@ -87,3 +87,95 @@ def test_skips_what_it_cannot_simulate() -> None:
     assert simulate(_linear(opt, 1, 10), ratio=0, offset=0, total_steps=10, grad_accum=1)["skipped"]
     plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
     assert simulate(plateau, ratio=1, offset=0, total_steps=10, grad_accum=1)["skipped"]
+
+
+# -- every schedule (issue 15): composites, Hugging Face, an LR set by hand --------------------------------
+
+def _seq(opt: torch.optim.Optimizer, warmup: int, t_max: int) -> torch.optim.lr_scheduler.SequentialLR:
+    lr = torch.optim.lr_scheduler
+    return lr.SequentialLR(opt, [lr.LinearLR(opt, start_factor=0.01, total_iters=warmup),
+                                 lr.CosineAnnealingLR(opt, T_max=t_max)], milestones=[warmup])
+
+
+def test_sequential_warmup_cosine_sized_in_microbatches_ends_late() -> None:
+    sim = simulate(_seq(_opt(), 80, 1520), ratio=1, offset=0, total_steps=200, grad_accum=8)
+    found = schedule_findings(sim)
+    assert [f.name for f in found] == ["schedule-ends-late"], sim
+    assert found[0].evidence["schedule_end"] == 1601 and sim["final_lr"] > 0.9e-3
+    assert sim["schedulers"] == ["SequentialLR", "LinearLR", "CosineAnnealingLR"]
+
+
+def test_chained_cosine_that_ends_high_ends_late() -> None:
+    # the seed of the issue: the LR ends at 96% of its peak and preflight passed
+    lr = torch.optim.lr_scheduler
+    opt = _opt()
+    sched = lr.ChainedScheduler([lr.LinearLR(opt, start_factor=0.1, total_iters=10),
+                                 lr.CosineAnnealingLR(opt, T_max=1920)])
+    sim = simulate(sched, ratio=1, offset=0, total_steps=240, grad_accum=8)
+    found = schedule_findings(sim)
+    assert [f.name for f in found] == ["schedule-ends-late"] and "96% of its peak" in found[0].summary
+
+
+def test_a_cosine_that_falls_to_zero_again_and_again() -> None:
+    sim = simulate(_seq(_opt(), 5, 30), ratio=1, offset=0, total_steps=240, grad_accum=1)
+    found = schedule_findings(sim)
+    assert [f.name for f in found] == ["lr-cycles-to-zero"], sim
+    assert found[0].evidence["zeros_in_plan"] == 4 and found[0].step == 35
+
+
+@pytest.mark.parametrize("make", [
+    lambda o: _seq(o, 10, 190),
+    lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=20),  # restarts by design
+    lambda o: torch.optim.lr_scheduler.CyclicLR(o, base_lr=1e-7, max_lr=1e-3, step_size_up=20),
+    lambda o: torch.optim.lr_scheduler.ChainedScheduler([
+        torch.optim.lr_scheduler.LinearLR(o, start_factor=0.1, total_iters=10),
+        torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=200)]),
+])
+def test_healthy_composites_and_cycles_by_design_are_quiet(make) -> None:
+    assert _names(simulate(make(_opt()), ratio=1, offset=0, total_steps=200, grad_accum=1)) == []
+
+
+def test_hugging_face_schedules_sized_in_microbatches() -> None:
+    transformers = pytest.importorskip("transformers")
+    # stepped per micro-batch, HF's cosine does not stay at zero past its end: it climbs back (its lambda is
+    # periodic past num_training_steps), so the LR cycles through zero; the linear one stays at zero
+    for name, per_micro_finding in (("get_cosine_schedule_with_warmup", "lr-cycles-to-zero"),
+                                    ("get_linear_schedule_with_warmup", "schedule-ends-early")):
+        make = getattr(transformers, name)
+        ok = simulate(make(_opt(), num_warmup_steps=50, num_training_steps=1000), ratio=1, offset=0,
+                      total_steps=1000, grad_accum=8)
+        assert _names(ok) == [], (name, ok)
+        micro = simulate(make(_opt(), num_warmup_steps=400, num_training_steps=8000), ratio=1, offset=0,
+                         total_steps=1000, grad_accum=8)
+        assert _names(micro) == ["schedule-ends-late"], name
+        per_micro = simulate(make(_opt(), num_warmup_steps=50, num_training_steps=1000), ratio=8, offset=0,
+                             total_steps=1000, grad_accum=8)
+        assert _names(per_micro) == [per_micro_finding], name
+
+
+def test_an_lr_set_by_hand_is_found_checked_and_simulated() -> None:
+    import types
+
+    from trainguard.preflight.schedule import simulate_function
+    from trainguard.probe.fastforward import find_lr_function
+
+    def get_lr(it: int) -> float:  # nanoGPT's shape, decaying over 60 of 240 iterations to 0
+        if it < 10:
+            return 3e-3 * (it + 1) / 11
+        if it > 60:
+            return 0.0
+        return 0.5 * (1 + math.cos(math.pi * (it - 10) / 50)) * 3e-3
+
+    def lr_of_layer(name: str, scale: float = 1.0) -> float:  # named for the LR, but not a schedule
+        return 1e-3
+
+    script = types.ModuleType("__main__")
+    get_lr.__module__ = lr_of_layer.__module__ = "__main__"
+    script.get_lr, script.lr_of_layer = get_lr, lr_of_layer
+    seen = {k: get_lr(k - 1) for k in range(1, 5)}  # optimizer step k ran with get_lr(iter_num = k - 1)
+    fn, shift = find_lr_function(script, seen)
+    assert fn is get_lr and shift == -1
+    assert find_lr_function(script, {k: 5e-4 for k in range(1, 5)}) is None  # reproduces nothing seen
+    sim = simulate_function(fn, shift=shift, total_steps=240, grad_accum=1, name="get_lr")
+    found = schedule_findings(sim)
+    assert [f.name for f in found] == ["schedule-ends-early"] and "get_lr()" in found[0].summary

@@ -394,3 +394,66 @@ def test_stop_on_a_health_finding_ends_the_run_early(tmp_path: Path) -> None:
     assert status["step"] < 300
     assert any(f["name"] == "lr-reaches-zero" and f["source"] == "rules" for f in status["findings"])
     assert "stopping the run on lr-reaches-zero" in proc.stderr
+
+
+def test_sched_horizon_reads_through_composites() -> None:
+    import torch
+
+    from trainguard.probe.planinfo import sched_epoch, sched_horizon, sched_names
+
+    opt = torch.optim.SGD(torch.nn.Linear(2, 3).parameters(), lr=0.1)
+    lr = torch.optim.lr_scheduler
+    warm = lr.LinearLR(opt, start_factor=0.1, total_iters=80)
+    seq = lr.SequentialLR(opt, [warm, lr.CosineAnnealingLR(opt, T_max=1520)], milestones=[80])
+    assert sched_horizon(seq) == 1600 and sched_names(seq) == ["SequentialLR", "LinearLR", "CosineAnnealingLR"]
+    chained = lr.ChainedScheduler([lr.LinearLR(opt, start_factor=0.1, total_iters=10),
+                                   lr.CosineAnnealingLR(opt, T_max=1920)])
+    assert sched_horizon(chained) == 1920
+    before = sched_epoch(chained)
+    opt.step()
+    chained.step()
+    assert sched_epoch(chained) == before + 1  # ChainedScheduler keeps no count: its first scheduler's
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.get_cosine_schedule_with_warmup(opt, num_warmup_steps=10, num_training_steps=999)
+    assert sched_horizon(hf) == 999
+
+
+def _lr_rows(sched, steps: int) -> list[dict]:
+    import warnings
+
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for step in range(1, steps + 1):
+            rows.append({"kind": "step", "step": step, "lr": sched.optimizer.param_groups[0]["lr"]})
+            sched.optimizer.step()
+            sched.step()
+    return rows
+
+
+@pytest.mark.parametrize("make, plan, fires", [
+    # CosineAnnealingLR past its T_max climbs back: T_max = 30 in a 240-step run falls to zero 4 times
+    (lambda o, lr: lr.CosineAnnealingLR(o, T_max=30), {"scheduler": "CosineAnnealingLR"}, "error"),
+    (lambda o, lr: lr.CosineAnnealingLR(o, T_max=30), {}, "warning"),  # from a log: the type is unknown
+    (lambda o, lr: lr.CosineAnnealingLR(o, T_max=240), {"scheduler": "CosineAnnealingLR"}, None),
+    (lambda o, lr: lr.CosineAnnealingWarmRestarts(o, T_0=30), {"scheduler": "CosineAnnealingWarmRestarts"}, None),
+    (lambda o, lr: lr.CosineAnnealingWarmRestarts(o, T_0=30), {}, None),  # jumps back up: a restart
+    (lambda o, lr: lr.OneCycleLR(o, max_lr=0.1, total_steps=240), {"scheduler": "OneCycleLR"}, None),
+])
+def test_lr_cycles_to_zero(make, plan, fires) -> None:
+    import torch
+
+    opt = torch.optim.SGD(torch.nn.Linear(2, 3).parameters(), lr=0.1)
+    rows = _lr_rows(make(opt, torch.optim.lr_scheduler), 240)
+    found = [f for f in run_rules(rows, {"total_steps": 240, **plan}) if f.name == "lr-cycles-to-zero"]
+    assert [f.severity for f in found] == ([fires] if fires else [])
+    if fires:
+        assert found[0].step in (30, 31) and 89 <= found[0].evidence["zero_again_step"] <= 91
+
+
+def test_a_gross_horizon_mismatch_is_an_error() -> None:
+    rows = [{"kind": "step", "step": s, "lr": 1e-3, "sched_epoch": s - 1} for s in range(1, 10)]
+    base = {"total_steps": 240, "grad_accum": 8}
+    sev = {h: [f.severity for f in run_rules(rows, {**base, "sched_horizon": h})
+               if f.name == "schedule-horizon-mismatch"] for h in (1920, 400, 240, 30)}
+    assert sev == {1920: ["error"], 400: ["warning"], 240: [], 30: ["error"]}

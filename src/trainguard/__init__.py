@@ -44,8 +44,10 @@ def watch(
     """
     if os.environ.get("TRAINGUARD_DISABLE"):
         return NullGuard(grad_accum)
+    from trainguard.probe import auto
     from trainguard.probe.guard import Guard
 
+    auto.retire()  # the script's own guard: the automatic probe (trainguard run's bootstrap) steps aside
     if grad_accum < 1 or (total_steps is not None and total_steps < 1):
         # a mistake in the call itself: loud, at start-up, before any training time is spent
         raise ValueError(f"trainguard.watch: grad_accum must be >= 1 and total_steps >= 1 or None "

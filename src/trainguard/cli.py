@@ -32,6 +32,12 @@ class _Group(click.Group):
         except UserError as exc:
             click.echo(f"trainguard: error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except click.UsageError as exc:
+            # click's own form is three lines (usage, a hint, the error): bad input is one line here.
+            where = exc.ctx.command_path if exc.ctx is not None else "trainguard"
+            message = " ".join(exc.format_message().split())
+            click.echo(f"trainguard: error: {message} (see {where} --help)", err=True)
+            ctx.exit(exc.exit_code)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
             raise
         except BrokenPipeError:
@@ -52,19 +58,46 @@ class _Group(click.Group):
             ctx.exit(70)
 
 
+class _WrapsCommand(click.Command):
+    """`run` and `preflight`: their arguments are another command line, passed through untouched.
+
+    So that the wrapped command's own options reach it, click is told to leave unknown options alone,
+    which would make a typo in one of ours (`--stall-timout 5`) the command to run. Ours come first, so
+    a wrapped command that starts with an option is a typo: it is answered as click answers any unknown
+    option, with the closest of ours.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        wrapped = ctx.params.get("command") or ()
+        if wrapped and wrapped[0].startswith("-") and wrapped[0] != "-":
+            import difflib
+
+            name = wrapped[0].split("=", 1)[0]
+            ours = [opt for param in self.get_params(ctx) for opt in param.opts
+                    if opt.startswith("--") and opt != "--help"]
+            raise click.NoSuchOption(name, possibilities=difflib.get_close_matches(name, ours), ctx=ctx)
+        return rest
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="trainguard")
 def main() -> None:
     """trainguard keeps deep-learning training runs honest."""
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command(cls=_WrapsCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run folder (default: a new one under ./trainguard-runs).")
 @click.option("--stall-timeout", type=float, default=None,
               help="Seconds without progress that count as a hang (default: learned from the run itself).")
 @click.option("--expect", "expects", multiple=True, metavar="PATH",
               help="An artifact the command must write during the run (repeatable); missing or stale = failed.")
-@click.option("--stop-on", default="", metavar="NAME,...", help="Stop the run when one of these findings appears.")
+@click.option("--stop-on", default="", metavar="CODE-or-NAME,...",
+              help="Stop the run when one of these findings appears (rule codes like TG101 or names like "
+                   "lr-reaches-zero; see `trainguard rules`).")
+@click.option("--fail-on", type=click.Choice(["error", "warning"]), default=None,
+              help="For orchestrators: exit 122 when the run completed but has findings of this severity or worse "
+                   "(its health in status.json).")
 @click.option("--on-hang", type=click.Choice(["kill", "wait", "restart"]), default="kill", show_default=True,
               help="What to do with a hung process: stop it, leave it alive for inspection, or stop it and "
                    "start it again from the newest reported checkpoint.")
@@ -72,34 +105,101 @@ def main() -> None:
               help="With --on-hang restart: restarts at most (0 = never); a hang that repeats at the same "
                    "place stops restarting sooner.")
 @click.option("--quiet", is_flag=True, help="Do not echo the command's output (it still goes to output.log).")
+@click.option("--no-auto", is_flag=True,
+              help="No automatic probe in the command's Python processes (stacks on a signal, torch's optimizer "
+                   "hooks); also TRAINGUARD_AUTO=0.")
+@click.option("--sink", "sinks", multiple=True, metavar="NAME[=VALUE]",
+              help="Copy steps and findings to tensorboard, wandb, mlflow or prometheus as the run goes "
+                   "(repeatable; also TRAINGUARD_SINKS=name,...). See `trainguard export --help`.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ...], stop_on: str, on_hang: str,
-        max_restarts: int, quiet: bool, command: tuple[str, ...]) -> None:
+def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ...], stop_on: str,
+        fail_on: str | None, on_hang: str, max_restarts: int, quiet: bool, no_auto: bool, sinks: tuple[str, ...],
+        command: tuple[str, ...]) -> None:
     """Run COMMAND under the watchdog and tell its true final state.
 
     Exit codes: the command's own code when it ran to its end (128+N when killed by signal N);
     123 failed (exit 0 but an expected artifact is missing or stale, or the probe never finished);
-    124 hung; 125 stopped on a finding (--stop-on); 2 bad input.
+    124 hung; 125 stopped on a finding (--stop-on); 122 completed with findings at --fail-on's severity
+    or worse; 2 bad input.
     """
     from trainguard.watchdog.supervisor import RunOptions, Supervisor
 
     options = RunOptions(
         command=list(command), run_dir=run_dir, stall_timeout=stall_timeout, expects=list(expects),
-        stop_on=[s.strip() for s in stop_on.split(",") if s.strip()], on_hang=on_hang, max_restarts=max_restarts,
-        echo=not quiet,
+        stop_on=_stop_on(stop_on), fail_on=fail_on, on_hang=on_hang, max_restarts=max_restarts,
+        echo=not quiet, env=_auto_env(no_auto),
     )
+    specs = _sink_specs(sinks)
     sup = Supervisor(options, monitors=_default_monitors())
-    sys.exit(sup.run())
+    if not specs:
+        sys.exit(sup.run())
+    from trainguard.sinks.feed import LiveFeed
+
+    feed = LiveFeed(sup.run_dir, specs).start()
+    try:
+        code = sup.run()
+    finally:
+        feed.stop()  # the last pass and the final state; bounded, and a sink's failure never changes `code`
+    sys.exit(code)
+
+
+def _sink_specs(flags: tuple[str, ...]) -> list:
+    from trainguard.sinks import check_available, parse_specs
+
+    specs = parse_specs(flags)
+    check_available(specs)
+    return specs
+
+
+@main.command()
+@click.argument("run", required=False)
+@click.option("--sink", "sinks", multiple=True, metavar="NAME[=VALUE]",
+              help="tensorboard[=LOGDIR], wandb[=PROJECT], mlflow[=URI[@EXPERIMENT]], prometheus[=FILE.prom|:PORT] "
+                   "(repeatable; also TRAINGUARD_SINKS).")
+def export(run: str | None, sinks: tuple[str, ...]) -> None:
+    """Copy a stored run's steps, evaluations, findings and final state to the sinks (default: the newest run).
+
+    tensorboard: event files in RUN/tensorboard (or LOGDIR/RUN_NAME); wandb: a W&B run (WANDB_MODE and
+    WANDB_PROJECT apply), findings as alerts and in the summary; mlflow: a run in the experiment
+    `trainguard` (MLFLOW_TRACKING_URI, else ./mlruns); prometheus: RUN/metrics.prom or an endpoint on :PORT.
+    Exit codes: 0, 1 when a sink failed (the reason is in RUN/guard.log), 2 bad input.
+    """
+    from trainguard.sinks.feed import feed_once
+    from trainguard.store.paths import resolve_run
+
+    specs = _sink_specs(sinks)
+    if not specs:
+        raise UserError("no sink named: --sink tensorboard|wandb|mlflow|prometheus (or TRAINGUARD_SINKS)")
+    path = resolve_run(run)
+    held = feed_once(path, specs)
+    for spec in specs:
+        click.echo(f"{spec.name}: {'written' if spec.name in held else 'failed (see ' + str(path / 'guard.log') + ')'}")
+    sys.exit(0 if len(held) == len(specs) else 1)
+
+
+def _stop_on(text: str) -> list[str]:
+    """--stop-on's rule codes or names, as the names findings carry; an unknown one is bad input (exit 2)."""
+    from trainguard.rules.catalog import lookup
+
+    return [lookup(item).name for item in (s.strip() for s in text.split(",")) if item]
+
+
+def _auto_env(no_auto: bool) -> dict[str, str]:
+    """The bootstrap of the automatic probe for every Python process of the command (probe/auto.py)."""
+    from trainguard.probe.auto import ENV_AUTO, bootstrap_env
+
+    return {ENV_AUTO: "0"} if no_auto else bootstrap_env()
 
 
 def _default_monitors() -> list:
     """Monitors every `trainguard run` gets. Each family that can watch a live run adds itself here."""
     from trainguard.rules.live import RulesMonitor
+    from trainguard.watchdog.liveoutput import OutputRulesMonitor, output_rules_enabled
 
-    return [RulesMonitor()]
+    return [RulesMonitor()] + ([OutputRulesMonitor()] if output_rules_enabled() else [])
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command(cls=_WrapsCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Preflight folder (default: a new one under ./trainguard-runs).")
 @click.option("--steps", type=int, default=4, show_default=True,
               help="Real optimizer steps before every periodic path is brought forward (at least 2).")
@@ -221,6 +321,8 @@ def status(run: str | None, as_json: bool) -> None:
 
 
 def _print_status(path: Any, st: dict) -> None:
+    from trainguard.store.status import health_counts
+
     state = st.get("state", "?")
     line = f"{path}: {state}"
     if st.get("signal"):
@@ -231,6 +333,7 @@ def _print_status(path: Any, st: dict) -> None:
         line += f", step {st['step']}" + (f"/{st['total_steps']}" if st.get("total_steps") else "")
     if st.get("phase"):
         line += f", phase {st['phase']}"
+    line += f"; health {health_counts(st)}"  # beside the state: a completed run may still be unhealthy
     click.echo(line)
     if st.get("state_note"):
         click.echo(f"  note: {st['state_note']}")
@@ -260,9 +363,8 @@ def ls_runs(root: str | None) -> None:
     if not runs:
         click.echo(f"no runs under {root or runs_root()}")
         return
-    table = Table(box=None)
-    for col in ("run", "state", "step", "findings", "started", "command"):
-        table.add_column(col)
+    header = ("run", "state", "health", "step", "findings", "started", "command")
+    rows = []
     for path in runs:
         try:
             st = read_status(path)
@@ -270,9 +372,21 @@ def ls_runs(root: str | None) -> None:
             st = {"state": "unreadable"}
         started = st.get("started")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else ""
-        cmd = " ".join(st.get("command") or [])[:50]
+        cmd = " ".join(st.get("command") or [])
         errs = sum(1 for f in st.get("findings") or [] if f.get("severity") == "error")
-        table.add_row(path.name, st.get("state", "?"), str(st.get("step", "")), str(errs or ""), when, cmd)
+        rows.append((path.name, st.get("state", "?"), st.get("health", ""), str(st.get("step", "")), str(errs or ""),
+                     when, cmd))
+    if not sys.stdout.isatty():
+        # Piped or redirected: every name whole (a script greps it, or passes it to `status`), no cut.
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+        for r in [header, *rows]:
+            click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1])
+        return
+    table = Table(box=None)
+    for col in header:
+        table.add_column(col, no_wrap=col == "run")
+    for r in rows:
+        table.add_row(*r[:-1], r[-1][:50])
     Console(width=max(100, Console().width)).print(table)
 
 
@@ -356,18 +470,19 @@ def compare(run_a: str, run_b: str, out: str, warmup: int | None, min_speedup: f
 
 
 @main.command()
-@click.option("--run-dir", type=click.Path(file_okay=False), default=None, help="Run folder for the demo run.")
-@click.option("--steps", type=int, default=300, show_default=True, help="Optimizer steps of the demo.")
-def demo(run_dir: str | None, steps: int) -> None:
-    """Train a small bundled model on the CPU under `trainguard run` and show what it found."""
-    from importlib import resources
+@click.option("--root", type=click.Path(file_okay=False), default=None,
+              help="Folder for the demo's runs and scripts (default ./trainguard-runs).")
+def demo(root: str | None) -> None:
+    """Three short runs on the CPU under the watchdog: a healthy one and two of the seeds' failures caught.
 
-    from trainguard.watchdog.supervisor import RunOptions, Supervisor
+    Exit codes: 0 when each run ended as the demo expects (healthy: completed and quiet; the failures:
+    found), else 1.
+    """
+    from pathlib import Path
 
-    script = resources.files("trainguard") / "demo" / "train_tiny.py"
-    options = RunOptions(command=[sys.executable, str(script), "--steps", str(steps)], run_dir=run_dir,
-                         expects=[], echo=True)
-    sys.exit(Supervisor(options, monitors=_default_monitors()).run())
+    from trainguard.demo.tour import run_tour
+
+    sys.exit(run_tour(_default_monitors, Path(root) if root else None))
 
 
 def _add_recipes() -> None:

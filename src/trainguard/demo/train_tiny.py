@@ -20,10 +20,11 @@ parser.add_argument("--grad-accum", type=int, default=2, help="micro-batches per
 parser.add_argument("--batch-size", type=int, default=8)
 parser.add_argument("--eval-every", type=int, default=100, help="optimizer steps between evaluations")
 parser.add_argument("--out", default="demo-results.json", help="where the final metrics are written")
+parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: up to 2, as the CPU allows)")
 args = parser.parse_args()
 
 torch.manual_seed(0)
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+torch.set_num_threads(args.threads or max(1, min(2, os.cpu_count() or 1)))
 gen = torch.Generator().manual_seed(0)
 data = corpus()
 split = int(0.9 * len(data))

@@ -33,6 +33,10 @@ class Plan:
     steps_per_epoch: int | None = None
     how: str = ""
     notes: list[str] = field(default_factory=list)
+    micro_batches: int | None = None
+    """Micro-batches over all epochs (when the dataset size and the epochs are known)."""
+    max_steps_in_micro: bool = False
+    """max_steps equals the micro-batch count while accumulation > 1: the plan follows the epochs instead."""
 
 
 def plan_of(cfg: Config) -> Plan:
@@ -42,17 +46,33 @@ def plan_of(cfg: Config) -> Plan:
     if g("dataset_size") and g("batch_size") and g("batch_size") > 0 and accum > 0:
         plan.micro_per_epoch = math.ceil(g("dataset_size") / (g("batch_size") * max(1, g("world_size", 1))))
         plan.steps_per_epoch = max(1, plan.micro_per_epoch // accum)
-    if g("max_steps") and g("max_steps") > 0:
-        plan.optimizer_steps = g("max_steps")
-        plan.how = f"max_steps {g('max_steps')}"
-    elif plan.steps_per_epoch and g("epochs") and g("epochs") > 0:
-        plan.optimizer_steps = max(1, math.ceil(plan.steps_per_epoch * g("epochs")))
-        plan.how = (f"{plan.micro_per_epoch} micro-batches per epoch // gradient accumulation {accum}"
-                    f" × {g('epochs'):g} epochs")
+    by_epochs = None
+    if plan.steps_per_epoch and g("epochs") and g("epochs") > 0:
+        by_epochs = max(1, math.ceil(plan.steps_per_epoch * g("epochs")))
+        plan.micro_batches = math.ceil(plan.micro_per_epoch * g("epochs"))
+    epochs_how = (f"{plan.micro_per_epoch} micro-batches per epoch // gradient accumulation {accum}"
+                  f" × {g('epochs'):g} epochs") if by_epochs else ""
+    max_steps = g("max_steps")
+    if max_steps and max_steps > 0 and by_epochs and _counts_micro(max_steps, plan.micro_batches, accum):
+        # Seed 002: max_steps was the micro-batch count. Judging the rest against it would bless every
+        # other length sized the same wrong way; the epochs say what the run was meant to be.
+        plan.optimizer_steps, plan.how, plan.max_steps_in_micro = by_epochs, epochs_how, True
+        plan.notes.append(f"{_at(cfg, 'max_steps')} {max_steps} counts micro-batches (see TG619): the plan"
+                          f" follows the epochs instead")
+    elif max_steps and max_steps > 0:
+        plan.optimizer_steps = max_steps
+        plan.how = f"max_steps {max_steps}"
+    elif by_epochs:
+        plan.optimizer_steps, plan.how = by_epochs, epochs_how
     else:
         plan.notes.append("the run's length is unknown: give the dataset size (--dataset-size N or dataset_size)"
                           " with epochs and batch size, or max_steps; checks that need it were skipped")
     return plan
+
+
+def _counts_micro(value: int, micro: int | None, accum: int) -> bool:
+    """`value` is the micro-batch count (within 2%), and that is not the optimizer-step count."""
+    return bool(micro and accum > 1 and abs(value - micro) <= max(1, 0.02 * micro))
 
 
 def _at(cfg: Config, name: str) -> str:
@@ -73,11 +93,56 @@ def interval(cfg: Config, name: str, steps: int) -> int | None:
 
 def check(cfg: Config) -> tuple[Plan, list[Finding]]:
     plan = plan_of(cfg)
-    out = implausible(cfg) + warmup_ignored(cfg)
+    out = implausible(cfg) + warmup_ignored(cfg) + max_steps_counts_micro(cfg, plan)
     steps = plan.optimizer_steps
     if steps:
         out += schedule_length(cfg, plan) + warmup(cfg, steps) + intervals(cfg, steps) + patience(cfg, steps)
     return plan, out
+
+
+def max_steps_counts_micro(cfg: Config, plan: Plan) -> list[Finding]:
+    """TG619 max-steps-counts-micro-batches: `max_steps` is the number of micro-batches, not optimizer steps.
+
+    ## What it detects
+    `max_steps` (or `total_steps`, `max_iters`...) equal, within 2%, to the micro-batches of the
+    configured epochs (micro-batches per epoch × epochs) while gradient accumulation is above 1.
+    `max_steps` counts optimizer steps (Hugging Face's `TrainingArguments`, Lightning's `max_steps`, and
+    every scheduler stepped after `optimizer.step()`), one per `grad_accum` micro-batches.
+
+    ## Why it matters
+    Seed 002: 3 epochs of 25,000 micro-batches with accumulation 16 and `max_steps` 75,000. The epochs
+    make 4,686 optimizer steps. A trainer that obeys `max_steps` runs 16 times longer than the 3 epochs
+    (48 epochs); a schedule sized from it is 6% done when the epochs end, and stepped per micro-batch
+    it reaches zero after 6% of the run and stays there (seed 002's `lr=0.00e+00` for hours).
+
+    ## Example
+    `training.max_steps` is 75000, the micro-batches of 3 epochs (25000 per epoch × 3), but with
+    gradient_accumulation_steps 16 those epochs make 1562 × 3 = 4686 optimizer steps.
+
+    ## What to change
+    Set `max_steps` to the optimizer steps (micro-batches per epoch // grad_accum × epochs), or drop it
+    and let the epochs decide; `--fix` sets it.
+
+    ## Known false positives
+    A run meant to go `grad_accum` times as many epochs as configured (then the epochs are wrong).
+
+    ## Options
+    `--dataset-size N` (or `dataset_size` in the config) to count the micro-batches.
+    """
+    if not plan.max_steps_in_micro:
+        return []
+    g = cfg.get
+    accum, epochs, key = g("grad_accum", 1), g("epochs"), _at(cfg, "max_steps")
+    return [Finding(
+        code="TG619", name="max-steps-counts-micro-batches", severity="error",
+        summary=(f"{key} is {g('max_steps')}, the micro-batches of {epochs:g} epochs ({plan.micro_per_epoch} per"
+                 f" epoch × {epochs:g}), but with {_at(cfg, 'grad_accum')} {accum} those epochs make"
+                 f" {plan.steps_per_epoch} × {epochs:g} = {plan.optimizer_steps} optimizer steps: max_steps counts"
+                 f" optimizer steps, so the run (and a schedule sized from it) is {accum}x too long"),
+        evidence={key: g("max_steps"), "micro_batches": plan.micro_batches, "micro_per_epoch": plan.micro_per_epoch,
+                  _at(cfg, "epochs"): epochs, _at(cfg, "grad_accum"): accum,
+                  "steps_per_epoch": plan.steps_per_epoch, "optimizer_steps": plan.optimizer_steps},
+        fix=f"Set {key} to {plan.optimizer_steps} (or remove it and let the epochs decide).", source="check")]
 
 
 def schedule_length(cfg: Config, plan: Plan) -> list[Finding]:
@@ -453,12 +518,17 @@ def fix(cfg: Config, plan: Plan, findings: list[Finding]) -> tuple[dict[str, Any
         change("scheduler", "constant_with_warmup", "the configured warmup only happens with a warmup schedule")
     if not steps:
         return data, changes
+    if "max-steps-counts-micro-batches" in names:
+        change("max_steps", steps, f"the run makes {steps} optimizer steps ({plan.how}); max_steps counts"
+                                   " optimizer steps, not micro-batches")
     old_sched = g("sched_steps")
     if names & {"schedule-ignores-accumulation", "schedule-length-mismatch"} and old_sched:
         change("sched_steps", steps, f"the run makes {steps} optimizer steps ({plan.how}); the scheduler is"
                                      " stepped once per optimizer step")
     if "warmup-exceeds-run" in names:
         share = 0.1
+        if not old_sched and plan.max_steps_in_micro:
+            old_sched = g("max_steps")  # the length the warmup was a share of
         if old_sched and g("warmup_steps") and g("warmup_steps") < 0.5 * old_sched:
             share = g("warmup_steps") / old_sched  # keep the share of the schedule the warmup was meant to be
         if g("warmup_steps"):
@@ -530,11 +600,21 @@ def run_check(path: str, *, dataset_size: int | None, do_fix: bool, output: str 
         data, changes = fix(cfg, plan, findings)
         out = Path(output)
         fmt = "json" if out.suffix.lower() == ".json" else "yaml"
+        if fmt == "yaml" and cfg.fmt == "yaml":
+            # YAML to YAML: the file's own text changed in place, its comments and layout kept
+            from trainguard.preflight.yamlfix import rewrite
+
+            before = cfg.path.read_text(encoding="utf-8")
+            text = rewrite(before, [(c.key, c.new) for c in changes])
+            diff = [ln.rstrip("\n") for ln in difflib.unified_diff(
+                before.splitlines(keepends=True), text.splitlines(keepends=True), str(cfg.path), str(out))]
+        else:
+            text, diff = dump(data, fmt), diff_lines(cfg, data, str(out))
         try:
-            out.write_text(dump(data, fmt))
+            out.write_text(text)
         except OSError as exc:
             raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
-        for line in diff_lines(cfg, data, str(out)):
+        for line in diff:
             echo(line)
         for c in changes:
             echo(f"fixed {c.key}: {c.old!r} -> {c.new!r}: {c.why}")

@@ -502,7 +502,11 @@ def report_lines(state: str, findings: list[Finding], s: dict[str, Any], run_dir
             for n, st in s["paths_forced"].items()))
     lines.append(f"  epoch boundary: {s['epoch_boundary']}; checkpoint round trip: {s['resume']}")
     sched = s.get("schedule") or {}
-    if sched.get("peak_lr") is not None:
+    if sched.get("peak_lr") is not None and sched.get("function"):
+        lines.append(f"  LR set by hand from {sched['function']}() (it reproduced the first steps' LRs; simulated by"
+                     f" calling it): peak {sched['peak_lr']:.3g} at step {sched.get('peak_at')}, final"
+                     f" {sched['final_lr']:.3g} at step {sched.get('total_steps')} (curve: schedule.json)")
+    elif sched.get("peak_lr") is not None:
         r = sched.get("ratio") or 0
         lines.append(f"  LR schedule ({sched.get('scheduler')}, {r:g} scheduler step{'' if r == 1 else 's'} per optimizer"
                      f" step): peak {sched['peak_lr']:.3g} at step {sched.get('peak_at')}, final {sched['final_lr']:.3g}"

@@ -31,8 +31,11 @@ ENDLESS = ("StepLR", "ExponentialLR", "CyclicLR", "CosineAnnealingWarmRestarts")
 
 def simulate(sched: Any, *, ratio: float, offset: int, total_steps: int | None, grad_accum: int) -> dict[str, Any]:
     """Steps `sched` (a private copy) as the script does and returns the curve and its landmarks."""
-    result: dict[str, Any] = {"scheduler": type(sched).__name__, "ratio": ratio, "offset": offset, "total_steps": total_steps,
-                              "grad_accum": grad_accum, "horizon": getattr(sched, "total_steps", None)}
+    from trainguard.probe.planinfo import sched_names
+
+    result: dict[str, Any] = {"scheduler": type(sched).__name__, "schedulers": sched_names(sched), "ratio": ratio,
+                              "offset": offset, "total_steps": total_steps, "grad_accum": grad_accum,
+                              "horizon": getattr(sched, "total_steps", None)}
     if not total_steps:
         result["skipped"] = "no total_steps in trainguard.watch(): the plan's length is unknown"
         return result
@@ -42,38 +45,75 @@ def simulate(sched: Any, *, ratio: float, offset: int, total_steps: int | None, 
     if ratio <= 0:
         result["skipped"] = "the scheduler was not stepped during the first optimizer steps (stepped per epoch?)"
         return result
-    n = max(1, min(total_steps * EXTEND, int(MAX_SCHED_STEPS / ratio)))
-    lrs: list[float] = []
     done = 0
-    settle = max(10, total_steps // 4) + 2  # past the plan, this many flat steps say the schedule is over
-    flat, tol = 0, 0.0
+
+    def lr_at(k: int) -> float:
+        nonlocal done
+        target = offset + round((k - 1) * ratio)
+        while done < target:
+            sched.step()
+            done += 1
+        return float(sched.optimizer.param_groups[0]["lr"])
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": the copy has no optimizer steps
-        for k in range(1, n + 1):
-            target = offset + round((k - 1) * ratio)
-            try:
-                while done < target:
-                    sched.step()
-                    done += 1
-            except Exception as exc:  # e.g. OneCycleLR stepped past its total_steps raises ValueError
-                if k <= total_steps:
-                    result["raised"] = {"step": k, "error": f"{type(exc).__name__}: {exc}"[:300]}
-                break
-            lrs.append(float(sched.optimizer.param_groups[0]["lr"]))
-            if k == total_steps:
-                tol = 1e-4 * max(lrs)  # tight: a slow decay (a cosine just past its peak) is not "flat"
-            elif k > total_steps:
-                flat = flat + 1 if abs(lrs[-1] - lrs[-2]) <= tol and abs(lrs[-1] - lrs[-1 - flat]) <= tol else 0
-                if flat >= settle:
-                    break  # flat long enough past the plan: where it ends is known, no need to go on
+        return _run(lr_at, result, max(1, min(total_steps * EXTEND, int(MAX_SCHED_STEPS / ratio))))
+
+
+def simulate_function(fn: Any, *, shift: int, total_steps: int | None, grad_accum: int, name: str) -> dict[str, Any]:
+    """The LR set by hand: `fn(k + shift)` is the LR of optimizer step k (found and checked by the probe)."""
+    result: dict[str, Any] = {"scheduler": f"{name}() (LR set by hand)", "function": name, "shift": shift,
+                              "ratio": 1.0, "offset": 0, "total_steps": total_steps, "grad_accum": grad_accum}
+    if not total_steps:
+        result["skipped"] = "no total_steps in trainguard.watch(): the plan's length is unknown"
+        return result
+    return _run(lambda k: float(fn(k + shift)), result, max(1, min(total_steps * EXTEND, MAX_SCHED_STEPS)))
+
+
+def _run(lr_at: Any, result: dict[str, Any], n: int) -> dict[str, Any]:
+    """Reads the LR of optimizer steps 1..n (stopping once it is flat long enough past the plan)."""
+    total_steps = result["total_steps"]
+    lrs: list[float] = []
+    settle = max(10, total_steps // 4) + 2  # past the plan, this many flat steps say the schedule is over
+    flat, tol = 0, 0.0
+    for k in range(1, n + 1):
+        try:
+            lrs.append(lr_at(k))
+        except Exception as exc:  # e.g. OneCycleLR stepped past its total_steps raises ValueError
+            if k <= total_steps:
+                result["raised"] = {"step": k, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            break
+        if k == total_steps:
+            tol = 1e-4 * max(lrs)  # tight: a slow decay (a cosine just past its peak) is not "flat"
+        elif k > total_steps:
+            flat = flat + 1 if abs(lrs[-1] - lrs[-2]) <= tol and abs(lrs[-1] - lrs[-1 - flat]) <= tol else 0
+            if flat >= settle:
+                break  # flat long enough past the plan: where it ends is known, no need to go on
     if len(lrs) < total_steps and "raised" not in result:
         result["truncated"] = f"simulated {len(lrs)} of {total_steps} planned steps (bounded cost)"
+    if not lrs:
+        return result
     plan = lrs[:total_steps]
     result.update(_landmarks(lrs, plan, total_steps))
+    result["cycles"] = _cycles(plan, result)
     stride = max(1, math.ceil(len(plan) / CURVE_POINTS))
     result["curve"] = [[k + 1, plan[k]] for k in range(0, len(plan), stride)] + [[len(plan), plan[-1]]]
     result["simulated_steps"] = len(lrs)
     return result
+
+
+def _cycles(plan: list[float], result: dict[str, Any]) -> dict[str, Any] | None:
+    """The live rule TG103 (lr-cycles-to-zero) run over the simulated curve: the same judgement."""
+    from trainguard.rules.schedule import LrCyclesToZero
+
+    rule = LrCyclesToZero({"total_steps": result["total_steps"], "schedulers": result.get("schedulers")
+                           or [result.get("scheduler")]})
+    for k, lr in enumerate(plan, 1):
+        found = rule.on_step({"step": k, "lr": lr})
+        if found is not None:
+            zeros = sum(1 for i in range(1, len(plan)) if plan[i] <= 0.01 * found.evidence["peak_lr"] < plan[i - 1])
+            return {**found.evidence, "zeros_in_plan": zeros}
+    return None
 
 
 def _landmarks(lrs: list[float], plan: list[float], total: int) -> dict[str, Any]:
@@ -91,6 +131,13 @@ def _landmarks(lrs: list[float], plan: list[float], total: int) -> dict[str, Any
     settled = len(lrs) > total and end < len(lrs) - max(10, total // 4)
     out["schedule_end"] = end if settled else None
     out["lr_after_schedule_end"] = lrs[-1] if settled else None
+    if not settled and len(lrs) > total:
+        # A schedule that never settles past the plan (a periodic cosine): how low its decay goes next.
+        k = total
+        while k < len(lrs) and lrs[k] <= lrs[k - 1]:
+            k += 1
+        low = min(range(total - 1, k), key=lambda i: lrs[i])
+        out["next_low_at"], out["next_low_lr"] = low + 1, lrs[low]
     # over: flat from `flat_from` to the end of the plan and, as far as simulated, beyond it
     out["over"] = bool(len(lrs) <= total or (settled and end <= out["flat_from"] + 1))
     return out
@@ -119,15 +166,39 @@ def schedule_findings(sim: dict[str, Any]) -> list[Finding]:
     zero = final <= ZERO * peak
     if sim.get("over") and ((zero and share > ZERO_SHARE) or (final <= 0.5 * peak and share > OVER_SHARE)):
         out.append(schedule_ends_early(sim, evidence))
+    if not out and sim.get("cycles"):
+        out.append(lr_cycles(sim))
     end = sim.get("schedule_end")
     after = sim.get("lr_after_schedule_end")
-    if (not out and end is not None and sim.get("scheduler") not in ENDLESS and end > 1.25 * total and after is not None and peak > 0
+    endless = any(n in ENDLESS for n in (sim.get("schedulers") or [sim.get("scheduler")]))
+    if end is None and sim.get("next_low_at") is not None:
+        end, after = sim["next_low_at"], sim["next_low_lr"]  # still decaying at the plan's end: where it bottoms out
+    if (not out and end is not None and not endless and end > 1.25 * total and after is not None and peak > 0
             and abs(final - after) > 0.1 * peak):
-        out.append(schedule_ends_late(sim, evidence))
+        out.append(schedule_ends_late(sim, {**evidence, "schedule_end": end, "lr_after_schedule_end": after}))
     return out
 
 
+def lr_cycles(sim: dict[str, Any]) -> Finding:
+    """TG103 lr-cycles-to-zero, from preflight's simulated schedule (the rule's page is the live rule's)."""
+    c = sim["cycles"]
+    return Finding(
+        code="TG103", name="lr-cycles-to-zero", severity="error", step=c["first_zero_step"],
+        summary=(f"the simulated LR falls to zero {c['zeros_in_plan']} times in the planned {sim['total_steps']} steps:"
+                 f" at step {c['first_zero_step']}, back to {c['climbed_back_lr'] / c['peak_lr']:.0%} of its peak by"
+                 f" step {c['climbed_back_step']}, at zero again at step {c['zero_again_step']}; {_stepping(sim)}"),
+        evidence={"scheduler": sim.get("scheduler"), "total_steps": sim["total_steps"], "ratio": sim.get("ratio"),
+                  **{k: c[k] for k in ("first_zero_step", "climbed_back_step", "zero_again_step", "zeros_in_plan",
+                                       "peak_lr")}},
+        fix=("Size the cosine for the whole run in optimizer steps (T_max = total_steps - warmup), or use"
+             " CosineAnnealingWarmRestarts if restarts are meant. The curve is in schedule.json."),
+        source="preflight",
+    )
+
+
 def _stepping(sim: dict[str, Any]) -> str:
+    if sim.get("function"):
+        return f"the LR is set by hand each optimizer step from {sim['function']}() (simulated by calling it)"
     r, accum = sim.get("ratio") or 0, sim.get("grad_accum") or 1
     if accum > 1 and abs(r - accum) < 0.01:
         return (f"the scheduler is stepped {r:g} times per optimizer step (once per micro-batch, with"
@@ -182,7 +253,10 @@ def schedule_ends_early(sim: dict[str, Any], evidence: dict[str, Any]) -> Findin
         summary=(f"the simulated LR schedule is over at step {flat_from} of {total}: the LR stays at {level} for"
                  f" the last {share:.0%} of the run; {_stepping(sim)}"),
         evidence=evidence,
-        fix=("Size the schedule in optimizer steps (batches per epoch / grad_accum × epochs) and call"
+        fix=(f"Decay over the whole run: the length {sim['function']}() decays over (lr_decay_iters) equal to the"
+             " run's optimizer steps (max_iters), and a floor (min_lr about a tenth of the peak)."
+             " The curve is in schedule.json." if sim.get("function") else
+             "Size the schedule in optimizer steps (batches per epoch / grad_accum × epochs) and call"
              " scheduler.step() once per optimizer step, after optimizer.step(). The curve is in schedule.json."),
         source="preflight",
     )
@@ -230,9 +304,9 @@ def schedule_ends_late(sim: dict[str, Any], evidence: dict[str, Any]) -> Finding
     total = sim["total_steps"]
     return Finding(
         code="TG605", name="schedule-ends-late", severity="error", step=total,
-        summary=(f"the LR schedule ends at step {sim['schedule_end']} but the run at step {total}: the LR at"
-                 f" the end is {sim['final_lr']:.3g} (peak {sim['peak_lr']:.3g}) instead of"
-                 f" {sim['lr_after_schedule_end']:.3g}; {_stepping(sim)}"),
+        summary=(f"the LR schedule ends at step {evidence['schedule_end']} but the run at step {total}: the LR at"
+                 f" the end is {sim['final_lr']:.3g} ({sim['final_lr'] / sim['peak_lr']:.0%} of its peak"
+                 f" {sim['peak_lr']:.3g}) instead of {evidence['lr_after_schedule_end']:.3g}; {_stepping(sim)}"),
         evidence=evidence,
         fix=("Size the schedule in optimizer steps (not micro-batches) and step it once per optimizer step."
              " The curve is in schedule.json."),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -99,6 +100,32 @@ def outside_writes(start_dirs: list[Path]) -> list[dict[str, str]]:
                 continue
             out.setdefault(rec["path"], {"path": rec["path"], "op": rec.get("op", "write")})
     return list(out.values())
+
+
+def own_output_files() -> set[tuple[int, int]]:
+    """(device, inode) of the regular files trainguard's own stdout and stderr go to.
+
+    `trainguard preflight -- python train.py > preflight.log` inside the work folder: the shell opened
+    that file for trainguard, which writes the script's echoed output into it. It changes during the
+    preflight, but the script did not write it, and the real run will not resume from it.
+    """
+    own = set()
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            own.add((st.st_dev, st.st_ino))
+    return own
+
+
+def is_own_output(path: str, own: set[tuple[int, int]]) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) in own
 
 
 def is_temporary(path: str) -> bool:

@@ -38,6 +38,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from trainguard.probe import planinfo
+
 ENV_PREFLIGHT = "TRAINGUARD_PREFLIGHT"
 SETTLE_STEPS = 2  # optimizer steps after the last newly brought-forward path before the script is stopped
 MAX_PATHS = 32  # names brought forward at most (a name built from the step would otherwise never settle)
@@ -140,11 +142,16 @@ class FastForward:
 
     def before_opt_step(self, guard: Any) -> None:
         """Optimizer pre-hook: watch how the scheduler is stepped; simulate the plan at step `steps`."""
-        if self.mode != "first" or guard.scheduler is None or self._sched_copy is None:
+        if self.mode != "first":
             return
         k = guard.opt_steps + 1
-        epoch = getattr(guard.scheduler, "last_epoch", None)
-        if isinstance(epoch, int) and len(self.lrs_seen) < 64:
+        if guard.scheduler is None:
+            self._watch_hand_lr(guard, k)
+            return
+        if self._sched_copy is None:
+            return
+        epoch = planinfo.sched_epoch(guard.scheduler)
+        if epoch is not None and len(self.lrs_seen) < 64:
             self.lrs_seen[k] = epoch
         if k == max(2, self.steps) and 1 in self.lrs_seen and k in self.lrs_seen:
             ratio = (self.lrs_seen[k] - self.lrs_seen[1]) / (k - 1)
@@ -218,6 +225,77 @@ class FastForward:
             guard._fail("preflight schedule simulation", exc)
 
 
+    def _watch_hand_lr(self, guard: Any, k: int) -> None:
+        """No scheduler: the LR of the first steps, then the script's own LR function found and simulated.
+
+        nanoGPT sets `param_groups[i]["lr"] = get_lr(iter_num)` before each step. A module-level function
+        of the script whose name says LR and that reproduces the LRs of the first steps exactly is that
+        function: it is called for every planned step. Otherwise schedule.json says why nothing was checked.
+        """
+        groups = guard.optimizer.param_groups if guard.optimizer is not None else []
+        lr = groups[0].get("lr") if groups else None
+        if isinstance(lr, (int, float)) and len(self.lrs_seen) < 64:
+            self.lrs_seen[k] = float(lr)
+        if k != max(HAND_LR_STEPS, self.steps) or len(self.lrs_seen) < HAND_LR_STEPS:
+            return
+        try:
+            from trainguard.preflight.schedule import simulate_function
+
+            seen = [self.lrs_seen[i] for i in sorted(self.lrs_seen)]
+            found = find_lr_function(sys.modules.get("__main__"), self.lrs_seen)
+            if found is not None:
+                fn, shift = found
+                result = simulate_function(fn, shift=shift, total_steps=guard.total_steps,
+                                           grad_accum=guard.grad_accum, name=fn.__name__)
+            else:
+                varied = max(seen) - min(seen) > 1e-12 * max(abs(v) for v in seen)
+                result = {"scheduler": None, "total_steps": guard.total_steps, "grad_accum": guard.grad_accum,
+                          "first_lrs": seen[:8], "set_by_hand": varied}
+                result["skipped"] = (
+                    f"the LR is set by hand (it changed over the first {len(seen)} steps: "
+                    f"{', '.join(f'{v:.3g}' for v in seen[:4])}) and no function of the script reproduces it:"
+                    " the LR schedule was not checked" if varied else
+                    f"no scheduler was passed to trainguard.watch() and the LR stayed at {seen[0]:.3g} over the"
+                    f" first {len(seen)} steps: the LR schedule was not checked (pass the scheduler to watch())")
+            (Path(guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
+            self._event(guard, "schedule", {k2: v for k2, v in result.items() if k2 != "curve"})
+        except Exception as exc:
+            guard._fail("preflight schedule simulation", exc)
+
+
+HAND_LR_STEPS = 3  # LRs of real steps a hand-written LR function must reproduce before it is trusted
+LR_WORDS = ("lr", "learning_rate")
+
+
+def find_lr_function(module: Any, seen: dict[int, float]) -> tuple[Any, int] | None:
+    """A function of `module` (the script) named for the LR whose value at step k + shift is the LR seen
+    at optimizer step k, for every step seen (shift -1: it counts from 0, like nanoGPT's iter_num)."""
+    import inspect
+
+    if module is None or not seen:
+        return None
+    for name, fn in list(vars(module).items()):
+        if not inspect.isfunction(fn) or getattr(fn, "__module__", None) != module.__name__:
+            continue
+        if not any(w in name.lower() for w in LR_WORDS):
+            continue
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            continue
+        positional = [q for q in params if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+        required = [q for q in params if q.default is q.empty and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD)]
+        if not positional or len(required) > 1:
+            continue
+        for shift in (-1, 0, 1):
+            try:
+                if all(abs(float(fn(k + shift)) - v) <= 1e-9 * max(1.0, abs(v)) for k, v in seen.items()):
+                    return fn, shift
+            except Exception:
+                continue  # not callable with this step number
+    return None
+
+
 def _schedule_snapshot(guard: Any) -> tuple[Any, int] | None:
     """A deep copy of the scheduler as `watch()` found it, its optimizer's parameters replaced by stand-ins.
 
@@ -237,7 +315,7 @@ def _schedule_snapshot(guard: Any) -> tuple[Any, int] | None:
         for group in guard.optimizer.param_groups:
             for p in group["params"]:
                 memo[id(p)] = torch.zeros(1)
-        return copy.deepcopy(sched, memo), int(getattr(sched, "last_epoch", 0))
+        return copy.deepcopy(sched, memo), planinfo.sched_epoch(sched) or 0
     except Exception as exc:
         guard._fail("preflight scheduler copy", exc)
         return None

@@ -31,11 +31,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainguard.probe import devicestats, planinfo, samples, stackdump
+from trainguard.probe import contracts, devicestats, planinfo, samples, stackdump
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.selflog import GuardLog
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
-from trainguard.store.status import write_status
+from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 
 ENV_WATCHDOG = "TRAINGUARD_WATCHDOG"
@@ -75,6 +75,7 @@ class Guard:
         name: str | None = None,
         config: dict | None = None,
         stats_every: int = 10,
+        auto: bool = False,
     ) -> None:
         if grad_accum < 1:
             raise ValueError(f"trainguard.watch: grad_accum must be >= 1, got {grad_accum}")
@@ -87,6 +88,7 @@ class Guard:
         self.total_steps = total_steps
         self.grad_accum = int(grad_accum)
         self.stats_every = max(1, int(stats_every))
+        self.auto = auto  # made by the automatic probe (probe/auto.py) at the first optimizer step
         self.rank = int(os.environ.get("RANK", "0") or 0)
         self.attempt = int(os.environ.get(ENV_ATTEMPT, "0") or 0)
         self.under_watchdog = bool(os.environ.get(ENV_WATCHDOG))
@@ -146,6 +148,11 @@ class Guard:
         self._last_rules = 0.0
         self.rules_cpu = 0.0  # CPU seconds the probe's thread spent in the health rules
 
+        from trainguard.store.owner import owner_record
+
+        self._owner = owner_record(self._pid)  # status.json names its writer, so readers can tell it is gone
+        if not self.under_watchdog and self.rank == 0:
+            reserve_space(self.run_dir)  # the last status.json is written even if the run fills the disk
         self._write_meta(label, config)
         if not self.under_watchdog and self.rank == 0 and os.environ.get(ENV_RULES, "1") != "0":
             # Without a watchdog the probe runs the health rules itself, off the training thread, fed in
@@ -158,6 +165,11 @@ class Guard:
 
         self._ff = fastforward.from_env(self)  # before the hooks: it copies the scheduler
         self._install_hooks()
+        try:  # API-contract checks (probe/contracts.py): hooks of their own, fail-open like the rest
+            self._contracts = contracts.attach(self)
+        except Exception as exc:
+            self._contracts = None
+            self._fail("contract checks", exc)
         self._stop = threading.Event()
         self._drain_lock = threading.Lock()
         self._thread = threading.Thread(target=self._background, name="trainguard-probe", daemon=True)
@@ -204,6 +216,8 @@ class Guard:
             self._t_progress = now
             self._uses_step = True
             self._add_value("loss", loss)
+            if self._contracts is not None:
+                self._contracts.on_loss(loss)
             if parts:
                 for key, value in parts.items():
                     self._add_value(f"part:{key}", value)
@@ -260,6 +274,8 @@ class Guard:
 
     def batches(self, iterable: Iterable) -> Iterator:
         """Yields from `iterable`, measuring the time spent waiting for each item (data wait)."""
+        if self._contracts is not None and not self._disabled:
+            self._contracts.loader(iterable)  # fingerprints DataLoader workers' generators (fail-open)
         if self._ff is not None:
             iterable = self._ff.batches(self, iterable)
         iterator = iter(iterable)
@@ -281,6 +297,8 @@ class Guard:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Marks a phase of the run ("train", "eval", "save", ...): start, end and duration are recorded."""
+        if not isinstance(name, str):
+            name = str(name)  # a phase is named by text in the store; ("eval", "val") is kept as its repr
         self._phase_event("begin", name)
         t0 = time.time()
         try:
@@ -455,7 +473,7 @@ class Guard:
             if len(groups) > 1:
                 rec["lrs"] = [float(g["lr"]) if not _is_tensor(g["lr"]) else None for g in groups]
             if self.scheduler is not None:
-                rec["sched_epoch"] = getattr(self.scheduler, "last_epoch", None)
+                rec["sched_epoch"] = planinfo.sched_epoch(self.scheduler)
             if self.scaler is not None:
                 scale = getattr(self.scaler, "_scale", None)  # a device tensor; get_scale() would sync
                 if scale is not None:
@@ -579,16 +597,27 @@ class Guard:
                 self._drain()
                 self._sample()
                 self._writer.flush()
-                if self._writer.last_error and self._writer.failed_flushes in (1, 10, 100, 1000):
-                    self._selflog.write(f"store not written ({self._writer.failed_flushes} tries, rows kept for the "
-                                        f"next): {self._writer.last_error}")
+                self._log_store_trouble()
                 if self._rules is not None and time.time() - self._last_rules > RULES_INTERVAL:
                     self._run_rules()
                 if not self.under_watchdog and self.rank == 0 and time.time() - self._last_status > STATUS_INTERVAL:
-                    self._write_own_status(state="running")
+                    try:
+                        self._write_own_status(state="running")
+                    except Exception as exc:
+                        # Why not _fail: status.json is a summary beside the store; a folder that refuses it
+                        # (replaced by a directory, full) must not switch the recording off.
+                        self._selflog.error("status.json", exc)
             except Exception as exc:
                 # Why not let it die: a dead flusher would silently stop recording the run.
                 self._fail("background flush", exc)
+
+    def _log_store_trouble(self) -> None:
+        w = self._writer
+        if w.last_error and w.failed_flushes in (1, 10, 100, 1000):
+            self._selflog.write(f"store not written ({w.failed_flushes} tries, rows kept for the next): {w.last_error}")
+        if w.refused:
+            self._selflog.once("store refused rows", f"store refused a row, dropped ({w.refused} so far; later "
+                               f"ones only counted): {w.first_refusal}")
 
     def _drain(self, final: bool = False) -> None:
         with self._drain_lock:  # the crash hook may drain from the main thread while the flusher runs
@@ -628,6 +657,8 @@ class Guard:
                     self._fail("observer", exc)
         del self._inflight[:done]
         self._drain_experts(final)
+        if self._contracts is not None:
+            self._contracts.drain(final)
         phase = self._phases[-1] if self._phases else None
         self._writer.set_heartbeat(
             t_progress=self._t_progress, micro=self.micro, step=self.step_count, phase=phase,
@@ -800,7 +831,7 @@ class Guard:
         w.set_meta("label", label)
         w.set_meta(f"probe.{self.rank}", {
             "pid": self._pid, "python": sys.version.split()[0], "trainguard": __version__,
-            "torch": _torch_version(), "attempt": self.attempt,
+            "torch": _torch_version(), "attempt": self.attempt, "auto": self.auto,
         })
         self._plan = {
             "total_steps": self.total_steps, "grad_accum": self.grad_accum,
@@ -810,13 +841,14 @@ class Guard:
             "scaler": type(self.scaler).__name__ if self.scaler is not None else None,
             "stats_every": self.stats_every,
             "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
+            "schedulers": _safe(lambda: planinfo.sched_names(self.scheduler)),
             "output_size": _safe(lambda: planinfo.output_size(self.model, config)),
         }
         if self.rank == 0:
             w.set_meta("plan", self._plan)
             if config is not None:
                 w.set_meta("config", config)
-        w.add_event("probe", "start", {"pid": self._pid, "attempt": self.attempt})
+        w.add_event("probe", "start", {"pid": self._pid, "attempt": self.attempt, "auto": self.auto})
         w.flush()
 
     def _install_hooks(self) -> None:
@@ -949,9 +981,10 @@ class Guard:
             "pid": self._pid,
             "updated": time.time(),
             "watched_by": "probe",
+            "owner": self._owner,
             "findings": findings,
         }
-        write_status(self.run_dir, status)
+        write_status(self.run_dir, status, final=state != "running")
 
 
 def _nonfinite_row(row: dict[str, Any]) -> bool:

@@ -11,11 +11,44 @@ from typing import Any
 _HORIZON_NAMES = ("num_training_steps", "total_steps", "num_steps", "max_steps", "total_iters", "T_max")
 
 
+# Schedulers that cycle on purpose: an LR that returns to its floor again and again is their design.
+CYCLIC = ("CosineAnnealingWarmRestarts", "CyclicLR")
+
+
+def children(scheduler: Any) -> list[Any]:
+    """The schedulers a composite runs (`SequentialLR`, `ChainedScheduler`), else []."""
+    return list(getattr(scheduler, "_schedulers", None) or [])
+
+
+def sched_names(scheduler: Any) -> list[str]:
+    """Type names of the scheduler and, for a composite, of every scheduler inside it."""
+    if scheduler is None:
+        return []
+    out = [type(scheduler).__name__]
+    for child in children(scheduler):
+        out += sched_names(child)
+    return out
+
+
+def sched_epoch(scheduler: Any) -> int | None:
+    """How many times the scheduler has been stepped (`last_epoch`). A `ChainedScheduler` keeps no count
+    of its own: its first scheduler's, which it steps every time, is the count. Hot path: attribute reads."""
+    epoch = getattr(scheduler, "last_epoch", None)
+    if epoch is None:
+        kids = getattr(scheduler, "_schedulers", None)
+        if kids:
+            epoch = getattr(kids[0], "last_epoch", None)
+    return epoch if isinstance(epoch, int) else None
+
+
 def sched_horizon(scheduler: Any) -> int | None:
     """The schedule's length in scheduler steps, when the scheduler says it; None otherwise.
 
     Only schedules that decay to their end count: a `LinearLR` warming *up* ends its ramp at
-    `total_iters` and then holds the LR, so its `total_iters` is not the run's horizon.
+    `total_iters` and then holds the LR, so its `total_iters` is not the run's horizon. A `SequentialLR`
+    ends where its last scheduler ends (its last milestone plus that scheduler's horizon); a
+    `ChainedScheduler` where the longest of its decaying schedulers ends. timm's schedulers (stepped per
+    update, `t_in_epochs=False`) end at `t_initial` × `cycle_limit`.
     """
     if scheduler is None:
         return None
@@ -33,6 +66,20 @@ def sched_horizon(scheduler: Any) -> int | None:
     if name in ("LambdaLR", "MultiplicativeLR"):
         for fn in getattr(scheduler, "lr_lambdas", [])[:1]:
             return _from_function(fn)
+        return None
+    if name == "SequentialLR":
+        kids, milestones = children(scheduler), list(getattr(scheduler, "_milestones", None) or [])
+        if not kids or len(milestones) != len(kids) - 1:
+            return None
+        last = sched_horizon(kids[-1])
+        return _int(milestones[-1] + last) if last and milestones else last
+    if name == "ChainedScheduler":
+        horizons = [h for h in (sched_horizon(k) for k in children(scheduler)) if h]
+        return max(horizons) if horizons else None
+    if hasattr(scheduler, "step_update") and hasattr(scheduler, "t_initial"):  # timm's scheduler family
+        if getattr(scheduler, "t_in_epochs", True) or getattr(scheduler, "cycle_mul", 1.0) != 1.0:
+            return None  # counted in epochs, or cycles of growing length: not a step count we can compare
+        return _int(scheduler.t_initial * max(1, int(getattr(scheduler, "cycle_limit", 1) or 1)))
     return None
 
 
@@ -66,13 +113,17 @@ def output_size(model: Any, config: dict | None) -> int | None:
         return None
     # The last module with weights of its own, in registration order, is taken as the output layer;
     # only a Linear there says "classes or vocabulary" (a detector's last Conv2d says nothing).
-    last = None
+    first = last = None
     for module in model.modules():
         if next(iter(module.children()), None) is None and next(module.parameters(recurse=False), None) is not None:
+            first = first or module
             last = module
     if last is None or type(last).__name__ != "Linear":
         return None
-    return _int(getattr(last, "out_features", None))
+    size = _int(getattr(last, "out_features", None))
+    if size is not None and type(first).__name__ == "Linear" and first is not last and first.in_features == size:
+        return None  # the output reconstructs the input (an autoencoder, a VAE): its size is not a class count
+    return size
 
 
 def _int(value: Any) -> int | None:

@@ -1,7 +1,9 @@
 """The guard's own log, `guard.log` in the run folder.
 
-The guard's errors go here, never into the training loop. Each distinct error is written once with
-its traceback and then only counted, so a failure on every step cannot flood the disk.
+The guard's errors go here, never into the training loop. Errors are de-duplicated by kind (where they
+happened and the exception's type, never the message, which often holds a temp name or a number that
+changes every time): the first of a kind is written with its traceback, later ones are only counted.
+The file is bounded: past MAX_BYTES nothing more is written, so a failure on every step cannot fill a disk.
 """
 
 from __future__ import annotations
@@ -13,29 +15,59 @@ import traceback
 from pathlib import Path
 
 LOG_NAME = "guard.log"
+MAX_BYTES = 1 << 20  # guard.log stops growing here (all processes of the run together)
+REPEAT_MARKS = (10, 100, 1000, 10000)  # a repeated kind is mentioned again at these counts
 
 
 class GuardLog:
-    def __init__(self, run_dir: str | Path, rank: int = 0) -> None:
+    def __init__(self, run_dir: str | Path, rank: int = 0, who: str | None = None) -> None:
         self.path = Path(run_dir) / LOG_NAME
         self.rank = rank
+        self.who = who or f"pid={os.getpid()} rank={rank}"
         self._seen: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._full = False
 
     def write(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         try:
-            with self._lock, open(self.path, "a") as fh:
-                fh.write(f"{stamp} pid={os.getpid()} rank={self.rank} {message}\n")
+            with self._lock:
+                if self._full:
+                    return
+                size = _size(self.path)
+                line = f"{stamp} {self.who} {message}\n"
+                if size + len(line) > MAX_BYTES - 512:  # the last 512 bytes are kept for the line below
+                    self._full = True
+                    line = f"{stamp} {self.who} guard.log reached its limit: nothing more is written\n"
+                    if size + len(line) > MAX_BYTES:
+                        return  # another process already said so
+                with open(self.path, "a") as fh:
+                    fh.write(line)
         except OSError:
             pass  # nowhere left to report to; the guard still must not raise
 
-    def error(self, where: str, exc: BaseException) -> None:
-        key = f"{where}:{type(exc).__name__}:{exc}"
-        count = self._seen.get(key, 0) + 1
-        self._seen[key] = count
+    def once(self, kind: str, message: str) -> bool:
+        """Writes `message` the first time `kind` is seen, then only counts; True when it was written."""
+        count = self._seen.get(kind, 0) + 1
+        self._seen[kind] = count
         if count == 1:
-            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
-            self.write(f"error in {where}: {type(exc).__name__}: {exc}\n{tb}")
-        elif count in (10, 100, 1000):
-            self.write(f"error in {where} repeated {count} times: {type(exc).__name__}: {exc}")
+            self.write(message)
+            return True
+        if count in REPEAT_MARKS:
+            self.write(f"{kind}: seen {count} times (last: {message.splitlines()[0][:300]})")
+        return False
+
+    def error(self, where: str, exc: BaseException) -> None:
+        kind = f"error in {where}: {type(exc).__name__}"
+        if self._seen.get(kind):
+            self.once(kind, f"{type(exc).__name__}: {exc}")
+            return
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+        self.once(kind, f"{kind}: {exc}\n{tb}")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

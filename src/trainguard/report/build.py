@@ -34,6 +34,7 @@ class Verdict:
     exit_code: int | None
     signal: str | None
     headline: str  # one sentence: the first error finding, or what a clean run did
+    health: str = "ok"  # ok | warning | error: what the findings say, beside how the process ended
 
 
 @dataclass
@@ -78,12 +79,21 @@ def key_numbers(data: RunData) -> list[tuple[str, str]]:
             return
         ok = col.present & np.isfinite(col.values)
         bad = int((col.present & ~np.isfinite(col.values)).sum())
+        recorded = np.flatnonzero(col.present)
         if ok.any():
             vals, at = col.values[ok], steps.values[ok]
             tail = vals[-max(min(10, len(vals)), len(vals) // 100):]  # the last 1% (>= 10 steps): not one noisy step
             i = int(np.argmin(vals))
-            out.append((label, f"last {vals[-1]:.4g} (mean of the last {len(tail)} steps {tail.mean():.4g}); "
-                               f"lowest {vals[i]:.4g} at step {int(at[i])}" + (f"; {bad} non-finite" if bad else "")))
+            last_i = recorded[-1]
+            if not np.isfinite(col.values[last_i]):
+                # a run that ended in NaN ends in NaN: the last finite value is not where it ended
+                last = (f"last {col.values[last_i]} at step {int(steps.values[last_i])} (the last finite value"
+                        f" {vals[-1]:.4g} at step {int(at[-1])}; mean of the {len(tail)} finite steps before it"
+                        f" {tail.mean():.4g})")
+            else:
+                last = f"last {vals[-1]:.4g} (mean of the last {len(tail)} steps {tail.mean():.4g})"
+            out.append((label, f"{last}; lowest {vals[i]:.4g} at step {int(at[i])}" +
+                        (f"; {bad} non-finite" if bad else "")))
         elif bad:
             out.append((label, f"non-finite at all {bad} recorded steps"))
 
@@ -141,7 +151,11 @@ def build_verdict(data: RunData) -> Verdict:
                     f"{sentence(most_severe_first(list(data.findings))[0])}")
     else:
         headline = "No findings: every check that this run's data allows passed (see 'What was checked')."
-    return Verdict(state, started, ended, duration, done, planned, st.get("exit_code"), st.get("signal"), headline)
+    from trainguard.store.status import health_of
+
+    health = health_of({"state": state, "findings": [f.to_dict() for f in data.findings]})
+    return Verdict(state, started, ended, duration, done, planned, st.get("exit_code"), st.get("signal"), headline,
+                   health)
 
 
 def sentence(f: Finding) -> str:

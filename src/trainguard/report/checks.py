@@ -23,6 +23,7 @@ FAMILY_NEEDS = {
 CODE_NEEDS = {
     "TG501": ("process",), "TG502": ("watchdog",), "TG503": ("process",), "TG504": ("expects",),
     "TG505": ("expects",), "TG506": ("probe",), "TG507": ("watchdog",),
+    "TG102": ("lr", "sched_horizon"),
     "TG201": ("update_ratio",), "TG202": ("probe",), "TG203": ("eval",), "TG206": ("loss",), "TG207": ("loss",),
     "TG302": ("grad_norm",), "TG303": ("loss_scale",), "TG404": ("weights",),
     "TG521": ("output",), "TG522": ("step_time",), "TG523": ("data_wait",), "TG524": ("memory",),
@@ -37,6 +38,7 @@ DATA_WORDS = {
     "loss_scale": "a loss scale (GradScaler)", "output": "the command's output", "step_time": "step times",
     "memory": "memory samples", "device_memory": "device memory samples", "checkpoints": "checkpoints",
     "experts": "expert loads (MoE)",
+    "sched_horizon": "the schedule's length (total_steps in watch() and a scheduler whose horizon is readable)",
 }
 
 
@@ -86,6 +88,9 @@ def available(data: RunData) -> set[str]:
         have.add("expects")
     if data.status.get("state") not in (None, "running"):
         have.add("process")
+    plan = data.meta.get("plan") or {}
+    if plan.get("total_steps") and plan.get("sched_horizon"):
+        have.add("sched_horizon")  # without it TG102 only asks whether a warmup outlasts half the run
     if data.schedule or data.events_of("preflight") or data.meta.get("preflight"):
         have.add("preflight")
     return have

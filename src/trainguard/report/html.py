@@ -13,6 +13,7 @@ from trainguard.report.svg import SEVERITY_COLORS, esc, render
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 STATE_COLORS = {"completed": "#2ca02c", "running": "#1f77b4", "failed": "#d62728", "crashed": "#d62728",
                 "hung": "#d62728", "killed": "#d62728"}
+HEALTH_COLORS = {"ok": "#2ca02c", "warning": "#e08a00", "error": "#d62728"}
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#222;background:#f6f7f9}
@@ -51,8 +52,12 @@ def page(title: str, body: list[str]) -> str:
 def render_html(r: Report) -> str:
     v = r.verdict
     color = STATE_COLORS.get(v.state, "#555")
+    if v.health != "ok" and v.state in ("completed", "running", "passed"):
+        color = HEALTH_COLORS[v.health]  # never a green badge on a run with errors
     b = [f"<h1>trainguard report: {esc(r.title)}</h1>",
-         f'<div class="facts" id="verdict"><span class="badge state" style="background:{color}">{esc(v.state)}</span>']
+         f'<div class="facts" id="verdict"><span class="badge state" style="background:{color}">{esc(v.state)}</span>'
+         f'<span class="badge health" style="background:{HEALTH_COLORS.get(v.health, "#555")}">'
+         f'health: {esc(v.health)}</span>']
     if v.signal:
         b.append(f"<span>signal {esc(v.signal)}</span>")
     elif v.exit_code not in (None, 0):

@@ -29,7 +29,7 @@ def fence(lines: list[str], lang: str = "") -> list[str]:
 def render_markdown(r: Report) -> str:
     v = r.verdict
     out = [f"# trainguard report: {md(r.title)}", ""]
-    facts = [f"**state: {md(v.state)}**"]
+    facts = [f"**state: {md(v.state)}**", f"**health: {md(v.health)}**"]
     if v.signal:
         facts.append(f"signal {md(v.signal)}")
     elif v.exit_code not in (None, 0):

@@ -104,14 +104,19 @@ class Engine:
         self._rules = list(rules)
         self._step_hooks = [r.on_step for r in self._rules if type(r).on_step is not Rule.on_step]
         self._event_hooks = [r.on_event for r in self._rules if type(r).on_event is not Rule.on_event]
+        # rules that compare ranks (TG7xx) also get the events of ranks other than 0
+        self._all_rank_hooks = [h for h in self._event_hooks if getattr(h.__self__, "all_ranks", False)]
 
     def feed(self, event: dict[str, Any]) -> list[Finding]:
         """Feeds one event to every rule; returns the findings that are new."""
         kind = event.get("kind")
         rank = event.get("rank")
         if isinstance(rank, int) and rank > 0:
-            return []  # rank 0 speaks for the run (the watchdog writes as -1); other ranks are TG7xx's
-        if kind == "step":
+            # rank 0 speaks for the run (the watchdog writes as -1); other ranks are for the TG7xx rules
+            if kind == "step" or not self._all_rank_hooks:
+                return []
+            hooks = self._all_rank_hooks
+        elif kind == "step":
             self.last_step = event.get("step")
             hooks = self._step_hooks
         else:

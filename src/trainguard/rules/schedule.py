@@ -12,6 +12,11 @@ from trainguard.rules.engine import Rule, finite, fmt, median
 NEGLIGIBLE = 1e-4
 STREAK = 10  # consecutive optimizer steps at a negligible LR before the rule is sure
 LEFT_AT_LEAST = 0.05  # a schedule that decays to zero in its last 5% is doing its job
+GROSS = 2.0  # a horizon off by more than this factor is an error, not a warning
+TOUCH = 0.01  # an LR at most 1% of the run's peak has reached its floor, for the cycling rule
+BACK = 0.5  # ... and one back above half the peak has climbed out of it again
+GRADUAL = 2  # rows of rising LR on the way back up: a warm restart jumps in one
+CYCLIC = ("CosineAnnealingWarmRestarts", "CyclicLR")  # schedulers that return to their floor by design
 
 
 def step_lr(row: dict[str, Any]) -> float | None:
@@ -112,7 +117,10 @@ class ScheduleHorizonMismatch(Rule):
     `LambdaLR`, read by the probe at `trainguard.watch`) compared with the planned run: `total_steps`
     optimizer steps times the scheduler steps actually taken per optimizer step (the scheduler's
     `last_epoch` as each optimizer step begins). A horizon below 80% or above 125% of the plan is a
-    mismatch. Two shapes are named: a schedule stepped once per micro-batch ends `grad_accum` times
+    mismatch; more than 2x either way is an error (the run trains at the wrong LR for most of its
+    length), between 1.25x and 2x a warning. Composite schedulers are read through: a `SequentialLR`
+    ends at its last milestone plus its last scheduler's horizon, a `ChainedScheduler` where its longest
+    decaying scheduler ends. Two shapes are named: a schedule stepped once per micro-batch ends `grad_accum` times
     too early; one sized in micro-batches and stepped per optimizer step never finishes its warmup or
     its decay. When the horizon cannot be read, an LR still rising half-way through the run is named.
 
@@ -134,7 +142,7 @@ class ScheduleHorizonMismatch(Rule):
     will be resumed to a longer horizon; a wrong `total_steps` passed to `trainguard.watch`.
 
     ## Options
-    None.
+    None. The bands (0.8-1.25x fine, up to 2x a warning, beyond an error) are fixed.
     """
 
     code, name, severity = "TG102", "schedule-horizon-mismatch", "warning"
@@ -214,8 +222,12 @@ class ScheduleHorizonMismatch(Rule):
             cause = "never-finishes"
             if self.grad_accum > 1 and abs(ratio - self.grad_accum) / self.grad_accum < 0.1:
                 summary += f"; it looks sized in micro-batches (grad_accum {self.grad_accum})"
+        # Off by more than 2x either way, the run trains at a wrong LR for most of its length (zero, or
+        # never annealed): an error. Between 1.25x and 2x it is a warning.
+        gross = ratio < 1 / GROSS or ratio > GROSS
         return self.finding(
             step=self.first_step, summary=summary, evidence=ev, cause=cause,
+            severity="error" if gross else "warning",
             fix="count the schedule in optimizer steps (num_training_steps = micro-batches // grad_accum) and "
                 "call scheduler.step() once per optimizer step, right after optimizer.step()",
         )
@@ -235,4 +247,104 @@ class ScheduleHorizonMismatch(Rule):
                       "detected_step": step, "total_steps": self.total_steps, "grad_accum": self.grad_accum},
             cause="still-warming",
             fix="count warmup and decay in optimizer steps (divide micro-batch counts by grad_accum)",
+        )
+
+
+class LrCyclesToZero(Rule):
+    """TG103 lr-cycles-to-zero: the learning rate falls to zero, climbs back up and falls to zero again.
+
+    ## What it detects
+    The LR (the largest over the param groups) falls to its floor (at most 1% of the run's peak),
+    climbs back gradually (over two or more rising rows) above half the peak, and falls to the floor
+    again. Schedulers that cycle on purpose (`CosineAnnealingWarmRestarts`, `CyclicLR`, also inside a
+    `SequentialLR` or `ChainedScheduler`) are left alone; a warm restart that jumps back up in one step
+    is not a gradual climb and does not count.
+
+    ## Why it matters
+    `CosineAnnealingLR` is periodic: stepped past its `T_max` it climbs back to the peak over another
+    `T_max` steps and decays again. A `T_max` sized for an epoch, or in optimizer steps of a shorter
+    plan, sends the LR to zero again and again: every trip to zero wastes steps, every climb re-heats the
+    weights, and the run ends wherever in the cycle it happens to be. No single step looks wrong, so
+    `lr-reaches-zero` (ten steps in a row at zero) never sees it.
+
+    ## Example
+    `TG103 lr-cycles-to-zero [error] at step 37: the learning rate fell to 0 at step 37, climbed back to
+    100% of its peak (1.00e-03) by step 74 and fell to 0 again at step 112: the schedule is periodic,
+    not a decay (CosineAnnealingLR, horizon 37 scheduler steps, 300 planned steps)`
+
+    ## What to change
+    Size the cosine for the whole run in optimizer steps (`T_max = total_steps - warmup`), or use
+    `CosineAnnealingWarmRestarts` if restarts are what you want.
+
+    ## Known false positives
+    A cyclical schedule written by hand (or read from a log without the scheduler's name): then the
+    finding is a warning, not an error.
+
+    ## Options
+    None: the floor (1% of the peak) and the climb (back above half the peak) are fixed.
+    """
+
+    code, name, severity = "TG103", "lr-cycles-to-zero", "error"
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        names = [n for n in (plan.get("schedulers") or [plan.get("scheduler")]) if n]
+        self.cyclic = any(n in CYCLIC for n in names)
+        self.known = bool(names)  # the scheduler's type is known and it is not a cyclic one
+        self.peak = 0.0
+        self.prev: float | None = None
+        self.first_zero: tuple[int, float] | None = None  # (step, lr) where the LR first hit the floor
+        self.climbed: tuple[int, float] | None = None  # (step, lr) back above half the peak, gradually
+        self.rising = 0  # rising rows since the floor
+        self.at_floor = False
+        self.done = False
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        if self.done or self.cyclic:
+            return None
+        lr, step = step_lr(row), row.get("step")
+        if lr is None or step is None:
+            return None
+        prev, self.prev = self.prev, lr
+        self.peak = max(self.peak, lr)
+        if self.peak <= 0:
+            return None
+        if lr <= TOUCH * self.peak:
+            if not self.at_floor:
+                self.at_floor, self.rising = True, 0
+                if self.first_zero is None:
+                    self.first_zero = (step, lr)
+                elif self.climbed is not None:
+                    self.done = True
+                    return self._found(step, lr)
+            return None
+        self.at_floor = False
+        if self.first_zero is not None and self.climbed is None:
+            if prev is not None and lr > prev:
+                self.rising += 1
+            if lr >= BACK * self.peak:
+                if self.rising >= GRADUAL:
+                    self.climbed = (step, lr)
+                else:  # back up in a jump: a warm restart, by design
+                    self.first_zero = None
+        return None
+
+    def _found(self, step: int, lr: float) -> Finding:
+        (z0, lr0), (up, lr_up) = self.first_zero, self.climbed
+        horizon = self.plan.get("sched_horizon")
+        sched = self.plan.get("scheduler")
+        context = ", ".join(x for x in (
+            str(sched) if sched else "",
+            f"horizon {fmt(horizon)} scheduler steps" if finite(horizon) else "",
+            f"{fmt(self.total_steps)} planned steps" if self.total_steps else "") if x)
+        return self.finding(
+            step=z0, severity="error" if self.known else "warning",
+            summary=(f"the learning rate fell to {fmt(lr0)} at step {z0}, climbed back to {lr_up / self.peak:.0%} of"
+                     f" its peak ({fmt(self.peak)}) by step {up} and fell to {fmt(lr)} again at step {step}: the"
+                     f" schedule is periodic, not a decay" + (f" ({context})" if context else "")),
+            fix="size the cosine for the whole run in optimizer steps (T_max = total_steps - warmup); use "
+                "CosineAnnealingWarmRestarts if restarts are what you want",
+            evidence={"first_zero_step": z0, "first_zero_lr": lr0, "climbed_back_step": up, "climbed_back_lr": lr_up,
+                      "zero_again_step": step, "peak_lr": self.peak, "scheduler": sched,
+                      "sched_horizon": horizon, "total_steps": self.total_steps, "detected_step": step},
         )

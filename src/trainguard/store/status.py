@@ -3,12 +3,22 @@
 The contract (names fixed): `state` in {running, hung, completed, failed, crashed, killed}, `step`,
 `phase`, `exit_code`, `signal`, and `findings` (each with code, name, severity, step, summary,
 evidence, fix; crash findings also exception and where). More fields are welcome, never fewer.
+`owner` names the process that writes it; readers (`read_status`) show a live state whose owner is gone
+as `abandoned` (see store/owner.py), never as `running`.
+
+`health` in {ok, warning, error} stands beside `state`: `state` says how the process ended, `health`
+what the run's findings say about it. A run that exited 0 with its LR at zero is `completed` and
+`error`; a run that did not end well (failed, crashed, killed, hung) is always `error`. It is derived
+from the rest at every write (and on reading a status.json written before it existed).
 
 It is written atomically (a temp file renamed over the old one) so a reader never sees half a file.
+Its last word must be true even on a full disk: the owner of a run keeps a small reserve file beside
+it (`reserve_space`) and gives it up for the final status when nothing else can be written.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -19,6 +29,9 @@ from trainguard.errors import UserError
 
 STATUS_NAME = "status.json"
 STATES = ("running", "hung", "completed", "failed", "crashed", "killed")
+RESERVE_NAME = ".status.reserve"
+RESERVE_BYTES = 256 * 1024  # room for a final status.json with its findings, kept while the run lives
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
@@ -39,8 +52,67 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
         raise
 
 
-def write_status(run_dir: str | Path, status: dict[str, Any]) -> None:
-    write_atomic(Path(run_dir) / STATUS_NAME, json.dumps(status, indent=2, default=str) + "\n")
+HEALTHS = ("ok", "warning", "error")
+BAD_ENDS = ("failed", "crashed", "killed", "hung", "abandoned")
+
+
+def health_of(status: dict[str, Any]) -> str:
+    """ok | warning | error: the worst of the findings' severities, error for a run that did not end well."""
+    if status.get("state") in BAD_ENDS:
+        return "error"
+    severities = {f.get("severity") for f in status.get("findings") or [] if isinstance(f, dict)}
+    return "error" if "error" in severities else "warning" if "warning" in severities else "ok"
+
+
+def health_counts(status: dict[str, Any]) -> str:
+    """`error (2 errors, 1 warning)`: the health word with what it rests on, for one line of output."""
+    found = [f for f in status.get("findings") or [] if isinstance(f, dict)]
+    errors = sum(f.get("severity") == "error" for f in found)
+    warnings = sum(f.get("severity") == "warning" for f in found)
+    parts = [f"{errors} error{'s' if errors != 1 else ''}" if errors else "",
+             f"{warnings} warning{'s' if warnings != 1 else ''}" if warnings else ""]
+    detail = ", ".join(p for p in parts if p)
+    health = status.get("health") or health_of(status)
+    return f"{health} ({detail})" if detail else health
+
+
+def write_status(run_dir: str | Path, status: dict[str, Any], *, final: bool = False) -> None:
+    """Writes status.json; with `final`, a full disk gives up the run's reserve (see `reserve_space`)."""
+    status = {**status, "health": health_of(status)}
+    text = json.dumps(status, indent=2, default=str) + "\n"
+    path = Path(run_dir) / STATUS_NAME
+    try:
+        write_atomic(path, text)
+    except OSError as exc:
+        if not (final and exc.errno in _FULL and release_space(run_dir)):
+            raise
+        write_atomic(path, text)
+    if final:
+        release_space(run_dir)
+
+
+def reserve_space(run_dir: str | Path) -> bool:
+    """Sets aside RESERVE_BYTES beside status.json, so that the final status can be written on a disk that
+    the run filled. Fail-open: False when there is no room even now."""
+    path = Path(run_dir) / RESERVE_NAME
+    try:
+        with open(path, "wb") as fh:
+            fh.write(b"\0" * RESERVE_BYTES)  # written, not truncated: a sparse file would reserve nothing
+            fh.flush()
+            os.fsync(fh.fileno())
+        return True
+    except OSError:
+        release_space(run_dir)
+        return False
+
+
+def release_space(run_dir: str | Path) -> bool:
+    """Removes the reserve; True when there was one."""
+    try:
+        os.unlink(Path(run_dir) / RESERVE_NAME)
+        return True
+    except OSError:
+        return False
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:
@@ -53,4 +125,10 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
         raise UserError(f"cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path} is not a trainguard status (a JSON object is expected, found {type(data).__name__})")
+    from trainguard.store.owner import check_owner
+
+    data = check_owner(data)
+    derived = health_of(data)  # written before `health` existed, or since abandoned by its owner
+    if data.get("health") not in HEALTHS or HEALTHS.index(derived) > HEALTHS.index(data["health"]):
+        data["health"] = derived
     return data

@@ -20,9 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.store.schema import STEP_COLUMNS, connect
+from trainguard.store.status import release_space
 
 MAX_QUEUED = 200_000  # rows kept per queue while the database cannot be written; older ones are dropped
 _STEP_SQL = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
+_META_SQL = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
+_BEAT_SQL = ("INSERT OR REPLACE INTO heartbeat (pid, rank, attempt, t_progress, t_flush, micro, step, phase, state)"
+             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
 _EVENT_SQL = "INSERT INTO events (t, attempt, rank, pid, step, kind, name, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 
 
@@ -63,7 +67,10 @@ class StoreWriter:
         self.tap: Callable[[dict[str, Any]], None] | None = None
         self.last_error: str | None = None
         self.failed_flushes = 0
+        self.disk_full = False  # the last failed flush failed because the disk is full
         self.dropped = 0
+        self.refused = 0  # rows the database refused outright (a value SQLite cannot bind): dropped, counted
+        self.first_refusal: str | None = None  # what the first refused row was and why (for the guard's log)
 
     # -- queueing: cheap, any thread ------------------------------------------------------------
 
@@ -103,7 +110,9 @@ class StoreWriter:
 
         Never raises: when the database cannot be written now (locked past the busy timeout, disk full),
         the rows go back to the head of their queues for the next flush (up to MAX_QUEUED, oldest dropped
-        and counted beyond that) and the error is kept in `last_error`.
+        and counted beyond that) and the error is kept in `last_error`. A row the database refuses for
+        what it holds (a value it cannot bind) would be refused again at every flush and block every row
+        behind it, so it is dropped alone and counted in `refused`; the rest of the batch is written.
         """
         with self._lock:
             if self._conn is None:
@@ -115,38 +124,79 @@ class StoreWriter:
             if not (steps or events or meta or beat):
                 return 0
             try:
-                with self._conn:
-                    if meta:
-                        self._conn.executemany(
-                            "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", list(meta.items())
-                        )
-                    if steps:
-                        self._conn.executemany(_STEP_SQL, steps)
-                    if events:
-                        self._conn.executemany(_EVENT_SQL, events)
-                    if beat:
-                        self._conn.execute(
-                            "INSERT OR REPLACE INTO heartbeat (pid, rank, attempt, t_progress, t_flush, micro, step,"
-                            " phase, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            beat,
-                        )
+                self._commit(meta, steps, events, beat)
+            except (sqlite3.InterfaceError, sqlite3.ProgrammingError, sqlite3.IntegrityError, sqlite3.DataError):
+                steps, events = self._without_refused(steps, _STEP_SQL), self._without_refused(events, _EVENT_SQL)
+                meta = {k: v for k, v in meta.items() if self._accepts(_META_SQL, (k, v))}
+                beat = beat if beat is None or self._accepts(_BEAT_SQL, beat) else None
+                try:
+                    self._commit(meta, steps, events, beat)
+                except sqlite3.Error as exc:
+                    return self._keep_for_later(exc, steps, events, meta, beat)
             except sqlite3.Error as exc:
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                self.failed_flushes += 1
-                self._steps.extendleft(reversed(steps))
-                self._events.extendleft(reversed(events))
-                self._meta = {**meta, **self._meta}
-                self._beat = self._beat or beat
-                for queue in (self._steps, self._events):
-                    while len(queue) > MAX_QUEUED:
-                        queue.popleft()
-                        self.dropped += 1
-                return 0
+                return self._keep_for_later(exc, steps, events, meta, beat)
             return len(steps) + len(events)
+
+    def _commit(self, meta: dict[str, str], steps: list[tuple], events: list[tuple], beat: tuple | None) -> None:
+        """One transaction: all of it or nothing."""
+        conn = self._conn
+        assert conn is not None
+        with conn:
+            if meta:
+                conn.executemany(_META_SQL, list(meta.items()))
+            if steps:
+                conn.executemany(_STEP_SQL, steps)
+            if events:
+                conn.executemany(_EVENT_SQL, events)
+            if beat:
+                conn.execute(_BEAT_SQL, beat)
+
+    def _keep_for_later(self, exc: sqlite3.Error, steps: list[tuple], events: list[tuple], meta: dict[str, str],
+                        beat: tuple | None) -> int:
+        """The database cannot be written now: the rows go back to the head of their queues."""
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.disk_full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "is full" in str(exc)
+        self.failed_flushes += 1
+        self._steps.extendleft(reversed(steps))
+        self._events.extendleft(reversed(events))
+        self._meta = {**meta, **self._meta}
+        self._beat = self._beat or beat
+        for queue in (self._steps, self._events):
+            while len(queue) > MAX_QUEUED:
+                queue.popleft()
+                self.dropped += 1
+        return 0
+
+    def _without_refused(self, rows: list[tuple], sql: str) -> list[tuple]:
+        return [row for row in rows if self._accepts(sql, row)]
+
+    def _accepts(self, sql: str, row: tuple) -> bool:
+        """Tries one row in a savepoint that is rolled back: does the database take what it holds?"""
+        conn = self._conn
+        assert conn is not None
+        try:
+            conn.execute("SAVEPOINT probe_row")
+            try:
+                conn.execute(sql, row)
+            finally:
+                conn.execute("ROLLBACK TO probe_row")
+                conn.execute("RELEASE probe_row")
+        except (sqlite3.InterfaceError, sqlite3.ProgrammingError, sqlite3.IntegrityError, sqlite3.DataError) as exc:
+            self.refused += 1
+            if self.first_refusal is None:
+                self.first_refusal = f"{type(exc).__name__}: {exc} (row {_short(row)})"
+            return False
+        except sqlite3.Error:
+            return True  # not the row's fault (locked, disk full): the commit decides, rows are kept
+        return True
 
     def close(self) -> None:
         try:
             self.flush()
+            if self.disk_full and (self._steps or self._events or self._meta) and release_space(self.run_dir):
+                # The last rows (a finish, a crash) are the run's last words: the run's reserve beside
+                # status.json is given up for them rather than lose them to a disk the run filled.
+                self.flush()
         finally:
             with self._lock:
                 if self._conn is not None:
@@ -161,6 +211,11 @@ def _drain(queue: collections.deque) -> list:
             out.append(queue.popleft())
         except IndexError:
             return out
+
+
+def _short(row: tuple) -> str:
+    text = repr(row)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _finite_or_text(value: Any) -> Any:

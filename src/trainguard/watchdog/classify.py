@@ -376,7 +376,7 @@ FIXES = {
         "The process sleeps in a loop waiting for something that never comes (a file, a flag, a port). Give "
         "the wait a deadline and fail with a message naming what it waited for."),
     "unknown": (
-        "trainguard could not name the cause. Read the stacks in the run folder (stacks/hang-*.txt); install "
-        "py-spy (`pip install trainguard[stacks]`) for processes without the probe, and run as a user with "
-        "ptrace rights over the training process for native frames."),
+        "trainguard could not name the cause. Read the stacks in the run folder (stacks/hang-*.txt); keep the "
+        "automatic probe on (no --no-auto) so every Python process dumps its stacks on a signal, and run as a "
+        "user with ptrace rights over the training process so py-spy can read the others and native frames."),
 }

@@ -207,6 +207,40 @@ def crash_finding(
     )
 
 
+def first_crash(crashes: list[dict[str, Any]]) -> Finding | None:
+    """TG501 for a run whose processes recorded crashes (`crash` events): the first to fail is the cause.
+
+    In a multi-process run one failure brings down the rest: rank 1 raises a ValueError, and rank 0 then
+    dies of "Connection closed by peer" in its next collective, later, so the last crash is the least
+    telling one. The earliest is the finding; the later ones are listed in its evidence as consequences.
+    """
+    if not crashes:
+        return None
+    ordered = sorted(crashes, key=lambda c: (c["t"], c.get("rank") or 0))
+    first, later = ordered[0], ordered[1:]
+    d = first.get("data") or {}
+    finding = crash_finding(
+        exception=d.get("exception", first.get("name") or "Exception"), message=d.get("message", ""),
+        frames=d.get("frames", []), step=first.get("step"), phase=d.get("phase"), elapsed=d.get("elapsed"),
+        phases_seen=d.get("phases_seen"),
+    )
+    ranks = {c.get("rank") for c in ordered}
+    if len(ranks) > 1 or later:
+        finding.evidence["rank"] = first.get("rank")
+        finding.evidence["pid"] = first.get("pid")
+        finding.evidence["consequences"] = [_consequence(c, first["t"]) for c in later]
+        finding.summary = (f"rank {first.get('rank')} failed first: {finding.summary}"
+                           + (f" ({len(later)} later failure(s) on other processes are consequences)" if later else ""))
+    return finding
+
+
+def _consequence(crash: dict[str, Any], t_first: float) -> str:
+    d = crash.get("data") or {}
+    lines = str(d.get("message") or "").splitlines()
+    return (f"rank {crash.get('rank')} (pid {crash.get('pid')}), {(crash.get('t') or t_first) - t_first:+.1f} s "
+            f"later: {d.get('exception', crash.get('name'))}: {(lines[0] if lines else '')[:200]}")
+
+
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
     if seconds < 120:

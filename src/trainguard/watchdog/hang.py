@@ -94,17 +94,21 @@ def diagnose_stall(run_dir: Path, pid: int, *, attempt: int = 0, samples: int = 
         stacks_file = None
     diag = classify.diagnose(snap)
     if diag.cause == "dataloader-worker" and diag.extra.get("sample_index") is None and diag.pid:
-        diag.extra["sample_index"] = _sample_index_by_py_spy(diag.pid)
+        diag.extra["sample_index"], why = _sample_index_by_py_spy(diag.pid)
         if diag.extra["sample_index"] is not None:
             diag.detail += f", sample index {diag.extra['sample_index']}"
+        elif why:
+            # say why the index is missing: the stacks came from the signal dump, which has no locals
+            diag.extra["sample_index_unread"] = f"{why}; the stacks came from the signal dump, which has no locals"
     return StallDiagnosis(snap, diag, stacks_file, classify.io_moving(snap))
 
 
-def _sample_index_by_py_spy(pid: int) -> str | None:
-    """The signal dump has no local variables; py-spy (where it has ptrace rights) reads the index."""
+def _sample_index_by_py_spy(pid: int) -> tuple[str | None, str | None]:
+    """The signal dump has no local variables; py-spy (where it has ptrace rights) reads the index.
+    Returns (index, why not)."""
     spy = stacks.find_py_spy()
     if spy is None:
-        return None
-    threads, _ = stacks.py_spy_dump(pid, spy)
+        return None, "py-spy is not installed (or TRAINGUARD_PY_SPY=0)"
+    threads, why = stacks.py_spy_dump(pid, spy)
     sample = stacks.ProcSample(pid=pid, threads=threads)
-    return classify.sample_index(sample)
+    return classify.sample_index(sample), why

@@ -5,7 +5,7 @@
 
 For each process of the run's tree (the command, its children, DataLoader workers) and each sample:
 - every thread's Python stack: from the probe's signal-triggered dump (`probe/stackdump.py`) where the
-  process has the handler, needing no ptrace rights; else from `py-spy dump` (the `stacks` extra), which
+  process has the handler, needing no ptrace rights; else from `py-spy dump` (a dependency), which
   needs ptrace rights over the process (root, or the same user where the kernel allows it);
 - CPU % over the interval, scheduler state, RSS, read+written bytes, `/proc/PID/wchan` and
   `/proc/PID/stack` (what the kernel says it waits on) where readable.
@@ -311,12 +311,32 @@ def parse_faulthandler(text: str, main_ident: str | None = None) -> list[ThreadS
     return threads
 
 
+ENV_PY_SPY = "TRAINGUARD_PY_SPY"  # "0": never run py-spy (no ptrace of the run's processes at all)
+
+
 def find_py_spy() -> str | None:
-    """py-spy next to this interpreter (the `stacks` extra), else on PATH."""
+    """py-spy next to this interpreter (a default dependency where wheels exist), else on PATH."""
     import sys
 
+    if os.environ.get(ENV_PY_SPY, "1") == "0":
+        return None
     beside = Path(sys.executable).parent / "py-spy"
     return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+_DENIED = re.compile(r"ermission denied|Operation not permitted|ptrace", re.IGNORECASE)
+
+
+def py_spy_error(pid: int, text: str, returncode: int) -> str:
+    """The reason in py-spy's error output (its Rust backtrace left out); a refused ptrace said so plainly."""
+    text = text.split("Stack backtrace:", 1)[0]
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and ln.strip() != "Caused by:"]
+    why = lines[0] if lines else f"exit code {returncode}"
+    denied = next((ln for ln in lines if _DENIED.search(ln)), None)
+    if denied is not None:
+        why = f"py-spy has no ptrace rights over pid {pid} ({why}: {denied})" if denied != why else \
+            f"py-spy has no ptrace rights over pid {pid} ({why})"
+    return why[:300]
 
 
 def py_spy_dump(pid: int, spy: str) -> tuple[list[ThreadStack], str | None]:
@@ -327,11 +347,7 @@ def py_spy_dump(pid: int, spy: str) -> tuple[list[ThreadStack], str | None]:
     except (OSError, subprocess.SubprocessError) as exc:
         return [], f"py-spy failed: {exc}"
     if out.returncode != 0:
-        err = (out.stderr or out.stdout).strip().splitlines()
-        why = err[-1] if err else f"exit code {out.returncode}"
-        if "ermission" in why or "ptrace" in why.lower():
-            why = f"py-spy has no ptrace rights over pid {pid} ({why})"
-        return [], why[:300]
+        return [], py_spy_error(pid, out.stderr or out.stdout, out.returncode)
     try:
         data = json.loads(out.stdout)
     except ValueError:

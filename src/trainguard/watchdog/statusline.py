@@ -54,17 +54,22 @@ class StatusLine:
 def render(state: Any, timeout: float, findings: list, rate: float | None) -> str:
     last = state.reader.last_step() if state.reader is not None else None
     total = (state.reader.meta().get("plan") or {}).get("total_steps") if state.reader is not None else None
+    # what the command printed (watchdog/liveoutput.py) stands in for what the probe did not measure
+    printed = state.scratch.get("output") or {} if hasattr(state, "scratch") else {}
+    step = state.step if state.step is not None else printed.get("step")
+    loss = last.get("loss") if last and last.get("loss") is not None else printed.get("loss")
+    lr = last.get("lr") if last and last.get("lr") is not None else printed.get("lr")
     parts = ["[trainguard]"]
-    if state.step is not None:
-        parts.append(f"step {state.step}" + (f"/{total}" if total else ""))
-    if last and last.get("loss") is not None:
-        parts.append(f"loss {_fmt(last['loss'])}")
-    if last and last.get("lr") is not None:
-        parts.append(f"lr {last['lr']:.2e}" if isinstance(last["lr"], float) else f"lr {last['lr']}")
+    if step is not None:
+        parts.append(f"step {step}" + (f"/{total}" if total else ""))
+    if loss is not None:
+        parts.append(f"loss {_fmt(loss)}")
+    if lr is not None:
+        parts.append(f"lr {lr:.2e}" if isinstance(lr, float) else f"lr {lr}")
     if rate:
         parts.append(f"{rate:.1f} it/s")
-        if total and state.step is not None:
-            parts.append(f"ETA {_eta((total - state.step) / rate)}")
+        if total and step is not None:
+            parts.append(f"ETA {_eta((total - step) / rate)}")
     if state.phase:
         parts.append(f"[{state.phase}]")
     errors = sum(1 for f in findings if f.severity == "error")

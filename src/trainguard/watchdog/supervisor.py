@@ -26,11 +26,13 @@ from trainguard import __version__
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
 from trainguard.probe.guard import ENV_ATTEMPT, ENV_RESUME, ENV_WATCHDOG
+from trainguard.probe.selflog import GuardLog
+from trainguard.store.owner import owner_record
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.reader import RunReader
-from trainguard.store.status import write_status
+from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
-from trainguard.watchdog import crash, restart, statusline, verdict
+from trainguard.watchdog import crash, keeper, restart, statusline, verdict
 from trainguard.watchdog.stall import StallPolicy, hang_finding
 from trainguard.watchdog.tee import OutputCapture
 
@@ -38,6 +40,7 @@ POLL_INTERVAL = 0.5
 MAX_IO_GRACE = 5  # stalls forgiven in a row because the run was still writing or importing
 KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when trainguard stops a run
 WATCHDOG_RANK = -1  # rows the watchdog writes carry rank -1
+FAIL_ON_EXIT = 122  # a completed run whose findings reach --fail-on's severity (123-125 are taken)
 
 
 @dataclass
@@ -76,6 +79,7 @@ class RunOptions:
     stall_timeout: float | None = None
     expects: list[str] = field(default_factory=list)
     stop_on: list[str] = field(default_factory=list)
+    fail_on: str | None = None  # "error" | "warning": a completed run with such findings exits FAIL_ON_EXIT
     on_hang: str = "kill"  # wait | kill | restart
     max_restarts: int = 3  # with on_hang="restart": restarts at most; a repeated hang stops sooner
     live: bool | None = None  # None: a live status line only when stderr is a terminal
@@ -121,9 +125,11 @@ class Supervisor:
     def run(self) -> int:
         self.started = time.time()
         self._write_meta()
+        reserve_space(self.run_dir)  # so the last status.json is written even if the run fills the disk
         self.capture = OutputCapture(self.run_dir / "output.log", echo=self.options.echo)
         self.line = statusline.StatusLine(enabled=self.live)
         self.capture.before_write = self.line.clear
+        self.capture.note_sink = _buffer(sys.stderr)
         try:
             return self._run_attempts()
         except BaseException as exc:
@@ -141,7 +147,7 @@ class Supervisor:
                       "updated": time.time(), "watched_by": "watchdog",
                       "state_note": f"the watchdog itself failed ({type(exc).__name__}: {exc}) and stopped the command",
                       "findings": [f.to_dict() for f in self.findings]}
-            write_status(self.run_dir, status)
+            write_status(self.run_dir, status, final=True)
         except Exception:
             pass
 
@@ -187,11 +193,15 @@ class Supervisor:
             )
         except OSError as exc:
             raise UserError(f"cannot start {self.options.command[0]}: {exc.strerror or exc}") from None
+        self._command_started = owner_record(self.proc.pid)["started"]
         self.writer.add_event("run", "start", {"pid": self.proc.pid, "command": self.options.command,
                                                "attempt": self.attempt, "resume_from": resume})
         self.writer.flush()
         self.capture.start(self.proc.stdout, "stdout", _buffer(sys.stdout))
         self.capture.start(self.proc.stderr, "stderr", _buffer(sys.stderr))
+        # if this process is killed, the keeper passes the output on: the command never dies of a broken pipe
+        self._keeper = keeper.start(self.run_dir, self.proc.stdout.fileno(), self.proc.stderr.fileno(),
+                                    self.options.echo)
         self._forward_signals()
         self.oom_before = _safe_oom()
         if not hasattr(self, "reader"):
@@ -233,6 +243,7 @@ class Supervisor:
             self._report(verdict.leftover_finding(members, step))
             self._terminate()
         self.capture.drain()
+        keeper.stop(self._keeper)
         return returncode, hang, stopped
 
     def _observe(self) -> WatchState:
@@ -342,16 +353,8 @@ class Supervisor:
         last = self.reader.last_step()
         step = max([b["step"] for b in beats if b["step"] is not None] + ([last["step"]] if last else []),
                    default=None)
-        probe_crash = None
-        crashes = [c for c in self.reader.events("crash") if c["attempt"] == self.attempt]
-        if crashes:
-            c = crashes[-1]
-            d = c["data"] or {}
-            probe_crash = crash.crash_finding(
-                exception=d.get("exception", c["name"] or "Exception"), message=d.get("message", ""),
-                frames=d.get("frames", []), step=c["step"], phase=d.get("phase"), elapsed=d.get("elapsed"),
-                phases_seen=d.get("phases_seen"),
-            )
+        # the first process to fail is the cause; later crashes (other ranks) are its consequences
+        probe_crash = crash.first_crash([c for c in self.reader.events("crash") if c["attempt"] == self.attempt])
         stderr_crash = None
         if probe_crash is None and returncode > 0:
             parsed = crash.parse_traceback(list(self.capture.stderr_tail))
@@ -384,7 +387,19 @@ class Supervisor:
         self.reader.close()
         self.writer.close()
         self._write_report()
-        return v.trainguard_exit
+        return self._fail_on(v.trainguard_exit)
+
+    def _fail_on(self, code: int) -> int:
+        """--fail-on: a run that ended well (exit 0) but whose findings reach the given severity fails."""
+        if code != 0 or not self.options.fail_on:
+            return code
+        worst = {"error"} if self.options.fail_on == "error" else {"error", "warning"}
+        hits = [f for f in self.findings if f.severity in worst]
+        if not hits:
+            return code
+        self._note(f"trainguard: exit {FAIL_ON_EXIT}: {len(hits)} finding(s) at --fail-on {self.options.fail_on}"
+                   f" or worse (the first: {hits[0].code} {hits[0].name})")
+        return FAIL_ON_EXIT
 
     def _write_report(self) -> None:
         """report.md and report.html, fail-open: a report failure never changes the verdict or exit code."""
@@ -414,8 +429,9 @@ class Supervisor:
         self._seen.add((f.code, f.name, f.cause))
         if f.t is None:
             f.t = time.time()
-        if f not in self.findings:
-            self.findings.append(f)
+        if f in self.findings:
+            return  # reported already (a hang or a --stop-on finding comes back in the verdict)
+        self.findings.append(f)
         if f.source != "probe":
             self.writer.add_event("finding", f.name, f.to_dict(), step=f.step)
             self.writer.flush()
@@ -424,12 +440,11 @@ class Supervisor:
     def _note(self, text: str) -> None:
         self.capture.write_note(text, _buffer(sys.stderr))
 
-    def _guard_error(self, text: str) -> None:
-        try:
-            with open(self.run_dir / "guard.log", "a") as fh:
-                fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} watchdog {text}\n")
-        except OSError:
-            pass
+    def _guard_error(self, text: str, kind: str | None = None) -> None:
+        """One line in guard.log, once per `kind` (default: the text itself); repeats are only counted."""
+        if not hasattr(self, "_selflog"):
+            self._selflog = GuardLog(self.run_dir, WATCHDOG_RANK, who="watchdog")
+        self._selflog.once(kind or text, text)
 
     def _write_status(self, state_name: str, state: WatchState, *, exit_code: int | None = None,
                       signal_name: str | None = None, ended: float | None = None,
@@ -444,8 +459,8 @@ class Supervisor:
             "phase": state.phase,
             "exit_code": exit_code,
             "signal": signal_name,
-            "loss": (last or {}).get("loss"),
-            "lr": (last or {}).get("lr"),
+            "loss": _printed_or((last or {}).get("loss"), state, "loss"),
+            "lr": _printed_or((last or {}).get("lr"), state, "lr"),
             "pid": self.proc.pid,
             "command": self.options.command,
             "started": self.started,
@@ -455,15 +470,27 @@ class Supervisor:
             "stall_timeout": round(self.stall.timeout(state.phase), 1),
             "output_lines": state.output_lines,
             "watched_by": "watchdog",
+            "owner": self._owner(),
+            "command_started": self._command_started,
             "findings": [f.to_dict() for f in findings],
         }
+        if self.capture.dropped_bytes:
+            status["output_dropped_bytes"] = self.capture.dropped_bytes
         try:
-            write_status(self.run_dir, status)
+            write_status(self.run_dir, status, final=ended is not None)
         except OSError as exc:
-            self._guard_error(f"cannot write status.json: {exc}")
+            self._guard_error(f"cannot write status.json: {exc}", kind="status.json")
+
+    def _owner(self) -> dict[str, Any]:
+        if not hasattr(self, "_owner_record"):
+            self._owner_record = owner_record()
+        return self._owner_record
 
     def _summary(self, v: verdict.Verdict, step: int | None) -> None:
         dur = time.time() - self.started
+        severities = {f.severity for f in self.findings}
+        health = ("error" if v.state != "completed" or "error" in severities else
+                  "warning" if "warning" in severities else "ok")
         head = f"trainguard: run {v.state}"
         if v.signal:
             head += f" ({v.signal})"
@@ -472,6 +499,7 @@ class Supervisor:
         head += f" after {dur:.1f} s"
         if step is not None:
             head += f", step {step}"
+        head += f"; health {health}"
         lines = [head]
         errors = [f for f in self.findings if f.severity == "error"]
         warnings = [f for f in self.findings if f.severity == "warning"]
@@ -550,6 +578,11 @@ def _label(command: list[str]) -> str:
             return command[2].rsplit(".", 1)[-1]
         return Path(command[1]).stem
     return Path(command[0]).name
+
+
+def _printed_or(value: Any, state: WatchState, key: str) -> Any:
+    """A value the probe did not measure, from what the command printed (watchdog/liveoutput.py)."""
+    return value if value is not None else (state.scratch.get("output") or {}).get(key)
 
 
 def _buffer(stream: Any) -> Any:

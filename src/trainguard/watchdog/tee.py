@@ -7,16 +7,23 @@ Bytes are passed through unchanged (progress bars keep their carriage returns); 
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import threading
 import time
 from typing import IO, Any
 
+RETRY_LOG = 5.0  # seconds between tries to write output.log again after it failed
 
 class OutputCapture:
     def __init__(self, log_path: str | os.PathLike, echo: bool = True, tail_lines: int = 400) -> None:
-        self._log = open(log_path, "ab")
+        self.log_path = str(log_path)
+        self._log_fd: int | None = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
+        self.dropped_bytes = 0  # output that could not go into output.log (the terminal got it)
+        self.log_error: str | None = None  # why output.log stopped taking output, while it does
+        self._log_retry = 0.0
+        self.note_sink: IO[bytes] | None = None  # where the one line about a failing log goes (stderr)
         self.echo = echo
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self.stdout_tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
@@ -43,8 +50,7 @@ class OutputCapture:
                 break
             now = time.time()
             with self._lock:
-                self._log.write(chunk)
-                self._log.flush()
+                self._to_log(chunk, now)
                 if self.echo and sink is not None:
                     if self.before_write is not None:
                         self.before_write()
@@ -67,6 +73,41 @@ class OutputCapture:
             tail.append(partial.decode("utf-8", "replace"))
             self.lines += 1
 
+    def _to_log(self, chunk: bytes, now: float) -> None:
+        """Appends to output.log under the lock; never raises, never blocks on a failing disk for long."""
+        if self._log_fd is None or (self.log_error is not None and now < self._log_retry):
+            self.dropped_bytes += len(chunk)
+            return
+        try:
+            if self.log_error is not None:
+                _write_all(self._log_fd, f"\n[trainguard: {self.dropped_bytes} bytes of output were dropped "
+                                         f"here: {self.log_error}]\n".encode())
+                self.log_error = None
+            _write_all(self._log_fd, chunk)
+        except OSError as exc:
+            first = self.log_error is None and self.dropped_bytes == 0
+            self.log_error = os.strerror(exc.errno) if exc.errno else str(exc)
+            self._log_retry = now + RETRY_LOG
+            self.dropped_bytes += len(chunk)
+            if first:
+                self._say(f"trainguard: cannot write {self.log_path} ({self.log_error}): the command's output "
+                          f"goes on to the terminal only, and is dropped from the file until it can be written")
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG):
+                # not a disk that may free up (the file's folder is gone, read-only): stop trying
+                self._log_retry = float("inf")
+
+    def _say(self, text: str) -> None:
+        sink = self.note_sink
+        if sink is None:
+            return
+        try:
+            if self.before_write is not None:
+                self.before_write()
+            sink.write(text.encode() + b"\n")
+            sink.flush()
+        except (OSError, ValueError):
+            pass
+
     def drain(self, timeout: float = 5.0) -> None:
         """Waits for the streams of a process that ended; the log stays open for a restarted one."""
         for t in self._threads:
@@ -75,7 +116,12 @@ class OutputCapture:
     def join(self, timeout: float = 5.0) -> None:
         self.drain(timeout)
         with self._lock:
-            self._log.close()
+            if self._log_fd is not None:
+                try:
+                    os.close(self._log_fd)
+                except OSError:
+                    pass
+                self._log_fd = None
 
     def write_note(self, text: str, sink: IO[bytes] | None) -> None:
         """A line of trainguard's own on the terminal (not in output.log, which holds the command's output)."""
@@ -88,3 +134,10 @@ class OutputCapture:
                     sink.flush()
                 except (OSError, ValueError):
                     pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]

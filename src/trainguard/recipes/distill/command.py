@@ -35,16 +35,29 @@ def distill_command(config: str, run_dir: str | None, max_steps: int | None, res
         overrides["device"] = device
     try:
         cfg = load_config(BUNDLED_CONFIG if config == "bundled" else config, overrides)
-        try:
-            from trainguard.recipes.distill.train import train
-        except ImportError as exc:
-            raise UserError(f"distill needs its extra: pip install 'trainguard[distill]' ({exc})") from None
+        _require_extra()
+        from trainguard.recipes.distill.train import train
         result = train(cfg, run_dir=run_dir, resume=resume)
     except UserError as exc:
         click.echo(f"trainguard distill: error: {exc}", err=True)
         sys.exit(exc.exit_code)
     if as_json:
         click.echo(json.dumps(result))
+
+
+# What the recipe imports, some only deep inside a run (the tokenizer is built after the models load):
+# all are checked before anything starts, so a missing one is one line, not a traceback mid-run.
+EXTRA_LIBRARIES = ("torch", "transformers", "tokenizers")
+
+
+def _require_extra() -> None:
+    from importlib import import_module
+
+    for name in EXTRA_LIBRARIES:
+        try:
+            import_module(name)  # imported by the run right after anyway, so this costs nothing extra
+        except ImportError as exc:
+            raise UserError(f"distill needs {name}: pip install 'trainguard[distill]' ({exc})") from None
 
 
 def main() -> None:

@@ -1,0 +1,44 @@
+"""Healthy twin of contract_workers_share_rng: the dataset's generator is reseeded per worker and epoch
+in worker_init_fn, as PyTorch's reproducibility notes recommend."""
+import numpy as np
+import torch
+from torch import nn
+
+import trainguard
+
+
+class NoisyPoints(torch.utils.data.Dataset):
+    def __init__(self, n: int = 1024) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 8, generator=gen)
+        self.y = (self.x.sum(1, keepdim=True) > 0).float()
+        self.rng = np.random.default_rng(0)  # reseeded per worker (and epoch) by seed_worker below
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        noise = torch.from_numpy(self.rng.normal(0.0, 0.1, size=8).astype("float32"))  # augmentation
+        return self.x[i] + noise, self.y[i]
+
+
+def seed_worker(worker_id: int) -> None:
+    info = torch.utils.data.get_worker_info()
+    info.dataset.rng = np.random.default_rng(info.seed)  # info.seed differs per worker and per epoch
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0); torch.set_num_threads(1)
+    loader = torch.utils.data.DataLoader(NoisyPoints(), batch_size=64, shuffle=True, num_workers=2,
+                                         worker_init_fn=seed_worker)
+    model = nn.Sequential(nn.Linear(8, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    epochs = 3
+    guard = trainguard.watch(model, opt, total_steps=epochs * len(loader))
+    for epoch in range(epochs):
+        for xb, yb in guard.batches(loader):
+            opt.zero_grad()
+            loss = nn.functional.binary_cross_entropy_with_logits(model(xb), yb)
+            loss.backward(); opt.step()
+            guard.step(loss)
+    guard.finish()

@@ -1,0 +1,33 @@
+"""Fine-tuning with everything frozen: the steps change nothing (TG211 step-updates-nothing).
+
+Modelled on pytorch-forum thread 84911 ("Obtaining abnormal changes in loss and accuracy", one of the
+20 silent bugs TrainCheck reproduced): the user freezes the backbone, then freezes the classifier head
+too. `backward()` then raises "element 0 of tensors does not require grad", and the fix found on the
+forums, `loss.requires_grad = True`, makes the error go away and the training silently do nothing.
+"""
+import torch
+from torch import nn
+
+import trainguard
+from trainguard.demo.toys import MLP, clusters, minibatch
+
+torch.manual_seed(0); torch.set_num_threads(1)
+x, y = clusters()
+gen = torch.Generator().manual_seed(0)
+model = MLP()
+for p in model.body.parameters():
+    p.requires_grad = False  # freeze the "pretrained" backbone
+for p in model.head.parameters():
+    p.requires_grad = False  # the bug: the new head is frozen too
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+steps = 60
+guard = trainguard.watch(model, opt, total_steps=steps)
+for step in range(1, steps + 1):
+    xb, yb = minibatch(x, y, 64, gen)
+    loss = nn.functional.cross_entropy(model(xb), yb)
+    loss.requires_grad = True  # "fixes" the RuntimeError from backward()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    guard.step(loss)
+guard.finish()

@@ -1,0 +1,26 @@
+"""An unmodified script (no trainguard in it) whose optimizer holds the parameters of a copy of the model.
+
+The model is built, the optimizer is built from it, and then the model that trains is a deep copy
+(moved and wrapped "for training"): backward fills the copy's gradients, the optimizer steps the
+original, whose gradients are None, so no weight that computes the loss ever moves.
+"""
+import copy
+
+import torch
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+base = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+optimizer = torch.optim.SGD(base.parameters(), lr=0.05, momentum=0.9)
+model = copy.deepcopy(base).train()  # BUG: the optimizer still holds `base`'s parameters
+
+for step in range(1, 201):
+    xb = torch.randn(32, 16)
+    yb = (xb[:, :4].sum(1) > 0).long()
+    loss = torch.nn.functional.cross_entropy(model(xb), yb)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    if step % 10 == 0:
+        print(f"step {step}: loss={loss.item():.4f}", flush=True)
+print("done training")

@@ -1,0 +1,1 @@
+../sched_chained_ends_high/train.py

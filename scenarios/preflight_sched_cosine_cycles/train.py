@@ -1,0 +1,1 @@
+../sched_cosine_cycles/train.py

@@ -1,0 +1,1 @@
+../sched_sequential_micro/train.py

@@ -1,0 +1,1 @@
+../sched_hand_lr_zero/train.py

@@ -1,0 +1,212 @@
+"""The automatic probe: what `trainguard run` learns from a script that never calls `trainguard.watch`.
+
+    env.update(auto.bootstrap_env())    # the watchdog, for the command it starts
+
+`bootstrap_env` prepends a folder holding only a `sitecustomize.py` to PYTHONPATH. The interpreter
+imports that module at start-up in every Python process of the run (the command, its DataLoader
+workers, torchrun's ranks, anything they start), and it calls `boot()` here, which:
+
+1. installs the stack dump on a signal (`probe/stackdump.py`): stacks need neither py-spy nor ptrace;
+2. puts a finder on `sys.meta_path` that waits for `torch.optim.optimizer` to be imported. A process
+   that never imports torch pays one string comparison per import and nothing else. Once torch's
+   optimizer module has run, torch's *global* optimizer step hooks are registered;
+3. at the first optimizer step of the process, those hooks make an ordinary probe (`Guard`) with that
+   optimizer: the same hooks, on-device statistics read in batches, store and rules as `watch()`
+   (LR of each group, gradient norm, update ratio, non-finite gradients, optimizer step count), then
+   remove themselves. A process that never steps an optimizer (a worker, a launcher) gets no probe.
+
+It steps aside when the script has its own guard (`trainguard.watch` before the first step: no probe
+is made; after it: this one retires), and is off with `trainguard run --no-auto` or
+`TRAINGUARD_AUTO=0`. Fail-open throughout: any error leaves the process as it would have been.
+Known limit: only the first optimizer that steps is watched (a GAN's second optimizer is not).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+ENV_AUTO = "TRAINGUARD_AUTO"  # "0": no bootstrap, no automatic probe
+BOOT_DIR = Path(__file__).resolve().parent / "boot"  # holds sitecustomize.py, and nothing else importable
+OPTIMIZER_MODULE = "torch.optim.optimizer"
+
+_state: dict[str, Any] = {"booted": False, "handles": [], "guard": None, "aside": False, "pid": None}
+_lock = threading.Lock()
+
+
+def enabled(environ: Any = None) -> bool:
+    env = os.environ if environ is None else environ
+    return env.get(ENV_AUTO, "1") != "0" and not env.get("TRAINGUARD_DISABLE")
+
+
+def bootstrap_env(environ: Any = None) -> dict[str, str]:
+    """The environment entries that load the bootstrap into every Python process of a command."""
+    env = os.environ if environ is None else environ
+    if not enabled(env):
+        return {ENV_AUTO: "0"}
+    path = [str(BOOT_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(BOOT_DIR)]
+    return {"PYTHONPATH": os.pathsep.join(path), ENV_AUTO: "1"}
+
+
+# -- at interpreter start-up (from sitecustomize) ---------------------------------------------------
+
+
+def boot() -> None:
+    """Called by the bootstrap's sitecustomize in every Python process of a watched command."""
+    if _state["booted"] or not enabled() or not os.environ.get("TRAINGUARD_RUN_DIR"):
+        return
+    _state["booted"] = True
+    _install_stack_dump()
+    if OPTIMIZER_MODULE in sys.modules:
+        _on_optimizer_module(sys.modules[OPTIMIZER_MODULE])
+    else:
+        sys.meta_path.insert(0, _TorchOptimizerFinder())
+
+
+def _install_stack_dump() -> None:
+    from trainguard.probe import stackdump
+
+    if not os.environ.get(stackdump.ENV_STACKS):
+        # the first Python process of the run: its children inherit the folder through the environment
+        folder = Path(os.environ["TRAINGUARD_RUN_DIR"]) / "stacks"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return
+        os.environ[stackdump.ENV_STACKS] = str(folder)
+    stackdump.install_from_env()
+
+
+class _TorchOptimizerFinder:
+    """Finds nothing itself: when torch's optimizer module is about to load, wraps its loader so the global
+    step hooks are registered right after the module ran, then leaves `sys.meta_path`."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != OPTIMIZER_MODULE:
+            return None
+        try:
+            self._leave()
+            spec = None
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if find is not None and (spec := find(name, path, target)) is not None:
+                    break
+            loader = getattr(spec, "loader", None)
+            if loader is None or not hasattr(loader, "exec_module"):
+                return spec
+            original = loader.exec_module
+
+            def exec_module(module: Any) -> None:
+                original(module)
+                _on_optimizer_module(module)
+
+            loader.exec_module = exec_module
+            return spec
+        except Exception:
+            return None  # the ordinary finders take over: torch loads as if we were not here
+
+    def _leave(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+
+def _on_optimizer_module(module: Any) -> None:
+    try:
+        pre = getattr(module, "register_optimizer_step_pre_hook", None)
+        post = getattr(module, "register_optimizer_step_post_hook", None)
+        if pre is None or post is None:
+            return  # torch < 2.0: no global hooks, no automatic probe (stacks on a signal still work)
+        _state["handles"] = [pre(_first_step)]
+        post(_after_first_step)
+        _state["pid"] = os.getpid()
+    except Exception:
+        pass
+
+
+# -- at the first optimizer step ---------------------------------------------------------------------
+
+
+def _first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """Global pre-hook: makes the probe for the first optimizer that steps (or steps aside), once."""
+    if _state["guard"] is not None or _state["aside"]:
+        return
+    with _lock:
+        if _state["guard"] is not None or _state["aside"]:
+            return
+        try:
+            if os.getpid() != _state["pid"] or _watch_guard_exists() or not enabled():
+                _step_aside()  # a forked child, or the script has trainguard.watch
+                return
+            from trainguard.probe.guard import Guard
+
+            # The guard registers its own hooks on this optimizer; torch has not begun the optimizer's
+            # own hook list yet, so they run for this very step.
+            guard = Guard(None, optimizer, None, auto=True)
+            _state["guard"] = guard
+            import atexit
+
+            atexit.register(_finish_at_exit, guard)  # after the guard's own: atexit runs last-in first
+        except Exception as exc:
+            _state["aside"] = True
+            _note(f"automatic probe not started: {type(exc).__name__}: {exc}")
+
+
+def _after_first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """Global post-hook: removes the pre-hook once its work is done. (Not from the pre-hook itself: torch
+    is iterating over the pre-hooks then, and a hook list changed under iteration raises.) It stays
+    registered itself, as a call that returns at once."""
+    if (_state["guard"] is not None or _state["aside"]) and _state["handles"]:
+        pre = _state["handles"].pop(0)
+        try:
+            pre.remove()
+        except Exception:
+            pass
+
+
+def _step_aside() -> None:
+    _state["aside"] = True
+
+
+def _watch_guard_exists() -> bool:
+    mod = sys.modules.get("trainguard.probe.guard")
+    return bool(mod is not None and any(not getattr(g, "auto", False) for g in getattr(mod, "_HOOKED", [])))
+
+
+def _finish_at_exit(guard: Any) -> None:
+    """The script has no `guard.finish()`: reaching interpreter exit without a crash is its end."""
+    if not guard.crashed and not _state["aside"]:
+        guard.finish()
+
+
+def retire() -> None:
+    """`trainguard.watch` was called: the script's own guard takes over from the automatic one."""
+    _step_aside()
+    guard = _state["guard"]
+    if guard is None:
+        return
+    try:
+        for handle in getattr(guard, "_hook_handles", []):
+            handle.remove()
+        guard._writer.add_event("probe", "auto-retired", {"steps": guard.step_count})
+        guard._writer.flush()
+        guard._disabled = True
+        guard._stop.set()
+        mod = sys.modules.get("trainguard.probe.guard")
+        if mod is not None and guard in mod._HOOKED:
+            mod._HOOKED.remove(guard)
+    except Exception as exc:
+        _note(f"automatic probe not retired cleanly: {exc!r}")
+
+
+def _note(text: str) -> None:
+    try:
+        from trainguard.probe.selflog import GuardLog
+
+        GuardLog(Path(os.environ["TRAINGUARD_RUN_DIR"]), int(os.environ.get("RANK", "0") or 0)).write(text)
+    except Exception:
+        pass

@@ -1,0 +1,679 @@
+"""API contracts the training code must keep, checked by the probe where the code runs (issue 20).
+
+Loss, LR and gradient-norm rules miss a class of bugs that break an API's contract silently: an
+optimizer step that updates nothing, or updates what the user froze; gradients never reset; a model
+left in training mode for evaluation; a loss that broadcasts a (B, 1) output against a (B,) target;
+autocast that does not reach the model; DDP replicas drifting apart. TrainCheck (OSDI 2025) infers such
+invariants from reference runs; here each is hard-coded from the API's semantics, so no reference run
+is needed, and each is checked on a sample of steps (the first three, then every `stats_every`):
+
+- most checks read metadata only (`requires_grad`, a gradient's identity and version counter,
+  `module.training`, the autocast state, dtypes and shapes): no device work at all;
+- the few that need numbers (did a frozen tensor change? a parameter checksum for DDP; the loss against
+  its broadcast-free twin) launch a few small kernels on a sampled step and copy the result to the host
+  without a sync; the probe's background thread reads it later (`drain`).
+
+What a check sees becomes a "contract" event (name = the rule's name, data = the evidence). The rules in
+`rules/contracts.py` turn the events into findings, so `trainguard diagnose` reads the same thing later.
+Everything here is fail-open: a check that raises is switched off and logged once through the guard.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.probe import devicestats, workerrng
+
+ENV_CONTRACTS = "TRAINGUARD_CONTRACTS"  # "0": no contract checks (their hooks are not even installed)
+EVAL_PHASES = frozenset({"eval", "evaluate", "evaluation", "val", "valid", "validate", "validation", "test"})
+NO_GRAD_STREAK = 3  # forwards in a row under no_grad in training mode, outside an eval phase: an eval loop
+AUTOCAST_FP32_SHARE = 0.5  # of the largest layers' weights computing in fp32 inside autocast
+AUTOCAST_LAYERS = 8  # the largest layers whose output dtype is read on a sampled forward
+CHECKSUM_TENSORS = 8  # parameter tensors in the DDP checksum
+CHECKSUM_ELEMENTS = 1 << 16  # elements per tensor at most (strided sample)
+FROZEN_TENSORS = 16  # frozen tensors compared around a sampled optimizer step
+MAX_NAMES = 10
+
+
+@dataclass
+class _Launched:
+    """Device numbers on their way to the host, with what to do once they arrive."""
+
+    step: int
+    host: Any
+    event: Any
+    then: Any  # callable(values: list[float]) run on the background thread
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+
+@dataclass
+class _GradWatch:
+    """One parameter whose gradient is followed through backward passes and optimizer steps."""
+
+    name: str
+    param: Any
+    last: tuple[int, int] | None = None  # (id, version) of .grad as last seen by the probe
+    reset: bool = False  # the gradient was reset (set to None, replaced or zeroed) in this window
+    backward: int = 0  # backward passes accumulated into it in this window
+    since_reset: int = 0  # backward passes accumulated since the last reset
+    windows: list[int] = field(default_factory=list)  # optimizer steps whose window had no reset
+
+
+def attach(guard: Any) -> Contracts | None:
+    """The contract checks for this guard's model and optimizer (None when there is nothing to check)."""
+    if guard.model is None and guard.optimizer is None or os.environ.get(ENV_CONTRACTS, "1") == "0":
+        return None
+    try:
+        import torch  # noqa: F401  (the checks need torch; without it there is nothing to check)
+    except ImportError:
+        return None
+    return Contracts(guard)
+
+
+class Contracts:
+    def __init__(self, guard: Any) -> None:
+        import torch
+
+        self.guard = guard
+        self.every = max(1, int(guard.stats_every))
+        self.sent: set[str] = set()  # contracts reported (one event each: the rule needs no more)
+        self.off: set[str] = set()  # checks switched off after an error of their own
+        self.launched: list[_Launched] = []
+        self.handles: list[Any] = []
+        model, opt = guard.model, guard.optimizer
+        self.module = model if isinstance(model, torch.nn.Module) else None
+        self.names: dict[int, str] = {}
+        if self.module is not None:
+            self.names = {id(p): n for n, p in self.module.named_parameters()}
+        # -- optimizer contracts
+        self.no_grad_steps: list[int] = []
+        self.frozen_before: list[tuple[str, Any, Any, int]] = []
+        self.grad_watch: list[_GradWatch] = []
+        self.world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        self.checksum_params: list[tuple[str, Any]] = []
+        if opt is not None:
+            self.handles += [opt.register_step_pre_hook(self._opt_pre), opt.register_step_post_hook(self._opt_post)]
+            self._watch_grads(opt)
+        # -- forward contracts
+        self.mode_modules: list[tuple[str, Any]] = []
+        self.bn_modules: list[tuple[str, Any]] = []
+        self.big_layers: list[tuple[str, Any, int]] = []
+        self.device_type: str | None = None
+        self.train_forward_seen = False
+        self.eval_init_checked = False
+        self.no_grad_streak = 0
+        self.scaler_no_autocast: list[int] = []
+        self.autocast_step = 0
+        self.autocast_hooks: list[Any] = []
+        self.autocast_seen: list[tuple[str, str, int]] = []
+        self.rerunning = False
+        self.det_checks = 0
+        self.loss_step = 0
+        self.last_output: Any = None
+        self.last_output_step = 0
+        if self.module is not None:
+            self._survey(self.module)
+            self.handles += [
+                self.module.register_forward_pre_hook(self._forward_pre, with_kwargs=True),
+                self.module.register_forward_hook(self._forward_post, with_kwargs=True),
+            ]
+        # -- loader contracts
+        self.workers = workerrng.Reports(guard.run_dir)
+        self.last_worker_look = 0.0
+
+    # ------------------------------------------------------------------------------------------------
+    # small helpers
+
+    def sampled(self, step: int) -> bool:
+        return step <= 3 or step % self.every == 0
+
+    def name(self, p: Any, fallback: str = "?") -> str:
+        return self.names.get(id(p), fallback)
+
+    def report(self, name: str, data: dict[str, Any], step: int | None = None) -> None:
+        """One contract event per contract and run: the rule makes the finding, more events add nothing."""
+        if name in self.sent:
+            return
+        self.sent.add(name)
+        self.guard._writer.add_event("contract", name, data, step=self.guard.step_count if step is None else step)
+
+    def failed(self, check: str, exc: BaseException) -> None:
+        self.off.add(check)
+        self.guard._fail(f"contract check {check} (switched off)", exc)
+
+    def launch(self, step: int, vec: Any, then: Any, **extra: Any) -> None:
+        """Starts the copy of a small device vector to the host; `then(values)` runs when it is there."""
+        host, event = vec, None
+        if vec.device.type == "cuda":
+            host, event = devicestats.copy_to_host(vec)
+        self.launched.append(_Launched(step, host, event, then, extra))
+
+    # ------------------------------------------------------------------------------------------------
+    # the background thread
+
+    def drain(self, final: bool = False) -> None:
+        """Reads the device numbers that have arrived (in launch order) and runs their checks."""
+        done = 0
+        for item in list(self.launched):
+            if not final and not item.ready():
+                break
+            if final and item.event is not None:
+                item.event.synchronize()
+            done += 1
+            try:
+                item.then(item.host.tolist(), item)
+            except Exception as exc:
+                self.guard._fail("contract check (device values)", exc)
+        del self.launched[:done]
+        now = time.time()
+        if "workers-share-rng" not in self.off and (final or now - self.last_worker_look > 1.0):
+            self.last_worker_look = now
+            try:
+                found = self.workers.compare()
+                if found:
+                    self.report("workers-share-rng", found)
+            except Exception as exc:
+                self.failed("workers-share-rng", exc)
+
+    # ------------------------------------------------------------------------------------------------
+    # the loader: DataLoader workers that start with the same random state
+
+    def loader(self, iterable: Iterable) -> None:
+        if "workers-share-rng" in self.off:
+            return
+        try:
+            workerrng.wrap(iterable, self.workers)
+        except Exception as exc:
+            self.failed("workers-share-rng", exc)
+
+    # ------------------------------------------------------------------------------------------------
+    # the optimizer: a step that updates nothing, or updates what is frozen; gradients never reset
+
+    def _watch_grads(self, opt: Any) -> None:
+        """Follows the gradient of one or two parameters (the first, the largest) through backward passes.
+
+        A tensor hook sees `.grad` just before a backward pass adds to it; the post-accumulate hook
+        records its identity and version counter just after. Between an optimizer step and the next
+        backward, anything that resets the gradient (set to None, a new tensor, `zero_()`) changes one of
+        them. No device work, a few Python calls per backward pass.
+        """
+        params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
+        if not params or not hasattr(params[0], "register_post_accumulate_grad_hook"):
+            return
+        chosen = {id(p): p for p in [params[0], max(params, key=lambda p: p.numel())]}
+        for i, p in enumerate(chosen.values()):
+            watch = _GradWatch(self.name(p, f"param_groups[..][{i}]"), p)
+            self.grad_watch.append(watch)
+            self.handles.append(p.register_hook(self._before_accumulate(watch)))
+            self.handles.append(p.register_post_accumulate_grad_hook(self._after_accumulate(watch)))
+
+    def _before_accumulate(self, watch: _GradWatch) -> Any:
+        def hook(grad: Any) -> None:
+            g = watch.param.grad
+            if g is None or (id(g), g._version) != watch.last:
+                watch.reset = True
+                watch.since_reset = 0
+            return None
+
+        return hook
+
+    def _after_accumulate(self, watch: _GradWatch) -> Any:
+        def hook(param: Any) -> None:
+            g = param.grad
+            watch.last = (id(g), g._version) if g is not None else None
+            watch.backward += 1
+            watch.since_reset += 1
+
+        return hook
+
+    def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        g = self.guard
+        if g._disabled or os.getpid() != g._pid:
+            return
+        step = g.opt_steps + 1
+        if "grads-never-reset" not in self.off:
+            try:
+                self._close_grad_window(step)
+            except Exception as exc:
+                self.failed("grads-never-reset", exc)
+        try:
+            # Every step: a scan of `p.grad` and `requires_grad` (a few microseconds for hundreds of
+            # tensors), so a freeze mid-run is seen at its first step. Device work only when it finds one.
+            self._before_step(optimizer, step)
+        except Exception as exc:
+            self.failed("optimizer step", exc)
+
+    def _close_grad_window(self, step: int) -> None:
+        for w in self.grad_watch:
+            if w.backward and not w.reset:
+                w.windows.append(step)
+                if len(w.windows) >= 2:
+                    self.report("grads-never-reset", {
+                        "param": w.name, "steps": w.windows[:10], "backward_passes": w.since_reset,
+                        "grad_accum": self.guard.grad_accum,
+                    }, step=w.windows[0])
+            # Not a streak: `zero_grad()` every other step (a misplaced `if`) leaves every second window
+            # without a reset, and is as wrong.
+            w.reset, w.backward = False, 0
+
+    def _before_step(self, optimizer: Any, step: int) -> None:
+        import torch
+
+        params = [(gi, p) for gi, group in enumerate(optimizer.param_groups) for p in group["params"]]
+        if not params:
+            return
+        with_grad = [p for _, p in params if p.grad is not None]
+        if "step-updates-nothing" not in self.off:
+            if with_grad:
+                self.no_grad_steps = []
+            else:
+                self.no_grad_steps.append(step)
+                if len(self.no_grad_steps) >= 2:
+                    frozen = [self.name(p, f"param_groups[{gi}]") for gi, p in params if not p.requires_grad]
+                    self.report("step-updates-nothing", {
+                        "steps": self.no_grad_steps[:10], "params_in_optimizer": len(params),
+                        "requires_grad": sum(1 for _, p in params if p.requires_grad),
+                        "frozen": len(frozen), "frozen_names": frozen[:MAX_NAMES],
+                        "model_trainable": (sum(1 for p in self.module.parameters() if p.requires_grad)
+                                            if self.module is not None else None),
+                    }, step=self.no_grad_steps[0])
+        if "frozen-params-updated" not in self.off and "frozen-params-updated" not in self.sent:
+            frozen = [p for p in with_grad if not p.requires_grad][:FROZEN_TENSORS]
+            self.frozen_before = []
+            with torch.no_grad():
+                for p in frozen:
+                    stride = max(1, p.numel() // 4096)
+                    self.frozen_before.append((self.name(p), p, p.detach().reshape(-1)[::stride].clone(), stride))
+        if self.world > 1 and "replicas-diverged" not in self.off and not self.checksum_params and self.sampled(step):
+            by_size = sorted(((self.name(p), p) for _, p in params), key=lambda np_: -np_[1].numel())
+            self.checksum_params = list({id(p): (n, p) for n, p in
+                                         [(self.name(params[0][1]), params[0][1]), *by_size[:CHECKSUM_TENSORS - 1]]
+                                         }.values())
+
+    def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        g = self.guard
+        if g._disabled or os.getpid() != g._pid:
+            return
+        step = g.opt_steps  # the guard's own post-hook ran first (registered first): this step is counted
+        for w in self.grad_watch:
+            # What the step (and clipping, unscaling before it) did to the gradient is not a reset: the
+            # window's reset must come after this point.
+            gr = w.param.grad
+            w.last = (id(gr), gr._version) if gr is not None else None
+        if self.frozen_before:
+            try:
+                self._frozen_after(step)
+            except Exception as exc:
+                self.failed("frozen-params-updated", exc)
+        if self.world > 1 and self.sampled(step) and "replicas-diverged" not in self.off:
+            try:
+                self._checksum(step)
+            except Exception as exc:
+                self.failed("replicas-diverged", exc)
+
+    def _frozen_after(self, step: int) -> None:
+        import torch
+
+        before, self.frozen_before = self.frozen_before, []
+        with torch.no_grad():
+            changed = torch.stack([
+                (p.detach().reshape(-1)[::stride] != old).float().mean() for _, p, old, stride in before])
+        names = [n for n, _, _, _ in before]
+
+        def then(values: list[float], item: _Launched) -> None:
+            moved = [(n, v) for n, v in zip(names, values) if v > 0]
+            if moved:
+                self.report("frozen-params-updated", {
+                    "names": [n for n, _ in moved][:MAX_NAMES], "count": len(moved),
+                    "changed_share": {n: round(v, 4) for n, v in moved[:MAX_NAMES]},
+                    "optimizer": type(self.guard.optimizer).__name__,
+                }, step=item.step)
+
+        self.launch(step, changed, then)
+
+    def _checksum(self, step: int) -> None:
+        import torch
+
+        if not self.checksum_params:
+            return
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        with torch.no_grad():
+            sums = torch.stack([p.detach().reshape(-1)[::max(1, p.numel() // CHECKSUM_ELEMENTS)].double().sum()
+                                for _, p in self.checksum_params])
+        names = [n for n, _ in self.checksum_params]
+        rank = dist.get_rank()
+
+        def then(values: list[float], item: _Launched) -> None:
+            # one event per sampled step and rank: the rule compares ranks (this process sees only itself)
+            self.guard._writer.add_event("contract", "param-checksum", {
+                "rank": rank, "names": names, "sums": values}, step=item.step)
+
+        self.launch(step, sums, then)
+
+    # ------------------------------------------------------------------------------------------------
+    # the model's forward: train mode in evaluation, evaluation before any training forward, autocast,
+    # evaluation determinism (preflight), the output kept for the loss check
+
+    def _survey(self, model: Any) -> None:
+        from torch import nn
+
+        for name, m in model.named_modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+                self.mode_modules.append((name, m))
+                self.bn_modules.append((name, m))
+            elif isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+                self.mode_modules.append((name, m))
+            elif isinstance(m, nn.RNNBase) and m.dropout > 0 and m.num_layers > 1:
+                self.mode_modules.append((name, m))
+            if isinstance(m, (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd)):
+                size = sum(p.numel() for p in m.parameters(recurse=False))
+                self.big_layers.append((name, m, size))
+        self.big_layers = sorted(self.big_layers, key=lambda t: -t[2])[:AUTOCAST_LAYERS]
+        first = next(iter(model.parameters()), None)
+        self.device_type = first.device.type if first is not None else None
+
+    def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
+        g = self.guard
+        if self.rerunning or g._disabled or os.getpid() != g._pid:
+            return
+        import torch
+
+        try:
+            if module.training and torch.is_grad_enabled():
+                self.train_forward_seen = True
+                self.no_grad_streak = 0
+            elif module.training:
+                self._train_mode_without_grad(module)
+            elif not self.train_forward_seen and g.step_count > 0 and not self.eval_init_checked:
+                self.eval_init_checked = True  # once: it reads a device counter (a sync on a GPU)
+                self._eval_before_train()
+        except Exception as exc:
+            self.failed("train/eval mode", exc)
+        step = g.step_count + 1
+        if (module.training and self.autocast_step != step and self.sampled(step)
+                and "autocast-runs-fp32" not in self.off and "autocast-runs-fp32" not in self.sent):
+            self.autocast_step = step
+            try:
+                self._autocast_pre(step)
+            except Exception as exc:
+                self.failed("autocast-runs-fp32", exc)
+
+    def _train_mode_without_grad(self, module: Any) -> None:
+        """A forward in training mode with gradients off: evaluation, unless it is a one-off."""
+        if "eval-in-train-mode" in self.sent or not self.mode_modules:
+            return
+        phases = [p for p in self.guard._phases if str(p).lower() in EVAL_PHASES]
+        self.no_grad_streak += 1
+        if not phases and self.no_grad_streak < NO_GRAD_STREAK:
+            return
+        active = [(n, m) for n, m in self.mode_modules if m.training]
+        if not active:
+            return  # the user switched the dropout and batch-norm layers to eval themselves
+        self.report("eval-in-train-mode", {
+            "model": type(module).__name__, "phase": phases[-1] if phases else None,
+            "forwards": self.no_grad_streak,
+            "modules": [f"{n or '(root)'} ({type(m).__name__})" for n, m in active[:MAX_NAMES]],
+            "module_count": len(active),
+        })
+
+    def _eval_before_train(self) -> None:
+        """An eval-mode forward after optimizer steps, with no training-mode forward ever seen."""
+        untouched = []
+        for name, m in self.bn_modules:
+            tracked = getattr(m, "num_batches_tracked", None)
+            # Evaluation is rare and off the hot path: this reads one small counter, once per run.
+            if tracked is not None and int(tracked) == 0:
+                untouched.append(f"{name} ({type(m).__name__})")
+        if untouched:
+            self.report("eval-before-train-init", {
+                "steps_trained": self.guard.step_count, "modules": untouched[:MAX_NAMES],
+                "module_count": len(untouched), "model": type(self.module).__name__,
+            })
+
+    def _autocast_pre(self, step: int) -> None:
+        on = {d: _autocast_on(d) for d in ("cuda", "cpu")}
+        dev = self.device_type
+        if dev not in on:
+            return
+        if on[dev]:
+            self.scaler_no_autocast = []
+            self.autocast_seen = []
+            dtype = str(_autocast_dtype(dev)).replace("torch.", "")
+            for name, m, size in self.big_layers:
+                self.autocast_hooks.append(m.register_forward_hook(self._layer_dtype(name, size, dtype)))
+            return
+        other = [d for d, enabled in on.items() if enabled]
+        if other:
+            self.report("autocast-runs-fp32", {
+                "cause": "other-device", "autocast_device": other[0], "model_device": dev, "step": step,
+                "layers": [n for n, _, _ in self.big_layers[:MAX_NAMES]],
+            }, step=step)
+        elif self.guard.scaler is not None and torch_is_fp32(self.module):
+            self.scaler_no_autocast.append(step)
+            if len(self.scaler_no_autocast) >= 3:
+                self.report("autocast-runs-fp32", {
+                    "cause": "no-autocast", "model_device": dev, "steps": self.scaler_no_autocast[:10],
+                    "scaler": type(self.guard.scaler).__name__,
+                    "layers": [n for n, _, _ in self.big_layers[:MAX_NAMES]],
+                }, step=self.scaler_no_autocast[0])
+
+    def _layer_dtype(self, name: str, size: int, autocast_dtype: str) -> Any:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            out = _first_tensor(output)
+            if out is not None and out.is_floating_point():
+                self.autocast_seen.append((name, str(out.dtype).replace("torch.", ""), size, autocast_dtype))
+
+        return hook
+
+    def _autocast_post(self) -> None:
+        for h in self.autocast_hooks:
+            h.remove()
+        self.autocast_hooks = []
+        seen, self.autocast_seen = self.autocast_seen, []
+        if not seen:
+            return
+        total = sum(s for _, _, s, _ in seen)
+        fp32 = [(n, d, s) for n, d, s, _ in seen if d == "float32"]
+        share = sum(s for _, _, s in fp32) / total if total else 0.0
+        if share > AUTOCAST_FP32_SHARE:
+            self.report("autocast-runs-fp32", {
+                "cause": "disabled-inside", "autocast_dtype": seen[0][3], "model_device": self.device_type,
+                "fp32_share": round(share, 3), "layers": [n for n, _, _ in fp32[:MAX_NAMES]],
+                "layers_checked": len(seen), "step": self.autocast_step,
+            }, step=self.autocast_step)
+
+    def _forward_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        g = self.guard
+        if self.rerunning or g._disabled or os.getpid() != g._pid:
+            return
+        if self.autocast_hooks:
+            try:
+                self._autocast_post()
+            except Exception as exc:
+                self.failed("autocast-runs-fp32", exc)
+        step = g.step_count + 1
+        if module.training and self.sampled(step) and "loss-broadcasts-batch" not in self.off:
+            out = _first_tensor(output)
+            if out is not None and out.dim() in (1, 2) and out.requires_grad:
+                # kept for this micro-batch's `guard.step` (which counts it as micro + 1)
+                self.last_output, self.last_output_step = out.detach(), g.micro + 1
+        if g._ff is not None and not module.training and self.det_checks < 2 and "eval-not-deterministic" not in self.off:
+            import torch
+
+            if not torch.is_grad_enabled():
+                self.det_checks += 1
+                try:
+                    self._rerun(module, args, kwargs, output)
+                except Exception as exc:
+                    self.failed("eval-not-deterministic", exc)
+
+    def _rerun(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        """Preflight only: the same evaluation batch through the model a second time must give the same
+        output (a sync, once or twice per preflight)."""
+        self.rerunning = True
+        try:
+            again = module(*args, **kwargs)
+        finally:
+            self.rerunning = False
+        diff = _first_difference(_tensors(output), _tensors(again))
+        if diff is not None:
+            self.report("eval-not-deterministic", {"model": type(module).__name__, **diff})
+
+    # ------------------------------------------------------------------------------------------------
+    # the loss: a (B, 1) output against a (B,) target broadcasts to (B, B)
+
+    def on_loss(self, loss: Any) -> None:
+        """Called by `guard.step` with the micro-batch's loss (training thread)."""
+        micro = self.guard.micro  # already counted by guard.step
+        out = self.last_output
+        if out is None or self.last_output_step != micro or self.loss_step == micro:
+            return
+        self.loss_step = micro
+        self.last_output = None
+        step = self.guard.step_count
+        if "loss-broadcasts-batch" in self.off or "loss-broadcasts-batch" in self.sent:
+            return
+        try:
+            self._loss_broadcast(loss, out, step)
+        except Exception as exc:
+            self.failed("loss-broadcasts-batch", exc)
+
+    def _loss_broadcast(self, loss: Any, out: Any, step: int) -> None:
+        import torch
+
+        if not (hasattr(loss, "detach") and loss.numel() == 1) or not self.guard._ring.items:
+            return
+        micro, batch, _ = self.guard._ring.items[-1]
+        if micro != self.guard.micro:
+            return  # the batch did not come through guard.batches just before this loss
+        target = None
+        for t in _tensors(batch, limit=8):
+            if (t.is_floating_point() and t.shape != out.shape and t.numel() == out.numel() and t.numel() > 1
+                    and t.dim() in (1, 2)):
+                target = t
+                break
+        if target is None:
+            return
+        if out.device.type == "cuda" and target.device.type == "cpu":
+            # from pinned memory the copy is truly asynchronous; from pageable memory it would wait
+            target = target.pin_memory()
+        y = target.to(out.device, non_blocking=True).to(out.dtype)
+        with torch.no_grad():
+            wide = out - y  # what the loss computes when it broadcasts: (B, B)
+            if wide.numel() <= out.numel():
+                return
+            aligned = out.reshape(-1) - y.reshape(-1)
+            vec = torch.stack([
+                loss.detach().float().reshape(()),
+                wide.pow(2).mean().float(), aligned.pow(2).mean().float(),
+                wide.abs().mean().float(), aligned.abs().mean().float(),
+                wide.pow(2).sum().float(), aligned.pow(2).sum().float(),
+            ])
+        shapes = {"output_shape": list(out.shape), "target_shape": list(target.shape),
+                  "broadcast_shape": list(wide.shape)}
+        accum = self.guard.grad_accum
+
+        def then(values: list[float], item: _Launched) -> None:
+            loss_v, *pairs = values
+            for kind, (bc, al) in zip(("mse", "l1", "sum of squares"), zip(pairs[0::2], pairs[1::2])):
+                for scale in {1.0, 1.0 / accum}:
+                    if _close(loss_v, bc * scale) and not _close(loss_v, al * scale, tol=1e-2):
+                        self.report("loss-broadcasts-batch", {
+                            **shapes, "loss": loss_v, "loss_kind": kind, "loss_without_broadcast": al * scale,
+                        }, step=item.step)
+                        return
+
+        self.launch(step, vec, then)
+
+
+# ----------------------------------------------------------------------------------------------------
+# plain helpers
+
+
+def _autocast_on(device: str) -> bool:
+    import torch
+
+    try:
+        return bool(torch.is_autocast_enabled(device))
+    except TypeError:  # torch < 2.4: no device argument
+        return bool(torch.is_autocast_enabled() if device == "cuda" else torch.is_autocast_cpu_enabled())
+
+
+def _autocast_dtype(device: str) -> Any:
+    import torch
+
+    try:
+        return torch.get_autocast_dtype(device)
+    except (AttributeError, TypeError):
+        return torch.get_autocast_gpu_dtype() if device == "cuda" else torch.get_autocast_cpu_dtype()
+
+
+def torch_is_fp32(module: Any) -> bool:
+    import torch
+
+    first = next(iter(module.parameters()), None) if module is not None else None
+    return first is not None and first.dtype == torch.float32
+
+
+def _first_tensor(value: Any) -> Any:
+    found = _tensors(value, limit=1)
+    return found[0] if found else None
+
+
+def _tensors(value: Any, limit: int = 8, depth: int = 0) -> list[Any]:
+    """The tensors in a model output or a batch (a tensor, tuple, list, dict or dict-like output)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth > 3:
+        return []
+    items: Iterable[Any] = ()
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    out: list[Any] = []
+    for v in items:
+        out.extend(_tensors(v, limit - len(out), depth + 1))
+        if len(out) >= limit:
+            break
+    return out[:limit]
+
+
+def _first_difference(first: list[Any], second: list[Any], rel: float = 1e-3) -> dict[str, Any] | None:
+    """Where two evaluations of the same batch differ by more than numerical noise, or None."""
+    import torch
+
+    for i, (a, b) in enumerate(zip(first, second)):
+        if a.shape != b.shape:
+            return {"output": i, "first_shape": list(a.shape), "second_shape": list(b.shape)}
+        if not a.is_floating_point():
+            if not torch.equal(a, b):
+                idx = int((a != b).reshape(-1).nonzero()[0])
+                return {"output": i, "index": idx, "first": a.reshape(-1)[idx].item(),
+                        "second": b.reshape(-1)[idx].item(), "differing": int((a != b).sum())}
+            continue
+        a32, b32 = a.detach().float(), b.detach().float()
+        delta = (a32 - b32).abs()
+        scale = max(float(a32.abs().max()), 1e-12) if a32.numel() else 1.0
+        worst = float(delta.max()) if delta.numel() else 0.0
+        if worst > rel * scale:
+            idx = int(delta.reshape(-1).argmax())
+            return {"output": i, "shape": list(a.shape), "index": idx,
+                    "first": round(float(a32.reshape(-1)[idx]), 6), "second": round(float(b32.reshape(-1)[idx]), 6),
+                    "max_abs_diff": worst, "differing": int((delta > rel * scale).sum()), "elements": a.numel()}
+    return None
+
+
+def _close(a: float, b: float, tol: float = 1e-4) -> bool:
+    return abs(a - b) <= tol * max(abs(a), abs(b), 1e-12)

@@ -1,0 +1,140 @@
+"""The output keeper: what keeps a command alive and heard when `trainguard run` itself is killed.
+
+    python -m trainguard.watchdog.keeper WATCHDOG_PID RUN_DIR STDOUT_FD STDERR_FD [--no-echo]
+
+The command writes into pipes that the watchdog reads. Were the watchdog SIGKILLed (the OOM killer, a
+`kill -9`, a lost terminal), the next print of the command would die of a broken pipe, and a full pipe
+would freeze it: the guard would become the failure. So each attempt gets a keeper, a small process that
+holds the read ends of the same pipes and does nothing while its parent, the watchdog, lives. When the
+watchdog is gone, the keeper takes over: it passes the output on to the terminal and to output.log until
+the command closes its pipes, and says in status.json that the run goes on unwatched (stalls are no
+longer judged, nothing is stopped). The policy, in one line: a dead watchdog never stops the training.
+
+The watchdog stops its keeper when the attempt ends (SIGTERM).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+PARENT_POLL = 0.2  # seconds between checks that the watchdog still lives (a full pipe waits at most this)
+
+
+def start(run_dir: Path, stdout_fd: int, stderr_fd: int, echo: bool) -> subprocess.Popen | None:
+    """Starts the keeper of one attempt; fail-open (None) where it cannot be started."""
+    cmd = [sys.executable, "-m", "trainguard.watchdog.keeper", str(os.getpid()), str(run_dir),
+           str(stdout_fd), str(stderr_fd)]
+    if not echo:
+        cmd.append("--no-echo")
+    try:
+        return subprocess.Popen(cmd, pass_fds=(stdout_fd, stderr_fd), stdin=subprocess.DEVNULL)
+    except OSError:
+        return None
+
+
+def stop(keeper: subprocess.Popen | None) -> None:
+    if keeper is None:
+        return
+    try:
+        keeper.terminate()
+        keeper.wait(timeout=2.0)
+    except Exception:
+        try:
+            keeper.kill()
+        except OSError:
+            pass
+
+
+def main(argv: list[str]) -> int:
+    watchdog_pid, run_dir, out_fd, err_fd = int(argv[0]), Path(argv[1]), int(argv[2]), int(argv[3])
+    echo = "--no-echo" not in argv
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)  # a Ctrl-C is the watchdog's to forward; a lost terminal is not ours
+    while os.getppid() == watchdog_pid:
+        time.sleep(PARENT_POLL)
+    t_gone = time.time()
+    _mark_unwatched(run_dir, watchdog_pid, t_gone)
+    sinks = {out_fd: _buffer(sys.stdout) if echo else None, err_fd: _buffer(sys.stderr) if echo else None}
+    try:
+        log = open(run_dir / "output.log", "ab")
+    except OSError:
+        log = None
+    _write(log, f"\n[trainguard: the watchdog (pid {watchdog_pid}) is gone; output kept by pid {os.getpid()}]\n"
+           .encode())
+    open_fds = [out_fd, err_fd]
+    while open_fds:
+        ready, _, _ = select.select(open_fds, [], [])
+        for fd in ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                open_fds.remove(fd)
+                continue
+            _write(log, chunk)
+            _write(sinks[fd], chunk)
+    _mark_ended(run_dir, watchdog_pid, t_gone)
+    return 0
+
+
+def _write(sink: IO[bytes] | None, data: bytes) -> None:
+    if sink is None:
+        return
+    try:
+        sink.write(data)
+        sink.flush()
+    except (OSError, ValueError):
+        pass  # a full disk or a closed terminal costs that copy of the output, never the command
+
+
+def _buffer(stream: Any) -> Any:
+    return getattr(stream, "buffer", None)
+
+
+def _mark_unwatched(run_dir: Path, watchdog_pid: int, t_gone: float) -> None:
+    from trainguard.store.owner import owner_record
+
+    _update(run_dir, lambda st: {
+        **st, "watched_by": "keeper", "owner": owner_record(),
+        "state_note": f"trainguard run (pid {watchdog_pid}) was killed at {_clock(t_gone)}: the command goes on "
+                      f"unwatched (no stall judged, nothing stopped); its output still goes to output.log",
+        "updated": time.time()})
+
+
+def _mark_ended(run_dir: Path, watchdog_pid: int, t_gone: float) -> None:
+    # The keeper is not the command's parent and cannot learn its exit code: the run is not known to have
+    # completed, and status.json says exactly that rather than guess.
+    _update(run_dir, lambda st: {
+        **st, "state": "failed", "reason": "watchdog-gone", "ended": time.time(), "updated": time.time(),
+        "state_note": f"trainguard run (pid {watchdog_pid}) was killed at {_clock(t_gone)}; the command went "
+                      f"on unwatched and closed its output at {_clock(time.time())}; its exit code is unknown "
+                      f"(see output.log and `trainguard report`)"}, final=True)
+
+
+def _update(run_dir: Path, change: Any, final: bool = False) -> None:
+    from trainguard.store.status import STATUS_NAME, write_status
+
+    try:
+        status = json.loads((run_dir / STATUS_NAME).read_text())
+        if not isinstance(status, dict) or status.get("state") not in ("running", "hung"):
+            return  # the watchdog said its last word before it went
+        write_status(run_dir, change(status), final=final)
+    except (OSError, ValueError):
+        pass
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,207 @@
+"""The probe's API-contract checks (probe/contracts.py) in real torch loops: quiet on the legitimate
+patterns that look like the bugs (gradient accumulation, LBFGS closures, clipping, GANs with two
+optimizers, zeroed rather than freed gradients, a frozen backbone), loud on the bugs; and the
+cross-rank rule (TG701) fed every rank's events by the engine.
+
+Each scenario of the zoo (scenarios/contract_*, scenarios/example_*) runs the same checks end to end
+under `trainguard run`; these are the cases too many to give a scenario each.
+
+Run: pytest tests/test_contracts.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import trainguard
+from trainguard.rules.engine import Engine
+from trainguard.store.reader import RunReader
+
+
+def _contracts(run_dir: Path) -> dict[str, dict]:
+    with RunReader(run_dir) as reader:
+        return {e["name"]: e["data"] for e in reader.events("contract") if e["name"] != "param-checksum"}
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(16, 8)
+    return x, x.sum(1, keepdim=True)
+
+
+def test_accumulation_clipping_and_zeroed_grads_are_quiet(workdir: Path) -> None:
+    model, accum = _net(), 4
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = trainguard.watch(model, opt, total_steps=12, grad_accum=accum, run_dir=workdir / "run")
+    for step in range(12):
+        for _ in range(accum):
+            x, y = _batch()
+            (nn.functional.mse_loss(model(x), y) / accum).backward()
+            guard.step(torch.tensor(1.0))
+        nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # in-place on .grad before the step
+        opt.step()
+        opt.zero_grad(set_to_none=step % 2 == 0)  # zeroed on odd steps, freed on even ones
+    guard.finish()
+    assert _contracts(workdir / "run") == {}
+
+
+def test_missing_zero_grad_is_found_with_the_parameter_named(workdir: Path) -> None:
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    guard = trainguard.watch(model, opt, total_steps=6, run_dir=workdir / "run")
+    for _ in range(6):
+        x, y = _batch()
+        nn.functional.mse_loss(model(x), y).backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # clipping must not pass for a reset
+        opt.step()
+        guard.step(torch.tensor(1.0))
+    guard.finish()
+    found = _contracts(workdir / "run")["grads-never-reset"]
+    assert found["param"] in ("0.weight", "2.weight") and found["steps"][:2] == [2, 3]
+
+
+def test_zero_grad_every_other_step_is_found(workdir: Path) -> None:
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    guard = trainguard.watch(model, opt, total_steps=8, run_dir=workdir / "run")
+    for step in range(8):
+        x, y = _batch()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        if step % 2:
+            opt.zero_grad()  # a misplaced `if`: every second step sums two batches
+        guard.step(torch.tensor(1.0))
+    guard.finish()
+    assert "grads-never-reset" in _contracts(workdir / "run")
+
+
+def test_lbfgs_closure_and_gan_with_two_optimizers_are_quiet(workdir: Path) -> None:
+    model = _net().double()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    guard = trainguard.watch(model, opt, total_steps=4, run_dir=workdir / "lbfgs")
+    x, y = (t.double() for t in _batch())
+    for _ in range(4):
+        def closure():
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+        guard.step(opt.step(closure))
+    guard.finish()
+    assert _contracts(workdir / "lbfgs") == {}
+
+    net_d, net_g = nn.Sequential(nn.Linear(4, 8), nn.LeakyReLU(), nn.Linear(8, 1)), nn.Linear(2, 4)
+    opt_d, opt_g = torch.optim.Adam(net_d.parameters()), torch.optim.Adam(net_g.parameters())
+    guard = trainguard.watch(net_d, opt_d, total_steps=6, run_dir=workdir / "gan")
+    bce = nn.BCEWithLogitsLoss()
+    for _ in range(6):
+        net_d.zero_grad()
+        real = torch.randn(8, 4)
+        err_real = bce(net_d(real).squeeze(1), torch.ones(8))
+        err_real.backward()
+        fake = net_g(torch.randn(8, 2))
+        err_fake = bce(net_d(fake.detach()).squeeze(1), torch.zeros(8))
+        err_fake.backward()
+        opt_d.step()
+        net_g.zero_grad()
+        bce(net_d(fake).squeeze(1), torch.ones(8)).backward()  # also adds to D's gradients, reset next round
+        opt_g.step()
+        guard.step(err_real + err_fake)
+    guard.finish()
+    assert _contracts(workdir / "gan") == {}
+
+
+def test_frozen_backbone_with_grads_freed_is_quiet_and_zeroed_is_found(workdir: Path) -> None:
+    for set_to_none in (True, False):
+        model = _net()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        run = workdir / f"run-{set_to_none}"
+        guard = trainguard.watch(model, opt, total_steps=10, run_dir=run)
+        for step in range(10):
+            if step == 4:
+                model[0].requires_grad_(False)
+            x, y = _batch()
+            opt.zero_grad(set_to_none=set_to_none)
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            guard.step(torch.tensor(1.0))
+        guard.finish()
+        found = _contracts(run)
+        if set_to_none:
+            assert found == {}
+        else:
+            assert sorted(found["frozen-params-updated"]["names"]) == ["0.bias", "0.weight"]
+
+
+def test_eval_with_model_eval_is_quiet_and_without_is_found(workdir: Path) -> None:
+    for calls_eval in (True, False):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.1), nn.Linear(16, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        run = workdir / f"run-{calls_eval}"
+        guard = trainguard.watch(model, opt, total_steps=4, run_dir=run)
+        for _ in range(4):
+            model.train()
+            x, y = _batch()
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            guard.step(torch.tensor(1.0))
+            if calls_eval:
+                model.eval()
+            with guard.phase("eval"), torch.no_grad():
+                model(torch.randn(32, 8))
+        guard.finish()
+        found = _contracts(run)
+        if calls_eval:
+            assert found == {}
+        else:
+            assert found["eval-in-train-mode"]["modules"] == ["1 (BatchNorm1d)", "2 (Dropout)"]
+
+
+def test_replicas_rule_compares_every_rank_and_names_the_parameter() -> None:
+    def checksum(rank: int, step: int, sums: list[float]) -> dict:
+        return {"kind": "contract", "name": "param-checksum", "rank": rank, "step": step,
+                "data": {"rank": rank, "names": ["fc.weight", "fc.bias"], "sums": sums}}
+
+    engine = Engine({})
+    same = engine.feed_all([checksum(0, 1, [1.5, 0.25]), checksum(1, 1, [1.5, 0.25])])
+    assert [f.name for f in same] == []
+    found = engine.feed_all([checksum(1, 10, [1.5, 0.26]), checksum(0, 10, [1.5, 0.25])])
+    assert [f.code for f in found] == ["TG701"]
+    assert found[0].evidence["param"] == "fc.bias" and found[0].evidence["ranks"] == [0, 1]
+    # other ranks' events reach only the rules that compare ranks: a rank-1 crash is not rank 0's finding
+    assert engine.feed({"kind": "contract", "name": "grads-never-reset", "rank": 1, "step": 3,
+                        "data": {"param": "w", "steps": [2, 3]}}) == []
+
+
+def test_grad_scaler_without_autocast_is_found_and_with_it_quiet(workdir: Path) -> None:
+    for autocast in (False, True):
+        model = _net()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cpu")
+        run = workdir / f"run-{autocast}"
+        guard = trainguard.watch(model, opt, total_steps=5, scaler=scaler, run_dir=run)
+        for _ in range(5):
+            x, y = _batch()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            guard.step(loss)
+        guard.finish()
+        found = _contracts(run)
+        if autocast:
+            assert found == {}
+        else:
+            assert found["autocast-runs-fp32"]["cause"] == "no-autocast"
+            assert found["autocast-runs-fp32"]["steps"] == [1, 2, 3]

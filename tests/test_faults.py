@@ -1,0 +1,340 @@
+"""Fault injection: what goes wrong around a run must never reach the training, nor leave a lie behind.
+
+Each test breaks one thing for real (a size-limited tmpfs that fills up, a row SQLite refuses, a
+status.json replaced by a directory, a SIGKILL of `trainguard run`, guard calls from several threads)
+and checks three things: the training was not harmed, status.json tells what happened, and no step was
+silently lost. The full-disk tests mount a tmpfs, which needs root (CI runs as root); elsewhere they
+skip. Run alone with `python -m pytest -q tests/test_faults.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tgtest import run_trainguard, trainguard_cmd
+
+from trainguard.probe.selflog import MAX_BYTES, GuardLog
+from trainguard.store.status import read_status
+from trainguard.store.writer import StoreWriter
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs: a disk the run can fill."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _steps(run_dir: Path) -> list[tuple]:
+    with sqlite3.connect(run_dir / "run.db") as conn:
+        return conn.execute("SELECT step, loss, rank FROM steps ORDER BY step").fetchall()
+
+
+CHATTY = """
+import sys
+for i in range(40000):
+    print(f"line {i} " + "x" * 100)
+print("done", flush=True)
+"""
+
+
+def test_full_disk_keeps_the_output_flowing_and_status_true(tmp_path: Path, small_disk: Path) -> None:
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY)
+    run_dir = small_disk / "run"
+    out = run_trainguard("run", "--run-dir", str(run_dir), "--stall-timeout", "20", "--",
+                         sys.executable, str(script), timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("\n") == 40001 and out.stdout.endswith("done\n")  # the terminal got every line
+    assert out.stderr.count("cannot write") == 1  # said once
+    assert "No space left on device" in out.stderr
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "completed"
+    assert status["output_dropped_bytes"] > 0
+    assert not (run_dir / ".status.reserve").exists()
+
+
+FILLS_DISK = """
+import sys, torch, trainguard
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+guard = trainguard.watch(model, opt, total_steps=300)
+junk = open(sys.argv[1], "wb")
+for i in range(300):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward(); opt.step(); opt.zero_grad(); guard.step(loss)
+    if i == 50:
+        try:
+            while True:
+                junk.write(b"x" * 65536); junk.flush()
+        except OSError:
+            pass  # the disk is full now: the rest of the run and its end happen on a full disk
+    print("step", i, flush=True)
+guard.finish()
+"""
+
+
+def test_a_run_that_fills_the_disk_ends_with_a_true_status(tmp_path: Path, small_disk: Path) -> None:
+    script = tmp_path / "fill.py"
+    script.write_text(FILLS_DISK)
+    run_dir = small_disk / "run"
+    out = run_trainguard("run", "--run-dir", str(run_dir), "--stall-timeout", "30", "--",
+                         sys.executable, str(script), str(small_disk / "junk"), timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "step 299" in out.stdout
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
+
+
+def test_a_row_the_store_refuses_is_dropped_once_not_retried(tmp_path: Path) -> None:
+    writer = StoreWriter(tmp_path, rank=0)
+    writer.add_step({"step": 1, "t": time.time(), "loss": 1.0})
+    writer.add_event("phase", ("eval", "val"), {"edge": "begin"}, step=1)  # a tuple SQLite cannot bind
+    writer.add_step({"step": 2, "t": time.time(), "loss": 0.5})
+    writer.flush()
+    for step in range(3, 50):
+        writer.add_step({"step": step, "t": time.time(), "loss": 0.1})
+        writer.flush()
+    writer.close()
+    assert [s for s, *_ in _steps(tmp_path)] == list(range(1, 50))
+    assert writer.refused == 1 and "tuple" in (writer.first_refusal or "")
+    assert writer.failed_flushes == 0
+
+
+BAD_PHASE = """
+import sys, torch, trainguard
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+guard = trainguard.watch(model, opt, total_steps=900, run_dir=sys.argv[1])
+for i in range(900):
+    if i == 10:
+        with guard.phase(("eval", "val")):
+            pass
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward(); opt.step(); opt.zero_grad(); guard.step(loss)
+guard.finish()
+"""
+
+
+def test_a_non_text_phase_name_costs_no_step(tmp_path: Path) -> None:
+    script = tmp_path / "bad_phase.py"
+    script.write_text(BAD_PHASE)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = _steps(tmp_path / "run")
+    assert [s for s, *_ in rows] == list(range(1, 901))
+    assert all(loss is not None for _, loss, _ in rows)
+    assert read_status(tmp_path / "run")["state"] == "completed"
+
+
+STATUS_IS_A_DIR = """
+import os, sys, time, torch, trainguard
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+guard = trainguard.watch(model, opt, total_steps=100, run_dir=sys.argv[1])
+os.replace(os.path.join(sys.argv[1], "status.json"), os.path.join(sys.argv[1], "old.json")) \\
+    if os.path.exists(os.path.join(sys.argv[1], "status.json")) else None
+os.mkdir(os.path.join(sys.argv[1], "status.json"))
+for i in range(100):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward(); opt.step(); opt.zero_grad(); guard.step(loss)
+    time.sleep(0.3)  # 30 s: longer than the 20 errors that used to switch the guard off
+guard.finish()
+"""
+
+
+def test_status_json_replaced_by_a_directory_neither_stops_recording_nor_floods(tmp_path: Path) -> None:
+    script = tmp_path / "status_dir.py"
+    script.write_text(STATUS_IS_A_DIR)
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, str(script), str(run_dir)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert [s for s, *_ in _steps(run_dir)] == list(range(1, 101))  # recording never stopped
+    log = (run_dir / "guard.log").read_text()
+    assert log.count("Traceback") <= 2 and len(log.splitlines()) < 80, log  # status while running, at the end
+    assert "switched itself off" not in log
+
+
+def test_guard_log_is_deduplicated_by_kind_and_bounded(tmp_path: Path) -> None:
+    log = GuardLog(tmp_path)
+    for i in range(500):
+        try:
+            open(tmp_path / f"missing-{i}-{os.urandom(4).hex()}")  # a new message every time, one kind
+        except OSError as exc:
+            log.error("status write", exc)
+    text = (tmp_path / "guard.log").read_text()
+    assert text.count("error in status write: FileNotFoundError") == 3  # the first (with its traceback), 10, 100
+    assert text.count("Traceback") == 1
+    assert "seen 10 times" in text and "seen 100 times" in text
+    for i in range(20000):
+        log.once(f"kind {i}", "x" * 200)
+    assert (tmp_path / "guard.log").stat().st_size <= MAX_BYTES
+    assert "nothing more is written" in (tmp_path / "guard.log").read_text()
+
+
+PRINTER = """
+import sys, time
+for i in range(60):
+    print(f"tick {i}", flush=True)
+    time.sleep(0.1)
+open(sys.argv[1], "w").write("ok")
+"""
+
+
+def test_sigkill_of_trainguard_run_leaves_the_command_running_and_no_lie(tmp_path: Path) -> None:
+    script = tmp_path / "printer.py"
+    script.write_text(PRINTER)
+    run_dir = tmp_path / "run"
+    marker = tmp_path / "done"
+    env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_RUN_DIR"}
+    watchdog = subprocess.Popen(trainguard_cmd("run", "--run-dir", str(run_dir), "--", sys.executable, str(script),
+                                               str(marker)),
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (run_dir / "status.json").exists():
+        time.sleep(0.1)
+    time.sleep(1.0)
+    watchdog.kill()
+    watchdog.wait()
+    time.sleep(1.0)
+    st = read_status(run_dir)
+    assert st["state"] == "running" and st["watched_by"] == "keeper", st  # says it goes on unwatched
+    deadline = time.time() + 60
+    while time.time() < deadline and not marker.exists():
+        time.sleep(0.2)
+    assert marker.exists(), "the command died with its watchdog"
+    time.sleep(1.0)
+    st = read_status(run_dir)
+    assert st["state"] == "failed" and st["reason"] == "watchdog-gone", st  # never `running` forever
+    assert "tick 59" in (run_dir / "output.log").read_text()  # the keeper kept the output
+    assert "tick 59" in watchdog.stdout.read().decode()  # ...and passed it on to the terminal
+
+
+def test_readers_say_when_the_owner_of_a_running_run_is_gone(tmp_path: Path) -> None:
+    # a status.json left `running` by a process that no longer exists (its pid now free or reused)
+    sleeper = subprocess.Popen([sys.executable, "-c", "pass"])
+    sleeper.wait()
+    status = {"state": "running", "step": 12, "pid": sleeper.pid, "watched_by": "watchdog",
+              "owner": {"pid": sleeper.pid, "started": time.time() - 100}, "findings": [], "updated": time.time()}
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "status.json").write_text(json.dumps(status))
+    out = run_trainguard("status", str(run_dir))
+    assert out.returncode == 0, out.stderr
+    head = out.stdout.splitlines()[0]
+    assert "abandoned" in head and "running" not in head and "owner process is gone" in out.stdout
+    out = run_trainguard("ls", "--root", str(tmp_path))
+    assert "abandoned" in out.stdout, out.stdout
+    out = run_trainguard("report", str(run_dir), "--print")
+    assert "abandoned" in out.stdout, out.stdout + out.stderr
+    # the owner alive (this very process) keeps `running`
+    status["owner"] = {"pid": os.getpid(), "started": None}
+    (run_dir / "status.json").write_text(json.dumps(status))
+    assert read_status(run_dir)["state"] == "running"
+
+
+def test_pid_reused_by_another_process_is_not_the_owner(tmp_path: Path) -> None:
+    status = {"state": "running", "owner": {"pid": os.getpid(), "started": 1.0}, "findings": []}
+    (tmp_path / "status.json").write_text(json.dumps(status))
+    assert read_status(tmp_path)["state"] == "abandoned"
+
+
+def test_threads_do_not_break_the_writer(tmp_path: Path) -> None:
+    writer = StoreWriter(tmp_path, rank=0)
+    stop = threading.Event()
+
+    def flusher() -> None:
+        while not stop.is_set():
+            writer.flush()
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=flusher) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for step in range(1, 5001):
+        writer.add_step({"step": step, "t": time.time(), "loss": 1.0 / step})
+    stop.set()
+    for t in threads:
+        t.join()
+    writer.close()
+    assert [s for s, *_ in _steps(tmp_path)] == list(range(1, 5001))
+
+
+def test_sigkill_of_the_command_under_the_watchdog_is_told_as_killed(tmp_path: Path) -> None:
+    script = tmp_path / "printer.py"
+    script.write_text(PRINTER)
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_RUN_DIR"}
+    watchdog = subprocess.Popen(trainguard_cmd("run", "--run-dir", str(run_dir), "--", sys.executable, str(script),
+                                               str(tmp_path / "m")),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 60
+    while time.time() < deadline and "pid" not in (read_status(run_dir) if (run_dir / "status.json").exists()
+                                                  else {}):
+        time.sleep(0.1)
+    os.kill(read_status(run_dir)["pid"], signal.SIGKILL)
+    assert watchdog.wait(timeout=60) != 0
+    st = read_status(run_dir)
+    assert st["state"] == "killed" and st["signal"] == "SIGKILL", st
+
+
+RANK_FAILS = """
+import os, sys, torch, torch.distributed as dist, trainguard
+dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=60))
+rank = dist.get_rank()
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+guard = trainguard.watch(model, opt, total_steps=100)
+for i in range(100):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()
+    if rank == 1 and i == 20:
+        raise ValueError("bad batch shape on rank 1")
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    opt.step(); opt.zero_grad(); guard.step(loss)
+guard.finish()
+"""
+
+LAUNCH = """
+import os, socket, subprocess, sys
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+procs = [subprocess.Popen([sys.executable, sys.argv[1]], env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2",
+         "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}) for r in range(2)]
+sys.exit(max(p.wait() for p in procs))
+"""
+
+
+def test_the_first_rank_to_fail_is_the_cause(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(RANK_FAILS)
+    (tmp_path / "launch.py").write_text(LAUNCH)
+    run_dir = tmp_path / "run"
+    out = run_trainguard("run", "--run-dir", str(run_dir), "--", sys.executable, str(tmp_path / "launch.py"),
+                         str(tmp_path / "train.py"), timeout=240)
+    assert out.returncode == 1, out.stderr[-3000:]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "crashed"
+    crash = next(f for f in status["findings"] if f["code"] == "TG501")
+    assert crash["exception"] == "ValueError" and crash["evidence"]["rank"] == 1, crash
+    assert "bad batch shape" in crash["summary"]
+    assert any("rank 0" in c for c in crash["evidence"]["consequences"]), crash["evidence"]
