@@ -39,7 +39,7 @@ def test_a_process_that_never_imports_torch_gets_the_stack_dump_and_nothing_else
         import sys
         from trainguard.probe import auto, stackdump
         finders = [type(f).__name__ for f in sys.meta_path]
-        print(auto._state["booted"], "torch" in sys.modules, "_TorchOptimizerFinder" in finders,
+        print(auto._state["booted"], "torch" in sys.modules, "_AfterImport" in finders,
               stackdump._state["pid"] is not None)
     """, tmp_path / "run", tmp_path)
     assert r.returncode == 0, r.stderr
@@ -111,7 +111,7 @@ def test_it_steps_aside_for_the_scripts_own_guard(tmp_path: Path) -> None:
 def test_switched_off_by_the_environment(tmp_path: Path) -> None:
     r = _python("""
         import sys, torch
-        print("_TorchOptimizerFinder" in [type(f).__name__ for f in sys.meta_path])
+        print("_AfterImport" in [type(f).__name__ for f in sys.meta_path])
     """, tmp_path / "run", tmp_path, extra={"TRAINGUARD_AUTO": "0"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False"]

@@ -101,4 +101,5 @@ def test_preflight_does_not_flag_the_file_its_output_was_redirected_into(workdir
     assert not any(p.endswith("preflight.log") for p in paths), paths
     assert any(p.endswith("results.txt") for p in paths), (paths, log)  # a real write is still named
     listed = json.loads((workdir / "pf" / "preflight.json").read_text())["outside_writes"]
-    assert [Path(w["path"]).name for w in listed] == ["results.txt"]
+    names = [Path(w["path"]).name for w in listed]  # temp and cache folders are listed too, not flagged
+    assert "results.txt" in names and "preflight.log" not in names, names

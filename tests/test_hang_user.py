@@ -121,12 +121,16 @@ def test_without_the_probe_and_without_ptrace_the_hang_is_unknown_and_says_why()
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
         env["HOME"] = str(tmp_path)
         r = subprocess.run(["runuser", "-u", "nobody", "--", python, "-m", "trainguard.cli", "run", "--quiet",
-                            "--run-dir", str(tmp_path / "run"), "--stall-timeout", "3", "--no-auto", "--", python,
-                            "train.py"],
+                            "--run-dir", str(tmp_path / "run"), "--stall-timeout", "3", "--hang-limit", "12",
+                            "--no-auto", "--", python, "train.py"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
         assert r.returncode == 124, r.stderr
         status = json.loads((tmp_path / "run" / "status.json").read_text())
+        # no stacks, so no proof: reported as a stall at once, stopped when it outlasts --hang-limit
+        stalled = next(f for f in status["findings"] if f["name"] == "run-stalled")
+        assert stalled["evidence"]["detected_at"] - stalled["evidence"]["last_progress_at"] <= 3 + 15
         hang = next(f for f in status["findings"] if f["name"] == "run-hung")
+        assert "past its limit" in hang["evidence"]["stopped_because"]
         # trainguard does not guess: no stacks, so no cause, and the finding says what was missing
         assert hang["cause"] == "unknown" and "where" not in hang
         if (Path(python).parent / "py-spy").exists():

@@ -179,3 +179,96 @@ def test_an_lr_set_by_hand_is_found_checked_and_simulated() -> None:
     sim = simulate_function(fn, shift=shift, total_steps=240, grad_accum=1, name="get_lr")
     found = schedule_findings(sim)
     assert [f.name for f in found] == ["schedule-ends-early"] and "get_lr()" in found[0].summary
+
+
+# timm is not installed here: this reproduces the interface of timm.scheduler.CosineLRScheduler that the
+# probe relies on (t_initial, warmup_t, t_in_epochs, cycle_limit, step_update(num_updates), _get_lr(t)) and
+# its cosine-with-linear-warmup formula, so the probe's timm path runs end to end in a real preflight.
+TIMM_LIKE = '''
+import math, sys, torch, trainguard
+
+
+class CosineLRScheduler:
+    def __init__(self, optimizer, t_initial, lr_min=0.0, warmup_t=0, warmup_lr_init=0.0, t_in_epochs=True,
+                 cycle_limit=1):
+        self.optimizer, self.t_initial, self.lr_min = optimizer, t_initial, lr_min
+        self.warmup_t, self.warmup_lr_init, self.t_in_epochs, self.cycle_limit = warmup_t, warmup_lr_init, t_in_epochs, cycle_limit
+        self.base_values = [g["lr"] for g in optimizer.param_groups]
+        self.warmup_steps = [(v - warmup_lr_init) / warmup_t for v in self.base_values] if warmup_t else [1]
+        self.step_update(0) if not t_in_epochs else None
+
+    def _get_lr(self, t):
+        if t < self.warmup_t:
+            return [self.warmup_lr_init + t * s for s in self.warmup_steps]
+        i, t_curr = t // self.t_initial, t % self.t_initial
+        if i >= self.cycle_limit:
+            return [self.lr_min for _ in self.base_values]
+        return [self.lr_min + 0.5 * (v - self.lr_min) * (1 + math.cos(math.pi * t_curr / self.t_initial))
+                for v in self.base_values]
+
+    def step(self, epoch, metric=None):
+        if self.t_in_epochs:
+            for g, lr in zip(self.optimizer.param_groups, self._get_lr(epoch)):
+                g["lr"] = lr
+
+    def step_update(self, num_updates, metric=None):
+        if not self.t_in_epochs:
+            for g, lr in zip(self.optimizer.param_groups, self._get_lr(num_updates)):
+                g["lr"] = lr
+
+
+torch.manual_seed(0)
+steps, accum = 200, 8
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+t_initial = steps * accum if "--micro" in sys.argv else steps  # sized in micro-batches: never anneals
+sched = CosineLRScheduler(opt, t_initial=t_initial, warmup_t=10, warmup_lr_init=1e-4, t_in_epochs=False)
+guard = trainguard.watch(model, opt, sched, total_steps=steps, grad_accum=accum)
+updates = 0
+for micro in range(1, steps * accum + 1):
+    x = torch.randn(16, 8)
+    loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+    (loss / accum).backward()
+    guard.step(loss)
+    if micro % accum == 0:
+        opt.step(); opt.zero_grad(); updates += 1
+        sched.step_update(num_updates=updates)
+guard.finish()
+'''
+
+
+@pytest.mark.parametrize("micro, expected", [(False, []), (True, ["schedule-ends-late"])])
+def test_a_timm_style_scheduler_is_simulated_per_update(tmp_path, micro: bool, expected: list[str]) -> None:
+    import json
+    import sys
+
+    from tgtest import run_trainguard
+
+    from trainguard.probe.planinfo import is_timm, sched_horizon
+
+    (tmp_path / "train.py").write_text(TIMM_LIKE)
+    args = ["--micro"] if micro else []
+    proc = run_trainguard("preflight", "--quiet", "--run-dir", str(tmp_path / "pf"), "--", sys.executable, "train.py",
+                          *args, cwd=tmp_path, timeout=180)
+    status = json.loads((tmp_path / "pf" / "status.json").read_text())
+    sim = json.loads((tmp_path / "pf" / "schedule.json").read_text())
+    assert sim.get("timm") and "skipped" not in sim, sim
+    assert [f["name"] for f in status["findings"] if f["source"] == "preflight"] == expected, proc.stderr
+    assert proc.returncode == (1 if expected else 0)
+    namespace: dict = {}
+    exec(TIMM_LIKE.split("torch.manual_seed(0)")[0], namespace)
+    sched = namespace["CosineLRScheduler"](_opt(), t_initial=300, t_in_epochs=False, cycle_limit=2)
+    assert is_timm(sched) and sched_horizon(sched) == 600
+
+
+def test_a_scheduler_without_a_step_count_is_said_unchecked(tmp_path) -> None:
+    import json
+    import sys
+
+    from tgtest import run_trainguard
+
+    (tmp_path / "train.py").write_text(TIMM_LIKE.replace("t_in_epochs=False)", "t_in_epochs=True)"))
+    proc = run_trainguard("preflight", "--quiet", "--run-dir", str(tmp_path / "pf"), "--", sys.executable, "train.py",
+                          cwd=tmp_path, timeout=180)
+    sim = json.loads((tmp_path / "pf" / "schedule.json").read_text())
+    assert "counts epochs" in sim["skipped"] and "not checked" in proc.stderr, proc.stderr

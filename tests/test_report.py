@@ -173,7 +173,8 @@ def test_compare_reports_the_speedup_within_the_measured_spread(two_runs: tuple[
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "comparison.json").read_text())
     sp = result["speed"]
-    lo, hi = sp["speedup_ci95"]
+    assert sp["speedup_ci95"] is None and sp["run_to_run"]["known"] is False  # one run each
+    lo, hi = sp["within_run_ci95"]
     qlo, qhi = sp["speedup_iqr_range"]
     # the fast variant drops three of four forward passes: clearly faster (about 3x idle; a loaded machine
     # pads both runs with waiting, which pulls the ratio towards 1), and the figure sits in its spread
@@ -186,18 +187,49 @@ def test_compare_reports_the_speedup_within_the_measured_spread(two_runs: tuple[
     assert conv["matches"] is True and conv["common_steps"] == 60
     assert conv["eval"]["loss"]["final_matches"] and abs(conv["eval"]["loss"]["final_difference"]) < 1e-6
     assert result["findings"] == {"only_a": [], "only_b": [], "both": []}
-    assert "B is faster" in proc.stdout and "convergence matches" in proc.stdout
+    assert "B looks faster" in proc.stdout and "run-to-run variation is unknown" in proc.stdout
+    assert "convergence matches" in proc.stdout
     md = (tmp_path / "comparison.md").read_text()
     assert "Speedup (median A / median B)" in md and "| loss |" in md
-    # seed 000's orchestrator check, as exit codes: met, then surely not met
-    met = run_trainguard("compare", str(a), str(b), "--out", str(tmp_path), "--min-speedup", "1.1", "--same-convergence")
+    # seed 000's orchestrator check, as exit codes: one run each, it refuses to decide; with the run-to-run
+    # noise known (5%), met; then surely not met
+    blind = run_trainguard("compare", str(a), str(b), "--out", str(tmp_path), "--min-speedup", "1.1")
+    assert blind.returncode == 1 and "cannot decide on one run each" in blind.stderr, blind.stderr
+    met = run_trainguard("compare", str(a), str(b), "--out", str(tmp_path), "--min-speedup", "1.1", "--same-convergence",
+                         "--run-noise", "0.05")
     assert met.returncode == 0, met.stderr
-    unmet = run_trainguard("compare", str(a), str(b), "--out", str(tmp_path), "--min-speedup", "50")
+    assert "B is faster" in met.stdout and "run-to-run variation included" in met.stdout
+    unmet = run_trainguard("compare", str(a), str(b), "--out", str(tmp_path), "--min-speedup", "50", "--run-noise", "0.05")
     assert unmet.returncode == 1 and "not met: speedup >= 50x" in unmet.stderr
     if chromium():
         r = render(tmp_path / "comparison.html", screenshot=ARTIFACTS / "comparison.png")
         print(f"screenshot: {r.screenshot}")
         assert r.console == [] and r.dom.count('class="plot"') >= 3
+
+
+def test_identical_runs_give_an_interval_that_contains_one(two_runs: tuple[Path, Path], tmp_path: Path) -> None:
+    # The same baseline script twice more: three runs of one configuration. Within one run the steps
+    # vary little, so one run against another alone can look "slower" or "faster" by the machine's mood;
+    # with the repeats' spread in the interval, identical configurations are not told apart.
+    a, fast = two_runs
+    again = [tmp_path / "baseline-2", tmp_path / "baseline-3"]
+    for run in again:
+        _run(run, "speedup_train.py", "--variant", "baseline")
+    proc = run_trainguard("compare", str(a), str(again[0]), "--repeat-a", str(again[1]), "--out", str(tmp_path))
+    sp = json.loads((tmp_path / "comparison.json").read_text())["speed"]
+    assert sp["run_to_run"]["known"] and sp["run_to_run"]["runs_a"] == 2 and sp["run_to_run"]["df"] == 1
+    lo, hi = sp["speedup_ci95"]
+    assert lo <= 1.0 <= hi, sp
+    assert "no measurable difference" in proc.stdout
+    # the gate decides on the interval with the repeats' spread in it (on a busy machine three baselines can
+    # spread wider than the real 2-3x speedup: then it is honestly not met)
+    faster = run_trainguard("compare", str(a), str(fast), "--repeat-a", str(again[0]), "--repeat-a", str(again[1]),
+                            "--out", str(tmp_path), "--min-speedup", "1.1")
+    sp = json.loads((tmp_path / "comparison.json").read_text())["speed"]
+    assert sp["run_to_run"]["df"] == 2 and sp["speedup_ci95"][0] < sp["speedup"] < sp["speedup_ci95"][1]
+    assert (faster.returncode == 0) == (sp["speedup_ci95"][0] >= 1.1), (faster.stderr, sp)
+    bad = run_trainguard("compare", str(a), str(fast), "--run-noise", "2", "--out", str(tmp_path))
+    assert bad.returncode == 2 and "--run-noise" in bad.stderr
 
 
 def test_compare_says_when_convergence_differs(two_runs: tuple[Path, Path], tmp_path: Path) -> None:

@@ -110,6 +110,7 @@ def test_a_failing_sink_never_changes_the_verdict(workdir: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert json.loads((workdir / "r" / "status.json").read_text())["state"] == "completed"
     assert "sink tensorboard failed and was switched off" in (workdir / "r" / "guard.log").read_text()
+    assert "trainguard: sink tensorboard was switched off" in out.stderr  # said once where the user looks
 
 
 def test_bad_sink_input_is_one_line_and_exit_2(workdir: Path) -> None:

@@ -149,7 +149,9 @@ def test_optimizer_over_a_copy_of_the_model_found(tmp_path: Path) -> None:
 
 def test_stuck_dataloader_worker_after_validation_is_diagnosed(tmp_path: Path) -> None:
     """Seed 003: validation and a checkpoint, then a DataLoader worker never returns a batch."""
-    r = train(tmp_path, "stuck-worker", "--stall-timeout", "5")
+    # The worker polls for a file that never goes away: a wait on the world is no proof of a hang, so the
+    # stall is reported at the timeout and the run stopped when it outlasts its limit.
+    r = train(tmp_path, "stuck-worker", "--stall-timeout", "5", "--hang-limit", "25")
     assert r["status"]["state"] == "hung" and r["rc"] == 124, r["output"][-3000:]
     hang = next(f for f in r["status"]["findings"] if f["name"] == "run-hung")
     assert hang["cause"] == "dataloader-worker"

@@ -4,9 +4,10 @@
     trainguard status [RUN]          trainguard ls
     trainguard rules [CODE-or-NAME]  trainguard demo
     trainguard report [RUN] [--print]  trainguard compare RUN_A RUN_B [--out DIR]
+    trainguard export [RUN] --sink tensorboard|wandb|mlflow|prometheus[=VALUE]
 
-Bad input (an unknown run, a command that does not exist, an unwritable folder) is one line on stderr
-and exit code 2, never a traceback. Heavy modules are imported inside the command that needs them.
+Bad input (an unknown run, a command that does not exist, an unwritable folder, a mistyped option) is
+one line on stderr and exit code 2, never a traceback. Heavy modules are imported inside the command that needs them.
 """
 
 from __future__ import annotations
@@ -89,7 +90,12 @@ def main() -> None:
 @main.command(cls=_WrapsCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run folder (default: a new one under ./trainguard-runs).")
 @click.option("--stall-timeout", type=float, default=None,
-              help="Seconds without progress that count as a hang (default: learned from the run itself).")
+              help="Seconds without progress before a stall is reported, with stacks and cause (default: "
+                   "learned from the run itself, at least 60; 300 until the first optimizer step).")
+@click.option("--hang-limit", "hang_limits", multiple=True, metavar="[PHASE=]SECONDS",
+              help="Stop a stall that lasts this long even without proof that it is stuck (repeatable; "
+                   "PHASE=SECONDS for one phase, 'startup' for the time before the first optimizer step). "
+                   "Default: 5x the phase's own longest (at least 600 s); 1800 s for a phase never seen.")
 @click.option("--expect", "expects", multiple=True, metavar="PATH",
               help="An artifact the command must write during the run (repeatable); missing or stale = failed.")
 @click.option("--stop-on", default="", metavar="CODE-or-NAME,...",
@@ -99,8 +105,8 @@ def main() -> None:
               help="For orchestrators: exit 122 when the run completed but has findings of this severity or worse "
                    "(its health in status.json).")
 @click.option("--on-hang", type=click.Choice(["kill", "wait", "restart"]), default="kill", show_default=True,
-              help="What to do with a hung process: stop it, leave it alive for inspection, or stop it and "
-                   "start it again from the newest reported checkpoint.")
+              help="What to do when a hang is proven (or a stall outlasts its limit): stop it, leave it alive "
+                   "for inspection, or stop it and start it again from the newest reported checkpoint.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=3, show_default=True,
               help="With --on-hang restart: restarts at most (0 = never); a hang that repeats at the same "
                    "place stops restarting sooner.")
@@ -112,20 +118,24 @@ def main() -> None:
               help="Copy steps and findings to tensorboard, wandb, mlflow or prometheus as the run goes "
                    "(repeatable; also TRAINGUARD_SINKS=name,...). See `trainguard export --help`.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ...], stop_on: str,
-        fail_on: str | None, on_hang: str, max_restarts: int, quiet: bool, no_auto: bool, sinks: tuple[str, ...],
+def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str, ...], expects: tuple[str, ...],
+        stop_on: str, fail_on: str | None, on_hang: str, max_restarts: int, quiet: bool, no_auto: bool,
+        sinks: tuple[str, ...],
         command: tuple[str, ...]) -> None:
     """Run COMMAND under the watchdog and tell its true final state.
 
     Exit codes: the command's own code when it ran to its end (128+N when killed by signal N);
     123 failed (exit 0 but an expected artifact is missing or stale, or the probe never finished);
-    124 hung; 125 stopped on a finding (--stop-on); 122 completed with findings at --fail-on's severity
-    or worse; 2 bad input.
+    124 hung (stopped on proof that it cannot recover, or past its limit; a stall without proof is reported
+    and the run goes on); 125 stopped on a finding (--stop-on); 122 completed with findings at --fail-on's
+    severity or worse; 2 bad input.
     """
+    from trainguard.watchdog.stop import parse_hang_limits
     from trainguard.watchdog.supervisor import RunOptions, Supervisor
 
     options = RunOptions(
-        command=list(command), run_dir=run_dir, stall_timeout=stall_timeout, expects=list(expects),
+        command=list(command), run_dir=run_dir, stall_timeout=stall_timeout,
+        hang_limits=parse_hang_limits(hang_limits), expects=list(expects),
         stop_on=_stop_on(stop_on), fail_on=fail_on, on_hang=on_hang, max_restarts=max_restarts,
         echo=not quiet, env=_auto_env(no_auto),
     )
@@ -138,8 +148,12 @@ def run(run_dir: str | None, stall_timeout: float | None, expects: tuple[str, ..
     feed = LiveFeed(sup.run_dir, specs).start()
     try:
         code = sup.run()
-    finally:
-        feed.stop()  # the last pass and the final state; bounded, and a sink's failure never changes `code`
+    except BaseException:
+        feed.stop(wait=5)  # interrupted, or the watchdog failed: a short last pass, then out
+        raise
+    feed.stop()  # the last pass and the final state; bounded, and a sink's failure never changes `code`
+    for name, why in feed.feed.failed.items():
+        click.echo(f"trainguard: sink {name} was switched off: {why} (the run is unaffected)", err=True)
     sys.exit(code)
 
 
@@ -212,7 +226,8 @@ def preflight(run_dir: str | None, steps: int, timeout: float, quiet: bool, comm
 
     The script runs unmodified in a scratch folder: a few real steps, then every guard.due() path once,
     the loader iterated again, a second brief start resuming from the checkpoint it saved, the LR schedule
-    simulated for the whole plan. Exit codes: 0 no error finding, 1 error findings, 2 bad input.
+    simulated for the whole plan. Exit codes: 0 no error finding, 1 error findings, 2 bad input, 3 the
+    script could not be fast-forwarded (no trainguard.watch): a few steps were checked, the rest is listed.
     """
     from trainguard.preflight.run import PreflightOptions
     from trainguard.preflight.run import preflight as run_preflight
@@ -447,18 +462,30 @@ def report(run: str | None, to_terminal: bool) -> None:
 @click.option("--min-speedup", type=float, default=None, metavar="X",
               help="Exit 1 unless B is surely at least X times faster (the 95% interval's low end >= X).")
 @click.option("--same-convergence", is_flag=True, help="Exit 1 unless convergence matches.")
+@click.option("--repeat-a", "repeats_a", multiple=True, metavar="RUN",
+              help="Another run of A's configuration (repeatable): the repeats' spread is the run-to-run variation.")
+@click.option("--repeat-b", "repeats_b", multiple=True, metavar="RUN", help="Another run of B's configuration (repeatable).")
+@click.option("--run-noise", type=float, default=None, metavar="FRACTION",
+              help="The run-to-run variation of a run's median step time, as a relative sd measured before (0.05 = "
+                   "5%), when there are no repeats. Without repeats or this, --min-speedup refuses to decide.")
 def compare(run_a: str, run_b: str, out: str, warmup: int | None, min_speedup: float | None,
-            same_convergence: bool) -> None:
+            same_convergence: bool, repeats_a: tuple[str, ...], repeats_b: tuple[str, ...],
+            run_noise: float | None) -> None:
     """Compare RUN_B against RUN_A (the baseline): speed, convergence, findings.
 
-    Exit codes: 0, or 1 when --min-speedup or --same-convergence is not met; 2 bad input.
+    Exit codes: 0, or 1 when --min-speedup or --same-convergence is not met (with one run each and neither
+    repeats nor --run-noise, --min-speedup cannot be decided: not met); 2 bad input.
     """
     from trainguard.report.compare import unmet, write_comparison
     from trainguard.store.paths import prepare_run_dir, resolve_run
 
     if warmup is not None and warmup < 0:
         raise UserError(f"--warmup must be 0 or more steps, got {warmup}")
-    paths, result = write_comparison(resolve_run(run_a), resolve_run(run_b), prepare_run_dir(out), warmup=warmup)
+    if run_noise is not None and not 0 <= run_noise < 1:
+        raise UserError(f"--run-noise is a relative sd in [0, 1) (0.05 = 5%), got {run_noise}")
+    paths, result = write_comparison(resolve_run(run_a), resolve_run(run_b), prepare_run_dir(out), warmup=warmup,
+                                     repeats_a=[resolve_run(r) for r in repeats_a],
+                                     repeats_b=[resolve_run(r) for r in repeats_b], run_noise=run_noise)
     click.echo(result["headline"])
     for p in paths:
         click.echo(f"comparison: {p}")

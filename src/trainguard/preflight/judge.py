@@ -35,12 +35,20 @@ def load_start(start_dir: Path, *, mode: str, exit_code: int, scratch: str, orig
     status = _renamed(status, scratch.rstrip("/") + "/", origin.rstrip("/") + "/")
     with RunReader(start_dir) as reader:
         events = reader.events("preflight")
+        starts = [e.get("data") or {} for e in reader.events("probe") if e["name"] == "start"]
+        rows = list(reader.steps())
+        step_times = [(r["step"], r["step_time"]) for r in rows if r.get("step_time")]
+        if not step_times and len(rows) > 1:
+            # the automatic probe closes no loss side (no guard.step): a step's time is the gap between rows
+            step_times = [(b["step"], b["t"] - a["t"]) for a, b in zip(rows, rows[1:]) if a.get("t") and b.get("t")]
         return {
+            "probe": None if not starts else "auto" if all(d.get("auto") for d in starts) else "watch",
+            "opt_steps": len(rows),
             "dir": start_dir, "mode": mode, "exit_code": exit_code, "state": status.get("state", "unknown"),
             "findings": [Finding.from_dict(f) for f in status.get("findings") or []],
             "events": events,
             "checkpoints": [e["data"] for e in reader.events("checkpoint") if e.get("data")],
-            "step_times": [(r["step"], r["step_time"]) for r in reader.steps() if r.get("step_time")],
+            "step_times": step_times,
             "plan": reader.meta().get("plan") or {},
             "crash_event_id": max((e["id"] for e in reader.events("crash")), default=None),
         }
@@ -73,6 +81,11 @@ def judge(first: dict[str, Any], resume: dict[str, Any] | None, sim: dict[str, A
           writes: list[dict[str, str]], *, origin: str) -> list[Finding]:
     findings = list(first["findings"])
     crash = next((f for f in findings if f.name == "run-crashed"), None)
+    if crash is not None and refused_write(first) is crash:
+        # the preflight's own refusal to overwrite a user's file stopped the script: not the script's
+        # fault, and not checked either (the summary lists it under what was not exercised)
+        findings.remove(crash)
+        crash = None
     if crash is not None:
         specific = _where_it_crashed(first, crash)
         if specific is not None:
@@ -377,15 +390,25 @@ def wrote_outside(writes: list[dict[str, str]], first: dict[str, Any]) -> Findin
     None.
     """
     ckpts = {c.get("path") for c in first["checkpoints"]}
-    resumable = [w["path"] for w in writes if w["path"] in ckpts]
-    shown = ", ".join(f"{w['path']} ({w['op']})" for w in writes[:5])
-    more = f" and {len(writes) - 5} more" if len(writes) > 5 else ""
+    resumable = [w["path"] for w in writes if w["path"] in ckpts and w["op"] != "refused"]
+    written = [w for w in writes if w["op"] != "refused"]
+    refused = [w for w in writes if w["op"] == "refused"]
+    shown = ", ".join(f"{w['path']} ({w['op']})" for w in written[:5])
+    more = f" and {len(written) - 5} more" if len(written) > 5 else ""
     note = "; it includes a checkpoint the real run could resume from" if resumable else ""
+    parts = [f"the preflight wrote {len(written)} file(s) outside its scratch folder: {shown}{more}{note}"] \
+        if written else []
+    if refused:
+        parts.append(f"the preflight refused {len(refused)} write(s) to files that existed before (left unchanged): "
+                     + ", ".join(w["path"] for w in refused[:5]) + (" ..." if len(refused) > 5 else ""))
+    fix = "Make the script write relative to its working folder, so the preflight keeps its writes to itself"
+    fix = (f"Delete the new files listed (they did not exist before the preflight); {fix[0].lower()}{fix[1:]}."
+           if written else f"Nothing to delete: no file of yours was changed. {fix}.")
     return Finding(
         code="TG608", name="wrote-outside-scratch", severity="warning",
-        summary=f"the preflight wrote {len(writes)} file(s) outside its scratch folder: {shown}{more}{note}",
+        summary="; ".join(parts),
         evidence={"files": writes[:100], "checkpoints_outside": resumable},
-        fix="Delete these files before the real run; make the script write relative to its working folder.",
+        fix=fix,
         source="preflight",
     )
 
@@ -485,13 +508,56 @@ def summarize(first: dict[str, Any], resume: dict[str, Any] | None, sim: dict[st
         "schedule": {k: v for k, v in (sim or {}).items() if k != "curve"} or None,
         "peak_rss_bytes": peak_rss, "cuda_peak_bytes": stop.get("cuda_peak_bytes"),
         "outside_writes": writes[:100], "probe_used": bool(first["events"]),
+        "probe": first.get("probe"), "opt_steps": first.get("opt_steps", 0),
+        **_coverage(first, sim),
     }
+
+
+def refused_write(start: dict[str, Any]) -> Finding | None:
+    """The crash of a start that the preflight's write watch caused by refusing a write, if it is one."""
+    crash = next((f for f in start["findings"] if f.name == "run-crashed"), None)
+    return crash if crash is not None and crash.evidence.get("exception") == "PreflightRefused" else None
+
+
+def _coverage(first: dict[str, Any], sim: dict[str, Any] | None) -> dict[str, Any]:
+    """What the preflight exercised and what it could not, said plainly for a script it cannot drive."""
+    refused = refused_write(first)
+    stopped = [] if refused is None else [
+        f"the rest of the run from step {refused.step}: the script tried to change a file that existed "
+        f"before, outside the scratch folder, the preflight refused it and the script stopped there "
+        f"({refused.evidence.get('message')})"]
+    if first.get("probe") == "watch":
+        return {"fast_forward": True} if not stopped else {"fast_forward": False, "checked": [
+            "the steps and paths before the refused write"], "not_checked": stopped}
+    n = first.get("opt_steps", 0)
+    checked = []
+    if n:
+        checked.append(f"{n} optimizer steps through the automatic probe (LR of each group, gradient norm, "
+                       "update ratio, non-finite gradients) and the health rules on them")
+    sched = sim or {}
+    if sched.get("peak_lr") is not None:
+        checked.append("the LR schedule, stepped as observed and simulated over "
+                       + (sched.get("total_steps_from") or "the planned steps"))
+    not_checked = ["evaluation, checkpoint saving and every other path the loop runs every N steps (brought "
+                   "forward only through guard.due)",
+                   "the epoch boundary (the loader iterated a second time, only through guard.batches)",
+                   "resuming from a checkpoint (only with guard.checkpoint_saved and guard.resume_from)"]
+    if sched.get("peak_lr") is None:
+        why = sched.get("skipped") or ("no LR scheduler found" if n else "no optimizer step was made")
+        not_checked.append(f"the LR schedule over the whole run ({why})")
+    if not n:
+        not_checked.insert(0, "any optimizer step: the script made none before it ended or was stopped")
+    return {"fast_forward": False, "checked": checked, "not_checked": stopped + not_checked}
 
 
 def report_lines(state: str, findings: list[Finding], s: dict[str, Any], run_dir: Path) -> list[str]:
     lines = [f"trainguard preflight: {state} in {s['seconds']:.1f} s"]
-    if not s["probe_used"]:
-        lines.append("  the script never called trainguard.watch(): nothing could be brought forward")
+    if not s.get("fast_forward", True):
+        if s.get("probe") != "watch":
+            lines.append("  the script does not call trainguard.watch(): it cannot be fast-forwarded; the preflight "
+                         "ran a few optimizer steps through the automatic probe and stopped it")
+        lines.extend(f"  checked: {c}" for c in s.get("checked") or ["nothing"])
+        lines.extend(f"  NOT checked: {c}" for c in s.get("not_checked") or [])
     elif not s["paths_forced"]:
         lines.append("  nothing brought forward: the loop never asked guard.due(...) (paths gated on `step % N`"
                      " are invisible to preflight)")
@@ -513,6 +579,8 @@ def report_lines(state: str, findings: list[Finding], s: dict[str, Any], run_dir
                      f" at step {sched.get('total_steps')} (curve: schedule.json)")
     elif sched.get("skipped") or sched.get("truncated"):
         lines.append(f"  LR schedule: {sched.get('skipped') or sched.get('truncated')}")
+    elif s["probe_used"]:
+        lines.append("  LR schedule: not checked (the script stopped before the schedule could be measured)")
     est = [f"{fmt_duration(s['seconds_per_step'])}/step" if s["seconds_per_step"] else None,
            f"{fmt_duration(s['seconds_per_epoch'])}/epoch" if s["seconds_per_epoch"] else None,
            f"{fmt_duration(s['seconds_total_estimate'])} for {s['total_steps']} steps"

@@ -17,8 +17,13 @@ schedule.json (the simulated LR curve).
 Limits, stated plainly: one process only (under torchrun, stopping rank 0 would leave the other ranks
 waiting in a collective); writes by Python and by torch.save / safetensors are kept in the scratch
 folder, other native writers are only reported afterwards (the user's folder is compared before and
-after); a script that never calls `trainguard.watch` cannot be fast-forwarded and runs until --timeout;
-only paths gated by `guard.due` are brought forward (`if step % 500 == 0` is invisible to it).
+after); only paths gated by `guard.due` are brought forward (`if step % 500 == 0` is invisible to it).
+
+A script that never calls `trainguard.watch` cannot be fast-forwarded: the automatic probe (the same
+bootstrap as `trainguard run`'s) runs a few real optimizer steps, simulates the schedule it observed
+where the scheduler states its horizon, and stops the script; the report lists what was and was not
+exercised, and the verdict is `incomplete`, exit code 3 (1 when there are error findings), never 0.
+Writes that would change a file that existed before, outside the scratch folder, are refused.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from trainguard.store.paths import new_run_dir, prepare_run_dir, runs_root
 from trainguard.store.status import write_status
 
 RESUME_STEPS = 2  # optimizer steps the resumed start makes before it is stopped
+EXIT_INCOMPLETE = 3  # the script could not be fast-forwarded: what could not be checked is listed
 
 
 @dataclass(kw_only=True)
@@ -120,10 +126,14 @@ def _start(opts: PreflightOptions, start_dir: Path, work: Path, *, mode: str, st
 
     what = "fast-forward" if mode == "first" else f"resuming from {env and env.get('TRAINGUARD_RESUME_FROM')}"
     print(f"trainguard preflight: start {1 if mode == 'first' else 2} ({what}) in {work}", file=sys.stderr)
-    cfg = {"mode": mode, "steps": steps, "scratch": str(work)}
+    cfg = {"mode": mode, "steps": steps, "scratch": str(work), "origin": str(Path.cwd())}
+    from trainguard.probe.auto import bootstrap_env
+
+    # the bootstrap: the write watch from the first line on, and the automatic probe for a script without
+    # trainguard.watch (a few real optimizer steps, then stopped)
     options = RunOptions(command=list(opts.command), run_dir=str(start_dir), echo=opts.echo, live=False,
                          stop_on=[judge.TIMEOUT_NAME], cwd=str(work),
-                         env={ENV_PREFLIGHT: json.dumps(cfg), **(env or {})})
+                         env={**bootstrap_env(), ENV_PREFLIGHT: json.dumps(cfg), **(env or {})})
     sup = Supervisor(options, monitors=[judge.TimeLimit(opts.timeout, mode)])
     code = sup.run()
     return judge.load_start(start_dir, mode=mode, exit_code=code, scratch=str(work), origin=str(Path.cwd()))
@@ -132,9 +142,12 @@ def _start(opts: PreflightOptions, start_dir: Path, work: Path, *, mode: str, st
 def _conclude(run_dir: Path, opts: PreflightOptions, findings: list[Finding], summary: dict[str, Any]) -> int:
     findings = most_severe_first(findings)
     errors = [f for f in findings if f.severity == "error"]
-    state = "failed" if errors else "passed"
+    # a script that could not be fast-forwarded was not checked: never "passed", never exit 0
+    unchecked = not summary.get("fast_forward", True)
+    state = "failed" if errors else "incomplete" if unchecked else "passed"
+    code = 1 if errors else EXIT_INCOMPLETE if unchecked else 0
     status = {
-        "state": state, "exit_code": 1 if errors else 0, "command": opts.command, "updated": time.time(),
+        "state": state, "exit_code": code, "command": opts.command, "updated": time.time(),
         "ended": time.time(), "watched_by": "preflight", "preflight": summary,
         "findings": [f.to_dict() for f in findings],
     }
@@ -142,7 +155,7 @@ def _conclude(run_dir: Path, opts: PreflightOptions, findings: list[Finding], su
     (run_dir / "preflight.json").write_text(json.dumps(summary, indent=2, default=str))
     for line in judge.report_lines(state, findings, summary, run_dir):
         print(line, file=sys.stderr)
-    return 1 if errors else 0
+    return code
 
 
 def _peak_rss() -> int | None:

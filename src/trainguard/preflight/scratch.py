@@ -128,7 +128,10 @@ def is_own_output(path: str, own: set[tuple[int, int]]) -> bool:
     return (st.st_dev, st.st_ino) in own
 
 
-def is_temporary(path: str) -> bool:
+def temporary_dirs() -> list[str]:
     """Temp and cache folders: written by libraries all the time, never resumed from by accident."""
-    temps = [os.path.realpath(tempfile.gettempdir()), os.path.realpath(os.path.expanduser("~/.cache"))]
-    return any(path.startswith(t + os.sep) for t in temps)
+    return [os.path.realpath(tempfile.gettempdir()), os.path.realpath(os.path.expanduser("~/.cache"))]
+
+
+def is_temporary(path: str) -> bool:
+    return any(path.startswith(t + os.sep) for t in temporary_dirs())

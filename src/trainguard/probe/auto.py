@@ -32,6 +32,7 @@ from typing import Any
 ENV_AUTO = "TRAINGUARD_AUTO"  # "0": no bootstrap, no automatic probe
 BOOT_DIR = Path(__file__).resolve().parent / "boot"  # holds sitecustomize.py, and nothing else importable
 OPTIMIZER_MODULE = "torch.optim.optimizer"
+ENV_PREFLIGHT = "TRAINGUARD_PREFLIGHT"  # as probe/fastforward.py (not imported here: boot stays small)
 
 _state: dict[str, Any] = {"booted": False, "handles": [], "guard": None, "aside": False, "pid": None}
 _lock = threading.Lock()
@@ -60,10 +61,16 @@ def boot() -> None:
         return
     _state["booted"] = True
     _install_stack_dump()
-    if OPTIMIZER_MODULE in sys.modules:
-        _on_optimizer_module(sys.modules[OPTIMIZER_MODULE])
-    else:
-        sys.meta_path.insert(0, _TorchOptimizerFinder())
+    after_import = {OPTIMIZER_MODULE: _on_optimizer_module}
+    if os.environ.get(ENV_PREFLIGHT):
+        # preflight: the write watch before the script's first line, and on torch.save / safetensors as
+        # soon as they exist (they write from native code, unseen by the audit hook)
+        _install_write_watch()
+        after_import.update({"torch.serialization": _wrap_savers, "safetensors.torch": _wrap_savers})
+    for name in [n for n in after_import if n in sys.modules]:
+        after_import.pop(name)(sys.modules[name])
+    if after_import:
+        sys.meta_path.insert(0, _AfterImport(after_import))
 
 
 def _install_stack_dump() -> None:
@@ -80,19 +87,24 @@ def _install_stack_dump() -> None:
     stackdump.install_from_env()
 
 
-class _TorchOptimizerFinder:
-    """Finds nothing itself: when torch's optimizer module is about to load, wraps its loader so the global
-    step hooks are registered right after the module ran, then leaves `sys.meta_path`."""
+class _AfterImport:
+    """Finds nothing itself: when a watched module is about to load, wraps its loader so that a callback
+    runs right after the module ran; leaves `sys.meta_path` once every watched module was seen."""
+
+    def __init__(self, callbacks: dict[str, Any]) -> None:
+        self.callbacks = callbacks
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != OPTIMIZER_MODULE:
+        if name not in self.callbacks:
             return None
         try:
-            self._leave()
+            callback = self.callbacks.pop(name)
+            if not self.callbacks:
+                sys.meta_path.remove(self)
             spec = None
             for finder in sys.meta_path:
                 find = getattr(finder, "find_spec", None)
-                if find is not None and (spec := find(name, path, target)) is not None:
+                if finder is not self and find is not None and (spec := find(name, path, target)) is not None:
                     break
             loader = getattr(spec, "loader", None)
             if loader is None or not hasattr(loader, "exec_module"):
@@ -101,18 +113,35 @@ class _TorchOptimizerFinder:
 
             def exec_module(module: Any) -> None:
                 original(module)
-                _on_optimizer_module(module)
+                callback(module)
 
             loader.exec_module = exec_module
             return spec
         except Exception:
-            return None  # the ordinary finders take over: torch loads as if we were not here
+            return None  # the ordinary finders take over: the module loads as if we were not here
 
-    def _leave(self) -> None:
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
+
+def _install_write_watch() -> None:
+    try:
+        import json
+
+        from trainguard.probe import fastforward
+
+        cfg = json.loads(os.environ[ENV_PREFLIGHT])
+        if cfg.get("scratch"):
+            fastforward.install_write_watch(Path(cfg["scratch"]), Path(os.environ["TRAINGUARD_RUN_DIR"]),
+                                            cfg.get("origin"))
+    except Exception as exc:
+        _note(f"preflight write watch not installed at start-up: {exc!r}")
+
+
+def _wrap_savers(module: Any) -> None:
+    try:
+        from trainguard.probe import fastforward
+
+        fastforward.wrap_savers()
+    except Exception as exc:
+        _note(f"preflight: torch.save / save_file not wrapped: {exc!r}")
 
 
 def _on_optimizer_module(module: Any) -> None:
@@ -144,9 +173,12 @@ def _first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
                 return
             from trainguard.probe.guard import Guard
 
+            # preflight only: the scheduler of this optimizer, so the fast-forward can watch how it is
+            # stepped and simulate it (a heap search, once: too slow to pay on every run)
+            scheduler = find_scheduler(optimizer) if os.environ.get(ENV_PREFLIGHT) else None
             # The guard registers its own hooks on this optimizer; torch has not begun the optimizer's
             # own hook list yet, so they run for this very step.
-            guard = Guard(None, optimizer, None, auto=True)
+            guard = Guard(None, optimizer, scheduler, auto=True)
             _state["guard"] = guard
             import atexit
 
@@ -170,6 +202,29 @@ def _after_first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 def _step_aside() -> None:
     _state["aside"] = True
+
+
+def find_scheduler(optimizer: Any) -> Any:
+    """The LR scheduler that steps `optimizer` (the outermost one: a SequentialLR, not its parts), or None.
+
+    Schedulers hold their optimizer, the optimizer does not know them: they are found among the objects
+    that refer to it (directly, or through their instance dict).
+    """
+    import gc
+
+    try:
+        from torch.optim.lr_scheduler import LRScheduler
+    except ImportError:
+        return None
+    found = []
+    for ref in gc.get_referrers(optimizer):
+        for obj in [ref] if not isinstance(ref, dict) else gc.get_referrers(ref):
+            if isinstance(obj, LRScheduler) and getattr(obj, "optimizer", None) is optimizer \
+                    and not any(obj is f for f in found):
+                found.append(obj)
+    inner = {id(s) for f in found for s in getattr(f, "_schedulers", [])}
+    outer = [f for f in found if id(f) not in inner]
+    return outer[0] if len(outer) == 1 else None  # two unrelated schedulers: which one steps it is unknown
 
 
 def _watch_guard_exists() -> bool:

@@ -19,8 +19,10 @@ the script resumes from the preflight's checkpoint, makes `steps` optimizer step
 Writes: a Python audit hook watches files opened for writing (and `torch.save`/safetensors' `save_file`,
 which open their files in native code, are wrapped to do the same). A write into the scratch folder
 through one of its symlinks to the user's files first replaces the symlink by a private copy (copy on
-write), so the preflight never alters the user's files; a write anywhere else is listed in
-`outside-writes.txt` of the run folder, for the preflight's report. Other native writers are not seen
+write), so the preflight never alters the user's files; a change to a file elsewhere that existed
+before is refused (PermissionError), a new file elsewhere is listed in `outside-writes.txt` of the run
+folder, for the preflight's report. Under `trainguard preflight` the bootstrap (probe/auto.py) installs
+this watch at interpreter start-up, before the script's first line. Other native writers are not seen
 here: the preflight compares the user's folder before and after instead (after the fact).
 
 Everything here is bounded and fail-open like the rest of the probe: an error is logged to guard.log and
@@ -62,14 +64,14 @@ def from_env(guard: Any) -> FastForward | None:
     try:
         cfg = json.loads(raw)
         return FastForward(guard, mode=cfg.get("mode", "first"), steps=int(cfg.get("steps", 3)),
-                           scratch=cfg.get("scratch"))
+                           scratch=cfg.get("scratch"), origin=cfg.get("origin"))
     except Exception as exc:  # a broken preflight setup must not break the script
         guard._fail("preflight setup", exc)
         return None
 
 
 class FastForward:
-    def __init__(self, guard: Any, *, mode: str, steps: int, scratch: str | None) -> None:
+    def __init__(self, guard: Any, *, mode: str, steps: int, scratch: str | None, origin: str | None = None) -> None:
         self.mode = mode
         self.steps = max(1, steps)
         self.forced: dict[str, int] = {}  # due name -> step it was brought forward to
@@ -85,7 +87,7 @@ class FastForward:
         self._event(guard, "start", {"mode": mode, "steps": self.steps,
                                      "scheduler_copied": self._sched_copy is not None})
         if scratch:
-            install_write_watch(Path(scratch), guard.run_dir)
+            install_write_watch(Path(scratch), guard.run_dir, origin)
 
     # -- the guard's calls ----------------------------------------------------------------------------
 
@@ -145,17 +147,23 @@ class FastForward:
         if self.mode != "first":
             return
         k = guard.opt_steps + 1
-        if guard.scheduler is None:
+        if guard.scheduler is None or planinfo.is_timm(guard.scheduler):
             self._watch_hand_lr(guard, k)
             return
-        if self._sched_copy is None:
-            return
-        epoch = planinfo.sched_epoch(guard.scheduler)
+        epoch = planinfo.sched_epoch(guard.scheduler) if self._sched_copy is not None else None
         if epoch is not None and len(self.lrs_seen) < 64:
             self.lrs_seen[k] = epoch
-        if k == max(2, self.steps) and 1 in self.lrs_seen and k in self.lrs_seen:
+        if k != max(2, self.steps):
+            return
+        if 1 in self.lrs_seen and k in self.lrs_seen:
             ratio = (self.lrs_seen[k] - self.lrs_seen[1]) / (k - 1)
             self._simulate(guard, ratio)
+        else:  # the output must say the schedule went unchecked, not stay silent about it
+            why = ("it could not be copied (see guard.log)" if self._sched_copy is None else
+                   "it keeps no step count (last_epoch) to measure how the script steps it")
+            self._unchecked(guard, {"scheduler": type(guard.scheduler).__name__,
+                                    "skipped": f"the scheduler {type(guard.scheduler).__name__} was not simulated:"
+                                               f" {why}; the LR schedule was not checked"})
 
     def after_step(self, guard: Any) -> None:
         """A step closed: stop the script when the fast-forward is done (PreflightStop propagates)."""
@@ -216,8 +224,18 @@ class FastForward:
             from trainguard.preflight.schedule import simulate
 
             offset = self.lrs_seen[1] - self._sched_copy[1]
-            result = simulate(self._sched_copy[0], ratio=ratio, offset=offset, total_steps=guard.total_steps,
+            total, assumed = guard.total_steps, None
+            if total is None and getattr(guard, "auto", False):
+                # a script without trainguard.watch states no plan: the scheduler's own horizon stands for
+                # it, on the assumption (said in the result) that it was sized in optimizer steps
+                from trainguard.probe.planinfo import sched_horizon
+
+                total = sched_horizon(guard.scheduler)
+                assumed = "the scheduler's own horizon (no trainguard.watch(total_steps=...))" if total else None
+            result = simulate(self._sched_copy[0], ratio=ratio, offset=offset, total_steps=total,
                               grad_accum=guard.grad_accum)
+            if assumed:
+                result["total_steps_from"] = assumed
             result["scheduler"] = type(guard.scheduler).__name__
             (Path(guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
             self._event(guard, "schedule", {k: v for k, v in result.items() if k != "curve"})
@@ -230,7 +248,9 @@ class FastForward:
 
         nanoGPT sets `param_groups[i]["lr"] = get_lr(iter_num)` before each step. A module-level function
         of the script whose name says LR and that reproduces the LRs of the first steps exactly is that
-        function: it is called for every planned step. Otherwise schedule.json says why nothing was checked.
+        function: it is called for every planned step. timm's schedulers are read the same way: stepped with
+        `step_update(num_updates)`, their LR at update t is `_get_lr(t)`, checked against the first steps.
+        Otherwise schedule.json says why nothing was checked.
         """
         groups = guard.optimizer.param_groups if guard.optimizer is not None else []
         lr = groups[0].get("lr") if groups else None
@@ -242,11 +262,29 @@ class FastForward:
             from trainguard.preflight.schedule import simulate_function
 
             seen = [self.lrs_seen[i] for i in sorted(self.lrs_seen)]
-            found = find_lr_function(sys.modules.get("__main__"), self.lrs_seen)
+            sched = guard.scheduler
+            if sched is not None:  # timm: stepped per update, its LR at update t is `_get_lr(t)`
+                name = f"{type(sched).__name__}._get_lr"
+                copy = self._sched_copy[0] if self._sched_copy is not None else sched
+                fn = (lambda t: copy._get_lr(t)[0]) if not getattr(sched, "t_in_epochs", True) else None
+                shift = _shift_matching(fn, self.lrs_seen) if fn is not None else None
+                found = (fn, shift) if shift is not None else None
+            else:
+                found = find_lr_function(sys.modules.get("__main__"), self.lrs_seen)
+                name = found[0].__name__ if found else ""
             if found is not None:
                 fn, shift = found
                 result = simulate_function(fn, shift=shift, total_steps=guard.total_steps,
-                                           grad_accum=guard.grad_accum, name=fn.__name__)
+                                           grad_accum=guard.grad_accum, name=name)
+                if sched is not None:  # a timm scheduler, simulated through its own formula: not "by hand"
+                    result.update(scheduler=type(sched).__name__, function=None, timm=True)
+            elif sched is not None:
+                result = {"scheduler": type(sched).__name__, "total_steps": guard.total_steps, "skipped": (
+                    f"the timm scheduler {type(sched).__name__} counts epochs (t_in_epochs=True): it was not"
+                    " simulated per optimizer step; the LR schedule was not checked"
+                    if getattr(sched, "t_in_epochs", True) else
+                    f"the timm scheduler {type(sched).__name__} did not reproduce the LRs of the first steps"
+                    " (is step_update() called once per optimizer step?); the LR schedule was not checked")}
             else:
                 varied = max(seen) - min(seen) > 1e-12 * max(abs(v) for v in seen)
                 result = {"scheduler": None, "total_steps": guard.total_steps, "grad_accum": guard.grad_accum,
@@ -257,10 +295,28 @@ class FastForward:
                     " the LR schedule was not checked" if varied else
                     f"no scheduler was passed to trainguard.watch() and the LR stayed at {seen[0]:.3g} over the"
                     f" first {len(seen)} steps: the LR schedule was not checked (pass the scheduler to watch())")
-            (Path(guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
-            self._event(guard, "schedule", {k2: v for k2, v in result.items() if k2 != "curve"})
+            self._unchecked(guard, result)
         except Exception as exc:
             guard._fail("preflight schedule simulation", exc)
+
+    def _unchecked(self, guard: Any, result: dict[str, Any]) -> None:
+        """Writes a schedule result (simulated, or why not) where the preflight reads it."""
+        try:
+            (Path(guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
+            self._event(guard, "schedule", {k: v for k, v in result.items() if k != "curve"})
+        except Exception as exc:
+            guard._fail("preflight schedule result", exc)
+
+
+def _shift_matching(fn: Any, seen: dict[int, float]) -> int | None:
+    """The shift s for which fn(k + s) is the LR seen at every optimizer step k, if any."""
+    for shift in (-1, 0, 1):
+        try:
+            if all(abs(float(fn(k + shift)) - v) <= 1e-9 * max(1.0, abs(v)) for k, v in seen.items()):
+                return shift
+        except Exception:
+            continue  # not callable with this step number
+    return None
 
 
 HAND_LR_STEPS = 3  # LRs of real steps a hand-written LR function must reproduce before it is trusted
@@ -287,12 +343,9 @@ def find_lr_function(module: Any, seen: dict[int, float]) -> tuple[Any, int] | N
         required = [q for q in params if q.default is q.empty and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD)]
         if not positional or len(required) > 1:
             continue
-        for shift in (-1, 0, 1):
-            try:
-                if all(abs(float(fn(k + shift)) - v) <= 1e-9 * max(1.0, abs(v)) for k, v in seen.items()):
-                    return fn, shift
-            except Exception:
-                continue  # not callable with this step number
+        shift = _shift_matching(fn, seen)
+        if shift is not None:
+            return fn, shift
     return None
 
 
@@ -350,30 +403,73 @@ def _cuda_peak() -> int | None:
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 _installed = False
 _busy = False
+_watch: dict[str, Any] = {}  # the installed watch's own functions, for the savers wrapped later
 
 
-def install_write_watch(scratch: Path, run_dir: Path) -> None:
-    """Installs (once per process) the audit hook that keeps the preflight's writes in its scratch folder."""
+class PreflightRefused(PermissionError):
+    """A preflight write that would change a file that existed before, outside the scratch folder."""
+
+
+def install_write_watch(scratch: Path, run_dir: Path, origin: str | None = None) -> None:
+    """Installs (once per process) the audit hook that keeps the preflight's writes in its scratch folder.
+
+    Inside the scratch folder a write through a symlink to the user's file gets a private copy first.
+    Outside it (and outside the run folder, temp and cache folders and devices), a write that would
+    change, replace or remove a file that existed before is refused with `PreflightRefused` (a
+    PermissionError, raised into the script: the preflight never overwrites a user's file); a new file
+    is let through and listed in `outside-writes.txt` for the report.
+    """
     global _installed
     if _installed:
         return
     _installed = True
     scratch_s = os.path.abspath(scratch)
+    scratch_real = os.path.realpath(scratch_s)
     run_s = os.path.realpath(run_dir)
     ignored = (run_s, "/dev/", "/proc/", "/sys/")
     listed: set[str] = set()
+    created: set[str] = set()  # files this preflight made outside the scratch folder: its own to rewrite
     out = os.path.join(run_s, WRITES_FILE)
+
+    # Computed now, never inside the hook: tempfile.gettempdir() opens files under its own lock, and the
+    # hook calling it again from there would wait on that lock forever.
+    from trainguard.preflight.scratch import temporary_dirs
+
+    temps = tuple(t + os.sep for t in temporary_dirs())
+
+    origin_s = os.path.realpath(origin) + os.sep if origin else None
+
+    def outside(real: str) -> bool:
+        if real.startswith(scratch_real + os.sep) or real.startswith(ignored):
+            return False
+        if origin_s and real.startswith(origin_s):
+            return True  # the user's own folder, even where it lies under a temp folder
+        return not real.startswith(temps)
 
     def record(path: str, what: str) -> None:
         # a rename, removal or mkdir acts on the entry itself (a symlink is not followed): its folder counts
-        real = os.path.realpath(path) if what == "write" else os.path.join(
+        real = os.path.realpath(path) if what in ("write", "refused") else os.path.join(
             os.path.realpath(os.path.dirname(path)), os.path.basename(path))
-        if real.startswith(os.path.realpath(scratch_s) + os.sep) or real.startswith(ignored) \
-                or "__pycache__" in real or real in listed:
+        if real.startswith(scratch_real + os.sep) or real.startswith(ignored) \
+                or "__pycache__" in real or (real, what) in listed:
             return
-        listed.add(real)
+        listed.add((real, what))
         with open(out, "a") as fh:
             fh.write(json.dumps({"path": real, "op": what, "t": time.time()}) + "\n")
+
+    def check(path: str, follow: bool) -> None:
+        """Refuses a change to a file outside the scratch folder that existed before the preflight."""
+        real = os.path.realpath(path) if follow else os.path.join(os.path.realpath(os.path.dirname(path)),
+                                                                  os.path.basename(path))
+        if not outside(real):
+            return
+        if os.path.lexists(real) and real not in created and not os.path.isdir(real):
+            record(path, "refused")
+            raise PreflightRefused(
+                f"trainguard preflight refused to change {real}: it existed before the preflight, which writes "
+                f"only into its scratch folder ({scratch_s})")
+        if not os.path.lexists(real):
+            created.add(real)
 
     def hook(event: str, args: tuple) -> None:
         global _busy
@@ -390,42 +486,59 @@ def install_write_watch(scratch: Path, run_dir: Path) -> None:
                     return
                 path = os.path.abspath(os.fsdecode(path))
                 _own_copy(path, scratch_s, append=bool(mode and ("a" in mode or "+" in mode)))
+                check(path, follow=True)
                 record(path, "write")
             else:
                 path = os.path.abspath(os.fsdecode(args[1] if event in ("os.rename", "os.replace") else args[0]))
                 _materialize(os.path.dirname(path), scratch_s)
+                if event != "os.mkdir":
+                    check(path, follow=False)
                 record(path, event.split(".")[1])
+        except PreflightRefused:
+            raise  # the one exception an audit hook means to raise: the write does not happen
         except Exception:
-            pass  # an audit hook that raises would abort the user's own file operation
+            pass  # any other error in the hook would abort the user's own file operation
         finally:
             _busy = False
 
     sys.addaudithook(hook)
+    _watch.update(scratch=scratch_s, record=record, check=check)
+    wrap_savers()
 
-    def guarded(save: Any) -> Any:
-        """torch.save and safetensors open their files in C++ / Rust, unseen by the audit hook."""
 
-        def save_in_scratch(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-            global _busy
-            if isinstance(f, (str, bytes, os.PathLike)) and not _busy:
-                _busy = True  # our own unlink/mkdir below are not the script's writes
-                try:
-                    path = os.path.abspath(os.fsdecode(f))
-                    _own_copy(path, scratch_s, append=False)
-                    record(path, "write")
-                except Exception:
-                    pass
-                finally:
-                    _busy = False
-            return save(obj, f, *args, **kwargs)
-
-        save_in_scratch.__wrapped__ = save  # type: ignore[attr-defined]
-        return save_in_scratch
-
-    for module, attr in (("torch", "save"), ("safetensors.torch", "save_file")):
+def wrap_savers() -> None:
+    """torch.save and safetensors' save_file open their files in C++ / Rust, unseen by the audit hook:
+    wrapped here (for modules already imported; the bootstrap calls this again as they are imported)."""
+    if not _watch:
+        return
+    for module, attr in (("torch.serialization", "save"), ("torch", "save"), ("safetensors.torch", "save_file")):
         mod = sys.modules.get(module)
-        if mod is not None and callable(getattr(mod, attr, None)):
-            setattr(mod, attr, guarded(getattr(mod, attr)))
+        fn = getattr(mod, attr, None) if mod is not None else None
+        if callable(fn) and not getattr(fn, "_trainguard_preflight", False):
+            setattr(mod, attr, _guarded(fn))
+
+
+def _guarded(save: Any) -> Any:
+    def save_in_scratch(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        global _busy
+        if isinstance(f, (str, bytes, os.PathLike)) and not _busy:
+            _busy = True  # our own unlink/mkdir below are not the script's writes
+            try:
+                path = os.path.abspath(os.fsdecode(f))
+                _own_copy(path, _watch["scratch"], append=False)
+                _watch["check"](path, True)
+                _watch["record"](path, "write")
+            except PreflightRefused:
+                raise
+            except Exception:
+                pass
+            finally:
+                _busy = False
+        return save(obj, f, *args, **kwargs)
+
+    save_in_scratch.__wrapped__ = save  # type: ignore[attr-defined]
+    save_in_scratch._trainguard_preflight = True  # type: ignore[attr-defined]
+    return save_in_scratch
 
 
 def _materialize(directory: str, scratch: str) -> None:

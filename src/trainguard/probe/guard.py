@@ -867,6 +867,11 @@ class Guard:
             cuda = [p.device.index for p in self._model_params[:1] if p.device.type == "cuda"]
             if cuda:
                 self._cuda_index = cuda[0]
+        if self.model is not None and hasattr(self.model, "register_forward_hook"):
+            try:
+                self._forward_handle = self.model.register_forward_hook(_forward_marker(self))
+            except Exception as exc:
+                self._fail("forward hook", exc)
         if self.optimizer is None:
             return
         try:
@@ -994,6 +999,27 @@ class Guard:
             "findings": findings,
         }
         write_status(self.run_dir, status, final=state != "running")
+
+
+def _forward_marker(guard: Guard) -> Any:
+    """A forward hook on the watched model's top module: every forward is progress for the watchdog (an
+    evaluation over the same model included), at the cost of one clock read. It holds the guard weakly,
+    and is kept out of `torch.compile` graphs (a clock read traced into a graph would be a constant)."""
+    import weakref
+
+    ref = weakref.ref(guard)
+
+    def mark(module: Any, args: Any, output: Any) -> None:
+        g = ref()
+        if g is not None:
+            g._t_progress = time.time()
+
+    try:
+        import torch
+
+        return torch.compiler.disable(mark)
+    except Exception:
+        return mark
 
 
 def _nonfinite_row(row: dict[str, Any]) -> bool:

@@ -30,6 +30,11 @@ def sched_names(scheduler: Any) -> list[str]:
     return out
 
 
+def is_timm(scheduler: Any) -> bool:
+    """timm's scheduler family: stepped with `step(epoch)` / `step_update(num_updates)`, not torch's `step()`."""
+    return hasattr(scheduler, "step_update") and hasattr(scheduler, "_get_lr") and hasattr(scheduler, "t_initial")
+
+
 def sched_epoch(scheduler: Any) -> int | None:
     """How many times the scheduler has been stepped (`last_epoch`). A `ChainedScheduler` keeps no count
     of its own: its first scheduler's, which it steps every time, is the count. Hot path: attribute reads."""
@@ -76,7 +81,7 @@ def sched_horizon(scheduler: Any) -> int | None:
     if name == "ChainedScheduler":
         horizons = [h for h in (sched_horizon(k) for k in children(scheduler)) if h]
         return max(horizons) if horizons else None
-    if hasattr(scheduler, "step_update") and hasattr(scheduler, "t_initial"):  # timm's scheduler family
+    if is_timm(scheduler):
         if getattr(scheduler, "t_in_epochs", True) or getattr(scheduler, "cycle_mul", 1.0) != 1.0:
             return None  # counted in epochs, or cycles of growing length: not a step count we can compare
         return _int(scheduler.t_initial * max(1, int(getattr(scheduler, "cycle_limit", 1) or 1)))

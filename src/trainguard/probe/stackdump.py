@@ -82,10 +82,17 @@ def _register(folder: Path) -> bool:
         return False
 
     previous = signal.getsignal(STACK_SIGNAL)
-    if previous not in (signal.SIG_DFL, None) and _state["pid"] is None:
+    # (SIG_IGN is ours too: a process started by a probed one inherits it through exec, see below)
+    if previous not in (signal.SIG_DFL, signal.SIG_IGN, None) and _state["pid"] is None:
         return False  # the script uses this signal itself: leave it alone
     pid = os.getpid()
     fh = open(folder / f"proc-{pid}.txt", "a", buffering=1)
+    if _state["pid"] is None:
+        # (only the first time in this interpreter: a forked child keeps faulthandler's handler as it is)
+        # faulthandler puts back the handler it found when the interpreter shuts down: make that "ignore",
+        # so that a dump asked for at the very moment the process exits cannot kill it (the default action
+        # of a real-time signal is to terminate)
+        signal.signal(STACK_SIGNAL, signal.SIG_IGN)
     faulthandler.register(STACK_SIGNAL, file=fh, all_threads=True, chain=False)
     old = _state["file"]
     _state.update(dir=folder, pid=pid, file=fh)  # faulthandler keeps the fd, we keep the file object alive

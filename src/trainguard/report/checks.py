@@ -22,7 +22,7 @@ FAMILY_NEEDS = {
 # are simply unused)
 CODE_NEEDS = {
     "TG501": ("process",), "TG502": ("watchdog",), "TG503": ("process",), "TG504": ("expects",),
-    "TG505": ("expects",), "TG506": ("probe",), "TG507": ("watchdog",),
+    "TG505": ("expects",), "TG506": ("probe",), "TG507": ("watchdog",), "TG509": ("watchdog",),
     "TG102": ("lr", "sched_horizon"),
     "TG201": ("update_ratio",), "TG202": ("probe",), "TG203": ("eval",), "TG206": ("loss",), "TG207": ("loss",),
     "TG302": ("grad_norm",), "TG303": ("loss_scale",), "TG404": ("weights",),

@@ -4,8 +4,14 @@ Seed 000 had to check "speedup >= 25%, convergence similar" between a baseline a
 never wrote its comparison. This writes it: comparison.json (the numbers), .md and .html (the curves).
 
 Speed: the median step time of each run (the first `warmup` steps left out: compilation, caches), its
-spread as the interquartile range, and the speedup median(A) / median(B) with a 95% bootstrap interval
-(the steps of each run resampled 2,000 times), so "1.8x" comes with how sure it is.
+spread as the interquartile range, and the speedup median(A) / median(B) with a 95% interval, so "1.8x"
+comes with how sure it is. Two runs of the same script on the same machine differ by more than the
+steps of one run vary (other processes, clocks, caches, placement), so the interval must include the
+run-to-run variation: from repeats of either side (`--repeat-a`, `--repeat-b`: the spread of the
+repeats' medians, pooled, with Student's t), or from `--run-noise` (the relative spread of one run's
+median, measured before). With one run each and no `--run-noise` only the within-run interval (the
+steps resampled 2,000 times) is known; it is shown as such, and a gate (`--min-speedup`) refuses to
+decide on it.
 Convergence: the loss curves aligned by step; over the last 10% of the shared steps, the mean loss of
 each and the step-to-step noise. They match when the difference is within that noise (at least 1%);
 evaluation metrics are compared final-to-final and best-to-best against the same relative tolerance.
@@ -29,11 +35,14 @@ BOOTSTRAP = 2000
 LOWER_IS_BETTER = ("loss", "ppl", "perplexity", "error", "err", "wer", "cer", "mse", "mae")
 
 
-def write_comparison(run_a: Path, run_b: Path, out: Path, warmup: int | None = None) -> tuple[list[Path], dict]:
+def write_comparison(run_a: Path, run_b: Path, out: Path, warmup: int | None = None, *,
+                     repeats_a: list[Path] = (), repeats_b: list[Path] = (), run_noise: float | None = None
+                     ) -> tuple[list[Path], dict]:
     from trainguard.store.status import write_atomic
 
     a, b = load_run(run_a), load_run(run_b)
-    result = compare(a, b, warmup=warmup)
+    result = compare(a, b, warmup=warmup, repeats_a=[load_run(p) for p in repeats_a],
+                     repeats_b=[load_run(p) for p in repeats_b], run_noise=run_noise)
     paths = [out / "comparison.json", out / "comparison.md", out / "comparison.html"]
     write_atomic(paths[0], json.dumps(result, indent=2, default=_json_default) + "\n")
     write_atomic(paths[1], render_markdown(result))
@@ -41,11 +50,14 @@ def write_comparison(run_a: Path, run_b: Path, out: Path, warmup: int | None = N
     return paths, result
 
 
-def compare(a: RunData, b: RunData, warmup: int | None = None) -> dict[str, Any]:
+def compare(a: RunData, b: RunData, warmup: int | None = None, *, repeats_a: list[RunData] | None = None,
+            repeats_b: list[RunData] | None = None, run_noise: float | None = None) -> dict[str, Any]:
     speed_a, speed_b = speed(a, warmup), speed(b, warmup)
     result: dict[str, Any] = {
         "a": _identity(a), "b": _identity(b),
-        "speed": {"a": speed_a, "b": speed_b, **speedup(a, b, speed_a, speed_b, warmup)},
+        "speed": {"a": speed_a, "b": speed_b,
+                  **speedup(a, b, speed_a, speed_b, warmup, repeats_a=repeats_a or [], repeats_b=repeats_b or [],
+                            run_noise=run_noise)},
         "convergence": convergence(a, b),
         "findings": findings_diff(a, b),
     }
@@ -84,24 +96,71 @@ def speed(d: RunData, warmup: int | None) -> dict[str, Any]:
             f"{rate}_iqr": [per_step / q75, per_step / q25]}
 
 
-def speedup(a: RunData, b: RunData, sa: dict, sb: dict, warmup: int | None) -> dict[str, Any]:
+# Student's t, two-sided 95%, by degrees of freedom (1-30); 1.96 beyond
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def speedup(a: RunData, b: RunData, sa: dict, sb: dict, warmup: int | None, *, repeats_a: list[RunData] = (),
+            repeats_b: list[RunData] = (), run_noise: float | None = None) -> dict[str, Any]:
     ta, tb = step_times(a, warmup), step_times(b, warmup)
     if not len(ta) or not len(tb):
         return {"speedup": None, "note": "a run has no step times (no probe): speed cannot be compared"}
-    value = sa["median_step_time_s"] / sb["median_step_time_s"]
     rng = np.random.default_rng(0)
     ma = np.median(rng.choice(ta, size=(BOOTSTRAP, len(ta))), axis=1)
     mb = np.median(rng.choice(tb, size=(BOOTSTRAP, len(tb))), axis=1)
-    lo, hi = (float(x) for x in np.percentile(ma / mb, [2.5, 97.5]))
+    within = [float(x) for x in np.percentile(ma / mb, [2.5, 97.5])]
+    # the variance of each run's log median from its own steps: the floor of any run-to-run estimate
+    var_within = float(np.var(np.log(ma)) + np.var(np.log(mb))) / 2
     spread = [sa["q25_step_time_s"] / sb["q75_step_time_s"], sa["q75_step_time_s"] / sb["q25_step_time_s"]]
-    if lo > 1:
-        verdict = f"B is faster: {value:.2f}x (95% interval {lo:.2f}-{hi:.2f}x)"
-    elif hi < 1:
-        verdict = f"B is slower: {value:.2f}x (95% interval {lo:.2f}-{hi:.2f}x)"
+    logs_a = [math.log(sa["median_step_time_s"])] + _log_medians(repeats_a, warmup)
+    logs_b = [math.log(sb["median_step_time_s"])] + _log_medians(repeats_b, warmup)
+    na, nb = len(logs_a), len(logs_b)
+    diff = float(np.mean(logs_a) - np.mean(logs_b))
+    value = math.exp(diff)
+    df = (na - 1) + (nb - 1)
+    noise: dict[str, Any] = {"runs_a": na, "runs_b": nb}
+    if df >= 1:
+        ss = float(np.sum((np.array(logs_a) - np.mean(logs_a)) ** 2) + np.sum((np.array(logs_b) - np.mean(logs_b)) ** 2))
+        var = max(ss / df, var_within)  # two repeats that happen to agree do not make the machine quiet
+        half = (T975[df - 1] if df <= len(T975) else 1.96) * math.sqrt(var * (1 / na + 1 / nb))
+        noise.update(known=True, how=f"the spread of the repeats ({na} run(s) of A, {nb} of B)", df=df,
+                     relative_sd=math.sqrt(var))
+    elif run_noise is not None:
+        half = 1.96 * math.sqrt(2 * var_within + 2 * run_noise ** 2)
+        noise.update(known=True, how=f"--run-noise {run_noise:g} (one run each)", relative_sd=run_noise)
     else:
-        verdict = f"no measurable difference: {value:.2f}x (95% interval {lo:.2f}-{hi:.2f}x includes 1)"
-    return {"speedup": value, "speedup_ci95": [lo, hi], "speedup_iqr_range": spread,
-            "speedup_percent": (value - 1) * 100, "verdict": verdict}
+        half = None
+        noise.update(known=False, how="unknown: one run each (repeat the runs with --repeat-a/--repeat-b, or give"
+                                      " --run-noise)")
+    out = {"speedup": value, "speedup_iqr_range": spread, "speedup_percent": (value - 1) * 100,
+           "within_run_ci95": within, "run_to_run": noise}
+    if half is None:
+        lo, hi = within
+        out["speedup_ci95"] = None
+        word = ("B looks faster" if lo > 1 else "B looks slower" if hi < 1 else "no difference within the runs")
+        out["verdict"] = (f"{word}: {value:.2f}x (within-run 95% interval {lo:.2f}-{hi:.2f}x; the run-to-run"
+                          f" variation is unknown with one run each, so this is not yet a measured difference)")
+        return out
+    lo, hi = math.exp(diff - half), math.exp(diff + half)
+    out["speedup_ci95"] = [lo, hi]
+    interval = f"95% interval {lo:.2f}-{hi:.2f}x, run-to-run variation included"
+    if lo > 1:
+        out["verdict"] = f"B is faster: {value:.2f}x ({interval})"
+    elif hi < 1:
+        out["verdict"] = f"B is slower: {value:.2f}x ({interval})"
+    else:
+        out["verdict"] = f"no measurable difference: {value:.2f}x ({interval}; it includes 1)"
+    return out
+
+
+def _log_medians(runs: list[RunData], warmup: int | None) -> list[float]:
+    out = []
+    for d in runs:
+        t = step_times(d, warmup)
+        if len(t):
+            out.append(math.log(float(np.median(t))))
+    return out
 
 
 # -- convergence -------------------------------------------------------------------------------------
@@ -203,6 +262,11 @@ def unmet(r: dict[str, Any], *, min_speedup: float | None = None, same_convergen
     if min_speedup is not None:
         if sp.get("speedup") is None:
             out.append(f"speedup >= {min_speedup:g}x: {sp.get('note', 'no step times')}")
+        elif sp.get("speedup_ci95") is None:
+            lo, hi = sp["within_run_ci95"]
+            out.append(f"speedup >= {min_speedup:g}x: cannot decide on one run each: measured {sp['speedup']:.2f}x"
+                       f" (within-run interval {lo:.2f}-{hi:.2f}x) but the run-to-run variation is unknown; repeat"
+                       " the runs (--repeat-a/--repeat-b) or give --run-noise")
         elif sp["speedup_ci95"][0] < min_speedup:
             lo, hi = sp["speedup_ci95"]
             out.append(f"speedup >= {min_speedup:g}x: measured {sp['speedup']:.2f}x, 95% interval {lo:.2f}-{hi:.2f}x")
@@ -240,6 +304,17 @@ def _speed_rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _interval_text(sp: dict[str, Any]) -> str:
+    wlo, whi = sp["within_run_ci95"]
+    noise = sp.get("run_to_run") or {}
+    if sp.get("speedup_ci95") is None:
+        return (f"within-run 95% interval {wlo:.3f}-{whi:.3f}x (the steps resampled); run-to-run variation"
+                f" {noise.get('how', 'unknown')}")
+    lo, hi = sp["speedup_ci95"]
+    return (f"95% interval {lo:.3f}-{hi:.3f}x with run-to-run variation (relative sd"
+            f" {noise.get('relative_sd', 0):.1%}, from {noise.get('how')}); within the runs alone {wlo:.3f}-{whi:.3f}x")
+
+
 def render_markdown(r: dict[str, Any]) -> str:
     from trainguard.report.markdown import md
 
@@ -250,10 +325,9 @@ def render_markdown(r: dict[str, Any]) -> str:
     out += [f"| {k} | {x} | {y} |" for k, x, y in _speed_rows(r)]
     sp = r["speed"]
     if sp.get("speedup") is not None:
-        lo, hi = sp["speedup_ci95"]
         qlo, qhi = sp["speedup_iqr_range"]
         out += ["", f"Speedup (median A / median B): **{sp['speedup']:.3f}x** ({sp['speedup_percent']:+.1f}%), "
-                    f"95% bootstrap interval {lo:.3f}-{hi:.3f}x; from the IQRs, {qlo:.3f}-{qhi:.3f}x."]
+                    f"{md(_interval_text(sp))}; from the IQRs, {qlo:.3f}-{qhi:.3f}x."]
     elif sp.get("note"):
         out += ["", md(sp["note"])]
     c = r["convergence"]
@@ -294,9 +368,8 @@ def render_html(r: dict[str, Any], a: RunData, b: RunData) -> str:
     body.append("</table>")
     sp = r["speed"]
     if sp.get("speedup") is not None:
-        lo, hi = sp["speedup_ci95"]
         body.append(f"<p>Speedup (median A / median B): <b>{sp['speedup']:.3f}x</b> ({sp['speedup_percent']:+.1f}%), "
-                    f"95% bootstrap interval {lo:.3f}-{hi:.3f}x.</p>")
+                    f"{esc(_interval_text(sp))}.</p>")
     plots = []
     for key, title, col in (("step_time", "Step time (s)", "step_time"), ("loss", "Training loss", "loss")):
         series = []

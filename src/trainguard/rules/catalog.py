@@ -63,6 +63,7 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG504", "artifact-missing", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:check_artifacts"),
     RuleEntry("TG505", "artifact-stale", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:check_artifacts"),
     RuleEntry("TG506", "probe-not-finished", "error", "stable", "0.1.0", "trainguard.watchdog.verdict:probe_not_finished"),
+    RuleEntry("TG509", "run-stalled", "warning", "stable", "0.1.0", "trainguard.watchdog.stall:stalled_finding"),
     # -- health rules (issue 4): silent failures found while the run trains; the engine runs every
     # entry below whose target is a `trainguard.rules.engine.Rule` class. TG52x and TG81x leave the
     # low numbers of those families to the hang and distillation areas.

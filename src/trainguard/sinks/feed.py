@@ -57,7 +57,7 @@ class Feed:
         self._event_id = 0
         self._findings_seen: set[tuple] = set()
         self._reader: RunReader | None = None
-        self.failed: set[str] = set()
+        self.failed: dict[str, str] = {}  # sink name -> why it was switched off
 
     def _open(self) -> None:
         for spec in self._specs:
@@ -119,7 +119,7 @@ class Feed:
         except Exception as exc:
             # Why swallow: a sink is a copy for people's dashboards; the run and its verdict come first.
             _guard_log(self.run_dir, f"sink {name} failed and was switched off: {type(exc).__name__}: {exc}")
-            self.failed.add(name)
+            self.failed.setdefault(name, f"{type(exc).__name__}: {exc}")
             return False
 
 

@@ -22,6 +22,10 @@ class WandbSink:
         import wandb
 
         self._wandb = wandb
+        if os.environ.get("WANDB_MODE", "").lower() not in ("offline", "dryrun", "disabled") and \
+                not wandb.login(prompt=False, verify=False):
+            # Never wandb's interactive login: it would read the terminal from the watchdog's thread.
+            raise RuntimeError("no W&B credentials: run `wandb login`, set WANDB_API_KEY, or WANDB_MODE=offline")
         meta = _meta(run_dir)
         self.run = wandb.init(
             project=project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT, name=run_dir.name,

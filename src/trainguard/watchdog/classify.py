@@ -123,11 +123,16 @@ def _collective(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSa
     fr = _innermost_user(first.main_thread)
     op = _collective_op(first.main_thread)
     not_in = len(trainers) - len(in_coll)
+    ops = {_collective_op(p.main_thread) for p in in_coll}
+    # Proof only when every rank waits in a collective and they are not the same one: none of them can
+    # go on. A rank outside any collective may be a straggler still computing its way there.
+    unrecoverable = (f"the ranks wait in different collectives ({', '.join(sorted(o or '?' for o in ops))}): "
+                     "none can complete") if not not_in and len(ops) > 1 else None
     detail = (f"{len(in_coll)} of {len(trainers)} process(es) wait in a collective ({op})"
               + (f"; {not_in} never reached it" if not_in else "")
               + ": " + "; ".join(positions))
     return Diagnosis("collective", _where(fr), detail, FIXES["collective"], _frames(first.main_thread),
-                     first.pid, {"ranks": positions})
+                     first.pid, {"ranks": positions, "unrecoverable": unrecoverable})
 
 
 def _dataloader(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSample]) -> Diagnosis | None:
@@ -142,8 +147,12 @@ def _dataloader(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSa
         detail = (f"the training process waits for a batch at {_where(loop)}; "
                   + (f"{len(workers)} worker(s) alive, none inside the dataset" if workers
                      else "no DataLoader worker process is alive"))
+        # With workers (the multi-process iterator) and none alive, no batch can ever come.
+        dead = not workers and _in_worker_queue(main.main_thread)
         return Diagnosis("dataloader-worker", _where(loop), detail, FIXES["dataloader-worker"],
-                         _frames(main.main_thread), main.pid)
+                         _frames(main.main_thread), main.pid,
+                         {"unrecoverable": "the loop waits for a batch and no DataLoader worker is alive" if dead
+                          else None})
     w, fr = stuck[0]
     index = sample_index(w)
     cpu = w.cpu_percent
@@ -155,7 +164,9 @@ def _dataloader(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSa
     return Diagnosis("dataloader-worker", _where(fr), detail, FIXES["dataloader-worker"],
                      _frames(w.main_thread), w.pid,
                      {"worker_pid": w.pid, "sample_index": index, "loop_where": _where(loop),
-                      "worker_wchan": w.wchan, "worker_cpu_percent": cpu})
+                      "worker_wchan": w.wchan, "worker_cpu_percent": cpu,
+                      "unrecoverable": _self_blocked(w, f"DataLoader worker pid {w.pid}") if state == "blocked"
+                      else None})
 
 
 def _busy(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSample]) -> Diagnosis | None:
@@ -214,15 +225,18 @@ def _blocked(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSampl
                           "each holds what the other wants (lock order)")
                 return Diagnosis("deadlock", _where(fr), detail, FIXES["deadlock"],
                                  _frames(t) + ["-- other thread --"] + _frames(other), p.pid,
-                                 {"other_thread": _where(_innermost_user(other))})
+                                 {"other_thread": _where(_innermost_user(other)),
+                                  "unrecoverable": _cycle(p, t, detail)})
             detail = f"pid {p.pid}: the main thread waits for a lock at {_where(fr)} that no thread releases"
-            return Diagnosis("deadlock", _where(fr), detail, FIXES["deadlock"], _frames(t), p.pid)
+            return Diagnosis("deadlock", _where(fr), detail, FIXES["deadlock"], _frames(t), p.pid,
+                             {"unrecoverable": _self_blocked(p, f"pid {p.pid}")})
         if kind == "wait":
             live = [o for o in p.threads if o is not t and _innermost_user(o) is not None]
             detail = (f"pid {p.pid}: the main thread waits on an event/condition/queue at {_where(fr)}; "
                       + ("no other thread of the process runs user code that could set it" if not live
                          else "other threads in user code: " + ", ".join(_where(_innermost_user(o)) or "?" for o in live)))
-            return Diagnosis("deadlock", _where(fr), detail, FIXES["deadlock"], _frames(t), p.pid)
+            return Diagnosis("deadlock", _where(fr), detail, FIXES["deadlock"], _frames(t), p.pid,
+                             {"unrecoverable": _self_blocked(p, f"pid {p.pid}")})
         detail = {
             "device-sync": f"pid {p.pid} waits for the GPU at {_where(fr)}",
             "io": f"pid {p.pid} waits on a file at {_where(fr)} (state {p.status}, kernel wait {p.wchan})",
@@ -230,6 +244,34 @@ def _blocked(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSampl
         }[kind]
         return Diagnosis(kind, _where(fr), detail, FIXES[kind], _frames(t), p.pid)
     return None
+
+
+def _cycle(p: ProcSample, t: ThreadStack, detail: str) -> str | None:
+    """A lock cycle is proven when every thread of the process in user code waits for a lock: none of them
+    can run on to release one (a thread that still runs might be about to)."""
+    users = [o for o in p.threads if o is not t and _innermost_user(o) is not None]
+    if all(_wait_kind(o, p, gpu=False) == "lock" for o in users):
+        return "lock cycle: " + detail.split(": ", 1)[1]
+    return None
+
+
+def _self_blocked(p: ProcSample, who: str) -> str | None:
+    """Proof that a process's main thread waits forever: it waits on a lock, event, condition or queue of its
+    own process (threading, not multiprocessing: another process could feed that), and no other thread of
+    the process runs user code that could release or set it."""
+    t = p.main_thread
+    if t is None:
+        return None
+    kind = _wait_kind(t, p, gpu=False)
+    fr = _innermost_user(t)
+    below = t.frames[t.frames.index(fr) + 1:] if fr in t.frames else t.frames
+    if kind not in ("lock", "wait") or any("multiprocessing/" in f.file for f in below):
+        return None
+    if any(o is not t and _innermost_user(o) is not None for o in p.threads):
+        return None
+    what = "a lock" if kind == "lock" else "an event, condition or queue"
+    return (f"{who} waits on {what} of its own at {_where(fr)} and no other thread of it runs code that "
+            "could release it")
 
 
 # -- reading stacks -----------------------------------------------------------------------------------
@@ -276,6 +318,13 @@ def _in(t: ThreadStack | None, files: tuple[str, ...]) -> bool:
 
 def _in_dataloader_next(t: ThreadStack | None) -> bool:
     return bool(t) and any(f.file.endswith("torch/utils/data/dataloader.py") and f.function in _DATALOADER_NEXT
+                           for f in t.frames)
+
+
+def _in_worker_queue(t: ThreadStack | None) -> bool:
+    """The loop waits on the queue of DataLoader worker processes (not a single-process loader)."""
+    return bool(t) and any(f.file.endswith("torch/utils/data/dataloader.py") and f.function in ("_get_data",
+                                                                                              "_try_get_data")
                            for f in t.frames)
 
 

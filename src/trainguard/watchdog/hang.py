@@ -34,6 +34,19 @@ class StallDiagnosis:
         return classify.starting_up(self.snapshot)
 
     @property
+    def cpu_percent(self) -> float:
+        """CPU % of the whole process tree, the highest over the samples (a blocked tree is near 0)."""
+        return max((sum(p.cpu_percent or 0.0 for p in sample.values()) for sample in self.snapshot.samples),
+                   default=0.0)
+
+    @property
+    def tree_io(self) -> tuple[int, int]:
+        """Bytes written and read so far by the processes of the run (last sample): across looks, a wait
+        that moves data (a download, a save) is not stuck."""
+        last = self.snapshot.samples[-1] if self.snapshot.samples else {}
+        return (sum(p.io_bytes or 0 for p in last.values()), sum(p.read_bytes or 0 for p in last.values()))
+
+    @property
     def moving(self) -> bool:
         """The run wrote steadily during the sampling window while waiting (on a file, in a sleep, or where
         no stack could say): a slow save, not a hang. A lock, a collective or a busy loop never counts."""
@@ -84,7 +97,7 @@ class StallDiagnosis:
         return ev
 
 
-def diagnose_stall(run_dir: Path, pid: int, *, attempt: int = 0, samples: int = SAMPLES,
+def diagnose_stall(run_dir: Path, pid: int, *, attempt: int | str = 0, samples: int = SAMPLES,
                    interval: float = INTERVAL) -> StallDiagnosis:
     snap = stacks.collect(pid, run_dir, samples=samples, interval=interval)
     try:

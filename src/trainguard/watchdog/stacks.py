@@ -66,6 +66,7 @@ class ProcSample:
     cpu_percent: float | None = None
     rss_mb: float | None = None
     io_bytes: int | None = None  # wchar: bytes written through syscalls so far (a save in progress moves it)
+    read_bytes: int | None = None  # rchar: bytes read through syscalls so far (a download in progress moves it)
     wchan: str | None = None
     kernel_stack: list[str] | None = None
     threads: list[ThreadStack] = field(default_factory=list)
@@ -177,7 +178,7 @@ def _proc_state(p: Any) -> ProcSample:
         return s
     s.rank = (_safe(p.environ) or {}).get("RANK")
     s.cpu_percent = _safe(lambda: round(p.cpu_percent(None), 1))
-    s.io_bytes = _io_bytes(p.pid)
+    s.io_bytes, s.read_bytes = _io_bytes(p.pid), _io_bytes(p.pid, "rchar")
     s.wchan = _read(f"/proc/{p.pid}/wchan")
     if s.wchan in ("0", ""):
         s.wchan = None
@@ -187,13 +188,13 @@ def _proc_state(p: Any) -> ProcSample:
     return s
 
 
-def _io_bytes(pid: int) -> int | None:
+def _io_bytes(pid: int, field: str = "wchar") -> int | None:
     text = _read(f"/proc/{pid}/io")
     if not text:
         return None
     vals = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
     try:
-        return int(vals.get("wchar", 0))
+        return int(vals.get(field, 0))
     except ValueError:
         return None
 
@@ -376,8 +377,9 @@ def _frame(file: str, line: int, func: str, local_vars: dict[str, str] | None = 
 # -- saving ------------------------------------------------------------------------------------------
 
 
-def save(snap: Snapshot, folder: Path, attempt: int = 0) -> Path:
-    """Writes `hang-<attempt>.json` (everything) and `hang-<attempt>.txt` (for people); returns the .txt path."""
+def save(snap: Snapshot, folder: Path, attempt: int | str = 0) -> Path:
+    """Writes `hang-<attempt>.json` (everything) and `hang-<attempt>.txt` (for people); returns the .txt path.
+    A later look at the same stall is `hang-<attempt>-<look>`."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"hang-{attempt}.json").write_text(json.dumps(snap.to_dict(), indent=1, default=str))
     txt = folder / f"hang-{attempt}.txt"

@@ -1,11 +1,14 @@
 """`trainguard run`: start the command, watch it, and tell the true final state.
 
-    trainguard run [--run-dir DIR] [--stall-timeout S] [--expect PATH ...] -- python train.py
+    trainguard run [--run-dir DIR] [--stall-timeout S] [--hang-limit S] [--expect PATH ...] -- python train.py
 
 The supervisor starts the command in its own process group (so the whole tree can be signalled), tees
 its output into the run folder, and every half second reads the probe's heartbeat and steps from the
 store, updates status.json and the live status line, and asks its monitors (stall detection; the rules
 add theirs) for findings. When the process ends, `verdict.decide` names the state.
+
+A stall (no progress for the stall timeout) is a finding at once; the run is stopped only on proof that it
+cannot recover or past the stall's limit (watchdog/stop.py). Until then trainguard keeps looking.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import getpass
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -32,15 +36,30 @@ from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.reader import RunReader
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
-from trainguard.watchdog import crash, keeper, restart, statusline, verdict
-from trainguard.watchdog.stall import StallPolicy, hang_finding
+from trainguard.watchdog import crash, keeper, restart, statusline, stop, verdict
+from trainguard.watchdog.stall import StallPolicy, hang_finding, stall_ended, stalled_finding
 from trainguard.watchdog.tee import OutputCapture
+from trainguard.watchdog.writes import WriteWatch
 
 POLL_INTERVAL = 0.5
 MAX_IO_GRACE = 5  # stalls forgiven in a row because the run was still writing or importing
 KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when trainguard stops a run
 WATCHDOG_RANK = -1  # rows the watchdog writes carry rank -1
 FAIL_ON_EXIT = 122  # a completed run whose findings reach --fail-on's severity (123-125 are taken)
+RELOOK_MIN, RELOOK_MAX = 5.0, 300.0  # seconds between looks at an open stall (the stall timeout, within these)
+# A line that shows a training step's loss: for a script without the probe, the end of its start-up.
+_LOSS_LINE = re.compile(r"(?i)\bloss\b['\"]?\s*[:=]?\s*[-+]?(\d|nan|inf)")
+
+
+@dataclass
+class OpenStall:
+    """A stall reported as run-stalled and still going on: what the looks at it saw so far."""
+
+    finding: Finding
+    since: float  # the last progress before it
+    mark: float  # the progress mark it is measured against (progress past it ends the stall)
+    looks: list[Any]
+    next_look: float
 
 
 @dataclass
@@ -77,6 +96,7 @@ class RunOptions:
     command: list[str]
     run_dir: str | None = None
     stall_timeout: float | None = None
+    hang_limits: dict[str, float] = field(default_factory=dict)  # --hang-limit: {phase or "*": seconds}
     expects: list[str] = field(default_factory=list)
     stop_on: list[str] = field(default_factory=list)
     fail_on: str | None = None  # "error" | "warning": a completed run with such findings exits FAIL_ON_EXIT
@@ -177,8 +197,15 @@ class Supervisor:
         """One run of the command, to its end or to a hang; returns (exit code, hang, stopped-on)."""
         self.attempt_started = time.time()
         self.stall = StallPolicy(fixed=self.options.stall_timeout)
+        self.limits = stop.StopLimits(user=dict(self.options.hang_limits))
         self._liveness: float | None = None  # a slow save that keeps moving counts as progress
         self._io_graces = 0
+        self._open: OpenStall | None = None
+        self._looks = 0
+        self._phase_events_seen = 0
+        self._loss_line_seen = False
+        self._lines_scanned = 0
+        self.writes = WriteWatch(self.run_dir)
         env = dict(os.environ)
         env.update({ENV_RUN_DIR: str(self.run_dir.resolve()), ENV_WATCHDOG: "1", ENV_ATTEMPT: str(self.attempt),
                     "PYTHONUNBUFFERED": "1"})
@@ -220,17 +247,13 @@ class Supervisor:
                         self._terminate()
                 if state.t_progress and self._liveness and state.t_progress > self._liveness:
                     self._io_graces = 0  # real progress again: the slow save finished
-                mark = max(t for t in (state.t_progress, self._liveness, self.attempt_started) if t is not None)
-                idle = self.stall.stalled(state.now, mark, self.attempt_started, state.phase,
-                                          startup=state.scratch.get("startup", False))
-                if idle is not None and hang is None and stopped is None and self.proc.poll() is None:
-                    hang = self._on_stall(state, idle)
-                    if hang is None:
-                        continue  # slow but moving: not a hang
-                    if self.options.on_hang == "wait":
-                        self._write_status("hung", state, findings_extra=[hang])
-                        self._wait_forever_on_hang(state)
-                    self._terminate()
+                if hang is None and stopped is None and self.proc.poll() is None:
+                    hang = self._watch_stall(state)
+                    if hang is not None:
+                        if self.options.on_hang == "wait":
+                            self._write_status("hung", state, findings_extra=[hang])
+                            self._wait_forever_on_hang(state)
+                        self._terminate()
                 self._write_status("running" if hang is None else "hung", state)
                 self.line.show(state, self.options, self.stall.timeout(state.phase), self.findings)
         finally:
@@ -251,18 +274,24 @@ class Supervisor:
         t_progress = max((b["t_progress"] for b in beats if b["t_progress"]), default=None)
         probe_starts = [e["t"] for e in self.reader.events("probe") if e["attempt"] == self.attempt]
         probe_used = bool(beats) or bool(probe_starts)
-        # Until the first optimizer step the run is starting up (a first batch, `torch.compile`, NCCL
-        # set-up can take minutes): the startup timeout holds and nothing is learned yet.
-        startup = probe_used and not any(b["step"] for b in beats)
+        # Until the first optimizer step the run is starting up (data preparation, a first batch,
+        # `torch.compile`, NCCL set-up can take minutes), whatever it prints before: the startup timeout
+        # holds, nothing is learned, and its stop limit is that of a phase never seen. Without the probe,
+        # the first printed loss ends it.
+        if probe_used:
+            startup = not any(b["step"] for b in beats)
+        else:
+            startup = not self._printed_a_loss()
         if t_progress is None and probe_starts:
             # The probe started (imports and model building are done) but no heartbeat came yet: a process
             # that then froze with the GIL held (a C call that blocks) never writes one.
             t_progress = max(probe_starts)
         step = max((b["step"] for b in beats if b["step"] is not None), default=None)
         phase = next((b["phase"] for b in beats if b["rank"] == 0 and b["phase"]), None)
-        if not probe_used:
-            # Without the probe, new output is the only sign of progress there is.
-            t_progress = self.capture.last_output
+        # Progress the user does not have to mark: output lines, and bytes the run writes to its files.
+        others = (self.capture.last_output, self._safe_writes())
+        t_progress = max((t for t in (t_progress, *others) if t is not None), default=None)
+        self._learn_phases()
         state = WatchState(
             run_dir=self.run_dir, reader=self.reader, pid=self.proc.pid, started=self.started, now=time.time(),
             step=step, phase=phase, t_progress=t_progress, probe_used=probe_used,
@@ -271,6 +300,35 @@ class Supervisor:
         self.stall.observe(t_progress, phase, startup=startup)
         state.scratch["startup"] = startup
         return state
+
+    def _printed_a_loss(self) -> bool:
+        """Whether the output so far shows a training step's loss (looked at once per new line)."""
+        if not self._loss_line_seen and self.capture.lines > self._lines_scanned:
+            new = min(self.capture.lines - self._lines_scanned, 200)
+            recent = list(self.capture.stdout_tail)[-new:] + list(self.capture.stderr_tail)[-new:]
+            self._loss_line_seen = any(_LOSS_LINE.search(line) for line in recent)
+            self._lines_scanned = self.capture.lines
+        return self._loss_line_seen
+
+    def _safe_writes(self) -> float | None:
+        try:
+            return self.writes.poll(self.proc.pid)
+        except Exception as exc:
+            # Why not raise: a broken file-table read must not cost the run its watchdog; switch it off.
+            self.writes._off = True
+            self._guard_error(f"reading the run's file writes failed and was switched off: {exc!r}")
+            return None
+
+    def _learn_phases(self) -> None:
+        """Each phase's longest completed duration, from the probe's phase events (read once each)."""
+        for ev in self.reader.events("phase", since_id=self._phase_events_seen):
+            self._phase_events_seen = ev["id"]
+            data = ev["data"] or {}
+            if ev["attempt"] == self.attempt and data.get("edge") == "end" and ev["name"]:
+                try:
+                    self.limits.phase_ended(str(ev["name"]), float(data.get("seconds") or 0.0))
+                except (TypeError, ValueError):
+                    continue
 
     def _poll_monitors(self, state: WatchState) -> list[Finding]:
         out = []
@@ -300,45 +358,145 @@ class Supervisor:
             except Exception as exc:
                 self._guard_error(f"monitor {type(mon).__name__} failed at the end: {exc!r}")
 
-    def _on_stall(self, state: WatchState, idle: float) -> Finding | None:
-        """A stall: take the stacks of every process of the run, name the cause, report run-hung.
+    # -- stalls: a finding at the stall timeout, a stop only on proof or past the limit -------------------
 
-        Returns None when the run turned out to be moving (a slow checkpoint still writing): then the
-        time of this look counts as progress, at most MAX_IO_GRACE times in a row.
+    def _watch_stall(self, state: WatchState) -> Finding | None:
+        """Called at every poll; returns the run-hung finding when the run is to be stopped, else None."""
+        startup = state.scratch.get("startup", False)
+        mark = max(t for t in (state.t_progress, self._liveness, self.attempt_started) if t is not None)
+        if self._open is not None:
+            return self._follow_stall(state, mark)
+        idle = self.stall.stalled(state.now, mark, self.attempt_started, state.phase, startup=startup)
+        if idle is None:
+            return None
+        return self._on_stall(state, idle, mark)
+
+    def _on_stall(self, state: WatchState, idle: float, mark: float) -> Finding | None:
+        """A stall: take the stacks of every process of the run, name the cause, and report it.
+
+        With proof that it cannot recover, the finding is run-hung and the run is to be stopped (returned);
+        without, it is run-stalled and trainguard keeps looking (None). None also when the run turned out
+        to be moving (a slow checkpoint still writing): then the time of this look counts as progress, at
+        most MAX_IO_GRACE times in a row.
         """
+        timeout = self.stall.timeout(state.phase, startup=state.scratch.get("startup", False))
+        result, hang = self._look(state, idle, timeout)
+        if hang is None:
+            return None
+        why = stop.proof(result.diagnosis) if result is not None else None
+        if why:
+            return self._stop_for(hang, why)
+        limit, basis = self._limit(state)
+        stalled = stalled_finding(hang, limit=limit, basis=basis)
+        self._report(stalled)
+        self._open = OpenStall(finding=stalled, since=state.t_progress or self.attempt_started, mark=mark,
+                               looks=[result] if result is not None else [],
+                               next_look=time.time() + self._relook(timeout))
+        return None
+
+    def _follow_stall(self, state: WatchState, mark: float) -> Finding | None:
+        """An open stall: ended by progress, stopped on proof found by a later look, or past its limit."""
+        st = self._open
+        assert st is not None
+        if mark > st.mark:
+            self._end_stall(state.now - st.since, "progress resumed")
+            return None
+        idle = state.now - st.since
+        timeout = self.stall.timeout(state.phase, startup=state.scratch.get("startup", False))
+        limit, basis = self._limit(state)
+        past = idle >= limit
+        if not past and time.time() < st.next_look:
+            return None
+        result, hang = self._look(state, idle, timeout)
+        if hang is None or self._open is None:
+            return None  # it ended while we looked, or moved
+        st.next_look = time.time() + self._relook(timeout)
+        if result is not None:
+            st.looks.append(result)
+        if past:
+            return self._stop_for(hang, f"the stall lasted {idle:.0f} s, past its limit of {limit:.0f} s ({basis})")
+        why = stop.proof(result.diagnosis) if result is not None else None
+        why = why or stop.stuck(st.looks, idle=idle, longest_done=self._longest_done(),
+                                phase_seen=self._phase_seen(state))
+        return self._stop_for(hang, why) if why else None
+
+    def _look(self, state: WatchState, idle: float, timeout: float) -> tuple[Any, Finding | None]:
+        """Stacks of every process, diagnosed: (the diagnosis or None, the run-hung finding it makes), or
+        (None, None) when the run ended or moved while we looked."""
         from trainguard.watchdog.hang import diagnose_stall
 
-        timeout = self.stall.timeout(state.phase, startup=state.scratch.get("startup", False))
         last_progress = state.t_progress or self.attempt_started
+        label: int | str = self.attempt if self._looks == 0 else f"{self.attempt}-{self._looks}"
+        self._looks += 1
         try:
-            result = diagnose_stall(self.run_dir, state.pid, attempt=self.attempt)
+            result = diagnose_stall(self.run_dir, state.pid, attempt=label)
         except Exception as exc:
-            # Why not raise: a broken diagnosis must not cost the user the hang finding itself.
+            # Why not raise: a broken diagnosis must not cost the user the stall finding itself.
             self._guard_error(f"hang diagnosis failed: {exc!r}")
-            finding = hang_finding(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
-                                   last_progress=last_progress, process={"pid": state.pid})
-            self._report(finding)
-            return finding
+            return None, hang_finding(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
+                                      last_progress=last_progress, process={"pid": state.pid})
         if self.proc.poll() is not None:
-            return None  # it ended while we looked (a slow exit): the exit decides the state, not a stall
+            return None, None  # it ended while we looked (a slow exit): the exit decides the state, not a stall
         after = self._observe()
         if after.t_progress is not None and after.t_progress > (state.t_progress or self.attempt_started):
             # Progress came while we looked (a slow start of spawned workers, say): slow, not stuck.
             self._guard_error(f"stall of {idle:.0f} s looked at, but progress resumed while sampling")
-            return None
+            if self._open is not None:
+                self._end_stall(time.time() - self._open.since, "progress resumed")
+            return None, None
         if (result.moving or result.starting) and self._io_graces < MAX_IO_GRACE:
             self._io_graces += 1
             self._liveness = time.time()
             why = (f"{result.io_bytes_moved} bytes written" if result.moving
                    else f"pid(s) {result.starting} still importing")
             self._guard_error(f"stall of {idle:.0f} s looked at: {why} while sampling, so it is slow, not a hang")
-            return None
-        finding = result.finding(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
-                                 last_progress=last_progress)
+            if self._open is not None:
+                self._end_stall(time.time() - self._open.since, why)
+            return None, None
+        hang = result.finding(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
+                              last_progress=last_progress)
         if self.attempt:
-            finding.evidence["attempt"] = self.attempt
-        self._report(finding)
-        return finding
+            hang.evidence["attempt"] = self.attempt
+        return result, hang
+
+    def _stop_for(self, hang: Finding, why: str) -> Finding:
+        hang.evidence["stopped_because"] = why
+        hang.summary += f"; stopped: {why}"
+        self._open = None
+        self._report(hang)
+        return hang
+
+    def _end_stall(self, seconds: float, how: str) -> None:
+        """Progress came back: the stall was slow work, not a hang. Its finding stays, as info."""
+        st, self._open = self._open, None
+        if st is None:
+            return
+        stall_ended(st.finding, seconds=seconds, how=how)
+        self.writer.add_event("finding", st.finding.name, st.finding.to_dict(), step=st.finding.step)
+        self.writer.flush()
+        self._note(f"trainguard: the stall ended after {seconds:.0f} s ({how}); the run goes on")
+
+    def _limit(self, state: WatchState) -> tuple[float, str]:
+        phase = state.phase
+        gap = self.stall.phase_longest.get(phase, 0.0) if phase else self.stall.longest_gap
+        return self.limits.limit(phase, startup=state.scratch.get("startup", False), phase_gap=gap,
+                                 gaps_seen=self.stall.has_pace(phase))
+
+    def _phase_seen(self, state: WatchState) -> bool:
+        """The run has been through this phase before (its pace is known): never the start-up."""
+        if state.scratch.get("startup", False):
+            return False
+        return state.phase is None or state.phase in self.limits.longest or self.stall.has_pace(state.phase)
+
+    def _longest_done(self) -> float:
+        """The longest quiet stretch the run came through: any gap between marks (the first step's, from the
+        last mark of start-up, included) and any completed phase."""
+        return max([self.stall.longest_gap, self.stall.first_gap, *self.limits.longest.values()])
+
+    @staticmethod
+    def _relook(timeout: float) -> float:
+        return min(RELOOK_MAX, max(RELOOK_MIN, timeout))
+
 
     def _wait_forever_on_hang(self, state: WatchState) -> None:
         self._note("--on-hang wait: leaving the hung process alive for inspection (Ctrl-C to stop)")
@@ -565,6 +723,7 @@ class Supervisor:
         w.set_meta("user", _safe(getpass.getuser))
         w.set_meta("watchdog", {"pid": os.getpid(), "trainguard": __version__, "python": sys.version.split()[0],
                                 "platform": platform.platform(), "stall_timeout": self.options.stall_timeout,
+                                "hang_limits": self.options.hang_limits,
                                 "expects": self.options.expects, "on_hang": self.options.on_hang})
         w.set_meta("env", {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "SLURM_JOB_ID")
                            if k in os.environ})
