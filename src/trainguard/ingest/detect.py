@@ -13,6 +13,7 @@ from pathlib import Path
 
 from trainguard.errors import UserError
 from trainguard.ingest.events import Source
+from trainguard.untrusted import regular_file
 
 LOG_NAMES = ("output.log", "train.log", "stdout.log", "log.txt", "stdout.txt")
 _VERSION = re.compile(r"^version_(\d+)$")
@@ -23,7 +24,7 @@ def open_source(path: str | Path) -> Source:
     try:
         if not p.exists():
             raise UserError(f"{p}: no such file or folder")
-        return _open_dir(p) if p.is_dir() else _open_file(p)
+        return _open_dir(p) if p.is_dir() else _open_file(regular_file(p))
     except PermissionError as exc:
         raise UserError(f"cannot read {p}: {exc.strerror}") from None
     except IsADirectoryError as exc:

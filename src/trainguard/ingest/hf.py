@@ -9,7 +9,6 @@ folder's own `trainer_state.json` only when training ends; a run that died leave
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from trainguard.errors import UserError
 from trainguard.ingest.events import Facts, Source, event, metrics_to_events, sniff_binary, to_number
+from trainguard.untrusted import json_problem, load_json
 
 MAX_STATE_BYTES = 512 * 1024 * 1024  # a trainer_state.json larger than this is not one
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -54,9 +54,9 @@ def read_trainer_state(path: Path, folder: Path | None = None) -> Source:
         raw = f.read()
     sniff_binary(raw[:8192], path)
     try:
-        state = json.loads(raw.decode("utf-8", "replace"))
-    except ValueError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}): truncated?") from None
+        state = load_json(raw.decode("utf-8", "replace"))
+    except ValueError as exc:  # a JSONDecodeError, or a number or nesting Python cannot read
+        raise UserError(f"{path}: not valid JSON ({json_problem(exc)}): truncated?") from None
     if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
         raise UserError(f"{path}: JSON without a log_history list: not a Hugging Face trainer_state.json")
     plan = {"total_steps": _int(state.get("max_steps")), "logging_steps": _int(state.get("logging_steps")),

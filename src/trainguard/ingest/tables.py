@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import json
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from trainguard.ingest.events import (
     to_number,
 )
 from trainguard.ingest.textlog import MAX_LINE
+from trainguard.untrusted import load_json
 
 ULTRALYTICS_PARTS = ("train/",)  # results.csv: train/box_loss, train/cls_loss, train/dfl_loss
 
@@ -151,7 +151,7 @@ def _first_line(path: Path) -> str:
 def _peek_total(path: Path) -> int | None:
     first = _first_line(path)
     try:
-        obj = json.loads(first)
+        obj = load_json(first)
     except ValueError:
         return None
     if not isinstance(obj, dict):
@@ -237,8 +237,8 @@ def _json_rows(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
             if not line:
                 continue
             try:
-                obj = json.loads(line)
-            except ValueError:
+                obj = load_json(line)
+            except ValueError:  # malformed, nested too deep, a number too long
                 facts.skipped += 1
                 continue
             if isinstance(obj, dict):

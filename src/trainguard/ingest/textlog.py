@@ -41,6 +41,8 @@ _NUM = r"[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+
 # `loss=2.3`, `Loss: 2.3`, and with the words that qualify a name in front: `Train Loss: 1.12`,
 # `Batch loss: 12.1`, `Val Loss: 1.36` (only these words, so `INFO root loss: 2` stays `loss`)
 _QUALIFIER = r"(?:(?:train|training|val|valid|validation|eval|evaluation|test|dev|batch|average|avg|mean|epoch|total|running)\s+){0,2}"
+# a key starts where a word starts: without the look-behind a 64 KiB run of letters (a base64 blob) is
+# tried from each of its positions, quadratic in the line (minutes for one line)
 _PAIR = re.compile(r"(?<![\w/.\-])(" + _QUALIFIER + r"[A-Za-z][\w/.\-]*)\s*[=:]\s*(" + _NUM + r")(?![\w.])",
                    re.IGNORECASE)
 _SPACED = re.compile(r"\b(" + _QUALIFIER + r"(?:loss|lr|learning_rate|grad_norm))\s+(" + _NUM + r")(?![\w.])",
@@ -62,11 +64,13 @@ _EPOCH = re.compile(r"\bepoch\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+
 _BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*(?:\(\s*\d+%\s*\))?\s*\]")
 _OF_MAX = re.compile(r"""global_step/max_steps['"]?\s*:\s*['"]?(\d+)/(\d+)""")
 # `200/ 2983 batches`: where in the epoch a pytorch/examples-style line is
-_PROGRESS = re.compile(r"(\d+)\s*/\s*(\d+)\s*(?:batches|batch|steps|iters|iterations)\b", re.IGNORECASE)
+_PROGRESS = re.compile(r"(?<!\d)(\d+)\s*/\s*(\d+)\s*(?:batches|batch|steps|iters|iterations)\b", re.IGNORECASE)
 _NOT_METRICS = {"step", "global_step", "iter", "iteration", "it", "epoch", "time", "eta", "num_updates"}
 _SUMMARY = ("average_", "avg_", "mean_", "epoch_", "best_")  # an epoch's summary, not a step's value
-_TQDM = re.compile(r"(\d+)/(\d+) \[[^\]]*?\]")
-_TQDM_POST = re.compile(r"(\d+)/(\d+) \[[^\]]*?,\s*([^\]]*=[^\]]*)\]")
+_TQDM = re.compile(r"(\d+)/(\d+) \[[^\]]{0,1000}?\]")
+# a bar with its bracket; the postfix (`loss=2.1, lr=1e-4`) is cut out of the bracket in Python: as one
+# regex (lazy prefix, comma, `=` inside) it was cubic in a bracket that never closes
+_TQDM_BRACKET = re.compile(r"(\d+)/(\d+) \[([^\]]{0,1000})\]")  # a bracket is short: bounded scan
 _EVAL_WORD = re.compile(r"(?:^|[\s\[(|])(?:eval|evaluation|val|valid|validation|dev|test)\b", re.IGNORECASE)
 # `train_bash.py: error: argument --fp16: ...` after argparse's `usage:` block: the run never started
 _USAGE_ERROR = re.compile(r"^([\w.\-]+): error: (.+)$")
@@ -320,11 +324,11 @@ class _LineParser:
         if n < self.bar_last and total == self.bar_total:
             self.bar_offset += self.bar_total  # a bar that restarts each epoch
         self.bar_last, self.bar_total = n, total
-        post = _TQDM_POST.search(line)
+        post = _bar_postfix(line)
         if post is None or n == 0:
             return []
         pairs = {k: v for k, v in ((k, to_number(v)) for k, v in re.findall(r"([\w/.\-]+)=([^,\s\]]+)",
-                                                                            post.group(3))) if v is not None}
+                                                                            post)) if v is not None}
         if self.plan_total is None and not _EPOCH_BAR.match(line):
             self.plan_total = total
         return self._emit(self.bar_offset + n, pairs, parts=True)
@@ -389,6 +393,16 @@ def _eval_key(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
+def _bar_postfix(line: str) -> str | None:
+    """`loss=2.1, lr=1e-4` of the first bar whose bracket has, after its first comma, a `key=value`."""
+    for m in _TQDM_BRACKET.finditer(line):
+        inside = m.group(3)
+        comma = inside.find(",")
+        if comma >= 0 and "=" in inside[comma + 1:]:
+            return inside[comma + 1:].lstrip()
+    return None
+
+
 def _part_names(keys: tuple[str, ...]) -> tuple[str, ...]:
     """Keys that are loss parts (`kd_loss`, `lm_loss`): named *loss but not the total."""
     return tuple(k for k in keys if (k.lower().endswith("loss") or k.lower().startswith("loss_")) and k.lower() not in

@@ -38,6 +38,7 @@ from trainguard.probe.selflog import GuardLog
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
+from trainguard.untrusted import printable
 
 ENV_WATCHDOG = "TRAINGUARD_WATCHDOG"
 ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"
@@ -771,7 +772,7 @@ class Guard:
         for f in found:
             self._writer.add_event("finding", f.name, f.to_dict(), step=f.step)
             try:
-                print(f"trainguard: {f.one_line()}", file=sys.stderr, flush=True)
+                print(f"trainguard: {printable(f.one_line())}", file=sys.stderr, flush=True)
             except (OSError, ValueError):
                 pass
         if found:

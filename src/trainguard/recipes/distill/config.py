@@ -47,6 +47,9 @@ class DataConfig:
     """Characters of text per example (cut at a whitespace); both models tokenise exactly this text."""
     eval_windows: int = 32
     """Number of fixed held-out windows per evaluation (0 = all)."""
+    teacher_cache: str | None = None
+    """An offline teacher cache (`trainguard distill cache build`): KD targets come from it and the teacher
+    is never loaded. Needs loss.hidden off; evaluation then reports the student's LM metrics only."""
 
 
 @dataclass(kw_only=True)
@@ -237,6 +240,8 @@ def _check(cfg: DistillConfig) -> None:
     need(cfg.data.window_chars >= 16, f"data.window_chars must be >= 16, got {cfg.data.window_chars}")
     need(cfg.data.eval_windows >= 0, f"data.eval_windows must be >= 0 (0 = all), got {cfg.data.eval_windows}")
     lo = cfg.loss
+    need(not (cfg.data.teacher_cache and max(lo.hidden.start, lo.hidden.end) > 0),
+         "data.teacher_cache holds no hidden states: set loss.hidden.start and .end to 0")
     need(lo.lm > 0, f"loss.lm must be > 0: the LM loss is always on (got {lo.lm})")
     for name in ("kd", "hidden"):
         term: TermConfig = getattr(lo, name)
