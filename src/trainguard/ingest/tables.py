@@ -85,9 +85,9 @@ def _lightning_end(rows: Iterable[dict[str, Any]], epoch_col: str, step_col: str
     epoch = step = None
     for row in rows:
         e, s = to_number(row.get(epoch_col)), to_number(row.get(step_col))
-        if e is not None and e == e:
+        if e is not None and abs(e) < 1e15:  # also false for NaN
             epoch = int(e)
-        if s is not None and s == s:
+        if s is not None and abs(s) < 1e15:
             step = int(s)
         if epoch is not None and epoch not in closed and any(
                 (str(k).endswith("_epoch") or is_eval_name(str(k))) and to_number(v) is not None for k, v in row.items()):
@@ -168,7 +168,7 @@ def _of_max(row: dict[str, Any]) -> tuple[int, int] | None:
     if not isinstance(value, str) or "/" not in value:
         return None
     n, _, total = value.partition("/")
-    if not (n.strip().isdigit() and total.strip().isdigit()):
+    if not (n.strip().isdigit() and total.strip().isdigit()) or len(value) > 40:
         return None
     return int(n), int(total)
 

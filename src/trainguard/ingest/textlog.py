@@ -54,17 +54,17 @@ _LOOSE = re.compile(r"(?<![\w/.\-])([A-Za-z][\w\-]*)\s+(" + _NUM + r")(?![\w.])"
 # Hugging Face 5 prints its values quoted ('loss': '1.181'), older versions bare ('loss': 1.181)
 _QUOTED = re.compile(r"""['"]([\w/.\-]+)['"]\s*:\s*['"]?(""" + _NUM + r""")['"]?(?![\w.])""", re.IGNORECASE)
 # `step 120`, `Step 5/100`, `global_step: 10` (PaddleOCR), `num_updates=100` (fairseq), `Iter(train) [100/40000]`
-_STEP = re.compile(r"\b(?:global[_ ]step|num_updates|step|iter(?:ation)?)\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(\d+)"
-                   r"(?:\s*/\s*(\d+))?", re.IGNORECASE)
+_STEP = re.compile(r"\b(?:global[_ ]step|num_updates|step|iter(?:ation)?)\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(\d{1,15})"
+                   r"(?:\s*/\s*(\d{1,15}))?", re.IGNORECASE)
 # `Epoch 3/100`, `epoch 001`, `Epoch: [0]` (torchvision), `Epoch(train) [1]` (mmengine), `epoch: [1/500]`
 # (PaddleOCR), `Train: 0 [` (timm)
-_EPOCH = re.compile(r"\bepoch\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(\d+)(?:\s*/\s*(\d+))?|\btrain:\s*(\d+)\s+(?=\[)",
+_EPOCH = re.compile(r"\bepoch\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(\d{1,15})(?:\s*/\s*(\d{1,15}))?|\btrain:\s*(\d{1,15})\s+(?=\[)",
                     re.IGNORECASE)
 # `[10/25]`, `[   0/1251 (  0%)]`: where in its epoch a bracketed progress line is
-_BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*(?:\(\s*\d+%\s*\))?\s*\]")
-_OF_MAX = re.compile(r"""global_step/max_steps['"]?\s*:\s*['"]?(\d+)/(\d+)""")
+_BRACKET = re.compile(r"\[\s*(\d{1,15})\s*/\s*(\d{1,15})\s*(?:\(\s*\d+%\s*\))?\s*\]")
+_OF_MAX = re.compile(r"""global_step/max_steps['"]?\s*:\s*['"]?(\d{1,15})/(\d{1,15})""")
 # `200/ 2983 batches`: where in the epoch a pytorch/examples-style line is
-_PROGRESS = re.compile(r"(?<!\d)(\d+)\s*/\s*(\d+)\s*(?:batches|batch|steps|iters|iterations)\b", re.IGNORECASE)
+_PROGRESS = re.compile(r"(?<!\d)(\d{1,15})\s*/\s*(\d{1,15})\s*(?:batches|batch|steps|iters|iterations)\b", re.IGNORECASE)
 _NOT_METRICS = {"step", "global_step", "iter", "iteration", "it", "epoch", "time", "eta", "num_updates"}
 _SUMMARY = ("average_", "avg_", "mean_", "epoch_", "best_")  # an epoch's summary, not a step's value
 _TQDM = re.compile(r"(\d+)/(\d+) \[[^\]]{0,1000}?\]")
