@@ -134,6 +134,9 @@ class Guard:
         self._snapshot: Any = None
         self._errors = 0
         self._disabled = False
+        self._step_thread: int | None = None  # the training thread: the first to call `step`
+        self._thread_lock = threading.Lock()
+        self._thread_refused = False
         self.finished = False
         self.crashed = False
         self._observers: list[Any] = []  # callables fed each resolved step row (online rules)
@@ -207,6 +210,8 @@ class Guard:
         """
         if os.getpid() != self._pid:
             return
+        if threading.get_ident() != self._step_thread and not self._other_thread():
+            return
         # Counting goes on even when the guard switched itself off: the loop's `due()` depends on it.
         self.micro += 1
         closes = self.micro % self.grad_accum == 0
@@ -238,6 +243,30 @@ class Guard:
             self._fail("step", exc)
         if closes and self._ff is not None:
             self._ff.after_step(self)  # may end the script (preflight only, on purpose)
+
+    def _other_thread(self) -> bool:
+        """`step` from a thread that is not the training thread: the first thread to call it owns the guard.
+
+        Why refuse rather than lock: a step is a sequence of micro-batches on one thread; calls from two
+        threads interleave into steps that belong to neither (the duplicate rows with no loss this used to
+        write). The other thread's calls are ignored, said once on stderr and in guard.log."""
+        with self._thread_lock:
+            if self._step_thread is None:
+                self._step_thread = threading.get_ident()
+                return True
+            if threading.get_ident() == self._step_thread:
+                return True
+            if not self._thread_refused:
+                self._thread_refused = True
+                line = (f"trainguard: guard.step called from thread {threading.current_thread().name!r} while "
+                        f"steps come from another thread: only that one is recorded; these calls are ignored "
+                        f"(one training loop per guard)")
+                self._selflog.write(line)
+                try:
+                    print(line, file=sys.stderr, flush=True)
+                except (OSError, ValueError):
+                    pass
+            return False
 
     def set_step(self, step: int) -> None:
         """Tells the guard the optimizer step a resumed run starts from (read from its checkpoint).
@@ -852,6 +881,8 @@ class Guard:
             "stats_every": self.stats_every,
             "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
             "schedulers": _safe(lambda: planinfo.sched_names(self.scheduler)),
+            # TG102 measures scheduler steps per optimizer step from this count (timm's schedulers keep none)
+            "sched_counted": _safe(lambda: planinfo.sched_epoch(self.scheduler) is not None),
             "output_size": _safe(lambda: planinfo.output_size(self.model, config)),
         }
         if self.rank == 0:
@@ -1080,6 +1111,14 @@ def _safe(fn: Any) -> Any:
 
 
 _HOOKED: list[Guard] = []
+
+
+def active_guard() -> Guard | None:
+    """The guard watching this process now (made by `watch`, not finished), if any."""
+    for g in _HOOKED:
+        if not g.finished and g._pid == os.getpid() and not g._disabled:
+            return g
+    return None
 
 
 def _install_crash_hook(guard: Guard) -> None:
