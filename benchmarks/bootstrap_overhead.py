@@ -5,9 +5,10 @@
 
 Two figures, each a ratio with a 95% bootstrap interval over alternating rounds:
 
-1. Start-up: `python -c "import torch"` with the bootstrap on PYTHONPATH (what every Python process of a
-   watched command pays: the stack-dump handler, the import finder, the global optimizer hooks) against
-   without it, alternated run by run.
+1. Start-up: `python -c "pass"` with the bootstrap on PYTHONPATH (what every Python process of a watched
+   command pays once: importing the bootstrap, the stack-dump handler, the import finder) against without
+   it, alternated run by run (`--startup-code "import torch"` for a process that imports torch: the
+   global optimizer hooks are registered then).
 2. Training: one child process started with the bootstrap, as `trainguard run` starts a command, trains
    two identical models with two optimizers, in alternating blocks (A B A B ...). The script has no
    trainguard in it: the automatic probe attaches itself to the first optimizer that steps (A) and B
@@ -85,22 +86,27 @@ def ratio_ci(base: list[float], test: list[float], draws: int = 5000) -> tuple[f
 def env_with(bootstrap: bool, run_dir: str) -> dict[str, str]:
     from trainguard.probe.auto import bootstrap_env
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_") and k != "PYTHONDONTWRITEBYTECODE"}
+    # bytecode cached (in a folder of the benchmark's own), as an installed package has it: without it,
+    # every start would compile trainguard's modules again (PYTHONDONTWRITEBYTECODE=1 on some machines)
+    env["PYTHONPYCACHEPREFIX"] = str(Path(run_dir).parent / "pycache")
     if bootstrap:
         env.update(bootstrap_env(env))
         env.update({"TRAINGUARD_RUN_DIR": run_dir, "TRAINGUARD_WATCHDOG": "1"})
     return env
 
 
-def startup(runs: int, tmp: str) -> dict:
+def startup(runs: int, tmp: str, code: str) -> dict:
     plain, boot = [], []
+    for on in (False, True):  # untimed: fills the bytecode cache
+        subprocess.run([sys.executable, "-c", code], env=env_with(on, f"{tmp}/warm"), check=True)
     for i in range(runs):
         for on in ((False, True) if i % 2 == 0 else (True, False)):
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-c", "import torch"], env=env_with(on, f"{tmp}/start{i}"), check=True)
+            subprocess.run([sys.executable, "-c", code], env=env_with(on, f"{tmp}/start{i}"), check=True)
             (boot if on else plain).append(time.perf_counter() - t0)
     r, ci = ratio_ci(plain, boot)
-    return {"runs": runs, "median_plain_s": round(statistics.median(plain), 4),
+    return {"code": code, "runs": runs, "median_plain_s": round(statistics.median(plain), 4),
             "median_bootstrap_s": round(statistics.median(boot), 4), "ratio": round(r, 4), "ratio_ci95": ci}
 
 
@@ -134,16 +140,21 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=8, help="A/B rounds of training blocks")
     p.add_argument("--block", type=int, default=30, help="optimizer steps per block")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps per side first")
-    p.add_argument("--startup-runs", type=int, default=8, help="interpreter starts per side")
+    p.add_argument("--startup-runs", type=int, default=20, help="interpreter starts per side")
+    p.add_argument("--startup-code", default="pass", help="what each started interpreter runs")
     p.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), help="torch CPU threads")
+    p.add_argument("--only", choices=["startup", "training"], help="measure one of the two figures")
     p.add_argument("--out", help="also write the JSON result here")
     args = p.parse_args()
     args.amp = "bf16" if args.device == "cuda" else "none"
     args.ctx = 64 if args.device == "cpu" else 512
     args.batch_size = 16 if args.device == "cpu" else 8
     with tempfile.TemporaryDirectory(prefix="tg-bootstrap-") as tmp:
-        result = {"benchmark": "bootstrap_overhead", "python": sys.version.split()[0],
-                  "startup": startup(args.startup_runs, tmp), "training": training(args, tmp)}
+        result = {"benchmark": "bootstrap_overhead", "python": sys.version.split()[0]}
+        if args.only in (None, "startup"):
+            result["startup"] = startup(args.startup_runs, tmp, args.startup_code)
+        if args.only in (None, "training"):
+            result["training"] = training(args, tmp)
     line = json.dumps(result)
     print(line)
     if args.out:

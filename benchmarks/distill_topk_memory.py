@@ -41,6 +41,7 @@ def one_mode(args: argparse.Namespace) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from trainguard.recipes.distill.kd import GraphedTargets, teacher_targets
     from trainguard.recipes.distill.losses import KDSpec, forward_losses
     from trainguard.recipes.distill.train import amp_policy
 
@@ -52,6 +53,8 @@ def one_mode(args: argparse.Namespace) -> dict:
     if args.layers:
         t_shape["num_hidden_layers"] = s_shape["num_hidden_layers"] = args.layers
     precision = "bf16" if dev.type == "cuda" else "fp32"
+    if args.experts:  # the teacher's MoE experts implementation (transformers' own), both modes alike
+        t_shape["experts_implementation"] = args.experts
     with dev:
         teacher = AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen2_moe", **t_shape))
         student = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **s_shape))
@@ -68,12 +71,21 @@ def one_mode(args: argparse.Namespace) -> dict:
     pos = torch.arange(B * T - B)  # every position but the last of each row: aligned one to one
     pos = (pos // (T - 1)) * T + pos % (T - 1)
     amp = amp_policy(dev, precision)
+    if args.mode == "topk" and args.graph and dev.type == "cuda":
+        spec.graphed = GraphedTargets(teacher.get_output_embeddings(), spec.vocab_map, k, spec.temperature, V_s, chunk)
+    if args.compile:  # the student's decoder stack compiled in both modes alike (the teacher stays eager)
+        student.model = torch.compile(student.model)
+    if args.compile_teacher:
+        teacher.model = torch.compile(teacher.model)
     opt = torch.optim.AdamW(student.parameters(), lr=1e-5)
 
     def batch() -> dict:
         s_ids = torch.randint(0, V_s, (B, T), generator=g)
         labels = torch.cat([s_ids[:, 1:], torch.full((B, 1), -100)], 1)
-        return {k_: v.to(dev) for k_, v in {
+        # pinned and non-blocking, as a DataLoader with pin_memory gives: a pageable copy would wait for the
+        # device to finish the previous step, serialising host and device in both modes
+        pin = dev.type == "cuda"
+        return {k_: (v.pin_memory() if pin else v).to(dev, non_blocking=pin) for k_, v in {
             "s_ids": s_ids, "s_mask": torch.ones(B, T, dtype=torch.long), "labels": labels,
             "t_ids": torch.randint(0, V_t, (B, T), generator=g), "t_mask": torch.ones(B, T, dtype=torch.long),
             "s_pos": pos, "t_pos": pos}.items()}
@@ -99,6 +111,40 @@ def one_mode(args: argparse.Namespace) -> dict:
         kd = (body + tail_t.exp() * (tail_t - tail_s)) * T_**2
         return lm + 0.5 * kd.mean()
 
+    def teacher_signal(b: dict) -> dict:
+        """Memory of the teacher's signal alone, per stage, over the teacher's hidden states (CUDA)."""
+        with torch.no_grad(), amp():
+            ht = teacher.model(input_ids=b["t_ids"], attention_mask=b["t_mask"]).last_hidden_state.flatten(0, 1)[b["t_pos"]]
+            torch.cuda.synchronize()
+            base_ = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            if args.mode == "full":
+                zt = teacher.lm_head(ht).float()
+                lt = torch.log_softmax(zt / spec.temperature, -1)
+                held = lt.numel() * lt.element_size()
+                del zt, lt
+            else:
+                tt = teacher_targets(ht, teacher.lm_head, spec.vocab_map, k, spec.temperature, V_s, chunk)
+                held = tt.nbytes()
+                del tt
+            torch.cuda.synchronize()
+            build_peak = torch.cuda.max_memory_allocated() - base_
+            res = {"signal_build_peak_bytes": build_peak, "signal_held_bytes": held,
+                   "full_fp32_logits_bytes": ht.shape[0] * V_t * 4}
+            if args.mode == "topk" and dev.type == "cuda":  # time of the walk: eager vs graph replay
+                for name, fn in (("eager", lambda h: teacher_targets(h, teacher.lm_head, spec.vocab_map, k,
+                                                                     spec.temperature, V_s, chunk)),
+                                 ("graph", GraphedTargets(teacher.lm_head, spec.vocab_map, k, spec.temperature, V_s,
+                                                          chunk))):
+                    fn(ht)
+                    torch.cuda.synchronize()
+                    t0_ = time.perf_counter()
+                    for _ in range(5):
+                        fn(ht)
+                    torch.cuda.synchronize()
+                    res[f"targets_{name}_ms"] = (time.perf_counter() - t0_) / 5 * 1e3
+        return res
+
     def step() -> None:
         with amp():
             if args.mode == "full":
@@ -111,6 +157,9 @@ def one_mode(args: argparse.Namespace) -> dict:
         opt.zero_grad(set_to_none=True)
 
     step()  # warm-up (allocates optimizer state: counted in the baseline, not in the step's peak)
+    step()
+    signal = teacher_signal(b0 := batch()) if dev.type == "cuda" else {}
+    del b0
     sampler = None
     if dev.type == "cuda":
         torch.cuda.synchronize()
@@ -143,9 +192,20 @@ def one_mode(args: argparse.Namespace) -> dict:
         sampler.join()
         peak = max(seen[0], base)
     secs = time.perf_counter() - t0
+    if args.profile_dir and dev.type == "cuda":  # where a step's time goes: top operators by CPU and CUDA time
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        name = (f"profile_{args.mode}{'_graph' if args.graph else ''}{'_compile' if args.compile else ''}"
+                f"{'_tc' if args.compile_teacher else ''}{'_' + args.experts if args.experts else ''}.txt")
+        table = prof.key_averages()
+        Path(args.profile_dir, name).write_text(
+            table.table(sort_by="cpu_time_total", row_limit=25) + "\n" + table.table(sort_by="cuda_time_total", row_limit=25))
     return {"mode": args.mode, "k": k, "chunk": chunk, "peak_bytes": peak, "baseline_bytes": base,
             "step_peak_bytes": max(0, peak - base), "tokens_per_s": B * T * args.iters / secs,
-            "seconds_per_step": secs / args.iters}
+            "seconds_per_step": secs / args.iters, "graph": bool(args.graph), **signal}
 
 
 def main() -> None:
@@ -160,6 +220,13 @@ def main() -> None:
                     "(default: 512 on cuda, 64 on cpu: a quarter of the batch's positions on both)")
     ap.add_argument("--overlap", type=int, default=40_000, help="ids shared by the two vocabularies")
     ap.add_argument("--iters", type=int, default=None, help="timed steps (default: 5 on cuda, 2 on cpu)")
+    ap.add_argument("--modes", default="topk,full", help="comma-separated: topk, topk-eager (no CUDA graph), full")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the student's decoder stack (all modes)")
+    ap.add_argument("--experts", default=None, help="teacher experts implementation: eager (HF default loop), "
+                    "grouped_mm or batched_mm (both modes)")
+    ap.add_argument("--compile-teacher", action="store_true", help="torch.compile the teacher's decoder stack (all modes)")
+    ap.add_argument("--graph", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--profile-dir", default=None, help="CUDA: write a profiler table of one step per mode here")
     ap.add_argument("--mode", choices=["topk", "full"], help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="write the JSON result here too")
     args = ap.parse_args()
@@ -171,23 +238,27 @@ def main() -> None:
     args.batch = args.batch or (4 if cuda else 1)
     args.seq = args.seq or (512 if cuda else 256)
     args.layers = args.layers if args.layers is not None else (0 if cuda else 2)
-    args.iters = args.iters or (5 if cuda else 2)
+    args.iters = args.iters or (10 if cuda else 2)
     args.chunk = args.chunk or (512 if cuda else 64)
     if args.mode:  # child: one mode, one process
         print(json.dumps(one_mode(args)))
         return
     results = {}
-    for mode in ("topk", "full"):
-        cmd = [sys.executable, __file__, "--mode", mode] + [
+    for name in args.modes.split(","):
+        mode = "full" if name == "full" else "topk"
+        cmd = [sys.executable, __file__, "--mode", mode, f"--graph={int(name == 'topk')}"] + (
+            ["--compile"] if args.compile else []) + (["--compile-teacher"] if args.compile_teacher else []) + (
+            [f"--experts={args.experts}"] if args.experts else []) + ([f"--profile-dir={args.profile_dir}"] if args.profile_dir else []) + [
             f"--{k}={v}" for k, v in (("device", args.device), ("batch", args.batch), ("seq", args.seq),
                                       ("layers", args.layers), ("k", args.k), ("chunk", args.chunk),
                                       ("overlap", args.overlap), ("iters", args.iters))]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            results[mode] = {"mode": mode, "error": proc.stderr.strip().splitlines()[-1:]}
+            results[name] = {"mode": name, "error": proc.stderr.strip().splitlines()[-3:]}
             continue
-        results[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
     out = {"benchmark": "distill_topk_memory", "device": args.device, "batch": args.batch, "seq": args.seq,
+           "compile_student": args.compile, "compile_teacher": args.compile_teacher, "experts": args.experts or "eager",
            "layers": args.layers or "real (teacher 24, student 30)", "teacher_vocab": TEACHER_SHAPE["vocab_size"],
            "student_vocab": STUDENT_SHAPE["vocab_size"], "k": args.k, **results}
     if "step_peak_bytes" in results.get("topk", {}) and "step_peak_bytes" in results.get("full", {}):

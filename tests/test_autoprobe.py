@@ -135,3 +135,46 @@ def test_no_auto_under_trainguard_run(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
         assert len([n for n, _ in _probe_events(run_dir) if n == "start"]) == probes
         assert json.loads((run_dir / "status.json").read_text())["state"] == "completed"
+
+
+def test_a_late_trainguard_watch_retires_the_automatic_probe(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    r = _python("""
+        import torch, trainguard
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):  # the automatic probe starts at the first of these
+            model(torch.randn(4, 8)).pow(2).mean().backward(); opt.step(); opt.zero_grad()
+        guard = trainguard.watch(model, opt)
+        guard.set_step(3)
+        for step in range(3):
+            loss = model(torch.randn(4, 8)).pow(2).mean(); loss.backward()
+            guard.step(loss); opt.step(); opt.zero_grad()
+        guard.finish()
+        from trainguard.probe import auto
+        print(auto._state["guard"].opt_steps, guard.opt_steps)
+    """, run_dir, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["3", "6"]  # the retired probe counted no step of the script's own guard
+    events = _probe_events(run_dir)
+    names = [n for n, _ in events]
+    assert names.count("start") == 2 and "auto-retired" in names
+    assert [d["auto"] for n, d in events if n == "start"] == [True, False]
+    assert names.count("finish") == 1  # the script's own guard's; the retired one does not claim the end
+
+
+def test_the_stack_dump_sidecar_is_json_without_the_json_module() -> None:
+    # the bootstrap writes it before anything imported json (which costs every process tens of ms)
+    code = textwrap.dedent("""
+        import sys
+        from trainguard.probe import stackdump
+        sys.modules.pop("json", None)
+        info = {"pid": 5, "file": "/tmp/a\\"b\\\\c.txt", "argv": ["x", "\\u00e9", "\\x01", "\\udcff", "\\U0001f600"],
+                "installed": 1.5}
+        text = stackdump._to_json(info)
+        import json
+        assert json.loads(text) == info, text
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

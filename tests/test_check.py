@@ -66,7 +66,7 @@ def test_seed002_max_steps_counted_in_micro_batches(tmp_path: Path) -> None:
     # the arithmetic is in the finding: 25000 per epoch x 3 = 75000 micro-batches; 1562 x 3 = 4686 steps
     assert "25000 per epoch × 3" in f["summary"] and "1562 × 3 = 4686 optimizer steps" in f["summary"]
     assert f["evidence"]["training.max_steps"] == 75000 and f["evidence"]["micro_batches"] == 75000
-    assert report["plan"]["optimizer_steps"] == 4686
+    assert report["plan"]["optimizer_steps"] == 4686 and report["health"] == "error"
     out = tmp_path / "fixed.yaml"
     r = run_trainguard("check", str(cfg), "--fix", "--output", str(out), cwd=tmp_path)
     assert r.returncode == 0 and "fixed training.max_steps: 75000 -> 4686" in r.stdout, r.stdout

@@ -101,3 +101,15 @@ def test_distill_without_its_extra_is_one_line_and_exit_2(workdir: Path) -> None
     assert "Traceback" not in out.stderr and "internal error" not in out.stderr
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "pip install 'trainguard[distill]'" in lines[0], out.stderr
+
+
+def test_a_hung_run_that_was_stopped_reads_back_as_hung(workdir: Path) -> None:
+    # `hung` is also the state of a run left alive (--on-hang wait); once stopped it has ended, and a
+    # reader must not call it abandoned because its watchdog has exited since.
+    import sys
+
+    out = run_trainguard("run", "--run-dir", "h", "--stall-timeout", "2", "--", sys.executable, "-c",
+                         "import threading; print('started', flush=True); threading.Event().wait()", cwd=workdir)
+    assert out.returncode == 124, out.stderr
+    shown = run_trainguard("status", "h", "--json", cwd=workdir)
+    assert json.loads(shown.stdout)["state"] == "hung", shown.stdout

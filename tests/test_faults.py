@@ -338,3 +338,40 @@ def test_the_first_rank_to_fail_is_the_cause(tmp_path: Path) -> None:
     assert crash["exception"] == "ValueError" and crash["evidence"]["rank"] == 1, crash
     assert "bad batch shape" in crash["summary"]
     assert any("rank 0" in c for c in crash["evidence"]["consequences"]), crash["evidence"]
+
+
+TWO_THREADS = """
+import sys, threading, torch, trainguard
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+guard = trainguard.watch(model, opt, total_steps=200, run_dir=sys.argv[1])
+again = trainguard.watch(model, opt, total_steps=200)  # a second watch() in the same process
+again.step(1.0)
+
+def side():
+    for _ in range(200):
+        guard.step(torch.tensor(5.0))  # a second thread calling guard.step
+
+t = threading.Thread(target=side, name="side-thread")
+for i in range(200):
+    if i == 5:
+        t.start()
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward(); opt.step(); opt.zero_grad(); guard.step(loss)
+t.join()
+guard.finish()
+"""
+
+
+def test_a_second_thread_and_a_second_watch_are_refused_once_without_bad_rows(tmp_path: Path) -> None:
+    script = tmp_path / "threads.py"
+    script.write_text(TWO_THREADS)
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, str(script), str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("watch() called again") == 1
+    assert done.stderr.count("guard.step called from thread 'side-thread'") == 1
+    rows = _steps(run_dir)
+    assert [s for s, *_ in rows] == list(range(1, 201))  # no duplicate, no gap
+    assert all(loss is not None and loss < 5.0 for _, loss, _ in rows)  # no NULL, none from the other thread
+    assert "side-thread" in (run_dir / "guard.log").read_text()

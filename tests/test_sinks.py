@@ -186,3 +186,13 @@ def test_prometheus_endpoint_serves_the_live_run(workdir: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_sink_whose_library_is_missing_is_one_line_before_the_run(workdir: Path) -> None:
+    # the interpreter told wandb cannot be imported (None in sys.modules), as without the wandb extra
+    code = "import sys; sys.modules['wandb'] = None; from trainguard.cli import main; main()"
+    out = subprocess.run([sys.executable, "-c", code, "run", "--run-dir", "r", "--sink", "wandb", "--", "true"],
+                         cwd=workdir, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == "trainguard: error: the wandb sink needs wandb: pip install 'trainguard[wandb]'"
+    assert not (workdir / "r").exists()  # refused before anything started

@@ -45,9 +45,19 @@ def watch(
     if os.environ.get("TRAINGUARD_DISABLE"):
         return NullGuard(grad_accum)
     from trainguard.probe import auto
-    from trainguard.probe.guard import Guard
+    from trainguard.probe.guard import Guard, active_guard
 
     auto.retire()  # the script's own guard: the automatic probe (trainguard run's bootstrap) steps aside
+    first = active_guard()
+    if first is not None:
+        # One guard per process: a second would hook the same optimizer again and write a second stream
+        # of steps into the store (duplicate rows). Refused, once, in one line; finish() the first to switch.
+        import sys
+
+        print(f"trainguard: watch() called again while a guard watches this process ({first.run_dir}): "
+              f"ignored, the first guard keeps watching (call guard.finish() before watching another run)",
+              file=sys.stderr, flush=True)
+        return NullGuard(grad_accum)
     if grad_accum < 1 or (total_steps is not None and total_steps < 1):
         # a mistake in the call itself: loud, at start-up, before any training time is spent
         raise ValueError(f"trainguard.watch: grad_accum must be >= 1 and total_steps >= 1 or None "

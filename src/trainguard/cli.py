@@ -22,6 +22,13 @@ import click
 
 from trainguard import __version__
 from trainguard.errors import UserError
+from trainguard.untrusted import printable
+
+
+def echo(message: Any = "", err: bool = False) -> None:
+    """click.echo with control characters neutralised: what trainguard prints quotes exception messages,
+    phase names and paths from the run, and none of them may drive the reader's terminal."""
+    click.echo(printable(message), err=err)
 
 
 class _Group(click.Group):
@@ -31,13 +38,13 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except UserError as exc:
-            click.echo(f"trainguard: error: {exc}", err=True)
+            echo(f"trainguard: error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except click.UsageError as exc:
             # click's own form is three lines (usage, a hint, the error): bad input is one line here.
             where = exc.ctx.command_path if exc.ctx is not None else "trainguard"
             message = " ".join(exc.format_message().split())
-            click.echo(f"trainguard: error: {message} (see {where} --help)", err=True)
+            echo(f"trainguard: error: {message} (see {where} --help)", err=True)
             ctx.exit(exc.exit_code)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
             raise
@@ -49,12 +56,12 @@ class _Group(click.Group):
                 pass
             ctx.exit(0)
         except KeyboardInterrupt:
-            click.echo("trainguard: interrupted", err=True)
+            echo("trainguard: interrupted", err=True)
             ctx.exit(130)
         except Exception as exc:
             if os.environ.get("TRAINGUARD_DEBUG"):
                 raise
-            click.echo(f"trainguard: internal error: {type(exc).__name__}: {exc} (TRAINGUARD_DEBUG=1 shows the traceback)",
+            echo(f"trainguard: internal error: {type(exc).__name__}: {exc} (TRAINGUARD_DEBUG=1 shows the traceback)",
                        err=True)
             ctx.exit(70)
 
@@ -153,7 +160,7 @@ def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str
         raise
     feed.stop()  # the last pass and the final state; bounded, and a sink's failure never changes `code`
     for name, why in feed.feed.failed.items():
-        click.echo(f"trainguard: sink {name} was switched off: {why} (the run is unaffected)", err=True)
+        echo(f"trainguard: sink {name} was switched off: {why} (the run is unaffected)", err=True)
     sys.exit(code)
 
 
@@ -187,7 +194,7 @@ def export(run: str | None, sinks: tuple[str, ...]) -> None:
     path = resolve_run(run)
     held = feed_once(path, specs)
     for spec in specs:
-        click.echo(f"{spec.name}: {'written' if spec.name in held else 'failed (see ' + str(path / 'guard.log') + ')'}")
+        echo(f"{spec.name}: {'written' if spec.name in held else 'failed (see ' + str(path / 'guard.log') + ')'}")
     sys.exit(0 if len(held) == len(specs) else 1)
 
 
@@ -251,14 +258,17 @@ def check(config: str, dataset_size: int | None, do_fix: bool, output: str | Non
     from trainguard.preflight.check import run_check
 
     sys.exit(run_check(config, dataset_size=dataset_size, do_fix=do_fix, output=output, as_json=as_json,
-                       echo=click.echo))
+                       echo=echo))
 
 
 @main.command()
 @click.argument("path")
 @click.option("--json", "as_json", is_flag=True,
               help="JSON: a run folder's findings as a list; anything else's diagnosis as one object on one line.")
-def diagnose(path: str, as_json: bool) -> None:
+@click.option("--alive", is_flag=True,
+              help="Also ask whether the run may still be going, from when the log was last written (without it, "
+                   "no verdict depends on the file's modification time).")
+def diagnose(path: str, as_json: bool, alive: bool) -> None:
     """Diagnose a run: a trainguard run folder (the health rules over its store, by path or name), or a
     run nobody watched: a log, an output folder (Hugging Face, Lightning, Ultralytics), a metrics file
     (CSV, JSON Lines, trainer_state.json) or TensorBoard event files.
@@ -279,12 +289,12 @@ def diagnose(path: str, as_json: bool) -> None:
         # a run without the probe: its captured output is all there is, and the watchdog saw it end
         ended = "status.json: completed" if read_status(target).get("state") == "completed" else None
         target = target / "output.log"
-    d = diagnose_path(target, ended=ended)
+    d = diagnose_path(target, ended=ended, alive=alive)
     if as_json:
-        click.echo(json.dumps(d.to_dict(), default=str))
+        echo(json.dumps(d.to_dict(), default=str))
     else:
         for line in render(d):
-            click.echo(line)
+            echo(line)
     sys.exit(1 if any(f.severity == "error" for f in d.findings) else 0)
 
 
@@ -300,13 +310,13 @@ def _diagnose_run_folder(run_dir: Any, as_json: bool) -> None:
 
     findings = diagnose_run(run_dir)
     if as_json:
-        click.echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
+        echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
     elif not findings:
-        click.echo("trainguard: no findings")
+        echo("trainguard: no findings")
     for f in [] if as_json else findings:
-        click.echo(f.one_line())
+        echo(f.one_line())
         if f.fix:
-            click.echo(f"  fix: {f.fix}")
+            echo(f"  fix: {f.fix}")
     sys.exit(1 if any(f.severity == "error" for f in findings) else 0)
 
 
@@ -317,17 +327,13 @@ def status(run: str | None, as_json: bool) -> None:
     """Print a run's state, step and findings (default: the newest run)."""
     from trainguard.store.paths import resolve_run
     from trainguard.store.status import read_status
-    from trainguard.watchdog.verdict import pid_alive
 
     path = resolve_run(run)
-    st = read_status(path)
+    st = read_status(path)  # a live state whose owner is gone comes back as `abandoned` (store/owner.py)
     if not st:
         raise UserError(f"{path} has no status.json yet")
-    if st.get("state") == "running" and st.get("pid") and not pid_alive(int(st["pid"])):
-        # Truthful states: a "running" run whose process is gone ended without a word.
-        st["state_note"] = "the process is gone but never reported an end: it was killed or its watchdog died"
     if as_json:
-        click.echo(json.dumps(st, indent=2))
+        echo(json.dumps(st, indent=2))
         return
     _print_status(path, st)
 
@@ -346,19 +352,19 @@ def _print_status(path: Any, st: dict) -> None:
     if st.get("phase"):
         line += f", phase {st['phase']}"
     line += f"; health {health_counts(st)}"  # beside the state: a completed run may still be unhealthy
-    click.echo(line)
+    echo(line)
     if st.get("state_note"):
-        click.echo(f"  note: {st['state_note']}")
+        echo(f"  note: {st['state_note']}")
     findings = st.get("findings") or []
     if not findings:
-        click.echo("  no findings")
+        echo("  no findings")
     for f in findings:
         at = f" at step {f['step']}" if f.get("step") is not None else ""
-        click.echo(f"  {f.get('code')} {f.get('name')} [{f.get('severity')}]{at}: {f.get('summary')}")
+        echo(f"  {f.get('code')} {f.get('name')} [{f.get('severity')}]{at}: {f.get('summary')}")
         if f.get("where"):
-            click.echo(f"    where: {f['where']}")
+            echo(f"    where: {f['where']}")
         if f.get("fix"):
-            click.echo(f"    fix: {f['fix']}")
+            echo(f"    fix: {f['fix']}")
 
 
 @main.command("ls")
@@ -373,7 +379,7 @@ def ls_runs(root: str | None) -> None:
 
     runs = list_runs(root)
     if not runs:
-        click.echo(f"no runs under {root or runs_root()}")
+        echo(f"no runs under {root or runs_root()}")
         return
     header = ("run", "state", "health", "step", "findings", "started", "command")
     rows = []
@@ -392,7 +398,7 @@ def ls_runs(root: str | None) -> None:
         # Piped or redirected: every name whole (a script greps it, or passes it to `status`), no cut.
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
         for r in [header, *rows]:
-            click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1])
+            echo("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1])
         return
     table = Table(box=None)
     for col in header:
@@ -411,24 +417,24 @@ def rules(rule: str | None, as_json: bool) -> None:
 
     if rule is None:
         if as_json:
-            click.echo(json.dumps([{"code": e.code, "name": e.name, "family": e.family, "severity": e.severity,
+            echo(json.dumps([{"code": e.code, "name": e.name, "family": e.family, "severity": e.severity,
                                     "status": e.status, "summary": e.headline()} for e in CATALOG], indent=2))
             return
         for e in CATALOG:
-            click.echo(f"{e.code}  {e.name:<28} {e.severity:<8} {e.family}")
+            echo(f"{e.code}  {e.name:<28} {e.severity:<8} {e.family}")
         return
     e = lookup(rule)
     if as_json:
-        click.echo(json.dumps({"code": e.code, "name": e.name, "family": e.family, "severity": e.severity,
+        echo(json.dumps({"code": e.code, "name": e.name, "family": e.family, "severity": e.severity,
                                "status": e.status, "since": e.since, "summary": e.headline(), "doc": e.doc()},
                               indent=2))
         return
-    click.echo(f"{e.name} ({e.code})")
-    click.echo(f"Family: {e.family}. Severity: {e.severity}. Status: {e.status} since {e.since}.")
-    click.echo("")
-    click.echo(e.headline())
-    click.echo("")
-    click.echo(e.doc())
+    echo(f"{e.name} ({e.code})")
+    echo(f"Family: {e.family}. Severity: {e.severity}. Status: {e.status} since {e.since}.")
+    echo("")
+    echo(e.headline())
+    echo("")
+    echo(e.doc())
 
 
 @main.command()
@@ -444,9 +450,9 @@ def report(run: str | None, to_terminal: bool) -> None:
         from rich.console import Console
         from rich.markdown import Markdown
 
-        Console().print(Markdown(md_path.read_text()))
-    click.echo(f"report: {html_path}")
-    click.echo(f"report: {md_path}")
+        Console().print(Markdown(printable(md_path.read_text(encoding="utf-8", errors="replace"))))
+    echo(f"report: {html_path}")
+    echo(f"report: {md_path}")
 
 
 @main.command()
@@ -483,12 +489,12 @@ def compare(run_a: str, run_b: str, out: str, warmup: int | None, min_speedup: f
     paths, result = write_comparison(resolve_run(run_a), resolve_run(run_b), prepare_run_dir(out), warmup=warmup,
                                      repeats_a=[resolve_run(r) for r in repeats_a],
                                      repeats_b=[resolve_run(r) for r in repeats_b], run_noise=run_noise)
-    click.echo(result["headline"])
+    echo(result["headline"])
     for p in paths:
-        click.echo(f"comparison: {p}")
+        echo(f"comparison: {p}")
     problems = unmet(result, min_speedup=min_speedup, same_convergence=same_convergence)
     for text in problems:
-        click.echo(f"compare: not met: {text}", err=True)
+        echo(f"compare: not met: {text}", err=True)
     if problems:
         sys.exit(1)
 
@@ -506,7 +512,7 @@ def demo(root: str | None) -> None:
 
     from trainguard.demo.tour import run_tour
 
-    sys.exit(run_tour(_default_monitors, Path(root) if root else None))
+    sys.exit(run_tour(Path(root) if root else None))
 
 
 def _add_recipes() -> None:

@@ -2,7 +2,7 @@
 
     trainguard demo [--root DIR]
 
-Three short runs, each under the watchdog as `trainguard run` would start it:
+Three short runs, each a `trainguard run` of its own, started at once:
 
 1. a healthy run (a tiny transformer LM): it completes and nothing is reported;
 2. seed 002's failure: a scheduler stepped per micro-batch, so the LR sits at 0 from step 8 on;
@@ -16,10 +16,12 @@ installed package as the user's code).
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -70,29 +72,29 @@ class Outcome:
     status: dict[str, Any] = field(default_factory=dict)
 
 
-def run_tour(monitors: Callable[[], list], root: Path | None = None, echo: Any = click.echo) -> int:
-    """Runs the three demo runs in turn, each with `monitors()` (those `trainguard run` gets).
+def run_tour(root: Path | None = None, echo: Any = click.echo) -> int:
+    """Starts the three demo runs at once, each a `trainguard run` of its own, and shows each in turn.
 
+    At once, not one after another: most of a demo run is waiting (Python and torch starting, the stall
+    timeout running out, the stacks sampled two seconds apart), and three waits overlap where three in
+    a row add up. Each run's terminal output is held and printed whole, in order, when it has ended.
     Returns 0 when each run ended as the demo expects, else 1.
     """
-    from trainguard.watchdog.supervisor import RunOptions, Supervisor
-
     root = Path(root) if root is not None else runs_root()
     scripts = _copy_scripts(root / "demo-scripts")
-    outcomes: list[Outcome] = []
     t0 = time.time()
-    for i, demo in enumerate(RUNS, 1):
+    started = [_start(demo, root, scripts) for demo in RUNS]
+    echo(f"trainguard demo: {len(RUNS)} runs started under the watchdog, in {root}; each is shown when it ends")
+    outcomes: list[Outcome] = []
+    for i, (demo, run_dir, proc, terminal) in enumerate(started, 1):
+        code = proc.wait()
+        terminal.seek(0)
         echo("")
         echo(click.style(f"== {i}/{len(RUNS)}  {demo.title}", bold=True))
         echo(f"   {demo.note}")
-        run_dir = new_run_dir(f"demo-{Path(demo.script).stem}", root)
-        args = [a.replace("{run_dir}", str(run_dir)) for a in demo.args]
-        options = RunOptions(command=[sys.executable, str(scripts / demo.script), *args], run_dir=str(run_dir),
-                             stall_timeout=demo.stall_timeout, stop_on=list(demo.stop_on),
-                             expects=[str(run_dir / e) for e in demo.expects], echo=False, live=False)
-        started = time.time()
-        code = Supervisor(options, monitors=monitors()).run()
-        outcome = Outcome(demo, run_dir, code, time.time() - started, read_status(run_dir))
+        echo(terminal.read().decode(errors="replace").rstrip("\n"))
+        terminal.close()
+        outcome = Outcome(demo, run_dir, code, time.time() - t0, read_status(run_dir))
         outcomes.append(outcome)
         _show_evidence(outcome, echo)
     echo("")
@@ -103,6 +105,25 @@ def run_tour(monitors: Callable[[], list], root: Path | None = None, echo: Any =
         echo(f"              report: {o.run_dir / 'report.html'}")
     echo(f"   the demo's scripts: {scripts}   more: trainguard ls, trainguard status RUN, trainguard rules CODE")
     return 0 if all(_as_expected(o) for o in outcomes) else 1
+
+
+def _start(demo: DemoRun, root: Path, scripts: Path) -> tuple[DemoRun, Path, subprocess.Popen, Any]:
+    """`trainguard run --quiet ...` for one demo run; its terminal output goes to a temporary file."""
+    run_dir = new_run_dir(f"demo-{Path(demo.script).stem}", root)
+    watch = ["--run-dir", str(run_dir), "--quiet"]
+    if demo.stall_timeout is not None:
+        watch += ["--stall-timeout", str(demo.stall_timeout)]
+    if demo.stop_on:
+        watch += ["--stop-on", ",".join(demo.stop_on)]
+    for name in demo.expects:
+        watch += ["--expect", str(run_dir / name)]
+    args = [a.replace("{run_dir}", str(run_dir)) for a in demo.args]
+    command = [sys.executable, "-m", "trainguard.cli", "run", *watch, "--", sys.executable,
+               str(scripts / demo.script), *args]
+    terminal = tempfile.TemporaryFile()
+    env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_RUN_DIR"}
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=terminal, stderr=subprocess.STDOUT, env=env)
+    return demo, run_dir, proc, terminal
 
 
 def _copy_scripts(dest: Path) -> Path:

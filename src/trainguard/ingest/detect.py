@@ -13,6 +13,7 @@ from pathlib import Path
 
 from trainguard.errors import UserError
 from trainguard.ingest.events import Source
+from trainguard.untrusted import regular_file
 
 LOG_NAMES = ("output.log", "train.log", "stdout.log", "log.txt", "stdout.txt")
 _VERSION = re.compile(r"^version_(\d+)$")
@@ -23,7 +24,7 @@ def open_source(path: str | Path) -> Source:
     try:
         if not p.exists():
             raise UserError(f"{p}: no such file or folder")
-        return _open_dir(p) if p.is_dir() else _open_file(p)
+        return _open_dir(p) if p.is_dir() else _open_file(regular_file(p))
     except PermissionError as exc:
         raise UserError(f"cannot read {p}: {exc.strerror}") from None
     except IsADirectoryError as exc:
@@ -38,6 +39,8 @@ def _open_file(p: Path) -> Source:
         return hf.read_trainer_state(p, p.parent.parent if p.parent.name.startswith("checkpoint-") else p.parent)
     if name.startswith("events.out.tfevents."):
         return tensorboard.read_tensorboard([p])
+    if name.endswith(".tsv"):
+        return tables.read_csv(p, "tab-separated table", "\t")
     if name.endswith(".csv"):
         fmt = {"results.csv": "ultralytics results.csv", "metrics.csv": "lightning metrics.csv"}.get(name, "csv")
         return tables.read_csv(p, fmt)
@@ -49,6 +52,9 @@ def _open_file(p: Path) -> Source:
         if b'"log_history"' in head or b'"max_steps"' in head or b'"global_step"' in head:
             return hf.read_trainer_state(p)
         return tables.read_jsonl(p)
+    delimiter = tables.sniff_table(p)
+    if delimiter is not None:  # a `step<TAB>loss` table saved as train.log
+        return tables.read_csv(p, "tab-separated table" if delimiter == "\t" else "csv", delimiter)
     return textlog.read_text_log(p)
 
 

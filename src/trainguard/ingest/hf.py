@@ -9,7 +9,6 @@ folder's own `trainer_state.json` only when training ends; a run that died leave
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from trainguard.errors import UserError
 from trainguard.ingest.events import Facts, Source, event, metrics_to_events, sniff_binary, to_number
+from trainguard.untrusted import json_problem, load_json
 
 MAX_STATE_BYTES = 512 * 1024 * 1024  # a trainer_state.json larger than this is not one
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -54,9 +54,9 @@ def read_trainer_state(path: Path, folder: Path | None = None) -> Source:
         raw = f.read()
     sniff_binary(raw[:8192], path)
     try:
-        state = json.loads(raw.decode("utf-8", "replace"))
-    except ValueError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}): truncated?") from None
+        state = load_json(raw.decode("utf-8", "replace"))
+    except ValueError as exc:  # a JSONDecodeError, or a number or nesting Python cannot read
+        raise UserError(f"{path}: not valid JSON ({json_problem(exc)}): truncated?") from None
     if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
         raise UserError(f"{path}: JSON without a log_history list: not a Hugging Face trainer_state.json")
     plan = {"total_steps": _int(state.get("max_steps")), "logging_steps": _int(state.get("logging_steps")),
@@ -64,12 +64,24 @@ def read_trainer_state(path: Path, folder: Path | None = None) -> Source:
     plan = {k: v for k, v in plan.items() if v}
     facts = Facts(mtime=path.stat().st_mtime)
     ckpts = checkpoint_dirs(folder) if folder is not None else []
+    facts.snapshot = _snapshot(state, plan.get("total_steps"))
     return Source(path=path, format="hugging face trainer_state.json", plan=plan,
-                  events=_events(state["log_history"], ckpts, facts, plan.get("total_steps")), facts=facts, log_like=True)
+                  events=_events(state["log_history"], ckpts, facts, plan.get("total_steps"), _int(state.get("global_step"))),
+                  facts=facts, log_like=True)
+
+
+def _snapshot(state: dict[str, Any], total: int | None) -> str:
+    """Where the run was when the Trainer wrote this file: a checkpoint's copy never holds the summary."""
+    step = _int(state.get("global_step"))
+    if step is None:
+        return "a trainer_state.json without a global_step"
+    if total:
+        return f"a checkpoint snapshot at step {step:,} of max_steps {total:,} ({step / total:.0%})"
+    return f"a checkpoint snapshot at step {step:,}"
 
 
 def _events(history: list[Any], ckpts: list[tuple[int, Path]], facts: Facts,
-            total_steps: int | None) -> Iterator[dict[str, Any]]:
+            total_steps: int | None, global_step: int | None) -> Iterator[dict[str, Any]]:
     pending = list(ckpts)
     last_step: int | None = None
     for entry in history:
@@ -93,9 +105,11 @@ def _events(history: list[Any], ckpts: list[tuple[int, Path]], facts: Facts,
         yield from metrics_to_events(step, metrics, facts)
     for n, p in pending:
         yield event("checkpoint", n, {"path": str(p)}, name=p.name)
-    if facts.completed is None and total_steps and last_step is not None and last_step >= total_steps:
+    reached = max(last_step or 0, global_step or 0)
+    if facts.completed is None and total_steps and reached >= total_steps:
         # a checkpoint's own state stops before the summary: reaching max_steps is the sign of the end
-        facts.completed = f"log_history reaches max_steps ({total_steps})"
+        # (the last log row may sit a few steps before it, between two logging steps)
+        facts.completed = f"global_step reaches max_steps ({total_steps})"
 
 
 def _int(value: Any) -> int | None:

@@ -628,6 +628,8 @@ def run_check(path: str, *, dataset_size: int | None, do_fix: bool, output: str 
                            "findings": [f.to_dict() for f in verdict]}
     failed = any(f.severity == "error" for f in verdict)
     report["state"] = "failed" if failed else "passed"
+    severities = {f.severity for f in verdict}
+    report["health"] = "error" if failed else "warning" if "warning" in severities else "ok"
     if as_json:
         echo(json.dumps(report, default=str))
     return 1 if failed else 0

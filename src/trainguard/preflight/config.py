@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UserError
+from trainguard.untrusted import json_problem, load_json, load_yaml, regular_file
 
 # canonical name -> (type, names it goes by; Hugging Face TrainingArguments first)
 KEYS: dict[str, tuple[type, tuple[str, ...]]] = {
@@ -76,8 +77,9 @@ class Config:
 
 def load_config(path: str | Path, *, dataset_size: int | None = None) -> Config:
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise UserError(f"config not found: {p}")
+    regular_file(p, "config file")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -99,14 +101,16 @@ def load_config(path: str | Path, *, dataset_size: int | None = None) -> Config:
 def parse(text: str, fmt: str, path: Path) -> dict[str, Any]:
     if fmt == "json":
         try:
-            data = json.loads(text)
+            data = load_json(text)
         except ValueError as exc:
-            raise UserError(f"{path}: malformed JSON: {exc}") from None
+            raise UserError(f"{path}: malformed JSON: {json_problem(exc)}") from None
     else:
         import yaml
 
         try:
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
+        except ValueError as exc:  # refused: an alias bomb, a recursive alias, nesting too deep
+            raise UserError(f"{path}: refused YAML: {exc}") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

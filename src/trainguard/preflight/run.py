@@ -43,6 +43,7 @@ from trainguard.preflight import judge, scratch
 from trainguard.probe.fastforward import ENV_PREFLIGHT, SCHEDULE_FILE
 from trainguard.store.paths import new_run_dir, prepare_run_dir, runs_root
 from trainguard.store.status import write_status
+from trainguard.untrusted import printable
 
 RESUME_STEPS = 2  # optimizer steps the resumed start makes before it is stopped
 EXIT_INCOMPLETE = 3  # the script could not be fast-forwarded: what could not be checked is listed
@@ -154,7 +155,7 @@ def _conclude(run_dir: Path, opts: PreflightOptions, findings: list[Finding], su
     write_status(run_dir, status)
     (run_dir / "preflight.json").write_text(json.dumps(summary, indent=2, default=str))
     for line in judge.report_lines(state, findings, summary, run_dir):
-        print(line, file=sys.stderr)
+        print(printable(line), file=sys.stderr)
     return code
 
 

@@ -26,11 +26,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from pathlib import Path
-from typing import Any
+
+# Only the standard library's lightest modules at import: the bootstrap loads this file (and
+# probe/stackdump.py) into every Python process of the run at start-up, without importing the trainguard
+# package, so a process that never imports torch pays microseconds, not the package's imports.
+Any = object  # annotations only (this module avoids importing `typing`)
 
 ENV_AUTO = "TRAINGUARD_AUTO"  # "0": no bootstrap, no automatic probe
-BOOT_DIR = Path(__file__).resolve().parent / "boot"  # holds sitecustomize.py, and nothing else importable
+BOOT_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "boot")  # sitecustomize.py, nothing else
 OPTIMIZER_MODULE = "torch.optim.optimizer"
 ENV_PREFLIGHT = "TRAINGUARD_PREFLIGHT"  # as probe/fastforward.py (not imported here: boot stays small)
 
@@ -48,7 +51,7 @@ def bootstrap_env(environ: Any = None) -> dict[str, str]:
     env = os.environ if environ is None else environ
     if not enabled(env):
         return {ENV_AUTO: "0"}
-    path = [str(BOOT_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(BOOT_DIR)]
+    path = [BOOT_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOT_DIR]
     return {"PYTHONPATH": os.pathsep.join(path), ENV_AUTO: "1"}
 
 
@@ -74,16 +77,17 @@ def boot() -> None:
 
 
 def _install_stack_dump() -> None:
-    from trainguard.probe import stackdump
-
+    stackdump = sys.modules.get("trainguard.probe.stackdump")
+    if stackdump is None:
+        from trainguard.probe import stackdump
     if not os.environ.get(stackdump.ENV_STACKS):
         # the first Python process of the run: its children inherit the folder through the environment
-        folder = Path(os.environ["TRAINGUARD_RUN_DIR"]) / "stacks"
+        folder = os.path.join(os.environ["TRAINGUARD_RUN_DIR"], "stacks")
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            os.makedirs(folder, exist_ok=True)
         except OSError:
             return
-        os.environ[stackdump.ENV_STACKS] = str(folder)
+        os.environ[stackdump.ENV_STACKS] = os.path.realpath(folder)
     stackdump.install_from_env()
 
 
@@ -129,6 +133,8 @@ def _install_write_watch() -> None:
 
         cfg = json.loads(os.environ[ENV_PREFLIGHT])
         if cfg.get("scratch"):
+            from pathlib import Path
+
             fastforward.install_write_watch(Path(cfg["scratch"]), Path(os.environ["TRAINGUARD_RUN_DIR"]),
                                             cfg.get("origin"))
     except Exception as exc:
@@ -262,6 +268,6 @@ def _note(text: str) -> None:
     try:
         from trainguard.probe.selflog import GuardLog
 
-        GuardLog(Path(os.environ["TRAINGUARD_RUN_DIR"]), int(os.environ.get("RANK", "0") or 0)).write(text)
+        GuardLog(os.environ["TRAINGUARD_RUN_DIR"], int(os.environ.get("RANK", "0") or 0)).write(text)
     except Exception:
         pass

@@ -96,7 +96,11 @@ class Contracts:
         self.no_grad_steps: list[int] = []
         self.frozen_before: list[tuple[str, Any, Any, int]] = []
         self.grad_watch: list[_GradWatch] = []
-        self.world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        # Replicas are compared only where they must be identical: a DistributedDataParallel model (FSDP,
+        # ZeRO and tensor parallelism hold different shards under the same names on each rank).
+        ddp = getattr(getattr(torch.nn, "parallel", None), "DistributedDataParallel", None)
+        replicated = ddp is not None and isinstance(model, ddp)
+        self.world = int(os.environ.get("WORLD_SIZE", "1") or 1) if replicated else 1
         self.checksum_params: list[tuple[str, Any]] = []
         if opt is not None:
             self.handles += [opt.register_step_pre_hook(self._opt_pre), opt.register_step_post_hook(self._opt_post)]
@@ -441,7 +445,8 @@ class Contracts:
 
     def _autocast_pre(self, step: int) -> None:
         on = {d: _autocast_on(d) for d in ("cuda", "cpu")}
-        dev = self.device_type
+        first = next(iter(self.module.parameters()), None)  # where the model is now (it may have moved)
+        dev = self.device_type = first.device.type if first is not None else None
         if dev not in on:
             return
         if on[dev]:
@@ -457,7 +462,8 @@ class Contracts:
                 "cause": "other-device", "autocast_device": other[0], "model_device": dev, "step": step,
                 "layers": [n for n, _, _ in self.big_layers[:MAX_NAMES]],
             }, step=step)
-        elif self.guard.scaler is not None and torch_is_fp32(self.module):
+        elif dev == "cuda" and _scaler_enabled(self.guard.scaler) and torch_is_fp32(self.module):
+            # (CUDA only: a GradScaler exists for fp16 autocast there; on the CPU it is a deliberate choice)
             self.scaler_no_autocast.append(step)
             if len(self.scaler_no_autocast) >= 3:
                 self.report("autocast-runs-fp32", {
@@ -503,7 +509,8 @@ class Contracts:
         step = g.step_count + 1
         if module.training and self.sampled(step) and "loss-broadcasts-batch" not in self.off:
             out = _first_tensor(output)
-            if out is not None and out.dim() in (1, 2) and out.requires_grad:
+            # (B,) or (B, 1) only: the shapes the broadcast bug needs, and small enough to hold on to
+            if out is not None and out.requires_grad and (out.dim() == 1 or out.dim() == 2 and out.shape[1] == 1):
                 # kept for this micro-batch's `guard.step` (which counts it as micro + 1)
                 self.last_output, self.last_output_step = out.detach(), g.micro + 1
         if g._ff is not None and not module.training and self.det_checks < 2 and "eval-not-deterministic" not in self.off:
@@ -615,6 +622,13 @@ def _autocast_dtype(device: str) -> Any:
         return torch.get_autocast_dtype(device)
     except (AttributeError, TypeError):
         return torch.get_autocast_gpu_dtype() if device == "cuda" else torch.get_autocast_cpu_dtype()
+
+
+def _scaler_enabled(scaler: Any) -> bool:
+    if scaler is None:
+        return False
+    enabled = getattr(scaler, "is_enabled", None)
+    return bool(enabled()) if callable(enabled) else True
 
 
 def torch_is_fp32(module: Any) -> bool:

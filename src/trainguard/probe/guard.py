@@ -33,10 +33,12 @@ from typing import Any
 
 from trainguard.probe import contracts, devicestats, planinfo, samples, stackdump
 from trainguard.probe.replay import BatchRing
+from trainguard.probe.schedclock import SchedClock
 from trainguard.probe.selflog import GuardLog
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
+from trainguard.untrusted import printable
 
 ENV_WATCHDOG = "TRAINGUARD_WATCHDOG"
 ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"
@@ -120,6 +122,7 @@ class Guard:
         self._extra: dict[str, float] = {}
         self._data_wait = 0.0
         self._t_last_close: float | None = None
+        self._sched = SchedClock()  # the training thread's CPU time and run-queue wait, every 8th step
         self._t_progress: float | None = None
         self._phases: list[str] = []
         self.phases_seen: dict[str, int] = {}
@@ -131,6 +134,9 @@ class Guard:
         self._snapshot: Any = None
         self._errors = 0
         self._disabled = False
+        self._step_thread: int | None = None  # the training thread: the first to call `step`
+        self._thread_lock = threading.Lock()
+        self._thread_refused = False
         self.finished = False
         self.crashed = False
         self._observers: list[Any] = []  # callables fed each resolved step row (online rules)
@@ -204,6 +210,8 @@ class Guard:
         """
         if os.getpid() != self._pid:
             return
+        if threading.get_ident() != self._step_thread and not self._other_thread():
+            return
         # Counting goes on even when the guard switched itself off: the loop's `due()` depends on it.
         self.micro += 1
         closes = self.micro % self.grad_accum == 0
@@ -235,6 +243,30 @@ class Guard:
             self._fail("step", exc)
         if closes and self._ff is not None:
             self._ff.after_step(self)  # may end the script (preflight only, on purpose)
+
+    def _other_thread(self) -> bool:
+        """`step` from a thread that is not the training thread: the first thread to call it owns the guard.
+
+        Why refuse rather than lock: a step is a sequence of micro-batches on one thread; calls from two
+        threads interleave into steps that belong to neither (the duplicate rows with no loss this used to
+        write). The other thread's calls are ignored, said once on stderr and in guard.log."""
+        with self._thread_lock:
+            if self._step_thread is None:
+                self._step_thread = threading.get_ident()
+                return True
+            if threading.get_ident() == self._step_thread:
+                return True
+            if not self._thread_refused:
+                self._thread_refused = True
+                line = (f"trainguard: guard.step called from thread {threading.current_thread().name!r} while "
+                        f"steps come from another thread: only that one is recorded; these calls are ignored "
+                        f"(one training loop per guard)")
+                self._selflog.write(line)
+                try:
+                    print(line, file=sys.stderr, flush=True)
+                except (OSError, ValueError):
+                    pass
+            return False
 
     def set_step(self, step: int) -> None:
         """Tells the guard the optimizer step a resumed run starts from (read from its checkpoint).
@@ -365,6 +397,7 @@ class Guard:
         self.finished = True
         if self in _HOOKED:
             _HOOKED.remove(self)  # a later crash of another guard in this process is not this run's
+        self._sched.close()
         try:
             if not self._disabled:
                 self._emit_all()
@@ -445,6 +478,10 @@ class Guard:
         rec["weights"] = dict(self._weights)
         rec["data_wait"] = self._data_wait
         rec["step_time"] = (now - self._t_last_close) if self._t_last_close is not None else None
+        if step % 8 == 0:  # one pread, no device sync: for throughput-drop to tell whose slowdown it is
+            clock = self._sched.per_step(step)
+            if clock is not None:
+                rec["cpu_s"], rec["run_wait_s"] = clock
         rec["loss_done"] = True
         if self.scaler is not None:
             # read on the loss side too: a step the GradScaler skips never reaches the optimizer hooks
@@ -764,7 +801,7 @@ class Guard:
         for f in found:
             self._writer.add_event("finding", f.name, f.to_dict(), step=f.step)
             try:
-                print(f"trainguard: {f.one_line()}", file=sys.stderr, flush=True)
+                print(f"trainguard: {printable(f.one_line())}", file=sys.stderr, flush=True)
             except (OSError, ValueError):
                 pass
         if found:
@@ -786,6 +823,8 @@ class Guard:
             extra["lrs"] = rec["lrs"]
         if rec.get("no_grad"):
             extra["params_without_grad"] = rec["no_grad"]
+        if rec.get("cpu_s") is not None:
+            extra["cpu_s"], extra["run_wait_s"] = rec["cpu_s"], rec["run_wait_s"]
         if rec.get("incomplete"):
             extra["incomplete"] = True
             if self._uses_step and self.optimizer is not None and not rec.get("opt_done"):
@@ -842,6 +881,8 @@ class Guard:
             "stats_every": self.stats_every,
             "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
             "schedulers": _safe(lambda: planinfo.sched_names(self.scheduler)),
+            # TG102 measures scheduler steps per optimizer step from this count (timm's schedulers keep none)
+            "sched_counted": _safe(lambda: planinfo.sched_epoch(self.scheduler) is not None),
             "output_size": _safe(lambda: planinfo.output_size(self.model, config)),
         }
         if self.rank == 0:
@@ -1070,6 +1111,14 @@ def _safe(fn: Any) -> Any:
 
 
 _HOOKED: list[Guard] = []
+
+
+def active_guard() -> Guard | None:
+    """The guard watching this process now (made by `watch`, not finished), if any."""
+    for g in _HOOKED:
+        if not g.finished and g._pid == os.getpid() and not g._disabled:
+            return g
+    return None
 
 
 def _install_crash_hook(guard: Guard) -> None:

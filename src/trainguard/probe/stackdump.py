@@ -24,31 +24,29 @@ Fail-open: anything that goes wrong here leaves the process as it was.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import threading
 import time
-from pathlib import Path
-from typing import Any
 
-from trainguard.watchdog.verdict import pid_alive
+# Only the standard library's lightest modules at import: under `trainguard run` the bootstrap loads this
+# file into every Python process of the run, at interpreter start-up (see probe/auto.py).
 
 ENV_STACKS = "TRAINGUARD_STACKS"
 # A real-time signal nobody else uses by default (not SIGUSR1/2, which launchers and Lightning take).
 # None where there are no real-time signals (macOS, Windows): no handler, py-spy stays the only source.
 STACK_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
 
-_state: dict[str, Any] = {"dir": None, "pid": None, "file": None, "fork_hook": False}
+_state: dict[str, object] = {"dir": None, "pid": None, "file": None, "fork_hook": False}
 
 
 def install(run_dir: str | os.PathLike) -> bool:
     """Installs the stack-dump handler in this process and arranges it for children. True when installed."""
     try:
-        folder = Path(run_dir) / "stacks"
-        folder.mkdir(parents=True, exist_ok=True)
-        os.environ[ENV_STACKS] = str(folder.resolve())
+        folder = os.path.realpath(os.path.join(os.fspath(run_dir), "stacks"))
+        os.makedirs(folder, exist_ok=True)
+        os.environ[ENV_STACKS] = folder
         ok = _register(folder)
         if not _state["fork_hook"]:
             os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -66,7 +64,7 @@ def install_from_env() -> bool:
     if not folder or _state["pid"] == os.getpid():
         return False
     try:
-        ok = _register(Path(folder))
+        ok = _register(folder)
         if not _state["fork_hook"]:
             os.register_at_fork(after_in_child=_after_fork_in_child)
             _state["fork_hook"] = True
@@ -75,7 +73,7 @@ def install_from_env() -> bool:
         return False
 
 
-def _register(folder: Path) -> bool:
+def _register(folder: str) -> bool:
     import faulthandler
 
     if STACK_SIGNAL is None:
@@ -86,7 +84,7 @@ def _register(folder: Path) -> bool:
     if previous not in (signal.SIG_DFL, signal.SIG_IGN, None) and _state["pid"] is None:
         return False  # the script uses this signal itself: leave it alone
     pid = os.getpid()
-    fh = open(folder / f"proc-{pid}.txt", "a", buffering=1)
+    fh = open(os.path.join(folder, f"proc-{pid}.txt"), "a", buffering=1)
     if _state["pid"] is None:
         # (only the first time in this interpreter: a forked child keeps faulthandler's handler as it is)
         # faulthandler puts back the handler it found when the interpreter shuts down: make that "ignore",
@@ -110,18 +108,45 @@ def _register(folder: Path) -> bool:
         "argv": list(sys.argv),
         "installed": time.time(),
     }
-    tmp = folder / f".proc-{pid}.json.tmp"
-    tmp.write_text(json.dumps(info))
-    os.replace(tmp, folder / f"proc-{pid}.json")
+    tmp = os.path.join(folder, f".proc-{pid}.json.tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        out.write(_to_json(info))
+    os.replace(tmp, os.path.join(folder, f"proc-{pid}.json"))
     return True
+
+
+def _to_json(info: dict) -> str:
+    """`json.dumps` for the sidecar's flat dict of ints and strings (and a list of strings), when the json
+    module is not loaded yet: importing it (and `re` with it) at every interpreter start-up cost tens of
+    milliseconds per process under the bootstrap."""
+    json = sys.modules.get("json")
+    if json is not None:
+        return json.dumps(info)
+
+    def value(v: object) -> str:
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        text = str(v)
+        # escaped: quotes, backslashes, control characters and lone surrogates (an undecodable argv byte)
+        return '"' + "".join(f"\\u{ord(c):04x}" if c < " " or c in '"\\' or "\ud800" <= c <= "\udfff" else c
+                             for c in text) + '"'
+
+    return "{" + ", ".join(f"{value(k)}: {value(v)}" for k, v in info.items()) + "}"
 
 
 PRUNE_EVERY = 60.0  # seconds between sweeps of the files of workers that are gone
 
 
-def prune(folder: Path) -> int:
+def prune(folder: str | os.PathLike) -> int:
     """Removes the files of processes that ended without ever dumping (every DataLoader worker of every
     epoch leaves two, so a long run would pile up thousands); returns how many processes were swept."""
+    from pathlib import Path
+
+    from trainguard.watchdog.verdict import pid_alive
+
+    folder = Path(folder)
     swept = 0
     for info in folder.glob("proc-*.json"):
         pid = int(info.stem.split("-", 1)[1])
@@ -134,7 +159,7 @@ def prune(folder: Path) -> int:
     return swept
 
 
-def _prune_forever(folder: Path) -> None:
+def _prune_forever(folder: str) -> None:
     while True:
         time.sleep(PRUNE_EVERY)
         try:

@@ -38,7 +38,7 @@ DATA_WORDS = {
     "loss_scale": "a loss scale (GradScaler)", "output": "the command's output", "step_time": "step times",
     "memory": "memory samples", "device_memory": "device memory samples", "checkpoints": "checkpoints",
     "experts": "expert loads (MoE)",
-    "sched_horizon": "the schedule's length (total_steps in watch() and a scheduler whose horizon is readable)",
+    "sched_horizon": "the schedule's length (total_steps in watch() and a scheduler whose horizon and step count are readable)",
 }
 
 
@@ -89,7 +89,7 @@ def available(data: RunData) -> set[str]:
     if data.status.get("state") not in (None, "running"):
         have.add("process")
     plan = data.meta.get("plan") or {}
-    if plan.get("total_steps") and plan.get("sched_horizon"):
+    if plan.get("total_steps") and plan.get("sched_horizon") and plan.get("sched_counted", True) is not False:
         have.add("sched_horizon")  # without it TG102 only asks whether a warmup outlasts half the run
     if data.schedule or data.events_of("preflight") or data.meta.get("preflight"):
         have.add("preflight")

@@ -25,6 +25,8 @@ from trainguard.errors import UserError
 from trainguard.findings import Finding
 from trainguard.store.reader import RunReader, load_json
 from trainguard.store.schema import DB_NAME, connect
+from trainguard.untrusted import load_json as load_untrusted_json
+from trainguard.untrusted import regular_file
 
 SCALAR_COLUMNS = ("step", "loss", "lr", "grad_norm", "update_ratio", "step_time", "data_wait", "loss_scale")
 JSON_COLUMNS = ("parts", "weights", "extra")
@@ -104,6 +106,8 @@ def load_run(run_dir: str | Path, rank: int = 0) -> RunData:
         gc.disable()
         try:
             _load_steps(data, run_dir, rank)
+        except sqlite3.DatabaseError as exc:  # a damaged store: one line, as for any bad input
+            raise UserError(f"cannot read {run_dir / DB_NAME}: {exc}") from None
         finally:
             if gc_was_on:
                 gc.enable()
@@ -244,7 +248,7 @@ def _json_columns(raw: tuple) -> dict[str, Column]:
     else:
         try:
             parsed = json.loads("[" + ",".join(v if v is not None else "null" for v in raw) + "]")
-        except ValueError:
+        except (ValueError, RecursionError):  # a damaged row: parse them one by one
             parsed = [load_json(v) for v in raw]
     # map() over C methods instead of comprehensions: this runs over every step of a million-step run
     dicts = parsed if set(map(type, parsed)) == {dict} else [d if isinstance(d, dict) else {} for d in parsed]
@@ -278,8 +282,8 @@ def _load_schedule(run_dir: Path) -> dict[str, list[float]] | None:
     """
     path = run_dir / "schedule.json"
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):
+        raw = load_untrusted_json(regular_file(path).read_bytes())
+    except (OSError, ValueError, UserError):
         return None
     steps: list[float] = []
     lrs: list[float] = []

@@ -2,7 +2,8 @@
 
 Strings from the run are escaped (backslash before Markdown's active characters), so a metric named
 `[x](javascript:...)` or `<img ...>` stays text in any renderer; raw lines go in fences longer than any
-backtick run they contain.
+backtick run they contain. Control characters (terminal escapes) are written as visible escapes, so
+`cat report.md` cannot drive a terminal either.
 """
 
 from __future__ import annotations
@@ -11,19 +12,20 @@ import re
 
 from trainguard.report.build import Report, clock, elapsed, evidence_rows, fmt_duration
 from trainguard.report.svg import Plot
+from trainguard.untrusted import printable
 
 _ACTIVE = re.compile(r"([\\`*\[\]<>|#&!])")
 
 
 def md(text: object) -> str:
     """Inline text from the run, made inert: one line, Markdown's active characters escaped."""
-    return _ACTIVE.sub(r"\\\1", " ".join(str(text).split()))
+    return _ACTIVE.sub(r"\\\1", " ".join(printable(text).split()))
 
 
 def fence(lines: list[str], lang: str = "") -> list[str]:
     longest = max((len(m) for line in lines for m in re.findall(r"`+", line)), default=0)
     bar = "`" * max(3, longest + 1)
-    return [bar + lang, *lines, bar]
+    return [bar + lang, *(printable(line) for line in lines), bar]
 
 
 def render_markdown(r: Report) -> str:
@@ -33,7 +35,7 @@ def render_markdown(r: Report) -> str:
     if v.signal:
         facts.append(f"signal {md(v.signal)}")
     elif v.exit_code not in (None, 0):
-        facts.append(f"exit code {v.exit_code}")
+        facts.append(f"exit code {md(v.exit_code)}")
     facts.append(f"duration {fmt_duration(v.duration)}")
     if v.steps_done is not None:
         facts.append(f"steps {v.steps_done}" + (f" of {v.steps_planned} planned" if v.steps_planned else ""))
@@ -46,15 +48,15 @@ def render_markdown(r: Report) -> str:
     out += ["## Timeline", "", "| time | elapsed | step | attempt | what |", "|---|---|---|---|---|"]
     for row in r.timeline:
         when = clock(row.t)[11:19] if row.t else ""
-        out.append(f"| {when} | {elapsed(row.t, v.started)} | {'' if row.step is None else row.step} | "
-                   f"{row.attempt} | {md(row.what)} |")
+        out.append(f"| {when} | {elapsed(row.t, v.started)} | {'' if row.step is None else md(row.step)} | "
+                   f"{md(row.attempt)} | {md(row.what)} |")
     out.append("")
 
     out += [f"## Findings ({len(r.findings)})", ""]
     if not r.findings:
         out += ["None. See what was checked below.", ""]
     for i, f in enumerate(r.findings, 1):
-        at = f" at step {f.step}" if f.step is not None else ""
+        at = f" at step {md(f.step)}" if f.step is not None else ""
         out += [f"### {i}. {md(f.code)} {md(f.name)} [{md(f.severity)}]{at}", "", md(f.summary), ""]
         for label, value in (("cause", f.cause), ("where", f.where), ("exception", f.exception), ("source", f.source)):
             if value:
@@ -84,7 +86,7 @@ def render_markdown(r: Report) -> str:
 
     out += ["## What was checked", "", "| code | rule | family | result | detail |", "|---|---|---|---|---|"]
     for c in r.checks:
-        out.append(f"| {c.code} | {md(c.name)} | {md(c.family)} | {c.result} | {md(c.detail)} |")
+        out.append(f"| {md(c.code)} | {md(c.name)} | {md(c.family)} | {md(c.result)} | {md(c.detail)} |")
     out.append("")
 
     out += ["## Environment", "", "| | |", "|---|---|"]

@@ -322,8 +322,10 @@ class AutocastRunsFp32(_ContractRule):
     On sampled training forwards: an autocast region enabled for another device than the model's (a
     `torch.autocast("cuda")` around a model on the CPU, or the reverse), or autocast enabled for the
     model's device while more than half of the weights of its largest Linear/Conv layers produce float32
-    outputs (autocast disabled inside the model), or a GradScaler given to `trainguard.watch` while
-    three sampled forwards in a row run without autocast. Only dtypes are read: no device work.
+    outputs (autocast disabled inside the model), or, on CUDA, an enabled GradScaler given to
+    `trainguard.watch` while three sampled forwards in a row of an fp32 model run without autocast
+    (a GradScaler on the CPU is left alone: there it is a deliberate choice, not a sign of fp16).
+    Only dtypes are read: no device work.
 
     ## Why it matters
     Autocast does nothing where it does not reach: the run pays for mixed precision (a GradScaler, the
@@ -467,9 +469,9 @@ class ReplicasDiverged(Rule):
     """TG701 replicas-diverged: data-parallel replicas hold different parameters after the same step.
 
     ## What it detects
-    With `WORLD_SIZE` > 1 each rank's probe records, on sampled steps, a float64 checksum of a strided
-    sample of up to 8 parameter tensors (the first and the largest), computed on the device and read back
-    without a sync. This rule compares the ranks' checksums for the same step: DDP keeps replicas
+    When the watched model is a `DistributedDataParallel` and `WORLD_SIZE` > 1, each rank's probe
+    records, on sampled steps, a float64 checksum of a strided sample of up to 8 parameter tensors (the
+    first and the largest), computed on the device and read back without a sync. This rule compares the ranks' checksums for the same step: DDP keeps replicas
     bitwise identical, so any difference beyond 1e-9 relative means they drifted apart.
 
     ## Why it matters
@@ -488,7 +490,9 @@ class ReplicasDiverged(Rule):
     clipping, LR and step decisions identical on every rank.
 
     ## Known false positives
-    Parameters that are meant to differ per rank (local experts placed per rank without DDP).
+    None known: only a DDP model is checked (FSDP, ZeRO and tensor parallelism shard parameters under
+    the same names, so their ranks are not compared). A replica check of a model not wrapped in DDP is
+    not made at all.
 
     ## Options
     Runs only where the ranks write one run folder (`trainguard run`, or `diagnose` afterwards).

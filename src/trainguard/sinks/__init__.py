@@ -91,7 +91,11 @@ def check_available(specs: list[SinkSpec]) -> None:
 
     for spec in specs:
         _, library, extra = SINKS[spec.name]
-        if find_spec(library) is None:
+        try:
+            found = find_spec(library) is not None
+        except (ImportError, ValueError):  # a parent package that fails, a module marked unimportable
+            found = False
+        if not found:
             raise UserError(f"the {spec.name} sink needs {library}: pip install 'trainguard[{extra}]'")
 
 

@@ -32,7 +32,7 @@ def owner_alive(owner: dict[str, Any]) -> bool | None:
         return None
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # no such process; a number no pid can be
         return False
     except (PermissionError, OSError):
         pass  # someone else's process holds the pid: its start time decides
@@ -47,8 +47,8 @@ def check_owner(status: dict[str, Any]) -> dict[str, Any]:
     """The status as a reader must show it: a live state whose owner is gone becomes `abandoned`, with
     the recorded state and a note saying what is known."""
     state = status.get("state")
-    if state not in LIVE_STATES:
-        return status
+    if state not in LIVE_STATES or status.get("ended"):
+        return status  # `ended` set: a final state (a hung run that was stopped), which no owner need keep true
     owner = status.get("owner")
     if not isinstance(owner, dict):
         # written before owners were recorded: the command's pid is all there is

@@ -6,13 +6,13 @@ Values stored as text because SQLite cannot hold them ('nan', 'inf') come back a
 
 from __future__ import annotations
 
-import json
 import math
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trainguard import untrusted
 from trainguard.errors import UserError
 from trainguard.findings import Finding
 from trainguard.store.schema import DB_NAME, STEP_COLUMNS, connect
@@ -33,8 +33,8 @@ def load_json(text: str | None) -> Any:
     if text is None:
         return None
     try:
-        return json.loads(text)
-    except ValueError:
+        return untrusted.load_json(text)
+    except ValueError:  # also nesting too deep and numbers too long, from a damaged store
         return None
 
 

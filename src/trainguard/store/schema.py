@@ -84,6 +84,7 @@ def connect(run_dir: str | Path, *, readonly: bool = False, timeout: float = 10.
     if readonly:
         # mode=ro still reads the WAL, so a reader sees what a live writer committed.
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout, check_same_thread=False)
+        conn.text_factory = _lenient_text  # a damaged store may hold bytes that are not UTF-8
     else:
         conn = sqlite3.connect(str(path), timeout=timeout, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
@@ -97,3 +98,7 @@ def connect(run_dir: str | Path, *, readonly: bool = False, timeout: float = 10.
         conn.commit()
     conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
     return conn
+
+
+def _lenient_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")

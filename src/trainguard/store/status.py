@@ -26,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UserError
+from trainguard.untrusted import load_json, regular_file
 
 STATUS_NAME = "status.json"
 STATES = ("running", "hung", "completed", "failed", "crashed", "killed")
 RESERVE_NAME = ".status.reserve"
 RESERVE_BYTES = 256 * 1024  # room for a final status.json with its findings, kept while the run lives
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+MAX_STATUS_BYTES = 64 << 20  # a status.json larger than this is damaged; reading it whole would cost the memory
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
@@ -117,8 +119,10 @@ def release_space(run_dir: str | Path) -> bool:
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / STATUS_NAME
+    if not path.exists() and not path.is_symlink():
+        return {}
     try:
-        data = json.loads(path.read_text())
+        data = load_json(regular_file(path, "status.json").read_bytes()[:MAX_STATUS_BYTES + 1])
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
@@ -127,8 +131,32 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
         raise UserError(f"{path} is not a trainguard status (a JSON object is expected, found {type(data).__name__})")
     from trainguard.store.owner import check_owner
 
-    data = check_owner(data)
+    data = check_owner(_shaped(data))
     derived = health_of(data)  # written before `health` existed, or since abandoned by its owner
     if data.get("health") not in HEALTHS or HEALTHS.index(derived) > HEALTHS.index(data["health"]):
         data["health"] = derived
     return data
+
+
+_NUMBERS = ("step", "total_steps", "exit_code", "pid", "started", "updated", "ended", "attempt")
+
+
+def _shaped(data: dict[str, Any]) -> dict[str, Any]:
+    """A damaged or hand-edited status.json shaped so that every reader can rely on the types it documents:
+    fields of the wrong type are dropped (a finding that is not an object, a step that is not a number)."""
+    out = dict(data)
+    if not isinstance(out.get("state"), str):
+        out["state"] = "unknown (status.json holds no state)" if "state" not in out else "unknown (bad state)"
+    for key in _NUMBERS:
+        value = out.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not -1e18 < value < 1e18):
+            out.pop(key)
+    findings = out.get("findings")
+    out["findings"] = [f for f in findings if isinstance(f, dict)] if isinstance(findings, list) else []
+    for key, kind in (("command", list), ("owner", dict), ("phase", str), ("signal", str), ("state_note", str)):
+        if key in out and out[key] is not None and not isinstance(out[key], kind):
+            out.pop(key)
+    if isinstance(out.get("command"), list):
+        out["command"] = [str(c) for c in out["command"]]
+    return out

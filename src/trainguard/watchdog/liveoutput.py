@@ -31,7 +31,7 @@ from trainguard.findings import Finding
 from trainguard.ingest.events import Facts
 from trainguard.ingest.textlog import _LineParser, iter_lines
 
-MAX_READ = 4 << 20  # bytes read per poll: a flood of output is caught up over a few polls, never at once
+MAX_READ = 1 << 20  # bytes read per poll (~0.2 s of parsing): a flood is caught up over several polls, never at once
 PROBE_FIELDS = ("lr", "grad_norm", "nonfinite")  # what the automatic probe measures better than a print
 
 

@@ -36,6 +36,7 @@ from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.reader import RunReader
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
+from trainguard.untrusted import printable
 from trainguard.watchdog import crash, keeper, restart, statusline, stop, verdict
 from trainguard.watchdog.stall import StallPolicy, hang_finding, stall_ended, stalled_finding
 from trainguard.watchdog.tee import OutputCapture
@@ -239,6 +240,7 @@ class Supervisor:
             while self.proc.poll() is None:
                 time.sleep(POLL_INTERVAL)
                 state = self._observe()
+                self._scratch = state.scratch
                 for finding in self._poll_monitors(state):
                     self._report(finding)
                     if finding.name in self.options.stop_on and stopped is None:
@@ -570,9 +572,11 @@ class Supervisor:
             self._guard_error(f"could not write the report: {exc!r}")
 
     def _observe_final(self, step: int | None) -> WatchState:
+        # the monitors' notes of the last poll (the printed step, loss and LR) carry over to the end
         return WatchState(run_dir=self.run_dir, reader=self.reader, pid=self.proc.pid, started=self.started,
                           now=time.time(), step=step, phase=None, t_progress=None, probe_used=False,
-                          output_lines=self.capture.lines, last_output=self.capture.last_output)
+                          output_lines=self.capture.lines, last_output=self.capture.last_output,
+                          scratch={k: v for k, v in getattr(self, "_scratch", {}).items() if k == "output"})
 
     # -- reporting ----------------------------------------------------------------------------------
 
@@ -596,7 +600,8 @@ class Supervisor:
         self._note(f"trainguard: {f.one_line()}")
 
     def _note(self, text: str) -> None:
-        self.capture.write_note(text, _buffer(sys.stderr))
+        # trainguard's own lines quote exception messages and phase names: never raw control characters
+        self.capture.write_note(printable(text), _buffer(sys.stderr))
 
     def _guard_error(self, text: str, kind: str | None = None) -> None:
         """One line in guard.log, once per `kind` (default: the text itself); repeats are only counted."""

@@ -11,12 +11,32 @@ import sys
 
 
 def _trainguard_boot():
+    if os.environ.get("TRAINGUARD_AUTO", "1") == "0" or not os.environ.get("TRAINGUARD_RUN_DIR"):
+        return
     try:
-        from trainguard.probe import auto
+        # Loaded from beside this folder, not through `import trainguard`: the package's own imports
+        # would cost every Python process of the run (a worker, a helper) tens of milliseconds, and an
+        # interpreter without trainguard installed still gets its stacks dumped on a signal.
+        import importlib.machinery  # frozen, already loaded: importlib.util would import contextlib & co
 
-        auto.boot()
+        probe = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        for name in ("stackdump", "auto"):
+            full = "trainguard.probe." + name
+            if full not in sys.modules:
+                path = os.path.join(probe, name + ".py")
+                loader = importlib.machinery.SourceFileLoader(full, path)
+                module = type(sys)(full)
+                module.__file__, module.__loader__ = path, loader
+                module.__spec__ = importlib.machinery.ModuleSpec(full, loader, origin=path)
+                sys.modules[full] = module
+                try:
+                    loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[full]
+                    raise
+        sys.modules["trainguard.probe.auto"].boot()
     except Exception:
-        pass  # trainguard not importable here (another interpreter), or broken: the program runs as is
+        pass  # broken: the program runs as is
 
 
 def _chain_sitecustomize():

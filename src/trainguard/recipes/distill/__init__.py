@@ -5,8 +5,9 @@
     trainguard distill my.yaml --max-steps 200
 
 Modules, one idea each: `config` (the YAML, checked first), `build` (models and tokenizers),
-`tokenize_align` (byte-offset alignment), `vocab_map` (exact-string vocabulary overlap), `kd` (chunked
-sparse top-k KD), `losses` (the one forward), `curriculum` (weights), `evaluate`, `checkpoint`, `data`,
+`tokenize_align` (byte-offset alignment), `vocab_map` (exact-string vocabulary overlap), `kd` (the teacher's
+streamed top-k targets; `topk_triton` its CUDA kernel), `fused_head` (the student's LM + KD in one pass),
+`cache` / `cache_build` (the offline teacher cache), `losses` (the one forward), `curriculum` (weights), `evaluate`, `checkpoint`, `data`,
 `train` (the loop) and `command` (the CLI). Importing this package loads neither torch nor transformers.
 """
 

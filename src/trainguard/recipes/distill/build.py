@@ -159,6 +159,8 @@ def load_model(side: str, mc: ModelConfig, tok: Tok) -> Any:
     emb = model.get_input_embeddings().weight.shape[0]
     if emb < tok.vocab_size:
         raise UserError(f"{side}: the model has {emb} embeddings but its tokenizer {tok.vocab_size} ids")
+    if getattr(model.get_output_embeddings(), "bias", None) is not None:
+        raise UserError(f"{side}: output heads with a bias are not supported (the fused head reads lm_head.weight)")
     if getattr(model.config, "final_logit_softcapping", None):
         raise UserError(f"{side}: final_logit_softcapping models are not supported (logits come from lm_head)")
     return model

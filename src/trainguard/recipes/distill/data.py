@@ -46,14 +46,15 @@ class Example:
     student: Encoded
     teacher: Encoded
     pairs: list[tuple[int, int]]
+    index: int = -1  # window number in its text (the offline cache's key)
 
 
 def prepare(texts: list[str], s_tok: Tok, t_tok: Tok, same_next: bool = False) -> list[Example]:
     s_len, t_len = token_lengths(s_tok), token_lengths(t_tok)
     out = []
-    for text in texts:
+    for i, text in enumerate(texts):
         s, t = encode(s_tok, text, s_len), encode(t_tok, text, t_len)
-        out.append(Example(student=s, teacher=t, pairs=align(s, t, same_next)))
+        out.append(Example(student=s, teacher=t, pairs=align(s, t, same_next), index=i))
     return out
 
 
@@ -83,6 +84,7 @@ def collate(examples: list[Example], pad_s: int, pad_t: int) -> dict[str, Any]:
         "s_ids": s_ids, "s_mask": s_mask, "labels": labels, "t_ids": t_ids, "t_mask": t_mask,
         "s_pos": torch.tensor(s_pos, dtype=torch.long), "t_pos": torch.tensor(t_pos, dtype=torch.long),
         "n_bytes": sum(e.student.n_bytes for e in examples),
+        "windows": [(e.index, [q for _, q in e.pairs]) for e in examples],  # for the offline cache
     }
 
 

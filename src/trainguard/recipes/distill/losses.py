@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from trainguard.recipes.distill.build import body_and_head
-from trainguard.recipes.distill.kd import TeacherTargets, sparse_kd, teacher_targets
+from trainguard.recipes.distill.fused_head import head_losses
+from trainguard.recipes.distill.kd import GraphedTargets, TeacherTargets, sparse_kd, teacher_targets
+from trainguard.recipes.distill.routing import routing_kl
 
 
 @dataclass
@@ -33,6 +34,10 @@ class KDSpec:
     chunk: int
     layer_pairs: list[tuple[int, int]]  # (student hidden index, teacher hidden index)
     hidden_norm: str
+    graphed: GraphedTargets | None = None  # CUDA: the teacher's top-k walk replayed as a graph
+    router: Any = None  # routing.StudentRouter when loss.routing is on
+    teacher_routing: Any = None  # routing.TeacherRouting (hooks on the teacher's gates)
+    route_layers: tuple[int, int] = (0, 0)  # (student hidden index, teacher gate index)
 
 
 def layer_pairs(depths: list[float], n_student: int, n_teacher: int) -> list[tuple[int, int]]:
@@ -53,28 +58,20 @@ def hidden_loss(student_h: torch.Tensor, teacher_h: torch.Tensor, proj: Any, nor
     return ((_standardize(s) - _standardize(t)) ** 2).mean(-1).sum()
 
 
-def _head_chunk(h: torch.Tensor, head: Any, labels: torch.Tensor, has_kd: torch.Tensor, sid: torch.Tensor,
-                logp: torch.Tensor, mapped: torch.Tensor, tail: torch.Tensor, temperature: float,
-                with_kd: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = head(h).float()
-    ce = F.cross_entropy(logits, labels, reduction="sum")
-    if not with_kd:
-        return ce, ce.new_zeros(())
-    kd = sparse_kd(logits[has_kd], TeacherTargets(sid[has_kd], logp[has_kd], mapped[has_kd], tail[has_kd]),
-                   temperature)
-    return ce, kd.sum()
-
-
 def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any], spec: KDSpec, *,
                    with_kd: bool = True, with_hidden: bool = True, full_kl: bool = False) -> dict[str, torch.Tensor]:
     """One forward of student (and teacher when a term needs it). Returns sums and counts:
 
     lm_sum, tokens, kd_sum, hidden_sum, aligned, positions, and kl_full_sum when `full_kl` (evaluation:
     the same loss with k = the whole teacher vocabulary, reported beside the top-k value, never in place).
+    A batch with `targets` (a `TeacherTargets` from the offline cache, one row per aligned pair) is
+    distilled from those; the teacher then runs only for the hidden-state term or the full KL.
     """
     s_body, s_head = body_and_head(student)
     need_hidden = with_hidden and bool(spec.layer_pairs)
-    s_out = s_body(input_ids=batch["s_ids"], attention_mask=batch["s_mask"], output_hidden_states=need_hidden)
+    need_routing = spec.router is not None and (with_kd or with_hidden)
+    s_out = s_body(input_ids=batch["s_ids"], attention_mask=batch["s_mask"],
+                   output_hidden_states=need_hidden or need_routing)
     hs = s_out.last_hidden_state.flatten(0, 1)
     labels = batch["labels"].flatten()
     valid = labels != -100
@@ -83,16 +80,19 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
         "tokens": valid.sum(), "aligned": s_pos.new_tensor(s_pos.numel()), "positions": valid.sum(),
     }
     zero = hs.new_zeros((), dtype=torch.float32)
-    targets = None
+    targets: TeacherTargets | None = batch.get("targets")
     t_out = None
-    if with_kd or need_hidden or full_kl:
+    V_s = s_head.weight.shape[0]
+    if (with_kd and targets is None) or need_hidden or need_routing or full_kl:
         t_body, t_head = body_and_head(teacher)
         with torch.no_grad():
             t_out = t_body(input_ids=batch["t_ids"], attention_mask=batch["t_mask"], output_hidden_states=need_hidden)
         ht = t_out.last_hidden_state.flatten(0, 1)[t_pos]
-        V_s = s_head.weight.shape[0]
-        if with_kd or full_kl:
-            targets = teacher_targets(ht, t_head, spec.vocab_map, spec.top_k, spec.temperature, V_s, spec.chunk)
+        if with_kd and targets is None:
+            if spec.graphed is not None and ht.is_cuda:
+                targets = spec.graphed(ht)
+            else:
+                targets = teacher_targets(ht, t_head, spec.vocab_map, spec.top_k, spec.temperature, V_s, spec.chunk)
         if full_kl:  # evaluation only: one chunk of full teacher and student logits at a time
             with torch.no_grad():
                 hs_al, kl = hs[s_pos], zero
@@ -102,30 +102,23 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
                     kl = kl + sparse_kd(s_head(hs_al[i: i + spec.chunk]), full, spec.temperature).sum()
                 out["kl_full_sum"] = kl
 
-    # LM CE and KD share each chunk's student logits; under autograd a chunk's logits are recomputed in
-    # backward (checkpoint) rather than kept, so at most one chunk of [c, V_s] logits is alive at a time.
+    # LM CE and KD read each chunk's student logits once; `head_losses` keeps no logits for backward
+    # (it makes them again, one matmul) and reads no value back from the device: padded rows are
+    # masked, not selected, so the loop never waits for the device to learn a size.
     M = hs.shape[0]
+    use_kd = with_kd and targets is not None
+    k = targets.sid.shape[1] if use_kd else 1
     has_kd = torch.zeros(M, dtype=torch.bool, device=hs.device)
-    k = targets.sid.shape[1] if targets is not None else 1
-    sid = torch.zeros((M, k), dtype=torch.long, device=hs.device)
+    sid = torch.full((M, k), V_s, dtype=torch.int32, device=hs.device)
     logp = torch.zeros((M, k), dtype=torch.float32, device=hs.device)
     mapped = torch.zeros((M, k), dtype=torch.bool, device=hs.device)
     tail = torch.full((M,), float("-inf"), dtype=torch.float32, device=hs.device)
-    if targets is not None:
-        has_kd[s_pos] = True
-        sid[s_pos], logp[s_pos], mapped[s_pos], tail[s_pos] = targets.sid, targets.logp, targets.mapped, targets.tail
-    # nonzero() and the boolean row selection in `_head_chunk` wait for the device (their sizes depend on
-    # the data): once per batch and once per chunk, the price of never padding KD rows to a fixed size.
-    rows = valid.nonzero().squeeze(-1)
-    lm_sum, kd_sum = zero, zero
-    use_kd = with_kd and targets is not None
-    for c in rows.split(spec.chunk):
-        args = (hs[c], s_head, labels[c], has_kd[c], sid[c], logp[c], mapped[c], tail[c], spec.temperature, use_kd)
-        if torch.is_grad_enabled():
-            ce, kd = checkpoint(_head_chunk, *args, use_reentrant=False)
-        else:
-            ce, kd = _head_chunk(*args)
-        lm_sum, kd_sum = lm_sum + ce, kd_sum + kd
+    if use_kd:  # index_copy_, not `x[idx] = v`: the latter waited for the device on every batch (profiled)
+        has_kd.index_fill_(0, s_pos, True)
+        for dst, src in ((sid, targets.sid), (logp, targets.logp), (mapped, targets.mapped), (tail, targets.tail)):
+            dst.index_copy_(0, s_pos, src)
+    lm_sum, kd_sum = head_losses(hs, s_head.weight, labels, has_kd, sid, logp, mapped, tail, spec.temperature,
+                                 spec.chunk, use_kd)
     out["lm_sum"], out["kd_sum"] = lm_sum, kd_sum
 
     hid = zero
@@ -135,5 +128,22 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
             t_h = t_out.hidden_states[lt].flatten(0, 1)[t_pos]
             hid = hid + hidden_loss(s_h, t_h, proj, spec.hidden_norm) / len(spec.layer_pairs)
     out["hidden_sum"] = hid
+    if need_routing and t_out is not None:
+        ls, lt = spec.route_layers
+        s_h = s_out.hidden_states[ls].flatten(0, 1)
+        logits = spec.router(s_h)
+        t_logits = spec.teacher_routing.captured[lt][t_pos]
+        out["routing_sum"] = routing_kl(logits[s_pos], t_logits)
+        # balance over the student's real tokens: padded rows are masked out by weight, not selected
+        w = valid.float()
+        probs = logits.softmax(-1)
+        E = logits.shape[-1]
+        chosen = probs.topk(min(spec.teacher_routing.top_k, E), -1).indices
+        load = torch.zeros(E, dtype=torch.float32, device=logits.device).scatter_add_(
+            0, chosen.flatten(), w[:, None].expand_as(chosen).flatten())
+        n = w.sum().clamp(min=1)
+        share = load / (n * chosen.shape[-1])
+        out["balance"] = E * (share * (probs * w[:, None]).sum(0) / n).sum()
+        out["expert_load"] = load
     return out
 

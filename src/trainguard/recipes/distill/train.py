@@ -23,6 +23,7 @@ import trainguard
 from trainguard.errors import UserError
 from trainguard.recipes.distill import checkpoint as ckpt
 from trainguard.recipes.distill.build import load_model, load_tokenizer, num_layers
+from trainguard.recipes.distill.cache import TeacherCache, check_cache, targets_for
 from trainguard.recipes.distill.config import DistillConfig
 from trainguard.recipes.distill.curriculum import Curriculum
 from trainguard.recipes.distill.data import (
@@ -34,7 +35,9 @@ from trainguard.recipes.distill.data import (
     windows,
 )
 from trainguard.recipes.distill.evaluate import evaluate
+from trainguard.recipes.distill.kd import GraphedTargets, TeacherTargets
 from trainguard.recipes.distill.losses import KDSpec, forward_losses, layer_pairs
+from trainguard.recipes.distill.routing import StudentRouter, TeacherRouting
 from trainguard.recipes.distill.vocab_map import build_vocab_map
 
 
@@ -78,33 +81,55 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     train_text = read_text(cfg.resolve_path(cfg.data.train))
     eval_text = read_text(cfg.resolve_path(cfg.data.eval))
     saved_toks = state.get("tokenizers", {}) if state else {}
+    cache = None
+    if cfg.data.teacher_cache:  # KD from the offline cache: the teacher's tokenizer comes with it
+        cache = TeacherCache(cfg.resolve_path(cfg.data.teacher_cache))
+        check_cache(cache, cfg, train_text)
+        saved_toks = {**saved_toks, "teacher": saved_toks.get("teacher") or cache.manifest["teacher_tokenizer"]}
     t_tok = load_tokenizer("teacher", cfg.teacher, train_text, saved_toks.get("teacher"))
     s_tok = load_tokenizer("student", cfg.student, train_text, saved_toks.get("student"))
 
     torch.manual_seed(cfg.seed)  # the random-init teacher is rebuilt identically on resume
-    teacher = load_model("teacher", cfg.teacher, t_tok)
+    teacher = load_model("teacher", cfg.teacher, t_tok) if cache is None else None
     torch.manual_seed(cfg.seed + 1)
     student = load_model("student", cfg.student, s_tok)
     # One dtype policy: the frozen teacher is held in the autocast dtype (bf16/fp16: no master copy is
     # needed for weights that never update); the student and projections keep fp32 master weights; every
     # forward of either runs inside the same `amp()` in training and evaluation.
     t_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.precision]
-    teacher.to(device=device, dtype=t_dtype).eval().requires_grad_(False)
+    if teacher is not None:
+        teacher.to(device=device, dtype=t_dtype).eval().requires_grad_(False)
     student.to(device).train()
 
     curriculum = Curriculum.from_config(cfg.loss, t.max_steps)
     with_kd, with_hidden = curriculum.ever_on("kd"), curriculum.ever_on("hidden")
-    vocab_map = build_vocab_map(t_tok.token_bytes, s_tok.token_bytes, teacher.get_output_embeddings().weight.shape[0])
+    with_routing, with_balance = curriculum.ever_on("routing"), curriculum.ever_on("balance")
+    V_t = teacher.get_output_embeddings().weight.shape[0] if teacher is not None else cache.manifest["teacher_width"]
+    vocab_map = build_vocab_map(t_tok.token_bytes, s_tok.token_bytes, V_t)
     n_mapped = int((vocab_map >= 0).sum())
-    V_t = teacher.get_output_embeddings().weight.shape[0]
     if with_kd and cfg.loss.kd.top_k > V_t:
         raise UserError(f"config: loss.kd.top_k={cfg.loss.kd.top_k} exceeds the teacher vocabulary ({V_t})")
+    if cache is not None and cfg.loss.kd.top_k > cache.k:
+        raise UserError(f"config: loss.kd.top_k={cfg.loss.kd.top_k} exceeds the cache's k={cache.k}")
     pairs = layer_pairs(cfg.loss.hidden.depths, num_layers(student), num_layers(teacher)) if with_hidden else []
     projs = torch.nn.ModuleList(
         torch.nn.Linear(student.config.hidden_size, teacher.config.hidden_size, bias=False) for _ in pairs
     ).to(device)
     spec = KDSpec(vocab_map=vocab_map.to(device), top_k=cfg.loss.kd.top_k, temperature=cfg.loss.kd.temperature,
                   chunk=cfg.loss.kd.chunk, layer_pairs=pairs, hidden_norm=cfg.loss.hidden.norm)
+    router = torch.nn.ModuleList()
+    if with_routing:  # the student-aware router learns the MoE teacher's routing (routing.py)
+        t_routing = TeacherRouting(teacher)
+        if not t_routing.gates or t_routing.num_experts < 2:
+            raise UserError("config: loss.routing needs a mixture-of-experts teacher (modules named mlp.gate, "
+                            "config.num_experts >= 2)")
+        router.append(StudentRouter(student.config.hidden_size, t_routing.num_experts).to(device))
+        spec.router, spec.teacher_routing = router[0], t_routing
+        spec.route_layers = (max(1, round(cfg.loss.routing.depth * num_layers(student))),
+                             t_routing.layer(cfg.loss.routing.depth))
+    if with_kd and device.type == "cuda" and teacher is not None:  # the teacher's top-k walk: a few hundred kernels, one replay
+        spec.graphed = GraphedTargets(teacher.get_output_embeddings(), spec.vocab_map, spec.top_k, spec.temperature,
+                                      student.get_output_embeddings().weight.shape[0], spec.chunk)
 
     same_next = cfg.loss.kd.positions == "next_token"
     train_ex = prepare(windows(train_text, cfg.data.window_chars), s_tok, t_tok, same_next)
@@ -120,14 +145,27 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
               {"params": no_decay, "weight_decay": 0.0, "lr": o.lr}]
     if pairs:
         groups.append({"params": list(projs.parameters()), "weight_decay": 0.0, "lr": o.proj_lr})
+    if len(router):
+        groups.append({"params": list(router.parameters()), "weight_decay": 0.0, "lr": o.proj_lr})
     optimizer = torch.optim.AdamW(groups, betas=tuple(o.betas))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o.warmup_steps, t.max_steps, o.min_lr_ratio))
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
-    trainable = torch.nn.ModuleDict({"student": student, "proj": projs})
+    trainable = torch.nn.ModuleDict({"student": student, "proj": projs, "router": router})
 
     step, position = 0, (0, 0)  # position: (epoch, index) of the next training window
     best_bpb, evals_since_best = math.inf, 0
-    teacher_print = ckpt.fingerprint(teacher)
+    teacher_print = ckpt.fingerprint(teacher) if teacher is not None else cache.manifest["teacher_fingerprint"]
+    vmap_np = vocab_map.numpy()
+    V_s = student.get_output_embeddings().weight.shape[0]
+
+    def with_targets(batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch on the device, with its KD targets read from the offline cache when there is one."""
+        b = to_device(batch, device)
+        if cache is not None and with_kd:
+            tt = targets_for(cache, batch["windows"], vmap_np, cfg.loss.kd.top_k, V_s)
+            b["targets"] = TeacherTargets(*(x.to(device, non_blocking=True) for x in (tt.sid, tt.logp, tt.mapped, tt.tail)))
+        return b
+
     guard = trainguard.watch(trainable, optimizer, scheduler, total_steps=t.max_steps, grad_accum=t.grad_accum,
                              scaler=scaler, run_dir=run_dir, name="distill",
                              # vocab_size: the output size of the model whose perplexity is reported (the
@@ -144,6 +182,8 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
             raise UserError(f"resume: {resume} was made with other tokenizers; pass it with --resume")
         student.load_state_dict(state["student"])
         projs.load_state_dict(state["proj"])
+        if state.get("router") is not None:
+            router.load_state_dict(state["router"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         if scaler is not None and state.get("scaler"):
@@ -162,7 +202,8 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
 
     def state_dict() -> dict[str, Any]:
         return {
-            "student": student.state_dict(), "proj": projs.state_dict(), "optimizer": optimizer.state_dict(),
+            "student": student.state_dict(), "proj": projs.state_dict(), "router": router.state_dict(),
+            "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler else None,
             "rng": ckpt.rng_state(), "step": step, "data_position": position, "best_bpb": best_bpb,
             "evals_since_best": evals_since_best, "teacher_fingerprint": teacher_print,
@@ -173,7 +214,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     def run_eval() -> dict[str, float]:
         with guard.phase("eval"):
             metrics = evaluate(student, teacher, projs, eval_batches(eval_ex, t.batch_size, pad_s, pad_t), spec,
-                               amp, device, with_teacher=with_kd or with_hidden)
+                               amp, device, with_teacher=(with_kd or with_hidden) and teacher is not None)
             guard.eval(**metrics)
         return metrics
 
@@ -190,6 +231,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     stopped_early = False
     micro, step_loss = 0, None
     t0 = time.time()
+    eval_seconds, tokens_seen = 0.0, []  # the loop's own speed: tokens per second outside evaluations
     data = train_batches(train_ex, t.batch_size, cfg.seed, *position, pad_s, pad_t)
     with guard.phase("train"):
         for data_epoch, data_index, batch in guard.batches(data):
@@ -198,22 +240,31 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
                 break
             w = curriculum.weights(step)
             with amp():
-                out = forward_losses(student, teacher, projs, to_device(batch, device), spec,
+                out = forward_losses(student, teacher, projs, with_targets(batch), spec,
                                      with_kd=with_kd, with_hidden=with_hidden)
             aligned = out["aligned"].clamp(min=1)
             lm = out["lm_sum"] / out["tokens"]
             kd = out["kd_sum"] / aligned
             hid = out["hidden_sum"] / aligned
             loss = w["lm"] * lm + w["kd"] * kd + w["hidden"] * hid
+            if with_routing:
+                routing = out["routing_sum"] / aligned
+                loss = loss + w["routing"] * routing + w["balance"] * out["balance"]
             (scaler.scale(loss / t.grad_accum) if scaler else loss / t.grad_accum).backward()
             parts, weights = {"lm": lm.detach()}, {"lm": w["lm"]}
             if with_kd:
                 parts["kd"], weights["kd"] = kd.detach(), w["kd"]
             if with_hidden:
                 parts["hidden"], weights["hidden"] = hid.detach(), w["hidden"]
+            if with_routing:  # both routing terms go through the curriculum and to the guard like the rest
+                parts["routing"], weights["routing"] = routing.detach(), w["routing"]
+                if with_balance:
+                    parts["balance"], weights["balance"] = out["balance"].detach(), w["balance"]
+                guard.experts(out["expert_load"], layer="student_router")
             # log() before step(): extra scalars belong to the step that `guard.step` may close right here
             guard.log(align_ratio=out["aligned"] / out["positions"])
             guard.step(loss.detach(), parts=parts, weights=weights)
+            tokens_seen.append(out["tokens"])
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
             micro += 1
             if micro % t.grad_accum:
@@ -241,7 +292,9 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
                     f"kd {kd.item():.4f} (w {w['kd']:.3f}) | hidden {hid.item():.4f} (w {w['hidden']:.3f}) | "
                     f"lr {scheduler.get_last_lr()[0]:.2e} | {time.time() - t0:.1f}s")
             if guard.due("eval", every=t.eval_every) or step == t.max_steps:
+                te = time.time()
                 metrics = run_eval()
+                eval_seconds += time.time() - te
                 evals.append({"step": step, **metrics})
                 say(f"eval step {step}: ppl {metrics['perplexity']:.3f} bpb {metrics['bpb']:.4f}"
                     + (f" kd_topk {metrics['kd_topk']:.4f} kl_full {metrics['kl_full']:.4f}" if "kd_topk" in metrics else ""))
@@ -258,8 +311,13 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
                 save("last.pt")
             if stopped_early or step >= t.max_steps or step == stop_after:
                 break
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    train_seconds = time.time() - t0 - eval_seconds
+    n_tokens = int(sum(int(x) for x in tokens_seen))
     guard.finish()
     return {
+        "train_seconds": train_seconds, "train_tokens": n_tokens, "tokens_per_s": n_tokens / max(1e-9, train_seconds),
         "losses": [float(x) for x in losses], "evals": evals, "step": step, "stopped_early": stopped_early,
         "best_bpb": best_bpb, "run_dir": str(out_dir), "last": str(out_dir / "last.pt"),
         "vocab_overlap": n_mapped, "align_ratio_train": ratio,

@@ -1,0 +1,207 @@
+"""A real quality run on a GPU: a trained MoE teacher, then KD students (online and from the offline
+cache) against an LM-only student, in bits per byte; and the cache's size, speed and verification.
+
+    python benchmarks/distill_gpu_quality.py --out-dir OUT [--teacher-seconds 150] [--student-steps 300]
+
+Offline: the corpus is the text that ships with Python itself (the standard library's .py files,
+sorted by path, the first --corpus-mb MB; the last 3% held out). Steps, all under the recipe's code:
+1. tokenizers: a 4,096-id BPE with digits split for the teacher, a 2,048-id BPE for the student
+   (different vocabularies: every KD here is cross-tokenizer);
+2. a Qwen2-MoE teacher (8 experts, top-2) trained with LM loss for --teacher-seconds, bf16; saved as a
+   Hugging Face folder; its held-out bits per byte measured;
+3. `trainguard distill cache build` over the training windows (k = --k), then `cache verify`;
+4. per seed: the Llama student trained three ways for the same optimizer steps, same init and data
+   order: LM only, KD online (teacher in memory), KD from the cache (teacher never loaded);
+   held-out bits per byte and the loop's tokens/s (outside evaluation) of each.
+One JSON object per stage is appended to OUT/quality.jsonl as it finishes; the summary is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from trainguard.recipes.distill.build import train_tokenizer
+from trainguard.recipes.distill.config import parse_config
+
+TEACHER_BUILD = {"hidden_size": 384, "intermediate_size": 1024, "moe_intermediate_size": 384,
+                 "shared_expert_intermediate_size": 768, "num_experts": 8, "num_experts_per_tok": 2,
+                 "num_hidden_layers": 6, "num_attention_heads": 6, "num_key_value_heads": 2,
+                 "max_position_embeddings": 1024, "experts_implementation": "grouped_mm"}
+STUDENT_BUILD = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "max_position_embeddings": 1024}
+
+
+def corpus(mb: float) -> tuple[str, str]:
+    root = Path(os.__file__).parent
+    parts, size = [], 0
+    for p in sorted(root.rglob("*.py")):
+        if "site-packages" in p.parts or "dist-packages" in p.parts:
+            continue
+        try:
+            t = p.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        parts.append(t)
+        size += len(t)
+        if size >= mb * 1e6:
+            break
+    text = "\n".join(parts)
+    cut = int(len(text) * 0.97)
+    return text[:cut], text[cut:]
+
+
+def log(out: Path, record: dict) -> None:
+    line = json.dumps(record, default=str)
+    print(line, flush=True)
+    with (out / "quality.jsonl").open("a") as f:
+        f.write(line + "\n")
+
+
+def train_teacher(cfg_dict: dict, seconds: float, folder: Path, batch: int) -> dict:
+    from trainguard.recipes.distill.build import load_model, load_tokenizer
+    from trainguard.recipes.distill.data import eval_batches, prepare, read_text, train_batches, windows
+    from trainguard.recipes.distill.train import lr_lambda
+
+    cfg = parse_config(cfg_dict)
+    text = read_text(cfg.resolve_path(cfg.data.train))
+    tok = load_tokenizer("teacher", cfg.teacher, text)
+    torch.manual_seed(0)
+    model = load_model("teacher", cfg.teacher, tok).cuda()
+    ex = prepare(windows(text, cfg.data.window_chars), tok, tok)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.1, betas=(0.9, 0.95), fused=True)
+    est_steps = 100_000  # cosine sized by time: the LR follows the fraction of the time budget used
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(50, est_steps, 0.1))
+    data = train_batches(ex, batch, 123, 0, 0, tok.bos_id, tok.bos_id)
+    t0, steps, tokens = time.time(), 0, 0
+    while time.time() - t0 < seconds:
+        _, _, b = next(data)
+        ids, mask = b["s_ids"].cuda(non_blocking=True), b["s_mask"].cuda(non_blocking=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        frac = (time.time() - t0) / seconds
+        for g in opt.param_groups:  # time-based cosine after a 50-step warmup
+            g["lr"] = 2e-3 * (min(1.0, (steps + 1) / 50)) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+        opt.zero_grad(set_to_none=True)
+        steps += 1
+        tokens += int(b["s_mask"].sum())
+    del sched
+    torch.cuda.synchronize()
+    train_s = time.time() - t0
+    model.eval()
+    eval_ex = prepare(windows(read_text(cfg.resolve_path(cfg.data.eval)), cfg.data.window_chars), tok, tok)
+    nll, n_bytes = 0.0, 0
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        for b in eval_batches(eval_ex, 32, tok.bos_id, tok.bos_id):
+            logits = model(input_ids=b["s_ids"].cuda(), attention_mask=b["s_mask"].cuda()).logits.float()
+            nll += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), b["labels"].cuda().flatten(),
+                                                           reduction="sum"))
+            n_bytes += b["n_bytes"]
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tok.backend.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|bos|>"}))
+    return {"stage": "teacher", "bpb": nll / math.log(2) / n_bytes, "steps": steps, "seconds": train_s,
+            "tokens_per_s": tokens / train_s, "params": sum(p.numel() for p in model.parameters())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--corpus-mb", type=float, default=6.0)
+    ap.add_argument("--teacher-seconds", type=float, default=150)
+    ap.add_argument("--student-steps", type=int, default=300)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--k", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=32)
+    args = ap.parse_args()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path("/tmp/distill_quality")
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)  # a fresh teacher each run: an old cache would be refused
+    work.mkdir(parents=True)
+    train_text, eval_text = corpus(args.corpus_mb)
+    (work / "train.txt").write_text(train_text, encoding="utf-8")
+    (work / "eval.txt").write_text(eval_text, encoding="utf-8")
+    log(out, {"stage": "corpus", "train_bytes": len(train_text.encode()), "eval_bytes": len(eval_text.encode()),
+              "source": str(Path(os.__file__).parent)})
+    s_tok = train_tokenizer(train_text, 2048)
+    s_tok.save(str(work / "student_tokenizer.json"))
+
+    base = {
+        "seed": 0, "device": "cuda", "precision": "bf16",
+        "teacher": {"arch": "qwen2_moe", "build": TEACHER_BUILD, "vocab_size": 4096, "split_digits": True},
+        "student": {"arch": "llama", "build": STUDENT_BUILD, "tokenizer": str(work / "student_tokenizer.json"),
+                    "bos": "<|bos|>"},
+        "data": {"train": str(work / "train.txt"), "eval": str(work / "eval.txt"), "window_chars": 512,
+                 "eval_windows": 0},
+        "loss": {"lm": 1.0, "kd": {"start": 0.1, "end": 0.7, "ramp": [0.0, 0.2], "top_k": args.k, "temperature": 1.0,
+                                   "chunk": 1024},
+                 "hidden": {"start": 0.0, "end": 0.0}},
+        "optim": {"lr": 2.0e-3, "warmup_steps": 20, "min_lr_ratio": 0.1},
+        "train": {"batch_size": args.batch, "grad_accum": 1, "max_steps": args.student_steps,
+                  "eval_every": args.student_steps, "save_every": args.student_steps, "log_every": 10**9},
+    }
+    tdir = work / "teacher"
+    log(out, train_teacher(copy.deepcopy(base), args.teacher_seconds, tdir, args.batch))
+    base["teacher"] = {"path": str(tdir)}
+
+    from trainguard.recipes.distill.cache_build import build_cache, verify_cache
+    from trainguard.recipes.distill.train import train
+
+    cache_dir = work / "cache"
+    t0 = time.time()
+    built = build_cache(parse_config(copy.deepcopy(base)), cache_dir, k=args.k, shard_windows=512,
+                        run_dir=str(work / "cache-run"), verbose=False)
+    built.update(stage="cache_build", seconds=time.time() - t0)
+    log(out, built)
+    log(out, {"stage": "cache_verify", **verify_cache(parse_config(copy.deepcopy(base)), cache_dir, shards=2)})
+    from trainguard.store.reader import RunReader
+
+    with RunReader(built["run_dir"]) as reader:
+        log(out, {"stage": "cache_guard", "state": reader.status()["state"],
+                  "findings": [f"{f.code} {f.name}" for f in reader.findings()],
+                  "steps": len(list(reader.steps()))})
+
+    for seed in args.seeds:
+        for name in ("lm_only", "kd_online", "kd_cache"):
+            d = copy.deepcopy(base)
+            d["seed"] = seed
+            if name == "lm_only":
+                d["loss"]["kd"].update(start=0.0, end=0.0)
+            if name == "kd_cache":
+                d["data"]["teacher_cache"] = str(cache_dir)
+            r = train(parse_config(d), run_dir=work / f"{name}-{seed}", verbose=False)
+            with RunReader(r["run_dir"]) as reader:
+                findings = [f"{f.code} {f.name}" for f in reader.findings()]
+            log(out, {"stage": "student", "variant": name, "seed": seed, "bpb": r["evals"][-1]["bpb"],
+                      "tokens_per_s": r["tokens_per_s"], "train_seconds": r["train_seconds"],
+                      "align_ratio": r["align_ratio_train"], "vocab_overlap": r["vocab_overlap"],
+                      "findings": findings})
+    rows = [json.loads(x) for x in (out / "quality.jsonl").read_text().splitlines()]
+    students = [r for r in rows if r["stage"] == "student"]
+    summary = {"stage": "summary"}
+    for name in ("lm_only", "kd_online", "kd_cache"):
+        rs = [r for r in students if r["variant"] == name]
+        summary[name] = {"bpb": [round(r["bpb"], 4) for r in rs], "mean_bpb": round(sum(r["bpb"] for r in rs) / len(rs), 4),
+                         "tokens_per_s": round(sum(r["tokens_per_s"] for r in rs) / len(rs))}
+    summary["cache_speedup"] = summary["kd_cache"]["tokens_per_s"] / max(1, summary["kd_online"]["tokens_per_s"])
+    log(out, summary)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

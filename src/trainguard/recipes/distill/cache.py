@@ -1,0 +1,145 @@
+"""The offline teacher cache: the teacher runs once over the corpus; students train from its top-k.
+
+    trainguard distill cache build CONFIG --out DIR      # resumable: finished shards are kept
+    trainguard distill cache verify DIR CONFIG           # recompute shards with the teacher and compare
+    trainguard distill cache info DIR
+    # then, in the student's config:  data: {teacher_cache: DIR}  (the teacher is never loaded)
+
+What is stored: for every position of the teacher's own tokenisation of every training window (so
+any student tokenizer aligns against it later, by byte offsets, exactly as online), the teacher's
+top-k ids and tempered log-probs. Per shard of `shard_windows` windows, one `.npz` (zlib):
+- `offsets` [W+1]: the rows of each window;
+- `ids` [R, k] uint32, in descending order of probability;
+- `q` [R, k] uint16: -log p in steps of 1/`QSCALE` nat (resolution 0.001 nat, floor at -64 nats),
+  delta-coded along k (the sequence is monotone, so the deltas are small and zlib squeezes them);
+- `nll` [W]: the teacher's LM cross-entropy per window, in nats (what the guard watched).
+`manifest.json` holds what makes a cache valid for a run (teacher fingerprint and tokenizer, k,
+temperature, window size, the training text's SHA-256); a build refuses to extend a cache made with
+anything else. Each shard is written to a temporary name and renamed, so a killed build resumes at the
+first missing shard and never reads half a file.
+
+Loading maps teacher ids to student ids with the student's own vocabulary map and recomputes the tail
+(1 - mapped mass): exactly the `TeacherTargets` the online path makes, up to the 0.001-nat quantisation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainguard.errors import UserError
+
+QSCALE = 1024.0
+QMAX = 65535
+FORMAT = 1
+
+
+def quantize(logp: np.ndarray) -> np.ndarray:
+    """[R, k] descending log-probs -> uint16 deltas of -logp * QSCALE (first column absolute)."""
+    q = np.clip(np.rint(-logp.astype(np.float64) * QSCALE), 0, QMAX).astype(np.int64)
+    q = np.maximum.accumulate(q, axis=1)  # keep it monotone after rounding (ties may reorder by a step)
+    d = np.diff(q, axis=1, prepend=0)
+    return d.astype(np.uint16)
+
+
+def dequantize(d: np.ndarray) -> np.ndarray:
+    return -(np.cumsum(d.astype(np.int64), axis=1).astype(np.float32) / QSCALE)
+
+
+def text_digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class TeacherCache:
+    """A built cache, read shard by shard (the last two shards read stay in memory)."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+        mf = self.folder / "manifest.json"
+        if not mf.is_file():
+            raise UserError(f"teacher cache: no manifest.json in {self.folder}")
+        try:
+            self.manifest = json.loads(mf.read_text())
+        except json.JSONDecodeError as exc:
+            raise UserError(f"teacher cache: {mf} is not valid JSON ({exc.msg})") from None
+        if self.manifest.get("format") != FORMAT:
+            raise UserError(f"teacher cache: {self.folder} has format {self.manifest.get('format')!r}, expected {FORMAT}")
+        self.k = int(self.manifest["k"])
+        self.shard_windows = int(self.manifest["shard_windows"])
+        self.n_windows = int(self.manifest["n_windows"])
+        self._shards: dict[int, dict[str, np.ndarray]] = {}
+
+    def shard_path(self, i: int) -> Path:
+        return self.folder / f"shard-{i:05d}.npz"
+
+    def complete(self) -> bool:
+        n = -(-self.n_windows // self.shard_windows)
+        return all(self.shard_path(i).is_file() for i in range(n))
+
+    def _shard(self, i: int) -> dict[str, np.ndarray]:
+        if i not in self._shards:
+            p = self.shard_path(i)
+            if not p.is_file():
+                raise UserError(f"teacher cache: {p} is missing; finish the build with `trainguard distill cache build`")
+            with np.load(p) as z:
+                self._shards[i] = {k: z[k] for k in z.files}
+            while len(self._shards) > 2:
+                self._shards.pop(next(iter(self._shards)))
+        return self._shards[i]
+
+    def window(self, w: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [n_t, k] uint32, log-probs [n_t, k] float32) for every teacher position of window w."""
+        s = self._shard(w // self.shard_windows)
+        j = w % self.shard_windows
+        a, b = s["offsets"][j], s["offsets"][j + 1]
+        return s["ids"][a:b], dequantize(s["q"][a:b])
+
+    def bytes_per_position(self) -> float:
+        size = sum(p.stat().st_size for p in self.folder.glob("shard-*.npz"))
+        return size / max(1, int(self.manifest.get("positions", 0)))
+
+
+def targets_for(cache: TeacherCache, picks: list[tuple[int, list[int]]], vocab_map: np.ndarray, top_k: int,
+                student_vocab: int) -> Any:
+    """`TeacherTargets` for (window, teacher positions) picks, rows in pick order (collate's s_pos order)."""
+    import torch
+
+    from trainguard.recipes.distill.kd import TeacherTargets
+
+    ids, logp = [], []
+    for w, qs in picks:
+        wi, wl = cache.window(w)
+        ids.append(wi[qs, :top_k])
+        logp.append(wl[qs, :top_k])
+    if not ids:
+        e = torch.zeros((0, top_k))
+        return TeacherTargets(e.to(torch.int32), e, e.bool(), torch.zeros(0))
+    ids_np, logp_np = np.concatenate(ids), np.concatenate(logp)
+    sid = vocab_map[ids_np.astype(np.int64)]
+    mapped = sid >= 0
+    lp = np.where(mapped, logp_np, 0.0).astype(np.float32)
+    inside = np.where(mapped, np.exp(logp_np.astype(np.float64)), 0.0).sum(-1)
+    with np.errstate(divide="ignore"):
+        tail = np.log1p(-np.minimum(inside, 1.0)).astype(np.float32)
+    return TeacherTargets(torch.from_numpy(np.where(mapped, sid, student_vocab).astype(np.int32)),
+                          torch.from_numpy(lp), torch.from_numpy(mapped), torch.from_numpy(tail))
+
+
+def check_cache(cache: TeacherCache, cfg: Any, train_text: str) -> None:
+    """A cache serves a run only for the same text, windows and temperature, and only when complete."""
+    m = cache.manifest
+    if m["text_sha256"] != text_digest(train_text):
+        raise UserError(f"data.teacher_cache: {cache.folder} was built from another training text")
+    if m["window_chars"] != cfg.data.window_chars:
+        raise UserError(f"data.teacher_cache: built with window_chars={m['window_chars']}, "
+                        f"the config says {cfg.data.window_chars}")
+    if abs(m["temperature"] - cfg.loss.kd.temperature) > 1e-9:
+        raise UserError(f"data.teacher_cache: built at temperature {m['temperature']}, "
+                        f"the config says {cfg.loss.kd.temperature}")
+    if not cache.complete():
+        raise UserError(f"data.teacher_cache: {cache.folder} is unfinished; resume it with `trainguard distill cache build`")

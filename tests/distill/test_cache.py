@@ -1,0 +1,140 @@
+"""The offline teacher cache: built under the guard, resumable, verified, and a student trained from it
+gets the targets the online teacher gives (up to the stored 0.001-nat quantisation)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from trainguard.recipes.distill.cache import TeacherCache, dequantize, quantize, targets_for
+from trainguard.recipes.distill.cache_build import build_cache, verify_cache
+from trainguard.store.reader import RunReader
+
+
+@pytest.fixture(scope="module")
+def built(base_dict, tmp_path_factory):
+    import copy
+
+    from trainguard.recipes.distill.config import parse_config
+
+    d = copy.deepcopy(base_dict)
+    d["data"]["window_chars"] = 160
+    cfg = parse_config(d)
+    folder = tmp_path_factory.mktemp("cache") / "c"
+    # killed after its first shard, then resumed: the finished shard is kept, the rest written
+    first = build_cache(cfg, folder, k=32, shard_windows=40, run_dir=str(folder.parent / "run1"), stop_after_shards=1,
+                        verbose=False)
+    again = build_cache(cfg, folder, k=32, shard_windows=40, run_dir=str(folder.parent / "run2"), verbose=False)
+    return cfg, folder, first, again
+
+
+def test_build_resumes_by_shard_and_the_guard_watched_it(built):
+    cfg, folder, first, again = built
+    assert first["written"] == 1 and not first["complete"]
+    assert again["kept"] == 1 and again["written"] == again["shards"] - 1 and again["complete"]
+    with RunReader(again["run_dir"]) as reader:
+        status, steps = reader.status(), list(reader.steps())
+        findings = reader.findings()
+    assert status["state"] == "completed" and findings == []
+    assert len(steps) == again["shards"]  # one step per shard
+    # the written shards' loss is the teacher's own LM cross-entropy, a real positive number
+    assert all(r["loss"] > 0 for r in steps[1:])
+    assert 0 < again["bytes_per_position"] < 32 * 6  # compressed below raw uint32 ids + fp16 values
+
+
+def test_verify_recomputes_shards_with_the_teacher_and_catches_a_changed_file(built, tmp_path):
+    cfg, folder, _, _ = built
+    report = verify_cache(cfg, folder, shards=2)
+    assert report["ok"] and report["ids_identical_share"] > 0.98 and report["max_abs_logp_error"] <= 1 / 1024 + 1e-3
+    # a damaged copy: one shard's values shifted by 0.1 nat
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    shard = bad / "shard-00000.npz"
+    with np.load(shard) as z:
+        data = {k: z[k] for k in z.files}
+    data["q"][:, 0] += 100
+    np.savez_compressed(shard, **data)
+    assert not verify_cache(cfg, bad, shards=100)["ok"]  # every shard recomputed
+
+
+def test_cached_targets_equal_the_online_teacher_targets(built):
+    from trainguard.recipes.distill.build import body_and_head, load_model, load_tokenizer
+    from trainguard.recipes.distill.data import collate, prepare, read_text, windows
+    from trainguard.recipes.distill.kd import teacher_targets
+    from trainguard.recipes.distill.vocab_map import build_vocab_map
+
+    cfg, folder, _, _ = built
+    cache = TeacherCache(folder)
+    text = read_text(cfg.resolve_path(cfg.data.train))
+    t_tok = load_tokenizer("teacher", cfg.teacher, text, cache.manifest["teacher_tokenizer"])
+    s_tok = load_tokenizer("student", cfg.student, text)
+    torch.manual_seed(cfg.seed)
+    teacher = load_model("teacher", cfg.teacher, t_tok).eval()
+    vmap = build_vocab_map(t_tok.token_bytes, s_tok.token_bytes, cache.manifest["teacher_width"])
+    ex = prepare(windows(text, cfg.data.window_chars), s_tok, t_tok)
+    batch = collate([ex[3], ex[50], ex[7]], s_tok.bos_id, t_tok.bos_id)
+    cached = targets_for(cache, batch["windows"], vmap.numpy(), 16, s_tok.vocab_size)
+    body, head = body_and_head(teacher)
+    with torch.no_grad():
+        h = body(input_ids=batch["t_ids"], attention_mask=batch["t_mask"]).last_hidden_state.flatten(0, 1)[batch["t_pos"]]
+    online = teacher_targets(h, head, vmap, 16, cfg.loss.kd.temperature, s_tok.vocab_size, chunk=64)
+    assert cached.sid.shape == online.sid.shape == (len(batch["t_pos"]), 16)
+    for r in range(online.sid.shape[0]):  # same entries (rows in any order), values within the quantum
+        a = sorted(zip(online.sid[r].tolist(), online.logp[r].tolist()))
+        b = sorted(zip(cached.sid[r].tolist(), cached.logp[r].tolist()))
+        assert [x for x, _ in a] == [x for x, _ in b]
+        assert max(abs(x - y) for (_, x), (_, y) in zip(a, b)) <= 0.6 / 1024 + 1e-5
+    torch.testing.assert_close(cached.tail, online.tail, atol=2e-3, rtol=1e-3)
+
+
+def test_student_trains_from_the_cache_without_the_teacher(built, make_cfg, tmp_path, monkeypatch):
+    from trainguard.recipes.distill import train as train_mod
+
+    cfg, folder, _, _ = built
+    cache_cfg = make_cfg(data__window_chars=160, data__teacher_cache=str(folder), loss__hidden__start=0.0,
+                         loss__hidden__end=0.0, loss__kd__top_k=16)
+    loaded = []
+    real = train_mod.load_model
+    monkeypatch.setattr(train_mod, "load_model", lambda side, *a: loaded.append(side) or real(side, *a))
+    r = train_mod.train(cache_cfg, run_dir=tmp_path / "student", verbose=False)
+    assert loaded == ["student"]  # the teacher was never built
+    assert r["step"] == cache_cfg.train.max_steps and all(np.isfinite(r["losses"]))
+    with RunReader(r["run_dir"]) as reader:
+        rows = list(reader.steps())
+        assert reader.findings() == []
+    assert all(row["parts"]["kd"] > 0 and row["weights"]["kd"] > 0 for row in rows)
+    # a cache built for other windows is refused in one line
+    other = make_cfg(data__window_chars=200, data__teacher_cache=str(folder), loss__hidden__start=0.0,
+                     loss__hidden__end=0.0)
+    with pytest.raises(Exception, match="window_chars=160"):
+        train_mod.train(other, run_dir=tmp_path / "other", verbose=False)
+
+
+def test_quantisation_round_trip_is_monotone_and_within_half_a_step():
+    rng = np.random.default_rng(0)
+    lp = -np.sort(rng.exponential(3.0, size=(50, 64)), axis=1).astype(np.float32)
+    back = dequantize(quantize(lp))
+    assert np.abs(back - lp).max() <= 0.5 / 1024 + 1e-6
+    assert (np.diff(back, axis=1) <= 0).all()
+
+
+def test_cache_cli_bad_folder_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "trainguard.recipes.distill", "cache", "info", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no manifest.json" in proc.stderr
+
+
+def test_cache_cli_info_reports_the_build(built):
+    _, folder, _, _ = built
+    proc = subprocess.run([sys.executable, "-m", "trainguard.recipes.distill", "cache", "info", str(folder)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["complete"] and info["k"] == 32 and info["shards_done"] == info["shards"]
