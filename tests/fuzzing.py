@@ -189,9 +189,9 @@ def gen_trainer_state(rng: random.Random, folder: Path) -> list[str]:
     where = folder / "out"
     where.mkdir()
     if rng.random() < 0.3:
-        (where / f"checkpoint-{rng.choice(['10', '0', '9' * 30, 'x'])}").mkdir()
+        (where / f"checkpoint-{rng.choice(['10', '0', '9' * 30, 'x'])}").mkdir(exist_ok=True)
         path = where / f"checkpoint-{rng.randint(1, 99)}"
-        path.mkdir()
+        path.mkdir(exist_ok=True)
         path = path / "trainer_state.json"
     else:
         path = where / "trainer_state.json"

@@ -105,6 +105,13 @@ class RunReader:
             args += (rank,)
         if self._conn is None:
             return
+        try:
+            yield from self._step_rows(where, args)
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # damage found while streaming the rows
+            raise UserError(f"cannot read {self.run_dir / DB_NAME}: {exc}") from None
+
+    def _step_rows(self, where: str, args: tuple) -> Iterator[dict[str, Any]]:
+        assert self._conn is not None
         cur = self._conn.execute(f"SELECT rowid, {', '.join(STEP_COLUMNS)} FROM steps {where} ORDER BY rowid", args)
         for row in cur:
             rec: dict[str, Any] = {"kind": "step", "rowid": row[0]}
