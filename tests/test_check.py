@@ -212,3 +212,19 @@ def test_seed002_without_the_epoch_length_says_not_checked(tmp_path: Path) -> No
     assert "(give --dataset-size" in r.stdout
     r = run_trainguard("check", str(cfg), "--dataset-size", "100000", cwd=tmp_path)
     assert "not checked" in r.stdout  # a dataset size without a batch size still leaves the epoch unknown
+
+
+def test_numbers_yaml_reads_as_strings_are_numbers(tmp_path: Path) -> None:
+    # PyYAML (YAML 1.1) reads `3e-5` and `1e3` as strings; the whole config was refused over it
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text("learning_rate: 3e-5\nnum_train_epochs: 3\nper_device_train_batch_size: 4\n"
+                   "gradient_accumulation_steps: 16\nmax_steps: 75000\nwarmup_steps: 1e3\n")
+    assert isinstance(yaml.safe_load(cfg.read_text())["learning_rate"], str)
+    r = run_trainguard("check", "--json", str(cfg), "--dataset-size", "100000", cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr  # checked, and seed 002's TG619 found
+    assert [f["code"] for f in _last_json(r.stdout)["findings"]] == ["TG619"]
+    loaded = load_config(cfg)
+    assert loaded.get("lr") == 3e-5 and loaded.get("warmup_steps") == 1000
+    cfg.write_text("learning_rate: 3e-five\n")
+    r = run_trainguard("check", str(cfg), cwd=tmp_path)
+    assert r.returncode == 2 and "learning_rate: expected a number, got '3e-five'" in r.stderr

@@ -152,6 +152,13 @@ def _typed(name: str, value: Any, dotted: str) -> Any:
         if name in ("eval_strategy", "save_strategy") and low not in STRATEGIES:
             raise UserError(f"config key {dotted}: unknown strategy {value!r} (choices: {', '.join(STRATEGIES)})")
         return low
+    if isinstance(value, str):
+        # YAML 1.1 (PyYAML) reads `3e-5` (no dot) as a string; the user meant the number
+        try:
+            value = float(value.strip().replace("_", "")) if kind is float else _int_text(value)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise UserError(f"config key {dotted}: expected {what}, got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         what = "an integer" if kind is int else "a number"
         raise UserError(f"config key {dotted}: expected {what}, got {value!r}")
@@ -164,6 +171,15 @@ def _typed(name: str, value: Any, dotted: str) -> Any:
             raise UserError(f"config key {dotted}: expected an integer, got {value!r}")
         return int(value)
     return float(value)
+
+
+def _int_text(text: str) -> int | float:
+    """A number written as text for an integer key: `"1000"`, `"1e3"` (checked for integrality later)."""
+    text = text.strip().replace("_", "")
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
