@@ -272,3 +272,44 @@ def test_a_scheduler_without_a_step_count_is_said_unchecked(tmp_path) -> None:
                           cwd=tmp_path, timeout=180)
     sim = json.loads((tmp_path / "pf" / "schedule.json").read_text())
     assert "counts epochs" in sim["skipped"] and "not checked" in proc.stderr, proc.stderr
+
+
+HAND_LR_INLINE = '''
+import torch, trainguard
+
+torch.manual_seed(0)
+steps = 200
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+guard = trainguard.watch(model, opt, total_steps=steps)
+for step in range(steps):
+    for group in opt.param_groups:  # the LR set by hand, inline: no function of the script to call
+        group["lr"] = 0.1 * (1 - step / steps) ** 2
+    x = torch.randn(16, 8)
+    loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+    loss.backward()
+    opt.step(); opt.zero_grad()
+    guard.step(loss)
+guard.finish()
+'''
+
+
+def test_an_inline_hand_set_lr_is_not_checked_so_not_passed(tmp_path) -> None:
+    # printed "the LR schedule was not checked" and then "passed", exit 0: never claim what was not checked
+    import json
+    import sys
+
+    from tgtest import run_trainguard
+
+    (tmp_path / "train.py").write_text(HAND_LR_INLINE)
+    proc = run_trainguard("preflight", "--quiet", "--run-dir", str(tmp_path / "pf"), "--", sys.executable, "train.py",
+                          cwd=tmp_path, timeout=180)
+    status = json.loads((tmp_path / "pf" / "status.json").read_text())
+    assert "set by hand" in json.loads((tmp_path / "pf" / "schedule.json").read_text())["skipped"]
+    assert status["state"] == "incomplete" and proc.returncode == 3, proc.stderr
+    assert "incomplete" in proc.stderr and "not checked" in proc.stderr and "passed" not in proc.stderr
+    # the same loop at a constant LR has no schedule to check: it passes
+    (tmp_path / "train.py").write_text(HAND_LR_INLINE.replace("* (1 - step / steps) ** 2", ""))
+    proc = run_trainguard("preflight", "--quiet", "--run-dir", str(tmp_path / "pf"), "--", sys.executable, "train.py",
+                          cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0 and "passed" in proc.stderr, proc.stderr

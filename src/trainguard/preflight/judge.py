@@ -519,6 +519,20 @@ def refused_write(start: dict[str, Any]) -> Finding | None:
     return crash if crash is not None and crash.evidence.get("exception") == "PreflightRefused" else None
 
 
+def schedule_unchecked(sim: dict[str, Any] | None) -> str | None:
+    """Why the LR schedule of a watched script went unchecked, or None when it was checked or there is none.
+
+    A constant LR with no scheduler has no schedule to check; an LR that moved (a scheduler that could not
+    be simulated, an LR set by hand that no function of the script reproduces) was not checked, and the
+    preflight must not pass on it.
+    """
+    if not sim or not sim.get("skipped"):
+        return None
+    if sim.get("scheduler") is None and sim.get("set_by_hand") is False:
+        return None
+    return str(sim["skipped"])
+
+
 def _coverage(first: dict[str, Any], sim: dict[str, Any] | None) -> dict[str, Any]:
     """What the preflight exercised and what it could not, said plainly for a script it cannot drive."""
     refused = refused_write(first)
@@ -527,8 +541,12 @@ def _coverage(first: dict[str, Any], sim: dict[str, Any] | None) -> dict[str, An
         f"before, outside the scratch folder, the preflight refused it and the script stopped there "
         f"({refused.evidence.get('message')})"]
     if first.get("probe") == "watch":
-        return {"fast_forward": True} if not stopped else {"fast_forward": False, "checked": [
-            "the steps and paths before the refused write"], "not_checked": stopped}
+        if stopped:
+            return {"fast_forward": False, "checked": ["the steps and paths before the refused write"],
+                    "not_checked": stopped}
+        unsimulated = schedule_unchecked(sim)
+        return {"fast_forward": True} if unsimulated is None else {
+            "fast_forward": True, "schedule_checked": False, "not_checked": [f"the LR schedule ({unsimulated})"]}
     n = first.get("opt_steps", 0)
     checked = []
     if n:

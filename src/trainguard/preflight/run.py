@@ -23,6 +23,9 @@ A script that never calls `trainguard.watch` cannot be fast-forwarded: the autom
 bootstrap as `trainguard run`'s) runs a few real optimizer steps, simulates the schedule it observed
 where the scheduler states its horizon, and stops the script; the report lists what was and was not
 exercised, and the verdict is `incomplete`, exit code 3 (1 when there are error findings), never 0.
+The same holds for a watched script whose LR moved but could not be simulated (a scheduler without a step
+count, an LR set by hand inline that no function of the script reproduces): the schedule is listed as
+not checked and the verdict is `incomplete`, exit 3. A constant LR with no scheduler has nothing to check.
 Writes that would change a file that existed before, outside the scratch folder, are refused.
 """
 
@@ -144,7 +147,8 @@ def _conclude(run_dir: Path, opts: PreflightOptions, findings: list[Finding], su
     findings = most_severe_first(findings)
     errors = [f for f in findings if f.severity == "error"]
     # a script that could not be fast-forwarded was not checked: never "passed", never exit 0
-    unchecked = not summary.get("fast_forward", True)
+    # so is a fast-forwarded script whose LR moved in a way the preflight could not simulate
+    unchecked = not summary.get("fast_forward", True) or summary.get("schedule_checked") is False
     state = "failed" if errors else "incomplete" if unchecked else "passed"
     code = 1 if errors else EXIT_INCOMPLETE if unchecked else 0
     status = {
