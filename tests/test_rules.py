@@ -457,3 +457,32 @@ def test_a_gross_horizon_mismatch_is_an_error() -> None:
     sev = {h: [f.severity for f in run_rules(rows, {**base, "sched_horizon": h})
                if f.name == "schedule-horizon-mismatch"] for h in (1920, 400, 240, 30)}
     assert sev == {1920: ["error"], 400: ["warning"], 240: [], 30: ["error"]}
+
+
+def test_a_rate_rule_that_escalates_is_one_finding_in_status(tmp_path: Path) -> None:
+    # NaN losses at steps 40, 45 and 50 of 60: TG301 warns at 40 and errs once past 1%. status.json
+    # listed TG301 twice (warning and error); it holds one, the error, with the warning as evidence.
+    script = NAN_BATCH_SCRIPT.replace("if i == 40:", "if i in (40, 45, 50):")
+    (tmp_path / "train.py").write_text(script)
+    proc = run_trainguard("run", "--quiet", "--run-dir", str(tmp_path / "run"), "--", sys.executable, "train.py",
+                          cwd=tmp_path)
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    tg301 = [f for f in status["findings"] if f["code"] == "TG301"]
+    assert [f["severity"] for f in tg301] == ["error"], (proc.stderr, status["findings"])
+    assert tg301[0]["evidence"]["steps"][:2] == [40, 45]  # the rate passed 1% at the second
+    earlier = tg301[0]["evidence"]["earlier"]
+    assert [e["severity"] for e in earlier] == ["warning"] and earlier[0]["step"] == 40
+    assert "first non-finite loss" in earlier[0]["summary"]
+    codes = [f["code"] for f in status["findings"]]
+    assert len(codes) == len(set(codes)), codes
+
+
+def test_a_nonfinite_grad_with_no_loss_reported_says_so() -> None:
+    events = [{"kind": "step", "step": i, "t": float(i), "lr": 1e-3, "grad_norm": 1.0 if i != 5 else float("nan")}
+              for i in range(1, 11)]
+    f = next(f for f in run_rules(events, {"total_steps": 10}) if f.code == "TG302")
+    assert "None" not in f.summary and "the loss of this step was not reported" in f.summary, f.summary
+    events[4]["loss"] = 2.31
+    f = next(f for f in run_rules(events, {"total_steps": 10}) if f.code == "TG302")
+    assert "while the loss is 2.31" in f.summary
+

@@ -74,3 +74,37 @@ class Finding:
 def most_severe_first(findings: list[Finding]) -> list[Finding]:
     """Errors before warnings before info; within a severity, earliest step first."""
     return sorted(findings, key=lambda f: (-f.rank, f.step if f.step is not None else -1))
+
+
+
+def escalations_merged(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Findings (as in status.json) with one entry per code where a rule escalated: a warning, then an error.
+
+    A rate rule warns at the first occurrence and raises an error once the rate passes its limit; both
+    are true, but status.json listing TG301 twice (warning, error) reads as two problems. The most severe
+    one stays (the first at that severity); the lesser ones' summaries and evidence go into its evidence
+    under "earlier". Findings of one code at one severity (two paths, two keys) stay apart.
+    """
+    def rank(f: dict[str, Any]) -> int:
+        return _SEVERITY_RANK.get(f.get("severity"), 0)
+
+    by_code: dict[Any, list[dict[str, Any]]] = {}
+    for f in findings:
+        by_code.setdefault(f.get("code"), []).append(f)
+    out: list[dict[str, Any]] = []
+    for f in findings:
+        same = by_code[f.get("code")]
+        if f.get("code") is None or len({rank(x) for x in same}) < 2:
+            out.append(f)
+            continue
+        top = max(rank(x) for x in same)
+        keeper = next(x for x in same if rank(x) == top)
+        if f is keeper:
+            earlier = [{"severity": x.get("severity"), "step": x.get("step"), "summary": x.get("summary"),
+                        "evidence": x.get("evidence")} for x in same if rank(x) < top]
+            evidence = f.get("evidence")
+            evidence = evidence if isinstance(evidence, dict) else {} if evidence is None else {"value": evidence}
+            out.append({**f, "evidence": {**evidence, "earlier": earlier}})
+        elif rank(f) == top:
+            out.append(f)
+    return out

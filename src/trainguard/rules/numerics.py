@@ -129,7 +129,7 @@ class NonfiniteLoss(_RateRule):
 
 
 class NonfiniteGrad(_RateRule):
-    """TG302 nonfinite-grad: a NaN or inf gradient norm while the loss is finite.
+    """TG302 nonfinite-grad: a NaN or inf gradient norm while the loss is finite (or not reported).
 
     ## What it detects
     A sampled optimizer step (the probe measures the total gradient norm on the first `stats_every`
@@ -173,7 +173,10 @@ class NonfiniteGrad(_RateRule):
         if hit and not self.hits:
             first = self.finding(
                 step=row["step"],
-                summary=f"the gradient norm is {gn} at step {row['step']} while the loss is {fmt(row.get('loss'))}",
+                summary=(f"the gradient norm is {gn} at step {row['step']} while the loss is {fmt(row.get('loss'))}"
+                         if row.get("loss") is not None else
+                         f"the gradient norm is {gn} at step {row['step']} (the loss of this step was not reported,"
+                         " so the backward pass cannot be told apart from a non-finite loss)"),
                 fix="look for sqrt/norm/division of values that can be zero in the backward; clip with "
                     "error_if_nonfinite=True; replay the step's batch under set_detect_anomaly",
                 evidence={"grad_norm": str(gn), "loss": row.get("loss"), "detected_step": row["step"]},

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UserError
+from trainguard.findings import escalations_merged
 from trainguard.untrusted import load_json, regular_file
 
 STATUS_NAME = "status.json"
@@ -80,6 +81,9 @@ def health_counts(status: dict[str, Any]) -> str:
 
 def write_status(run_dir: str | Path, status: dict[str, Any], *, final: bool = False) -> None:
     """Writes status.json; with `final`, a full disk gives up the run's reserve (see `reserve_space`)."""
+    if isinstance(status.get("findings"), list):  # a rule's warning and its later error: one entry
+        status = {**status, "findings": escalations_merged(
+            [f for f in status["findings"] if isinstance(f, dict)])}
     status = {**status, "health": health_of(status)}
     text = json.dumps(status, indent=2, default=str) + "\n"
     path = Path(run_dir) / STATUS_NAME
