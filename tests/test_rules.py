@@ -486,3 +486,23 @@ def test_a_nonfinite_grad_with_no_loss_reported_says_so() -> None:
     f = next(f for f in run_rules(events, {"total_steps": 10}) if f.code == "TG302")
     assert "while the loss is 2.31" in f.summary
 
+
+@pytest.mark.parametrize("warmup, says_warmup", [(50, False), (400, True)])
+def test_a_schedule_longer_than_the_run_names_only_what_is_cut_short(warmup: int, says_warmup: bool) -> None:
+    # SequentialLR(linear warmup, cosine) sized for 1920 steps in a 240-step run: the decay never finishes;
+    # the warmup only when it is longer than the run. TG102 said "warmup and decay never finish" for both.
+    import torch
+
+    from trainguard.probe.planinfo import sched_horizon, sched_warmup
+
+    opt = torch.optim.SGD(torch.nn.Linear(2, 3).parameters(), lr=0.1)
+    lr = torch.optim.lr_scheduler
+    sched = lr.SequentialLR(opt, [lr.LinearLR(opt, 0.01, 1.0, total_iters=warmup),
+                                  lr.CosineAnnealingLR(opt, T_max=1920 - warmup)], milestones=[warmup])
+    plan = {"total_steps": 240, "sched_horizon": sched_horizon(sched), "sched_warmup": sched_warmup(sched)}
+    assert plan["sched_horizon"] == 1920 and plan["sched_warmup"] == warmup
+    rows = [{"kind": "step", "step": s, "lr": 1e-3, "sched_epoch": s - 1} for s in range(1, 10)]
+    f = next(f for f in run_rules(rows, plan) if f.name == "schedule-horizon-mismatch")
+    assert "decay never finish" in f.summary
+    assert ("warmup (400 scheduler steps) and its decay never finish" in f.summary) == says_warmup, f.summary
+    assert ("warmup ends at scheduler step 50" in f.summary) == (not says_warmup), f.summary

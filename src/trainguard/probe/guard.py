@@ -880,6 +880,7 @@ class Guard:
             "scaler": type(self.scaler).__name__ if self.scaler is not None else None,
             "stats_every": self.stats_every,
             "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
+            "sched_warmup": _safe(lambda: planinfo.sched_warmup(self.scheduler)),
             "schedulers": _safe(lambda: planinfo.sched_names(self.scheduler)),
             # TG102 measures scheduler steps per optimizer step from this count (timm's schedulers keep none)
             "sched_counted": _safe(lambda: planinfo.sched_epoch(self.scheduler) is not None),

@@ -88,6 +88,64 @@ def sched_horizon(scheduler: Any) -> int | None:
     return None
 
 
+_WARMUP_NAMES = ("num_warmup_steps", "warmup_steps", "warmup_iters", "warmup")
+
+
+def sched_warmup(scheduler: Any) -> int | None:
+    """The warmup's length in scheduler steps, when the scheduler says it; None otherwise (or no warmup).
+
+    `OneCycleLR` rises for `pct_start` of its steps; a rising `LinearLR` for `total_iters`; a Hugging Face
+    style `LambdaLR` for its `num_warmup_steps`; a `SequentialLR` whose first scheduler warms up until
+    its first milestone; timm's for `warmup_t`. TG102 says whether a schedule longer than the run cuts
+    its warmup short or only its decay.
+    """
+    if scheduler is None:
+        return None
+    name = type(scheduler).__name__
+    if name == "OneCycleLR":
+        total, pct = getattr(scheduler, "total_steps", None), getattr(scheduler, "_schedule_phases", None)
+        return _int(pct[0]["end_step"] + 1) if pct else _int(total and total * 0.3)
+    if name == "LinearLR":
+        if getattr(scheduler, "end_factor", 1.0) > getattr(scheduler, "start_factor", 1.0):
+            return _int(getattr(scheduler, "total_iters", None))
+        return None
+    if name in ("LambdaLR", "MultiplicativeLR"):
+        for fn in getattr(scheduler, "lr_lambdas", [])[:1]:
+            return _named_value(fn, _WARMUP_NAMES)
+        return None
+    if name == "SequentialLR":
+        kids, milestones = children(scheduler), list(getattr(scheduler, "_milestones", None) or [])
+        if kids and milestones and sched_warmup(kids[0]) is not None:
+            return _int(milestones[0])
+        return None
+    if name == "ChainedScheduler":
+        warmups = [w for w in (sched_warmup(k) for k in children(scheduler)) if w]
+        return max(warmups) if warmups else None
+    if is_timm(scheduler) and not getattr(scheduler, "t_in_epochs", True):
+        return _int(getattr(scheduler, "warmup_t", None)) or None
+    return None
+
+
+def _named_value(fn: Any, names: tuple[str, ...]) -> int | None:
+    """An integer a schedule function was given under one of `names` (a partial's keyword or a closure cell)."""
+    if isinstance(fn, functools.partial):
+        for key in names:
+            if key in fn.keywords:
+                return _int(fn.keywords[key])
+        fn = fn.func
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    if code is None or not cells:
+        return None
+    free = dict(zip(code.co_freevars, cells))
+    for key in names:
+        if key in free:
+            try:
+                return _int(free[key].cell_contents)
+            except ValueError:  # an empty cell
+                return None
+    return None
+
+
 def _from_function(fn: Any) -> int | None:
     if isinstance(fn, functools.partial):
         for key in _HORIZON_NAMES:

@@ -216,9 +216,18 @@ class ScheduleHorizonMismatch(Rule):
             if ticks > 1 and abs(ticks - self.grad_accum) < 0.5:
                 summary += f" (it is stepped once per micro-batch, grad_accum {self.grad_accum})"
         else:
+            warmup = self.plan.get("sched_warmup")
+            if finite(warmup) and warmup > 0 and warmup > planned:
+                cut = f"its warmup ({fmt(warmup)} scheduler steps) and its decay never finish"
+            elif finite(warmup) and warmup > 0:
+                cut = (f"its warmup ends at scheduler step {fmt(warmup)}, but its decay never finishes: the LR "
+                       f"is never annealed")
+            else:
+                cut = "its decay never finishes: the LR is never annealed"
+            ev["sched_warmup"] = warmup
             summary = (f"{per} and its horizon is {fmt(self.horizon)} scheduler steps: by the planned end "
                        f"({fmt(self.total_steps)} steps) it is only {1 / ratio:.0%} through its schedule "
-                       f"(warmup and decay never finish)")
+                       f"({cut})")
             cause = "never-finishes"
             if self.grad_accum > 1 and abs(ratio - self.grad_accum) / self.grad_accum < 0.1:
                 summary += f"; it looks sized in micro-batches (grad_accum {self.grad_accum})"
