@@ -102,6 +102,7 @@ def run_scenario(name: str, keep: str | None = None) -> Result:
         rc, out = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         rc, out = None, f"scenario timed out after {exp.get('timeout', 120)} s\n{exc.stdout or ''}{exc.stderr or ''}"
+        _kill_left_in(work)
     seconds = time.time() - t0
     status = _read_json(run_dir / "status.json") or _read_json(work / "status.json") or {}
     if not status and mode != "run":
@@ -116,6 +117,20 @@ def run_scenario(name: str, keep: str | None = None) -> Result:
         shutil.copytree(work, dest, ignore=shutil.ignore_patterns("*.pt", "*.bin", "*.safetensors"))
     shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _kill_left_in(work: Path) -> None:
+    """After a timeout only `trainguard` was killed: the command runs in a session of its own and would live
+    on (a planted busy loop burning a core for the rest of the suite). Kill what still runs in the folder."""
+    import psutil
+
+    for proc in psutil.process_iter(["pid", "cwd"]):
+        try:
+            cwd = proc.info["cwd"] or ""
+            if cwd == str(work) or cwd.startswith(str(work) + os.sep):
+                proc.kill()
+        except (psutil.Error, OSError):
+            continue
 
 
 def _has_cuda() -> bool:

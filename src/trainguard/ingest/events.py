@@ -65,8 +65,13 @@ def to_number(value: Any) -> float | None:
     """A metric value as a float ("nan", "inf" included), None when it is not a number."""
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
+    if isinstance(value, float):
+        return value
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:  # an integer of hundreds of digits (JSON allows it): past any float
+            return float("inf") if value > 0 else float("-inf")
     if isinstance(value, str):
         text = value.strip().rstrip(",;")
         if not text or len(text) > 40:
