@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-CASE_TIMEOUT = 30  # seconds one case may take before it counts as a hang
+CASE_TIMEOUT = 60  # seconds one case may take before it counts as a hang (the slowest real case takes ~10 s alone)
 # a raw control character in what the CLI printed (newline and tab are fine; \x1b starts an escape sequence)
 _RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
 
@@ -189,9 +189,9 @@ def gen_trainer_state(rng: random.Random, folder: Path) -> list[str]:
     where = folder / "out"
     where.mkdir()
     if rng.random() < 0.3:
-        (where / f"checkpoint-{rng.choice(['10', '0', '9' * 30, 'x'])}").mkdir()
+        (where / f"checkpoint-{rng.choice(['10', '0', '9' * 30, 'x'])}").mkdir(exist_ok=True)
         path = where / f"checkpoint-{rng.randint(1, 99)}"
-        path.mkdir()
+        path.mkdir(exist_ok=True)
         path = path / "trainer_state.json"
     else:
         path = where / "trainer_state.json"
@@ -451,8 +451,10 @@ def fuzz(targets: list[str], cases: int, seed: int = 1, first: int = 0, keep: Pa
             tally.slowest = max(tally.slowest, seconds)
             if failure:
                 tally.failures.append(f"{target}#{index}: {failure}")
-            if progress and index % 500 == 0:
-                print(f"  {target} {index}...", file=sys.stderr, flush=True)
+            if progress and tally.cases % 250 == 0:
+                print(f"  {target}: {tally.cases} cases, exit codes {dict(sorted(tally.exit_codes.items()))}, "
+                      f"{len(tally.failures)} failures, slowest {tally.slowest:.1f} s, "
+                      f"peak memory {peak_rss_mib():.0f} MiB", file=sys.stderr, flush=True)
         tallies[target] = tally
     return tallies
 

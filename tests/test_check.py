@@ -175,3 +175,56 @@ def test_configuration_rules_have_full_pages() -> None:
         doc = e.doc()
         assert all(s in doc for s in sections), e.code
         assert e.headline() and not e.headline().startswith("TG")
+
+
+@pytest.mark.parametrize(("per_epoch", "accum", "total"), [
+    ("batches_per_epoch", "grad_accum", "total_steps"),
+    ("steps_per_epoch", "gradient_accumulation_steps", "max_steps"),
+    ("iters_per_epoch", "accumulate_grad_batches", "num_training_steps"),
+    ("num_batches", "grad_accum", "max_steps"),
+    ("micro_batches_per_epoch", "grad_accum", "total_steps"),
+])
+def test_seed002_in_natural_key_names(tmp_path: Path, per_epoch: str, accum: str, total: str) -> None:
+    # Seed 002 as people write it: the epoch's length in batches, not a dataset size. This passed as
+    # "no findings" before the epoch-length keys were read.
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(f"# seed 002\ntrain:\n  epochs: 3  # three passes\n  {per_epoch}: 25000\n"
+                   f"  {accum}: 16  # accumulate\n  {total}: 75000\n  lr: 1.0e-4\n")
+    r = run_trainguard("check", "--json", str(cfg), cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    report = _last_json(r.stdout)
+    assert [f["code"] for f in report["findings"]] == ["TG619"]
+    assert "25000 per epoch × 3" in report["findings"][0]["summary"]
+    assert "1562 × 3 = 4686 optimizer steps" in report["findings"][0]["summary"]
+    out = tmp_path / "fixed.yaml"
+    r = run_trainguard("check", str(cfg), "--fix", "--output", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    fixed = out.read_text()
+    assert f"  {total}: 4686\n" in fixed and "# three passes" in fixed and "# accumulate" in fixed
+
+
+def test_seed002_without_the_epoch_length_says_not_checked(tmp_path: Path) -> None:
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text("epochs: 3\ngrad_accum: 16\ntotal_steps: 75000\n")
+    r = run_trainguard("check", str(cfg), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "not checked: whether total_steps 75000 counts micro-batches" in r.stdout
+    assert "(give --dataset-size" in r.stdout
+    r = run_trainguard("check", str(cfg), "--dataset-size", "100000", cwd=tmp_path)
+    assert "not checked" in r.stdout  # a dataset size without a batch size still leaves the epoch unknown
+
+
+def test_numbers_yaml_reads_as_strings_are_numbers(tmp_path: Path) -> None:
+    # PyYAML (YAML 1.1) reads `3e-5` and `1e3` as strings; the whole config was refused over it
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text("learning_rate: 3e-5\nnum_train_epochs: 3\nper_device_train_batch_size: 4\n"
+                   "gradient_accumulation_steps: 16\nmax_steps: 75000\nwarmup_steps: 1e3\n")
+    assert isinstance(yaml.safe_load(cfg.read_text())["learning_rate"], str)
+    r = run_trainguard("check", "--json", str(cfg), "--dataset-size", "100000", cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr  # checked, and seed 002's TG619 found
+    assert [f["code"] for f in _last_json(r.stdout)["findings"]] == ["TG619"]
+    loaded = load_config(cfg)
+    assert loaded.get("lr") == 3e-5 and loaded.get("warmup_steps") == 1000
+    cfg.write_text("learning_rate: 3e-five\n")
+    r = run_trainguard("check", str(cfg), cwd=tmp_path)
+    assert r.returncode == 2 and "learning_rate: expected a number, got '3e-five'" in r.stderr

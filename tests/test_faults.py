@@ -375,3 +375,45 @@ def test_a_second_thread_and_a_second_watch_are_refused_once_without_bad_rows(tm
     assert [s for s, *_ in rows] == list(range(1, 201))  # no duplicate, no gap
     assert all(loss is not None and loss < 5.0 for _, loss, _ in rows)  # no NULL, none from the other thread
     assert "side-thread" in (run_dir / "guard.log").read_text()
+
+
+STORE_FAULT = """
+import os, shutil, sqlite3, sys, threading, time, torch, trainguard
+run_dir, fault = sys.argv[1], sys.argv[2]
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+guard = trainguard.watch(model, opt, total_steps=300, run_dir=run_dir)
+lock = None
+for i in range(300):
+    if i == 50 and fault == "locked":
+        lock = sqlite3.connect(os.path.join(run_dir, "run.db"), isolation_level=None, check_same_thread=False)
+        lock.execute("BEGIN EXCLUSIVE")  # another process holds the database for 3 s
+        threading.Timer(3.0, lambda: lock.execute("COMMIT")).start()
+    if i == 50 and fault == "deleted":
+        shutil.rmtree(run_dir)
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward(); opt.step(); opt.zero_grad(); guard.step(loss)
+    time.sleep(0.01)
+guard.finish()
+print("trained 300 steps", flush=True)
+"""
+
+
+def _store_fault(tmp_path: Path, run_dir: Path, fault: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "store_fault.py"
+    script.write_text(STORE_FAULT)
+    done = subprocess.run([sys.executable, str(script), str(run_dir), fault], capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0 and "trained 300 steps" in done.stdout, done.stderr  # the training never noticed
+    return done
+
+
+def test_a_locked_store_loses_nothing(tmp_path: Path) -> None:
+    _store_fault(tmp_path, tmp_path / "run", "locked")
+    assert [s for s, *_ in _steps(tmp_path / "run")] == list(range(1, 301))
+    assert read_status(tmp_path / "run")["state"] == "completed"
+
+
+def test_a_deleted_run_folder_costs_the_watching_not_the_training(tmp_path: Path) -> None:
+    _store_fault(tmp_path, tmp_path / "run", "deleted")
+

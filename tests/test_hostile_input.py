@@ -111,3 +111,39 @@ def test_control_characters_never_reach_the_terminal_and_report_md_keeps_html_in
                    f'  File "train.py", line 3, in <module>\nValueError: {HOSTILE}\n')
     out = run_trainguard("diagnose", str(log), timeout=60)
     assert "\x1b" not in out.stdout and "ValueError" in out.stdout
+
+
+def test_integers_past_any_float_and_quadratic_lines_found_by_the_fuzzers(tmp_path: Path) -> None:
+    huge = "9" * 400  # an int Python reads, float() cannot
+    (tmp_path / "m.jsonl").write_text("\n".join(f'{{"step": {i}, "loss": {huge if i == 3 else 1.0}}}'
+                                                for i in range(1, 6)))
+    out = run_trainguard("diagnose", str(tmp_path / "m.jsonl"), timeout=60)
+    assert out.returncode in (0, 1) and "internal error" not in out.stderr, out.stderr
+    (tmp_path / "c.json").write_text('{"learning_rate": ' + huge + "}")
+    _one_line_exit_2(run_trainguard("check", str(tmp_path / "c.json"), timeout=60))
+    # a 64 KiB run of letters and a bar bracket that never closes: once minutes per line, now linear
+    (tmp_path / "slow.log").write_text("step 1 loss 2.0\n" + "Q" * 70_000 + " loss 1.0\n"
+                                       + "1/2 [" + "a=1," * 16_000 + "\n" + ("1/2 [" * 13_000) + "]\n")
+    t0 = time.time()
+    out = run_trainguard("diagnose", str(tmp_path / "slow.log"), timeout=120)
+    assert out.returncode in (0, 1, 2) and "internal error" not in out.stderr
+    assert time.time() - t0 < 30
+
+
+def test_memory_per_line_is_bounded_in_tables(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.write(b'{"step": 1, "loss": 2.0}\n{"a": "')
+        for _ in range(200):
+            f.write(b"x" * (1 << 20))  # a 200 MB line, written in pieces
+        f.write(b'"}\n{"step": 2, "loss": 1.9}\n')
+    # VmHWM: this process's own peak (ru_maxrss would carry the parent's peak over fork and exec)
+    code = ("import sys; from trainguard.cli import main; sys.argv = ['trainguard', 'diagnose', sys.argv[1]]\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print([ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0].split()[1])")
+    done = subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True, timeout=300)
+    assert "2 steps" in done.stdout, done.stdout + done.stderr
+    assert int(done.stdout.strip().splitlines()[-1]) < 150 * 1024, "a 200 MB line must not be held whole"  # KiB

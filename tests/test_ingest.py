@@ -67,17 +67,38 @@ def test_pytorch_scheduler_warning_found(tmp_path: Path) -> None:
     assert "scheduler-before-optimizer" in names(d) and d.state == "completed"
 
 
-def test_log_without_an_end_says_how_long_ago(tmp_path: Path) -> None:
+def test_log_without_an_end_is_judged_by_its_data_not_its_age(tmp_path: Path) -> None:
     log = tmp_path / "train.log"
     log.write_text("".join(f"step {i} loss={1 / i:.3f} lr=0.001\n" for i in range(1, 50)))
+    verdicts = []
+    for age in (3 * 3600, 0):  # the same bytes, written 3 h ago and just now: one verdict
+        os.utime(log, (time.time() - age, time.time() - age))
+        f = next(f for f in diagnose_path(log).findings if f.name == "log-ends-unfinished")
+        verdicts.append((f.severity, f.summary, f.evidence))
+    assert verdicts[0] == verdicts[1] and verdicts[0][0] == "warning" and "ago" not in verdicts[0][1]
+    # only when asked whether the run is still alive does the file's age count
     old = time.time() - 3 * 3600
     os.utime(log, (old, old))
-    d = diagnose_path(log)
-    f = next(f for f in d.findings if f.name == "log-ends-unfinished")
+    f = next(f for f in diagnose_path(log, alive=True).findings if f.name == "log-ends-unfinished")
     assert f.severity == "warning" and f.step == 49 and "3.0 h ago" in f.summary
     assert 3 * 3600 - 5 < f.evidence["seconds_since_last_write"] < 3 * 3600 + 600
     os.utime(log, None)  # written just now: the run may still be going
-    assert next(f for f in diagnose_path(log).findings if f.name == "log-ends-unfinished").severity == "info"
+    assert next(f for f in diagnose_path(log, alive=True).findings
+                if f.name == "log-ends-unfinished").severity == "info"
+
+
+def test_log_ending_after_an_evaluation_or_at_its_last_epoch(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    body = "".join(f"Epoch {e} - Batch loss: {3 / (e + b / 10):.4f}\n" for e in range(1, 6) for b in range(20))
+    log.write_text(body + "Epoch 5 - Validation BLEU: BLEU-1 70.12, BLEU-2 61.50\n")
+    d = diagnose_path(log)
+    assert d.steps == 100 and d.evals == 1
+    assert [(f.name, f.severity, f.cause) for f in d.findings] == [("log-ends-unfinished", "info", "boundary")]
+    log.write_text(body)  # cut among its steps
+    assert [(f.severity, f.cause) for f in diagnose_path(log).findings] == [("warning", "among-steps")]
+    log.write_text("".join(f"Epoch {e}/20 - Train Loss: {2 / e:.4f}, Val Loss: {2.2 / e:.4f}\n" for e in range(1, 21)))
+    d = diagnose_path(log)
+    assert (d.state, d.steps, d.evals, d.findings) == ("completed", 20, 20, [])
 
 
 def test_tqdm_bar_and_hf_dict_lines(tmp_path: Path) -> None:
@@ -261,3 +282,78 @@ def test_fuzz_text_lines(tmp_path: Path, lines: list[str]) -> None:
     except UserError:
         return
     assert d.state in ("completed", "crashed", "unfinished")
+
+
+# -- formats seen in public repositories, reproduced (never copied) ------------------------------------
+
+def test_llama_factory_trainer_log_jsonl(tmp_path: Path) -> None:
+    """LLaMA-Factory's trainer_log.jsonl: `current_steps` of `total_steps`, timings as strings."""
+    def rows(upto: int) -> str:
+        return "".join(json.dumps({"current_steps": s, "total_steps": 400, "loss": round(3 / (1 + s / 50), 4),
+                                   "reward": None, "learning_rate": 5e-5 * (1 - s / 400), "epoch": s / 200,
+                                   "percentage": s / 4, "elapsed_time": "0:01:02", "remaining_time": "0:10:00"})
+                       + "\n" for s in range(10, upto + 1, 10))
+    log = tmp_path / "trainer_log.jsonl"
+    log.write_text(rows(400))
+    d = diagnose_path(log)
+    assert (d.format, d.steps, d.state, d.findings) == ("llama-factory trainer_log.jsonl", 40, "completed", [])
+    log.write_text(rows(200))  # stopped half way
+    d = diagnose_path(log)
+    assert d.state == "unfinished" and [(f.name, f.severity) for f in d.findings] == [("log-ends-unfinished", "warning")]
+
+
+def test_step_loss_tsv_saved_as_a_log(tmp_path: Path) -> None:
+    for name in ("train.log", "losses.tsv"):
+        log = tmp_path / name
+        log.write_text("step\tloss\n" + "".join(f"{s}\t{8 / (1 + s / 100):.6f}\n" for s in range(10, 2010, 10)))
+        d = diagnose_path(log)
+        assert d.format == "tab-separated table" and d.steps == 200 and d.findings == []
+
+
+def test_pytorch_examples_table_lines_read_nan(tmp_path: Path) -> None:
+    """word_language_model's `| epoch 1 | 200/ 2983 batches | lr 20.00 | ms/batch 7.5 | loss nan | ppl nan`."""
+    lines = []
+    for e in range(1, 4):
+        lines += [f"| epoch {e:3d} | {b:5d}/ 1000 batches | lr 20.00 | ms/batch  7.50 | loss   nan | ppl      nan"
+                  for b in range(200, 1001, 200)]
+        lines.append(f"| end of epoch {e:3d} | time: 23.00s | valid loss   nan | valid ppl      nan")
+    lines.append("| End of training | test loss   nan | test ppl      nan")
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n")
+    d = diagnose_path(log)
+    assert d.steps == 15 and d.state == "completed" and d.evals == 4
+    first = next(f for f in d.findings if f.name == "nonfinite-loss")
+    assert first.step == 200
+    assert "eval-metrics-frozen" not in names(d)  # NaN is nonfinite-loss's finding, not a frozen result
+
+
+def test_tqdm_glued_eval_and_val_loss_lines(tmp_path: Path) -> None:
+    bar = "\r".join(f"Training: {i}%|#| {i}/100 [00:0{i % 10}<00:10, 9.0it/s, loss={5 / i:.3f}]" for i in range(1, 101))
+    log = tmp_path / "output.log"
+    log.write_text(bar.replace("50/100 [00:00<00:10, 9.0it/s, loss=0.100]",
+                               "50/100 [00:00<00:10, 9.0it/s, loss=0.100][Eval] step 50 loss: 2.25")
+                   + "\nstep 100 val_loss=1.9 val_acc=0.61\nTraining complete\n")
+    d = diagnose_path(log)
+    assert d.steps == 100 and d.evals == 2 and d.state == "completed"
+
+
+def test_launch_failure_is_a_crash_not_unreadable(tmp_path: Path) -> None:
+    log = run_py(tmp_path, "import argparse\np = argparse.ArgumentParser(prog='train_bash.py')\n"
+                           "p.add_argument('--fp16', choices=['true', 'false'])\np.parse_args(['--fp16', 's'])\n")
+    d = diagnose_path(log)
+    crash = next(f for f in d.findings if f.name == "run-crashed")
+    assert d.state == "crashed" and crash.cause == "launch-refused" and "--fp16" in crash.summary
+
+
+def test_loss_part_keys_and_columns(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"step {s} loss={0.7 * 2 / s + 0.3 * 3:.4f} loss_kd={2 / s:.4f} loss_lm=3.0\n"
+                           for s in range(1, 41)) + "done: 40 steps\n")
+    d = diagnose_path(log)
+    assert d.state == "completed" and "parts" not in {n for _, n in d.not_run}
+    assert "loss-parts-dont-sum" in names(d)  # 0.7/0.3 weights applied but never reported
+    table = tmp_path / "metrics.jsonl"
+    table.write_text("".join(json.dumps({"iteration": s, "total_loss": 1 / s + 0.5, "loss_cls": 1 / s,
+                                         "loss_box_reg": 0.5}) + "\n" for s in range(1, 41)))
+    d = diagnose_path(table)
+    assert "parts" not in {n for _, n in d.not_run} and d.findings == []

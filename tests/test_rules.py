@@ -103,6 +103,71 @@ def test_eval_frozen_fires_at_the_third_identical_evaluation() -> None:
     assert f.name == "eval-metrics-frozen" and f.step == 10 and f.evidence["detected_step"] == 30
 
 
+def _evals(losses: list[float], accs: list[float], every: int = 50) -> list[dict]:
+    return [{"kind": "eval", "step": every * (i + 1), "t": float(i), "data": {"loss": lo, "accuracy": a}}
+            for i, (lo, a) in enumerate(zip(losses, accs))]
+
+
+def test_one_eval_metric_frozen_while_others_move_is_found_per_metric() -> None:
+    """Real shape (a 4-way QA model that never learned): eval loss at ln 4 to 6 digits, accuracy jittering."""
+    import math
+    import random
+
+    rng = random.Random(0)
+    accs = [0.25 + rng.uniform(-0.03, 0.03) for _ in range(12)]
+    frozen = [math.log(4) + rng.uniform(-2e-6, 2e-6) for _ in range(12)]
+    found = [f for f in run_rules(_evals(frozen, accs), {"total_steps": 600}) if f.name == "eval-metrics-frozen"]
+    assert len(found) == 1 and found[0].evidence["uniform_classes"] == 4 and "ln(4)" in found[0].summary
+    # healthy twin: the loss falls slowly (by 1e-3 an evaluation), accuracy jitters the same way
+    moving = [1.2 - 1e-3 * i for i in range(12)]
+    assert [f for f in run_rules(_evals(moving, accs), {"total_steps": 600}) if f.name == "eval-metrics-frozen"] == []
+
+
+def test_frozen_loss_after_the_schedule_decayed_is_not_judged_per_metric() -> None:
+    """At the end of a linear decay the weights settle on purpose: the eval loss may repeat to 5 digits."""
+    evals = [{"kind": "eval", "step": s, "t": float(s), "data": {"loss": 0.41234, "accuracy": 0.8 + 1e-3 * i}}
+             for i, s in enumerate(range(572, 601, 4))]
+    def stream(peak_lr_at_end: bool) -> list[dict]:
+        steps = [{"kind": "step", "step": s, "t": float(s), "loss": 0.5,
+                  "lr": 1e-3 if peak_lr_at_end else 1e-3 * (1 - s / 600)} for s in range(1, 601)]
+        return sorted(steps + evals, key=lambda e: (e["step"], e["kind"] == "eval"))
+    def frozen(events: list[dict]) -> list:
+        return [f for f in run_rules(events, {"total_steps": 600}) if f.name == "eval-metrics-frozen"]
+    assert frozen(stream(peak_lr_at_end=False)) == []
+    assert len(frozen(stream(peak_lr_at_end=True))) == 1  # the same evaluations at full LR: frozen
+
+
+def test_plateau_window_is_counted_in_steps_not_rows() -> None:
+    """A loss logged every 50 of 3,140 steps, flat at ln 4: 62 rows, a window of 157 steps."""
+    rows = [{"kind": "step", "step": 50 * i, "t": float(i), "loss": 1.3863 + 0.004 * ((-1) ** i)} for i in range(1, 63)]
+    assert "loss-not-decreasing" in [f.name for f in run_rules(rows, {"total_steps": 3140})]
+    falling = [dict(r, loss=1.3863 * (1 - r["step"] / 6000)) for r in rows]
+    assert "loss-not-decreasing" not in [f.name for f in run_rules(falling, {"total_steps": 3140})]
+
+
+def _spiky(seed: int, sigma: float, spikes: dict[int, float], n: int = 1500) -> list[dict]:
+    """Per-batch losses falling from 3 to 0.3 with log-normal noise of `sigma`, times `spikes[step]`."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+    return [{"kind": "step", "step": s, "t": float(s),
+             "loss": (0.3 + 2.7 * math.exp(-s / 300)) * math.exp(rng.gauss(0, sigma)) * spikes.get(s, 1.0)}
+            for s in range(1, n + 1)]
+
+
+def test_spike_is_judged_against_the_runs_own_noise_tail() -> None:
+    def spikes(rows: list[dict]) -> list:
+        return [f for f in run_rules(rows, {"total_steps": len(rows)}) if f.name == "loss-spike"]
+    # a fine-tune's per-batch losses: jumps of 5-10x are its ordinary noise, a 15x one is too (T5's log)
+    assert spikes(_spiky(0, 0.8, {1136: 15.0})) == []
+    # a smooth run: a 2x blip is not a spike, a 2,250x one is, and it is the one reported
+    (f,) = spikes(_spiky(1, 0.03, {300: 2.0, 1200: 2250.0}))
+    assert f.step == 1200 and f.evidence["ratio"] > 1000
+    # a 20x spike first, then a 2,250x one: the larger is reported too, not hidden behind the first
+    assert [f.step for f in spikes(_spiky(2, 0.03, {400: 20.0, 1200: 2250.0}))] == [400, 1200]
+
+
 class _Broken(Rule):
     code, name, severity = "TG999", "always-raises", "warning"
 

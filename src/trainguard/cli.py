@@ -265,7 +265,10 @@ def check(config: str, dataset_size: int | None, do_fix: bool, output: str | Non
 @click.argument("path")
 @click.option("--json", "as_json", is_flag=True,
               help="JSON: a run folder's findings as a list; anything else's diagnosis as one object on one line.")
-def diagnose(path: str, as_json: bool) -> None:
+@click.option("--alive", is_flag=True,
+              help="Also ask whether the run may still be going, from when the log was last written (without it, "
+                   "no verdict depends on the file's modification time).")
+def diagnose(path: str, as_json: bool, alive: bool) -> None:
     """Diagnose a run: a trainguard run folder (the health rules over its store, by path or name), or a
     run nobody watched: a log, an output folder (Hugging Face, Lightning, Ultralytics), a metrics file
     (CSV, JSON Lines, trainer_state.json) or TensorBoard event files.
@@ -286,7 +289,7 @@ def diagnose(path: str, as_json: bool) -> None:
         # a run without the probe: its captured output is all there is, and the watchdog saw it end
         ended = "status.json: completed" if read_status(target).get("state") == "completed" else None
         target = target / "output.log"
-    d = diagnose_path(target, ended=ended)
+    d = diagnose_path(target, ended=ended, alive=alive)
     if as_json:
         echo(json.dumps(d.to_dict(), default=str))
     else:

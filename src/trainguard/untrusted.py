@@ -72,12 +72,31 @@ def load_yaml(text: str) -> Any:
     """
     import yaml
 
+    _flow_depth_ok(text)
     try:
         data = yaml.safe_load(text)
     except RecursionError:
         raise ValueError("nested deeper than can be read") from None
     _expanded_size(data)
     return data
+
+
+MAX_FLOW_DEPTH = 500  # brackets open at once; PyYAML's scanner slows down quadratically with this depth
+
+
+def _flow_depth_ok(text: str) -> None:
+    """Refuses `[[[[...` thousands deep before PyYAML spends seconds scanning it (counts brackets in quoted
+    text too: a config with hundreds of brackets open inside a string is no config)."""
+    if text.count("[") + text.count("{") <= MAX_FLOW_DEPTH:
+        return
+    depth = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            if depth > MAX_FLOW_DEPTH:
+                raise ValueError("nested deeper than can be read")
+        elif ch in "]}" and depth:
+            depth -= 1
 
 
 def _expanded_size(data: Any) -> int:

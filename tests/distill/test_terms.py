@@ -20,7 +20,7 @@ def test_every_term_has_a_scheduled_weight_and_lm_never_leaves():
     cur = Curriculum.from_config(LossConfig(), total_steps=100)
     for step in range(0, 100, 7):
         w = cur.weights(step)
-        assert set(w) == {"lm", "kd", "hidden"} and w["lm"] == 1.0
+        assert set(w) == {"lm", "kd", "hidden", "routing", "balance"} and w["lm"] == 1.0
     assert cur.weights(10)["kd"] == pytest.approx(0.4) and cur.ramp_end_step == 20
 
 

@@ -39,6 +39,8 @@ def _open_file(p: Path) -> Source:
         return hf.read_trainer_state(p, p.parent.parent if p.parent.name.startswith("checkpoint-") else p.parent)
     if name.startswith("events.out.tfevents."):
         return tensorboard.read_tensorboard([p])
+    if name.endswith(".tsv"):
+        return tables.read_csv(p, "tab-separated table", "\t")
     if name.endswith(".csv"):
         fmt = {"results.csv": "ultralytics results.csv", "metrics.csv": "lightning metrics.csv"}.get(name, "csv")
         return tables.read_csv(p, fmt)
@@ -50,6 +52,9 @@ def _open_file(p: Path) -> Source:
         if b'"log_history"' in head or b'"max_steps"' in head or b'"global_step"' in head:
             return hf.read_trainer_state(p)
         return tables.read_jsonl(p)
+    delimiter = tables.sniff_table(p)
+    if delimiter is not None:  # a `step<TAB>loss` table saved as train.log
+        return tables.read_csv(p, "tab-separated table" if delimiter == "\t" else "csv", delimiter)
     return textlog.read_text_log(p)
 
 

@@ -58,10 +58,11 @@ class Diagnosis:
                 "not_run": [{"rule": r, "needs": n} for r, n in self.not_run], "notes": self.notes}
 
 
-def diagnose_source(source: Source, now: float | None = None, rules: bool = True) -> Diagnosis:
+def diagnose_source(source: Source, now: float | None = None, rules: bool = True, alive: bool = False) -> Diagnosis:
     """Feeds the source's events to the rules, one at a time, then adds what the log itself shows.
 
-    `rules=False` reads without the health rules (the readers' own cost, for benchmarks).
+    `rules=False` reads without the health rules (the readers' own cost, for benchmarks). `alive`: the
+    user asks whether the run may still be going; only then does the file's modification time count.
     """
     from trainguard.errors import UserError
     from trainguard.ingest import signs
@@ -84,20 +85,24 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
         notes.extend(engine.errors)
     facts = source.facts
     name = source.path.name
-    crashed = facts.traceback is not None
-    if crashed:
-        found.append(_crash(facts.traceback or [], last_step))
+    crashed = facts.traceback is not None or facts.launch_error is not None
+    if facts.traceback is not None:
+        found.append(_crash(facts.traceback, last_step))
+    elif facts.launch_error is not None:
+        found.append(signs.launch_failed(name, facts.launch_error))
     for (lineno, warning), count in _first_of_each(facts.warnings):
         if warning == "scheduler-before-optimizer":
             found.append(signs.scheduler_before_optimizer(name, lineno, count))
-    if source.log_like and not crashed and facts.completed is None:
+    log_like = source.log_like and facts.ends_with != "unknown"  # "unknown": the reader cannot tell how it ended
+    if log_like and not crashed and facts.completed is None:
         if not (facts.steps or facts.evals or facts.lines):
             raise UserError(f"{source.path}: nothing trainguard can read in it (no metrics, progress or traceback)")
-        found.append(signs.log_ends_unfinished(name, facts.last_line, facts.lines, last_step, facts.mtime, now))
+        found.append(signs.log_ends_unfinished(name, facts.last_line, facts.lines, last_step, ends_with=facts.ends_with,
+                                               snapshot=facts.snapshot, mtime=facts.mtime, now=now, alive=alive))
     if not (facts.steps or facts.evals or crashed or facts.warnings or facts.completed):
         raise UserError(f"{source.path}: read {facts.lines} lines as {source.format} but found no training "
                         "metrics, progress or traceback in them")
-    state = "crashed" if crashed else "completed" if facts.completed else "unfinished" if source.log_like else "unknown"
+    state = "crashed" if crashed else "completed" if facts.completed else "unfinished" if log_like else "unknown"
     have = set(facts.fields) | {k for k in kinds if k not in ("step", "eval")}
     have |= {"output line counts"} if "output" in kinds else set()
     have |= {k for k in ("total_steps",) if source.plan.get(k)}
@@ -108,14 +113,14 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
 
 
 def diagnose_path(path: str | Path, now: float | None = None, ended: str | None = None,
-                  rules: bool = True) -> Diagnosis:
+                  rules: bool = True, alive: bool = False) -> Diagnosis:
     """`ended`: how the run ended when something else knows (a watchdog's status.json), else None."""
     from trainguard.ingest.detect import open_source
 
     source = open_source(path)
     if ended:
         source.facts.completed = ended
-    return diagnose_source(source, now=now, rules=rules)
+    return diagnose_source(source, now=now, rules=rules, alive=alive)
 
 
 def _engine(plan: dict[str, Any]) -> tuple[Any, list[str]]:

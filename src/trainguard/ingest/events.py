@@ -17,13 +17,14 @@ from trainguard.errors import UserError
 
 # Metric names, lower-cased, as the frameworks and people write them.
 LOSS_NAMES = ("loss", "train_loss", "train/loss", "loss_step", "train_loss_step", "training_loss",
-              "train/loss_step", "tr_loss", "total_loss")
+              "train/loss_step", "tr_loss", "total_loss", "batch_loss")
 LR_NAMES = ("lr", "learning_rate", "train/lr", "train/learning_rate", "lr-adamw", "lr-adam", "lr-sgd",
             "lr/pg0", "learning-rate")
 GRAD_NAMES = ("grad_norm", "gradient_norm", "train/grad_norm", "grad-norm", "gnorm", "grad norm")
-STEP_NAMES = ("step", "global_step", "iteration", "iter", "it", "train/global_step", "trainer/global_step")
-EVAL_PREFIXES = ("eval_", "eval/", "val_", "val/", "valid_", "validation_", "validation/", "test_",
-                 "metrics/")
+STEP_NAMES = ("step", "global_step", "iteration", "iter", "it", "train/global_step", "trainer/global_step",
+              "current_steps", "_step")  # LLaMA-Factory's trainer_log.jsonl; W&B history exports
+EVAL_PREFIXES = ("eval_", "eval/", "val_", "val/", "valid_", "validation_", "validation/", "test_", "test/",
+                 "dev_", "evaluation_", "metrics/")
 
 
 @dataclass
@@ -41,6 +42,11 @@ class Facts:
     evals: int = 0
     fields: set[str] = field(default_factory=set)  # step-row fields that carried a number at least once
     skipped: int = 0  # lines or rows that could not be read
+    launch_error: str | None = None  # argparse's `error:` line: the command was refused before training
+    snapshot: str | None = None  # what a file written mid-run (a checkpoint's trainer_state.json) is a snapshot of
+    # what the last metric line was: "step", "eval" or "summary" (an epoch's end); "unknown": the format
+    # cannot show how the run ended (a Lightning CSV with no epoch-end rows and no planned epochs)
+    ends_with: str | None = None
 
 
 @dataclass
@@ -59,8 +65,13 @@ def to_number(value: Any) -> float | None:
     """A metric value as a float ("nan", "inf" included), None when it is not a number."""
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
+    if isinstance(value, float):
+        return value
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:  # an integer of hundreds of digits (JSON allows it): past any float
+            return float("inf") if value > 0 else float("-inf")
     if isinstance(value, str):
         text = value.strip().rstrip(",;")
         if not text or len(text) > 40:

@@ -64,12 +64,24 @@ def read_trainer_state(path: Path, folder: Path | None = None) -> Source:
     plan = {k: v for k, v in plan.items() if v}
     facts = Facts(mtime=path.stat().st_mtime)
     ckpts = checkpoint_dirs(folder) if folder is not None else []
+    facts.snapshot = _snapshot(state, plan.get("total_steps"))
     return Source(path=path, format="hugging face trainer_state.json", plan=plan,
-                  events=_events(state["log_history"], ckpts, facts, plan.get("total_steps")), facts=facts, log_like=True)
+                  events=_events(state["log_history"], ckpts, facts, plan.get("total_steps"), _int(state.get("global_step"))),
+                  facts=facts, log_like=True)
+
+
+def _snapshot(state: dict[str, Any], total: int | None) -> str:
+    """Where the run was when the Trainer wrote this file: a checkpoint's copy never holds the summary."""
+    step = _int(state.get("global_step"))
+    if step is None:
+        return "a trainer_state.json without a global_step"
+    if total:
+        return f"a checkpoint snapshot at step {step:,} of max_steps {total:,} ({step / total:.0%})"
+    return f"a checkpoint snapshot at step {step:,}"
 
 
 def _events(history: list[Any], ckpts: list[tuple[int, Path]], facts: Facts,
-            total_steps: int | None) -> Iterator[dict[str, Any]]:
+            total_steps: int | None, global_step: int | None) -> Iterator[dict[str, Any]]:
     pending = list(ckpts)
     last_step: int | None = None
     for entry in history:
@@ -93,9 +105,11 @@ def _events(history: list[Any], ckpts: list[tuple[int, Path]], facts: Facts,
         yield from metrics_to_events(step, metrics, facts)
     for n, p in pending:
         yield event("checkpoint", n, {"path": str(p)}, name=p.name)
-    if facts.completed is None and total_steps and last_step is not None and last_step >= total_steps:
+    reached = max(last_step or 0, global_step or 0)
+    if facts.completed is None and total_steps and reached >= total_steps:
         # a checkpoint's own state stops before the summary: reaching max_steps is the sign of the end
-        facts.completed = f"log_history reaches max_steps ({total_steps})"
+        # (the last log row may sit a few steps before it, between two logging steps)
+        facts.completed = f"global_step reaches max_steps ({total_steps})"
 
 
 def _int(value: Any) -> int | None:

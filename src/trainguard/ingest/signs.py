@@ -7,21 +7,28 @@ same way as a live run's stderr; the two rules here exist only for logs.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from trainguard.findings import Finding
 
 STILL_WRITING = 120.0  # seconds: a log written this recently may belong to a run still going
 
 
-def log_ends_unfinished(path: str, last_line: str | None, lines: int, last_step: int | None,
-                        mtime: float | None, now: float | None = None) -> Finding:
+def log_ends_unfinished(path: str, last_line: str | None, lines: int, last_step: int | None, *,
+                        ends_with: str | None = None, snapshot: str | None = None,
+                        mtime: float | None = None, now: float | None = None, alive: bool = False) -> Finding:
     """TG531 log-ends-unfinished: a log that ends without any sign that the run completed.
 
     ## What it detects
-    A training log (or a Hugging Face `trainer_state.json`) that has no completion line ("Training
-    complete", Hugging Face's closing `train_runtime` summary, Lightning's "`Trainer.fit` stopped") and
-    no traceback. The finding gives the last line, the last step seen and how long ago the file was
-    last written (its modification time).
+    A training log that has no completion line ("Training complete", Hugging Face's closing
+    `train_runtime` summary, Lightning's "`Trainer.fit` stopped", pytorch/examples' "End of training",
+    `done: 1024 steps`), whose steps never reach the planned total (`max_steps`, the last of N epochs)
+    and that has no traceback. The finding gives the last line and the last step seen. Its severity
+    comes from the data alone, never from the file's age:
+    - a warning when the log stops among its steps (after a step line, mid-epoch);
+    - info when it stops right after an evaluation or an epoch's summary (a natural end whose plan
+      the log does not state), or when the file is a checkpoint's snapshot (a Hugging Face
+      `checkpoint-N/trainer_state.json` never holds the closing summary).
 
     ## Why it matters
     Silence is not success. A run killed by the OOM killer, a preempted node or a hang leaves exactly
@@ -30,34 +37,63 @@ def log_ends_unfinished(path: str, last_line: str | None, lines: int, last_step:
 
     ## Example
     `TG531 log-ends-unfinished [warning] at step 4886: train.log ends at step 4886 without a completion
-    line; its last line was written 7.8 h ago: "Epoch 2/100 ... 4886/41163"`
+    line, among its steps: "Epoch 2/100 ... 4886/41163"`
 
     ## What to change
     Find out how the process ended (`dmesg` for the OOM killer, the scheduler's logs); run it under
     `trainguard run`, which tells a hang, a kill and a crash apart as they happen.
 
     ## Known false positives
-    A script that prints nothing at its end, or a log of a run that is still going (a file written in
-    the last two minutes is reported as info, not a warning).
+    A script that prints nothing at its end and stops after a step line; a log of a run that is still
+    going: ask with `trainguard diagnose --alive`, which reads the file's modification time (written in
+    the last two minutes: info, the run may still be going).
+
+    ## Options
+    `--alive`: also judge from the file's modification time whether the run may still be going.
     """
-    now = time.time() if now is None else now
-    age = (now - mtime) if mtime is not None else None
-    recent = age is not None and age < STILL_WRITING
-    when = f"; its last line was written {_ago(age)} ago" if age is not None else ""
     at = f" at step {last_step}" if last_step is not None else ""
-    summary = f"{path} ends{at} without a completion line{when}"
-    if last_line:
-        summary += f': "{last_line[:120]}"'
-    if recent:
-        summary += " (the run may still be going)"
+    quote = f': "{last_line[:120]}"' if last_line else ""
+    severity = "warning"
+    evidence: dict[str, Any] = {"last_line": last_line, "lines": lines, "last_step": last_step}
+    if snapshot:
+        severity, cause = "info", "snapshot"
+        summary = (f"{path} is {snapshot}: a snapshot taken while the run went on has no completion entry, so "
+                   "it cannot tell how the run ended")
+        evidence["snapshot"] = snapshot
+    elif ends_with in ("eval", "summary"):
+        severity, cause = "info", "boundary"
+        what = "an evaluation" if ends_with == "eval" else "an epoch's summary"
+        summary = (f"{path} ends{at} right after {what}, without a completion line and without a plan that "
+                   f"says how long the run was meant to be{quote}")
+    else:
+        cause = "among-steps"
+        summary = f"{path} ends{at} without a completion line, among its steps{quote}"
+    if alive:  # asked: is the run still going? Only then does the file's age count
+        now = time.time() if now is None else now
+        age = (now - mtime) if mtime is not None else None
+        evidence["seconds_since_last_write"] = round(age, 1) if age is not None else None
+        if age is not None:
+            summary += f"; its last line was written {_ago(age)} ago"
+            if age < STILL_WRITING:
+                severity, cause = "info", "still-writing"
+                summary += " (the run may still be going)"
     return Finding(
-        code="TG531", name="log-ends-unfinished", severity="info" if recent else "warning", step=last_step,
-        summary=summary, source="diagnose",
-        evidence={"last_line": last_line, "lines": lines, "last_step": last_step,
-                  "seconds_since_last_write": round(age, 1) if age is not None else None},
+        code="TG531", name="log-ends-unfinished", severity=severity, step=last_step, cause=cause,
+        summary=summary, source="diagnose", evidence=evidence,
         fix="find out how the process ended (dmesg for the OOM killer, the scheduler's logs); run it under "
             "`trainguard run`, which tells a hang, a kill and a crash apart as they happen",
     )
+
+
+def launch_failed(path: str, message: str) -> Finding:
+    """TG501 run-crashed, for a command line refused before training started (argparse exits 2)."""
+    from trainguard.watchdog.crash import crash_finding
+
+    f = crash_finding(exception="SystemExit", message=f"the command line was refused at launch: {message}",
+                      frames=[], step=None, exit_code=2, source="diagnose")
+    f.cause = "launch-refused"
+    f.fix = "fix the argument the error names (see the usage text above it in the log) and launch again"
+    return f
 
 
 def scheduler_before_optimizer(path: str, lineno: int, count: int) -> Finding:

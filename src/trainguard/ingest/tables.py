@@ -8,23 +8,36 @@ the same step; rows are merged per step before they become events, so a step is 
 from __future__ import annotations
 
 import csv
-import io
+import functools
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UserError
-from trainguard.ingest.events import STEP_NAMES, Facts, Source, metrics_to_events, sniff_binary, to_number
+from trainguard.ingest.events import (
+    LOSS_NAMES,
+    STEP_NAMES,
+    Facts,
+    Source,
+    is_eval_name,
+    metrics_to_events,
+    sniff_binary,
+    to_number,
+)
 from trainguard.ingest.textlog import MAX_LINE
 from trainguard.untrusted import load_json
 
 ULTRALYTICS_PARTS = ("train/",)  # results.csv: train/box_loss, train/cls_loss, train/dfl_loss
 
 
-def read_csv(path: Path, fmt: str = "csv") -> Source:
-    """A CSV with a header naming a step (or epoch) column; `fmt` names the flavour for the report."""
-    header = _header(path)
+def read_csv(path: Path, fmt: str = "csv", delimiter: str = ",") -> Source:
+    """A CSV with a header naming a step (or epoch) column; `fmt` names the flavour for the report.
+
+    `delimiter`: "\t" for a step/loss TSV. A Lightning metrics.csv also says how it ended: its last
+    epoch either has the epoch-end row Lightning writes when an epoch closes, or the run stopped inside it.
+    """
+    header = _header(path, delimiter)
     low = [h.strip().lower() for h in header]
     step_col = next((h for h, lo in zip(header, low) if lo in STEP_NAMES), None)
     epoch_col = next((h for h, lo in zip(header, low) if lo == "epoch"), None)
@@ -34,30 +47,156 @@ def read_csv(path: Path, fmt: str = "csv") -> Source:
     facts = Facts(mtime=path.stat().st_mtime)
     parts = ULTRALYTICS_PARTS if fmt == "ultralytics results.csv" else ()
     key = step_col or epoch_col
-    rows = _csv_rows(path, facts)
-    return Source(path=path, format=fmt, events=_merged(rows, key, facts, parts), facts=facts)
+    rows = _csv_rows(path, facts, delimiter)
+    lightning = fmt == "lightning metrics.csv" and epoch_col is not None and step_col is not None
+    if lightning:
+        rows = _lightning_end(rows, epoch_col, step_col, facts, _planned_epochs(path.parent))
+    return Source(path=path, format=fmt, events=_merged(rows, key, facts, parts), facts=facts, log_like=lightning)
+
+
+def sniff_table(path: Path) -> str | None:
+    """The delimiter of a table written under a log's name (`train.log` holding `step<TAB>loss` rows), if it is one."""
+    with open(path, "rb") as f:
+        head = f.read(4096).decode("utf-8", "replace")
+    lines = [line for line in re.split(r"[\r\n]+", head) if line.strip()][:2]
+    if len(lines) < 2:
+        return None
+    for delimiter in ("\t", ","):
+        names, cells = lines[0].strip("\ufeff ").split(delimiter), lines[1].split(delimiter)
+        if len(names) < 2 or len(names) != len(cells):
+            continue
+        if any(to_number(n) is not None for n in names) or any(to_number(c) is None for c in cells):
+            continue
+        if any(n.strip().lower() in STEP_NAMES or n.strip().lower() == "epoch" for n in names):
+            return delimiter
+    return None
+
+
+def _lightning_end(rows: Iterable[dict[str, Any]], epoch_col: str, step_col: str, facts: Facts,
+                   planned: int | None) -> Iterator[dict[str, Any]]:
+    """Passes the rows on, noting which epochs closed (an `*_epoch` or validation value in them).
+
+    The last epoch closed: the run ended at an epoch's end. It did not, but earlier ones did: a
+    `max_steps` limit or a kill, which the file cannot tell apart (info). No epoch ever closed although
+    `hparams.yaml` plans `planned` of them: the run stopped inside its first epoch (a warning).
+    """
+    closed: set[int] = set()
+    epoch = step = None
+    for row in rows:
+        e, s = to_number(row.get(epoch_col)), to_number(row.get(step_col))
+        if e is not None and abs(e) < 1e15:  # also false for NaN
+            epoch = int(e)
+        if s is not None and abs(s) < 1e15:
+            step = int(s)
+        if epoch is not None and epoch not in closed and any(
+                (str(k).endswith("_epoch") or is_eval_name(str(k))) and to_number(v) is not None for k, v in row.items()):
+            closed.add(epoch)
+        yield row
+    if epoch is None:
+        return
+    if epoch in closed:
+        facts.completed = f"its last epoch ({epoch}) ends with the epoch-end row Lightning writes when an epoch closes"
+    elif closed:
+        facts.ends_with = "summary"
+        facts.last_line = (f"epoch {epoch}, step {step}, after epochs up to {max(closed)} closed: a max_steps "
+                           "limit or a kill")
+    elif planned:
+        facts.ends_with = "step"
+        facts.last_line = (f"epoch {epoch}, step {step}: not one of the {planned} epochs hparams.yaml plans "
+                           "closed (Lightning writes an epoch-end row when an epoch closes)")
+    else:
+        facts.ends_with = "unknown"  # nothing in Lightning's own files says how the run was meant to end
+
+
+def _planned_epochs(folder: Path) -> int | None:
+    """`num_epochs` / `max_epochs` / `epochs` in the version folder's hparams.yaml, if it says."""
+    p = folder / "hparams.yaml"
+    try:
+        if not p.is_file() or p.stat().st_size > 1 << 20:
+            return None
+        import yaml
+
+        hp = yaml.safe_load(p.read_text(errors="replace"))
+    except Exception:  # an hparams.yaml Lightning could not read back either: no plan
+        return None
+    if not isinstance(hp, dict):
+        return None
+    for key in ("max_epochs", "num_epochs", "epochs", "n_epochs"):
+        n = to_number(hp.get(key))
+        if n is not None and 0 < n < 1e9:
+            return int(n)
+    return None
 
 
 def read_jsonl(path: Path) -> Source:
+    """JSON Lines; LLaMA-Factory's `trainer_log.jsonl` (`current_steps` of `total_steps`) states its plan."""
     facts = Facts(mtime=path.stat().st_mtime)
-    return Source(path=path, format="json lines", events=_merged(_json_rows(path, facts), None, facts, ()),
-                  facts=facts)
+    total = _peek_total(path)
+    plan = {"total_steps": total} if total else {}
+    rows = _json_rows(path, facts)
+    if total:
+        rows = _reaches(rows, total, facts)
+    fmt = ("ms-swift logging.jsonl" if "global_step/max_steps" in _first_line(path) else
+           "llama-factory trainer_log.jsonl") if total else "json lines"
+    return Source(path=path, format=fmt, events=_merged(rows, None, facts, ()), plan=plan, facts=facts,
+                  log_like=bool(total))
 
 
-def _header(path: Path) -> list[str]:
+def _first_line(path: Path) -> str:
+    with open(path, "rb") as f:
+        return f.readline(MAX_LINE).decode("utf-8", "replace")
+
+
+def _peek_total(path: Path) -> int | None:
+    first = _first_line(path)
+    try:
+        obj = load_json(first)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    total = to_number(obj.get("total_steps"))
+    if total is None and (of_max := _of_max(obj)) is not None:
+        total = of_max[1]
+    return int(total) if total is not None and 0 < total < 1e15 else None
+
+
+def _of_max(row: dict[str, Any]) -> tuple[int, int] | None:
+    """ms-swift's `"global_step/max_steps": "10/500"`."""
+    value = row.get("global_step/max_steps")
+    if not isinstance(value, str) or "/" not in value:
+        return None
+    n, _, total = value.partition("/")
+    if not (n.strip().isdigit() and total.strip().isdigit()) or len(value) > 40:
+        return None
+    return int(n), int(total)
+
+
+def _reaches(rows: Iterable[dict[str, Any]], total: int, facts: Facts) -> Iterator[dict[str, Any]]:
+    last = 0
+    for row in rows:
+        step = _step_of(row, None)
+        last = max(last, step or 0)
+        yield row
+    if last >= total:
+        facts.completed = f"current_steps reaches total_steps ({total:,})"
+    else:
+        facts.ends_with = "step"
+
+
+def _header(path: Path, delimiter: str = ",") -> list[str]:
     with open(path, "rb") as f:
         head = f.read(8192)
     sniff_binary(head, path)
     first = re.split(rb"[\r\n]", head, maxsplit=1)[0].decode("utf-8", "replace").strip("\ufeff ")
-    if not first or "," not in first:
+    if not first or delimiter not in first:
         raise UserError(f"{path}: no CSV header on its first line")
-    return next(csv.reader([first]))
+    return next(csv.reader([first], delimiter=delimiter))
 
 
-def _csv_rows(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
+def _csv_rows(path: Path, facts: Facts, delimiter: str = ",") -> Iterator[dict[str, Any]]:
     with open(path, "rb") as raw:
-        text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
-        reader = csv.reader(_bounded(text, facts))
+        reader = csv.reader(_bounded(raw, facts), delimiter=delimiter)
         try:
             header = [h.strip().lstrip("\ufeff") for h in next(reader, [])]
         except csv.Error:
@@ -77,20 +216,26 @@ def _csv_rows(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
             yield dict(zip(header, cells))
 
 
-def _bounded(lines: Iterable[str], facts: Facts) -> Iterator[str]:
-    for line in lines:
-        if len(line) > MAX_LINE:
+def _bounded(raw: Any, facts: Facts) -> Iterator[str]:
+    """Decoded lines of a binary file, read at most MAX_LINE bytes at a time: a longer line is skipped
+    (counted) without ever being held whole (iterating a text wrapper held a 600 MB line, twice)."""
+    while True:
+        line = raw.readline(MAX_LINE + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE and not line.endswith(b"\n"):
             facts.skipped += 1
+            while line and not line.endswith(b"\n"):
+                line = raw.readline(1 << 20)
             continue
-        yield line.replace("\x00", "")
+        yield line.decode("utf-8", "replace").replace("\x00", "")
 
 
 def _json_rows(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
     with open(path, "rb") as raw:
         sniff_binary(raw.read(8192), path)
         raw.seek(0)
-        text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
-        for line in _bounded(text, facts):
+        for line in _bounded(raw, facts):
             facts.lines += 1
             line = line.strip()
             if not line:
@@ -117,21 +262,34 @@ def _merged(rows: Iterable[dict[str, Any]], key: str | None, facts: Facts,
             facts.skipped += 1
             continue
         if current is not None and step != current:
-            yield from metrics_to_events(current, merged, facts, parts_from=parts)
+            yield from metrics_to_events(current, merged, facts, parts_from=parts or _loss_parts(tuple(merged)))
             merged = {}
         current = step
         for name, value in row.items():
             if name is None or name == key or str(name).lower() in STEP_NAMES:
                 continue
             number = to_number(value)
-            if number is not None and str(name).lower() != "epoch":
+            if number is not None and str(name).lower() not in ("epoch", "total_steps", "percentage"):
                 merged[str(name)] = number
     if current is not None:
-        yield from metrics_to_events(current, merged, facts, parts_from=parts)
+        yield from metrics_to_events(current, merged, facts, parts_from=parts or _loss_parts(tuple(merged)))
+
+
+@functools.lru_cache(maxsize=256)
+def _loss_parts(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Columns that are parts of a total loss logged beside them (`loss_kd`, `loss_lm`; detectron2's
+    `loss_cls` beside `total_loss`): only when there is a total, so a lone `val_loss` stays an evaluation."""
+    low = {n.lower() for n in names}
+    if not low & set(LOSS_NAMES):
+        return ()
+    return tuple(n for n in names if not is_eval_name(n) and n.lower() not in LOSS_NAMES
+                 and (n.lower().startswith("loss_") or n.lower().endswith("_loss")))
 
 
 def _step_of(row: dict[str, Any], key: str | None) -> int | None:
     names = [key] if key else [k for k in row if str(k).lower() in STEP_NAMES]
+    if not names and (of_max := _of_max(row)) is not None:
+        return of_max[0]
     for name in names:
         value = to_number(row.get(name))
         if value is not None and value == value and abs(value) < 1e15:

@@ -21,7 +21,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trainguard.ingest.events import Facts, Source, event, metrics_to_events, sniff_binary, to_number
+from trainguard.ingest.events import (
+    Facts,
+    Source,
+    event,
+    is_eval_name,
+    metrics_to_events,
+    sniff_binary,
+    to_number,
+)
 
 MAX_LINE = 64 * 1024  # bytes kept of one line; the rest of an enormous line is skipped
 BLOCK = 1 << 20  # bytes read at a time
@@ -30,25 +38,51 @@ TRACEBACK_LINES = 400  # lines kept of one traceback
 _NEWLINE = re.compile(rb"[\r\n]")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _NUM = r"[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?)"
+# `loss=2.3`, `Loss: 2.3`, and with the words that qualify a name in front: `Train Loss: 1.12`,
+# `Batch loss: 12.1`, `Val Loss: 1.36` (only these words, so `INFO root loss: 2` stays `loss`)
+_QUALIFIER = r"(?:(?:train|training|val|valid|validation|eval|evaluation|test|dev|batch|average|avg|mean|epoch|total|running)\s+){0,2}"
 # a key starts where a word starts: without the look-behind a 64 KiB run of letters (a base64 blob) is
 # tried from each of its positions, quadratic in the line (minutes for one line)
-_PAIR = re.compile(r"(?<![\w/.\-])([A-Za-z][\w/.\-]*)\s*[=:]\s*(" + _NUM + r")(?![\w.])", re.IGNORECASE)
-_SPACED = re.compile(r"\b(loss|lr|learning_rate|grad_norm)\s+(" + _NUM + r")(?![\w.])", re.IGNORECASE)
+_PAIR = re.compile(r"(?<![\w/.\-])(" + _QUALIFIER + r"[A-Za-z][\w/.\-]*)\s*[=:]\s*(" + _NUM + r")(?![\w.])",
+                   re.IGNORECASE)
+_SPACED = re.compile(r"\b(" + _QUALIFIER + r"(?:loss|lr|learning_rate|grad_norm))\s+(" + _NUM + r")(?![\w.])",
+                     re.IGNORECASE)
+# one cell of a `| lr 20.0000 | loss   nan |` table (pytorch/examples, fairseq): a name, then its number
+_CELL = re.compile(r"((?:[A-Za-z][\w/.\-]*\s+){0,3}?[A-Za-z][\w/.\-]*)\s*[:=]?\s*(" + _NUM + r")", re.IGNORECASE)
+# `BLEU-1 73.98, BLEU-2 68.28` on a line that says it is an evaluation
+_LOOSE = re.compile(r"(?<![\w/.\-])([A-Za-z][\w\-]*)\s+(" + _NUM + r")(?![\w.])", re.IGNORECASE)
 # Hugging Face 5 prints its values quoted ('loss': '1.181'), older versions bare ('loss': 1.181)
 _QUOTED = re.compile(r"""['"]([\w/.\-]+)['"]\s*:\s*['"]?(""" + _NUM + r""")['"]?(?![\w.])""", re.IGNORECASE)
-_STEP = re.compile(r"\b(?:global[_ ]step|step|iter(?:ation)?)\b\s*[:=#]?\s*(\d+)", re.IGNORECASE)
+# `step 120`, `Step 5/100`, `global_step: 10` (PaddleOCR), `num_updates=100` (fairseq), `Iter(train) [100/40000]`
+_STEP = re.compile(r"\b(?:global[_ ]step|num_updates|step|iter(?:ation)?)\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(\d{1,15})"
+                   r"(?:\s*/\s*(\d{1,15}))?", re.IGNORECASE)
+# `Epoch 3/100`, `epoch 001`, `Epoch: [0]` (torchvision), `Epoch(train) [1]` (mmengine), `epoch: [1/500]`
+# (PaddleOCR), `Train: 0 [` (timm)
+_EPOCH = re.compile(r"\bepoch\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(\d{1,15})(?:\s*/\s*(\d{1,15}))?|\btrain:\s*(\d{1,15})\s+(?=\[)",
+                    re.IGNORECASE)
+# `[10/25]`, `[   0/1251 (  0%)]`: where in its epoch a bracketed progress line is
+_BRACKET = re.compile(r"\[\s*(\d{1,15})\s*/\s*(\d{1,15})\s*(?:\(\s*\d+%\s*\))?\s*\]")
+_OF_MAX = re.compile(r"""global_step/max_steps['"]?\s*:\s*['"]?(\d{1,15})/(\d{1,15})""")
+# `200/ 2983 batches`: where in the epoch a pytorch/examples-style line is
+_PROGRESS = re.compile(r"(?<!\d)(\d{1,15})\s*/\s*(\d{1,15})\s*(?:batches|batch|steps|iters|iterations)\b", re.IGNORECASE)
+_NOT_METRICS = {"step", "global_step", "iter", "iteration", "it", "epoch", "time", "eta", "num_updates"}
+_SUMMARY = ("average_", "avg_", "mean_", "epoch_", "best_")  # an epoch's summary, not a step's value
 _TQDM = re.compile(r"(\d+)/(\d+) \[[^\]]{0,1000}?\]")
 # a bar with its bracket; the postfix (`loss=2.1, lr=1e-4`) is cut out of the bracket in Python: as one
 # regex (lazy prefix, comma, `=` inside) it was cubic in a bracket that never closes
 _TQDM_BRACKET = re.compile(r"(\d+)/(\d+) \[([^\]]{0,1000})\]")  # a bracket is short: bounded scan
-_EVAL_WORD = re.compile(r"(?:^|[\s\[(|])(?:eval|evaluation|val|valid|validation)\b", re.IGNORECASE)
+_EVAL_WORD = re.compile(r"(?:^|[\s\[(|])(?:eval|evaluation|val|valid|validation|dev|test)\b", re.IGNORECASE)
+# `train_bash.py: error: argument --fp16: ...` after argparse's `usage:` block: the run never started
+_USAGE_ERROR = re.compile(r"^([\w.\-]+): error: (.+)$")
 _EPOCH_BAR = re.compile(r"^\s*(?:epoch|validation|sanity)", re.IGNORECASE)
 # the last line of a traceback, as `trainguard.watchdog.crash` reads it
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Fault|[A-Z]\w*)(?::|$)")
 _CHECKPOINT = re.compile(r"(?:saving|saved) (?:model )?checkpoint (?:to |at |in )?(\S+)", re.IGNORECASE)
 COMPLETION = re.compile(
     r"training (?:is )?(?:complete|completed|finished|done)|finished training|done training|"
-    r"train(?:ing)? complete|['\"]train_runtime['\"]|`Trainer\.fit` stopped|all done\b|\brun (?:complete|finished)\b",
+    r"train(?:ing)? complete|['\"]train_runtime['\"]|`Trainer\.fit` stopped|all done\b|\brun (?:complete|finished)\b|"
+    r"end of training|\bdone\b[:,]?\s+\d+\s+(?:steps|iterations|iters|epochs)\b|\*+ train metrics \*+|"
+    r"\d+ epochs completed in|done training in",
     re.IGNORECASE,
 )
 
@@ -140,6 +174,9 @@ class _LineParser:
         self.bar_total = 0
         self.plan_total: int | None = None
         self.tb: list[str] | None = None
+        self.first_epoch: int | None = None  # the first epoch number seen: a per-epoch counter counts from it
+        self.usage = False  # inside argparse's `usage:` block
+        self.last_eval: tuple[int | None, dict[str, float]] = (None, {})
 
     def feed(self, lineno: int, line: str) -> list[dict[str, Any]]:
         facts = self.facts
@@ -152,8 +189,15 @@ class _LineParser:
         if "Traceback (most recent call last)" in line:
             self.tb = [line.strip()]
             return []
+        if stripped.startswith("usage:"):
+            self.usage = True
+        elif self.usage and (m := _USAGE_ERROR.match(stripped)):
+            # argparse refused the command line and exited 2: a run that failed at launch
+            facts.launch_error = stripped[:300]
+            self.usage = False
         # cheap substring tests first: most lines are metrics, and a regex per line costs on a 1 GB log
-        if ("omplete" in line or "inish" in line or "one" in line or "runtime" in line or "stopped" in line) \
+        if ("omplete" in line or "inish" in line or "one" in line or "runtime" in line or "stopped" in line
+                or "nd of t" in line or " metrics " in line) \
                 and COMPLETION.search(line):
             facts.completed = stripped[:200]
         if "heckpoint" in line and (m := _CHECKPOINT.search(line)):
@@ -181,28 +225,68 @@ class _LineParser:
         if line.startswith("{") and line.endswith("}"):
             return self._dict_line(line)
         bar = _TQDM.search(line) if "/" in line and "[" in line else None
-        if bar is not None:
-            return self._bar_line(line, bar)
-        pairs = {k: float(v) for k, v in _PAIR.findall(line)}  # _NUM only matches what float() reads
-        if not pairs:
-            pairs = {k: float(v) for k, v in _SPACED.findall(line)}
+        if bar is not None and not _PROGRESS.search(line):
+            out = self._bar_line(line, bar)
+            # a line printed while a bar is drawn lands glued to it (`...45.0it/s][Eval] loss: 22.3`)
+            rest = line[bar.end():].strip()
+            return out + self._metrics(rest) if rest else out
+        pairs = _pairs(line)
         if not pairs:
             return []
-        m = _STEP.search(line)
-        # `[Eval] loss: 22.3`, `eval step 100 loss=2.1`; every word it looks for holds "val", and the
-        # substring test costs a tenth of the search on the metric lines that have none
-        if "val" in line.lower() and _EVAL_WORD.search(line):
-            data = {k.lower(): v for k, v in pairs.items() if k.lower() not in ("step", "epoch")}
-            if not data:
-                return []
+        epoch = _epoch_of(line)
+        train = {k: v for k, v in pairs.items() if not is_eval_name(k) and k not in _NOT_METRICS
+                 and not k.startswith(_SUMMARY)}
+        evals = {_eval_key(k): v for k, v in pairs.items() if is_eval_name(k) and not _eval_key(k).startswith("best")}
+        # `[Eval] loss: 22.3`, `eval step 100 loss=2.1`: a line marked as evaluation is one as a whole
+        if not evals and _eval_line(line):
+            evals, train = train, {}
+        if train and epoch and epoch[1] and epoch[0] == epoch[1] > 1:
+            # `Epoch 100/100 - Train Loss: ...`: the last of the planned epochs was reached
+            self.facts.completed = self.facts.completed or f"reached the last epoch: {line[:120]}"
+        # an evaluation's own progress (`Epoch(val) [1][5/5]`) counts evaluation batches, not steps
+        step = self._step_of(line, epoch if train else None, progress=bool(train))
+        out: list[dict[str, Any]] = []
+        # `Epoch 1 - Batch loss: 12.1`: a line per batch with no step on it counts as the next step
+        counting = epoch is not None or any(k.startswith("batch") for k in train)
+        if train and (step is not None or counting):
+            out = self._emit(step if step is not None else self.step + 1, train, parts=True)
+        at = step if step is not None else self.step
+        if evals and self.last_eval[0] == at and evals.items() <= self.last_eval[1].items():
+            evals = {}  # the same numbers again (`saving best model (val_loss=1.36)` after the epoch's line)
+        if evals:
+            self.last_eval = (at, evals)
             self.facts.evals += 1
             self.facts.fields.add("eval")
-            return [event("eval", int(m.group(1)) if m else self.step, data)]
-        if m is None:
-            return []
-        step = int(m.group(1))
-        named = {k: v for k, v in pairs.items() if k.lower() not in ("step", "global_step", "iter", "iteration")}
-        return self._emit(step, named, parts=True)
+            self.facts.ends_with = "eval"
+            out.append(event("eval", at, evals))
+        elif not out and pairs and any(k.startswith(_SUMMARY) for k in pairs):
+            self.facts.ends_with = "summary"  # `Epoch 20 - Average Train Loss: 0.0038`: an epoch's end
+        return out
+
+    def _step_of(self, line: str, epoch: tuple[int, int | None] | None, progress: bool = True) -> int | None:
+        """The optimizer step a metric line is at: `step 120`, `Step 5/100` (restarting each epoch), or
+        `200/ 2983 batches` / `[10/25]` within epoch N; None when the line names none."""
+        m = _STEP.search(line)
+        if m is not None:
+            n, per = int(m.group(1)), int(m.group(2)) if m.group(2) else None
+        elif progress and ((p := _PROGRESS.search(line)) is not None or (p := _BRACKET.search(line)) is not None):
+            n, per = int(p.group(1)), int(p.group(2))
+        else:
+            return None
+        if per is None:
+            return n
+        if epoch is None:
+            # `Iter(train) [100/40000]`, `Step 5/100` with no epoch: the count of the whole run
+            if m is not None and 0 < n <= per:
+                self.plan_total = self.plan_total or per
+                if n == per:
+                    self.facts.completed = self.facts.completed or f"reached its last step ({per:,})"
+            return n
+        e = epoch[0]
+        if self.first_epoch is None:
+            self.first_epoch = e
+        # the counter restarts each epoch: epochs before this one, times the steps each holds
+        return max(0, e - self.first_epoch) * per + n
 
     def _dict_line(self, line: str) -> list[dict[str, Any]]:
         pairs = {k: v for k, v in ((k, to_number(v)) for k, v in _QUOTED.findall(line)) if v is not None}
@@ -211,6 +295,12 @@ class _LineParser:
         if "train_runtime" in pairs:
             return []  # the closing summary (its mean loss is no step)
         step = pairs.pop("step", None) or pairs.pop("global_step", None)
+        if step is None and (swift := _OF_MAX.search(line)) is not None:
+            # ms-swift: 'global_step/max_steps': '10/500'
+            step, total = int(swift.group(1)), int(swift.group(2))
+            self.plan_total = self.plan_total or total
+            if step == total:
+                self.facts.completed = self.facts.completed or f"global_step reaches max_steps ({total:,})"
         if all(k.startswith("eval_") for k in pairs if k != "epoch"):
             data = {k[5:]: v for k, v in pairs.items() if k.startswith("eval_")}
             self.facts.evals += 1
@@ -250,7 +340,56 @@ class _LineParser:
         out = metrics_to_events(step, pairs, self.facts, parts_from=prefixes)
         if out:
             self.step = step
+            self.facts.ends_with = "step"
         return out
+
+
+def _epoch_of(line: str) -> tuple[int, int | None] | None:
+    """(epoch, planned epochs or None) when the line names its epoch."""
+    if "poch" not in line and "rain:" not in line:
+        return None
+    m = _EPOCH.search(line)
+    if m is None:
+        return None
+    if m.group(3) is not None:
+        return int(m.group(3)), None
+    return int(m.group(1)), int(m.group(2)) if m.group(2) else None
+
+
+def _pairs(line: str) -> dict[str, float]:
+    """A line's named numbers, names lower-cased with their qualifying words joined (`train_loss`)."""
+    out = {_key(k): float(v) for k, v in _PAIR.findall(line)}  # _NUM only matches what float() reads
+    if line.count("|") >= 2:  # `| lr 20.0000 | loss   nan |`: each cell a name and its number
+        for cell in line.split("|"):
+            if (m := _CELL.fullmatch(cell.strip())) is not None:
+                out.setdefault(_key(m.group(1)), float(m.group(2)))
+    if not out:
+        out = {_key(k): float(v) for k, v in _SPACED.findall(line)}
+    if not out and _eval_line(line):
+        out = {_key(k): float(v) for k, v in _LOOSE.findall(line)}
+    return {k: v for k, v in out.items() if not k.endswith("epoch") or k == "epoch"}
+
+
+def _eval_line(line: str) -> bool:
+    """A line that says it is an evaluation (`[Eval]`, `Validation BLEU`, `Dev BLEU`, `| valid loss |`)."""
+    low = line.lower()
+    # every word looked for holds one of these: the substring test costs a tenth of the search
+    return ("val" in low or "dev" in low or "test" in low) and _EVAL_WORD.search(line) is not None
+
+
+@functools.lru_cache(maxsize=1024)
+def _key(name: str) -> str:
+    key = "_".join(name.lower().split())
+    return "loss" if key in ("batch_loss", "step_loss", "iter_loss", "train_batch_loss") else key
+
+
+@functools.lru_cache(maxsize=1024)
+def _eval_key(name: str) -> str:
+    """`val_loss` -> `loss`, `valid_ppl` -> `ppl`: an evaluation's metric under its own name."""
+    for sep in ("/", "_"):
+        if sep in name:
+            return name.split(sep, 1)[1] or name
+    return name
 
 
 @functools.lru_cache(maxsize=1024)
@@ -266,7 +405,7 @@ def _bar_postfix(line: str) -> str | None:
 
 def _part_names(keys: tuple[str, ...]) -> tuple[str, ...]:
     """Keys that are loss parts (`kd_loss`, `lm_loss`): named *loss but not the total."""
-    return tuple(k for k in keys if k.lower().endswith("loss") and k.lower() not in
+    return tuple(k for k in keys if (k.lower().endswith("loss") or k.lower().startswith("loss_")) and k.lower() not in
                  ("loss", "train_loss", "total_loss", "tr_loss", "training_loss"))
 
 

@@ -37,6 +37,10 @@ class Plan:
     """Micro-batches over all epochs (when the dataset size and the epochs are known)."""
     max_steps_in_micro: bool = False
     """max_steps equals the micro-batch count while accumulation > 1: the plan follows the epochs instead."""
+    micro_key: str | None = None
+    """The length key ("max_steps", else "sched_steps") that holds the micro-batch count (TG619)."""
+    unchecked: list[str] = field(default_factory=list)
+    """Checks that could not run, each with what would let them run."""
 
 
 def plan_of(cfg: Config) -> Plan:
@@ -45,6 +49,9 @@ def plan_of(cfg: Config) -> Plan:
     accum = g("grad_accum", 1)
     if g("dataset_size") and g("batch_size") and g("batch_size") > 0 and accum > 0:
         plan.micro_per_epoch = math.ceil(g("dataset_size") / (g("batch_size") * max(1, g("world_size", 1))))
+    elif g("micro_per_epoch") and g("micro_per_epoch") > 0 and accum > 0:
+        plan.micro_per_epoch = g("micro_per_epoch")  # `batches_per_epoch: 25000` says it outright
+    if plan.micro_per_epoch:
         plan.steps_per_epoch = max(1, plan.micro_per_epoch // accum)
     by_epochs = None
     if plan.steps_per_epoch and g("epochs") and g("epochs") > 0:
@@ -53,10 +60,15 @@ def plan_of(cfg: Config) -> Plan:
     epochs_how = (f"{plan.micro_per_epoch} micro-batches per epoch // gradient accumulation {accum}"
                   f" × {g('epochs'):g} epochs") if by_epochs else ""
     max_steps = g("max_steps")
+    if not max_steps and g("sched_steps") and by_epochs and _counts_micro(g("sched_steps"), plan.micro_batches,
+                                                                         accum):
+        # no max_steps: `num_training_steps` is the run's only stated length, and it counts micro-batches
+        plan.micro_key = "sched_steps"
     if max_steps and max_steps > 0 and by_epochs and _counts_micro(max_steps, plan.micro_batches, accum):
         # Seed 002: max_steps was the micro-batch count. Judging the rest against it would bless every
         # other length sized the same wrong way; the epochs say what the run was meant to be.
         plan.optimizer_steps, plan.how, plan.max_steps_in_micro = by_epochs, epochs_how, True
+        plan.micro_key = "max_steps"
         plan.notes.append(f"{_at(cfg, 'max_steps')} {max_steps} counts micro-batches (see TG619): the plan"
                           f" follows the epochs instead")
     elif max_steps and max_steps > 0:
@@ -67,6 +79,13 @@ def plan_of(cfg: Config) -> Plan:
     else:
         plan.notes.append("the run's length is unknown: give the dataset size (--dataset-size N or dataset_size)"
                           " with epochs and batch size, or max_steps; checks that need it were skipped")
+    stated = [name for name in ("max_steps", "sched_steps") if g(name)]
+    if not plan.micro_per_epoch and g("epochs") and accum > 1 and stated:
+        # Seed 002's bug needs the epoch's length to be seen; without it, say so rather than pass quietly
+        keys = " and ".join(f"{_at(cfg, n)} {g(n)}" for n in stated)
+        plan.unchecked.append(f"whether {keys} counts micro-batches instead of optimizer steps (TG619, with"
+                              f" {_at(cfg, 'grad_accum')} {accum} and {g('epochs'):g} epochs): the epoch's length"
+                              " is unknown (give --dataset-size, or batches_per_epoch in the config)")
     return plan
 
 
@@ -129,17 +148,17 @@ def max_steps_counts_micro(cfg: Config, plan: Plan) -> list[Finding]:
     ## Options
     `--dataset-size N` (or `dataset_size` in the config) to count the micro-batches.
     """
-    if not plan.max_steps_in_micro:
+    if not plan.micro_key:
         return []
     g = cfg.get
-    accum, epochs, key = g("grad_accum", 1), g("epochs"), _at(cfg, "max_steps")
+    accum, epochs, key = g("grad_accum", 1), g("epochs"), _at(cfg, plan.micro_key)
     return [Finding(
         code="TG619", name="max-steps-counts-micro-batches", severity="error",
-        summary=(f"{key} is {g('max_steps')}, the micro-batches of {epochs:g} epochs ({plan.micro_per_epoch} per"
+        summary=(f"{key} is {g(plan.micro_key)}, the micro-batches of {epochs:g} epochs ({plan.micro_per_epoch} per"
                  f" epoch × {epochs:g}), but with {_at(cfg, 'grad_accum')} {accum} those epochs make"
                  f" {plan.steps_per_epoch} × {epochs:g} = {plan.optimizer_steps} optimizer steps: max_steps counts"
                  f" optimizer steps, so the run (and a schedule sized from it) is {accum}x too long"),
-        evidence={key: g("max_steps"), "micro_batches": plan.micro_batches, "micro_per_epoch": plan.micro_per_epoch,
+        evidence={key: g(plan.micro_key), "micro_batches": plan.micro_batches, "micro_per_epoch": plan.micro_per_epoch,
                   _at(cfg, "epochs"): epochs, _at(cfg, "grad_accum"): accum,
                   "steps_per_epoch": plan.steps_per_epoch, "optimizer_steps": plan.optimizer_steps},
         fix=f"Set {key} to {plan.optimizer_steps} (or remove it and let the epochs decide).", source="check")]
@@ -174,7 +193,7 @@ def schedule_length(cfg: Config, plan: Plan) -> list[Finding]:
     """
     g = cfg.get
     sched, steps, accum = g("sched_steps"), plan.optimizer_steps, g("grad_accum", 1)
-    if not sched or not steps:
+    if not sched or not steps or plan.micro_key == "sched_steps":  # TG619 already names it
         return []
     ev = {_at(cfg, "sched_steps"): sched, "optimizer_steps": steps, _at(cfg, "grad_accum"): accum,
           "plan": plan.how}
@@ -518,11 +537,12 @@ def fix(cfg: Config, plan: Plan, findings: list[Finding]) -> tuple[dict[str, Any
         change("scheduler", "constant_with_warmup", "the configured warmup only happens with a warmup schedule")
     if not steps:
         return data, changes
-    if "max-steps-counts-micro-batches" in names:
-        change("max_steps", steps, f"the run makes {steps} optimizer steps ({plan.how}); max_steps counts"
+    if "max-steps-counts-micro-batches" in names and plan.micro_key:
+        change(plan.micro_key, steps, f"the run makes {steps} optimizer steps ({plan.how}); max_steps counts"
                                    " optimizer steps, not micro-batches")
     old_sched = g("sched_steps")
-    if names & {"schedule-ignores-accumulation", "schedule-length-mismatch"} and old_sched:
+    if names & {"schedule-ignores-accumulation", "schedule-length-mismatch"} and old_sched \
+            and plan.micro_key != "sched_steps":
         change("sched_steps", steps, f"the run makes {steps} optimizer steps ({plan.how}); the scheduler is"
                                      " stepped once per optimizer step")
     if "warmup-exceeds-run" in names:
@@ -642,11 +662,14 @@ def _counts(findings: list[Finding]) -> str:
 
 
 def _print_report(echo: Any, cfg: Config, plan: Plan, findings: list[Finding]) -> None:
-    echo(f"trainguard check: {cfg.path}: {_counts(findings)}")
+    unchecked = f" ({len(plan.unchecked)} check(s) not run)" if plan.unchecked else ""
+    echo(f"trainguard check: {cfg.path}: {_counts(findings)}{unchecked}")
     if plan.optimizer_steps:
         echo(f"  plan: {plan.optimizer_steps} optimizer steps ({plan.how})")
     for note in plan.notes:
         echo(f"  note: {note}")
+    for what in plan.unchecked:
+        echo(f"  not checked: {what}")
     for f in findings:
         echo(f"  {f.one_line()}")
         if f.fix:

@@ -25,7 +25,8 @@ KEYS: dict[str, tuple[type, tuple[str, ...]]] = {
     "epochs": (float, ("num_train_epochs", "epochs", "num_epochs", "n_epochs", "max_epochs")),
     "batch_size": (int, ("per_device_train_batch_size", "batch_size", "train_batch_size", "micro_batch_size")),
     "grad_accum": (int, ("gradient_accumulation_steps", "grad_accum", "gradient_accumulation",
-                         "accumulation_steps", "accum_steps", "grad_accum_steps")),
+                         "accumulation_steps", "accum_steps", "grad_accum_steps", "accumulate_grad_batches",
+                         "grad_accumulation_steps")),
     "world_size": (int, ("world_size", "num_gpus", "n_gpus", "num_devices")),
     "max_steps": (int, ("max_steps", "total_steps", "train_steps", "num_steps", "max_iters")),
     "sched_steps": (int, ("num_training_steps", "scheduler_steps", "scheduler_total_steps", "lr_decay_steps",
@@ -47,6 +48,9 @@ KEYS: dict[str, tuple[type, tuple[str, ...]]] = {
     "max_length": (int, ("max_length", "max_seq_length", "max_seq_len", "seq_len", "block_size",
                          "context_length")),
     "max_positions": (int, ("max_position_embeddings", "n_positions", "n_ctx")),
+    # the epoch's length in micro-batches (loader batches), when the config says it instead of a dataset size
+    "micro_per_epoch": (int, ("batches_per_epoch", "micro_batches_per_epoch", "steps_per_epoch", "iters_per_epoch",
+                              "num_batches", "train_batches_per_epoch", "num_batches_per_epoch")),
     "dataset_size": (int, ("dataset_size", "num_train_samples", "train_samples", "n_train", "train_size")),
     "eval_dataset_size": (int, ("eval_dataset_size", "num_eval_samples", "eval_samples", "val_size")),
     "eval_batch_size": (int, ("per_device_eval_batch_size", "eval_batch_size")),
@@ -148,9 +152,18 @@ def _typed(name: str, value: Any, dotted: str) -> Any:
         if name in ("eval_strategy", "save_strategy") and low not in STRATEGIES:
             raise UserError(f"config key {dotted}: unknown strategy {value!r} (choices: {', '.join(STRATEGIES)})")
         return low
+    if isinstance(value, str):
+        # YAML 1.1 (PyYAML) reads `3e-5` (no dot) as a string; the user meant the number
+        try:
+            value = float(value.strip().replace("_", "")) if kind is float else _int_text(value)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise UserError(f"config key {dotted}: expected {what}, got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         what = "an integer" if kind is int else "a number"
         raise UserError(f"config key {dotted}: expected {what}, got {value!r}")
+    if isinstance(value, int) and abs(value) > 10**18:  # past any float's integer range and any real setting
+        raise UserError(f"config key {dotted}: {len(str(abs(value)))}-digit number, too large for a setting")
     if not math.isfinite(value):
         raise UserError(f"config key {dotted}: expected a finite number, got {value!r}")
     if kind is int:
@@ -158,6 +171,15 @@ def _typed(name: str, value: Any, dotted: str) -> Any:
             raise UserError(f"config key {dotted}: expected an integer, got {value!r}")
         return int(value)
     return float(value)
+
+
+def _int_text(text: str) -> int | float:
+    """A number written as text for an integer key: `"1000"`, `"1e3"` (checked for integrality later)."""
+    text = text.strip().replace("_", "")
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -12,19 +12,30 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from trainguard.errors import UserError
+
 
 def rewrite(text: str, changes: list[tuple[str, Any]]) -> str:
     """`text` with each (dotted key, new value) set; everything else as it was."""
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap
+    from ruamel.yaml.error import YAMLError
     from ruamel.yaml.util import load_yaml_guess_indent
 
-    _, indent, block_seq_indent = load_yaml_guess_indent(text)
+    try:
+        _, indent, block_seq_indent = load_yaml_guess_indent(text)
+    except YAMLError as exc:  # stricter than the reader (a duplicate key): one line, not a traceback
+        problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+        raise UserError(f"--fix cannot rewrite this YAML keeping its layout: {problem}") from None
     yaml = YAML()  # round-trip: comments and order are part of the loaded document
     yaml.preserve_quotes = True
     yaml.width = 4096  # never re-wrap a long line the user wrote
     yaml.indent(mapping=indent or 2, sequence=(indent or 2) + (block_seq_indent or 0), offset=block_seq_indent or 0)
-    data = yaml.load(text)
+    try:
+        data = yaml.load(text)
+    except YAMLError as exc:  # stricter than the reader (a duplicate key): one line, not a traceback
+        problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+        raise UserError(f"--fix cannot rewrite this YAML keeping its layout: {problem}") from None
     for dotted, value in changes:
         node = data
         *parents, last = dotted.split(".")

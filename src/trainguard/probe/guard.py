@@ -33,6 +33,7 @@ from typing import Any
 
 from trainguard.probe import contracts, devicestats, planinfo, samples, stackdump
 from trainguard.probe.replay import BatchRing
+from trainguard.probe.schedclock import SchedClock
 from trainguard.probe.selflog import GuardLog
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.status import reserve_space, write_status
@@ -121,6 +122,7 @@ class Guard:
         self._extra: dict[str, float] = {}
         self._data_wait = 0.0
         self._t_last_close: float | None = None
+        self._sched = SchedClock()  # the training thread's CPU time and run-queue wait, every 8th step
         self._t_progress: float | None = None
         self._phases: list[str] = []
         self.phases_seen: dict[str, int] = {}
@@ -395,6 +397,7 @@ class Guard:
         self.finished = True
         if self in _HOOKED:
             _HOOKED.remove(self)  # a later crash of another guard in this process is not this run's
+        self._sched.close()
         try:
             if not self._disabled:
                 self._emit_all()
@@ -475,6 +478,10 @@ class Guard:
         rec["weights"] = dict(self._weights)
         rec["data_wait"] = self._data_wait
         rec["step_time"] = (now - self._t_last_close) if self._t_last_close is not None else None
+        if step % 8 == 0:  # one pread, no device sync: for throughput-drop to tell whose slowdown it is
+            clock = self._sched.per_step(step)
+            if clock is not None:
+                rec["cpu_s"], rec["run_wait_s"] = clock
         rec["loss_done"] = True
         if self.scaler is not None:
             # read on the loss side too: a step the GradScaler skips never reaches the optimizer hooks
@@ -816,6 +823,8 @@ class Guard:
             extra["lrs"] = rec["lrs"]
         if rec.get("no_grad"):
             extra["params_without_grad"] = rec["no_grad"]
+        if rec.get("cpu_s") is not None:
+            extra["cpu_s"], extra["run_wait_s"] = rec["cpu_s"], rec["run_wait_s"]
         if rec.get("incomplete"):
             extra["incomplete"] = True
             if self._uses_step and self.optimizer is not None and not rec.get("opt_done"):

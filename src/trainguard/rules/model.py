@@ -147,13 +147,20 @@ class PerplexityImplausible(Rule):
         if not finite(ppl) or ppl > 1e6:
             return self.finding(step=step, cause="overflow", fix=fix, evidence=ev,
                                 summary=f"{key} {fmt(ppl)} at step {step} has overflowed: it is exp of a loss of "
-                                        f"{fmt(math.log(ppl)) if finite(ppl) and ppl > 0 else 'inf'}")
+                                        f"{fmt(math.log(ppl)) if finite(ppl) and ppl > 0 else 'inf'}"
+                                        if ppl == ppl else f"{key} is NaN at step {step}: the loss it comes from is NaN")
         if self.size and ppl > 2 * self.size:
             return self.finding(step=step, cause="worse-than-uniform", fix=fix, evidence=ev,
                                 summary=f"{key} {fmt(ppl)} at step {step} is worse than a uniform guess over the "
                                         f"model's {fmt(self.size)} outputs")
         if loss_key and ppl > 0:
             loss = data[loss_key]
+            # fairseq reports ppl = 2 ** nll_loss (losses in bits): a ppl that is e or 2 to any reported
+            # loss-like value is consistent
+            losses = [v for k, v in data.items() if "loss" in str(k).lower() and finite(v)]
+            if any(abs(math.log(ppl) - v) <= 0.1 * max(1.0, abs(v)) or abs(math.log2(ppl) - v) <= 0.1 * max(1.0, abs(v))
+                   for v in losses):
+                return None
             if abs(math.log(ppl) - loss) > 0.1 * max(1.0, abs(loss)):
                 return self.finding(step=step, cause="not-exp-loss", fix=fix, evidence=ev,
                                     summary=f"{key} {fmt(ppl)} at step {step} is exp({fmt(math.log(ppl))}), but "

@@ -83,24 +83,36 @@ class ThroughputDrop(Rule):
     ## What it detects
     The median step time over the last 50 steps against the run's own baseline (the median of its
     steps 6-55): more than 3x slower and at least 20 ms more a step (so a loaded machine slowing a tiny
-    model's 2 ms steps is not reported).
+    model's 2 ms steps is not reported). Then it says whose slowdown it is, from the training thread's
+    own CPU time per step and its time waiting for a CPU that other processes held (Linux schedstat,
+    read by the probe every 8th step): when its CPU time per step did not grow and run-queue wait
+    explains at least half of the extra time, the machine is shared, and the finding is info (cause
+    `machine`): the run itself is not at fault. Otherwise a warning, with the CPU times in it.
 
     ## Why it matters
     A run that slows down mid-way finishes late or not at all within its allocation: a leak that
     makes the allocator thrash, a dataloader worker that died, a thermal throttle, a growing Python
-    list scanned each step, another job on the same GPU.
+    list scanned each step. Another job on the same machine is a different matter: the run is fine,
+    the placement is not.
 
     ## Example
     `TG522 throughput-drop [warning] at step 180: steps take 41.2 ms (median of the last 50) against
-    a baseline of 6.1 ms (steps 6-55), 6.8x slower; data wait is 2% of it`
+    a baseline of 6.1 ms (steps 6-55), 6.8x slower; data wait is 2% of it; the run's own CPU time per
+    step went from 5.9 to 39.8 ms`
+
+    `TG522 throughput-drop [info] at step 150: steps take 252 ms (median of the last 50) against a
+    baseline of 74.0 ms (steps 7-56), 3.4x slower, but the run's own CPU time per step did not grow
+    (10.9 -> 9.5 ms) while it waited 240 ms a step for a CPU other processes held (60 ms in its
+    baseline): the machine is shared, not the run at fault`
 
     ## What to change
     Look at what changed at that step: data wait (`data-wait-dominant`), memory (`memory-creep`),
-    other processes on the machine; take a py-spy dump of the slow loop.
+    other processes on the machine; take a py-spy dump of the slow loop. For the machine's case:
+    give the run dedicated cores (a scheduler reservation, `taskset`), or move the other jobs.
 
     ## Known false positives
-    A run that deliberately switches to longer sequences or larger batches; a machine shared with
-    other heavy jobs that start mid-run.
+    A run that deliberately switches to longer sequences or larger batches. Without the probe (a log
+    read by `diagnose`) there is no CPU time to attribute with, and the finding stays a warning.
 
     ## Options
     None.
@@ -111,9 +123,10 @@ class ThroughputDrop(Rule):
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
-        self.base: list[float] = []
+        self.base: list[tuple[float, float | None, float | None]] = []  # step time, CPU s, run-queue wait s
         self.base_steps: tuple[int, int] | None = None
-        self.recent: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=self.W)
+        self.recent: collections.deque[tuple[int, float, float, float | None, float | None]] = \
+            collections.deque(maxlen=self.W)
         self.skip = 5
         self.n = 0
 
@@ -124,30 +137,61 @@ class ThroughputDrop(Rule):
         self.n += 1
         if self.n <= self.skip:
             return None  # warm-up steps (allocation, compilation) are not the baseline
+        extra = row.get("extra") or {}
+        cpu = extra.get("cpu_s") if finite(extra.get("cpu_s")) else None
+        pre = extra.get("run_wait_s") if finite(extra.get("run_wait_s")) else None
         if len(self.base) < self.W:
-            self.base.append(st)
+            self.base.append((st, cpu, pre))
             if len(self.base) == self.W:
                 self.base_steps = (row["step"] - self.W + 1, row["step"])
             return None
         wait = row.get("data_wait") if finite(row.get("data_wait")) else 0.0
-        self.recent.append((row["step"], st, wait))
+        self.recent.append((row["step"], st, wait, cpu, pre))
         if len(self.recent) < self.W or self.n % 10:
             return None
-        base = median(self.base)
-        now = median([s for _, s, _ in self.recent])
+        base = median([t for t, _, _ in self.base])
+        now = median([s for _, s, _, _, _ in self.recent])
         if now <= 3 * base or now - base < 0.020:
             return None
-        onset = next((s for s, t, _ in self.recent if t > 2 * base), self.recent[0][0])
-        share = sum(w for _, _, w in self.recent) / max(1e-12, sum(t for _, t, _ in self.recent))
+        onset = next((s for s, t, _, _, _ in self.recent if t > 2 * base), self.recent[0][0])
+        share = sum(w for _, _, w, _, _ in self.recent) / max(1e-12, sum(t for _, t, _, _, _ in self.recent))
+        summary = (f"steps take {now * 1e3:.1f} ms (median of the last {self.W}) against a baseline of "
+                   f"{base * 1e3:.1f} ms (steps {self.base_steps[0]}-{self.base_steps[1]}), {now / base:.1f}x slower")
+        evidence: dict[str, Any] = {"baseline_s": base, "recent_s": now, "ratio": now / base, "data_wait_share": share,
+                                    "detected_step": row["step"]}
+        whose = self._whose()
+        if whose is None:
+            return self.finding(step=onset, summary=f"{summary}; data wait is {share:.0%} of it",
+                                fix="look at what changed at that step: data wait, memory, other processes; py-spy "
+                                    "dump the loop", evidence=evidence)
+        cpu_base, cpu_now, wait_base, wait_now = whose
+        evidence.update({"cpu_s_baseline": cpu_base, "cpu_s_recent": cpu_now, "run_wait_s_baseline": wait_base,
+                         "run_wait_s_recent": wait_now})
+        own = cpu_now > 1.5 * cpu_base + 0.002
+        if not own and wait_now - wait_base >= 0.5 * (now - base):
+            return self.finding(
+                step=onset, severity="info", cause="machine", evidence=evidence,
+                summary=f"{summary}, but the run's own CPU time per step did not grow ({cpu_base * 1e3:.1f} -> "
+                        f"{cpu_now * 1e3:.1f} ms) while it waited {wait_now * 1e3:.0f} ms a step for a CPU other "
+                        f"processes held ({wait_base * 1e3:.0f} ms in its baseline): the machine is shared, not "
+                        "the run at fault",
+                fix="give the run dedicated cores (a scheduler reservation, taskset) or move the other jobs")
         return self.finding(
-            step=onset,
-            summary=f"steps take {now * 1e3:.1f} ms (median of the last {self.W}) against a baseline of "
-                    f"{base * 1e3:.1f} ms (steps {self.base_steps[0]}-{self.base_steps[1]}), {now / base:.1f}x "
-                    f"slower; data wait is {share:.0%} of it",
-            fix="look at what changed at that step: data wait, memory, other processes; py-spy dump the loop",
-            evidence={"baseline_s": base, "recent_s": now, "ratio": now / base, "data_wait_share": share,
-                      "detected_step": row["step"]},
-        )
+            step=onset, evidence=evidence,
+            summary=f"{summary}; data wait is {share:.0%} of it; the run's own CPU time per step went from "
+                    f"{cpu_base * 1e3:.1f} to {cpu_now * 1e3:.1f} ms",
+            fix="look at what changed at that step: data wait, memory, other processes; py-spy dump the loop")
+
+    def _whose(self) -> tuple[float, float, float, float] | None:
+        """Median CPU s and run-queue wait s a step, baseline then recent (sampled every 8th step); None
+        without them."""
+        cpu_b = [c for _, c, _ in self.base if c is not None]
+        cpu_r = [c for _, _, _, c, _ in self.recent if c is not None]
+        pre_b = [p for _, _, p in self.base if p is not None]
+        pre_r = [p for _, _, _, _, p in self.recent if p is not None]
+        if min(len(cpu_b), len(cpu_r), len(pre_b), len(pre_r)) < 3:
+            return None
+        return median(cpu_b), median(cpu_r), median(pre_b), median(pre_r)
 
 
 class DataWaitDominant(Rule):

@@ -160,38 +160,71 @@ class ParamsWithoutGrad(Rule):
         )
 
 
+def _model_metric(name: Any) -> bool:
+    """A metric of the model, not of the evaluation's cost (its runtime, data time, memory)."""
+    low = str(name).lower()
+    return low not in ("data", "eta") and not any(w in low for w in _NOT_MODEL)
+
+
 def _eval_key(data: dict[str, Any]) -> tuple | None:
-    numeric = {k: v for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    # NaN and inf are `nonfinite-loss`'s to report: a NaN repeated is not a frozen result
+    numeric = {k: v for k, v in data.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and finite(v) and _model_metric(k)}
     if not numeric:
         return None
     # A metric pinned at a bound (accuracy 1.0, error 0.0) is not frozen, it is finished.
     if all(v in (0.0, 1.0) for v in numeric.values()):
         return None
-    return tuple(sorted((k, float(f"{v:.7g}") if finite(v) else str(v)) for k, v in numeric.items()))
+    return tuple(sorted((k, float(f"{v:.7g}")) for k, v in numeric.items()))
+
+
+# Loss-like evaluation metrics: averages over many samples, which move whenever the weights move.
+_CONTINUOUS = ("loss", "ppl", "perplexity", "nll")
+# Metrics about the evaluation's cost, not the model: they change on their own.
+_NOT_MODEL = ("runtime", "per_second", "samples", "steps", "epoch", "time", "flos", "mem", "best", "fps", "wps")
+FROZEN_SPREAD = 1e-5  # relative: a loss equal to 5 significant digits
+FROZEN_EVALS = 5  # evaluations in a row, for one metric while others move
+
+
+def _uniform_classes(value: float) -> int | None:
+    """K when `value` is ln(K) to 5 digits (2 <= K <= 1,000,000): the loss of a uniform guess over K classes."""
+    if not 0.69 < value < 13.9:
+        return None
+    k = round(math.exp(value))
+    return k if abs(math.log(k) - value) <= 1e-5 * value else None
 
 
 class EvalMetricsFrozen(Rule):
-    """TG203 eval-metrics-frozen: identical evaluation results across three or more evaluations.
+    """TG203 eval-metrics-frozen: evaluation results that do not change from one evaluation to the next.
 
     ## What it detects
-    Three evaluations in a row (`guard.eval(...)`) whose numeric results are all identical (to 7
-    significant digits). Results made only of 0s and 1s (an accuracy at 100%) do not count.
+    Either three evaluations in a row whose numeric results are all identical (to 7 significant
+    digits; results made only of 0s and 1s, an accuracy at 100%, do not count); or one loss-like
+    metric (`loss`, `ppl`, `nll`) equal to 5 significant digits at five evaluations in a row while
+    the other metrics move, judged per metric. A frozen loss at ln(K) is named as the loss of a
+    uniform guess over K classes. NaN and inf are left to `nonfinite-loss`.
 
     ## Why it matters
     Between two evaluations the weights changed, so the results should too. Identical results mean
     the weights did not change (seed 002: `101.40 -> 101.40 -> 101.40` with the LR at zero), or the
-    evaluation does not look at the model being trained (a stale copy, a cached result).
+    evaluation does not look at the model being trained (a stale copy, a cached result). An eval loss
+    pinned at ln(4) while the accuracy jitters around 25% is a 4-way classifier that outputs the same
+    distribution for every input: it never learned.
 
     ## Example
-    `TG203 eval-metrics-frozen [error] at step 1000: 3 evaluations in a row gave identical results
-    (loss=101.4) at steps 1000, 2000, 3000`
+    `TG203 eval-metrics-frozen [error] at step 400: eval loss 1.38629 at 5 evaluations in a row (steps
+    400-600, spread 1.2e-06) while accuracy moved (0.234-0.301): it is ln(4), the loss of a uniform
+    guess over 4 classes`
 
     ## What to change
     Check that the weights move (`weights-not-updating`, `lr-reaches-zero`) and that the evaluation
-    runs the model being trained, not a copy made before training.
+    runs the model being trained, not a copy made before training; a loss at ln(K): check the labels
+    reach the loss and the head is not saturated or detached.
 
     ## Known false positives
-    An evaluation that reports a rounded or integer metric that truly did not change.
+    An evaluation that reports a rounded or integer metric that truly did not change; a loss measured
+    after the LR schedule has decayed to nothing (not judged per metric once the LR is below 5% of
+    its peak).
 
     ## Options
     None.
@@ -203,11 +236,26 @@ class EvalMetricsFrozen(Rule):
         super().__init__(plan)
         self.key: tuple | None = None
         self.same = Streak()  # the steps of the evaluations in a row with these results
+        # per loss-like metric: the recent (step, value) of evaluations in a row, and the other metrics' ranges
+        self.runs: dict[str, collections.deque[tuple[Any, float]]] = {}
+        self.others: dict[str, collections.deque[float]] = {}
+        self.lr_peak = 0.0
+        self.lr = None
+
+    def on_step(self, row: dict[str, Any]) -> None:
+        lr = step_lr(row)
+        if finite(lr):
+            self.lr = lr
+            self.lr_peak = max(self.lr_peak, lr)
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         if event.get("kind") != "eval":
             return None
-        key = _eval_key(event.get("data") or {})
+        data = event.get("data") or {}
+        return self._all_same(event, data) or self._one_frozen(event, data)
+
+    def _all_same(self, event: dict[str, Any], data: dict[str, Any]) -> Finding | None:
+        key = _eval_key(data)
         if key is None:
             return None
         if key != self.key:
@@ -227,13 +275,57 @@ class EvalMetricsFrozen(Rule):
             evidence={"metrics": dict(key), "steps": list(steps), "detected_step": event.get("step")},
         )
 
+    def _one_frozen(self, event: dict[str, Any], data: dict[str, Any]) -> Finding | None:
+        step = event.get("step")
+        for name, value in data.items():
+            low = str(name).lower()
+            if not _model_metric(name) or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if not any(w in low for w in _CONTINUOUS):
+                self.others.setdefault(name, collections.deque(maxlen=FROZEN_EVALS)).append(value)
+                continue
+            run = self.runs.setdefault(name, collections.deque(maxlen=FROZEN_EVALS))
+            if not finite(value) or value == 0:
+                run.clear()
+                continue
+            run.append((step, float(value)))
+        if self.lr is not None and self.lr_peak > 0 and self.lr < 0.05 * self.lr_peak:
+            return None  # the schedule has decayed: weights that settle are meant to
+        for name, run in self.runs.items():
+            if len(run) < FROZEN_EVALS:
+                continue
+            values = [v for _, v in run]
+            spread = max(values) - min(values)
+            if spread > FROZEN_SPREAD * abs(median(values)):
+                continue
+            moved = {k: (min(v), max(v)) for k, v in self.others.items()
+                     if len(v) == FROZEN_EVALS and all(finite(x) for x in v) and max(v) > min(v)}
+            if not moved:
+                continue  # nothing else moved either: the all-identical check speaks for that
+            level = median(values)
+            k = _uniform_classes(level)
+            uniform = f": it is ln({k}), the loss of a uniform guess over {k} classes" if k else ""
+            other = ", ".join(f"{n} {fmt(lo)}-{fmt(hi)}" for n, (lo, hi) in list(moved.items())[:3])
+            return self.finding(
+                step=run[0][0], cause=f"frozen-{name}",
+                summary=f"eval {name} {level:.6g} at {FROZEN_EVALS} evaluations in a row (steps {run[0][0]}-"
+                        f"{run[-1][0]}, spread {fmt(spread)}) while {other} moved{uniform}",
+                fix="check that the weights move and the evaluation runs the model being trained; a loss at ln(K): "
+                    "check that the labels reach the loss and the output head is not saturated or detached",
+                evidence={"metric": name, "value": level, "spread": spread, "steps": [s for s, _ in run],
+                          "others": moved, "uniform_classes": k, "detected_step": step},
+            )
+        return None
+
 
 class LossNotDecreasing(Rule):
     """TG204 loss-not-decreasing: no improvement beyond the loss's own noise over a window of the run.
 
     ## What it detects
-    After a window of 5% of the planned run (at least 50, at most 200 steps; 200 without a plan), the
-    median loss of the first half of the steps so far is compared with the median of the latest half.
+    After a window of 5% of the planned run (at least 50, at most 200 steps; 200 without a plan),
+    counted in optimizer steps, not in logged rows (a log that reports every 50th step reaches it in a
+    few rows; at least 16 rows are needed; without a plan, rows), the median loss of the first half of the rows so far is
+    compared with the median of the latest half.
     The loss must have fallen by more than twice the standard error of that comparison (from the
     loss's own step-to-step noise) and by at least 1% of its starting level, or the rule fires. When
     the loss is so noisy that a fall of 5% could not be told from noise yet, the rule waits for more
@@ -262,6 +354,7 @@ class LossNotDecreasing(Rule):
 
     code, name, severity = "TG204", "loss-not-decreasing", "warning"
     MAX_KEEP = 2000
+    MIN_ROWS = 16  # 8 a half: fewer cannot give a median and a noise
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -283,15 +376,18 @@ class LossNotDecreasing(Rule):
         self.losses.append(loss)
         if len(self.losses) > self.MAX_KEEP:
             del self.losses[self.MAX_KEEP // 2 : self.MAX_KEEP // 2 + 1]  # keep the start, thin the middle
-        if self.n < self.next_check:
+        # steps covered, whatever the logging interval; without a plan the window has no length to be a
+        # share of, and a row stands for a step (the 200-step window and 1000-step patience are rows)
+        span = row["step"] - self.first_step + 1 if self.total_steps else self.n
+        if span < self.next_check or self.n < self.MIN_ROWS:
             return None
         k = len(self.losses) // 2
-        self.next_check = self.n + max(5, k // 4)
+        self.next_check = span + max(5, k // 4) * max(1, span // self.n)  # a quarter of a half again, in steps
         first, recent = self.losses[:k], self.losses[-k:]
         start, now = median(first), median(recent)
         noise = robust_std(recent)
         se = 1.25 * noise * math.sqrt(2.0 / k)
-        if se > 0.025 * abs(start) and self.n < self.patience:
+        if se > 0.025 * abs(start) and span < self.patience:
             return None  # too noisy to tell a 5% fall from chance yet: wait for more steps
         self.decided = True
         need = max(2 * se, 0.01 * abs(start))
@@ -299,8 +395,8 @@ class LossNotDecreasing(Rule):
             return None
         return self.finding(
             step=self.first_step,
-            summary=f"after {self.n} steps the loss is {fmt(now)} (median of the last {k}), against "
-                    f"{fmt(start)} over its first {k} steps; its step-to-step noise is {fmt(noise)}",
+            summary=f"after {self.n} logged steps (to step {row['step']}) the loss is {fmt(now)} (median of the last "
+                    f"{k}), against {fmt(start)} over its first {k}; its step-to-step noise is {fmt(noise)}",
             fix="check that inputs and targets line up, the LR suits the optimizer, and gradients reach the model",
             evidence={"start_median": start, "recent_median": now, "noise": noise, "needed_drop": need,
                       "window": k, "detected_step": row["step"]},
@@ -366,44 +462,17 @@ class InitialLossOff(Rule):
         )
 
 
-class LossDiverging(Rule):
-    """TG206 loss-diverging: the loss climbs back up, well above the best level it reached.
+class _Blocks:
+    """The divergence test on one series: block medians, the best block, and the bar above it.
 
-    ## What it detects
-    The loss is summarised by block medians (blocks of 2% of the planned run, 10 to 50 steps). The
-    rule fires when the two latest blocks are both above the best earlier block by more than the
-    largest of: 3x that block's noise, half the best level, and a quarter of the progress the run had
-    made (first block minus best).
-
-    ## Why it matters
-    A loss that turns round and climbs is usually heading for NaN: an LR too high for this stage, a
-    warmup too short, an optimizer state gone bad. Caught early, the run can be stopped and resumed
-    from the checkpoint before the climb with a lower LR.
-
-    ## Example
-    `TG206 loss-diverging [error] at step 501: the loss rose from its best 0.412 (steps 481-500) to 2.45
-    (steps 521-540) and stays there (median 3.12 over steps 501-520)`
-
-    ## What to change
-    Lower the peak LR or lengthen the warmup, clip gradients, and resume from the last good checkpoint.
-
-    ## Known false positives
-    A curriculum that deliberately switches to harder data (the loss of the new data is higher).
-
-    ## Options
-    None.
+    Blocks are (first step, last step, median, noise). Only these are kept, not every block: a list of
+    all of them grows with the log, and a scan of it at every block makes a long log quadratic.
     """
 
-    code, name, severity = "TG206", "loss-diverging", "error"
-
-    def __init__(self, plan: dict[str, Any]) -> None:
-        super().__init__(plan)
-        self.k = self.window(0.02, 10, 50) if self.total_steps else 25
+    def __init__(self, k: int) -> None:
+        self.k = k
         self.block: list[float] = []
         self.block_start: int | None = None
-        # Blocks are (first step, last step, median, noise). Only these are kept, not every block: a
-        # list of all of them grows with the log, and a scan of it at every block makes a long log
-        # quadratic.
         self.count = 0  # blocks so far
         self.first: float | None = None  # the first block's median: where the run started
         self.recent: collections.deque[tuple[int, int, float, float]] = collections.deque(maxlen=3)
@@ -411,16 +480,14 @@ class LossDiverging(Rule):
         self.need = 0.0  # how far above the best a block must be to count as diverged
         self.onset: tuple[int, int, float, float] | None = None  # the first block after the best above half that
 
-    def on_step(self, row: dict[str, Any]) -> Finding | None:
-        loss = row.get("loss")
-        if not finite(loss):
-            return None
+    def add(self, step: int, value: float) -> tuple[Any, ...] | None:
+        """Adds a value; (best, latest, previous, onset, need, first) once the last two blocks diverged."""
         if not self.block:
-            self.block_start = row["step"]
-        self.block.append(loss)
+            self.block_start = step
+        self.block.append(value)
         if len(self.block) < self.k:
             return None
-        blk = (self.block_start, row["step"], median(self.block), robust_std(self.block))
+        blk = (self.block_start, step, median(self.block), robust_std(self.block))
         self.block = []
         self.count += 1
         if self.first is None:
@@ -443,29 +510,109 @@ class LossDiverging(Rule):
                     self.onset = cand
         if self.count < 4:
             return None
-        best, need, first = self.best, self.need, self.first
+        best, need = self.best, self.need
         b, c = self.recent[1], self.recent[2]
         if c[2] - best[2] <= need or b[2] - best[2] <= need:
             return None
-        onset = self.onset or c  # c itself clears the bar, so an onset was always seen
+        return best, c, b, self.onset or c, need, self.first  # c itself clears the bar: an onset was seen
+
+
+class LossDiverging(Rule):
+    """TG206 loss-diverging: the loss climbs back up, well above the best level it reached.
+
+    ## What it detects
+    The loss is summarised by block medians (blocks of 2% of the planned run, 10 to 50 steps). The
+    rule fires when the two latest blocks are both above the best earlier block by more than the
+    largest of: 3x that block's noise, half the best level, and a quarter of the progress the run had
+    made (first block minus best). When the loop reports the weights of its loss parts and they
+    change (a curriculum), the weighted total rises by design: the rule then judges each part on its
+    own, unweighted, and fires only for a part that climbs by the same test and whose climb, at its
+    weight now, would clear the total's own bar; the weights explain the rest.
+
+    ## Why it matters
+    A loss that turns round and climbs is usually heading for NaN: an LR too high for this stage, a
+    warmup too short, an optimizer state gone bad. Caught early, the run can be stopped and resumed
+    from the checkpoint before the climb with a lower LR.
+
+    ## Example
+    `TG206 loss-diverging [error] at step 501: the loss rose from its best 0.412 (steps 481-500) to 2.45
+    (steps 521-540) and stays there (median 3.12 over steps 501-520)`
+
+    ## What to change
+    Lower the peak LR or lengthen the warmup, clip gradients, and resume from the last good checkpoint.
+
+    ## Known false positives
+    A curriculum that deliberately switches to harder data (the loss of the new data is higher); one
+    whose weights are applied but not reported.
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG206", "loss-diverging", "error"
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.k = self.window(0.02, 10, 50) if self.total_steps else 25
+        self.total = _Blocks(self.k)
+        self.parts: dict[str, _Blocks] = {}
+        self.first_weights: dict[str, float] = {}
+        self.weighted = False  # the reported weights changed: the total is judged through its parts
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        weights = row.get("weights") or {}
+        for name, w in weights.items():
+            if finite(w) and abs(self.first_weights.setdefault(name, w) - w) > 1e-9 * max(1.0, abs(w)):
+                self.weighted = True
+        found = None
+        loss = row.get("loss")
+        if finite(loss):
+            got = self.total.add(row["step"], loss)
+            if got is not None and not self.weighted:
+                found = self._found(row, got, "the loss", None, weights)
+        for name, value in (row.get("parts") or {}).items():
+            if finite(value) and (name in self.parts or len(self.parts) < 16):
+                got = self.parts.setdefault(name, _Blocks(self.k)).add(row["step"], value)
+                if got is None or not self.weighted or found is not None or self.total.best is None:
+                    continue
+                # the part's climb must matter to the total: its rise, at its weight now, past the bar the
+                # total itself would have to clear
+                w = weights.get(name) if finite(weights.get(name)) else 1.0
+                if abs(w) * (got[1][2] - got[0][2]) > self.total.need:
+                    found = self._found(row, got, f"loss part {name}", f"part-{name}", weights)
+        return found
+
+    def _found(self, row: dict[str, Any], got: tuple[Any, ...], what: str, cause: str | None,
+               weights: dict[str, Any]) -> Finding:
+        best, c, b, onset, need, first = got
+        note = (" (judged unweighted: the reported weights change over the run, and explain only their own "
+                "share of the total)" if cause else "")
         return self.finding(
-            step=onset[0],
-            summary=f"the loss rose from its best {fmt(best[2])} (steps {best[0]}-{best[1]}) to {fmt(c[2])} "
-                    f"(steps {c[0]}-{c[1]}) and stays there (median {fmt(b[2])} over steps {b[0]}-{b[1]})",
+            step=onset[0], cause=cause,
+            summary=f"{what} rose from its best {fmt(best[2])} (steps {best[0]}-{best[1]}) to {fmt(c[2])} "
+                    f"(steps {c[0]}-{c[1]}) and stays there (median {fmt(b[2])} over steps {b[0]}-{b[1]}){note}",
             fix="lower the peak LR or lengthen the warmup, clip gradients, resume from the last good checkpoint",
             evidence={"best": best[2], "best_steps": [best[0], best[1]], "latest": c[2],
                       "latest_steps": [c[0], c[1]], "first": first, "threshold": need,
+                      "weights": {k: v for k, v in weights.items() if finite(v)} if cause else None,
                       "detected_step": row["step"]},
         )
 
 
 class LossSpike(Rule):
-    """TG207 loss-spike: one step's loss far above the run's recent losses.
+    """TG207 loss-spike: one step's loss far above the run's recent losses, beyond the run's own noise tail.
 
     ## What it detects
-    A loss more than 10 robust standard deviations (from the median absolute deviation of the last 50
-    steps) above the median of those steps, and above it by more than 50% of that median and more
-    than 5% of the run's starting loss (so the noise of a loss near zero is no spike). Needs 30 steps.
+    Judged in log space (a loss's noise grows with its level, and a jump is a ratio): the log of a
+    loss against the median log of the last 50 steps. A spike is more than 10 robust standard
+    deviations of those logs above it, and above the run's own noise tail by a factor of 4 (the 99th
+    percentile of how far its losses have stood above their recent median so far: a run whose
+    per-batch losses often jump 6x needs a jump past 24x). It must also matter on the run's scale:
+    above the median by more than 50% of it and by more than 5% of the run's starting loss. Needs 30
+    steps. A spike an order of magnitude larger than any reported before is reported again, so the
+    largest one is never hidden behind a small first one, once the loss has come back down in between
+    (a loss that keeps climbing is `loss-diverging`'s). Losses at or below zero are judged in
+    linear terms (10 robust standard deviations).
 
     ## Why it matters
     A spike is a bad batch (corrupt sample, wrong label scale, an outlier sequence length), a numerical
@@ -473,8 +620,8 @@ class LossSpike(Rule):
     for many steps. Knowing the step lets you find the batch.
 
     ## Example
-    `TG207 loss-spike [warning] at step 412: loss 48.1 against a median of 2.03 over the last 50 steps
-    (robust std 0.061)`
+    `TG207 loss-spike [warning] at step 16149: loss 126 against a median of 0.0502 over the last 50
+    steps (2,504x; 99% of this run's rises above its median stay below 2x)`
 
     ## What to change
     Look at the batch of that step (`guard.batches` records which one it was); clip gradients; skip or
@@ -488,6 +635,8 @@ class LossSpike(Rule):
     """
 
     code, name, severity = "TG207", "loss-spike", "warning"
+    TAIL_FACTOR = 4.0  # a spike stands this many times further above the median than the run's own 99th percentile
+    BIN = 0.02  # log-space width of the tail histogram's bins; 1,000 bins reach e^20
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -495,6 +644,18 @@ class LossSpike(Rule):
         self.ordered: list[float] = []  # the same 50 losses, sorted: the median without a sort per step
         self.start: list[float] = []
         self.start_median: float | None = None
+        self.tail = [0] * 1000  # how far (log) each loss stood above its recent median: a bounded histogram
+        self.tail_n = 0
+        self.reported_order = -1  # the order of magnitude of the largest spike reported so far
+        self.settled = True  # the loss came back near its median after the last spike reported
+
+    def _tail_quantile(self, q: float = 0.99) -> float:
+        need, seen = q * self.tail_n, 0
+        for i, c in enumerate(self.tail):
+            seen += c
+            if seen >= need:
+                return (i + 1) * self.BIN
+        return len(self.tail) * self.BIN
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         loss = row.get("loss")
@@ -509,23 +670,56 @@ class LossSpike(Rule):
         if n >= 30:
             s = self.ordered
             med = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+            positive = s[0] > 0 and loss > 0
+            rise = math.log(loss / med) if positive else None
             jump = loss - med
+            if not self.settled and loss <= 3 * med:
+                self.settled = True
             # A jump must also matter on the run's own scale: 5% of where its loss started (30 steps
             # in, the 10 starting losses are in). These two bars are cheap; the robust std costs two
             # sorts and is worked out only for a loss that clears them.
             if jump > 0.5 * abs(med) and jump > 0.05 * abs(self.start_median):
-                values = list(self.hist)
-                sd = max(robust_std(values), 1e-3 * abs(med), 1e-12)
-                if jump > 10 * sd:
-                    found = self.finding(
-                        step=row["step"],
-                        summary=f"loss {fmt(loss)} against a median of {fmt(med)} over the last {len(values)} "
-                                f"steps (robust std {fmt(sd)})",
-                        fix="look at that step's batch; clip gradients; skip or fix the sample",
-                        evidence={"loss": loss, "median": med, "robust_std": sd, "detected_step": row["step"]},
-                    )
+                found = self._judge(row, loss, med, rise)
+            if rise is not None and rise > 0:  # into the tail after it was judged against the tail before it
+                self.tail[min(len(self.tail) - 1, int(rise / self.BIN))] += 1
+                self.tail_n += 1
         if len(self.hist) == self.hist.maxlen:
             del self.ordered[bisect.bisect_left(self.ordered, self.hist[0])]  # the loss about to leave
         self.hist.append(loss)
         bisect.insort(self.ordered, loss)
         return found
+
+    def _judge(self, row: dict[str, Any], loss: float, med: float, rise: float | None) -> Finding | None:
+        values = list(self.hist)
+        if rise is not None:
+            logs = [math.log(v) for v in values]
+            sd = max(robust_std(logs), 1e-3)
+            tail = self._tail_quantile()
+            if rise <= 10 * sd or rise <= tail + math.log(self.TAIL_FACTOR):
+                return None
+            ratio = loss / med
+            order = int(math.log10(ratio))
+            if order <= self.reported_order:
+                return None
+            if self.reported_order >= 0 and not self.settled:
+                return None  # the loss never came back down since the last one: a climb, not isolated spikes
+            first, self.reported_order, self.settled = self.reported_order < 0, order, False
+            return self.finding(
+                step=row["step"], cause=None if first else f"1e{order}",
+                summary=f"loss {fmt(loss)} against a median of {fmt(med)} over the last {len(values)} steps "
+                        f"({ratio:,.0f}x; 99% of this run's rises above its median stay below {math.exp(tail):.2g}x)",
+                fix="look at that step's batch; clip gradients; skip or fix the sample",
+                evidence={"loss": loss, "median": med, "ratio": ratio, "log_robust_std": sd,
+                          "tail_99_ratio": math.exp(tail), "detected_step": row["step"]},
+            )
+        sd = max(robust_std(values), 1e-3 * abs(med), 1e-12)
+        if loss - med <= 10 * sd or self.reported_order >= 0:
+            return None
+        self.reported_order = 0
+        return self.finding(
+            step=row["step"],
+            summary=f"loss {fmt(loss)} against a median of {fmt(med)} over the last {len(values)} "
+                    f"steps (robust std {fmt(sd)})",
+            fix="look at that step's batch; clip gradients; skip or fix the sample",
+            evidence={"loss": loss, "median": med, "robust_std": sd, "detected_step": row["step"]},
+        )

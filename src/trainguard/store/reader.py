@@ -54,7 +54,7 @@ class RunReader:
             try:
                 self._conn = connect(self.run_dir, readonly=True)
                 tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, UnicodeDecodeError) as exc:  # a damaged file: names that are not even text
                 raise UserError(f"cannot read {self.run_dir / DB_NAME}: {exc} (not a trainguard run store?)") from None
             if "steps" not in tables or "events" not in tables:
                 # a store whose writer never got as far as the schema: read as empty
@@ -85,7 +85,7 @@ class RunReader:
             if "no such table" in str(exc):
                 return []  # a folder whose writer never got as far as the schema
             raise UserError(f"cannot read {self.run_dir / DB_NAME}: {exc}") from None
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read {self.run_dir / DB_NAME}: {exc}") from None
 
     # -- the pieces ---------------------------------------------------------------------------------
@@ -105,6 +105,13 @@ class RunReader:
             args += (rank,)
         if self._conn is None:
             return
+        try:
+            yield from self._step_rows(where, args)
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # damage found while streaming the rows
+            raise UserError(f"cannot read {self.run_dir / DB_NAME}: {exc}") from None
+
+    def _step_rows(self, where: str, args: tuple) -> Iterator[dict[str, Any]]:
+        assert self._conn is not None
         cur = self._conn.execute(f"SELECT rowid, {', '.join(STEP_COLUMNS)} FROM steps {where} ORDER BY rowid", args)
         for row in cur:
             rec: dict[str, Any] = {"kind": "step", "rowid": row[0]}

@@ -90,11 +90,22 @@ class HiddenConfig(TermConfig):
 
 
 @dataclass(kw_only=True)
+class RoutingConfig(TermConfig):
+    depth: float = 0.5
+    """Relative depth (0..1] of the student hidden state the student-aware router reads, and of the
+    teacher MoE layer whose routing it learns (its gates: `mlp.gate`)."""
+
+
+@dataclass(kw_only=True)
 class LossConfig:
     lm: float = 1.0
     """Weight of the student's own next-token cross-entropy. Always on: must be > 0."""
     kd: KDConfig = field(default_factory=KDConfig)
     hidden: HiddenConfig = field(default_factory=HiddenConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    """KL(teacher routing || student-aware router) at aligned positions (MoE teachers; 0 = off)."""
+    balance: TermConfig = field(default_factory=TermConfig)
+    """Switch load-balance loss of the student-aware router (around 1e-3 to 1e-2; needs routing on)."""
 
 
 @dataclass(kw_only=True)
@@ -243,7 +254,12 @@ def _check(cfg: DistillConfig) -> None:
     need(not (cfg.data.teacher_cache and max(lo.hidden.start, lo.hidden.end) > 0),
          "data.teacher_cache holds no hidden states: set loss.hidden.start and .end to 0")
     need(lo.lm > 0, f"loss.lm must be > 0: the LM loss is always on (got {lo.lm})")
-    for name in ("kd", "hidden"):
+    need(not (max(lo.balance.start, lo.balance.end) > 0 and max(lo.routing.start, lo.routing.end) == 0),
+         "loss.balance weighs the student-aware router, which only exists with loss.routing on")
+    need(0 < lo.routing.depth <= 1, f"loss.routing.depth must lie in (0, 1], got {lo.routing.depth}")
+    need(not (cfg.data.teacher_cache and max(lo.routing.start, lo.routing.end) > 0),
+         "data.teacher_cache holds no routing: set loss.routing.start and .end to 0")
+    for name in ("kd", "hidden", "routing", "balance"):
         term: TermConfig = getattr(lo, name)
         need(term.start >= 0 and term.end >= 0, f"loss.{name}.start and .end must be >= 0")
         need(len(term.ramp) == 2 and 0 <= term.ramp[0] <= term.ramp[1] <= 1,
@@ -267,7 +283,7 @@ def _check(cfg: DistillConfig) -> None:
     need(o.clip >= 0, f"optim.clip must be >= 0 (0 = off), got {o.clip}")
     if t.patience:
         # Early stopping while a weight still ramps compares evaluations of different objectives.
-        ramp_end = max(lo.kd.ramp[1], lo.hidden.ramp[1]) * t.max_steps
+        ramp_end = max(lo.kd.ramp[1], lo.hidden.ramp[1], lo.routing.ramp[1], lo.balance.ramp[1]) * t.max_steps
         need(t.patience * t.eval_every >= ramp_end,
              f"train.patience={t.patience} evaluations x train.eval_every={t.eval_every} = "
              f"{t.patience * t.eval_every} steps is shorter than the curriculum's ramp ({ramp_end:.0f} steps)")

@@ -32,7 +32,8 @@ class Curriculum:
 
     @classmethod
     def from_config(cls, loss: LossConfig, total_steps: int) -> Curriculum:
-        return cls(lm=loss.lm, terms={"kd": loss.kd, "hidden": loss.hidden}, total_steps=total_steps)
+        return cls(lm=loss.lm, terms={"kd": loss.kd, "hidden": loss.hidden, "routing": loss.routing,
+                                      "balance": loss.balance}, total_steps=total_steps)
 
     def weights(self, step: int) -> dict[str, float]:
         """Weights for the optimizer step `step` (0-based: the update being computed)."""

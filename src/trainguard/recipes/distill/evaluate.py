@@ -36,7 +36,8 @@ def evaluate(student: Any, teacher: Any, projs: Any, batches: Iterable[dict[str,
                 out = forward_losses(student, teacher, projs, to_device(batch, device), spec,
                                      with_kd=with_teacher, with_hidden=with_teacher, full_kl=with_teacher)
             for key, value in out.items():
-                sums[key] = sums.get(key, 0.0) + float(value)  # host sync, once per eval batch
+                if value.dim() == 0:  # sums and counts (expert loads are training's business)
+                    sums[key] = sums.get(key, 0.0) + float(value)  # host sync, once per eval batch
     finally:
         student.train(was_training)
         projs.train(was_training)

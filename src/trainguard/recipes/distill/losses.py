@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from trainguard.recipes.distill.build import body_and_head
 from trainguard.recipes.distill.fused_head import head_losses
 from trainguard.recipes.distill.kd import GraphedTargets, TeacherTargets, sparse_kd, teacher_targets
+from trainguard.recipes.distill.routing import routing_kl
 
 
 @dataclass
@@ -34,6 +35,9 @@ class KDSpec:
     layer_pairs: list[tuple[int, int]]  # (student hidden index, teacher hidden index)
     hidden_norm: str
     graphed: GraphedTargets | None = None  # CUDA: the teacher's top-k walk replayed as a graph
+    router: Any = None  # routing.StudentRouter when loss.routing is on
+    teacher_routing: Any = None  # routing.TeacherRouting (hooks on the teacher's gates)
+    route_layers: tuple[int, int] = (0, 0)  # (student hidden index, teacher gate index)
 
 
 def layer_pairs(depths: list[float], n_student: int, n_teacher: int) -> list[tuple[int, int]]:
@@ -65,7 +69,9 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
     """
     s_body, s_head = body_and_head(student)
     need_hidden = with_hidden and bool(spec.layer_pairs)
-    s_out = s_body(input_ids=batch["s_ids"], attention_mask=batch["s_mask"], output_hidden_states=need_hidden)
+    need_routing = spec.router is not None and (with_kd or with_hidden)
+    s_out = s_body(input_ids=batch["s_ids"], attention_mask=batch["s_mask"],
+                   output_hidden_states=need_hidden or need_routing)
     hs = s_out.last_hidden_state.flatten(0, 1)
     labels = batch["labels"].flatten()
     valid = labels != -100
@@ -77,7 +83,7 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
     targets: TeacherTargets | None = batch.get("targets")
     t_out = None
     V_s = s_head.weight.shape[0]
-    if (with_kd and targets is None) or need_hidden or full_kl:
+    if (with_kd and targets is None) or need_hidden or need_routing or full_kl:
         t_body, t_head = body_and_head(teacher)
         with torch.no_grad():
             t_out = t_body(input_ids=batch["t_ids"], attention_mask=batch["t_mask"], output_hidden_states=need_hidden)
@@ -122,5 +128,22 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
             t_h = t_out.hidden_states[lt].flatten(0, 1)[t_pos]
             hid = hid + hidden_loss(s_h, t_h, proj, spec.hidden_norm) / len(spec.layer_pairs)
     out["hidden_sum"] = hid
+    if need_routing and t_out is not None:
+        ls, lt = spec.route_layers
+        s_h = s_out.hidden_states[ls].flatten(0, 1)
+        logits = spec.router(s_h)
+        t_logits = spec.teacher_routing.captured[lt][t_pos]
+        out["routing_sum"] = routing_kl(logits[s_pos], t_logits)
+        # balance over the student's real tokens: padded rows are masked out by weight, not selected
+        w = valid.float()
+        probs = logits.softmax(-1)
+        E = logits.shape[-1]
+        chosen = probs.topk(min(spec.teacher_routing.top_k, E), -1).indices
+        load = torch.zeros(E, dtype=torch.float32, device=logits.device).scatter_add_(
+            0, chosen.flatten(), w[:, None].expand_as(chosen).flatten())
+        n = w.sum().clamp(min=1)
+        share = load / (n * chosen.shape[-1])
+        out["balance"] = E * (share * (probs * w[:, None]).sum(0) / n).sum()
+        out["expert_load"] = load
     return out
 

@@ -37,6 +37,7 @@ from trainguard.recipes.distill.data import (
 from trainguard.recipes.distill.evaluate import evaluate
 from trainguard.recipes.distill.kd import GraphedTargets, TeacherTargets
 from trainguard.recipes.distill.losses import KDSpec, forward_losses, layer_pairs
+from trainguard.recipes.distill.routing import StudentRouter, TeacherRouting
 from trainguard.recipes.distill.vocab_map import build_vocab_map
 
 
@@ -102,6 +103,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
 
     curriculum = Curriculum.from_config(cfg.loss, t.max_steps)
     with_kd, with_hidden = curriculum.ever_on("kd"), curriculum.ever_on("hidden")
+    with_routing, with_balance = curriculum.ever_on("routing"), curriculum.ever_on("balance")
     V_t = teacher.get_output_embeddings().weight.shape[0] if teacher is not None else cache.manifest["teacher_width"]
     vocab_map = build_vocab_map(t_tok.token_bytes, s_tok.token_bytes, V_t)
     n_mapped = int((vocab_map >= 0).sum())
@@ -115,6 +117,16 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     ).to(device)
     spec = KDSpec(vocab_map=vocab_map.to(device), top_k=cfg.loss.kd.top_k, temperature=cfg.loss.kd.temperature,
                   chunk=cfg.loss.kd.chunk, layer_pairs=pairs, hidden_norm=cfg.loss.hidden.norm)
+    router = torch.nn.ModuleList()
+    if with_routing:  # the student-aware router learns the MoE teacher's routing (routing.py)
+        t_routing = TeacherRouting(teacher)
+        if not t_routing.gates or t_routing.num_experts < 2:
+            raise UserError("config: loss.routing needs a mixture-of-experts teacher (modules named mlp.gate, "
+                            "config.num_experts >= 2)")
+        router.append(StudentRouter(student.config.hidden_size, t_routing.num_experts).to(device))
+        spec.router, spec.teacher_routing = router[0], t_routing
+        spec.route_layers = (max(1, round(cfg.loss.routing.depth * num_layers(student))),
+                             t_routing.layer(cfg.loss.routing.depth))
     if with_kd and device.type == "cuda" and teacher is not None:  # the teacher's top-k walk: a few hundred kernels, one replay
         spec.graphed = GraphedTargets(teacher.get_output_embeddings(), spec.vocab_map, spec.top_k, spec.temperature,
                                       student.get_output_embeddings().weight.shape[0], spec.chunk)
@@ -133,10 +145,12 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
               {"params": no_decay, "weight_decay": 0.0, "lr": o.lr}]
     if pairs:
         groups.append({"params": list(projs.parameters()), "weight_decay": 0.0, "lr": o.proj_lr})
+    if len(router):
+        groups.append({"params": list(router.parameters()), "weight_decay": 0.0, "lr": o.proj_lr})
     optimizer = torch.optim.AdamW(groups, betas=tuple(o.betas))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o.warmup_steps, t.max_steps, o.min_lr_ratio))
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
-    trainable = torch.nn.ModuleDict({"student": student, "proj": projs})
+    trainable = torch.nn.ModuleDict({"student": student, "proj": projs, "router": router})
 
     step, position = 0, (0, 0)  # position: (epoch, index) of the next training window
     best_bpb, evals_since_best = math.inf, 0
@@ -168,6 +182,8 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
             raise UserError(f"resume: {resume} was made with other tokenizers; pass it with --resume")
         student.load_state_dict(state["student"])
         projs.load_state_dict(state["proj"])
+        if state.get("router") is not None:
+            router.load_state_dict(state["router"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         if scaler is not None and state.get("scaler"):
@@ -186,7 +202,8 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
 
     def state_dict() -> dict[str, Any]:
         return {
-            "student": student.state_dict(), "proj": projs.state_dict(), "optimizer": optimizer.state_dict(),
+            "student": student.state_dict(), "proj": projs.state_dict(), "router": router.state_dict(),
+            "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler else None,
             "rng": ckpt.rng_state(), "step": step, "data_position": position, "best_bpb": best_bpb,
             "evals_since_best": evals_since_best, "teacher_fingerprint": teacher_print,
@@ -230,12 +247,20 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
             kd = out["kd_sum"] / aligned
             hid = out["hidden_sum"] / aligned
             loss = w["lm"] * lm + w["kd"] * kd + w["hidden"] * hid
+            if with_routing:
+                routing = out["routing_sum"] / aligned
+                loss = loss + w["routing"] * routing + w["balance"] * out["balance"]
             (scaler.scale(loss / t.grad_accum) if scaler else loss / t.grad_accum).backward()
             parts, weights = {"lm": lm.detach()}, {"lm": w["lm"]}
             if with_kd:
                 parts["kd"], weights["kd"] = kd.detach(), w["kd"]
             if with_hidden:
                 parts["hidden"], weights["hidden"] = hid.detach(), w["hidden"]
+            if with_routing:  # both routing terms go through the curriculum and to the guard like the rest
+                parts["routing"], weights["routing"] = routing.detach(), w["routing"]
+                if with_balance:
+                    parts["balance"], weights["balance"] = out["balance"].detach(), w["balance"]
+                guard.experts(out["expert_load"], layer="student_router")
             # log() before step(): extra scalars belong to the step that `guard.step` may close right here
             guard.log(align_ratio=out["aligned"] / out["positions"])
             guard.step(loss.detach(), parts=parts, weights=weights)

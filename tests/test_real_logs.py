@@ -1,0 +1,63 @@
+"""`diagnose` on 39 artifacts that real runs left in public repositories, graded against a verdict judged
+by reading each file (`../shared/real-logs/expected.json`; sources and reasons in its SOURCES.md).
+
+The corpus is read in place, never copied into the project, and its files' modification times are left
+alone: no verdict may depend on them. A healthy file must get no warning or error; a failed run must get
+one of the findings its entry accepts (or, where the entry says so, a one-line refusal); nothing may be
+refused that is not accepted as a refusal, and nothing may raise. Skipped where the corpus is absent.
+
+Run: pytest tests/test_real_logs.py            (about 20 s)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainguard.errors import UserError
+from trainguard.ingest.diagnose import diagnose_path
+
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "real-logs"
+ITEMS = json.loads((CORPUS / "expected.json").read_text())["items"] if (CORPUS / "expected.json").is_file() else []
+SEVERE = {"warning", "error"}
+
+
+def grade(item: dict) -> tuple[str, str]:
+    """("right" | "false-alarm" | "miss" | "unreadable", what diagnose said), as the corpus's run.py grades."""
+    try:
+        d = diagnose_path(CORPUS / item["path"])
+    except UserError as exc:
+        if item["expect"] == "failure" and item.get("accept_exit2"):
+            return "right", f"refused: {exc}"
+        return "unreadable", str(exc)
+    severe = [f for f in d.findings if f.severity in SEVERE]
+    said = f"{d.format}, {d.steps} steps, {d.evals} evals, {d.state}: " + (
+        "; ".join(f"{f.code} {f.name} [{f.severity}] at {f.step}" for f in d.findings) or "no findings")
+    json.dumps(d.to_dict(), default=str)  # what --json prints must serialise
+    if item["expect"] == "healthy":
+        return ("false-alarm" if severe else "right"), said
+    accept = set(item.get("accept", []))
+    return ("right" if any(f.code in accept or f.name in accept for f in severe) else "miss"), said
+
+
+@pytest.mark.skipif(not ITEMS, reason=f"the real-logs corpus is not at {CORPUS}")
+@pytest.mark.parametrize("item", ITEMS, ids=[i["path"].split("/")[-1][:60] for i in ITEMS])
+def test_real_artifact_gets_its_verdict(item: dict) -> None:
+    verdict, said = grade(item)
+    assert verdict == "right", f"{verdict}: expected {item['expect']} ({item['why'][:160]}); diagnose said {said}"
+
+
+@pytest.mark.skipif(not ITEMS, reason=f"the real-logs corpus is not at {CORPUS}")
+def test_verdicts_do_not_depend_on_when_the_file_was_written() -> None:
+    """The same file read 'now' and a year later: the same findings (TG531 once graded by file age)."""
+    for item in ITEMS:
+        path = CORPUS / item["path"]
+        try:
+            a = diagnose_path(path, now=1.7e9)
+            b = diagnose_path(path, now=1.7e9 + 365 * 86400)
+        except UserError:
+            continue
+        assert [(f.name, f.severity, f.summary) for f in a.findings] == \
+            [(f.name, f.severity, f.summary) for f in b.findings], item["path"]
