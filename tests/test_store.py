@@ -80,3 +80,8 @@ def test_status_json_is_strict_json_when_the_loss_is_nan(tmp_path: Path) -> None
         st = _strict((tmp_path / name / "status.json").read_text())
         assert st["loss"] is None and st["loss_nonfinite"] == "nan", (name, st)
         assert any(f["name"] == "nonfinite-loss" for f in st["findings"]), name
+    # the script's own guard measured the loss: the watchdog kept none of the printed ones beside it
+    from trainguard.store.printed import read_printed
+
+    assert "iter 12: loss nan" in (tmp_path / "watched" / "output.log").read_text()
+    assert read_printed(tmp_path / "watched") == []
