@@ -128,3 +128,22 @@ def test_integers_past_any_float_and_quadratic_lines_found_by_the_fuzzers(tmp_pa
     out = run_trainguard("diagnose", str(tmp_path / "slow.log"), timeout=120)
     assert out.returncode in (0, 1, 2) and "internal error" not in out.stderr
     assert time.time() - t0 < 30
+
+
+def test_memory_per_line_is_bounded_in_tables(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.write(b'{"step": 1, "loss": 2.0}\n{"a": "')
+        for _ in range(200):
+            f.write(b"x" * (1 << 20))  # a 200 MB line, written in pieces
+        f.write(b'"}\n{"step": 2, "loss": 1.9}\n')
+    # VmHWM: this process's own peak (ru_maxrss would carry the parent's peak over fork and exec)
+    code = ("import sys; from trainguard.cli import main; sys.argv = ['trainguard', 'diagnose', sys.argv[1]]\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print([ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0].split()[1])")
+    done = subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True, timeout=300)
+    assert "2 steps" in done.stdout, done.stdout + done.stderr
+    assert int(done.stdout.strip().splitlines()[-1]) < 150 * 1024, "a 200 MB line must not be held whole"  # KiB
