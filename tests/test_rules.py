@@ -506,3 +506,12 @@ def test_a_schedule_longer_than_the_run_names_only_what_is_cut_short(warmup: int
     assert "decay never finish" in f.summary
     assert ("warmup (400 scheduler steps) and its decay never finish" in f.summary) == says_warmup, f.summary
     assert ("warmup ends at scheduler step 50" in f.summary) == (not says_warmup), f.summary
+
+
+def test_nonfinite_rate_counts_the_steps_since_its_onset() -> None:
+    # five healthy logged steps, then every logged loss NaN from step 60 on
+    events = [{"kind": "step", "step": s, "t": float(s), "lr": 1e-3, "loss": 2.0} for s in (10, 20, 30, 40, 50)]
+    events += [{"kind": "step", "step": s, "t": float(s), "lr": 1e-3, "loss": float("nan")} for s in (60, 70)]
+    f = next(f for f in run_rules(events, {}) if f.name == "nonfinite-loss" and f.severity == "error")
+    assert "at 2 of 2 steps since step 60" in f.summary, f.summary
+    assert f.evidence["steps_since_onset"] == 2 and f.evidence["of_steps"] == 7
