@@ -457,3 +457,12 @@ def test_a_gross_horizon_mismatch_is_an_error() -> None:
     sev = {h: [f.severity for f in run_rules(rows, {**base, "sched_horizon": h})
                if f.name == "schedule-horizon-mismatch"] for h in (1920, 400, 240, 30)}
     assert sev == {1920: ["error"], 400: ["warning"], 240: [], 30: ["error"]}
+
+
+def test_nonfinite_rate_counts_the_steps_since_its_onset() -> None:
+    # five healthy logged steps, then every logged loss NaN from step 60 on
+    events = [{"kind": "step", "step": s, "t": float(s), "lr": 1e-3, "loss": 2.0} for s in (10, 20, 30, 40, 50)]
+    events += [{"kind": "step", "step": s, "t": float(s), "lr": 1e-3, "loss": float("nan")} for s in (60, 70)]
+    f = next(f for f in run_rules(events, {}) if f.name == "nonfinite-loss" and f.severity == "error")
+    assert "at 2 of 2 steps since step 60" in f.summary, f.summary
+    assert f.evidence["steps_since_onset"] == 2 and f.evidence["of_steps"] == 7

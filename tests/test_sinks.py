@@ -196,3 +196,59 @@ def test_a_sink_whose_library_is_missing_is_one_line_before_the_run(workdir: Pat
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip() == "trainguard: error: the wandb sink needs wandb: pip install 'trainguard[wandb]'"
     assert not (workdir / "r").exists()  # refused before anything started
+
+
+# nanoGPT-style: no trainguard in the script, the loss only printed (every 5 iterations)
+PRINTED_SCRIPT = '''
+import sys, torch
+torch.manual_seed(int(sys.argv[1])); torch.set_num_threads(1)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+opt = torch.optim.AdamW(model.parameters(), lr=float(sys.argv[2]))
+x, y = torch.randn(512, 16), torch.randint(4, (512,))
+for it in range(60):
+    idx = torch.randint(512, (32,))
+    loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+    opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+    if it % 5 == 0 or it == 59:
+        print(f"iter {it}: loss {loss.item():.4f}, time 3.1ms", flush=True)
+'''
+
+
+def test_the_printed_loss_of_a_script_without_watch_reaches_report_sinks_and_compare(workdir: Path) -> None:
+    import sqlite3
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    (workdir / "nowatch.py").write_text(PRINTED_SCRIPT)
+    for name, seed, lr in (("a", "0", "1e-2"), ("b", "1", "3e-3")):
+        out = run_trainguard("run", "--quiet", "--run-dir", name, "--sink", f"prometheus={workdir / name}.prom",
+                             "--sink", f"tensorboard={workdir / 'tb'}", "--", sys.executable, "nowatch.py", seed, lr,
+                             cwd=workdir, timeout=180)
+        assert out.returncode == 0, out.stderr
+    printed = [float(line.rsplit("loss ", 1)[1].split(",")[0])
+               for line in (workdir / "a" / "output.log").read_text().splitlines() if line.startswith("iter ")]
+    assert len(printed) == 13
+    printed = printed[1:]  # the log reader leaves out step 0 (a loss before any update), as diagnose does
+    with sqlite3.connect(workdir / "a" / "run.db") as conn:
+        assert conn.execute("SELECT COUNT(*) FROM steps WHERE loss IS NOT NULL").fetchone() == (0,)  # no probe loss
+        kept = [r[0] for r in conn.execute("SELECT loss FROM printed ORDER BY step")]
+    assert kept == pytest.approx(printed)
+
+    families = {f.name: f for f in text_string_to_metric_families((workdir / "a.prom").read_text())}
+    assert families["trainguard_loss"].samples[0].value == pytest.approx(printed[-1])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(workdir / "tb" / "a"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("trainguard/loss")] == [*range(5, 60, 5), 59]
+
+    out = run_trainguard("report", "a", cwd=workdir, timeout=120)
+    assert out.returncode == 0, out.stderr
+    md = (workdir / "a" / "report.md").read_text()
+    assert "loss (as printed by the command)" in md and f"{printed[-1]:.4g}" in md, md[:3000]
+    assert "Loss and its parts" in (workdir / "a" / "report.html").read_text()
+
+    out = run_trainguard("compare", "a", "b", "--out", "cmp", cwd=workdir, timeout=120)
+    assert out.returncode in (0, 1), out.stderr
+    loss = json.loads((workdir / "cmp" / "comparison.json").read_text())["convergence"]["loss"]
+    assert loss["final_window_steps"][-1] == 59 and loss["a"] == pytest.approx(printed[-1], rel=0.3)

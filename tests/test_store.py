@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
+
+from tgtest import run_trainguard
 
 from trainguard.store.reader import RunReader
 from trainguard.store.writer import StoreWriter
@@ -26,3 +32,56 @@ def test_rows_survive_a_database_that_is_locked_for_a_while(tmp_path: Path) -> N
     with RunReader(tmp_path) as reader:
         assert [r["step"] for r in reader.steps()] == [1, 2, 3, 4, 5]
         assert len(reader.events("eval")) == 1
+
+
+NAN_END_SCRIPT = '''
+import sys, torch, trainguard
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+guard = trainguard.watch(model, opt, total_steps=12, run_dir=sys.argv[1] if len(sys.argv) > 1 else None)
+for step in range(1, 13):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    if step >= 10:
+        loss = loss * float("nan")
+    print(f"iter {step}: loss {loss.item():.4f}", flush=True)
+    guard.step(loss)
+guard.finish()
+'''
+
+
+def _strict(text: str) -> dict:
+    def refuse(name: str) -> None:
+        raise ValueError(f"status.json holds a bare {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_status_json_is_strict_json_when_the_loss_is_nan(tmp_path: Path) -> None:
+    from trainguard.store.status import read_status, write_status
+
+    write_status(tmp_path, {"state": "running", "loss": float("nan"), "lr": float("inf"),
+                            "findings": [{"code": "TG301", "severity": "warning", "evidence": {"x": float("-inf")}}]})
+    st = _strict((tmp_path / "status.json").read_text())
+    assert st["loss"] is None and st["loss_nonfinite"] == "nan" and st["lr_nonfinite"] == "inf"
+    assert st["findings"][0]["evidence"] == {"x": None, "x_nonfinite": "-inf"}
+    assert read_status(tmp_path)["loss_nonfinite"] == "nan"
+
+    # a real run whose last losses are NaN, alone (the probe writes status.json) and under `trainguard run`
+    (tmp_path / "train.py").write_text(NAN_END_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    proc = subprocess.run([sys.executable, "train.py", str(tmp_path / "alone")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_trainguard("run", "--quiet", "--run-dir", str(tmp_path / "watched"), "--", sys.executable, "train.py",
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("alone", "watched"):
+        st = _strict((tmp_path / name / "status.json").read_text())
+        assert st["loss"] is None and st["loss_nonfinite"] == "nan", (name, st)
+        assert any(f["name"] == "nonfinite-loss" for f in st["findings"]), name
+    # the script's own guard measured the loss: the watchdog kept none of the printed ones beside it
+    from trainguard.store.printed import read_printed
+
+    assert "iter 12: loss nan" in (tmp_path / "watched" / "output.log").read_text()
+    assert read_printed(tmp_path / "watched") == []

@@ -97,7 +97,7 @@ def key_numbers(data: RunData) -> list[tuple[str, str]]:
         elif bad:
             out.append((label, f"non-finite at all {bad} recorded steps"))
 
-    last_and_best("loss", data.col("loss"))
+    last_and_best("loss" + (" (as printed by the command)" if "loss" in data.printed else ""), data.col("loss"))
     for k, c in data.parts.items():
         last_and_best(f"loss part {k}", c)
     lr = data.col("lr")

@@ -23,6 +23,7 @@ import numpy as np
 
 from trainguard.errors import UserError
 from trainguard.findings import Finding
+from trainguard.store.printed import PRINTED_COLUMNS, read_printed
 from trainguard.store.reader import RunReader, load_json
 from trainguard.store.schema import DB_NAME, connect
 from trainguard.untrusted import load_json as load_untrusted_json
@@ -62,6 +63,7 @@ class RunData:
     t_range: tuple[float, float] | None = None  # first and last step time, from SQL (no column needed)
     restarts: list[tuple[int, int]] = field(default_factory=list)  # (attempt, first step it recorded)
     schedule: dict[str, list[float]] | None = None
+    printed: tuple[str, ...] = ()  # the columns read from the command's printed output (store/printed.py)
 
     @property
     def title(self) -> str:
@@ -111,6 +113,7 @@ def load_run(run_dir: str | Path, rank: int = 0) -> RunData:
         finally:
             if gc_was_on:
                 gc.enable()
+        _add_printed(data, read_printed(run_dir))
     data.schedule = _load_schedule(run_dir)
     return data
 
@@ -178,6 +181,51 @@ def _load_steps(data: RunData, run_dir: Path, rank: int) -> None:
 
 
 CHUNK_ROWS = 100_000
+
+
+def _add_printed(data: RunData, printed: list[dict[str, Any]]) -> None:
+    """Where the probe recorded no loss, the metrics the command printed (kept by `trainguard run`) fill
+    in: a row per printed step (beside the probe's rows, at the same step where both exist), and only
+    the columns the probe left empty, so a printed number never stands beside a measured one."""
+    if data.col("loss") is not None or not any("loss" in p or p.get("parts") for p in printed):
+        return
+    old = data.columns.get("step")
+    old_steps = old.values.astype(int).tolist() if old is not None else []
+    steps = sorted(set(old_steps) | {p["step"] for p in printed})
+    index = {s: i for i, s in enumerate(steps)}
+    n, where = len(steps), np.array([index[s] for s in old_steps], dtype=int)
+
+    def spread(col: Column) -> Column:  # a probe column onto the merged rows
+        values, present = np.full(n, math.nan), np.zeros(n, dtype=bool)
+        values[where], present[where] = col.values, col.present
+        return Column(values, present)
+
+    for group in (data.columns, data.parts, data.weights, data.extra):
+        for name, col in list(group.items()):
+            group[name] = spread(col)
+    data.columns["step"] = Column(np.array(steps, dtype=float), np.ones(n, dtype=bool))
+    filled = []
+    for name in PRINTED_COLUMNS:
+        if data.col(name) is None and any(name in p for p in printed):
+            data.columns[name] = _from_printed(n, index, [(p["step"], p.get(name)) for p in printed])
+            filled.append(name)
+    for part in dict.fromkeys(k for p in printed for k in p.get("parts") or {}):
+        if part not in data.parts:
+            data.parts[part] = _from_printed(n, index, [(p["step"], (p.get("parts") or {}).get(part)) for p in printed])
+            filled.append(f"part {part}")
+    data.printed = tuple(filled)
+    if data.t_range is None:
+        times = [p["t"] for p in printed if isinstance(p.get("t"), float)]
+        if times:
+            data.t_range = (min(times), max(times))
+
+
+def _from_printed(n: int, index: dict[int, int], pairs: list[tuple[int, Any]]) -> Column:
+    values, present = np.full(n, math.nan), np.zeros(n, dtype=bool)
+    for step, value in pairs:
+        if value is not None:
+            values[index[step]], present[index[step]] = value, True
+    return Column(values, present)
 
 
 def _concat(chunks: list[tuple[int, dict[str, Column]]]) -> dict[str, Column]:

@@ -27,10 +27,13 @@ class _RateRule(Rule):
         super().__init__(plan)
         self.steps = 0
         self.count = 0  # steps with a hit
+        self.since_onset = 0  # steps seen from the first hit on (the first included)
         self.hits: list[int] = []  # the first 50 of them: the evidence shows no more, and a log may hold millions
 
     def _count(self, row: dict[str, Any], hit: bool, first: Finding | None) -> list[Finding] | None:
         self.steps += 1
+        if self.count or hit:
+            self.since_onset += 1
         if not hit:
             return None
         self.count += 1
@@ -41,10 +44,12 @@ class _RateRule(Rule):
         if self.count >= 2 and rate > RATE_ERROR:
             out.append(self.finding(
                 step=self.hits[0], severity="error", cause="rate",
-                summary=f"{self.what} at {self.count} of {self.steps} steps ({rate:.1%}, above 1%) since step "
-                        f"{self.hits[0]}: this is no longer an accident",
+                summary=f"{self.what} at {self.count} of {self.since_onset} steps since step {self.hits[0]} "
+                        f"({self.count} of {self.steps} steps seen, {rate:.1%}, above 1%): "
+                        "this is no longer an accident",
                 fix="find the cause (the batches of those steps, the LR, fp16 overflow); do not clamp it away",
                 evidence={"steps": list(self.hits), "count": self.count, "of_steps": self.steps, "rate": rate,
+                          "steps_since_onset": self.since_onset,
                           "detected_step": row["step"]},
             ))
         return out

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.sinks import Sink, SinkSpec, open_sink
+from trainguard.store.printed import printed_rows
 from trainguard.store.reader import RunReader
 from trainguard.store.status import read_status
 
@@ -55,6 +56,8 @@ class Feed:
         self._specs = list(specs)
         self._rowid = 0
         self._event_id = 0
+        self._printed_rowid = 0
+        self._probe_loss = False  # a probe row carried a loss: the printed one is never sent beside it
         self._findings_seen: set[tuple] = set()
         self._reader: RunReader | None = None
         self.failed: dict[str, str] = {}  # sink name -> why it was switched off
@@ -77,8 +80,10 @@ class Feed:
             if row.get("rank") not in (0, None):
                 continue  # rank 0 speaks for the run; the store keeps every rank for the rules
             values = step_scalars(row)
+            self._probe_loss = self._probe_loss or "loss" in values or any(k.startswith("loss/") for k in values)
             if values:
                 self._each(lambda s, row=row, values=values: s.scalars(int(row["step"]), values, row["t"]))
+        self._printed()
         for event in reader.events(since_id=self._event_id):
             self._event_id = event["id"]
             if event["kind"] == "eval" and event.get("step") is not None:
@@ -90,6 +95,17 @@ class Feed:
         for finding in read_status(self.run_dir).get("findings") or []:
             self._finding(finding)  # findings only status.json holds (a watchdog that could not write the store)
         self._each(lambda s: s.flush())
+
+    def _printed(self) -> None:
+        """The metrics `trainguard run` read from the command's output (store/printed.py): only what no
+        probe measured was kept there, and none of it is sent once a probe row carried a loss."""
+        for row in printed_rows(self.run_dir, since_rowid=self._printed_rowid):
+            self._printed_rowid = row["rowid"]
+            if self._probe_loss:
+                continue
+            values = step_scalars(row)
+            if values:
+                self._each(lambda s, row=row, values=values: s.scalars(int(row["step"]), values, row["t"]))
 
     def close(self) -> None:
         """The last pass: what is left in the store, then each sink's final state."""

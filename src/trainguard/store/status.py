@@ -78,10 +78,32 @@ def health_counts(status: dict[str, Any]) -> str:
     return f"{health} ({detail})" if detail else health
 
 
+def strict_json(value: Any) -> Any:
+    """`value` with every NaN and inf made JSON that any parser reads: the number becomes null and the
+    dict holding it gains `<key>_nonfinite` ("nan", "inf" or "-inf"), so a NaN loss reads
+    `"loss": null, "loss_nonfinite": "nan"`. (Python's json writes a bare NaN, which strict parsers reject.)"""
+    if isinstance(value, float) and value - value != 0.0:
+        return None
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            if isinstance(item, float) and item - item != 0.0:
+                out[key] = None
+                out[f"{key}_nonfinite"] = "nan" if item != item else "inf" if item > 0 else "-inf"
+            else:
+                out[key] = strict_json(item)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return value
+
+
 def write_status(run_dir: str | Path, status: dict[str, Any], *, final: bool = False) -> None:
-    """Writes status.json; with `final`, a full disk gives up the run's reserve (see `reserve_space`)."""
+    """Writes status.json (strict JSON: see `strict_json`); with `final`, a full disk gives up the run's
+    reserve (see `reserve_space`)."""
     status = {**status, "health": health_of(status)}
-    text = json.dumps(status, indent=2, default=str) + "\n"
+    plain = json.loads(json.dumps(status, default=str))  # what json makes of it, NaN still a float
+    text = json.dumps(strict_json(plain), indent=2, allow_nan=False) + "\n"
     path = Path(run_dir) / STATUS_NAME
     try:
         write_atomic(path, text)

@@ -17,7 +17,9 @@ and sometimes averaged, so where the probe measures a field the printed one is d
 - no probe at all: everything printed is fed.
 PyTorch's printed warnings (TG151) are reported in every case: no probe sees them.
 
-The latest printed step, loss and LR go into `state.scratch["output"]` for the status line.
+The latest printed step, loss and LR go into `state.scratch["output"]` for the status line. What the
+probe does not measure (the same split as above) is also kept in run.db's `printed` table
+(store/printed.py), so the report, the sinks and `trainguard compare` have the loss of such a run.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 from trainguard.findings import Finding
 from trainguard.ingest.events import Facts
 from trainguard.ingest.textlog import _LineParser, iter_lines
+from trainguard.store.printed import PrintedLog
 
 MAX_READ = 1 << 20  # bytes read per poll (~0.2 s of parsing): a flood is caught up over several polls, never at once
 PROBE_FIELDS = ("lr", "grad_norm", "nonfinite")  # what the automatic probe measures better than a print
@@ -59,6 +62,7 @@ class OutputRulesMonitor:
         self.warned: set[str] = set()
         self.latest: dict[str, Any] = {}
         self.probe: str | None = None  # None (none seen yet) | "auto" | "watch"
+        self.printed: PrintedLog | None = None
 
     def poll(self, state: Any) -> list[Finding]:
         events = self._read(Path(state.run_dir) / "output.log", state.now)
@@ -68,6 +72,7 @@ class OutputRulesMonitor:
         state.scratch["output"] = dict(self.latest)
         found = self._warnings()
         feed = [e for e in (self._keep(e) for e in events) if e is not None]
+        self._store(state, feed)
         if self.probe is None and feed and self.parser.step:
             # without the probe the watchdog's line count is this engine's (log-flood); with it, the
             # probe-fed rules count lines against the probe's steps
@@ -82,9 +87,22 @@ class OutputRulesMonitor:
     def finish(self, state: Any) -> list[Finding]:
         """After the process ended: the last lines it printed, then the rules' end-of-run checks."""
         found = self.poll(state)
+        if self.printed is not None:
+            self.printed.close()
         if self.engine is not None and self.probe != "watch":
             found += [self._mark(f) for f in self.engine.end()]
         return found
+
+    def _store(self, state: Any, feed: list[dict[str, Any]]) -> None:
+        """Keeps the printed step metrics no probe measures (already filtered by `_keep`) in run.db."""
+        steps = [e for e in feed if e.get("kind") == "step" and isinstance(e.get("step"), int)]
+        if not steps:
+            return
+        if self.printed is None:
+            self.printed = PrintedLog(state.run_dir)
+        for row in steps:
+            self.printed.add(row, attempt=getattr(state, "attempt", 0) or 0)
+        self.printed.flush()
 
     # -- reading ----------------------------------------------------------------------------------
 
