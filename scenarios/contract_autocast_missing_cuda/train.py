@@ -2,8 +2,9 @@
 
 The AMP recipe copied in half: `scaler.scale(loss).backward()` and `scaler.step(opt)` are there, the
 `torch.autocast` context around the forward is not, so every matmul runs in fp32 and the scaler guards
-nothing. Modelled on the "AMP gives no speed-up" forum threads (e.g. discuss.pytorch.org "Mixed precision
-training not faster") and Lightning-AI/lightning-thunder#725, where autocast silently stopped applying.
+nothing. Modelled on the documented AMP contract (PyTorch's "Automatic Mixed Precision" recipe and the
+torch.amp docs: autocast chooses the dtypes, GradScaler only scales the loss) and on
+Lightning-AI/lightning-thunder#725, where autocast silently stopped applying.
 Needs CUDA.
 """
 import torch

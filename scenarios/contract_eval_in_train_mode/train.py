@@ -4,7 +4,7 @@ Written like PyTorch's MNIST example, with one line missing: the evaluation runs
 and the guard's eval phase, but the model stays in training mode, so dropout stays on and batch norm
 normalises with the evaluation batch and updates its running statistics with it. Modelled on the
 "validation accuracy changes every time I evaluate / batch norm statistics corrupted by validation"
-forum threads (e.g. discuss.pytorch.org "model.eval() vs with torch.no_grad()", t/23036).
+forum threads (e.g. discuss.pytorch.org "'model.eval()' vs 'with torch.no_grad()'", t/19615).
 """
 import torch
 from torch import nn

@@ -1,8 +1,8 @@
 """The backbone is frozen after warm-up, but AdamW keeps moving it (TG212 frozen-params-updated).
 
 Modelled on the forum threads on layers that still change after `requires_grad = False` (e.g.
-discuss.pytorch.org "Why is it when I call require_grad = False on all my params my weights in the
-network would still update?"): the gradients are zeroed, not set to None, so the frozen parameters keep
+discuss.pytorch.org/t/153740 "Why there is still a small change in frozen layer parameters?", fixed by
+setting `param.grad = None`): the gradients are zeroed, not set to None, so the frozen parameters keep
 a (zero) gradient and AdamW's weight decay and momentum keep updating them.
 """
 import torch

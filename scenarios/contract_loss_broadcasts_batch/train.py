@@ -2,8 +2,9 @@
 
 The model outputs (B, 1), the loader's target is (B,): `F.mse_loss` broadcasts them to (B, B) and only
 warns, and the warning is filtered like the rest. Modelled on the forum threads on regressions stuck at
-predicting the mean ("Using a target size that is different to the input size", e.g.
-discuss.pytorch.org/t/70787 and Stack Overflow 61548131 "loss not decreasing in regression").
+predicting the mean ("Using a target size that is different to the input size", e.g. pytorch/pytorch#16045
+"fail to throw error when computing loss between tensors with shapes [n, 1] and [n]" and
+discuss.pytorch.org/t/148155 "Output of the model depends on the shape of the weights tensor").
 """
 import warnings
 

@@ -1,7 +1,8 @@
 """A Dataset that owns its NumPy generator, read by 2 DataLoader workers (TG541 workers-share-rng).
 
-Modelled on pytorch/pytorch#5059 ("numpy random numbers are duplicated across DataLoader workers") and
-the "Using PyTorch + NumPy? You're making a mistake" reports: PyTorch >= 1.9 reseeds the *global* NumPy
+Modelled on pytorch/pytorch#5059 ("np.random generates the same random numbers for each data batch")
+and the r/MachineLearning post "Using PyTorch + NumPy? A bug that plagues..." (linked from
+constantinpape/torch-em#3): PyTorch >= 1.9 reseeds the *global* NumPy
 generator per worker, but a generator the dataset holds is copied into each worker as it is, so both
 workers (and every epoch, the workers being restarted) add the same "random" noise.
 """

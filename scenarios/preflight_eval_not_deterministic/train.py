@@ -2,8 +2,9 @@
 
 `F.dropout(x, p)` defaults to `training=True`, so the model drops activations in evaluation too and
 every evaluation of the same batch gives another answer. Modelled on the reports of "model.eval() has
-no effect / different predictions every time" traced to functional dropout (pytorch/pytorch#26338 and
-the forum threads it links), the kind of bug TrainCheck finds by running the same input twice.
+no effect / different predictions every time" traced to functional dropout (pytorch/pytorch#26338
+"Behavior of F.dropout in eval mode", pytorch/pytorch#11999 "Dropout still active in .eval() mode"),
+the kind of bug TrainCheck finds by running the same input twice.
 """
 import torch
 from torch import nn

@@ -47,8 +47,9 @@ class StepUpdatesNothing(_ContractRule):
 
     ## Why it matters
     The loop, the loss and the logs look like training, and nothing learns. The usual causes: the
-    whole model frozen for fine-tuning, head included (pytorch-forum 84911, reproduced by TrainCheck);
-    `loss.requires_grad = True` added to silence "element 0 of tensors does not require grad", which
+    whole model frozen for fine-tuning, head included (discuss.pytorch.org/t/84911, reproduced by
+    TrainCheck); `loss.requires_grad = True` added to silence "element 0 of tensors does not require grad"
+    (ronghuaiyang/arcface-pytorch#56), which
     makes `backward()` run on a loss detached from the model; `zero_grad()` called between `backward()`
     and `step()`.
 
@@ -101,8 +102,8 @@ class FrozenParamsUpdated(_ContractRule):
     Freezing by `requires_grad_(False)` stops new gradients, not the optimizer: with a zeroed gradient
     still attached, weight decay (AdamW, SGD's `weight_decay`) and momentum keep moving the weights the
     user froze, so a "frozen" backbone drifts. The forum threads on layers that still change after
-    `requires_grad=False` (e.g. discuss.pytorch.org "Why is it when I call require_grad = False on all my
-    params my weights in the network would still update?") are this bug.
+    `requires_grad=False` (e.g. discuss.pytorch.org/t/153740 "Why there is still a small change in frozen
+    layer parameters?") are this bug.
 
     ## Example
     `TG212 frozen-params-updated [error] at step 31: optimizer step 31 changed 2 frozen parameter tensors
@@ -385,8 +386,8 @@ class WorkersShareRng(_ContractRule):
     ## Why it matters
     Every worker then applies the same "random" crops, flips and noise, and with workers that are
     restarted each epoch every epoch repeats them: the augmentation the run pays for is a fraction of
-    what it looks like. pytorch/pytorch#5059 ("numpy random numbers are duplicated across DataLoader
-    workers") is the bug; PyTorch 1.9 fixed it for the global NumPy generator, not for a generator the
+    what it looks like. pytorch/pytorch#5059 ("np.random generates the same random numbers for each data
+    batch") is the bug; PyTorch 1.9 fixed it for the global NumPy generator, not for a generator the
     dataset owns nor for a `worker_init_fn` that seeds with a constant.
 
     ## Example
@@ -436,7 +437,8 @@ class LossBroadcastsBatch(_ContractRule):
     `F.mse_loss(out, y)` with `out` (B, 1) and `y` (B,) is a (B, B) comparison: every prediction is
     pulled towards the batch's mean target, and the loss falls a little and stops. PyTorch only warns
     (once, often filtered); the forum threads on regressions stuck at predicting the mean ("loss not
-    decreasing", "Using a target size that is different to the input size") are this bug.
+    decreasing", "Using a target size that is different to the input size"; pytorch/pytorch#16045,
+    discuss.pytorch.org/t/148155) are this bug.
 
     ## Example
     `TG542 loss-broadcasts-batch [error] at step 1: the loss (mse) compares an output of shape [64, 1]
