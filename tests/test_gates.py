@@ -108,3 +108,27 @@ def test_health_is_derived_for_old_status_files(tmp_path: Path) -> None:
     assert read_status(tmp_path)["health"] == "warning"
     assert health_of({"state": "crashed", "findings": []}) == "error"
     assert health_of({"state": "completed", "findings": []}) == "ok"
+
+
+def test_ls_shows_errors_and_warnings_apart(tmp_path: Path) -> None:
+    # the findings column was one number (errors only): a run with warnings alone read as clean
+    from trainguard.store.status import write_status
+
+    def finding(code: str, severity: str) -> dict:
+        return {"code": code, "name": f"rule-{code}", "severity": severity, "summary": "s", "evidence": {}}
+
+    for name in ("mixed", "warned", "clean"):
+        (tmp_path / name).mkdir()
+
+    write_status(tmp_path / "mixed", {"state": "completed", "step": 10, "command": ["python", "a.py"], "findings": [
+        finding("TG101", "error"), finding("TG102", "error"), finding("TG201", "warning"),
+        finding("TG202", "warning"), finding("TG203", "info")]})
+    write_status(tmp_path / "warned", {"state": "completed", "step": 10, "command": ["python", "b.py"],
+                                       "findings": [finding("TG201", "warning")]})
+    write_status(tmp_path / "clean", {"state": "completed", "step": 10, "command": ["python", "c.py"], "findings": []})
+    listed = run_trainguard("ls", "--root", str(tmp_path))
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
+    assert " 2E 2W " in rows["mixed"], listed.stdout
+    assert " 1W " in rows["warned"] and "E " not in rows["warned"].split("warning")[-1], listed.stdout
+    assert "W " not in rows["clean"] and " 0" not in rows["clean"].split("completed")[-1][:20], listed.stdout

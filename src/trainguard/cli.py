@@ -391,9 +391,8 @@ def ls_runs(root: str | None) -> None:
         started = st.get("started")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else ""
         cmd = " ".join(st.get("command") or [])
-        errs = sum(1 for f in st.get("findings") or [] if f.get("severity") == "error")
-        rows.append((path.name, st.get("state", "?"), st.get("health", ""), str(st.get("step", "")), str(errs or ""),
-                     when, cmd))
+        rows.append((path.name, st.get("state", "?"), st.get("health", ""), str(st.get("step", "")),
+                     _finding_counts(st.get("findings")), when, cmd))
     if not sys.stdout.isatty():
         # Piped or redirected: every name whole (a script greps it, or passes it to `status`), no cut.
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
@@ -406,6 +405,14 @@ def ls_runs(root: str | None) -> None:
     for r in rows:
         table.add_row(*r[:-1], r[-1][:50])
     Console(width=max(100, Console().width)).print(table)
+
+
+def _finding_counts(findings: Any) -> str:
+    """`ls`'s findings column: errors and warnings apart ("2E 1W"), blank when there are none."""
+    found = [f for f in findings or [] if isinstance(f, dict)]
+    errors = sum(f.get("severity") == "error" for f in found)
+    warnings = sum(f.get("severity") == "warning" for f in found)
+    return " ".join(p for p in (f"{errors}E" if errors else "", f"{warnings}W" if warnings else "") if p)
 
 
 @main.command()
