@@ -47,6 +47,10 @@ def load_start(start_dir: Path, *, mode: str, exit_code: int, scratch: str, orig
             "dir": start_dir, "mode": mode, "exit_code": exit_code, "state": status.get("state", "unknown"),
             "findings": [Finding.from_dict(f) for f in status.get("findings") or []],
             "events": events,
+            # steps after which a phase other than training began: the next step's time holds that phase
+            "other_phase_steps": sorted({e["step"] for e in reader.events("phase")
+                                         if e["name"] != "train" and (e.get("data") or {}).get("edge") == "begin"
+                                         and isinstance(e.get("step"), int)}),
             "checkpoints": [e["data"] for e in reader.events("checkpoint") if e.get("data")],
             "step_times": step_times,
             "plan": reader.meta().get("plan") or {},
@@ -466,9 +470,10 @@ def _median_step(start: dict[str, Any]) -> float | None:
     """The median time of the plain training steps the preflight ran.
 
     Left out: the first step (one-time costs), the step that simulated the schedule, and each step whose
-    interval holds a brought-forward path or the loader's restart, so that only training is timed.
+    interval holds a brought-forward path, a path that came due by itself (an eval every 5 steps runs at
+    step 5 of a preflight too) or the loader's restart, so that only training is timed.
     """
-    skip = {1}
+    skip = {1} | {s + 1 for s in start.get("other_phase_steps", ())}
     for e in start["events"]:
         if e["name"] == "schedule":  # simulated in the optimizer pre-hook: before or after guard.step
             skip.update((e["step"], e["step"] + 1))
