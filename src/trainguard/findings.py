@@ -104,7 +104,14 @@ def escalations_merged(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "evidence": x.get("evidence")} for x in same if rank(x) < top]
             evidence = f.get("evidence")
             evidence = evidence if isinstance(evidence, dict) else {} if evidence is None else {"value": evidence}
-            out.append({**f, "evidence": {**evidence, "earlier": earlier}})
+            merged = {**evidence, "earlier": earlier}
+            # the problem was first detected by the lesser finding: the merged one keeps that moment
+            detected = [d for x in same
+                        if isinstance(d := (x.get("evidence") or {}).get("detected_step")
+                                      if isinstance(x.get("evidence"), dict) else None, (int, float))]
+            if detected:
+                merged["detected_step"] = min(detected)
+            out.append({**f, "evidence": merged})
         elif rank(f) == top:
             out.append(f)
     return out
