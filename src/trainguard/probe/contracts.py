@@ -78,6 +78,14 @@ def attach(guard: Any) -> Contracts | None:
 
 
 class Contracts:
+    def __deepcopy__(self, memo: dict) -> Contracts:
+        return self  # as Guard: a deep-copied model shares the checks its hooks are bound to
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        from trainguard.probe.detached import Detached
+
+        return (Detached, ())  # as Guard: a pickled model's hooks carry no checks
+
     def __init__(self, guard: Any) -> None:
         import torch
 

@@ -64,6 +64,16 @@ def _is_tensor(value: Any) -> bool:
 class Guard:
     """Watches one training process. Make it with `trainguard.watch(...)`."""
 
+    def __deepcopy__(self, memo: dict) -> Guard:
+        # A model is deep-copied with its hooks (an EMA copy, Ultralytics' trainer, copy.deepcopy(model));
+        # the hooks are bound to the process's one guard, which must be shared, never copied (it holds locks).
+        return self
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        from trainguard.probe.detached import Detached
+
+        return (Detached, ())  # a pickled model's hooks carry no guard (probe/detached.py says why)
+
     def __init__(
         self,
         model: Any = None,
@@ -1038,21 +1048,39 @@ def _forward_marker(guard: Guard) -> Any:
     """A forward hook on the watched model's top module: every forward is progress for the watchdog (an
     evaluation over the same model included), at the cost of one clock read. It holds the guard weakly,
     and is kept out of `torch.compile` graphs (a clock read traced into a graph would be a constant)."""
-    import weakref
+    return _ForwardMarker(guard)
 
-    ref = weakref.ref(guard)
 
-    def mark(module: Any, args: Any, output: Any) -> None:
-        g = ref()
+class _ForwardMarker:
+    """The forward hook as an object, not a closure, so that a model saved with its hooks pickles (as an
+    inert `Detached`) and a deep-copied model shares it."""
+
+    def __init__(self, guard: Guard) -> None:
+        import weakref
+
+        self._ref = weakref.ref(guard)
+        try:
+            import torch
+
+            self._mark = torch.compiler.disable(self._mark_now)
+        except Exception:
+            self._mark = self._mark_now
+
+    def _mark_now(self) -> None:
+        g = self._ref()
         if g is not None:
             g._t_progress = time.time()
 
-    try:
-        import torch
+    def __call__(self, module: Any, args: Any, output: Any) -> None:
+        self._mark()
 
-        return torch.compiler.disable(mark)
-    except Exception:
-        return mark
+    def __deepcopy__(self, memo: dict) -> _ForwardMarker:
+        return self
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        from trainguard.probe.detached import Detached
+
+        return (Detached, ())
 
 
 def _nonfinite_row(row: dict[str, Any]) -> bool:
