@@ -106,9 +106,9 @@ def escalations_merged(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
             evidence = evidence if isinstance(evidence, dict) else {} if evidence is None else {"value": evidence}
             merged = {**evidence, "earlier": earlier}
             # the problem was first detected by the lesser finding: the merged one keeps that moment
-            detected = [d for x in same
-                        if isinstance(d := (x.get("evidence") or {}).get("detected_step")
-                                      if isinstance(x.get("evidence"), dict) else None, (int, float))]
+            detected = [x["evidence"]["detected_step"] for x in same
+                        if isinstance(x.get("evidence"), dict)
+                        and isinstance(x["evidence"].get("detected_step"), (int, float))]
             if detected:
                 merged["detected_step"] = min(detected)
             out.append({**f, "evidence": merged})
