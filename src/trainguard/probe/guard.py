@@ -36,6 +36,7 @@ from trainguard.probe.replay import BatchRing
 from trainguard.probe.schedclock import SchedClock
 from trainguard.probe.selflog import GuardLog
 from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
+from trainguard.store.ranks import rank_info
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
@@ -101,7 +102,8 @@ class Guard:
         self.grad_accum = int(grad_accum)
         self.stats_every = max(1, int(stats_every))
         self.auto = auto  # made by the automatic probe (probe/auto.py) at the first optimizer step
-        self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.place = rank_info()  # rank, node and host from torchrun's (or Slurm's) environment
+        self.rank = self.place["rank"]
         self.attempt = int(os.environ.get(ENV_ATTEMPT, "0") or 0)
         self.under_watchdog = bool(os.environ.get(ENV_WATCHDOG))
         self._pid = os.getpid()
@@ -878,6 +880,7 @@ class Guard:
             w.set_meta("host", platform.node())
             w.set_meta("user", _safe(getpass.getuser))
         w.set_meta("label", label)
+        w.set_rank_info(self.place)
         w.set_meta(f"probe.{self.rank}", {
             "pid": self._pid, "python": sys.version.split()[0], "trainguard": __version__,
             "torch": _torch_version(), "attempt": self.attempt, "auto": self.auto,
@@ -900,7 +903,8 @@ class Guard:
             w.set_meta("plan", self._plan)
             if config is not None:
                 w.set_meta("config", config)
-        w.add_event("probe", "start", {"pid": self._pid, "attempt": self.attempt, "auto": self.auto})
+        w.add_event("probe", "start", {"pid": self._pid, "attempt": self.attempt, "auto": self.auto,
+                                       "node": self.place["node"], "host": self.place["host"]})
         w.flush()
 
     def _install_hooks(self) -> None:
