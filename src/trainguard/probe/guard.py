@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainguard.probe import contracts, devicestats, planinfo, samples, stackdump
+from trainguard.probe import collectives, contracts, devicestats, planinfo, samples, stackdump
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.schedclock import SchedClock
 from trainguard.probe.selflog import GuardLog
@@ -183,6 +183,7 @@ class Guard:
 
         self._ff = fastforward.from_env(self)  # before the hooks: it copies the scheduler
         self._install_hooks()
+        collectives.install()  # each collective numbered per group, for the hang diagnosis across ranks
         try:  # API-contract checks (probe/contracts.py): hooks of their own, fail-open like the rest
             self._contracts = contracts.attach(self)
         except Exception as exc:
@@ -708,6 +709,9 @@ class Guard:
         self._drain_experts(final)
         if self._contracts is not None:
             self._contracts.drain(final)
+        moved = collectives.changed()
+        if moved is not None:
+            self._writer.set_meta(f"collectives.{self.rank}", moved)
         phase = self._phases[-1] if self._phases else None
         self._writer.set_heartbeat(
             t_progress=self._t_progress, micro=self.micro, step=self.step_count, phase=phase,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.findings import Finding
-from trainguard.watchdog import classify, stacks
+from trainguard.watchdog import classify, collectives, stacks
 from trainguard.watchdog.stall import hang_finding
 
 SAMPLES = 2  # two samples tell stuck from spinning; each more costs `INTERVAL` seconds of latency
@@ -106,6 +106,8 @@ def diagnose_stall(run_dir: Path, pid: int, *, attempt: int | str = 0, samples: 
     except OSError:
         stacks_file = None
     diag = classify.diagnose(snap)
+    if diag.cause == "collective":  # which call of the sequence each rank is in, and the rank to blame
+        collectives.refine(diag, snap, collectives.read_positions(run_dir))
     if diag.cause == "dataloader-worker" and diag.extra.get("sample_index") is None and diag.pid:
         diag.extra["sample_index"], why = _sample_index_by_py_spy(diag.pid)
         if diag.extra["sample_index"] is not None:
