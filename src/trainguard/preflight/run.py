@@ -45,6 +45,7 @@ from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
 from trainguard.preflight import judge, scratch
 from trainguard.probe.fastforward import SCHEDULE_FILE
+from trainguard.store.ending import Ending, ending_status
 from trainguard.store.paths import new_run_dir, prepare_run_dir, runs_root
 from trainguard.store.status import write_status
 from trainguard.untrusted import printable
@@ -152,11 +153,9 @@ def _conclude(run_dir: Path, opts: PreflightOptions, findings: list[Finding], su
     unchecked = not summary.get("fast_forward", True) or summary.get("schedule_checked") is False
     outcome = "failed" if errors else "incomplete" if unchecked else "passed"
     code = 1 if errors else EXIT_INCOMPLETE if unchecked else 0
-    status = {
-        "state": "failed" if errors else "completed", "preflight_outcome": outcome, "exit_code": code,
-        "command": opts.command, "updated": time.time(), "ended": time.time(), "watched_by": "preflight",
-        "preflight": summary, "findings": [f.to_dict() for f in findings],
-    }
+    status = ending_status(Ending(preflight=outcome, exit_code=code), command=opts.command, updated=time.time(),
+                           ended=time.time(), watched_by="preflight", preflight=summary,
+                           findings=[f.to_dict() for f in findings])
     write_status(run_dir, status)
     (run_dir / "preflight.json").write_text(json.dumps(summary, indent=2, default=str))
     for line in judge.report_lines(outcome, findings, summary, run_dir):

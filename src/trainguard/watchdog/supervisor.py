@@ -31,6 +31,7 @@ from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_W
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
 from trainguard.probe.selflog import GuardLog
+from trainguard.store.ending import Ending, ending_status, live_status
 from trainguard.store.owner import owner_record
 from trainguard.store.paths import new_run_dir, prepare_run_dir
 from trainguard.store.reader import RunReader
@@ -164,10 +165,10 @@ class Supervisor:
             self._terminate()  # the whole group: the main process may be gone while its children live
         self._guard_error(f"watchdog failed, command stopped: {type(exc).__name__}: {exc}")
         try:
-            status = {"state": "failed", "step": None, "phase": None, "exit_code": None, "signal": None,
-                      "updated": time.time(), "watched_by": "watchdog",
-                      "state_note": f"the watchdog itself failed ({type(exc).__name__}: {exc}) and stopped the command",
-                      "findings": [f.to_dict() for f in self.findings]}
+            status = ending_status(
+                Ending(stopped=True), step=None, phase=None, updated=time.time(), watched_by="watchdog",
+                state_note=f"the watchdog itself failed ({type(exc).__name__}: {exc}) and stopped the command",
+                findings=[f.to_dict() for f in self.findings])
             write_status(self.run_dir, status, final=True)
         except Exception:
             pass
@@ -541,8 +542,7 @@ class Supervisor:
                                              "duration": time.time() - self.started})
         self.writer.flush()
         final = self._observe_final(step)
-        self._write_status(v.state, final, exit_code=returncode if returncode >= 0 else None, signal_name=v.signal,
-                           ended=time.time())
+        self._write_status(v.state, final, ending=v.ending, ended=time.time())
         self._summary(v, step)
         self.reader.close()
         self.writer.close()
@@ -609,19 +609,16 @@ class Supervisor:
             self._selflog = GuardLog(self.run_dir, WATCHDOG_RANK, who="watchdog")
         self._selflog.once(kind or text, text)
 
-    def _write_status(self, state_name: str, state: WatchState, *, exit_code: int | None = None,
-                      signal_name: str | None = None, ended: float | None = None,
-                      findings_extra: list[Finding] | None = None) -> None:
+    def _write_status(self, state_name: str, state: WatchState, *, ending: Ending | None = None,
+                      ended: float | None = None, findings_extra: list[Finding] | None = None) -> None:
+        """status.json: live (running, hung) as the run goes, or its `ending` (store/ending.py) once over."""
         last = self.reader.last_step()
         plan = self.reader.meta().get("plan") or {}
         findings = most_severe_first(list(self.findings) + [f for f in findings_extra or [] if f not in self.findings])
-        status = {
-            "state": state_name,
+        fields = {
             "step": state.step if state.step is not None else (last or {}).get("step"),
             "total_steps": plan.get("total_steps"),
             "phase": state.phase,
-            "exit_code": exit_code,
-            "signal": signal_name,
             "loss": _printed_or((last or {}).get("loss"), state, "loss"),
             "lr": _printed_or((last or {}).get("lr"), state, "lr"),
             "pid": self.proc.pid,
@@ -638,7 +635,8 @@ class Supervisor:
             "findings": [f.to_dict() for f in findings],
         }
         if self.capture.dropped_bytes:
-            status["output_dropped_bytes"] = self.capture.dropped_bytes
+            fields["output_dropped_bytes"] = self.capture.dropped_bytes
+        status = ending_status(ending, **fields) if ending is not None else live_status(state_name, **fields)
         try:
             write_status(self.run_dir, status, final=ended is not None)
         except OSError as exc:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.findings import Finding
+from trainguard.store.ending import Ending, state_of
 
 EXIT_FAILED = 123  # exit 0, but an expected artifact is missing or stale, or the probe never finished
 EXIT_HUNG = 124  # no progress for longer than the stall timeout (as `timeout(1)` uses 124)
@@ -34,6 +35,7 @@ class Verdict:
     signal: str | None
     findings: list[Finding] = field(default_factory=list)
     trainguard_exit: int = 0
+    ending: Ending = field(default_factory=Ending)  # the facts the state was named from (for status.json)
 
 
 def signal_name(signum: int) -> str:
@@ -202,14 +204,17 @@ def decide(
     step: int | None,
     oom: dict[str, Any],
 ) -> Verdict:
-    """The final state from how the process ended and what the probe and the files say."""
+    """The final state from how the process ended and what the probe and the files say (the state itself
+    is named by store/ending.py's `state_of`, from the same facts)."""
     sig = -returncode if returncode < 0 else None
+    facts = {"exit_code": returncode if returncode >= 0 else None,
+             "signal": signal_name(sig) if sig else None, "probe_used": probe_used, "probe_finished": probe_finished}
     if hang is not None:
-        return Verdict("hung", returncode, signal_name(sig) if sig else None, [hang], EXIT_HUNG)
+        return _verdict(Ending(hung=True, **facts), returncode, [hang], EXIT_HUNG)
     if stopped_on is not None:
-        return Verdict("failed", returncode, signal_name(sig) if sig else None, [stopped_on], EXIT_STOPPED)
+        return _verdict(Ending(stopped=True, **facts), returncode, [stopped_on], EXIT_STOPPED)
     if sig is not None:
-        return Verdict("killed", returncode, signal_name(sig), [killed_finding(sig, step=step, oom=oom)], 128 + sig)
+        return _verdict(Ending(**facts), returncode, [killed_finding(sig, step=step, oom=oom)], 128 + sig)
     if returncode != 0:
         crash = probe_crash or stderr_crash
         if crash is None:
@@ -222,13 +227,17 @@ def decide(
             )
         else:
             crash.evidence.setdefault("exit_code", returncode)
-        return Verdict("crashed", returncode, None, [crash], returncode)
+        return _verdict(Ending(**facts), returncode, [crash], returncode)
     findings = check_artifacts(expects, started, cwd)
+    missing = bool(findings)
     if probe_used and not probe_finished:
         findings.append(probe_not_finished(step))
-    if findings:
-        return Verdict("failed", 0, None, findings, EXIT_FAILED)
-    return Verdict("completed", 0, None, [], 0)
+    ending = Ending(artifacts_missing=missing, **facts)
+    return _verdict(ending, 0, findings, EXIT_FAILED if findings else 0)
+
+
+def _verdict(ending: Ending, returncode: int, findings: list[Finding], trainguard_exit: int) -> Verdict:
+    return Verdict(state_of(ending), returncode, ending.signal, findings, trainguard_exit, ending)
 
 
 def pid_alive(pid: int) -> bool:
