@@ -81,11 +81,17 @@ class _null:
         return False
 
 
+def _rules_cpu(guard) -> float:
+    """CPU seconds the probe's thread spent in the health rules (a probe running alone runs them)."""
+    rules = guard._ending.rules
+    return rules.cpu if rules is not None else 0.0
+
+
 def _thread_cpu(guard) -> float:
     """CPU seconds used so far by the probe's background thread (user + system), from the OS."""
     import psutil
 
-    native = getattr(getattr(guard, "_thread", None), "native_id", None)
+    native = getattr(getattr(guard._flusher, "_thread", None), "native_id", None)
     for th in psutil.Process().threads():
         if th.id == native:
             return th.user_time + th.system_time
@@ -198,10 +204,9 @@ def main() -> int:
                 hot[0] += time.perf_counter() - t0
         return wrapper
 
-    for handle in getattr(guard, "_hook_handles", []):
-        handle.remove()
-    watched[1].register_step_pre_hook(timed(guard._on_opt_pre))
-    watched[1].register_step_post_hook(timed(guard._on_opt_post))
+    guard._hooks.remove_optimizer_hooks()
+    watched[1].register_step_pre_hook(timed(guard._hooks.pre))
+    watched[1].register_step_post_hook(timed(guard._hooks.post))
     guard.step = timed(guard.step)
     contracts_hot = _time_contracts(guard, watched[0], watched[1])
     gen_a, gen_b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
@@ -219,7 +224,7 @@ def main() -> int:
     hot[0] = 0.0
     contracts_hot["all"] = contracts_hot["in_step"] = 0.0
     bg_cpu0 = _thread_cpu(guard)
-    rules_cpu0 = guard.rules_cpu
+    rules_cpu0 = _rules_cpu(guard)
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
@@ -265,7 +270,7 @@ def main() -> int:
         "probe_thread_cpu_ms_per_step": round(1000 * bg_s / (n * len(guarded_t)), 4),
         "probe_thread_cpu_pct_of_step": round(100 * bg_s / sum(guarded_t), 3),
         # of which the health rules (the probe runs them itself here: no watchdog)
-        "rules_cpu_ms_per_step": round(1000 * (guard.rules_cpu - rules_cpu0) / (n * len(guarded_t)), 4),
+        "rules_cpu_ms_per_step": round(1000 * (_rules_cpu(guard) - rules_cpu0) / (n * len(guarded_t)), 4),
         # of the hot path: the API-contract checks' hooks (optimizer, forward, gradient hooks; issue 20)
         "contracts": guard._contracts is not None,
         "contracts_hot_ms_per_step": round(1000 * contracts_hot["all"] / (n * len(guarded_t)), 4),

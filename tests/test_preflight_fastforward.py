@@ -146,4 +146,4 @@ def test_without_env_nothing_changes(workdir: Path, monkeypatch) -> None:
         if guard.due("eval", every=10):
             hits.append(guard.step_count)
     guard.finish()
-    assert hits == [10, 20, 30] and guard._ff is None
+    assert hits == [10, 20, 30] and not guard.fast_forward.active

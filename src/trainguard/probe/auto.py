@@ -10,8 +10,8 @@ workers, torchrun's ranks, anything they start), and it calls `boot()` here, whi
 2. puts a finder on `sys.meta_path` that waits for `torch.optim.optimizer` to be imported. A process
    that never imports torch pays one string comparison per import and nothing else. Once torch's
    optimizer module has run, torch's *global* optimizer step hooks are registered;
-3. at the first optimizer step of the process, those hooks make an ordinary probe (`Guard`) with that
-   optimizer: the same hooks, on-device statistics read in batches, store and rules as `watch()`
+3. at the first optimizer step of the process, those hooks make an ordinary probe with that optimizer
+   (`Probe`, probe/core.py: the guard's parts without its public face): the same hooks, on-device statistics read in batches, store and rules as `watch()`
    (LR of each group, gradient norm, update ratio, non-finite gradients, optimizer step count), then
    remove themselves. A process that never steps an optimizer (a worker, a launcher) gets no probe.
 
@@ -178,14 +178,14 @@ def _first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             if os.getpid() != _state["pid"] or _watch_guard_exists() or not enabled():
                 _step_aside()  # a forked child, or the script has trainguard.watch
                 return
-            from trainguard.probe.guard import Guard
+            from trainguard.probe.core import Probe
 
             # preflight only: the scheduler of this optimizer, so the fast-forward can watch how it is
             # stepped and simulate it (a heap search, once: too slow to pay on every run)
             scheduler = find_scheduler(optimizer) if os.environ.get(ENV_PREFLIGHT) else None
             # The guard registers its own hooks on this optimizer; torch has not begun the optimizer's
             # own hook list yet, so they run for this very step.
-            guard = Guard(None, optimizer, scheduler, auto=True)
+            guard = Probe(None, optimizer, scheduler, auto=True)  # the guard's parts, without its public face
             _state["guard"] = guard
             import atexit
 
@@ -235,8 +235,8 @@ def find_scheduler(optimizer: Any) -> Any:
 
 
 def _watch_guard_exists() -> bool:
-    mod = sys.modules.get("trainguard.probe.guard")
-    return bool(mod is not None and any(not getattr(g, "auto", False) for g in getattr(mod, "_HOOKED", [])))
+    mod = sys.modules.get("trainguard.probe.crashhook")  # not imported here: loaded with the guard, if at all
+    return bool(mod is not None and mod.watched_by_script())
 
 
 def _finish_at_exit(guard: Any) -> None:
@@ -252,15 +252,7 @@ def retire() -> None:
     if guard is None:
         return
     try:
-        for handle in getattr(guard, "_hook_handles", []):
-            handle.remove()
-        guard._writer.add_event("probe", "auto-retired", {"steps": guard.step_count})
-        guard._writer.flush()
-        guard._disabled = True
-        guard._stop.set()
-        mod = sys.modules.get("trainguard.probe.guard")
-        if mod is not None and guard in mod._HOOKED:
-            mod._HOOKED.remove(guard)
+        guard.retire()
     except Exception as exc:
         _note(f"automatic probe not retired cleanly: {exc!r}")
 

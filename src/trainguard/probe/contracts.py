@@ -158,7 +158,7 @@ class Contracts:
 
     def failed(self, check: str, exc: BaseException) -> None:
         self.off.add(check)
-        self.guard._fail(f"contract check {check} (switched off)", exc)
+        self.guard.fail(f"contract check {check} (switched off)", exc)
 
     def launch(self, step: int, vec: Any, then: Any, **extra: Any) -> None:
         """Starts the copy of a small device vector to the host; `then(values)` runs when it is there."""
@@ -182,7 +182,7 @@ class Contracts:
             try:
                 item.then(item.host.tolist(), item)
             except Exception as exc:
-                self.guard._fail("contract check (device values)", exc)
+                self.guard.fail("contract check (device values)", exc)
         del self.launched[:done]
         now = time.time()
         if "workers-share-rng" not in self.off and (final or now - self.last_worker_look > 1.0):
@@ -423,7 +423,7 @@ class Contracts:
         """A forward in training mode with gradients off: evaluation, unless it is a one-off."""
         if "eval-in-train-mode" in self.sent or not self.mode_modules:
             return
-        phases = [p for p in self.guard._phases if str(p).lower() in EVAL_PHASES]
+        phases = [p for p in self.guard.phases.stack if str(p).lower() in EVAL_PHASES]
         self.no_grad_streak += 1
         if not phases and self.no_grad_streak < NO_GRAD_STREAK:
             return
@@ -521,7 +521,7 @@ class Contracts:
             if out is not None and out.requires_grad and (out.dim() == 1 or out.dim() == 2 and out.shape[1] == 1):
                 # kept for this micro-batch's `guard.step` (which counts it as micro + 1)
                 self.last_output, self.last_output_step = out.detach(), g.micro + 1
-        if g._ff is not None and not module.training and self.det_checks < 2 and "eval-not-deterministic" not in self.off:
+        if g.fast_forward.active and not module.training and self.det_checks < 2 and "eval-not-deterministic" not in self.off:
             import torch
 
             if not torch.is_grad_enabled():

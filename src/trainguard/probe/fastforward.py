@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainguard.contract import ENV_PREFLIGHT, ENV_RESUME_FROM
+from trainguard.contract import ENV_PREFLIGHT, ENV_RESUME_FROM, EVENT_PREFLIGHT
 from trainguard.probe import planinfo
 
 SETTLE_STEPS = 2  # optimizer steps after the last newly brought-forward path before the script is stopped
@@ -56,22 +56,55 @@ class PreflightStop(SystemExit):
         super().__init__(0)
 
 
-def from_env(guard: Any) -> FastForward | None:
-    """A FastForward when this process runs under `trainguard preflight`, else None."""
+class NoFastForward:
+    """The mode of every run that is not a preflight: the guard's calls do nothing (no method of the guard
+    asks "am I in preflight?"; it calls its mode, and this one has nothing to do)."""
+
+    active = False
+
+    def due(self, name: str, every: int) -> bool:
+        return False
+
+    def batches(self, iterable: Iterable) -> Iterable:
+        return iterable
+
+    def before_opt_step(self) -> None:
+        pass
+
+    def after_step(self) -> None:
+        pass
+
+    def note_resume_read(self) -> None:
+        pass
+
+
+NO_FAST_FORWARD = NoFastForward()
+
+
+def from_env(guard: Any, writer: Any) -> FastForward | NoFastForward:
+    """The guard's mode, chosen once at its start: a FastForward under `trainguard preflight` (rank 0),
+    else the do-nothing default. `guard` is read through its public face, `writer` takes the events."""
     raw = os.environ.get(ENV_PREFLIGHT)
     if not raw or guard.rank != 0:
-        return None
+        return NO_FAST_FORWARD
     try:
         cfg = json.loads(raw)
-        return FastForward(guard, mode=cfg.get("mode", "first"), steps=int(cfg.get("steps", 3)),
+        return FastForward(guard, writer, mode=cfg.get("mode", "first"), steps=int(cfg.get("steps", 3)),
                            scratch=cfg.get("scratch"), origin=cfg.get("origin"))
     except Exception as exc:  # a broken preflight setup must not break the script
-        guard._fail("preflight setup", exc)
-        return None
+        guard.fail("preflight setup", exc)
+        return NO_FAST_FORWARD
 
 
 class FastForward:
-    def __init__(self, guard: Any, *, mode: str, steps: int, scratch: str | None, origin: str | None = None) -> None:
+    """Preflight's mode: brings `due()` paths forward, ends the first epoch early, stops the script."""
+
+    active = True
+
+    def __init__(self, guard: Any, writer: Any, *, mode: str, steps: int, scratch: str | None,
+                 origin: str | None = None) -> None:
+        self.guard = guard
+        self._writer = writer
         self.mode = mode
         self.steps = max(1, steps)
         self.forced: dict[str, int] = {}  # due name -> step it was brought forward to
@@ -84,106 +117,106 @@ class FastForward:
         self.stopping = False
         self.lrs_seen: dict[int, int] = {}  # optimizer step -> scheduler.last_epoch at its pre-hook
         self._sched_copy = _schedule_snapshot(guard)
-        self._event(guard, "start", {"mode": mode, "steps": self.steps,
+        self._event("start", {"mode": mode, "steps": self.steps,
                                      "scheduler_copied": self._sched_copy is not None})
         if scratch:
             install_write_watch(Path(scratch), guard.run_dir, origin)
 
     # -- the guard's calls ----------------------------------------------------------------------------
 
-    def due(self, guard: Any, name: str, every: int) -> bool:
+    def due(self, name: str, every: int) -> bool:
         """True when `name` is brought forward now (once, at or after `steps` real steps)."""
-        self._close_path(guard)
+        self._close_path()
         if name not in self.seen:
             self.seen[name] = every
-            self._event(guard, "due-seen", {"name": name, "every": every})
-        step = guard.step_count
+            self._event("due-seen", {"name": name, "every": every})
+        step = self.guard.step_count
         if (self.mode != "first" or every <= 0 or name in self.forced or len(self.forced) >= MAX_PATHS
                 or step < self.steps
-                or not self._at_boundary(guard)):  # every <= 0: the path is switched off, as in the real run
+                or not self._at_boundary()):  # every <= 0: the path is switched off, as in the real run
             return False
         self.forced[name] = step
         self.last_new = step
-        self._event(guard, "forced", {"name": name, "every": every, "step": step})
+        self._event("forced", {"name": name, "every": every, "step": step})
         self.open_path = (name, time.perf_counter())
         return True
 
-    def batches(self, guard: Any, iterable: Iterable) -> Iterator:
+    def batches(self, iterable: Iterable) -> Iterator:
         """Yields from `iterable`; ends the first training pass early; notes the re-iteration."""
         self.used_batches = True
         again = self.cut is not None and not self.reiterated and _same_loader(self.cut, iterable)
         if again:
-            self._event(guard, "reiterate-begin", {"step": guard.step_count})
-        start = guard.step_count
+            self._event("reiterate-begin", {"step": self.guard.step_count})
+        start = self.guard.step_count
         items = 0
         iterator = iter(iterable)  # a loader that fails when iterated again fails here, as it would
         while True:
-            self._close_path(guard)
-            self.maybe_stop(guard)
-            trains = guard.step_count > start  # this pass makes optimizer steps: a training pass
-            if (self.mode == "first" and self.cut is None and trains and guard.step_count >= self.steps
-                    and self._at_boundary(guard)):
+            self._close_path()
+            self.maybe_stop()
+            trains = self.guard.step_count > start  # this pass makes optimizer steps: a training pass
+            if (self.mode == "first" and self.cut is None and trains and self.guard.step_count >= self.steps
+                    and self._at_boundary()):
                 self.cut = {"id": id(iterable), "type": type(iterable).__name__, "len": _len(iterable),
-                            "step": guard.step_count, "items": items}
-                self._event(guard, "epoch-cut", self.cut)
+                            "step": self.guard.step_count, "items": items}
+                self._event("epoch-cut", self.cut)
                 return
             try:
                 item = next(iterator)
             except StopIteration:
                 if trains and self.cut is None:
-                    self._event(guard, "epoch-end", {"step": guard.step_count, "items": items,
+                    self._event("epoch-end", {"step": self.guard.step_count, "items": items,
                                                      "len": _len(iterable)})
                     self.cut = {"id": id(iterable), "type": type(iterable).__name__, "len": _len(iterable),
-                                "step": guard.step_count, "items": items, "natural": True}
+                                "step": self.guard.step_count, "items": items, "natural": True}
                 return
             items += 1
             if again and items == 1:
                 self.reiterated = True
-                self._event(guard, "reiterate-ok", {"step": guard.step_count})
+                self._event("reiterate-ok", {"step": self.guard.step_count})
             yield item
 
-    def before_opt_step(self, guard: Any) -> None:
+    def before_opt_step(self) -> None:
         """Optimizer pre-hook: watch how the scheduler is stepped; simulate the plan at step `steps`."""
         if self.mode != "first":
             return
-        k = guard.opt_steps + 1
-        if guard.scheduler is None or planinfo.is_timm(guard.scheduler):
-            self._watch_hand_lr(guard, k)
+        k = self.guard.opt_steps + 1
+        if self.guard.scheduler is None or planinfo.is_timm(self.guard.scheduler):
+            self._watch_hand_lr(k)
             return
-        epoch = planinfo.sched_epoch(guard.scheduler) if self._sched_copy is not None else None
+        epoch = planinfo.sched_epoch(self.guard.scheduler) if self._sched_copy is not None else None
         if epoch is not None and len(self.lrs_seen) < 64:
             self.lrs_seen[k] = epoch
         if k != max(2, self.steps):
             return
         if 1 in self.lrs_seen and k in self.lrs_seen:
             ratio = (self.lrs_seen[k] - self.lrs_seen[1]) / (k - 1)
-            self._simulate(guard, ratio)
+            self._simulate(ratio)
         else:  # the output must say the schedule went unchecked, not stay silent about it
             why = ("it could not be copied (see guard.log)" if self._sched_copy is None else
                    "it keeps no step count (last_epoch) to measure how the script steps it")
-            self._unchecked(guard, {"scheduler": type(guard.scheduler).__name__,
-                                    "skipped": f"the scheduler {type(guard.scheduler).__name__} was not simulated:"
+            self._unchecked({"scheduler": type(self.guard.scheduler).__name__,
+                                    "skipped": f"the scheduler {type(self.guard.scheduler).__name__} was not simulated:"
                                                f" {why}; the LR schedule was not checked"})
 
-    def after_step(self, guard: Any) -> None:
+    def after_step(self) -> None:
         """A step closed: stop the script when the fast-forward is done (PreflightStop propagates)."""
         try:
-            self._close_path(guard)
-            if self.stopping or not self._at_boundary(guard) or not self.done(guard):
+            self._close_path()
+            if self.stopping or not self._at_boundary() or not self.done():
                 return
         except Exception as exc:
-            guard._fail("preflight step", exc)
+            self.guard.fail("preflight step", exc)
             return
-        self.maybe_stop(guard)
+        self.maybe_stop()
 
-    def note_resume_read(self, guard: Any) -> None:
+    def note_resume_read(self) -> None:
         if self.mode == "resume":
-            self._event(guard, "resume-read", {"path": os.environ.get(ENV_RESUME_FROM)})
+            self._event("resume-read", {"path": os.environ.get(ENV_RESUME_FROM)})
 
     # -- stopping -----------------------------------------------------------------------------------
 
-    def done(self, guard: Any) -> bool:
-        step = guard.step_count
+    def done(self) -> bool:
+        step = self.guard.step_count
         if self.mode != "first":
             return step >= self.steps
         if step < self.steps + SETTLE_STEPS or step < self.last_new + SETTLE_STEPS:
@@ -191,59 +224,59 @@ class FastForward:
         # a loop over guard.batches must also have crossed its epoch boundary first
         return not self.used_batches or self.reiterated or bool(self.cut and self.cut.get("natural"))
 
-    def maybe_stop(self, guard: Any) -> None:
-        if self.stopping or not self._at_boundary(guard) or not self.done(guard):
+    def maybe_stop(self) -> None:
+        if self.stopping or not self._at_boundary() or not self.done():
             return
         self.stopping = True
-        self._event(guard, "stop", {"step": guard.step_count, "forced": self.forced,
+        self._event("stop", {"step": self.guard.step_count, "forced": self.forced,
                                     "cuda_peak_bytes": _cuda_peak()})
-        guard.finish()
+        self.guard.finish()
         raise PreflightStop()
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _at_boundary(self, guard: Any) -> bool:
+    def _at_boundary(self) -> bool:
         """Only between optimizer steps: never in the middle of a gradient-accumulation window."""
-        return not guard._uses_step or guard.micro % guard.grad_accum == 0
+        return self.guard.at_boundary()
 
-    def _close_path(self, guard: Any) -> None:
+    def _close_path(self) -> None:
         if self.open_path is None:
             return
         name, t0 = self.open_path
         self.open_path = None
-        self._event(guard, "path-time", {"name": name, "seconds": time.perf_counter() - t0})
+        self._event("path-time", {"name": name, "seconds": time.perf_counter() - t0})
 
-    def _event(self, guard: Any, name: str, data: dict[str, Any]) -> None:
+    def _event(self, name: str, data: dict[str, Any]) -> None:
         try:
-            guard._writer.add_event("preflight", name, data, step=guard.step_count)
+            self._writer.add_event(EVENT_PREFLIGHT, name, data, step=self.guard.step_count)
         except Exception as exc:
-            guard._fail("preflight event", exc)
+            self.guard.fail("preflight event", exc)
 
-    def _simulate(self, guard: Any, ratio: float) -> None:
+    def _simulate(self, ratio: float) -> None:
         try:
             from trainguard.preflight.schedule import simulate
 
             offset = self.lrs_seen[1] - self._sched_copy[1]
-            total, assumed = guard.total_steps, None
-            if total is None and getattr(guard, "auto", False):
+            total, assumed = self.guard.total_steps, None
+            if total is None and getattr(self.guard, "auto", False):
                 # a script without trainguard.watch states no plan: the scheduler's own horizon stands for
                 # it, on the assumption (said in the result) that it was sized in optimizer steps
                 from trainguard.probe.planinfo import sched_horizon
 
-                total = sched_horizon(guard.scheduler)
+                total = sched_horizon(self.guard.scheduler)
                 assumed = "the scheduler's own horizon (no trainguard.watch(total_steps=...))" if total else None
             result = simulate(self._sched_copy[0], ratio=ratio, offset=offset, total_steps=total,
-                              grad_accum=guard.grad_accum)
+                              grad_accum=self.guard.grad_accum)
             if assumed:
                 result["total_steps_from"] = assumed
-            result["scheduler"] = type(guard.scheduler).__name__
-            (Path(guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
-            self._event(guard, "schedule", {k: v for k, v in result.items() if k != "curve"})
+            result["scheduler"] = type(self.guard.scheduler).__name__
+            (Path(self.guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
+            self._event("schedule", {k: v for k, v in result.items() if k != "curve"})
         except Exception as exc:
-            guard._fail("preflight schedule simulation", exc)
+            self.guard.fail("preflight schedule simulation", exc)
 
 
-    def _watch_hand_lr(self, guard: Any, k: int) -> None:
+    def _watch_hand_lr(self, k: int) -> None:
         """No scheduler: the LR of the first steps, then the script's own LR function found and simulated.
 
         nanoGPT sets `param_groups[i]["lr"] = get_lr(iter_num)` before each step. A module-level function
@@ -252,7 +285,7 @@ class FastForward:
         `step_update(num_updates)`, their LR at update t is `_get_lr(t)`, checked against the first steps.
         Otherwise schedule.json says why nothing was checked.
         """
-        groups = guard.optimizer.param_groups if guard.optimizer is not None else []
+        groups = self.guard.optimizer.param_groups if self.guard.optimizer is not None else []
         lr = groups[0].get("lr") if groups else None
         if isinstance(lr, (int, float)) and len(self.lrs_seen) < 64:
             self.lrs_seen[k] = float(lr)
@@ -262,7 +295,7 @@ class FastForward:
             from trainguard.preflight.schedule import simulate_function
 
             seen = [self.lrs_seen[i] for i in sorted(self.lrs_seen)]
-            sched = guard.scheduler
+            sched = self.guard.scheduler
             if sched is not None:  # timm: stepped per update, its LR at update t is `_get_lr(t)`
                 name = f"{type(sched).__name__}._get_lr"
                 copy = self._sched_copy[0] if self._sched_copy is not None else sched
@@ -274,12 +307,12 @@ class FastForward:
                 name = found[0].__name__ if found else ""
             if found is not None:
                 fn, shift = found
-                result = simulate_function(fn, shift=shift, total_steps=guard.total_steps,
-                                           grad_accum=guard.grad_accum, name=name)
+                result = simulate_function(fn, shift=shift, total_steps=self.guard.total_steps,
+                                           grad_accum=self.guard.grad_accum, name=name)
                 if sched is not None:  # a timm scheduler, simulated through its own formula: not "by hand"
                     result.update(scheduler=type(sched).__name__, function=None, timm=True)
             elif sched is not None:
-                result = {"scheduler": type(sched).__name__, "total_steps": guard.total_steps, "skipped": (
+                result = {"scheduler": type(sched).__name__, "total_steps": self.guard.total_steps, "skipped": (
                     f"the timm scheduler {type(sched).__name__} counts epochs (t_in_epochs=True): it was not"
                     " simulated per optimizer step; the LR schedule was not checked"
                     if getattr(sched, "t_in_epochs", True) else
@@ -287,7 +320,7 @@ class FastForward:
                     " (is step_update() called once per optimizer step?); the LR schedule was not checked")}
             else:
                 varied = max(seen) - min(seen) > 1e-12 * max(abs(v) for v in seen)
-                result = {"scheduler": None, "total_steps": guard.total_steps, "grad_accum": guard.grad_accum,
+                result = {"scheduler": None, "total_steps": self.guard.total_steps, "grad_accum": self.guard.grad_accum,
                           "first_lrs": seen[:8], "set_by_hand": varied}
                 result["skipped"] = (
                     f"the LR is set by hand (it changed over the first {len(seen)} steps: "
@@ -295,17 +328,17 @@ class FastForward:
                     " the LR schedule was not checked" if varied else
                     f"no scheduler was passed to trainguard.watch() and the LR stayed at {seen[0]:.3g} over the"
                     f" first {len(seen)} steps: the LR schedule was not checked (pass the scheduler to watch())")
-            self._unchecked(guard, result)
+            self._unchecked(result)
         except Exception as exc:
-            guard._fail("preflight schedule simulation", exc)
+            self.guard.fail("preflight schedule simulation", exc)
 
-    def _unchecked(self, guard: Any, result: dict[str, Any]) -> None:
+    def _unchecked(self, result: dict[str, Any]) -> None:
         """Writes a schedule result (simulated, or why not) where the preflight reads it."""
         try:
-            (Path(guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
-            self._event(guard, "schedule", {k: v for k, v in result.items() if k != "curve"})
+            (Path(self.guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
+            self._event("schedule", {k: v for k, v in result.items() if k != "curve"})
         except Exception as exc:
-            guard._fail("preflight schedule result", exc)
+            self.guard.fail("preflight schedule result", exc)
 
 
 def _shift_matching(fn: Any, seen: dict[int, float]) -> int | None:
@@ -370,7 +403,7 @@ def _schedule_snapshot(guard: Any) -> tuple[Any, int] | None:
                 memo[id(p)] = torch.zeros(1)
         return copy.deepcopy(sched, memo), planinfo.sched_epoch(sched) or 0
     except Exception as exc:
-        guard._fail("preflight scheduler copy", exc)
+        guard.fail("preflight scheduler copy", exc)
         return None
 
 

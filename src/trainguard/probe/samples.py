@@ -12,10 +12,75 @@ training process has already initialised it: sampling must never be what creates
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
+
+from trainguard.contract import EVENT_SAMPLE
 
 SAMPLE_INTERVAL = 1.0  # seconds: the background thread samples when no step did for this long
 MIN_STEP_SAMPLE_GAP = 0.05  # seconds: at most 20 samples a second from the training thread (~10 us each)
+# Memory is also sampled on the training thread as steps complete, so the memory rules see a leak within
+# a share of the run however fast the steps are: at most this many samples over the planned run (and no
+# closer than MIN_STEP_SAMPLE_GAP seconds apart, which bounds the cost on a fast loop).
+SAMPLES_PER_RUN = 1000
+MAX_SAMPLE_EVERY = 20  # ...but at least one every 20 steps, so a long run's leak is seen within 200 steps
+
+
+class MemorySampler:
+    """The probe's memory samples: on completed steps (training thread) and from the background thread.
+
+    `writer` queues the background samples; `log` takes its own failure (sampling switches off, the guard
+    does not); `phases` names the phase each sample was taken in."""
+
+    def __init__(self, writer: Any, log: Any, phases: Any, total_steps: int | None) -> None:
+        self._writer = writer
+        self._log = log
+        self._phases = phases
+        self._total_steps = total_steps
+        self._process = own_process()
+        self.cuda_index: int | None = None  # the device this process trains on, once a step showed it
+        self._last = 0.0
+        self._last_step = 0
+        self._on = True  # off after the first failure to read memory (logged once)
+
+    def on_step(self, rec: dict[str, Any]) -> None:
+        """Memory at a completed step (training thread): every few steps, rate-limited in time.
+
+        The sample rides with the step's record and is stored after its row, with its step; reading the
+        counters costs microseconds and never waits for the device."""
+        step = rec.get("step") or 0
+        now = time.time()
+        # The gap is a share of the planned length; without one it grows with the run (step/1000), so an
+        # open-ended run stores samples in proportion to the logarithm of its steps (~2,300 per tenfold).
+        every = min(MAX_SAMPLE_EVERY, max(1, (self._total_steps or step) // SAMPLES_PER_RUN))
+        if not self._on or step - self._last_step < every or now - self._last < MIN_STEP_SAMPLE_GAP:
+            return
+        self._last_step, self._last = step, now
+        rec["memory"] = self._sample()
+
+    def background(self, step: int) -> None:
+        """Host and device memory from the background thread when no step brought a sample for a second
+        (a long evaluation, a slow step); no device sync."""
+        now = time.time()
+        if not self._on or now - self._last < SAMPLE_INTERVAL:
+            return
+        self._last = now
+        sample = self._sample()
+        if sample:
+            self._writer.add_event(EVENT_SAMPLE, "memory", sample, step=step)
+
+    def _sample(self) -> dict[str, Any] | None:
+        """A memory sample with the phase it was taken in, or None; a failure turns sampling off (once
+        logged), never the guard: losing memory samples must not cost the run its step rows."""
+        try:
+            sample = memory_sample(self._process, self.cuda_index)
+        except Exception as exc:
+            self._on = False
+            self._log.error("memory samples (switched off)", exc)
+            return None
+        if sample:
+            sample["phase"] = self._phases.current
+        return sample
 
 
 def memory_sample(process: Any, device_index: int | None = None) -> dict[str, Any]:

@@ -1,0 +1,193 @@
+"""The standalone ending: what the probe owns when no watchdog does (a script run with plain `python`).
+
+Chosen once, when the guard starts. Under `trainguard run` (and on every rank but 0) the watchdog owns
+status.json and runs the health rules, and the probe's ending is `Watched`, which does nothing. A script
+running alone gets `Alone`: the probe keeps status.json current, runs the health rules off the training
+thread, and at the end names the state from what it saw (store/ending.py): finished, crashed, or left
+without `finish()`.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+from trainguard.contract import ENV_RULES, EVENT_FINDING
+from trainguard.probe.steps import StepRecorder
+from trainguard.store.ending import Ending, ending_status, live_status
+from trainguard.store.status import reserve_space, write_status
+from trainguard.untrusted import printable
+
+STATUS_INTERVAL = 1.0  # seconds between status.json rewrites when no watchdog owns it
+RULES_INTERVAL = 1.0  # seconds between runs of the health rules when no watchdog runs them
+
+
+class Watched:
+    """A watchdog owns the run's ending (or this is not rank 0): nothing to do here."""
+
+    rules: ProbeRules | None = None
+
+    def start(self, plan: dict[str, Any]) -> None:
+        pass
+
+    def tick(self) -> None:
+        pass
+
+    def finished(self) -> None:
+        pass
+
+    def crashed(self, crash: dict[str, Any], frames: list[dict[str, Any]]) -> None:
+        pass
+
+    def exited(self) -> None:
+        pass
+
+
+class Alone:
+    """A script running alone: status.json and the health rules are the probe's."""
+
+    def __init__(self, steps: StepRecorder, *, environ: Any, t0: float, attempt: int) -> None:
+        from trainguard.store.owner import owner_record
+
+        self.steps = steps
+        self.rules: ProbeRules | None = None
+        self._rules_on = environ.get(ENV_RULES, "1") != "0"
+        self._owner = owner_record(steps._pid)  # status.json names its writer, so readers can tell it is gone
+        self._last_status = 0.0
+        reserve_space(steps.run_dir)  # the last status.json is written even if the run fills the disk
+        if attempt == 0:
+            self._record_command(t0)
+
+    def _record_command(self, t0: float) -> None:
+        import getpass
+        import os
+        import platform
+
+        w = self.steps._writer
+        w.set_meta("command", sys.argv)
+        w.set_meta("cwd", os.getcwd())
+        w.set_meta("started", t0)
+        w.set_meta("host", platform.node())
+        w.set_meta("user", _safe(getpass.getuser))
+
+    def start(self, plan: dict[str, Any]) -> None:
+        """The run's plan is known: the health rules start (before the hooks: they may queue an event)."""
+        if self._rules_on:
+            self.rules = ProbeRules(self.steps, plan)
+
+    def tick(self) -> None:
+        """The background thread's pass: the rules once a second, status.json once a second."""
+        if self.rules is not None and time.time() - self.rules.last > RULES_INTERVAL:
+            self.rules.run()
+        if time.time() - self._last_status > STATUS_INTERVAL:
+            try:
+                self._write(live_status("running", **self._fields()), final=False)
+            except Exception as exc:
+                # Why not the guard's fail: status.json is a summary beside the store; a folder that refuses
+                # it (replaced by a directory, full) must not switch the recording off.
+                self.steps._selflog.error("status.json", exc)
+
+    def finished(self) -> None:
+        if self.rules is not None and not self.steps._disabled:
+            self.rules.run(final=True)
+        self._write(ending_status(Ending(probe_used=True, probe_finished=True), **self._fields()))
+
+    def crashed(self, crash: dict[str, Any], frames: list[dict[str, Any]]) -> None:
+        """An uncaught exception (`crash`: the crash event's data): the run crashed, and says where."""
+        from trainguard.watchdog.crash import crash_finding
+
+        finding = crash_finding(
+            exception=crash["exception"], message=crash["message"], frames=frames, step=self.steps.step_count,
+            phase=crash["phase"], elapsed=crash["elapsed"], phases_seen=crash["phases_seen"],
+        )
+        self._write(ending_status(Ending(crashed=True, exit_code=1, probe_used=True),
+                                  **self._fields(findings=[finding.to_dict()])))
+
+    def exited(self) -> None:
+        """Interpreter exit: a script that neither finished nor crashed left early (probe-not-finished)."""
+        s = self.steps
+        if s.finished:
+            return
+        if self.rules is not None and not s._disabled:
+            self.rules.run(final=True)
+        if not s.crashed:
+            from trainguard.watchdog.verdict import probe_not_finished
+
+            fields = self._fields()
+            fields["findings"].append(probe_not_finished(s.step_count).to_dict())
+            self._write(ending_status(Ending(probe_used=True), **fields))
+
+    def _fields(self, findings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        s = self.steps
+        if findings is None:
+            from trainguard.store.reader import RunReader
+
+            with RunReader(s.run_dir) as reader:
+                findings = [f.to_dict() for f in reader.findings()]
+        return {"step": s.summary.get("step", s.step_count), "total_steps": s.total_steps,
+                "phase": s.phases.current, "loss": s.summary.get("loss"), "lr": s.summary.get("lr"),
+                "pid": s._pid, "updated": time.time(), "watched_by": "probe", "owner": self._owner,
+                "findings": findings}
+
+    def _write(self, status: Any, final: bool = True) -> None:
+        self._last_status = time.time()
+        write_status(self.steps.run_dir, status, final=final)
+
+
+class ProbeRules:
+    """The health rules in the probe, fed in memory with what it queues for the store (rules/live.py)."""
+
+    def __init__(self, steps: StepRecorder, plan: dict[str, Any]) -> None:
+        from trainguard.rules.live import InboxRules
+
+        self.steps = steps
+        self.inbox: Any = InboxRules(plan, source="probe")
+        steps._writer.tap = self.inbox.take
+        self._lock = threading.Lock()  # the background thread and an exit path may both run them
+        self.last = 0.0
+        self.cpu = 0.0  # CPU seconds the probe's thread spent in the health rules
+
+    def run(self, final: bool = False) -> None:
+        """The health rules over what was queued since the last time; new findings become events."""
+        with self._lock:
+            if self.inbox is not None:
+                self._run_locked(final)
+
+    def _run_locked(self, final: bool) -> None:
+        s, w = self.steps, self.steps._writer
+        self.last = time.time()
+        cpu0 = time.thread_time()
+        try:
+            found = self.inbox.poll()
+            if final:
+                found += self.inbox.end()
+                # what the rules cost this process, for the overhead budget (CPU seconds, all passes)
+                # (and how many queued items the rules never saw: their inbox is bounded)
+                w.set_meta(f"rules_cpu.{s.rank}", {
+                    "cpu_s": round(self.cpu + time.thread_time() - cpu0, 4), "steps": s.step_count,
+                    "inbox_dropped": self.inbox.dropped})
+        except Exception as exc:
+            # Why switch them off: a rules pass that raised once will raise at every pass. The store's
+            # tap goes too, or rows would pile up in an inbox nobody reads.
+            self.inbox = None
+            w.tap = None
+            s.fail("health rules (switched off)", exc)
+            return
+        self.cpu += time.thread_time() - cpu0
+        for f in found:
+            w.add_event(EVENT_FINDING, f.name, f.to_dict(), step=f.step)
+            try:
+                print(f"trainguard: {printable(f.one_line())}", file=sys.stderr, flush=True)
+            except (OSError, ValueError):
+                pass
+        if found:
+            w.flush()
+
+
+def _safe(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return None

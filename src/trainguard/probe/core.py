@@ -1,0 +1,170 @@
+"""The probe without its public face: the parts of a guard wired together, started and ended.
+
+`Probe` is what the automatic probe (probe/auto.py) makes at a script's first optimizer step: the step
+recorder with the optimizer's hooks, the store, the background flusher, the crash hook and the ending,
+and nothing a script calls. `Guard` (probe/guard.py) is a Probe with the public API on top.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trainguard.contract import ENV_ATTEMPT, ENV_RUN_DIR, ENV_WATCHDOG, EVENT_PROBE
+from trainguard.probe import collectives, contracts, crashhook, fastforward, stackdump
+from trainguard.probe.alone import Alone, Watched
+from trainguard.probe.flusher import Flusher
+from trainguard.probe.opthooks import OptimizerHooks
+from trainguard.probe.selflog import GuardLog
+from trainguard.probe.startrecord import record_start
+from trainguard.probe.steps import StepRecorder
+from trainguard.store.paths import new_run_dir, prepare_run_dir
+from trainguard.store.ranks import rank_info
+from trainguard.store.writer import StoreWriter
+
+
+class Probe(StepRecorder):
+    """One training process's recording: made by `Guard` (the script's `watch()`) or by the automatic probe."""
+
+    def __deepcopy__(self, memo: dict) -> Probe:
+        # A model is deep-copied with its hooks (an EMA copy, Ultralytics' trainer, copy.deepcopy(model));
+        # the hooks are bound to the process's one guard, which must be shared, never copied (it holds locks).
+        return self
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        from trainguard.probe.detached import Detached
+
+        return (Detached, ())  # a pickled model's hooks carry no guard (probe/detached.py says why)
+
+    def __init__(
+        self,
+        model: Any = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        *,
+        total_steps: int | None = None,
+        grad_accum: int = 1,
+        scaler: Any = None,
+        run_dir: str | os.PathLike | None = None,
+        name: str | None = None,
+        config: dict | None = None,
+        stats_every: int = 10,
+        auto: bool = False,
+    ) -> None:
+        if grad_accum < 1:
+            raise ValueError(f"trainguard.watch: grad_accum must be >= 1, got {grad_accum}")
+        if total_steps is not None and total_steps < 1:
+            raise ValueError(f"trainguard.watch: total_steps must be >= 1 or None, got {total_steps}")
+        self.model = model
+        self.scheduler = scheduler
+        self.auto = auto  # made by the automatic probe (probe/auto.py) at the first optimizer step
+        self.place = rank_info()  # rank, node and host from torchrun's (or Slurm's) environment
+        self.attempt = int(os.environ.get(ENV_ATTEMPT, "0") or 0)
+        self.under_watchdog = bool(os.environ.get(ENV_WATCHDOG))
+        self._t0 = time.time()
+        rank = self.place["rank"]
+        label = name or (Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python")
+        if run_dir is not None:
+            folder = prepare_run_dir(run_dir)
+        elif os.environ.get(ENV_RUN_DIR):
+            folder = prepare_run_dir(os.environ[ENV_RUN_DIR])
+        else:
+            folder = new_run_dir(label)
+        selflog = GuardLog(folder, rank)
+        StepRecorder.__init__(
+            self, writer=StoreWriter(folder, rank=rank, attempt=self.attempt), selflog=selflog, run_dir=folder,
+            rank=rank, grad_accum=int(grad_accum), total_steps=total_steps, stats_every=max(1, int(stats_every)),
+            optimizer=optimizer, scaler=scaler)
+        self._due_last: dict[str, int] = {}  # due name -> the step it last answered True for
+        # the ending is chosen once: the probe's own when no watchdog owns it (rank 0 only), else nothing
+        alone = not self.under_watchdog and rank == 0
+        self._ending = Alone(self, environ=os.environ, t0=self._t0, attempt=self.attempt) if alone else Watched()
+        collectives.install()  # each collective numbered per group, for the hang diagnosis across ranks
+        self._ending.start(record_start(self._writer, self, pid=self._pid, label=label, config=config))
+        self.fast_forward = fastforward.from_env(self, self._writer)  # before the hooks: it copies the scheduler
+        self._hooks = OptimizerHooks(self, model=model, scheduler=scheduler)
+        self._hooks.install()
+        try:  # API-contract checks (probe/contracts.py): hooks of their own, fail-open like the rest
+            self._contracts = contracts.attach(self)
+        except Exception as exc:
+            self._contracts = None
+            self.fail("contract checks", exc)
+        self._flusher = Flusher(self, self._ending)
+        self._flusher.start()
+        crashhook.install(self)
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
+        stackdump.install(self.run_dir)  # stacks on a signal, for the watchdog's hang diagnosis (fail-open)
+        import atexit
+
+        atexit.register(self._at_exit)
+
+    def finish(self) -> None:
+        """The script reached its end: flush everything and mark the probe finished.
+
+        Also when the guard switched itself off after errors of its own: the run did end, and saying so
+        is what keeps a completed run from being reported as failed.
+        """
+        if self.finished or os.getpid() != self._pid:
+            return
+        self.finished = True
+        crashhook.forget(self)  # a later crash of another guard in this process is not this run's
+        self._sched.close()
+        try:
+            if not self._disabled:
+                self.emit_all()
+            self._writer.add_event(EVENT_PROBE, "finish", {"steps": self.step_count, "micro": self.micro,
+                                                           "guard_disabled": self._disabled}, step=self.step_count)
+            self._flusher.stop(timeout=5.0)
+            if not self._disabled:
+                self.drain(final=True)
+            self._writer.flush()
+            self._ending.finished()
+        except Exception as exc:
+            self.fail("finish", exc)
+
+    def add_observer(self, fn: Any) -> None:
+        """Registers `fn(row)` to be called from the background thread with each resolved step row."""
+        self._observers.append(fn)
+
+    def record_crash(self, exc_type: type, exc: BaseException, tb: Any) -> None:
+        """Called by the crash hook: records the exception with the step and phase it happened in."""
+        if os.getpid() != self._pid:
+            return
+        try:
+            crashhook.record(self, self._ending, self._t0, exc_type, exc, tb)
+        except Exception as exc2:
+            self.fail("crash record", exc2)
+
+    def retire(self) -> None:
+        """The automatic probe steps aside for the script's own guard: its hooks come off, it stops recording."""
+        self._hooks.remove_optimizer_hooks()
+        self._writer.add_event(EVENT_PROBE, "auto-retired", {"steps": self.step_count})
+        self._writer.flush()
+        self._disabled = True
+        self._flusher.stop()
+        crashhook.forget(self)
+
+    def _after_fork_in_child(self) -> None:
+        # A forked DataLoader worker inherits this object but not its thread, and must never touch the
+        # parent's SQLite connection: the guard goes quiet in the child.
+        self._disabled = True
+
+    def _at_exit(self) -> None:
+        if os.getpid() != self._pid:
+            return
+        try:
+            if not self._disabled:
+                self.emit_all()
+            self._flusher.stop(timeout=2.0)
+            if not self._disabled:
+                self.drain(final=True)
+            self._writer.add_event(EVENT_PROBE, "exit", {"finished": self.finished, "crashed": self.crashed})
+            self._writer.flush()
+            self._ending.exited()
+            self._writer.close()
+        except Exception as exc:
+            self.fail("exit", exc)
+

@@ -1,0 +1,54 @@
+"""The probe's background thread: resolves device copies into rows and commits them a few times a second.
+
+Every FLUSH_INTERVAL it drains the finished device copies (probe/steps.py), takes a memory sample when no
+step brought one, commits the store (so a SIGKILL loses at most that fraction of a second), notes store
+trouble in guard.log, and gives the standalone ending its turn (probe/alone.py: rules and status.json
+when no watchdog owns them). It never dies of an error: a dead flusher would silently stop recording.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from trainguard.probe.steps import StepRecorder
+
+FLUSH_INTERVAL = 0.2  # seconds between commits: bounds what a SIGKILL can lose
+
+
+class Flusher:
+    def __init__(self, steps: StepRecorder, ending: Any) -> None:
+        self.steps = steps
+        self.ending = ending
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="trainguard-probe", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Ends the loop (and waits up to `timeout` for its pass in progress); `None`: does not wait."""
+        self._stop.set()
+        if timeout is not None:
+            self._thread.join(timeout=timeout)
+
+    def _loop(self) -> None:
+        s, w = self.steps, self.steps._writer
+        while not self._stop.wait(FLUSH_INTERVAL):
+            try:
+                s.drain()
+                s.memory.background(s.step_count)
+                w.flush()
+                self._log_store_trouble()
+                self.ending.tick()
+            except Exception as exc:
+                # Why not let it die: a dead flusher would silently stop recording the run.
+                s.fail("background flush", exc)
+
+    def _log_store_trouble(self) -> None:
+        w, log = self.steps._writer, self.steps._selflog
+        if w.last_error and w.failed_flushes in (1, 10, 100, 1000):
+            log.write(f"store not written ({w.failed_flushes} tries, rows kept for the next): {w.last_error}")
+        if w.refused:
+            log.once("store refused rows", f"store refused a row, dropped ({w.refused} so far; later "
+                     f"ones only counted): {w.first_refusal}")

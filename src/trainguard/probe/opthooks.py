@@ -1,0 +1,187 @@
+"""The probe's hooks: the optimizer's half of each step, and a mark of progress at every forward.
+
+`OptimizerHooks.install` registers a pre- and a post-hook on the optimizer's `step` (torch >= 2.0). The
+pre-hook reads what the step is about to use (the LR of each group, the scheduler's count, AMP's loss
+scale) and, on the first `stats_every` steps and every `stats_every` after, launches the gradient norm and
+a sample of the parameters; the post-hook launches the update ratio from that sample and closes the
+step's optimizer half (probe/steps.py). All values stay on the device. The automatic probe
+(probe/auto.py) gets the same hooks through the same `Guard` parts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from typing import Any
+
+from trainguard.contract import EVENT_PARAMS_NOT_IN_OPTIMIZER
+from trainguard.probe import devicestats, planinfo
+from trainguard.probe.steps import StepRecorder, is_tensor
+
+
+class OptimizerHooks:
+    """Hooks on one optimizer (and a progress mark on the model) feeding a StepRecorder."""
+
+    def __init__(self, steps: StepRecorder, *, model: Any, scheduler: Any) -> None:
+        self.steps = steps
+        self.model = model
+        self.scheduler = scheduler
+        self.handles: list[Any] = []  # the optimizer's two hooks
+        self.model_params: list[Any] | None = None
+        self._update_sample: list[Any] | None = None
+
+    def __deepcopy__(self, memo: dict) -> OptimizerHooks:
+        return self  # an optimizer copied with its hooks shares them, as it shares the guard (probe/guard.py)
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        from trainguard.probe.detached import Detached
+
+        return (Detached, ())  # a pickled optimizer's hooks carry no guard (probe/detached.py says why)
+
+    def install(self) -> None:
+        """Registers the hooks; an optimizer without step hooks (torch < 2.0) is dropped from the recorder."""
+        s, model = self.steps, self.model
+        if model is not None and hasattr(model, "parameters"):
+            self.model_params = list(model.parameters())
+            cuda = [p.device.index for p in self.model_params[:1] if p.device.type == "cuda"]
+            if cuda:
+                s._cuda_index = s.memory.cuda_index = cuda[0]
+        if model is not None and hasattr(model, "register_forward_hook"):
+            try:
+                model.register_forward_hook(ForwardMarker(s))
+            except Exception as exc:
+                s.fail("forward hook", exc)
+        optimizer = s.optimizer
+        if optimizer is None:
+            return
+        try:
+            self.handles = [optimizer.register_step_pre_hook(self.pre), optimizer.register_step_post_hook(self.post)]
+        except AttributeError:
+            s._selflog.write("optimizer has no step hooks (torch < 2.0?): optimizer steps counted from guard.step")
+            s.optimizer = None
+        if self.model_params is not None and s.optimizer is not None:
+            in_opt = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in in_opt]
+            if missing:
+                s._writer.add_event(EVENT_PARAMS_NOT_IN_OPTIMIZER, None, {
+                    "count": len(missing), "names": missing[:20],
+                    "total_trainable": sum(1 for p in self.model_params if p.requires_grad),
+                })
+
+    def remove_optimizer_hooks(self) -> None:
+        """The optimizer's hooks come off (the automatic probe retiring)."""
+        for handle in self.handles:
+            handle.remove()
+
+    def pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        s = self.steps
+        if s._disabled or os.getpid() != s._pid:
+            return
+        try:
+            s.fast_forward.before_opt_step()
+            step = s.opt_steps + 1
+            rec = s.opt_record(step)
+            groups = optimizer.param_groups
+            lr = groups[0].get("lr") if groups else None
+            if is_tensor(lr):
+                rec.setdefault("opt_tensors", []).append(("lr", devicestats.as_scalar(lr)))
+            elif lr is not None:
+                rec["lr"] = float(lr)
+            if len(groups) > 1:
+                rec["lrs"] = [float(g["lr"]) if not is_tensor(g["lr"]) else None for g in groups]
+            if self.scheduler is not None:
+                rec["sched_epoch"] = planinfo.sched_epoch(self.scheduler)
+            if s.scaler is not None:
+                scale = getattr(s.scaler, "_scale", None)  # a device tensor; get_scale() would sync
+                if scale is not None:
+                    rec.setdefault("opt_tensors", []).append(("loss_scale", devicestats.as_scalar(scale)))
+            if step <= s.stats_every or step % s.stats_every == 0:
+                self._grad_stats(optimizer, rec)
+        except Exception as exc:
+            s.fail("optimizer pre-hook", exc)
+
+    def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        s = self.steps
+        if os.getpid() != s._pid:
+            return
+        s.opt_steps += 1  # counted even when switched off: `due()` depends on it
+        if s._disabled:
+            return
+        try:
+            ratio = None
+            if s.update_snapshot is not None:
+                before, params, stride = s.update_snapshot
+                s.update_snapshot = None
+                after = _sample_params(params, stride)
+                import torch
+
+                delta = torch.linalg.vector_norm(after - before)
+                ratio = delta / (torch.linalg.vector_norm(before) + 1e-12)
+            s.opt_step_done(ratio)
+        except Exception as exc:
+            s.fail("optimizer post-hook", exc)
+        if not s._uses_step:
+            s.fast_forward.after_step()  # a loop without guard.step is stopped here (preflight only)
+
+    def _grad_stats(self, optimizer: Any, rec: dict[str, Any]) -> None:
+        import torch
+
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        grads = [p.grad for p in params if p.grad is not None and not p.grad.is_sparse]
+        if grads:
+            norms = torch._foreach_norm(grads)
+            total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+            rec.setdefault("opt_tensors", []).append(("grad_norm", total))
+        rec["no_grad"] = len(params) - len(grads)
+        watched = self._update_sample or [p for p in (self.model_params or params) if p.requires_grad]
+        if self._update_sample is None:
+            # The update ratio is read from a few tensors, not all: the largest ones (where a model's
+            # weights are) plus the first and the last. Each sampled tensor costs a launch or two, and
+            # a GPT-sized model has hundreds; a few suffice to see weights that do not move.
+            by_size = sorted(watched, key=lambda p: p.numel(), reverse=True)[:6]
+            chosen = {id(p): p for p in [watched[0], *by_size, watched[-1]]} if watched else {}
+            self._update_sample = watched = list(chosen.values())
+        if watched:
+            stride = max(1, sum(p.numel() for p in watched) // 65536)
+            self.steps.update_snapshot = (_sample_params(watched, stride), watched, stride)
+
+
+class ForwardMarker:
+    """A forward hook on the watched model's top module: every forward is progress for the watchdog (an
+    evaluation over the same model included), at the cost of one clock read. It holds the recorder weakly,
+    and is kept out of `torch.compile` graphs (a clock read traced into a graph would be a constant).
+
+    An object, not a closure, so that a model saved with its hooks pickles (as an inert `Detached`) and a
+    deep-copied model shares it."""
+
+    def __init__(self, steps: StepRecorder) -> None:
+        self._ref = weakref.ref(steps)
+        try:
+            import torch
+
+            self._mark = torch.compiler.disable(self._mark_now)
+        except Exception:
+            self._mark = self._mark_now
+
+    def _mark_now(self) -> None:
+        s = self._ref()
+        if s is not None:
+            s._t_progress = time.time()
+
+    def __call__(self, module: Any, args: Any, output: Any) -> None:
+        self._mark()
+
+    def __deepcopy__(self, memo: dict) -> ForwardMarker:
+        return self
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        from trainguard.probe.detached import Detached
+
+        return (Detached, ())
+
+
+def _sample_params(params: list[Any], stride: int) -> Any:
+    import torch
+
+    return torch.cat([p.detach().reshape(-1)[::stride].float() for p in params])

@@ -1,0 +1,498 @@
+"""Step assembly: the probe's hot path on the training thread, and the rows its steps become.
+
+A step's record is filled from two sides: `step()` (the loss side: each micro-batch's loss, parts and
+weights, the data wait) and the optimizer hooks (probe/opthooks.py: LR, gradient norm, update ratio, loss
+scale). When both halves are in, or the other half is clearly never coming, the record's device values
+are packed into one copy to the host (`devicestats.pack`) and queued; the background thread
+(probe/flusher.py) calls `drain()`, which turns the finished copies into step rows for the store.
+
+`Guard` is a StepRecorder: the hot path (`step`, `log`) is this class's own code, reached by the
+training loop without a delegating call. Nothing here reads a number back from the device; counting goes
+on even when the guard switched itself off (the loop's `due()` depends on it).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from trainguard.contract import BEAT_FINISHED, BEAT_RUNNING, EVENT_EXPERTS, EVENT_PROBE, EVENT_SAMPLE
+from trainguard.probe import collectives, devicestats
+from trainguard.probe.fastforward import NO_FAST_FORWARD
+from trainguard.probe.phases import Phases
+from trainguard.probe.replay import BatchRing
+from trainguard.probe.samples import MemorySampler
+from trainguard.probe.schedclock import SchedClock
+from trainguard.probe.selflog import GuardLog
+from trainguard.store.writer import StoreWriter
+
+MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
+
+
+def is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+class StepRecorder:
+    """Micro-batches and optimizer steps of one training thread, assembled into step rows."""
+
+    def __init__(self, *, writer: StoreWriter, selflog: GuardLog, run_dir: Path, rank: int, grad_accum: int,
+                 total_steps: int | None, stats_every: int, optimizer: Any, scaler: Any) -> None:
+        self._writer = writer
+        self._selflog = selflog
+        self.run_dir = run_dir
+        self.rank = rank
+        self.grad_accum = grad_accum
+        self.total_steps = total_steps
+        self.stats_every = stats_every
+        self.optimizer = optimizer  # None when there is none, or it has no step hooks
+        self.scaler = scaler
+        self._pid = os.getpid()
+        # counters: micro-batches seen, optimizer steps seen by the hooks, steps closed by `step()`
+        self.micro = 0
+        self.opt_steps = 0
+        self._loss_steps = 0
+        self._uses_step = False
+        self._records: dict[int, dict[str, Any]] = {}
+        self._inflight: list[tuple[dict[str, Any], list[devicestats.DevicePack]]] = []
+        self._pending: list[tuple[str, Any]] = []  # named tensors of the current step (device)
+        self._pending_floats: dict[str, list[float]] = {}
+        self._weights: dict[str, float] = {}
+        self._data_wait = 0.0
+        self._t_last_close: float | None = None
+        self._sched = SchedClock()  # the training thread's CPU time and run-queue wait, every 8th step
+        self._t_progress: float | None = None
+        self.phases = Phases()
+        self._device_broken = False
+        self.update_snapshot: Any = None  # the optimizer hooks' parameter sample before an update (device)
+        self._cuda_index: int | None = None
+        self._errors = 0
+        self._disabled = False
+        self._step_thread: int | None = None  # the training thread: the first to call `step`
+        self._thread_lock = threading.Lock()
+        self._thread_refused = False
+        self.finished = False
+        self.crashed = False
+        self._observers: list[Any] = []  # callables fed each resolved step row (online rules)
+        self._summary: dict[str, Any] = {"step": 0, "loss": None, "lr": None}
+        self._ring = BatchRing()  # recent batches from guard.batches, to save the one that made a NaN
+        self._experts_inflight: list[tuple[int, Any, Any, Any]] = []
+        self._experts_seen: set[tuple[int, Any]] = set()
+        self.memory = MemorySampler(writer, selflog, self.phases, total_steps)
+        self._drain_lock = threading.Lock()
+        # set by the guard once its parts exist: the preflight mode (a do-nothing default) and the contracts
+        self.fast_forward: Any = NO_FAST_FORWARD
+        self._contracts: Any = None
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps done so far."""
+        return max(self.opt_steps, self._loss_steps)
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The last step row's step, loss and LR (for status.json)."""
+        return self._summary
+
+    def at_boundary(self) -> bool:
+        """Between optimizer steps: never in the middle of a gradient-accumulation window."""
+        return not self._uses_step or self.micro % self.grad_accum == 0
+
+    def watching(self) -> bool:
+        """Recording in this process (not switched off, not a forked child)."""
+        return not self._disabled and os.getpid() == self._pid
+
+    def mark_progress(self) -> None:
+        self._t_progress = time.time()
+
+    # -- the hot path ------------------------------------------------------------------------------
+
+    def step(self, loss: Any, parts: dict[str, Any] | None = None, weights: dict[str, float] | None = None) -> None:
+        """Called once per micro-batch (each forward/backward), before or after `optimizer.step()`.
+
+        `loss` is the total loss (tensor or float); `parts` are its named components, `weights` the
+        (scheduled) weight each part carries in the total. Nothing is read back from the device here.
+        """
+        if os.getpid() != self._pid:
+            return
+        if threading.get_ident() != self._step_thread and not self._claim_thread():
+            return
+        # Counting goes on even when the guard switched itself off: the loop's `due()` depends on it.
+        self.micro += 1
+        closes = self.micro % self.grad_accum == 0
+        if closes:
+            self._loss_steps += 1
+        if self._disabled:
+            return
+        try:
+            now = time.time()
+            self._t_progress = now
+            self._uses_step = True
+            self._add_value("loss", loss)
+            if self._contracts is not None:
+                self._contracts.on_loss(loss)
+            if parts:
+                for key, value in parts.items():
+                    self._add_value(f"part:{key}", value)
+            if weights:
+                # a weight given as a tensor goes through the device copy like a part; float(tensor) would sync
+                self._weights = {}
+                for key, value in weights.items():
+                    if is_tensor(value):
+                        self._add_value(f"weight:{key}", value)
+                    else:
+                        self._weights[key] = float(value)
+            if closes:
+                self._close_loss_side(self._loss_steps, now)
+        except Exception as exc:  # the guard never becomes the failure
+            self.fail("step", exc)
+        if closes:
+            self.fast_forward.after_step()  # may end the script (preflight only, on purpose)
+
+    def _claim_thread(self) -> bool:
+        """`step` from a thread that is not the training thread: the first thread to call it owns the guard.
+
+        Why refuse rather than lock: a step is a sequence of micro-batches on one thread; calls from two
+        threads interleave into steps that belong to neither (the duplicate rows with no loss this used to
+        write). The other thread's calls are ignored, said once on stderr and in guard.log."""
+        with self._thread_lock:
+            if self._step_thread is None:
+                self._step_thread = threading.get_ident()
+                return True
+            if threading.get_ident() == self._step_thread:
+                return True
+            if not self._thread_refused:
+                self._thread_refused = True
+                line = (f"trainguard: guard.step called from thread {threading.current_thread().name!r} while "
+                        f"steps come from another thread: only that one is recorded; these calls are ignored "
+                        f"(one training loop per guard)")
+                self._selflog.write(line)
+                try:
+                    print(line, file=sys.stderr, flush=True)
+                except (OSError, ValueError):
+                    pass
+            return False
+
+    def set_step(self, step: int) -> None:
+        """Tells the guard the optimizer step a resumed run starts from (read from its checkpoint).
+
+        Steps, `due()` and findings then continue from there instead of from 0. Call it once, after
+        loading the checkpoint and before the first `guard.step` of the resumed run.
+        """
+        if os.getpid() != self._pid:
+            return
+        try:
+            step = int(step)
+            if step < 0:
+                raise ValueError(f"set_step: step must be >= 0, got {step}")
+            self.opt_steps = self._loss_steps = step
+            self.micro = step * self.grad_accum
+            self._records.clear()
+            self._pending, self._pending_floats = [], {}
+            self._t_last_close = None
+            self._t_progress = time.time()
+            if not self._disabled:
+                self._writer.add_event(EVENT_PROBE, "set_step", {"step": step}, step=step)
+        except Exception as exc:
+            self.fail("set_step", exc)
+
+    def log(self, **values: Any) -> None:
+        """Extra per-step scalars (tensors or floats), stored with the step being accumulated.
+
+        Called after the step's last `guard.step`, they go with the next step.
+        """
+        if self._disabled or os.getpid() != self._pid:
+            return
+        try:
+            for key, value in values.items():
+                self._add_value(f"x:{key}", value)
+        except Exception as exc:
+            self.fail("log", exc)
+
+    def experts(self, load: Any, layer: Any = None) -> None:
+        """Per-expert load of an MoE layer (tokens routed to each expert), for `expert-collapse`.
+
+        Call it each step for each MoE layer, during the forward (before that micro-batch's
+        `guard.step`, which closes the step); it is recorded on the first `stats_every` steps and every
+        `stats_every` steps after. A device tensor is copied to the host without a sync.
+        """
+        if self._disabled or os.getpid() != self._pid:
+            return
+        try:
+            step = self.step_count + 1  # the step in progress
+            if step > self.stats_every and step % self.stats_every:
+                return
+            key = (step, layer)
+            if key in self._experts_seen:
+                return  # one report per layer and step (the loop may call it once per micro-batch)
+            self._experts_seen.add(key)
+            if len(self._experts_seen) > 1024:
+                self._experts_seen = {k for k in self._experts_seen if k[0] >= step - 1}
+            host, event = load, None
+            if is_tensor(load):
+                t = load.detach().float().reshape(-1)
+                if t.device.type == "cuda":
+                    host, event = devicestats.copy_to_host(t)
+                else:
+                    host = t.clone()
+            self._experts_inflight.append((step, layer, host, event))
+        except Exception as exc:
+            self.fail("experts", exc)
+
+    def _add_value(self, name: str, value: Any) -> None:
+        if is_tensor(value):
+            if self._cuda_index is None and value.device.type == "cuda":
+                # the device this process trains on, for the memory samples of the background thread (whose
+                # own "current device" is always 0)
+                self._cuda_index = self.memory.cuda_index = value.device.index
+            self._pending.append((name, devicestats.as_scalar(value)))
+        else:
+            self._pending_floats.setdefault(name, []).append(float(value))
+
+    def _close_loss_side(self, step: int, now: float) -> None:
+        rec = self._records.setdefault(step, {"step": step})
+        rec["t"] = now
+        rec["micro"] = self.micro
+        rec["pending"] = self._pending
+        rec["floats"] = self._pending_floats
+        rec["weights"] = dict(self._weights)
+        rec["data_wait"] = self._data_wait
+        rec["step_time"] = (now - self._t_last_close) if self._t_last_close is not None else None
+        if step % 8 == 0:  # one pread, no device sync: for throughput-drop to tell whose slowdown it is
+            clock = self._sched.per_step(step)
+            if clock is not None:
+                rec["cpu_s"], rec["run_wait_s"] = clock
+        rec["loss_done"] = True
+        if self.scaler is not None:
+            # read on the loss side too: a step the GradScaler skips never reaches the optimizer hooks
+            scale = getattr(self.scaler, "_scale", None)
+            if scale is not None:
+                rec["pending"].append(("loss_scale", devicestats.as_scalar(scale)))
+        self._pending, self._pending_floats = [], {}
+        self._data_wait = 0.0
+        self._t_last_close = now
+        self._maybe_emit(step)
+
+    # -- the optimizer's side (called by probe/opthooks.py) ----------------------------------------------
+
+    def opt_record(self, step: int) -> dict[str, Any]:
+        """The record of optimizer step `step`, for the optimizer hooks to fill."""
+        return self._records.setdefault(step, {"step": step})
+
+    def opt_step_done(self, update_ratio: Any = None) -> None:
+        """The optimizer stepped (its post-hook): the step's optimizer half is in."""
+        self._t_progress = time.time()
+        rec = self._records.setdefault(self.opt_steps, {"step": self.opt_steps})
+        if update_ratio is not None:
+            rec.setdefault("opt_tensors", []).append(("update_ratio", update_ratio))
+        rec["opt_done"] = True
+        if not self._uses_step:
+            rec.setdefault("t", time.time())
+            if self._pending or self._pending_floats:
+                # a loop that never calls guard.step: what guard.log() gathered belongs to this step
+                rec["pending"] = self._pending
+                rec["floats"] = self._pending_floats
+                self._pending, self._pending_floats = [], {}
+        self._maybe_emit(self.opt_steps)
+
+    def _maybe_emit(self, step: int) -> None:
+        rec = self._records.get(step)
+        if rec is None:
+            return
+        # Whether the loop calls `guard.step` is unknown until it first does (it may step the optimizer
+        # first), so the loss half is always awaited; the optimizer half only when there is an optimizer.
+        need_opt = self.optimizer is not None
+        if rec.get("loss_done") and (not need_opt or rec.get("opt_done")):
+            self._emit(self._records.pop(step))
+        # A step whose other half never came (an optimizer step skipped by the GradScaler, a loop that
+        # steps the optimizer without `guard.step`) is emitted once two newer steps exist.
+        for old in [k for k in self._records if k < step - 1]:
+            rec = self._records.pop(old)
+            rec["incomplete"] = self._uses_step
+            self._emit(rec)
+
+    def _emit(self, rec: dict[str, Any]) -> None:
+        self.memory.on_step(rec)
+        named = list(rec.pop("pending", [])) + list(rec.pop("opt_tensors", []))
+        packs = devicestats.pack(named) if named else []
+        self._inflight.append((rec, packs))
+
+    def emit_all(self) -> None:
+        """Everything still open becomes a row to drain: the run is ending."""
+        if self._device_broken:
+            return
+        has_loss = "loss" in self._pending_floats or any(n == "loss" for n, _ in self._pending)
+        if has_loss:
+            # micro-batches of a last, partial accumulation window still belong to a step (scalars
+            # logged after the last step alone do not make one)
+            self._close_loss_side(self._loss_steps + 1, time.time())
+        for key in sorted(self._records):
+            rec = self._records.pop(key)
+            if not (rec.get("loss_done") or rec.get("opt_done")):
+                continue
+            self._emit(rec)
+
+    # -- the background thread's side: device copies become rows -----------------------------------------
+
+    def drain(self, final: bool = False) -> None:
+        """Finished device copies become step rows in the store (all of them, waited for, when `final`)."""
+        with self._drain_lock:  # the crash hook may drain from the main thread while the flusher runs
+            self._drain_locked(final)
+
+    def _drain_locked(self, final: bool) -> None:
+        # Device copies finish in launch order, so stop at the first one not yet done. Only this thread
+        # removes from `_inflight` and only from its head; the training thread only appends to its tail.
+        if self._device_broken:
+            return
+        done = 0
+        for rec, packs in list(self._inflight):
+            try:
+                if not final and not all(p.ready() for p in packs):
+                    break
+                if final and not all(p.wait() for p in packs):
+                    raise RuntimeError("a device copy cannot be waited for")
+            except Exception as exc:
+                self.abandon_device(exc)
+                return
+            pairs: list[tuple[str, float]] = []
+            for p in packs:
+                pairs.extend(p.pairs())
+            row = self._row(rec, pairs)
+            if self._ring.items and _nonfinite_row(row):
+                micro = row.get("micro") or 0
+                row["extra"]["nonfinite_batch"] = self._ring.save(self.run_dir, row["step"],
+                                                                  micro - self.grad_accum + 1, micro)
+            self._writer.add_step(row)
+            if rec.get("memory"):
+                self._writer.add_event(EVENT_SAMPLE, "memory", rec["memory"], step=row["step"])
+            done += 1
+            for fn in self._observers:
+                try:
+                    fn(row)
+                except Exception as exc:
+                    self.fail("observer", exc)
+        del self._inflight[:done]
+        self._drain_experts(final)
+        if self._contracts is not None:
+            self._contracts.drain(final)
+        moved = collectives.changed()
+        if moved is not None:
+            self._writer.set_meta(f"collectives.{self.rank}", moved)
+        self._writer.set_heartbeat(
+            t_progress=self._t_progress, micro=self.micro, step=self.step_count, phase=self.phases.current,
+            state=BEAT_FINISHED if self.finished else BEAT_RUNNING,
+        )
+
+    def abandon_device(self, exc: BaseException) -> None:
+        """The device is in a sticky error state (a device-side assert, an illegal access): every copy still
+        in flight is unreadable. Drop them without waiting, and never free them: freeing pinned blocks and
+        events after such an error can throw inside a C++ destructor and abort the process, which would
+        turn the user's clean crash (exit 1, a traceback) into a SIGABRT."""
+        self._device_broken = True
+        self.fail("device copies abandoned", exc)
+        abandoned = [self._inflight[:], self._experts_inflight[:], self.update_snapshot]
+        self._inflight.clear()
+        self._experts_inflight.clear()
+        self.update_snapshot = None
+        _keep_forever(abandoned)
+
+    def _drain_experts(self, final: bool) -> None:
+        done = 0
+        for step, layer, host, event in list(self._experts_inflight):
+            try:
+                if event is not None and not final and not event.query():
+                    break  # copies finish in order
+                if event is not None and final:
+                    event.synchronize()
+            except Exception as exc:
+                self.abandon_device(exc)
+                return
+            load = host.tolist() if is_tensor(host) else [float(v) for v in host]
+            self._writer.add_event(EVENT_EXPERTS, None if layer is None else str(layer),
+                                   {"layer": None if layer is None else str(layer), "load": load}, step=step)
+            done += 1
+        self._experts_inflight[:done] = []
+
+    def _row(self, rec: dict[str, Any], pairs: list[tuple[str, float]]) -> dict[str, Any]:
+        """One steps-table row from a record and its resolved device values (micro-batches averaged)."""
+        collected: dict[str, list[float]] = {}
+        for name, value in pairs:
+            collected.setdefault(name, []).append(value)
+        for name, vs in rec.get("floats", {}).items():
+            collected.setdefault(name, []).extend(vs)
+        values = {name: vs[-1] for name, vs in collected.items()}
+        loss_vals = collected.get("loss", [])
+        parts = {n[5:]: _mean(vs) for n, vs in collected.items() if n.startswith("part:")}
+        device_weights = {n[7:]: vs[-1] for n, vs in collected.items() if n.startswith("weight:")}
+        extra: dict[str, Any] = {n[2:]: vs[-1] for n, vs in collected.items() if n.startswith("x:")}
+        if rec.get("lrs"):
+            extra["lrs"] = rec["lrs"]
+        if rec.get("no_grad"):
+            extra["params_without_grad"] = rec["no_grad"]
+        if rec.get("cpu_s") is not None:
+            extra["cpu_s"], extra["run_wait_s"] = rec["cpu_s"], rec["run_wait_s"]
+        if rec.get("incomplete"):
+            extra["incomplete"] = True
+            if self._uses_step and self.optimizer is not None and not rec.get("opt_done"):
+                extra["optimizer_step_skipped"] = True
+        grad_norm = values.get("grad_norm")
+        row = {
+            "kind": "step",  # the rules' event kind (the store ignores it)
+            "step": rec["step"],
+            "t": rec.get("t") or time.time(),
+            "micro": rec.get("micro"),
+            "loss": _mean(loss_vals) if loss_vals else None,
+            "lr": values.get("lr", rec.get("lr")),
+            "grad_norm": grad_norm,
+            "update_ratio": values.get("update_ratio"),
+            "nonfinite": (0 if math.isfinite(grad_norm) else 1) if grad_norm is not None else None,
+            "step_time": rec.get("step_time"),
+            "data_wait": rec.get("data_wait"),
+            "loss_scale": values.get("loss_scale"),
+            "sched_epoch": rec.get("sched_epoch"),
+            "parts": parts,
+            "weights": {**(rec.get("weights") or {}), **device_weights},
+            "extra": extra,
+        }
+        self._summary = {"step": row["step"], "loss": row["loss"], "lr": row["lr"]}
+        return row
+
+    # -- the guard's own errors ----------------------------------------------------------------------
+
+    def fail(self, where: str, exc: BaseException) -> None:
+        """One of the guard's own errors: logged (de-duplicated), and counted toward switching itself off."""
+        self._errors += 1
+        self._selflog.error(where, exc)
+        if self._errors >= MAX_GUARD_ERRORS and not self._disabled:
+            self._disabled = True
+            self._selflog.write(f"too many errors ({self._errors}): the guard switched itself off")
+
+
+def _nonfinite_row(row: dict[str, Any]) -> bool:
+    values = [row.get("loss"), *(row.get("parts") or {}).values()]
+    return any(isinstance(v, float) and not math.isfinite(v) for v in values)
+
+
+def _keep_forever(obj: Any) -> None:
+    """Make `obj` never be freed, not even at interpreter shutdown (see `StepRecorder.abandon_device`)."""
+    import ctypes
+
+    try:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+    except Exception:
+        _FOREVER.append(obj)
+
+
+_FOREVER: list[Any] = []
+
+
+def _mean(values: list[float]) -> float | None:
+    if not values:
+        return None
+    # plain sum: fsum raises on inf + -inf, and a NaN must stay a NaN here
+    return sum(values) / len(values)
