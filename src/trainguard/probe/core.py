@@ -78,15 +78,15 @@ class Probe(StepRecorder):
             self, writer=StoreWriter(folder, rank=rank, attempt=self.attempt), selflog=selflog, run_dir=folder,
             rank=rank, grad_accum=int(grad_accum), total_steps=total_steps, stats_every=max(1, int(stats_every)),
             optimizer=optimizer, scaler=scaler)
-        self._due_last: dict[str, int] = {}  # due name -> the step it last answered True for
+        self._due_last: dict[str, int] = {}  # (Guard.due's) due name -> the step it last answered True for
         # the ending is chosen once: the probe's own when no watchdog owns it (rank 0 only), else nothing
         alone = not self.under_watchdog and rank == 0
         self._ending = Alone(self, environ=os.environ, t0=self._t0, attempt=self.attempt) if alone else Watched()
-        collectives.install()  # each collective numbered per group, for the hang diagnosis across ranks
         self._ending.start(record_start(self._writer, self, pid=self._pid, label=label, config=config))
         self.fast_forward = fastforward.from_env(self, self._writer)  # before the hooks: it copies the scheduler
         self._hooks = OptimizerHooks(self, model=model, scheduler=scheduler)
         self._hooks.install()
+        collectives.install()  # each collective numbered per group, for the hang diagnosis across ranks
         try:  # API-contract checks (probe/contracts.py): hooks of their own, fail-open like the rest
             self._contracts = contracts.attach(self)
         except Exception as exc:

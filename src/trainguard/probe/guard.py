@@ -13,15 +13,17 @@ Definitions used everywhere in trainguard:
 - a *step* is one optimizer update (`grad_accum` micro-batches), as in Hugging Face and Lightning.
 
 `Guard` is the public face; the work is done by parts, each in a module of its own:
-- probe/steps.py: step assembly, the hot path (`step`, `log`); Guard is a StepRecorder, so the training
-  loop reaches it without a delegating call. It appends to lists and launches a few tiny kernels; it
-  never reads a number back from the device;
+- probe/steps.py: step assembly, the hot path (`step`, `log`, `set_step`, `experts`). A Guard is a
+  StepRecorder, so the training loop reaches the hot path without a delegating call. It appends to lists
+  and launches a few tiny kernels; it never reads a number back from the device;
 - probe/opthooks.py: the optimizer's hooks (LR, gradient norm, update ratio) and a progress mark per forward;
 - probe/flusher.py: the background thread that turns finished device copies into rows and commits them;
 - probe/crashhook.py: the uncaught exception, recorded with its step and phase;
 - probe/alone.py: the standalone ending (status.json and the health rules when no watchdog owns them),
   or `Watched`, which does nothing; chosen once at start-up;
-- probe/fastforward.py: preflight's mode, or the do-nothing default; chosen once at start-up.
+- probe/fastforward.py: preflight's mode, or the do-nothing default; chosen once at start-up;
+- probe/core.py: `Probe`, those parts wired, started and finished; the automatic probe (probe/auto.py)
+  is a Probe, the guard's parts without this face.
 Every public method catches its own errors: a broken guard logs to `guard.log` in the run folder and
 steps aside, it never breaks the training loop.
 """
