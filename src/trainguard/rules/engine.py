@@ -36,6 +36,8 @@ from typing import Any
 
 from trainguard.findings import Finding
 
+LEAD_GRACE = 3  # steps rank 0 has past another rank's finding to find the same before that rank's is its own
+
 
 class Rule:
     """One rule: consumes events, returns a Finding when it is sure. This class is the whole surface.
@@ -176,7 +178,9 @@ class Engine:
             return []
         keep, out = [], []
         for rank, f in self._held:
-            if not everything and f.step is not None and (lead_step is None or lead_step < f.step):
+            # rank 0 may be sure of the same a step or two later (a rate, a window): a few steps' grace
+            at = f.evidence.get("detected_step", f.step)
+            if not everything and isinstance(at, int) and (lead_step is None or lead_step < at + LEAD_GRACE):
                 keep.append((rank, f))
                 continue
             if (f.name, f.cause) in self._reported:
