@@ -100,3 +100,34 @@ def test_a_rank_that_stops_while_the_others_go_on_is_found() -> None:
     # a rank that is a step behind the others while they write (the store interleaves them) is not stopped
     late = [dict(r, t=r["t"] + (0.06 if r["rank"] == 1 else 0)) for r in _rows(400)]
     assert _names(run_rules(late, DDP)) == []
+
+
+def _crash(rank: int, t: float, exception: str, message: str) -> dict[str, Any]:
+    return {"kind": "crash", "rank": rank, "pid": 100 + rank, "t": t, "step": 14, "name": exception,
+            "data": {"exception": exception, "message": message, "frames": []}}
+
+
+LOST = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:5016. "
+        "This is typically caused by a remote worker crashing.")
+
+
+def test_the_first_rank_to_fail_is_the_cause_and_the_others_say_they_are_consequences() -> None:
+    from trainguard.watchdog.crash import first_crash
+
+    f = first_crash([_crash(0, 108.0, "RuntimeError", LOST), _crash(1, 100.0, "IndexError", "Target 7 is out of bounds.")])
+    assert f is not None and f.exception == "IndexError" and f.evidence["rank"] == 1
+    assert f.summary.startswith("rank 1 failed first: IndexError")
+    (later,) = f.evidence["consequences"]
+    assert later.startswith("rank 0 (pid 100), +8.0 s later: RuntimeError") and "it lost rank 1, which had failed" in later
+
+
+def test_a_rank_that_vanished_without_an_error_is_the_cause_of_the_others_lost_connections() -> None:
+    from trainguard.watchdog.crash import first_crash
+
+    # rank 1 was killed (the OOM killer): it recorded nothing; rank 0 only says its peer went away
+    f = first_crash([_crash(0, 108.0, "RuntimeError", LOST)], silent_ranks=[1])
+    assert f is not None and f.cause == "rank-vanished" and f.evidence["silent_ranks"] == [1]
+    assert f.summary.startswith("rank 1 ended without a Python error") and "rank 0's error is a consequence" in f.summary
+    # a real error on a rank is never blamed on a silent one (torchrun stops the others with a signal)
+    f = first_crash([_crash(0, 100.0, "ValueError", "bad shard")], silent_ranks=[1])
+    assert f is not None and f.cause != "rank-vanished" and f.exception == "ValueError"
