@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from trainguard.contract import ENV_DISABLE, ENV_STACKS
 from trainguard.findings import Finding
 from trainguard.probe.null import NullGuard  # light (no torch): `watch`'s return path when not watching
 
@@ -43,7 +44,7 @@ def watch(
     `stats_every`: gradient norm and update ratio are measured every N optimizer steps (and on each
     of the first N). With TRAINGUARD_DISABLE=1 this returns a `NullGuard` that does nothing.
     """
-    if os.environ.get("TRAINGUARD_DISABLE"):
+    if os.environ.get(ENV_DISABLE):
         return NullGuard(grad_accum)
     from trainguard.probe import auto
     from trainguard.probe.guard import Guard, active_guard
@@ -83,7 +84,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'trainguard' has no attribute {name!r}")
 
 
-if os.environ.get("TRAINGUARD_STACKS"):  # a child of a watched process (spawned worker, rank): stacks on request
+if os.environ.get(ENV_STACKS):  # a child of a watched process (spawned worker, rank): stacks on request
     from trainguard.probe import stackdump
 
     stackdump.install_from_env()
