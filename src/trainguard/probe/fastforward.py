@@ -40,10 +40,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from trainguard.contract import ENV_PREFLIGHT, ENV_RESUME_FROM
 from trainguard.probe import planinfo
 from trainguard.probe.lockstep import Lockstep
 
-ENV_PREFLIGHT = "TRAINGUARD_PREFLIGHT"
 SETTLE_STEPS = 2  # optimizer steps after the last newly brought-forward path before the script is stopped
 MAX_PATHS = 32  # names brought forward at most (a name built from the step would otherwise never settle)
 WRITES_FILE = "outside-writes.txt"
@@ -183,7 +183,7 @@ class FastForward:
 
     def note_resume_read(self, guard: Any) -> None:
         if self.mode == "resume":
-            self._event(guard, "resume-read", {"path": os.environ.get("TRAINGUARD_RESUME_FROM")})
+            self._event(guard, "resume-read", {"path": os.environ.get(ENV_RESUME_FROM)})
 
     # -- stopping -----------------------------------------------------------------------------------
 

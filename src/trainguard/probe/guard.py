@@ -31,20 +31,16 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RULES, ENV_RUN_DIR, ENV_WATCHDOG
 from trainguard.probe import collectives, contracts, devicestats, planinfo, samples, stackdump
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.schedclock import SchedClock
 from trainguard.probe.selflog import GuardLog
-from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
+from trainguard.store.paths import new_run_dir, prepare_run_dir
 from trainguard.store.ranks import rank_info
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
-
-ENV_WATCHDOG = "TRAINGUARD_WATCHDOG"
-ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"
-ENV_RESUME = "TRAINGUARD_RESUME_FROM"
-ENV_DISABLE = "TRAINGUARD_DISABLE"
 
 FLUSH_INTERVAL = 0.2  # seconds between commits: bounds what a SIGKILL can lose
 STATUS_INTERVAL = 1.0  # seconds between status.json rewrites when no watchdog owns it
@@ -54,7 +50,6 @@ RULES_INTERVAL = 1.0  # seconds between runs of the health rules when no watchdo
 # closer than samples.MIN_STEP_SAMPLE_GAP seconds apart, which bounds the cost on a fast loop).
 SAMPLES_PER_RUN = 1000
 MAX_SAMPLE_EVERY = 20  # ...but at least one every 20 steps, so a long run's leak is seen within 200 steps
-ENV_RULES = "TRAINGUARD_RULES"  # "0": the probe does not run the health rules itself
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
 
 
@@ -213,7 +208,7 @@ class Guard:
         """The checkpoint to resume from when the watchdog (or preflight) restarted this script, else None."""
         if self._ff is not None:
             self._ff.note_resume_read(self)
-        return os.environ.get(ENV_RESUME) or None
+        return os.environ.get(ENV_RESUME_FROM) or None
 
     def step(self, loss: Any, parts: dict[str, Any] | None = None, weights: dict[str, float] | None = None) -> None:
         """Called once per micro-batch (each forward/backward), before or after `optimizer.step()`.

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard import untrusted
+from trainguard.contract import HEARTBEAT_FIELDS
 from trainguard.errors import UserError
 from trainguard.findings import Finding
 from trainguard.store.ranks import RankInfo
@@ -149,7 +150,7 @@ class RunReader:
         return out
 
     def heartbeats(self) -> list[dict[str, Any]]:
-        cols = ("pid", "rank", "attempt", "t_progress", "t_flush", "micro", "step", "phase", "state")
+        cols = HEARTBEAT_FIELDS
         return [dict(zip(cols, row)) for row in self._query(f"SELECT {', '.join(cols)} FROM heartbeat")]
 
     def ranks(self, attempt: int | None = None) -> dict[int, RankInfo]:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainguard.contract import HEARTBEAT_FIELDS
 from trainguard.store.ranks import RankInfo
 from trainguard.store.schema import RANK_COLUMNS, STEP_COLUMNS, connect
 from trainguard.store.status import release_space
@@ -26,8 +27,8 @@ from trainguard.store.status import release_space
 MAX_QUEUED = 200_000  # rows kept per queue while the database cannot be written; older ones are dropped
 _STEP_SQL = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
 _META_SQL = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
-_BEAT_SQL = ("INSERT OR REPLACE INTO heartbeat (pid, rank, attempt, t_progress, t_flush, micro, step, phase, state)"
-             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_BEAT_SQL = (f"INSERT OR REPLACE INTO heartbeat ({', '.join(HEARTBEAT_FIELDS)})"
+             f" VALUES ({', '.join('?' * len(HEARTBEAT_FIELDS))})")
 _RANK_SQL = f"INSERT OR REPLACE INTO ranks ({', '.join(RANK_COLUMNS)}) VALUES ({', '.join('?' * len(RANK_COLUMNS))})"
 _EVENT_SQL = "INSERT INTO events (t, attempt, rank, pid, step, kind, name, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 
@@ -109,6 +110,7 @@ class StoreWriter:
 
     def set_heartbeat(self, *, t_progress: float | None, micro: int, step: int, phase: str | None,
                       state: str) -> None:
+        # in HEARTBEAT_FIELDS' order
         self._beat = (self.pid, self.rank, self.attempt, t_progress, time.time(), micro, step, phase, state)
 
     # -- committing ---------------------------------------------------------------------------------
