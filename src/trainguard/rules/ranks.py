@@ -201,7 +201,7 @@ class StragglerRank(Rule):
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
         self.steps = _ByStep(plan)
-        self.window: collections.deque[tuple[int, int, float, float, float]] = collections.deque(maxlen=self.WINDOW)
+        self.recent: collections.deque[tuple[int, int, float, float, float]] = collections.deque(maxlen=self.WINDOW)
         self.reported: set[int] = set()
 
     def on_step(self, row: dict[str, Any]) -> list[Finding] | None:
@@ -211,23 +211,26 @@ class StragglerRank(Rule):
     def _judge(self, step: int, got: dict[int, dict[str, Any]]) -> Finding | None:
         if step <= self.SKIP:
             return None
-        pre = {r: (row.get("extra") or {}).get("presync_s") for r, row in got.items()}
-        pre = {r: v for r, v in pre.items() if isinstance(v, (int, float)) and finite(v) and v >= 0}
+        pre: dict[int, float] = {}
+        for r, row in got.items():
+            v = (row.get("extra") or {}).get("presync_s")
+            if isinstance(v, (int, float)) and finite(v) and v >= 0:
+                pre[r] = float(v)
         times = [row["step_time"] for row in got.values()
                  if isinstance(row.get("step_time"), (int, float)) and finite(row["step_time"])]
         if len(pre) < 2 or not times:
-            self.window.clear()  # a gap (an evaluation, a step without the measure) breaks the streak
+            self.recent.clear()  # a gap (an evaluation, a step without the measure) breaks the streak
             return None
         slow = max(pre, key=lambda r: pre[r])
         others = median([v for r, v in pre.items() if r != slow])
-        self.window.append((step, slow, pre[slow], others, median(times)))
-        if len(self.window) < self.WINDOW:
+        self.recent.append((step, slow, pre[slow], others, median(times)))
+        if len(self.recent) < self.WINDOW:
             return None
-        counts = collections.Counter(w[1] for w in self.window)
+        counts = collections.Counter(w[1] for w in self.recent)
         rank, n = counts.most_common(1)[0]
         if rank in self.reported or n < self.SHARE_LAST * self.WINDOW:
             return None
-        mine = [w for w in self.window if w[1] == rank]
+        mine = [w for w in self.recent if w[1] == rank]
         own, rest, step_time = (median([w[i] for w in mine]) for i in (2, 3, 4))
         margin = own - rest
         least = max(self.MIN_SECONDS, self.MIN_MARGIN * step_time)
@@ -235,8 +238,8 @@ class StragglerRank(Rule):
             return None
         self.reported.add(rank)
         # where it starts: the window's first step at which this rank was behind by the margin
-        first = next(w[0] for w in self.window if w[1] == rank and w[2] - w[3] >= least)
-        last = self.window[-1][0]
+        first = next(w[0] for w in self.recent if w[1] == rank and w[2] - w[3] >= least)
+        last = self.recent[-1][0]
         share = margin / step_time if step_time > 0 else None
         return self.finding(
             step=first, cause=f"rank{rank}",
