@@ -21,6 +21,7 @@ Everything here is fail-open: a check that raises is switched off and logged onc
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -104,6 +105,7 @@ class Contracts:
         # -- optimizer contracts
         self.no_grad_steps: list[int] = []
         self.frozen_before: list[tuple[str, Any, Any, int]] = []
+        self.step_compiled = False  # optimizer.step seen running under torch.compile
         self.grad_watch: list[_GradWatch] = []
         # Replicas are compared only where they must be identical: a DistributedDataParallel model (FSDP,
         # ZeRO and tensor parallelism hold different shards under the same names on each rank).
@@ -253,6 +255,16 @@ class Contracts:
         if g._disabled or os.getpid() != g._pid:
             return
         step = g.opt_steps + 1
+        if not self.step_compiled and self.sampled(step):
+            # A compiled step that replays a no-op (pytorch/pytorch#115607) looks like any step that
+            # changes nothing: knowing it runs under torch.compile names the cause. A few frames up, once
+            # per sampled step until found.
+            try:
+                self.step_compiled = _under_compile(sys._getframe(1))
+                if self.step_compiled:
+                    self.report("optimizer-step-compiled", {"optimizer": type(optimizer).__name__}, step=step)
+            except Exception as exc:
+                self.failed("optimizer-step-compiled", exc)
         if "grads-never-reset" not in self.off:
             try:
                 self._close_grad_window(step)
@@ -664,6 +676,22 @@ class Contracts:
 
 # ----------------------------------------------------------------------------------------------------
 # plain helpers
+
+
+def _under_compile(frame: Any, depth: int = 6) -> bool:
+    """Whether a hook's caller runs inside a torch.compile'd function.
+
+    Dynamo runs the optimizer's hooks eagerly (they graph-break), so `torch.compiler.is_compiling()` is
+    False there; the compiled function's wrapper (torch/_dynamo/eval_frame.py) or a resumed frame after a
+    graph break (`torch_dynamo_resume_in_...`) is on the stack instead.
+    """
+    while frame is not None and depth > 0:
+        code = frame.f_code
+        if code.co_filename.endswith(os.path.join("_dynamo", "eval_frame.py")) or \
+                code.co_name.startswith("torch_dynamo_resume_in"):
+            return True
+        frame, depth = frame.f_back, depth - 1
+    return False
 
 
 def _autocast_on(device: str) -> bool:
