@@ -105,6 +105,8 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG542", "loss-broadcasts-batch", "error", "preview", "0.1.0", f"{_R}.contracts:LossBroadcastsBatch"),
     RuleEntry("TG543", "batch-dim-lost", "warning", "preview", "0.1.0", f"{_R}.contracts:BatchDimLost"),
     RuleEntry("TG701", "replicas-diverged", "error", "preview", "0.1.0", f"{_R}.contracts:ReplicasDiverged"),
+    # TG702-TG709: cross-rank health rules (issue 16, rules/ranks.py); TG711-TG719: hangs across ranks and
+    # nodes (issue 16, the watchdog)
     RuleEntry("TG811", "expert-collapse", "warning", "stable", "0.1.0", f"{_R}.model:ExpertCollapse"),
     RuleEntry("TG812", "perplexity-implausible", "warning", "stable", "0.1.0", f"{_R}.model:PerplexityImplausible"),
     RuleEntry("TG508", "leftover-processes", "warning", "stable", "0.1.0", "trainguard.watchdog.verdict:leftover_finding"),
