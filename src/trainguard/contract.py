@@ -73,7 +73,7 @@ PREFLIGHT_OUTCOMES = ("passed", "incomplete", "failed")
 WATCHERS = ("probe", "watchdog", "preflight", "keeper")  # who wrote it: `watched_by`
 
 
-def checked_status(status: dict) -> Status:
+def checked_status(status: dict[str, Any]) -> Status:
     """`status` if it keeps the contract: a known `state` (and preflight outcome); a ValueError otherwise.
 
     Every writer of status.json goes through this, so no new state can slip in beside the documented ones.
