@@ -247,7 +247,7 @@ UNBUDGETED = {"eval-metrics-frozen"}
 # Issue 20's contracts are checked where the code runs: within the sampling gap (stats_every, 10 steps).
 CONTRACT_RULES = {"step-updates-nothing", "frozen-params-updated", "grads-never-reset", "eval-in-train-mode",
                   "eval-before-train-init", "autocast-runs-fp32", "loss-broadcasts-batch", "replicas-diverged",
-                  "workers-share-rng"}
+                  "workers-share-rng", "batch-dim-lost"}
 
 
 def latency_budget(name: str, total_steps: Any) -> int | None:
