@@ -14,8 +14,10 @@
 RUN/ holds scratch/ (the working folder), start-1/ and start-2-resume/ (each start's own run folder) and
 schedule.json (the simulated LR curve).
 
-Limits, stated plainly: one process only (under torchrun, stopping rank 0 would leave the other ranks
-waiting in a collective); writes by Python and by torch.save / safetensors are kept in the scratch
+Under torchrun every rank is fast-forwarded in lockstep (probe/lockstep.py: rank 0 decides, the others
+read its answers from the job's store), so no rank is left alone in a collective.
+
+Limits, stated plainly: writes by Python and by torch.save / safetensors are kept in the scratch
 folder, other native writers are only reported afterwards (the user's folder is compared before and
 after); only paths gated by `guard.due` are brought forward (`if step % 500 == 0` is invisible to it).
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract import ENV_ATTEMPT, ENV_RUN_DIR, ENV_WATCHDOG, EVENT_PROBE
-from trainguard.probe import collectives, contracts, crashhook, fastforward, stackdump
+from trainguard.probe import collectives, contracts, crashhook, fastforward, stackdump, syncwait
 from trainguard.probe.alone import Alone, Watched
 from trainguard.probe.flusher import Flusher
 from trainguard.probe.opthooks import OptimizerHooks
@@ -83,7 +83,8 @@ class Probe(StepRecorder):
         alone = not self.under_watchdog and rank == 0
         self._ending = Alone(self, environ=os.environ, t0=self._t0, attempt=self.attempt) if alone else Watched()
         self._ending.start(record_start(self._writer, self, pid=self._pid, label=label, config=config))
-        self.fast_forward = fastforward.from_env(self, self._writer)  # before the hooks: it copies the scheduler
+        # preflight's mode, or the do-nothing default (before the hooks: it copies the scheduler)
+        self.fast_forward = fastforward.from_env(self, self._writer, self._selflog.write)
         self._hooks = OptimizerHooks(self, model=model, scheduler=scheduler)
         self._hooks.install()
         collectives.install()  # each collective numbered per group, for the hang diagnosis across ranks
@@ -92,6 +93,11 @@ class Probe(StepRecorder):
         except Exception as exc:
             self._contracts = None
             self.fail("contract checks", exc)
+        try:  # per rank, the time a step works before it synchronises (TG703 straggler-rank), fail-open
+            self._syncwait = syncwait.attach(self)
+        except Exception as exc:
+            self._syncwait = None
+            self.fail("sync-wait measure", exc)
         self._flusher = Flusher(self, self._ending)
         self._flusher.start()
         crashhook.install(self)

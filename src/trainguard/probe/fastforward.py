@@ -42,6 +42,7 @@ from typing import Any
 
 from trainguard.contract import ENV_PREFLIGHT, ENV_RESUME_FROM, EVENT_PREFLIGHT
 from trainguard.probe import planinfo
+from trainguard.probe.lockstep import Lockstep
 
 SETTLE_STEPS = 2  # optimizer steps after the last newly brought-forward path before the script is stopped
 MAX_PATHS = 32  # names brought forward at most (a name built from the step would otherwise never settle)
@@ -81,15 +82,16 @@ class NoFastForward:
 NO_FAST_FORWARD = NoFastForward()
 
 
-def from_env(guard: Any, writer: Any) -> FastForward | NoFastForward:
-    """The guard's mode, chosen once at its start: a FastForward under `trainguard preflight` (rank 0),
-    else the do-nothing default. `guard` is read through its public face, `writer` takes the events."""
+def from_env(guard: Any, writer: Any, log: Any) -> FastForward | NoFastForward:
+    """The guard's mode, chosen once at its start: a FastForward under `trainguard preflight`, else the
+    do-nothing default. `guard` is read through its public face; `writer` takes the events, `log` a line
+    for guard.log."""
     raw = os.environ.get(ENV_PREFLIGHT)
-    if not raw or guard.rank != 0:
+    if not raw:
         return NO_FAST_FORWARD
     try:
         cfg = json.loads(raw)
-        return FastForward(guard, writer, mode=cfg.get("mode", "first"), steps=int(cfg.get("steps", 3)),
+        return FastForward(guard, writer, log, mode=cfg.get("mode", "first"), steps=int(cfg.get("steps", 3)),
                            scratch=cfg.get("scratch"), origin=cfg.get("origin"))
     except Exception as exc:  # a broken preflight setup must not break the script
         guard.fail("preflight setup", exc)
@@ -101,7 +103,7 @@ class FastForward:
 
     active = True
 
-    def __init__(self, guard: Any, writer: Any, *, mode: str, steps: int, scratch: str | None,
+    def __init__(self, guard: Any, writer: Any, log: Any, *, mode: str, steps: int, scratch: str | None,
                  origin: str | None = None) -> None:
         self.guard = guard
         self._writer = writer
@@ -117,6 +119,8 @@ class FastForward:
         self.stopping = False
         self.lrs_seen: dict[int, int] = {}  # optimizer step -> scheduler.last_epoch at its pre-hook
         self._sched_copy = _schedule_snapshot(guard)
+        # every rank of a torchrun job fast-forwards; rank 0 decides, the others follow (probe/lockstep.py)
+        self.lockstep = Lockstep.for_process(guard.rank, _world_size(), log=log)
         self._event("start", {"mode": mode, "steps": self.steps,
                                      "scheduler_copied": self._sched_copy is not None})
         if scratch:
@@ -131,9 +135,10 @@ class FastForward:
             self.seen[name] = every
             self._event("due-seen", {"name": name, "every": every})
         step = self.guard.step_count
-        if (self.mode != "first" or every <= 0 or name in self.forced or len(self.forced) >= MAX_PATHS
-                or step < self.steps
-                or not self._at_boundary()):  # every <= 0: the path is switched off, as in the real run
+        local = not (self.mode != "first" or every <= 0 or name in self.forced or len(self.forced) >= MAX_PATHS
+                     or step < self.steps
+                     or not self._at_boundary())  # every <= 0: the path is switched off, as in the real run
+        if self.mode != "first" or not self.lockstep.decide(f"due/{name}/{step}/{self.guard.micro}", local):
             return False
         self.forced[name] = step
         self.last_new = step
@@ -154,8 +159,9 @@ class FastForward:
             self._close_path()
             self.maybe_stop()
             trains = self.guard.step_count > start  # this pass makes optimizer steps: a training pass
-            if (self.mode == "first" and self.cut is None and trains and self.guard.step_count >= self.steps
-                    and self._at_boundary()):
+            if (self.mode == "first" and self.cut is None and trains
+                    and self.lockstep.decide(f"cut/{self.guard.step_count}/{self.guard.micro}",
+                                             self.guard.step_count >= self.steps and self._at_boundary())):
                 self.cut = {"id": id(iterable), "type": type(iterable).__name__, "len": _len(iterable),
                             "step": self.guard.step_count, "items": items}
                 self._event("epoch-cut", self.cut)
@@ -202,7 +208,7 @@ class FastForward:
         """A step closed: stop the script when the fast-forward is done (PreflightStop propagates)."""
         try:
             self._close_path()
-            if self.stopping or not self._at_boundary() or not self.done():
+            if self.stopping or not self._at_boundary():
                 return
         except Exception as exc:
             self.guard.fail("preflight step", exc)
@@ -225,12 +231,17 @@ class FastForward:
         return not self.used_batches or self.reiterated or bool(self.cut and self.cut.get("natural"))
 
     def maybe_stop(self) -> None:
-        if self.stopping or not self._at_boundary() or not self.done():
+        if self.stopping or not self._at_boundary():
+            return
+        # one stop for every rank: rank 0 announces it a step ahead (probe/lockstep.py)
+        stop = self.lockstep.stop_step(self.guard.step_count, self.done())
+        if stop is None or self.guard.step_count < stop:
             return
         self.stopping = True
         self._event("stop", {"step": self.guard.step_count, "forced": self.forced,
                                     "cuda_peak_bytes": _cuda_peak()})
         self.guard.finish()
+        self.lockstep.all_stopped()  # no rank leaves while another may still be in the last step's collectives
         raise PreflightStop()
 
     # -- helpers ------------------------------------------------------------------------------------
@@ -270,7 +281,8 @@ class FastForward:
             if assumed:
                 result["total_steps_from"] = assumed
             result["scheduler"] = type(self.guard.scheduler).__name__
-            (Path(self.guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
+            if self.guard.rank == 0:  # every rank simulates the same schedule: one writes it
+                (Path(self.guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
             self._event("schedule", {k: v for k, v in result.items() if k != "curve"})
         except Exception as exc:
             self.guard.fail("preflight schedule simulation", exc)
@@ -335,7 +347,8 @@ class FastForward:
     def _unchecked(self, result: dict[str, Any]) -> None:
         """Writes a schedule result (simulated, or why not) where the preflight reads it."""
         try:
-            (Path(self.guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
+            if self.guard.rank == 0:  # every rank finds the same: one writes it
+                (Path(self.guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
             self._event("schedule", {k: v for k, v in result.items() if k != "curve"})
         except Exception as exc:
             self.guard.fail("preflight schedule result", exc)
@@ -601,3 +614,10 @@ def _own_copy(path: str, scratch: str, *, append: bool) -> None:
         os.unlink(path)
         if append and os.path.isfile(target):
             shutil.copyfile(target, path)
+
+
+def _world_size() -> int:
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
+    except ValueError:
+        return 1

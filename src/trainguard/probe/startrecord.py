@@ -29,6 +29,7 @@ def record_start(writer: Any, guard: Any, *, pid: int, label: str, config: dict 
         "model": type(model).__name__ if model is not None else None,
         "scaler": type(guard.scaler).__name__ if guard.scaler is not None else None,
         "stats_every": guard.stats_every,
+        "world_size": guard.place["world_size"],  # the ranks the cross-rank rules wait for at each step
         "sched_horizon": _safe(lambda: planinfo.sched_horizon(scheduler)),
         "sched_warmup": _safe(lambda: planinfo.sched_warmup(scheduler)),
         "schedulers": _safe(lambda: planinfo.sched_names(scheduler)),
