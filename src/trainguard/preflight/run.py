@@ -40,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainguard.contract import ENV_PREFLIGHT, ENV_RESUME_FROM
 from trainguard.errors import UserError
@@ -51,6 +51,9 @@ from trainguard.store.ending import Ending, ending_status
 from trainguard.store.paths import new_run_dir, prepare_run_dir, runs_root
 from trainguard.store.status import write_status
 from trainguard.untrusted import printable
+
+if TYPE_CHECKING:
+    from trainguard.contract import PreflightOutcome
 
 RESUME_STEPS = 2  # optimizer steps the resumed start makes before it is stopped
 EXIT_INCOMPLETE = 3  # the script could not be fast-forwarded: what could not be checked is listed
@@ -153,7 +156,7 @@ def _conclude(run_dir: Path, opts: PreflightOptions, findings: list[Finding], su
     # a script that could not be fast-forwarded was not checked: never "passed", never exit 0
     # so is a fast-forwarded script whose LR moved in a way the preflight could not simulate
     unchecked = not summary.get("fast_forward", True) or summary.get("schedule_checked") is False
-    outcome = "failed" if errors else "incomplete" if unchecked else "passed"
+    outcome: PreflightOutcome = "failed" if errors else "incomplete" if unchecked else "passed"
     code = 1 if errors else EXIT_INCOMPLETE if unchecked else 0
     status = ending_status(Ending(preflight=outcome, exit_code=code), command=opts.command, updated=time.time(),
                            ended=time.time(), watched_by="preflight", preflight=summary,

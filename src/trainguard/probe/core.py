@@ -68,7 +68,7 @@ class Probe(StepRecorder):
         rank = self.place["rank"]
         label = name or (Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python")
         if run_dir is not None:
-            folder = prepare_run_dir(run_dir)
+            folder = prepare_run_dir(Path(run_dir))
         elif os.environ.get(ENV_RUN_DIR):
             folder = prepare_run_dir(os.environ[ENV_RUN_DIR])
         else:

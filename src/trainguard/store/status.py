@@ -26,6 +26,7 @@ import errno
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -102,15 +103,15 @@ def strict_json(value: Any) -> Any:
     return value
 
 
-def write_status(run_dir: str | Path, status: dict[str, Any], *, final: bool = False) -> None:
+def write_status(run_dir: str | Path, status: Mapping[str, Any], *, final: bool = False) -> None:
     """Writes status.json (strict JSON: see `strict_json`); with `final`, a full disk gives up the run's
     reserve (see `reserve_space`). A state outside the contract is refused (ValueError)."""
-    checked_status(status)
-    if isinstance(status.get("findings"), list):  # a rule's warning and its later error: one entry
-        status = {**status, "findings": escalations_merged(
-            [f for f in status["findings"] if isinstance(f, dict)])}
-    status = {**status, "health": health_of(status)}
-    plain = json.loads(json.dumps(status, default=str))  # what json makes of it, NaN still a float
+    data: dict[str, Any] = dict(status)
+    checked_status(data)
+    if isinstance(data.get("findings"), list):  # a rule's warning and its later error: one entry
+        data["findings"] = escalations_merged([f for f in data["findings"] if isinstance(f, dict)])
+    data["health"] = health_of(data)
+    plain = json.loads(json.dumps(data, default=str))  # what json makes of it, NaN still a float
     text = json.dumps(strict_json(plain), indent=2, allow_nan=False) + "\n"
     path = Path(run_dir) / STATUS_NAME
     try:

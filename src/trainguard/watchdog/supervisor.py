@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trainguard import __version__
 from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_WATCHDOG
@@ -42,6 +42,9 @@ from trainguard.watchdog import crash, keeper, restart, statusline, stop, verdic
 from trainguard.watchdog.stall import StallPolicy, hang_finding, stall_ended, stalled_finding
 from trainguard.watchdog.tee import OutputCapture
 from trainguard.watchdog.writes import WriteWatch
+
+if TYPE_CHECKING:
+    from trainguard.contract import State
 
 POLL_INTERVAL = 0.5
 MAX_IO_GRACE = 5  # stalls forgiven in a row because the run was still writing or importing
@@ -610,7 +613,7 @@ class Supervisor:
             self._selflog = GuardLog(self.run_dir, WATCHDOG_RANK, who="watchdog")
         self._selflog.once(kind or text, text)
 
-    def _write_status(self, state_name: str, state: WatchState, *, ending: Ending | None = None,
+    def _write_status(self, state_name: State, state: WatchState, *, ending: Ending | None = None,
                       ended: float | None = None, findings_extra: list[Finding] | None = None) -> None:
         """status.json: live (running, hung) as the run goes, or its `ending` (store/ending.py) once over."""
         last = self.reader.last_step()

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainguard.findings import Finding
 from trainguard.store.ending import Ending, state_of
+
+if TYPE_CHECKING:
+    from trainguard.contract import State
 
 EXIT_FAILED = 123  # exit 0, but an expected artifact is missing or stale, or the probe never finished
 EXIT_HUNG = 124  # no progress for longer than the stall timeout (as `timeout(1)` uses 124)
@@ -30,7 +33,7 @@ EXIT_STOPPED = 125  # stopped on a finding named in --stop-on
 
 @dataclass
 class Verdict:
-    state: str
+    state: State
     exit_code: int | None
     signal: str | None
     findings: list[Finding] = field(default_factory=list)
@@ -207,14 +210,14 @@ def decide(
     """The final state from how the process ended and what the probe and the files say (the state itself
     is named by store/ending.py's `state_of`, from the same facts)."""
     sig = -returncode if returncode < 0 else None
-    facts = {"exit_code": returncode if returncode >= 0 else None,
-             "signal": signal_name(sig) if sig else None, "probe_used": probe_used, "probe_finished": probe_finished}
+    facts = Ending(exit_code=returncode if returncode >= 0 else None, signal=signal_name(sig) if sig else None,
+                   probe_used=probe_used, probe_finished=probe_finished)
     if hang is not None:
-        return _verdict(Ending(hung=True, **facts), returncode, [hang], EXIT_HUNG)
+        return _verdict(replace(facts, hung=True), returncode, [hang], EXIT_HUNG)
     if stopped_on is not None:
-        return _verdict(Ending(stopped=True, **facts), returncode, [stopped_on], EXIT_STOPPED)
+        return _verdict(replace(facts, stopped=True), returncode, [stopped_on], EXIT_STOPPED)
     if sig is not None:
-        return _verdict(Ending(**facts), returncode, [killed_finding(sig, step=step, oom=oom)], 128 + sig)
+        return _verdict(facts, returncode, [killed_finding(sig, step=step, oom=oom)], 128 + sig)
     if returncode != 0:
         crash = probe_crash or stderr_crash
         if crash is None:
@@ -227,12 +230,12 @@ def decide(
             )
         else:
             crash.evidence.setdefault("exit_code", returncode)
-        return _verdict(Ending(**facts), returncode, [crash], returncode)
+        return _verdict(facts, returncode, [crash], returncode)
     findings = check_artifacts(expects, started, cwd)
     missing = bool(findings)
     if probe_used and not probe_finished:
         findings.append(probe_not_finished(step))
-    ending = Ending(artifacts_missing=missing, **facts)
+    ending = replace(facts, artifacts_missing=missing)
     return _verdict(ending, 0, findings, EXIT_FAILED if findings else 0)
 
 
