@@ -38,6 +38,7 @@ from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
 from trainguard.watchdog import crash, keeper, restart, statusline, stop, verdict
+from trainguard.watchdog.firstfailure import first_failure_finding
 from trainguard.watchdog.stall import StallPolicy, hang_finding, stall_ended, stalled_finding
 from trainguard.watchdog.tee import OutputCapture
 from trainguard.watchdog.writes import WriteWatch
@@ -517,13 +518,12 @@ class Supervisor:
         probe_crash = crash.first_crash([c for c in self.reader.events("crash") if c["attempt"] == self.attempt])
         stderr_crash = None
         if probe_crash is None and returncode > 0:
-            parsed = crash.parse_traceback(list(self.capture.stderr_tail))
-            if parsed is not None:
-                stderr_crash = crash.crash_finding(
-                    exception=parsed.exception, message=parsed.message, frames=parsed.frames,
-                    step=step if step is not None else crash.last_printed_step(self.capture.stdout_tail),
-                    elapsed=time.time() - self.started,
-                )
+            # no probe: the output says which process failed first (torchrun's summary, rank prefixes, order)
+            stderr_crash = first_failure_finding(
+                list(self.capture.stderr_tail),
+                step=step if step is not None else crash.last_printed_step(self.capture.stdout_tail),
+                elapsed=time.time() - self.started,
+            )
         oom = {}
         if returncode == -signal.SIGKILL and hang is None and stopped is None:
             oom = _oom_evidence(self.proc.pid, self.oom_before)
