@@ -104,6 +104,8 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG541", "workers-share-rng", "warning", "preview", "0.1.0", f"{_R}.contracts:WorkersShareRng"),
     RuleEntry("TG542", "loss-broadcasts-batch", "error", "preview", "0.1.0", f"{_R}.contracts:LossBroadcastsBatch"),
     RuleEntry("TG701", "replicas-diverged", "error", "preview", "0.1.0", f"{_R}.contracts:ReplicasDiverged"),
+    # TG702-TG709: cross-rank health rules (issue 16, rules/ranks.py); TG711-TG719: hangs across ranks and
+    # nodes (issue 16, the watchdog)
     RuleEntry("TG811", "expert-collapse", "warning", "stable", "0.1.0", f"{_R}.model:ExpertCollapse"),
     RuleEntry("TG812", "perplexity-implausible", "warning", "stable", "0.1.0", f"{_R}.model:PerplexityImplausible"),
     RuleEntry("TG508", "leftover-processes", "warning", "stable", "0.1.0", "trainguard.watchdog.verdict:leftover_finding"),
