@@ -106,6 +106,7 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG701", "replicas-diverged", "error", "preview", "0.1.0", f"{_R}.contracts:ReplicasDiverged"),
     # TG702-TG709: cross-rank health rules (issue 16, rules/ranks.py); TG711-TG719: hangs across ranks and
     # nodes (issue 16, the watchdog)
+    RuleEntry("TG711", "node-lost", "error", "preview", "0.1.0", "trainguard.watchdog.nodes:node_lost_finding"),
     RuleEntry("TG811", "expert-collapse", "warning", "stable", "0.1.0", f"{_R}.model:ExpertCollapse"),
     RuleEntry("TG812", "perplexity-implausible", "warning", "stable", "0.1.0", f"{_R}.model:PerplexityImplausible"),
     RuleEntry("TG508", "leftover-processes", "warning", "stable", "0.1.0", "trainguard.watchdog.verdict:leftover_finding"),
