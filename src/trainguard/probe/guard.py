@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RULES, ENV_RUN_DIR, ENV_WATCHDOG
-from trainguard.probe import collectives, contracts, devicestats, planinfo, samples, stackdump
+from trainguard.probe import collectives, contracts, devicestats, planinfo, samples, stackdump, syncwait
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.schedclock import SchedClock
 from trainguard.probe.selflog import GuardLog
@@ -112,7 +112,7 @@ class Guard:
             self.run_dir = prepare_run_dir(os.environ[ENV_RUN_DIR])
         else:
             self.run_dir = new_run_dir(label)
-        self._selflog = GuardLog(self.run_dir, self.rank)
+        self._selflog = GuardLog(self.run_dir, self.rank, stderr_fallback=True)
         self._writer = StoreWriter(self.run_dir, rank=self.rank, attempt=self.attempt)
 
         # counters: micro-batches seen, optimizer steps seen by the hooks, steps closed by `step()`
@@ -184,6 +184,11 @@ class Guard:
         except Exception as exc:
             self._contracts = None
             self._fail("contract checks", exc)
+        try:  # per rank, the time a step works before it synchronises (TG703 straggler-rank), fail-open
+            self._syncwait = syncwait.attach(self)
+        except Exception as exc:
+            self._syncwait = None
+            self._fail("sync-wait measure", exc)
         self._stop = threading.Event()
         self._drain_lock = threading.Lock()
         self._thread = threading.Thread(target=self._background, name="trainguard-probe", daemon=True)
@@ -891,6 +896,7 @@ class Guard:
             "model": type(self.model).__name__ if self.model is not None else None,
             "scaler": type(self.scaler).__name__ if self.scaler is not None else None,
             "stats_every": self.stats_every,
+            "world_size": self.place["world_size"],  # the ranks the cross-rank rules wait for at each step
             "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
             "sched_warmup": _safe(lambda: planinfo.sched_warmup(self.scheduler)),
             "schedulers": _safe(lambda: planinfo.sched_names(self.scheduler)),
@@ -966,6 +972,8 @@ class Guard:
             if not self.under_watchdog and self.rank == 0 and not self.finished and not self.crashed:
                 self._write_own_status(state="failed", reason="probe-not-finished")
             self._writer.close()
+            if self._writer.unstored:  # steps the store never took are counted and said, never lost in silence
+                self._selflog.write(f"{self._writer.unstored}; the training itself went on to step {self.step_count}")
         except Exception as exc:
             self._fail("exit", exc)
 
