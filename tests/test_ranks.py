@@ -131,3 +131,16 @@ def test_a_rank_that_vanished_without_an_error_is_the_cause_of_the_others_lost_c
     # a real error on a rank is never blamed on a silent one (torchrun stops the others with a signal)
     f = first_crash([_crash(0, 100.0, "ValueError", "bad shard")], silent_ranks=[1])
     assert f is not None and f.cause != "rank-vanished" and f.exception == "ValueError"
+
+
+def test_ranks_rows_arriving_in_flush_batches_are_still_compared() -> None:
+    # each rank's probe flushes its rows in batches: in a short run the store holds rank 0's whole run
+    # before rank 1's first row, and the steps must wait for rank 1 rather than be judged alone
+    def unwrapped_forward(s: int, r: int, row: dict) -> None:
+        if row["grad_norm"] is not None:
+            row["grad_norm"] *= 1.0 + 0.05 * r  # no all-reduce: each rank keeps its own gradients
+    rows = _rows(40, change=unwrapped_forward)
+    by_rank = sorted(rows, key=lambda row: row["rank"])  # rank 0's 40 rows, then rank 1's
+    (f,) = [f for f in run_rules(by_rank, {**DDP, "total_steps": 40}) if f.name == "grad-norms-differ"]
+    assert f.step == 1 and f.evidence["steps"] == [1, 2, 3]
+    assert _names(run_rules(sorted(_rows(40), key=lambda row: row["rank"]), {**DDP, "total_steps": 40})) == []
