@@ -62,6 +62,13 @@ class RunReader:
                 # a store whose writer never got as far as the schema: read as empty
                 self._conn.close()
                 self._conn = None
+        else:
+            from trainguard.store.nodes import merged_connection
+
+            try:  # a run over nodes: their stores read as one (store/nodes.py)
+                self._conn = merged_connection(self.run_dir)
+            except sqlite3.Error as exc:
+                raise UserError(f"cannot read the node stores under {self.run_dir}: {exc}") from None
 
     @property
     def has_db(self) -> bool:

@@ -31,13 +31,14 @@ from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_W
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
 from trainguard.probe.selflog import GuardLog
+from trainguard.store.nodes import node_dir
 from trainguard.store.owner import owner_record
 from trainguard.store.paths import new_run_dir, prepare_run_dir
 from trainguard.store.reader import RunReader
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
-from trainguard.watchdog import crash, keeper, restart, statusline, stop, verdict
+from trainguard.watchdog import crash, keeper, nodes, restart, statusline, stop, verdict
 from trainguard.watchdog.stall import StallPolicy, hang_finding, stall_ended, stalled_finding
 from trainguard.watchdog.tee import OutputCapture
 from trainguard.watchdog.writes import WriteWatch
@@ -130,12 +131,19 @@ class Supervisor:
             raise UserError(f"--stall-timeout must be a positive number of seconds, got {options.stall_timeout}")
         label = _label(options.command)
         self.run_dir = prepare_run_dir(options.run_dir) if options.run_dir else new_run_dir(label)
+        # one `trainguard run` per node of a torchrun job: this node's part in RUN/node-<N>/, and a beat
+        # through the rendezvous store so the other nodes know it lives (watchdog/nodes.py)
+        launch = nodes.parse_launch(options.command)
+        if launch is not None:
+            self.run_dir = prepare_run_dir(node_dir(self.run_dir, launch.node))
         try:
             self.writer = StoreWriter(self.run_dir, rank=WATCHDOG_RANK)
         except Exception as exc:  # sqlite3.OperationalError on an unwritable folder, and its kin
             raise UserError(f"cannot write the run store in {self.run_dir}: {exc}") from None
         self.stall = StallPolicy(fixed=options.stall_timeout)
         self.monitors: list[Monitor] = list(monitors or [])
+        if launch is not None:
+            self.monitors.append(nodes.NodeWatch(launch, self.run_dir))
         self.findings: list[Finding] = []
         self._seen: set[tuple] = set()
         self.live = sys.stderr.isatty() if options.live is None else options.live
