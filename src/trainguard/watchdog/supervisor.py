@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
 from trainguard.watchdog import crash, keeper, nodes, restart, statusline, stop, verdict
+from trainguard.watchdog.firstfailure import first_failure_finding
 from trainguard.watchdog.stall import StallPolicy, hang_finding, stall_ended, stalled_finding
 from trainguard.watchdog.tee import OutputCapture
 from trainguard.watchdog.writes import WriteWatch
@@ -526,20 +528,24 @@ class Supervisor:
         probe_crash = crash.first_crash(crashes, silent_ranks=_silent_ranks(probe_events, crashes))
         stderr_crash = None
         if probe_crash is None and returncode > 0:
-            parsed = crash.parse_traceback(list(self.capture.stderr_tail))
-            if parsed is not None:
-                stderr_crash = crash.crash_finding(
-                    exception=parsed.exception, message=parsed.message, frames=parsed.frames,
-                    step=step if step is not None else crash.last_printed_step(self.capture.stdout_tail),
-                    elapsed=time.time() - self.started,
-                )
+            # no probe: the output says which process failed first (torchrun's summary, rank prefixes, order)
+            stderr_crash = first_failure_finding(
+                list(self.capture.stderr_tail),
+                step=step if step is not None else crash.last_printed_step(self.capture.stdout_tail),
+                elapsed=time.time() - self.started,
+            )
         oom = {}
         if returncode == -signal.SIGKILL and hang is None and stopped is None:
             oom = _oom_evidence(self.proc.pid, self.oom_before)
+        unwritable = self._store_unwritable()
+        if unwritable and probe_used and not finished:
+            self._note(f"trainguard: the run folder stopped taking writes ({unwritable}): what the script did "
+                       f"after step {step} is not in it, so whether it reached guard.finish() is not known")
         v = verdict.decide(
             returncode=returncode, hang=hang, stopped_on=stopped, probe_used=probe_used, probe_finished=finished,
             probe_crash=probe_crash, stderr_crash=stderr_crash, expects=self.options.expects,
             started=self.started, cwd=self.options.cwd or os.getcwd(), step=step, oom=oom,
+            store_unwritable=unwritable,
         )
         for f in v.findings:
             self._report(f)
@@ -555,8 +561,23 @@ class Supervisor:
         self._summary(v, step)
         self.reader.close()
         self.writer.close()
+        if self.writer.unstored:
+            self._note(f"trainguard: {self.writer.unstored}")
         self._write_report()
         return self._fail_on(v.trainguard_exit)
+
+    def _store_unwritable(self) -> str | None:
+        """Why the run folder takes no writes (a file system gone read-only, permission taken away), or None.
+        A full disk is not this: the reserve beside status.json gives the last rows their room."""
+        if self.writer.last_error and not self.writer.disk_full:
+            return self.writer.last_error
+        try:
+            fd, name = tempfile.mkstemp(dir=self.run_dir, prefix=".write-check-")
+            os.close(fd)
+            os.unlink(name)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return None
 
     def _fail_on(self, code: int) -> int:
         """--fail-on: a run that ended well (exit 0) but whose findings reach the given severity fails."""
@@ -652,6 +673,9 @@ class Supervisor:
             write_status(self.run_dir, status, final=ended is not None)
         except OSError as exc:
             self._guard_error(f"cannot write status.json: {exc}", kind="status.json")
+            if ended is not None:
+                self._note(f"trainguard: status.json could not be updated to '{state_name}' ({exc.strerror or exc}):"
+                           " it keeps its last state; `trainguard status` says that its owner is gone")
 
     def _owner(self) -> dict[str, Any]:
         if not hasattr(self, "_owner_record"):
