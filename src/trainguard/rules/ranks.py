@@ -343,9 +343,10 @@ class RankStopped(Rule):
 
     ## What it detects
     A rank whose last step lags the newest step of the other ranks by at least 3 steps, and whose last
-    row is older than the others' newest by 20 times the run's median step time (and 10 s): the others
+    row is older than the others' newest by 20 times the run's median step time (and 5 s): the others
     kept training (or recording) and this rank did not. At the end of a run, a rank whose rows end at
-    least 3 steps (and 5% of the run) before the others'.
+    least 3 steps (and 5% of the run) before the others'. A rank whose probe finished (`guard.finish()`:
+    uneven data under DDP's `Join`, a rank done with its shard) has not stopped.
 
     ## Why it matters
     In lockstep data parallelism the others block in their next collective soon after; where they do
@@ -354,8 +355,8 @@ class RankStopped(Rule):
     or the wrong result that follows.
 
     ## Example
-    `TG705 rank-stopped [error] at step 40: rank 1 stopped at step 40 (52 s ago) while rank 0 went on
-    to step 95`
+    `TG705 rank-stopped [error] at step 10: rank 1 stopped at step 10 (6.2 s before rank 0's step 215)
+    while rank 0 went on to step 215`
 
     ## What to change
     Look at rank 1's output and stack (`trainguard status` shows its heartbeat; a hang finding, if the
@@ -373,13 +374,18 @@ class RankStopped(Rule):
     all_ranks = True
     BEHIND = 3
     PACE_TIMES = 20
-    MIN_SECONDS = 10.0
+    MIN_SECONDS = 5.0
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
         self.last: dict[int, tuple[int, float]] = {}  # rank -> (its last step, the time of its row)
         self.pace: collections.deque[float] = collections.deque(maxlen=200)
         self.reported: set[int] = set()
+        self.finished: set[int] = set()  # ranks whose probe finished: done, not stopped
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event.get("kind") == "probe" and event.get("name") == "finish" and isinstance(event.get("rank"), int):
+            self.finished.add(event["rank"])
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         step, rank, t = row.get("step"), row.get("rank"), row.get("t")
@@ -392,7 +398,7 @@ class RankStopped(Rule):
             return None
         limit = max(self.MIN_SECONDS, self.PACE_TIMES * (median(list(self.pace)) if self.pace else 0.0))
         for other, (o_step, o_t) in self.last.items():
-            if other in self.reported or step - o_step < self.BEHIND or t - o_t < limit:
+            if other in self.reported or other in self.finished or step - o_step < self.BEHIND or t - o_t < limit:
                 continue
             return self._stopped(other, o_step, t - o_t, rank, step)
         return None
@@ -403,7 +409,7 @@ class RankStopped(Rule):
         newest_rank, (newest, _) = max(self.last.items(), key=lambda kv: kv[1][0])
         margin = max(self.BEHIND, int(0.05 * (self.total_steps or newest)))
         for other, (o_step, _) in sorted(self.last.items()):
-            if other not in self.reported and newest - o_step >= margin:
+            if other not in self.reported and other not in self.finished and newest - o_step >= margin:
                 return self._stopped(other, o_step, None, newest_rank, newest)
         return None
 
