@@ -15,6 +15,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -504,3 +505,57 @@ def test_a_run_folder_gone_read_only_mid_run_costs_no_step_in_silence(tmp_path: 
     shown = run_trainguard("status", str(run_dir))
     assert shown.returncode == 0 and ": abandoned, step 100/300" in shown.stdout, shown.stdout
     assert "status.json says running, but its owner process is gone" in shown.stdout
+
+
+def test_write_permission_taken_from_the_run_folder_mid_run(tmp_path: Path) -> None:
+    """The same fault where no loop device can be made: `trainguard run` and the training run as an
+    unprivileged user, and the run folder and its files lose their write permission at step 100. Files
+    already open stay writable (the store, output.log); what needs a new file (status.json's atomic
+    replace, guard.log) fails with EACCES."""
+    if os.geteuid() != 0 or subprocess.run(["which", "setpriv"], capture_output=True).returncode != 0:
+        pytest.skip("needs root and setpriv to run the command as another user")
+    base = Path(tempfile.mkdtemp(prefix="tg-perm-"))  # tmp_path is root's alone: the user could not enter it
+    try:
+        os.chown(base, 65534, 65534)
+        script = base / "train.py"
+        script.write_text(WAITS_FOR_THE_FAULT)
+        run_dir = base / "run"
+        env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_RUN_DIR"}
+        env.update(HOME=str(base), TRAINGUARD_RUNS_ROOT=str(base / "runs"))
+        user = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+        proc = subprocess.Popen(user + trainguard_cmd("run", "--run-dir", str(run_dir), "--", sys.executable,
+                                                      str(script)),
+                                cwd=base, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env)
+        assert proc.stdin is not None and proc.stdout is not None
+        printed = []
+        for line in proc.stdout:
+            printed.append(line)
+            if line.strip() == "step 100":
+                time.sleep(1.0)
+                for path in [run_dir, *run_dir.rglob("*")]:
+                    os.chmod(path, path.stat().st_mode & ~0o222)
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+                break
+        out, err = proc.communicate(timeout=240)
+        printed += out.splitlines(True)
+        assert proc.returncode == 0, err[-3000:]
+        assert [x.strip() for x in printed] == [f"step {i}" for i in range(1, 301)] + ["trained 300 steps"]
+        assert "Traceback" not in err
+        stored = [s for s, *_ in _steps(run_dir)]
+        assert stored == list(range(1, len(stored) + 1)), stored[-5:]
+        lost = [line for line in err.splitlines() if "could not be stored" in line and "step row(s)" in line]
+        if len(stored) < 300:  # every step is stored, or the missing ones are counted and said
+            assert len(lost) == 1 and f"{300 - len(stored)} step row(s)" in lost[0], err
+        else:
+            assert not lost, err
+        st = read_status(run_dir)
+        if st["state"] != "completed":
+            assert err.count("status.json could not be updated to 'completed' (Permission denied)") == 1, err
+            shown = run_trainguard("status", str(run_dir))
+            assert ": abandoned," in shown.stdout, shown.stdout
+        assert "probe-not-finished" not in err and "log-flood" not in err
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(base)], capture_output=True)
+        subprocess.run(["rm", "-rf", str(base)], capture_output=True)
