@@ -73,7 +73,7 @@ class Probe(StepRecorder):
             folder = prepare_run_dir(os.environ[ENV_RUN_DIR])
         else:
             folder = new_run_dir(label)
-        selflog = GuardLog(folder, rank)
+        selflog = GuardLog(folder, rank, stderr_fallback=True)
         StepRecorder.__init__(
             self, writer=StoreWriter(folder, rank=rank, attempt=self.attempt), selflog=selflog, run_dir=folder,
             rank=rank, grad_accum=int(grad_accum), total_steps=total_steps, stats_every=max(1, int(stats_every)),
@@ -171,6 +171,8 @@ class Probe(StepRecorder):
             self._writer.flush()
             self._ending.exited()
             self._writer.close()
+            if self._writer.unstored:  # steps the store never took are counted and said, never lost in silence
+                self._selflog.write(f"{self._writer.unstored}; the training itself went on to step {self.step_count}")
         except Exception as exc:
             self.fail("exit", exc)
 

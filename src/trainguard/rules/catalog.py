@@ -111,6 +111,7 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG703", "straggler-rank", "warning", "preview", "0.1.0", f"{_R}.ranks:StragglerRank"),
     RuleEntry("TG704", "grad-norms-differ", "error", "preview", "0.1.0", f"{_R}.ranks:GradNormsDiffer"),
     RuleEntry("TG705", "rank-stopped", "error", "preview", "0.1.0", f"{_R}.ranks:RankStopped"),
+    RuleEntry("TG711", "node-lost", "error", "preview", "0.1.0", "trainguard.watchdog.nodes:node_lost_finding"),
     RuleEntry("TG811", "expert-collapse", "warning", "stable", "0.1.0", f"{_R}.model:ExpertCollapse"),
     RuleEntry("TG812", "perplexity-implausible", "warning", "stable", "0.1.0", f"{_R}.model:PerplexityImplausible"),
     RuleEntry("TG508", "leftover-processes", "warning", "stable", "0.1.0", "trainguard.watchdog.verdict:leftover_finding"),

@@ -206,12 +206,17 @@ def decide(
     cwd: str | None,
     step: int | None,
     oom: dict[str, Any],
+    store_unwritable: str | None = None,
 ) -> Verdict:
     """The final state from how the process ended and what the probe and the files say (the state itself
-    is named by store/ending.py's `state_of`, from the same facts)."""
+    is named by store/ending.py's `state_of`, from the same facts).
+
+    `store_unwritable`: why the run folder stopped taking writes, if it did; then a finish the probe
+    could not store is no sign that the script left early."""
     sig = -returncode if returncode < 0 else None
     facts = Ending(exit_code=returncode if returncode >= 0 else None, signal=signal_name(sig) if sig else None,
-                   probe_used=probe_used, probe_finished=probe_finished)
+                   # a finish the probe could not store is unknown, not missing: its probe is no witness then
+                   probe_used=probe_used and store_unwritable is None, probe_finished=probe_finished)
     if hang is not None:
         return _verdict(replace(facts, hung=True), returncode, [hang], EXIT_HUNG)
     if stopped_on is not None:
@@ -233,7 +238,7 @@ def decide(
         return _verdict(facts, returncode, [crash], returncode)
     findings = check_artifacts(expects, started, cwd)
     missing = bool(findings)
-    if probe_used and not probe_finished:
+    if probe_used and not probe_finished and store_unwritable is None:
         findings.append(probe_not_finished(step))
     ending = replace(facts, artifacts_missing=missing)
     return _verdict(ending, 0, findings, EXIT_FAILED if findings else 0)
