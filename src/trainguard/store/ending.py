@@ -33,6 +33,7 @@ class Ending:
     probe_used: bool = False  # the script had a probe (its own `watch()` or the automatic one)
     probe_finished: bool = False  # ...and it reached `finish()`
     artifacts_missing: bool = False  # an expected artifact (--expect) is missing or stale
+    exit_unknown: bool = False  # the command ended unwatched (its watchdog was killed): how is not known
     preflight: PreflightOutcome | None = None  # preflight's verdict on the script (passed, incomplete, failed)
 
 
@@ -43,8 +44,8 @@ def state_of(e: Ending) -> State:
     if e.preflight is not None:
         # the script's start was stopped by preflight on purpose: the state says whether the check failed
         return "failed" if e.preflight == "failed" else "completed"
-    if e.stopped:
-        return "failed"
+    if e.stopped or e.exit_unknown:
+        return "failed"  # (an ending nobody saw is never called completed)
     if e.signal is not None:
         return "killed"
     if e.crashed or e.exit_code not in (None, 0):

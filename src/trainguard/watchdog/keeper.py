@@ -113,11 +113,13 @@ def _mark_unwatched(run_dir: Path, watchdog_pid: int, t_gone: float) -> None:
 def _mark_ended(run_dir: Path, watchdog_pid: int, t_gone: float) -> None:
     # The keeper is not the command's parent and cannot learn its exit code: the run is not known to have
     # completed, and status.json says exactly that rather than guess.
-    _update(run_dir, lambda st: {
-        **st, "state": "failed", "reason": "watchdog-gone", "ended": time.time(), "updated": time.time(),
-        "state_note": f"trainguard run (pid {watchdog_pid}) was killed at {_clock(t_gone)}; the command went "
-                      f"on unwatched and closed its output at {_clock(time.time())}; its exit code is unknown "
-                      f"(see output.log and `trainguard report`)"}, final=True)
+    from trainguard.store.ending import Ending, ending_status
+
+    _update(run_dir, lambda st: {**st, **ending_status(
+        Ending(exit_unknown=True), reason="watchdog-gone", ended=time.time(), updated=time.time(),
+        state_note=f"trainguard run (pid {watchdog_pid}) was killed at {_clock(t_gone)}; the command went "
+                   f"on unwatched and closed its output at {_clock(time.time())}; its exit code is unknown "
+                   f"(see output.log and `trainguard report`)")}, final=True)
 
 
 def _update(run_dir: Path, change: Any, final: bool = False) -> None:
