@@ -127,7 +127,7 @@ class Contracts:
         self.scaler_no_autocast: list[int] = []
         self.autocast_step = 0
         self.autocast_hooks: list[Any] = []
-        self.autocast_seen: list[tuple[str, str, int]] = []
+        self.autocast_seen: list[tuple[str, str, int, str]] = []  # layer, output dtype, size, autocast dtype
         self.rerunning = False
         self.det_checks = 0
         self.loss_step = 0
@@ -312,10 +312,10 @@ class Contracts:
                                             if self.module is not None else None),
                     }, step=self.no_grad_steps[0])
         if "frozen-params-updated" not in self.off and "frozen-params-updated" not in self.sent:
-            frozen = [p for p in with_grad if not p.requires_grad][:FROZEN_TENSORS]
+            frozen_params = [p for p in with_grad if not p.requires_grad][:FROZEN_TENSORS]
             self.frozen_before = []
             with torch.no_grad():
-                for p in frozen:
+                for p in frozen_params:
                     stride = max(1, p.numel() // 4096)
                     self.frozen_before.append((self.name(p), p, p.detach().reshape(-1)[::stride].clone(), stride))
         if self.world > 1 and "replicas-diverged" not in self.off and not self.checksum_params and self.sampled(step):
@@ -517,6 +517,8 @@ class Contracts:
 
     def _autocast_pre(self, step: int) -> None:
         on = {d: _autocast_on(d) for d in ("cuda", "cpu")}
+        if self.module is None:  # (not reached: the forward hooks that call this are the module's)
+            return
         first = next(iter(self.module.parameters()), None)  # where the model is now (it may have moved)
         dev = self.device_type = first.device.type if first is not None else None
         if dev not in on:
