@@ -196,3 +196,25 @@ def test_the_probe_measures_a_ranks_time_before_its_backward(tmp_path: Path, mon
     assert pre[1] is None  # no synchronisation before the first step
     assert all(pre[s] is not None and pre[s] < 0.04 for s in (2, 3)), pre
     assert all(pre[s] is not None and pre[s] >= 0.05 for s in (4, 5, 6)), pre
+
+
+def test_a_stored_run_is_read_rank_by_rank_in_time_order(tmp_path: Path) -> None:
+    from trainguard.rules.diagnose import diagnose_run
+    from trainguard.store.ranks import rank_info
+    from trainguard.store.writer import StoreWriter
+
+    # each rank commits its rows in one block (rank 0's 60 steps, then rank 1's), as two probes' flushes do;
+    # rank 1's loss is NaN from step 12, rank 0's from 13 (what the all-reduce spread)
+    rows = _rows(60, change=lambda s, r, row: row.update(loss=float("nan")) if s >= 12 + (r == 0) else None)
+    for rank in (0, 1):
+        w = StoreWriter(tmp_path, rank=rank)
+        w.set_rank_info(rank_info({"RANK": str(rank), "WORLD_SIZE": "2"}))
+        if rank == 0:
+            w.set_meta("plan", DDP)
+        for row in rows:
+            if row["rank"] == rank:
+                w.add_step({**row, "t": 1000.0 + row["t"]})
+        w.close()
+    found = {f.name: f for f in diagnose_run(tmp_path) if f.severity != "info"}
+    assert found["nonfinite-on-one-rank"].evidence["origin_ranks"] == [1]
+    assert found["nonfinite-loss"].step == 12 and found["nonfinite-loss"].evidence["rank"] == 1

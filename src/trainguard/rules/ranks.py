@@ -28,7 +28,7 @@ AHEAD = 3  # a step is judged without a rank that has not written it when the ot
 class _ByStep:
     """The rows of the last few steps, by step and rank; yields each step once it is complete."""
 
-    KEEP = 32  # steps held at most (a rank far behind is judged without, not waited for forever)
+    KEEP = 256  # steps held at most (a rank far behind is judged without, not waited for forever)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         world = plan.get("world_size")
