@@ -139,3 +139,16 @@ def test_a_rank_done_with_its_shard_has_not_stopped() -> None:
     at = next(i for i, r in enumerate(rows) if r["rank"] == 1 and r["step"] == 90)
     rows.insert(at + 1, {"kind": "probe", "name": "finish", "rank": 1, "t": rows[at]["t"], "step": 90})
     assert _names(run_rules(rows, {**DDP, "total_steps": 100})) == []
+
+
+def test_ranks_rows_arriving_in_flush_batches_are_still_compared() -> None:
+    # each rank's probe flushes its rows in batches: in a short run the store holds rank 0's whole run
+    # before rank 1's first row, and the steps must wait for rank 1 rather than be judged alone
+    def unwrapped_forward(s: int, r: int, row: dict) -> None:
+        if row["grad_norm"] is not None:
+            row["grad_norm"] *= 1.0 + 0.05 * r  # no all-reduce: each rank keeps its own gradients
+    rows = _rows(40, change=unwrapped_forward)
+    by_rank = sorted(rows, key=lambda row: row["rank"])  # rank 0's 40 rows, then rank 1's
+    (f,) = [f for f in run_rules(by_rank, {**DDP, "total_steps": 40}) if f.name == "grad-norms-differ"]
+    assert f.step == 1 and f.evidence["steps"] == [1, 2, 3]
+    assert _names(run_rules(sorted(_rows(40), key=lambda row: row["rank"]), {**DDP, "total_steps": 40})) == []

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 from trainguard.findings import Finding
 
@@ -315,7 +315,7 @@ class Streak:
 
 
 
-def finite(value: Any) -> bool:
+def finite(value: Any) -> TypeGuard[float]:
     """A real number that is not NaN or inf (bools are not numbers here). Hot: called per field per step."""
     kind = type(value)
     if kind is float:

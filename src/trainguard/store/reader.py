@@ -196,10 +196,10 @@ class RunReader:
         nxt_step = next(steps, None)
         nxt_ev = next(events, None)
         while nxt_step is not None or nxt_ev is not None:
-            if nxt_ev is None or (nxt_step is not None and (nxt_step["t"] or 0) <= (nxt_ev["t"] or 0)):
+            if nxt_step is not None and (nxt_ev is None or (nxt_step["t"] or 0) <= (nxt_ev["t"] or 0)):
                 yield nxt_step
                 nxt_step = next(steps, None)
-            else:
+            elif nxt_ev is not None:
                 yield nxt_ev
                 nxt_ev = next(events, None)
 
