@@ -133,6 +133,7 @@ class Contracts:
         self.loss_step = 0
         self.last_output: Any = None
         self.last_output_step = 0
+        self.tensor_type = torch.Tensor
         self.batch_shapes: list[tuple[int, ...]] = []  # the model's first input on the first training forwards
         self.batch_ndim: int | None = None  # their common rank, once BATCH_SHAPES_LEARNED of them agree
         if self.module is not None:
@@ -445,12 +446,14 @@ class Contracts:
         batch that lost it (`x.squeeze()` on a batch of 1, a collate that drops the dimension). Modules
         that accept unbatched input (Linear, Conv, RNN, attention, cross_entropy) then run silently.
         """
-        x = _first_tensor(args) if args else None
+        x = args[0] if args and isinstance(args[0], self.tensor_type) else None  # the common case, fast
+        if x is None:
+            x = _first_tensor(args) if args else None
         if x is None and kwargs:
             x = _first_tensor(list(kwargs.values()))
         if x is None:
             return
-        shape = tuple(int(d) for d in x.shape)
+        shape = x.shape  # a torch.Size: a tuple, compared without copying
         if self.batch_ndim is None:
             self.batch_shapes.append(shape)
             if len(self.batch_shapes) >= BATCH_SHAPES_LEARNED:
