@@ -181,9 +181,10 @@ class Engine:
         earlier step: that rank had it first (rank 1's NaN at step 12 is the origin of rank 0's at 13)."""
         out = []
         for f in got if isinstance(got, list) else [got]:
+            f_step = getattr(f, "step", None)
             earlier = [(r, h) for r, h in self._held if isinstance(h, Finding) and (h.name, h.cause) == (
                 getattr(f, "name", None), getattr(f, "cause", None)) and h.step is not None
-                and isinstance(getattr(f, "step", None), int) and h.step < f.step]
+                and isinstance(f_step, int) and h.step < f_step]
             if earlier:
                 rank, h = min(earlier, key=lambda rh: rh[1].step or 0)
                 self._held = [(r, x) for r, x in self._held if x is not h]
