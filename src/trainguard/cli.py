@@ -200,7 +200,7 @@ def export(run: str | None, sinks: tuple[str, ...]) -> None:
 
 def _stop_on(text: str) -> list[str]:
     """--stop-on's rule codes or names, as the names findings carry; an unknown one is bad input (exit 2)."""
-    from trainguard.rules.catalog import lookup
+    from trainguard.catalog import lookup
 
     return [lookup(item).name for item in (s.strip() for s in text.split(",")) if item]
 
@@ -420,7 +420,7 @@ def _finding_counts(findings: Any) -> str:
 @click.option("--json", "as_json", is_flag=True, help="The same fields as JSON.")
 def rules(rule: str | None, as_json: bool) -> None:
     """List the rule catalogue, or explain one rule by CODE or NAME."""
-    from trainguard.rules.catalog import CATALOG, lookup
+    from trainguard.catalog import CATALOG, lookup
 
     if rule is None:
         if as_json:

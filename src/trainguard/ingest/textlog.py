@@ -30,6 +30,7 @@ from trainguard.ingest.events import (
     sniff_binary,
     to_number,
 )
+from trainguard.ingest.signs import SCHEDULER_BEFORE_OPTIMIZER
 
 MAX_LINE = 64 * 1024  # bytes kept of one line; the rest of an enormous line is skipped
 BLOCK = 1 << 20  # bytes read at a time
@@ -88,7 +89,7 @@ COMPLETION = re.compile(
 
 # PyTorch's own warnings that name a training bug: (name, pattern). `diagnose` makes findings of them.
 TORCH_WARNINGS: list[tuple[str, re.Pattern[str]]] = [
-    ("scheduler-before-optimizer",
+    (SCHEDULER_BEFORE_OPTIMIZER.name,
      re.compile(r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`")),
 ]
 

@@ -17,7 +17,7 @@ import math
 import warnings
 from typing import Any
 
-from trainguard.findings import Finding
+from trainguard.findings import PREFLIGHT, Code, Finding
 
 MAX_SCHED_STEPS = 400_000  # a bound on the simulation's cost (a LambdaLR step is ~5 µs on a CPU)
 CURVE_POINTS = 1000  # points kept in schedule.json for the report
@@ -181,9 +181,11 @@ def schedule_findings(sim: dict[str, Any]) -> list[Finding]:
 
 def lr_cycles(sim: dict[str, Any]) -> Finding:
     """TG103 lr-cycles-to-zero, from preflight's simulated schedule (the rule's page is the live rule's)."""
+    from trainguard.rules.schedule import LrCyclesToZero
+
     c = sim["cycles"]
-    return Finding(
-        code="TG103", name="lr-cycles-to-zero", severity="error", step=c["first_zero_step"],
+    return Finding.of(
+        LrCyclesToZero, step=c["first_zero_step"],
         summary=(f"the simulated LR falls to zero {c['zeros_in_plan']} times in the planned {sim['total_steps']} steps:"
                  f" at step {c['first_zero_step']}, back to {c['climbed_back_lr'] / c['peak_lr']:.0%} of its peak by"
                  f" step {c['climbed_back_step']}, at zero again at step {c['zero_again_step']}; {_stepping(sim)}"),
@@ -248,8 +250,8 @@ def schedule_ends_early(sim: dict[str, Any], evidence: dict[str, Any]) -> Findin
     share = (total - flat_from + 1) / total
     final, peak = sim.get("final_lr") or 0.0, sim["peak_lr"]
     level = "zero" if final <= ZERO * peak else f"{final:.3g} ({final / peak:.0%} of its peak {peak:.3g})"
-    return Finding(
-        code="TG604", name="schedule-ends-early", severity="error", step=flat_from,
+    return Finding.of(
+        SCHEDULE_ENDS_EARLY, step=flat_from,
         summary=(f"the simulated LR schedule is over at step {flat_from} of {total}: the LR stays at {level} for"
                  f" the last {share:.0%} of the run; {_stepping(sim)}"),
         evidence=evidence,
@@ -262,10 +264,14 @@ def schedule_ends_early(sim: dict[str, Any], evidence: dict[str, Any]) -> Findin
     )
 
 
+SCHEDULE_ENDS_EARLY = Code("TG604", "schedule-ends-early", "error", needs=(PREFLIGHT,),
+                           page=schedule_ends_early, status="preview")
+
+
 def scheduler_raises(sim: dict[str, Any]) -> Finding:
     raised = sim["raised"]
-    return Finding(
-        code="TG604", name="schedule-ends-early", severity="error", step=raised["step"], cause="scheduler-raises",
+    return Finding.of(
+        SCHEDULE_ENDS_EARLY, step=raised["step"], cause="scheduler-raises",
         summary=(f"the scheduler raises when the run reaches step {raised['step']} of {sim['total_steps']}:"
                  f" {raised['error']}; {_stepping(sim)}"),
         evidence={"raised": raised, "total_steps": sim["total_steps"], "ratio": sim.get("ratio"),
@@ -302,8 +308,8 @@ def schedule_ends_late(sim: dict[str, Any], evidence: dict[str, Any]) -> Finding
     None. The schedule is simulated up to 20 times the plan (at most 400,000 scheduler steps).
     """
     total = sim["total_steps"]
-    return Finding(
-        code="TG605", name="schedule-ends-late", severity="error", step=total,
+    return Finding.of(
+        SCHEDULE_ENDS_LATE, step=total,
         summary=(f"the LR schedule ends at step {evidence['schedule_end']} but the run at step {total}: the LR at"
                  f" the end is {sim['final_lr']:.3g} ({sim['final_lr'] / sim['peak_lr']:.0%} of its peak"
                  f" {sim['peak_lr']:.3g}) instead of {evidence['lr_after_schedule_end']:.3g}; {_stepping(sim)}"),
@@ -312,6 +318,10 @@ def schedule_ends_late(sim: dict[str, Any], evidence: dict[str, Any]) -> Finding
              " The curve is in schedule.json."),
         source="preflight",
     )
+
+
+SCHEDULE_ENDS_LATE = Code("TG605", "schedule-ends-late", "error", needs=(PREFLIGHT,),
+                          page=schedule_ends_late, status="preview")
 
 
 def fmt_duration(seconds: float | None) -> str:

@@ -39,6 +39,7 @@ from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
+from trainguard.watchdog.verdict import PROBE_NOT_FINISHED
 
 ENV_WATCHDOG = "TRAINGUARD_WATCHDOG"
 ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"
@@ -961,7 +962,7 @@ class Guard:
             if self._rules is not None and not self.finished and not self._disabled:
                 self._run_rules(final=True)
             if not self.under_watchdog and self.rank == 0 and not self.finished and not self.crashed:
-                self._write_own_status(state="failed", reason="probe-not-finished")
+                self._write_own_status(state="failed", reason=PROBE_NOT_FINISHED.name)
             self._writer.close()
         except Exception as exc:
             self._fail("exit", exc)
@@ -1022,7 +1023,7 @@ class Guard:
         if findings is None:
             with RunReader(self.run_dir) as reader:
                 findings = [f.to_dict() for f in reader.findings()]
-        if reason == "probe-not-finished":
+        if reason == PROBE_NOT_FINISHED.name:
             from trainguard.watchdog.verdict import probe_not_finished
 
             findings.append(probe_not_finished(self.step_count).to_dict())

@@ -26,13 +26,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from trainguard.findings import Finding
+from trainguard.findings import Data, Finding
 
 
 class Rule:
     """One rule: consumes events, returns a Finding when it is sure. This class is the whole surface.
 
-    Subclasses set `code`, `name`, `severity` (as in the catalogue) and override any of `on_step`,
+    A subclass is the rule's one declaration: it sets `code`, `name`, `severity`, `needs` (the data it
+    reads) and, if not stable, `status`; its docstring is the rule's page. It overrides any of `on_step`,
     `on_event`, `end`. Each returns a Finding or None (or a list, for a rule that escalates). A rule
     keeps whatever state it needs; it must stay cheap per event (it may run in the training process)
     and bounded: nothing it keeps may grow with the number of steps or events (a 1 GB log is 15
@@ -43,6 +44,9 @@ class Rule:
     code = ""
     name = ""
     severity = "warning"
+    needs: tuple[Data, ...] = ()
+    status = "stable"
+    since = "0.1.0"
 
     def __init__(self, plan: dict[str, Any]) -> None:
         self.plan = plan
@@ -65,8 +69,8 @@ class Rule:
 
     def finding(self, *, step: int | None, summary: str, fix: str, evidence: dict[str, Any],
                 severity: str | None = None, cause: str | None = None) -> Finding:
-        return Finding(code=self.code, name=self.name, severity=severity or self.severity, summary=summary,
-                       evidence=evidence, fix=fix, step=step, cause=cause, source="rules")
+        return Finding.of(self, severity=severity, summary=summary, evidence=evidence, fix=fix, step=step,
+                          cause=cause, source="rules")
 
     def fraction(self, step: int | None) -> float | None:
         """How far into the planned run `step` is (0..1+), None when the plan has no length."""
@@ -175,17 +179,10 @@ def run_rules(events: Iterable[dict[str, Any]], plan: dict[str, Any] | None = No
 
 
 def all_rules() -> list[type[Rule]]:
-    """The rule classes named in the catalogue (the one registry), in catalogue order."""
-    from trainguard.rules.catalog import CATALOG
+    """The health rules the engine runs, in catalogue order (retired ones left out)."""
+    from trainguard.rules.health import HEALTH_RULES  # the rule modules import this one
 
-    out = []
-    for entry in CATALOG:
-        if entry.status == "removed":
-            continue
-        obj = entry.resolve()
-        if isinstance(obj, type) and issubclass(obj, Rule) and obj not in out:
-            out.append(obj)
-    return out
+    return [rule for rule in HEALTH_RULES if rule.status != "removed"]
 
 
 # -- small helpers shared by the rule modules --------------------------------------------------------

@@ -7,7 +7,7 @@ import collections
 import math
 from typing import Any
 
-from trainguard.findings import Finding
+from trainguard.findings import EVAL, LOSS, OUTPUT_SIZE, PROBE, UPDATE_RATIO, Finding
 from trainguard.rules.engine import Rule, Streak, finite, fmt, median, robust_std
 from trainguard.rules.schedule import step_lr
 
@@ -43,6 +43,7 @@ class WeightsNotUpdating(Rule):
     """
 
     code, name, severity = "TG201", "weights-not-updating", "error"
+    needs = (UPDATE_RATIO,)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -119,6 +120,7 @@ class ParamsWithoutGrad(Rule):
     """
 
     code, name, severity = "TG202", "params-without-grad", "warning"
+    needs = (PROBE,)
     MIN_SAMPLES = 5
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -231,6 +233,7 @@ class EvalMetricsFrozen(Rule):
     """
 
     code, name, severity = "TG203", "eval-metrics-frozen", "error"
+    needs = (EVAL,)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -353,6 +356,7 @@ class LossNotDecreasing(Rule):
     """
 
     code, name, severity = "TG204", "loss-not-decreasing", "warning"
+    needs = (LOSS,)
     MAX_KEEP = 2000
     MIN_ROWS = 16  # 8 a half: fewer cannot give a median and a noise
 
@@ -435,6 +439,7 @@ class InitialLossOff(Rule):
     """
 
     code, name, severity = "TG205", "initial-loss-off", "warning"
+    needs = (LOSS, OUTPUT_SIZE)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -550,6 +555,7 @@ class LossDiverging(Rule):
     """
 
     code, name, severity = "TG206", "loss-diverging", "error"
+    needs = (LOSS,)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -635,6 +641,7 @@ class LossSpike(Rule):
     """
 
     code, name, severity = "TG207", "loss-spike", "warning"
+    needs = (LOSS,)
     TAIL_FACTOR = 4.0  # a spike stands this many times further above the median than the run's own 99th percentile
     BIN = 0.02  # log-space width of the tail histogram's bins; 1,000 bins reach e^20
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.findings import Finding
+from trainguard.findings import WATCHDOG, Code, Finding
 
 
 @dataclass
@@ -118,11 +118,14 @@ def stalled_finding(hang: Finding, *, limit: float, basis: str) -> Finding:
     ev = dict(hang.evidence or {})
     ev["stop_limit"] = round(limit, 1)
     ev["stop_limit_basis"] = basis
-    return Finding(
-        code="TG509", name="run-stalled", severity="warning", step=hang.step,
+    return Finding.of(
+        RUN_STALLED, step=hang.step,
         summary=f"{hang.summary}; not stopped: no proof that it cannot recover; limit {limit:.0f} s ({basis})",
         evidence=ev, fix=hang.fix, cause=hang.cause, where=hang.where, source="watchdog",
     )
+
+
+RUN_STALLED = Code("TG509", "run-stalled", "warning", needs=(WATCHDOG,), page=stalled_finding)
 
 
 def stall_ended(finding: Finding, *, seconds: float, how: str) -> None:
@@ -169,11 +172,14 @@ def hang_finding(*, idle: float, timeout: float, step: int | None, phase: str | 
         **{k: v for k, v in process.items() if v is not None},
         **(extra or {}),
     }
-    return Finding(
-        code="TG502", name="run-hung", severity="error", step=step,
+    return Finding.of(
+        RUN_HUNG, step=step,
         summary=f"no progress for {idle:.0f} s (stall timeout {timeout:.0f} s){at}{ph}{busy}",
         evidence=evidence,
         fix="Look at the stacks taken at the stall (stacks/ in the run folder) to see where it waits;"
             " the cause and where it is stuck decide the fix.",
         cause="unknown", source="watchdog",
     )
+
+
+RUN_HUNG = Code("TG502", "run-hung", "error", needs=(WATCHDOG,), page=hang_finding)

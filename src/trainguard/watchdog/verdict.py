@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.findings import Finding
+from trainguard.findings import EXPECTS, PROBE, PROCESS, WATCHDOG, Code, Finding
+from trainguard.watchdog.crash import RUN_CRASHED
 
 EXIT_FAILED = 123  # exit 0, but an expected artifact is missing or stale, or the probe never finished
 EXIT_HUNG = 124  # no progress for longer than the stall timeout (as `timeout(1)` uses 124)
@@ -54,14 +55,17 @@ def probe_not_finished(step: int | None) -> Finding:
     What to change: call `guard.finish()` at the true end of the script, or use `with trainguard.watch(...)`.
     """
     at = f" at step {step}" if step is not None else ""
-    return Finding(
-        code="TG506", name="probe-not-finished", severity="error", step=step,
+    return Finding.of(
+        PROBE_NOT_FINISHED, step=step,
         summary=f"the script exited{at} without reaching guard.finish(): its end was never confirmed",
         evidence={"step": step},
         fix="Call guard.finish() at the true end of the script (or use `with trainguard.watch(...) as guard:`);"
             " if the script left early on purpose, let it say so by finishing the guard first.",
         source="watchdog",
     )
+
+
+PROBE_NOT_FINISHED = Code("TG506", "probe-not-finished", "error", needs=(PROBE,), page=probe_not_finished)
 
 
 def check_artifacts(expects: list[str], started: float, cwd: str | None = None) -> list[Finding]:
@@ -85,8 +89,8 @@ def check_artifacts(expects: list[str], started: float, cwd: str | None = None) 
         try:
             st = path.stat()
         except FileNotFoundError:
-            findings.append(Finding(
-                code="TG504", name="artifact-missing", severity="error",
+            findings.append(Finding.of(
+                ARTIFACT_MISSING,
                 summary=f"expected artifact {raw} does not exist although the command exited 0",
                 evidence={"path": str(path), "exists": False},
                 fix=f"The script ended without writing {raw}. Check the end of output.log and the last phase;"
@@ -95,8 +99,8 @@ def check_artifacts(expects: list[str], started: float, cwd: str | None = None) 
             ))
             continue
         except OSError as exc:
-            findings.append(Finding(
-                code="TG504", name="artifact-missing", severity="error",
+            findings.append(Finding.of(
+                ARTIFACT_MISSING,
                 summary=f"expected artifact {raw} cannot be read: {exc.strerror}",
                 evidence={"path": str(path), "error": str(exc)}, fix="Check the path and its permissions.",
                 source="watchdog",
@@ -105,8 +109,8 @@ def check_artifacts(expects: list[str], started: float, cwd: str | None = None) 
         # one second of slack: some filesystems keep mtimes at a coarse resolution
         if st.st_mtime < started - 1.0:
             age = started - st.st_mtime
-            findings.append(Finding(
-                code="TG505", name="artifact-stale", severity="error",
+            findings.append(Finding.of(
+                ARTIFACT_STALE,
                 summary=f"expected artifact {raw} was not written during this run (last written {age:.0f} s before it started)",
                 evidence={"path": str(path), "mtime": st.st_mtime, "run_started": started,
                           "written_before_start_s": round(age, 1)},
@@ -115,6 +119,12 @@ def check_artifacts(expects: list[str], started: float, cwd: str | None = None) 
                 source="watchdog",
             ))
     return findings
+
+
+ARTIFACT_STALE = Code("TG505", "artifact-stale", "error", needs=(EXPECTS,), page=check_artifacts)
+
+
+ARTIFACT_MISSING = Code("TG504", "artifact-missing", "error", needs=(EXPECTS,), page=check_artifacts)
 
 
 def killed_finding(signum: int, *, step: int | None, oom: dict[str, Any]) -> Finding:
@@ -155,12 +165,15 @@ def killed_finding(signum: int, *, step: int | None, oom: dict[str, Any]) -> Fin
                        " (DataLoader workers × prefetch, dataset caching, leaks).",
         "segfault": "Run with `PYTHONFAULTHANDLER=1` to get the Python frames; update or pin the native extension.",
     }.get(cause or "", "Find who sent the signal; resume from the last checkpoint.")
-    return Finding(
-        code="TG503", name="run-killed", severity="error", step=step,
+    return Finding.of(
+        RUN_KILLED, step=step,
         summary=f"the process was killed by {name}{at}: {likely}",
         evidence={"signal": name, **{k: v for k, v in oom.items() if v not in (None, [], 0)}},
         fix=fix, cause=cause, source="watchdog",
     )
+
+
+RUN_KILLED = Code("TG503", "run-killed", "error", needs=(PROCESS,), page=killed_finding)
 
 
 def leftover_finding(members: list[dict[str, Any]], step: int | None) -> Finding:
@@ -176,8 +189,8 @@ def leftover_finding(members: list[dict[str, Any]], step: int | None) -> Finding
     down DataLoader workers); trainguard stops the leftovers itself (SIGTERM, then SIGKILL).
     """
     shown = [f"pid {m.get('pid')} {' '.join(m.get('cmdline') or [])[:120]}" for m in members[:10]]
-    return Finding(
-        code="TG508", name="leftover-processes", severity="warning", step=step,
+    return Finding.of(
+        LEFTOVER_PROCESSES, step=step,
         summary=f"{len(members)} process(es) of the run were still running after its main process exited;"
                 " trainguard stopped them",
         evidence={"processes": shown, "count": len(members)},
@@ -185,6 +198,9 @@ def leftover_finding(members: list[dict[str, Any]], step: int | None) -> Finding
             " shut down DataLoader workers.",
         source="watchdog",
     )
+
+
+LEFTOVER_PROCESSES = Code("TG508", "leftover-processes", "warning", needs=(WATCHDOG,), page=leftover_finding)
 
 
 def decide(
@@ -213,8 +229,8 @@ def decide(
     if returncode != 0:
         crash = probe_crash or stderr_crash
         if crash is None:
-            crash = Finding(
-                code="TG501", name="run-crashed", severity="error", step=step,
+            crash = Finding.of(
+                RUN_CRASHED, step=step,
                 summary=f"the command exited with code {returncode} without a Python traceback",
                 evidence={"exit_code": returncode},
                 fix="Read the end of output.log in the run folder: the command said why, or said nothing.",
