@@ -38,7 +38,7 @@ from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
 from trainguard.watchdog import crash, keeper, restart, statusline, stop, verdict
-from trainguard.watchdog.stall import StallPolicy, hang_finding, stall_ended, stalled_finding
+from trainguard.watchdog.stall import Stall, StallPolicy, hang_finding, stall_ended, stalled_finding
 from trainguard.watchdog.tee import OutputCapture
 from trainguard.watchdog.writes import WriteWatch
 
@@ -382,14 +382,14 @@ class Supervisor:
         most MAX_IO_GRACE times in a row.
         """
         timeout = self.stall.timeout(state.phase, startup=state.scratch.get("startup", False))
-        result, hang = self._look(state, idle, timeout)
-        if hang is None:
+        result, stall = self._look(state, idle, timeout)
+        if stall is None:
             return None
         why = stop.proof(result.diagnosis) if result is not None else None
         if why:
-            return self._stop_for(hang, why)
+            return self._stop_for(hang_finding(stall, result, stopped_because=why))
         limit, basis = self._limit(state)
-        stalled = stalled_finding(hang, limit=limit, basis=basis)
+        stalled = stalled_finding(hang_finding(stall, result), limit=limit, basis=basis)
         self._report(stalled)
         self._open = OpenStall(finding=stalled, since=state.t_progress or self.attempt_started, mark=mark,
                                looks=[result] if result is not None else [],
@@ -409,25 +409,27 @@ class Supervisor:
         past = idle >= limit
         if not past and time.time() < st.next_look:
             return None
-        result, hang = self._look(state, idle, timeout)
-        if hang is None or self._open is None:
+        result, stall = self._look(state, idle, timeout)
+        if stall is None or self._open is None:
             return None  # it ended while we looked, or moved
         st.next_look = time.time() + self._relook(timeout)
         if result is not None:
             st.looks.append(result)
         if past:
-            return self._stop_for(hang, f"the stall lasted {idle:.0f} s, past its limit of {limit:.0f} s ({basis})")
-        why = stop.proof(result.diagnosis) if result is not None else None
-        why = why or stop.stuck(st.looks, idle=idle, longest_done=self._longest_done(),
-                                phase_seen=self._phase_seen(state))
-        return self._stop_for(hang, why) if why else None
+            why = f"the stall lasted {idle:.0f} s, past its limit of {limit:.0f} s ({basis})"
+        else:
+            why = stop.proof(result.diagnosis) if result is not None else None
+            why = why or stop.stuck(st.looks, idle=idle, longest_done=self._longest_done(),
+                                    phase_seen=self._phase_seen(state))
+        return self._stop_for(hang_finding(stall, result, stopped_because=why)) if why else None
 
-    def _look(self, state: WatchState, idle: float, timeout: float) -> tuple[Any, Finding | None]:
-        """Stacks of every process, diagnosed: (the diagnosis or None, the run-hung finding it makes), or
+    def _look(self, state: WatchState, idle: float, timeout: float) -> tuple[Any, Stall | None]:
+        """Stacks of every process, diagnosed: (the diagnosis or None, the stall it looked at), or
         (None, None) when the run ended or moved while we looked."""
         from trainguard.watchdog.hang import diagnose_stall
 
-        last_progress = state.t_progress or self.attempt_started
+        stall = Stall(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
+                      last_progress=state.t_progress or self.attempt_started, pid=state.pid, attempt=self.attempt)
         label: int | str = self.attempt if self._looks == 0 else f"{self.attempt}-{self._looks}"
         self._looks += 1
         try:
@@ -435,8 +437,7 @@ class Supervisor:
         except Exception as exc:
             # Why not raise: a broken diagnosis must not cost the user the stall finding itself.
             self._guard_error(f"hang diagnosis failed: {exc!r}")
-            return None, hang_finding(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
-                                      last_progress=last_progress, process={"pid": state.pid})
+            return None, stall
         if self.proc.poll() is not None:
             return None, None  # it ended while we looked (a slow exit): the exit decides the state, not a stall
         after = self._observe()
@@ -455,15 +456,9 @@ class Supervisor:
             if self._open is not None:
                 self._end_stall(time.time() - self._open.since, why)
             return None, None
-        hang = result.finding(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
-                              last_progress=last_progress)
-        if self.attempt:
-            hang.evidence["attempt"] = self.attempt
-        return result, hang
+        return result, stall
 
-    def _stop_for(self, hang: Finding, why: str) -> Finding:
-        hang.evidence["stopped_because"] = why
-        hang.summary += f"; stopped: {why}"
+    def _stop_for(self, hang: Finding) -> Finding:
         self._open = None
         self._report(hang)
         return hang
