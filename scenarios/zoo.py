@@ -195,7 +195,8 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
     findings = status.get("findings") or []
     names = [f.get("name") for f in findings]
     want_state = exp.get("state")
-    got_state = status.get("state", "?")
+    # a preflight's verdict (passed, incomplete, failed) is a field beside the state (store/status.py's shown_state)
+    got_state = status.get("preflight_outcome") or status.get("state", "?")
     if rc is None:
         problems.append("timed out")
     if want_state and got_state != want_state:

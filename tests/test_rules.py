@@ -515,3 +515,50 @@ def test_nonfinite_rate_counts_the_steps_since_its_onset() -> None:
     f = next(f for f in run_rules(events, {}) if f.name == "nonfinite-loss" and f.severity == "error")
     assert "at 2 of 2 steps since step 60" in f.summary, f.summary
     assert f.evidence["steps_since_onset"] == 2 and f.evidence["of_steps"] == 7
+
+
+def _two_ranks(n: int, rank1: dict[int, dict] | None = None, both: dict[int, dict] | None = None):
+    """n steps of two data-parallel ranks, interleaved as the store holds them (rank 1 a little behind);
+    `rank1`/`both` override fields of rank 1's rows or of both ranks' rows at a step."""
+    for s in range(1, n + 1):
+        for rank in (0, 1):
+            row = {"kind": "step", "step": s, "t": s + 0.01 * rank, "rank": rank, "loss": 2.0 - s / (2 * n),
+                   "lr": 1e-3, "grad_norm": 1.0, "step_time": 0.05, "data_wait": 0.001}
+            row.update((both or {}).get(s, {}))
+            if rank == 1:
+                row.update((rank1 or {}).get(s, {}))
+            yield row
+
+
+def test_every_rank_is_judged_and_a_problem_of_one_rank_is_attributed_to_it() -> None:
+    # rank 1's loss goes NaN at step 40 while rank 0's stays finite: found, and said to be rank 1's
+    found = run_rules(_two_ranks(100, rank1={40: {"loss": float("nan")}}), {"total_steps": 100})
+    (f,) = [f for f in found if f.name == "nonfinite-loss"]
+    assert f.step == 40 and f.summary.startswith("rank 1: ") and f.evidence["rank"] == 1
+    # the same problem on every rank is the run's: one finding, spoken by rank 0, with no rank attached
+    found = run_rules(_two_ranks(100, both={s: {"lr": 0.0} for s in range(30, 101)}), {"total_steps": 100})
+    (f,) = [f for f in found if f.name == "lr-reaches-zero"]
+    assert "rank" not in f.evidence and not f.summary.startswith("rank ")
+    # rank 1 alone is held until rank 0 passes its step: fed rank 1 first, the finding waits for rank 0
+    engine = Engine({"total_steps": 100})
+    rows = list(_two_ranks(100, rank1={40: {"loss": float("nan")}}))
+    early = engine.feed_all([r for r in rows if r["rank"] == 1])
+    assert not [f for f in early if f.name == "nonfinite-loss"]
+    late = engine.feed_all([r for r in rows if r["rank"] == 0 and r["step"] <= 40])
+    assert [f.name for f in late if f.name == "nonfinite-loss"] == ["nonfinite-loss"]
+
+
+def test_a_rule_that_raises_on_one_rank_is_switched_off_there_only() -> None:
+    from trainguard.rules.schedule import LrReachesZero
+
+    class _BreaksOnRankOne(Rule):
+        code, name, severity = "TG998", "raises-on-rank-one", "warning"
+
+        def on_step(self, row: dict) -> None:
+            if row.get("rank") == 1:
+                raise RuntimeError("boom")
+
+    engine = Engine({"total_steps": 100}, rules=[_BreaksOnRankOne, LrReachesZero])
+    engine.feed_all(_two_ranks(100, both={s: {"lr": 0.0} for s in range(30, 101)}))
+    assert len(engine.errors) == 1 and "on rank 1" in engine.errors[0]
+    assert [type(r) for r in engine.rules] == [_BreaksOnRankOne, LrReachesZero]

@@ -85,3 +85,37 @@ def test_status_json_is_strict_json_when_the_loss_is_nan(tmp_path: Path) -> None
 
     assert "iter 12: loss nan" in (tmp_path / "watched" / "output.log").read_text()
     assert read_printed(tmp_path / "watched") == []
+
+
+def test_each_rank_records_its_node_and_host_and_an_old_store_reads_without_them(tmp_path: Path) -> None:
+    from trainguard.store.ranks import describe, rank_info
+
+    # two nodes of two ranks each, as torchrun --nnodes=2 --nproc_per_node=2 sets their environments
+    for rank in range(4):
+        env = {"RANK": str(rank), "LOCAL_RANK": str(rank % 2), "GROUP_RANK": str(rank // 2), "WORLD_SIZE": "4",
+               "LOCAL_WORLD_SIZE": "2"}
+        w = StoreWriter(tmp_path, rank=rank)
+        w.set_rank_info(rank_info(env))
+        w.add_step({"step": 1, "t": 1.0, "loss": 1.0})
+        w.close()
+    info = RunReader(tmp_path).ranks()
+    assert sorted(info) == [0, 1, 2, 3]
+    assert [info[r]["node"] for r in range(4)] == [0, 0, 1, 1]
+    assert [info[r]["local_rank"] for r in range(4)] == [0, 1, 0, 1]
+    assert info[3]["world_size"] == 4 and info[3]["local_world_size"] == 2 and info[3]["host"]
+    assert describe(3, info) == "rank 3 (node 1)"  # two simulated nodes on one host
+    assert describe(3, {r: {**info[r], "node": 0} for r in info}) == "rank 3"  # one node: nothing to add
+    info[3]["host"] = "gpu-b"
+    assert describe(3, info) == "rank 3 (node 1, gpu-b)"
+    # Slurm without torchrun; a plain process; an odd value from a launcher falls back, never raises
+    assert rank_info({"SLURM_PROCID": "5", "SLURM_NODEID": "2"})["rank"] == 5
+    assert rank_info({})["rank"] == 0 and rank_info({})["world_size"] == 1
+    assert rank_info({"RANK": "x", "SLURM_PROCID": "1"})["rank"] == 1
+
+    # a store written before the table existed reads back with no ranks (read-only: nothing is created)
+    old = tmp_path / "old"
+    old.mkdir()
+    conn = sqlite3.connect(old / "run.db")
+    conn.executescript("CREATE TABLE steps (rank INTEGER, step INTEGER, t REAL); CREATE TABLE events (id INTEGER);")
+    conn.close()
+    assert RunReader(old).ranks() == {}

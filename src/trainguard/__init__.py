@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from trainguard.contract import ENV_DISABLE, ENV_STACKS
 from trainguard.findings import Finding
 
 __version__ = "0.1.0"
@@ -42,7 +43,7 @@ def watch(
     `stats_every`: gradient norm and update ratio are measured every N optimizer steps (and on each
     of the first N). With TRAINGUARD_DISABLE=1 this returns a `NullGuard` that does nothing.
     """
-    if os.environ.get("TRAINGUARD_DISABLE"):
+    if os.environ.get(ENV_DISABLE):
         return NullGuard(grad_accum)
     from trainguard.probe import auto
     from trainguard.probe.guard import Guard, active_guard
@@ -89,7 +90,7 @@ def __getattr__(name: str) -> Any:
 if not TYPE_CHECKING:  # NullGuard is light; import it eagerly for `watch`'s return path
     from trainguard.probe.null import NullGuard
 
-if os.environ.get("TRAINGUARD_STACKS"):  # a child of a watched process (spawned worker, rank): stacks on request
+if os.environ.get(ENV_STACKS):  # a child of a watched process (spawned worker, rank): stacks on request
     from trainguard.probe import stackdump
 
     stackdump.install_from_env()

@@ -110,7 +110,9 @@ class RuleEntry:
 CATALOG: list[RuleEntry] = [RuleEntry(rule) for rule in [
     # the run's ending and its stalls, judged by the watchdog (issue 2) or the probe running alone
     RUN_CRASHED, RUN_HUNG, RUN_KILLED, ARTIFACT_MISSING, ARTIFACT_STALE, PROBE_NOT_FINISHED, RUN_STALLED,
-    # health rules (issue 4) and API contracts (issue 20): silent failures found while the run trains
+    # health rules (issue 4) and API contracts (issue 20): silent failures found while the run trains.
+    # TG702-TG709: cross-rank health rules (issue 16, rules/ranks.py); TG711-TG719: hangs across ranks and
+    # nodes (issue 16, the watchdog)
     *HEALTH_RULES,
     LEFTOVER_PROCESSES,
     # hang and crash diagnosis (issue 3)

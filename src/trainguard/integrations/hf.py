@@ -21,6 +21,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 import trainguard
+from trainguard.contract import ENV_RESUME_FROM
 from trainguard.integrations import fail_open, under_preflight, unwrap
 
 
@@ -159,7 +160,7 @@ def resume_checkpoint() -> str | None:
 
         trainer.train(resume_from_checkpoint=resume_checkpoint())
     """
-    return os.environ.get("TRAINGUARD_RESUME_FROM") or None
+    return os.environ.get(ENV_RESUME_FROM) or None
 
 
 def _strategy(value: Any) -> str:

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.contract import ENV_CONTRACTS
 from trainguard.probe import devicestats, workerrng
 from trainguard.rules.contracts import (
     AutocastRunsFp32,
@@ -40,7 +41,6 @@ from trainguard.rules.contracts import (
     WorkersShareRng,
 )
 
-ENV_CONTRACTS = "TRAINGUARD_CONTRACTS"  # "0": no contract checks (their hooks are not even installed)
 EVAL_PHASES = frozenset({"eval", "evaluate", "evaluation", "val", "valid", "validate", "validation", "test"})
 NO_GRAD_STREAK = 3  # forwards in a row under no_grad in training mode, outside an eval phase: an eval loop
 AUTOCAST_FP32_SHARE = 0.5  # of the largest layers' weights computing in fp32 inside autocast

@@ -31,20 +31,17 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainguard.probe import contracts, devicestats, planinfo, samples, stackdump
+from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RULES, ENV_RUN_DIR, ENV_WATCHDOG
+from trainguard.probe import collectives, contracts, devicestats, planinfo, samples, stackdump
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.schedclock import SchedClock
 from trainguard.probe.selflog import GuardLog
-from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
+from trainguard.store.paths import new_run_dir, prepare_run_dir
+from trainguard.store.ranks import rank_info
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
 from trainguard.watchdog.verdict import PROBE_NOT_FINISHED
-
-ENV_WATCHDOG = "TRAINGUARD_WATCHDOG"
-ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"
-ENV_RESUME = "TRAINGUARD_RESUME_FROM"
-ENV_DISABLE = "TRAINGUARD_DISABLE"
 
 FLUSH_INTERVAL = 0.2  # seconds between commits: bounds what a SIGKILL can lose
 STATUS_INTERVAL = 1.0  # seconds between status.json rewrites when no watchdog owns it
@@ -54,7 +51,6 @@ RULES_INTERVAL = 1.0  # seconds between runs of the health rules when no watchdo
 # closer than samples.MIN_STEP_SAMPLE_GAP seconds apart, which bounds the cost on a fast loop).
 SAMPLES_PER_RUN = 1000
 MAX_SAMPLE_EVERY = 20  # ...but at least one every 20 steps, so a long run's leak is seen within 200 steps
-ENV_RULES = "TRAINGUARD_RULES"  # "0": the probe does not run the health rules itself
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
 
 
@@ -102,7 +98,8 @@ class Guard:
         self.grad_accum = int(grad_accum)
         self.stats_every = max(1, int(stats_every))
         self.auto = auto  # made by the automatic probe (probe/auto.py) at the first optimizer step
-        self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.place = rank_info()  # rank, node and host from torchrun's (or Slurm's) environment
+        self.rank = self.place["rank"]
         self.attempt = int(os.environ.get(ENV_ATTEMPT, "0") or 0)
         self.under_watchdog = bool(os.environ.get(ENV_WATCHDOG))
         self._pid = os.getpid()
@@ -182,6 +179,7 @@ class Guard:
 
         self._ff = fastforward.from_env(self)  # before the hooks: it copies the scheduler
         self._install_hooks()
+        collectives.install()  # each collective numbered per group, for the hang diagnosis across ranks
         try:  # API-contract checks (probe/contracts.py): hooks of their own, fail-open like the rest
             self._contracts = contracts.attach(self)
         except Exception as exc:
@@ -211,7 +209,7 @@ class Guard:
         """The checkpoint to resume from when the watchdog (or preflight) restarted this script, else None."""
         if self._ff is not None:
             self._ff.note_resume_read(self)
-        return os.environ.get(ENV_RESUME) or None
+        return os.environ.get(ENV_RESUME_FROM) or None
 
     def step(self, loss: Any, parts: dict[str, Any] | None = None, weights: dict[str, float] | None = None) -> None:
         """Called once per micro-batch (each forward/backward), before or after `optimizer.step()`.
@@ -707,6 +705,9 @@ class Guard:
         self._drain_experts(final)
         if self._contracts is not None:
             self._contracts.drain(final)
+        moved = collectives.changed()
+        if moved is not None:
+            self._writer.set_meta(f"collectives.{self.rank}", moved)
         phase = self._phases[-1] if self._phases else None
         self._writer.set_heartbeat(
             t_progress=self._t_progress, micro=self.micro, step=self.step_count, phase=phase,
@@ -879,6 +880,7 @@ class Guard:
             w.set_meta("host", platform.node())
             w.set_meta("user", _safe(getpass.getuser))
         w.set_meta("label", label)
+        w.set_rank_info(self.place)
         w.set_meta(f"probe.{self.rank}", {
             "pid": self._pid, "python": sys.version.split()[0], "trainguard": __version__,
             "torch": _torch_version(), "attempt": self.attempt, "auto": self.auto,
@@ -901,7 +903,8 @@ class Guard:
             w.set_meta("plan", self._plan)
             if config is not None:
                 w.set_meta("config", config)
-        w.add_event("probe", "start", {"pid": self._pid, "attempt": self.attempt, "auto": self.auto})
+        w.add_event("probe", "start", {"pid": self._pid, "attempt": self.attempt, "auto": self.auto,
+                                       "node": self.place["node"], "host": self.place["host"]})
         w.flush()
 
     def _install_hooks(self) -> None:

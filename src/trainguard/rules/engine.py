@@ -17,6 +17,14 @@ The plan (meta "plan": total_steps, grad_accum, scheduler, sched_horizon, output
 alongside: it is what the run meant to do, the events are what it did.
 
 A rule fires at most once per cause: the engine remembers (name, cause) pairs it has reported.
+
+Every rank is judged. Rank 0 (and the watchdog's rank -1, and a log reader's rows without a rank)
+speak for the run: their stream goes to the rules as it always did. Each other rank gets rule
+instances of its own, fed only its own rows and events, so a rank whose loss goes NaN or whose memory
+creeps is found even when rank 0 is fine. A finding of another rank is held until rank 0 has passed
+its step: when rank 0 finds the same (name, cause) by then, the problem is the run's and rank 0's
+finding speaks for it; otherwise it is that rank's own and says so ("rank 1: ..."). Rules that compare
+ranks (`all_ranks = True`, rules/ranks.py) get every rank's stream once.
 """
 
 from __future__ import annotations
@@ -96,6 +104,8 @@ class Engine:
         self._reported: set[tuple[str, str | None]] = set()
         self.errors: list[str] = []  # rules that raised: switched off, named here (fail-open)
         self.last_step: int | None = None
+        self._other_ranks: dict[int, _RankRules] = {}  # rank > 0 -> its own instances of the per-rank rules
+        self._held: list[tuple[int, Finding]] = []  # other ranks' findings waiting for rank 0 to pass their step
 
     @property
     def rules(self) -> list[Rule]:
@@ -108,31 +118,77 @@ class Engine:
         self._rules = list(rules)
         self._step_hooks = [r.on_step for r in self._rules if type(r).on_step is not Rule.on_step]
         self._event_hooks = [r.on_event for r in self._rules if type(r).on_event is not Rule.on_event]
-        # rules that compare ranks (TG7xx) also get the events of ranks other than 0
-        self._all_rank_hooks = [h for h in self._event_hooks if getattr(h.__self__, "all_ranks", False)]
+        # rules that compare ranks (TG7xx) get every rank's rows and events; the others, one rank's each
+        self._all_rank_step_hooks = [h for h in self._step_hooks if _compares_ranks(h.__self__)]
+        self._all_rank_hooks = [h for h in self._event_hooks if _compares_ranks(h.__self__)]
 
     def feed(self, event: dict[str, Any]) -> list[Finding]:
         """Feeds one event to every rule; returns the findings that are new."""
         kind = event.get("kind")
         rank = event.get("rank")
         if isinstance(rank, int) and rank > 0:
-            # rank 0 speaks for the run (the watchdog writes as -1); other ranks are for the TG7xx rules
-            if kind == "step" or not self._all_rank_hooks:
-                return []
-            hooks = self._all_rank_hooks
-        elif kind == "step":
+            return self._feed_other_rank(rank, event)
+        if kind == "step":
             self.last_step = event.get("step")
-            hooks = self._step_hooks
-        else:
-            hooks = self._event_hooks
+            out = self._call(self._step_hooks, event)
+            return out + self._release(self.last_step)
+        return self._call(self._event_hooks, event)
+
+    def _call(self, hooks: list[Any], event: dict[str, Any], rank: int | None = None) -> list[Finding]:
         out: list[Finding] = []
         for hook in hooks:  # a dropped rule rebuilds the lists; this loop keeps the one it started with
             try:
                 got = hook(event)
-                if got is not None:
+                if got is None:
+                    continue
+                if rank is None:
                     out.extend(self._new(got))  # inside: a rule returning something malformed is broken too
+                else:
+                    self._hold(rank, got)
             except Exception as exc:  # a broken rule must not take the others (or the run) down
                 self._drop(hook.__self__, exc)
+        return out
+
+    def _feed_other_rank(self, rank: int, event: dict[str, Any]) -> list[Finding]:
+        """A row or event of rank > 0: to that rank's own rules, and to the rules that compare ranks."""
+        own = self._other_ranks.get(rank)
+        if own is None:
+            classes = [type(r) for r in self.rules if not _compares_ranks(r)]
+            own = self._other_ranks[rank] = _RankRules([cls(self.plan) for cls in classes])
+        is_step = event.get("kind") == "step"
+        out = self._call(self._all_rank_step_hooks if is_step else self._all_rank_hooks, event)
+        for hook in own.step_hooks if is_step else own.event_hooks:
+            try:
+                got = hook(event)
+                if got is not None:
+                    self._hold(rank, got)
+            except Exception as exc:  # one rank's broken rule is switched off for that rank alone
+                own.drop(hook.__self__)
+                self.errors.append(f"rule {hook.__self__.name} raised {exc!r} on rank {rank} and was switched off there")
+        return out + self._release(self.last_step)
+
+    def _hold(self, rank: int, got: Finding | list[Finding]) -> None:
+        for f in got if isinstance(got, list) else [got]:
+            if not isinstance(f, Finding):
+                raise TypeError(f"a rule returned {type(f).__name__}, not a Finding")
+            if (f.name, f.cause) not in self._reported:
+                self._held.append((rank, f))
+
+    def _release(self, lead_step: int | None, everything: bool = False) -> list[Finding]:
+        """Other ranks' held findings whose step rank 0 has passed (all of them at the end of the stream)."""
+        if not self._held:
+            return []
+        keep, out = [], []
+        for rank, f in self._held:
+            if not everything and f.step is not None and (lead_step is None or lead_step < f.step):
+                keep.append((rank, f))
+                continue
+            if (f.name, f.cause) in self._reported:
+                continue  # rank 0 found it too: the run's problem, said once
+            f.summary = f"rank {rank}: {f.summary}"
+            f.evidence = {**f.evidence, "rank": rank}
+            out.extend(self._new(f))
+        self._held = keep
         return out
 
     def feed_all(self, events: Iterable[dict[str, Any]]) -> list[Finding]:
@@ -148,7 +204,16 @@ class Engine:
                 out.extend(self._new(rule.end()))
             except Exception as exc:
                 self._drop(rule, exc)
-        return out
+        for rank, own in sorted(self._other_ranks.items()):
+            for rule in list(own.rules):
+                try:
+                    got = rule.end()
+                    if got is not None:
+                        self._hold(rank, got)
+                except Exception as exc:
+                    own.drop(rule)
+                    self.errors.append(f"rule {rule.name} raised {exc!r} on rank {rank} and was switched off there")
+        return out + self._release(self.last_step, everything=True)
 
     def _new(self, got: Finding | list[Finding] | None) -> list[Finding]:
         if got is None:
@@ -168,6 +233,26 @@ class Engine:
     def _drop(self, rule: Rule, exc: Exception) -> None:
         self.errors.append(f"rule {rule.name} raised {exc!r} and was switched off")
         self.rules = [r for r in self.rules if r is not rule]
+
+
+class _RankRules:
+    """One rank's own instances of the per-rank rules, and the hooks each event kind goes to."""
+
+    def __init__(self, rules: list[Rule]) -> None:
+        self.rules = rules
+        self._index()
+
+    def _index(self) -> None:
+        self.step_hooks = [r.on_step for r in self.rules if type(r).on_step is not Rule.on_step]
+        self.event_hooks = [r.on_event for r in self.rules if type(r).on_event is not Rule.on_event]
+
+    def drop(self, rule: Rule) -> None:
+        self.rules = [r for r in self.rules if r is not rule]
+        self._index()
+
+
+def _compares_ranks(rule: Any) -> bool:
+    return bool(getattr(rule, "all_ranks", False))
 
 
 def run_rules(events: Iterable[dict[str, Any]], plan: dict[str, Any] | None = None,

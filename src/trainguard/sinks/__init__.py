@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainguard.contract import ENV_SINKS
 from trainguard.errors import UserError
-
-ENV_SINKS = "TRAINGUARD_SINKS"
 
 # name -> (the library it needs, the extra that brings it); `open_sink` names each one's module
 SINKS: dict[str, tuple[str, str]] = {

@@ -12,11 +12,10 @@ import re
 import time
 from pathlib import Path
 
+from trainguard.contract import ENV_RUNS_ROOT
 from trainguard.errors import UserError
 from trainguard.store.schema import DB_NAME
 
-ENV_RUN_DIR = "TRAINGUARD_RUN_DIR"
-ENV_RUNS_ROOT = "TRAINGUARD_RUNS_ROOT"
 DEFAULT_ROOT = "trainguard-runs"
 
 

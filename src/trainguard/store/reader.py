@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from trainguard import untrusted
+from trainguard.contract import HEARTBEAT_FIELDS
 from trainguard.errors import UserError
 from trainguard.findings import Finding
-from trainguard.store.schema import DB_NAME, STEP_COLUMNS, connect
+from trainguard.store.ranks import RankInfo
+from trainguard.store.schema import DB_NAME, RANK_COLUMNS, STEP_COLUMNS, connect
 from trainguard.store.status import read_status
 
 
@@ -148,8 +150,25 @@ class RunReader:
         return out
 
     def heartbeats(self) -> list[dict[str, Any]]:
-        cols = ("pid", "rank", "attempt", "t_progress", "t_flush", "micro", "step", "phase", "state")
+        cols = HEARTBEAT_FIELDS
         return [dict(zip(cols, row)) for row in self._query(f"SELECT {', '.join(cols)} FROM heartbeat")]
+
+    def ranks(self, attempt: int | None = None) -> dict[int, RankInfo]:
+        """Rank -> its node, host and local rank (the last attempt's row of each rank unless `attempt` is given).
+
+        Empty for a run whose probe never wrote the table (a single process before it existed, a log)."""
+        sql = f"SELECT {', '.join(RANK_COLUMNS)} FROM ranks"
+        args: tuple = ()
+        if attempt is not None:
+            sql += " WHERE attempt = ?"
+            args = (attempt,)
+        out: dict[int, RankInfo] = {}
+        for row in self._query(sql + " ORDER BY attempt, t", args):
+            rec = dict(zip(RANK_COLUMNS, row))
+            out[rec["rank"]] = RankInfo(rank=rec["rank"], local_rank=rec["local_rank"], node=rec["node"],
+                                        host=rec["host"] or "", world_size=rec["world_size"],
+                                        local_world_size=rec["local_world_size"], pid=rec["pid"])
+        return out
 
     def findings(self) -> list[Finding]:
         """Every finding recorded, the latest record of each (code, name, step) kept."""

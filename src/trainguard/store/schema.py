@@ -9,6 +9,8 @@ Why these tables:
   from it (the time of the last *training* progress, not of the flush, so a stuck loop with a live
   background thread still looks stuck).
 - `meta` is key → JSON value: command, host, versions, the plan.
+- `ranks` is one row per rank and attempt: the node and host it runs on (store/ranks.py). Steps, events
+  and heartbeats carry the rank alone; this table says where that rank was.
 
 Several processes of one run (ranks, the watchdog) each hold their own connection; SQLite's locking
 plus a busy timeout keeps them from corrupting each other.
@@ -70,7 +72,21 @@ CREATE TABLE IF NOT EXISTS heartbeat (
     phase      TEXT,
     state      TEXT
 );
+CREATE TABLE IF NOT EXISTS ranks (
+    attempt          INTEGER NOT NULL DEFAULT 0,
+    rank             INTEGER NOT NULL,
+    local_rank       INTEGER NOT NULL DEFAULT 0,
+    node             INTEGER NOT NULL DEFAULT 0,
+    host             TEXT,
+    world_size       INTEGER NOT NULL DEFAULT 1,
+    local_world_size INTEGER NOT NULL DEFAULT 1,
+    pid              INTEGER,
+    t                REAL NOT NULL,
+    PRIMARY KEY (attempt, rank)
+);
 """
+
+RANK_COLUMNS = ("attempt", "rank", "local_rank", "node", "host", "world_size", "local_world_size", "pid", "t")
 
 STEP_COLUMNS = (
     "attempt", "rank", "step", "t", "micro", "loss", "lr", "grad_norm", "update_ratio", "nonfinite",

@@ -19,14 +19,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainguard.store.schema import STEP_COLUMNS, connect
+from trainguard.contract import HEARTBEAT_FIELDS
+from trainguard.store.ranks import RankInfo
+from trainguard.store.schema import RANK_COLUMNS, STEP_COLUMNS, connect
 from trainguard.store.status import release_space
 
 MAX_QUEUED = 200_000  # rows kept per queue while the database cannot be written; older ones are dropped
 _STEP_SQL = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
 _META_SQL = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
-_BEAT_SQL = ("INSERT OR REPLACE INTO heartbeat (pid, rank, attempt, t_progress, t_flush, micro, step, phase, state)"
-             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_BEAT_SQL = (f"INSERT OR REPLACE INTO heartbeat ({', '.join(HEARTBEAT_FIELDS)})"
+             f" VALUES ({', '.join('?' * len(HEARTBEAT_FIELDS))})")
+_RANK_SQL = f"INSERT OR REPLACE INTO ranks ({', '.join(RANK_COLUMNS)}) VALUES ({', '.join('?' * len(RANK_COLUMNS))})"
 _EVENT_SQL = "INSERT INTO events (t, attempt, rank, pid, step, kind, name, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 
 
@@ -62,6 +65,7 @@ class StoreWriter:
         self._events: collections.deque[tuple] = collections.deque()
         self._meta: dict[str, str] = {}
         self._beat: tuple | None = None
+        self._place: tuple | None = None  # this process's row of the `ranks` table, until committed
         self._lock = threading.Lock()  # one flush at a time; queueing needs no lock (deque is atomic)
         # Called with each step row and event as it is queued (the probe's in-memory feed to its rules)
         self.tap: Callable[[dict[str, Any]], None] | None = None
@@ -99,8 +103,14 @@ class StoreWriter:
     def set_meta(self, key: str, value: Any) -> None:
         self._meta[key] = to_json(value) or "null"
 
+    def set_rank_info(self, info: RankInfo) -> None:
+        """Where this process is in the job (its node and host): one row of `ranks`, for this attempt."""
+        row = {**info, "attempt": self.attempt, "rank": self.rank, "t": time.time()}
+        self._place = tuple(row.get(col) for col in RANK_COLUMNS)
+
     def set_heartbeat(self, *, t_progress: float | None, micro: int, step: int, phase: str | None,
                       state: str) -> None:
+        # in HEARTBEAT_FIELDS' order
         self._beat = (self.pid, self.rank, self.attempt, t_progress, time.time(), micro, step, phase, state)
 
     # -- committing ---------------------------------------------------------------------------------
@@ -121,23 +131,26 @@ class StoreWriter:
             events = _drain(self._events)
             meta, self._meta = self._meta, {}
             beat, self._beat = self._beat, None
-            if not (steps or events or meta or beat):
+            place, self._place = self._place, None
+            if not (steps or events or meta or beat or place):
                 return 0
             try:
-                self._commit(meta, steps, events, beat)
+                self._commit(meta, steps, events, beat, place)
             except (sqlite3.InterfaceError, sqlite3.ProgrammingError, sqlite3.IntegrityError, sqlite3.DataError):
                 steps, events = self._without_refused(steps, _STEP_SQL), self._without_refused(events, _EVENT_SQL)
                 meta = {k: v for k, v in meta.items() if self._accepts(_META_SQL, (k, v))}
                 beat = beat if beat is None or self._accepts(_BEAT_SQL, beat) else None
+                place = place if place is None or self._accepts(_RANK_SQL, place) else None
                 try:
-                    self._commit(meta, steps, events, beat)
+                    self._commit(meta, steps, events, beat, place)
                 except sqlite3.Error as exc:
-                    return self._keep_for_later(exc, steps, events, meta, beat)
+                    return self._keep_for_later(exc, steps, events, meta, beat, place)
             except sqlite3.Error as exc:
-                return self._keep_for_later(exc, steps, events, meta, beat)
+                return self._keep_for_later(exc, steps, events, meta, beat, place)
             return len(steps) + len(events)
 
-    def _commit(self, meta: dict[str, str], steps: list[tuple], events: list[tuple], beat: tuple | None) -> None:
+    def _commit(self, meta: dict[str, str], steps: list[tuple], events: list[tuple], beat: tuple | None,
+                place: tuple | None = None) -> None:
         """One transaction: all of it or nothing."""
         conn = self._conn
         assert conn is not None
@@ -150,9 +163,11 @@ class StoreWriter:
                 conn.executemany(_EVENT_SQL, events)
             if beat:
                 conn.execute(_BEAT_SQL, beat)
+            if place:
+                conn.execute(_RANK_SQL, place)
 
     def _keep_for_later(self, exc: sqlite3.Error, steps: list[tuple], events: list[tuple], meta: dict[str, str],
-                        beat: tuple | None) -> int:
+                        beat: tuple | None, place: tuple | None = None) -> int:
         """The database cannot be written now: the rows go back to the head of their queues."""
         self.last_error = f"{type(exc).__name__}: {exc}"
         self.disk_full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "is full" in str(exc)
@@ -161,6 +176,7 @@ class StoreWriter:
         self._events.extendleft(reversed(events))
         self._meta = {**meta, **self._meta}
         self._beat = self._beat or beat
+        self._place = self._place or place
         for queue in (self._steps, self._events):
             while len(queue) > MAX_QUEUED:
                 queue.popleft()

@@ -371,6 +371,8 @@ def _waits_on_children(p: ProcSample) -> bool:
     t = p.main_thread
     if t is None:
         return False
+    if any("torch/distributed/elastic/agent/" in f.file for f in t.frames):
+        return True  # torchrun's agent: its loop sleeps between looks at its ranks
     return any(_CHILD_WAIT.search(f.file) and f.function in ("wait", "_wait", "join", "poll", "_try_wait")
                for f in t.frames[-6:])
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.watchdog import classify, stacks
+from trainguard.contract import ENV_PY_SPY
+from trainguard.watchdog import classify, collectives, stacks
 
 SAMPLES = 2  # two samples tell stuck from spinning; each more costs `INTERVAL` seconds of latency
 INTERVAL = 2.0
@@ -95,6 +96,8 @@ def diagnose_stall(run_dir: Path, pid: int, *, attempt: int | str = 0, samples: 
     except OSError:
         stacks_file = None
     diag = classify.diagnose(snap)
+    if diag.cause == "collective":  # which call of the sequence each rank is in, and the rank to blame
+        collectives.refine(diag, snap, collectives.read_positions(run_dir))
     if diag.cause == "dataloader-worker" and diag.extra.get("sample_index") is None and diag.pid:
         diag.extra["sample_index"], why = _sample_index_by_py_spy(diag.pid)
         if diag.extra["sample_index"] is not None:
@@ -110,7 +113,7 @@ def _sample_index_by_py_spy(pid: int) -> tuple[str | None, str | None]:
     Returns (index, why not)."""
     spy = stacks.find_py_spy()
     if spy is None:
-        return None, "py-spy is not installed (or TRAINGUARD_PY_SPY=0)"
+        return None, f"py-spy is not installed (or {ENV_PY_SPY}=0)"
     threads, why = stacks.py_spy_dump(pid, spy)
     sample = stacks.ProcSample(pid=pid, threads=threads)
     return classify.sample_index(sample), why

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trainguard import __version__
+from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_WATCHDOG
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
-from trainguard.probe.guard import ENV_ATTEMPT, ENV_RESUME, ENV_WATCHDOG
 from trainguard.probe.selflog import GuardLog
 from trainguard.store.owner import owner_record
-from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
+from trainguard.store.paths import new_run_dir, prepare_run_dir
 from trainguard.store.reader import RunReader
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
@@ -210,10 +210,10 @@ class Supervisor:
         env = dict(os.environ)
         env.update({ENV_RUN_DIR: str(self.run_dir.resolve()), ENV_WATCHDOG: "1", ENV_ATTEMPT: str(self.attempt),
                     "PYTHONUNBUFFERED": "1"})
-        env.pop(ENV_RESUME, None)
+        env.pop(ENV_RESUME_FROM, None)
         env.update(self.options.env)
         if resume:
-            env[ENV_RESUME] = resume
+            env[ENV_RESUME_FROM] = resume
         try:
             self.proc = subprocess.Popen(
                 self.options.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,

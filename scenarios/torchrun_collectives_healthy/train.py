@@ -1,0 +1,1 @@
+../torchrun_collective_mismatch/train.py
