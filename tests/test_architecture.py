@@ -91,3 +91,90 @@ def test_no_importlib_lookups_of_the_project() -> None:
             if name in ("import_module", "__import__") and rel not in IMPORTLIB_ALLOWED:
                 offenders.append(f"{rel}:{node.lineno}")
     assert not offenders, offenders
+
+
+# -- layers ------------------------------------------------------------------------------------------
+# Each room (a subpackage or a top-level module of trainguard) imports only rooms of lower layers, and
+# itself. Rooms of one layer do not import each other. Lazy imports inside functions count too.
+LAYERS: list[list[str]] = [
+    ["errors"],  # the one exception a user sees as a one-line message
+    ["untrusted", "contract"],  # what crosses rooms, and how untrusted text is read
+    ["findings"],  # what a finding is, how a rule is declared, the data rules read
+    ["store"],  # the run folder: run.db, status.json, the guard's own log
+    ["rules"],  # judgments over events: the health rules and their engine, crashes read from tracebacks
+    ["ingest"],  # logs and metric files turned into the same events
+    ["probe", "watchdog"],  # in the training process / around it: they meet only through the store
+    ["__init__"],  # the public face: trainguard.watch()
+    ["preflight"],  # runs the script under the watchdog with the probe fast-forwarding
+    ["catalog"],  # every rule's declaration, imported from where it is found
+    ["report", "sinks"],  # what a finished or live run is shown as
+    ["integrations", "recipes", "demo"],  # trainguard used by others: Lightning, HF, our own recipes
+    ["cli"],  # the commands
+    ["__main__"],
+]
+# Upward imports kept on purpose, and why
+UPWARD_ALLOWED: dict[tuple[str, str], str] = {
+    ("probe", "__init__"): "the package's version, a constant the face defines (importing any module runs it)",
+    ("watchdog", "__init__"): "the package's version, a constant the face defines (importing any module runs it)",
+}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(path: Path, src: Path = SRC) -> list[tuple[str, int]]:
+    """Modules of trainguard this file imports, anywhere in it (top level or inside a function)."""
+    rel = path.relative_to(src.parent).with_suffix("")
+    package = list(rel.parts[:-1]) if rel.name != "__init__" else list(rel.parts[:-1])
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package[: len(package) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            if base == "trainguard":  # `from trainguard import untrusted` names a module, not the face
+                for alias in node.names:
+                    sub = src / alias.name
+                    out.append((f"trainguard.{alias.name}" if sub.is_dir() or sub.with_suffix(".py").is_file()
+                                else "trainguard", node.lineno))
+            else:
+                out.append((base, node.lineno))
+    return [(m, line) for m, line in out if m == "trainguard" or m.startswith("trainguard.")]
+
+
+def upward_imports(src: Path = SRC) -> list[str]:
+    layer = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src.parent).with_suffix("")
+        me = _room(".".join(rel.parts))
+        for module, line in _imports(path, src):
+            other = _room(module)
+            if other == me or (me, other) in UPWARD_ALLOWED:
+                continue
+            if me not in layer or other not in layer:
+                found.append(f"{path.relative_to(src)}:{line} {module}: room {me if me not in layer else other} has no layer")
+            elif layer[other] >= layer[me]:
+                found.append(f"{path.relative_to(src)}:{line} imports {module} ({me} -> {other})")
+    return found
+
+
+def test_imports_point_down_the_layers() -> None:
+    found = upward_imports()
+    assert not found, "\n".join(found)
+
+
+def test_the_layer_check_sees_a_lazy_upward_import(tmp_path: Path) -> None:
+    # the check itself can fail: a rule that reaches up into the watchdog inside a function is caught
+    (tmp_path / "trainguard" / "rules").mkdir(parents=True)
+    (tmp_path / "trainguard" / "rules" / "late.py").write_text(
+        "from trainguard.findings import Finding\n\ndef f():\n    from trainguard.watchdog import stall\n")
+    (tmp_path / "trainguard" / "rules" / "rel.py").write_text("from ..report import build\n")
+    found = upward_imports(tmp_path / "trainguard")
+    assert found == ["rules/late.py:4 imports trainguard.watchdog (rules -> watchdog)",
+                     "rules/rel.py:1 imports trainguard.report (rules -> report)"], found

@@ -40,15 +40,15 @@ from trainguard.preflight.judge import (
     WROTE_OUTSIDE_SCRATCH,
 )
 from trainguard.preflight.schedule import SCHEDULE_ENDS_EARLY, SCHEDULE_ENDS_LATE
+from trainguard.rules.crash import RUN_CRASHED
+from trainguard.rules.ending import PROBE_NOT_FINISHED
 from trainguard.rules.health import HEALTH_RULES
-from trainguard.watchdog.crash import RUN_CRASHED
 from trainguard.watchdog.restart import HANG_REPEATS
 from trainguard.watchdog.stall import RUN_HUNG, RUN_STALLED
 from trainguard.watchdog.verdict import (
     ARTIFACT_MISSING,
     ARTIFACT_STALE,
     LEFTOVER_PROCESSES,
-    PROBE_NOT_FINISHED,
     RUN_KILLED,
 )
 

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -148,7 +149,7 @@ def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str
         echo=not quiet, env=_auto_env(no_auto),
     )
     specs = _sink_specs(sinks)
-    sup = Supervisor(options, monitors=_default_monitors())
+    sup = Supervisor(options, monitors=_default_monitors(), report=_write_report)
     if not specs:
         sys.exit(sup.run())
     from trainguard.sinks.feed import LiveFeed
@@ -211,6 +212,13 @@ def _auto_env(no_auto: bool) -> dict[str, str]:
     from trainguard.probe.auto import bootstrap_env
 
     return {ENV_AUTO: "0"} if no_auto else bootstrap_env()
+
+
+def _write_report(run_dir: Path) -> tuple[Path, Path]:
+    """report.md and report.html of a run that ended (imported only then: it is the heaviest room)."""
+    from trainguard.report import write_report
+
+    return write_report(run_dir)
 
 
 def _default_monitors() -> list:

@@ -130,7 +130,7 @@ def _not_run(engine: Any, have: set[str], plan: dict[str, Any], idle: list[Any])
 
 
 def _crash(lines: list[str], last_step: int | None) -> Finding:
-    from trainguard.watchdog.crash import crash_finding, parse_traceback
+    from trainguard.rules.crash import crash_finding, parse_traceback
 
     parsed = parse_traceback(lines)
     if parsed is None:  # cut off before its exception line

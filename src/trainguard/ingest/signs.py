@@ -1,6 +1,6 @@
 """What a log alone can show, beyond the metrics the rules read: its end, and PyTorch's own warnings.
 
-A traceback becomes the watchdog's own `run-crashed` finding (`trainguard.watchdog.crash`), parsed the
+A traceback becomes the watchdog's own `run-crashed` finding (`trainguard.rules.crash`), parsed the
 same way as a live run's stderr; the two rules here exist only for logs.
 """
 
@@ -91,7 +91,7 @@ LOG_ENDS_UNFINISHED = Code("TG531", "log-ends-unfinished", "warning", needs=(STE
 
 def launch_failed(path: str, message: str) -> Finding:
     """TG501 run-crashed, for a command line refused before training started (argparse exits 2)."""
-    from trainguard.watchdog.crash import crash_finding
+    from trainguard.rules.crash import crash_finding
 
     f = crash_finding(exception="SystemExit", message=f"the command line was refused at launch: {message}",
                       frames=[], step=None, exit_code=2, source="diagnose")

@@ -76,7 +76,7 @@ _EVAL_WORD = re.compile(r"(?:^|[\s\[(|])(?:eval|evaluation|val|valid|validation|
 # `train_bash.py: error: argument --fp16: ...` after argparse's `usage:` block: the run never started
 _USAGE_ERROR = re.compile(r"^([\w.\-]+): error: (.+)$")
 _EPOCH_BAR = re.compile(r"^\s*(?:epoch|validation|sanity)", re.IGNORECASE)
-# the last line of a traceback, as `trainguard.watchdog.crash` reads it
+# the last line of a traceback, as `trainguard.rules.crash` reads it
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Fault|[A-Z]\w*)(?::|$)")
 _CHECKPOINT = re.compile(r"(?:saving|saved) (?:model )?checkpoint (?:to |at |in )?(\S+)", re.IGNORECASE)
 COMPLETION = re.compile(

@@ -15,9 +15,9 @@ from typing import Any
 from trainguard.findings import PREFLIGHT, Code, Finding
 from trainguard.preflight.schedule import fmt_duration, schedule_findings
 from trainguard.preflight.scratch import is_temporary
+from trainguard.rules.crash import RUN_CRASHED
 from trainguard.store.reader import RunReader
 from trainguard.store.status import read_status
-from trainguard.watchdog.crash import RUN_CRASHED
 
 DOMINATES = 1.0  # a periodic path that would take longer than the training itself is flagged
 

@@ -35,13 +35,13 @@ from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RULES, ENV_RUN
 from trainguard.probe import collectives, contracts, devicestats, planinfo, samples, stackdump
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.schedclock import SchedClock
-from trainguard.probe.selflog import GuardLog
+from trainguard.rules.ending import PROBE_NOT_FINISHED
 from trainguard.store.paths import new_run_dir, prepare_run_dir
 from trainguard.store.ranks import rank_info
+from trainguard.store.selflog import GuardLog
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
-from trainguard.watchdog.verdict import PROBE_NOT_FINISHED
 
 FLUSH_INTERVAL = 0.2  # seconds between commits: bounds what a SIGKILL can lose
 STATUS_INTERVAL = 1.0  # seconds between status.json rewrites when no watchdog owns it
@@ -1006,7 +1006,7 @@ class Guard:
             except Exception as exc3:
                 self._fail("crash record (last steps)", exc3)
             if not self.under_watchdog and self.rank == 0:
-                from trainguard.watchdog.crash import crash_finding
+                from trainguard.rules.crash import crash_finding
 
                 finding = crash_finding(
                     exception=data["exception"], message=data["message"], frames=frames,
@@ -1027,7 +1027,7 @@ class Guard:
             with RunReader(self.run_dir) as reader:
                 findings = [f.to_dict() for f in reader.findings()]
         if reason == PROBE_NOT_FINISHED.name:
-            from trainguard.watchdog.verdict import probe_not_finished
+            from trainguard.rules.ending import probe_not_finished
 
             findings.append(probe_not_finished(self.step_count).to_dict())
         status = {

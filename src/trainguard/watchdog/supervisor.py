@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,14 +31,15 @@ from trainguard import __version__
 from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_WATCHDOG
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
-from trainguard.probe.selflog import GuardLog
+from trainguard.rules import crash
 from trainguard.store.owner import owner_record
 from trainguard.store.paths import new_run_dir, prepare_run_dir
 from trainguard.store.reader import RunReader
+from trainguard.store.selflog import GuardLog
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
-from trainguard.watchdog import crash, keeper, restart, statusline, stop, verdict
+from trainguard.watchdog import keeper, restart, statusline, stop, verdict
 from trainguard.watchdog.stall import Stall, StallPolicy, hang_finding, stall_ended, stalled_finding
 from trainguard.watchdog.tee import OutputCapture
 from trainguard.watchdog.writes import WriteWatch
@@ -123,9 +125,13 @@ def check_command(command: list[str]) -> None:
 
 
 class Supervisor:
-    def __init__(self, options: RunOptions, monitors: list[Monitor] | None = None) -> None:
+    def __init__(self, options: RunOptions, monitors: list[Monitor] | None = None,
+                 report: Callable[[Path], tuple[Path, Path]] | None = None) -> None:
+        """`monitors` are polled while the run lives; `report(run_dir)`, given by the command (the report
+        is a room above the watchdog), writes report.md and report.html once the run has ended."""
         check_command(options.command)
         self.options = options
+        self.write_report = report
         if options.stall_timeout is not None and options.stall_timeout <= 0:
             raise UserError(f"--stall-timeout must be a positive number of seconds, got {options.stall_timeout}")
         label = _label(options.command)
@@ -558,10 +564,10 @@ class Supervisor:
 
     def _write_report(self) -> None:
         """report.md and report.html, fail-open: a report failure never changes the verdict or exit code."""
+        if self.write_report is None:
+            return
         try:
-            from trainguard.report import write_report
-
-            _, html_path = write_report(self.run_dir)
+            _, html_path = self.write_report(self.run_dir)
             self._note(f"trainguard: report {html_path}")
         except Exception as exc:
             self._guard_error(f"could not write the report: {exc!r}")

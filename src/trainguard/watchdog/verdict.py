@@ -14,14 +14,14 @@ as shells do), and with these codes otherwise:
 
 from __future__ import annotations
 
-import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.findings import EXPECTS, PROBE, PROCESS, WATCHDOG, Code, Finding
-from trainguard.watchdog.crash import RUN_CRASHED
+from trainguard.findings import EXPECTS, PROCESS, WATCHDOG, Code, Finding
+from trainguard.rules.crash import RUN_CRASHED
+from trainguard.rules.ending import probe_not_finished
 
 EXIT_FAILED = 123  # exit 0, but an expected artifact is missing or stale, or the probe never finished
 EXIT_HUNG = 124  # no progress for longer than the stall timeout (as `timeout(1)` uses 124)
@@ -42,30 +42,6 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
-
-
-def probe_not_finished(step: int | None) -> Finding:
-    """TG506 probe-not-finished: the script exited without reaching `guard.finish()`.
-
-    What it detects: a process that exited (often with code 0) while its probe was never finished, e.g. an
-    `os._exit(0)`, a `sys.exit(0)` from a branch that skips the rest, or a forgotten `guard.finish()`.
-    Why it matters: exit 0 is not proof that the work was done; seed 000's monitor reported "Training
-    complete" while the script had done nothing for 13 minutes.
-    Example: exit code 0 at step 1200 of 5000; the probe never reached finish().
-    What to change: call `guard.finish()` at the true end of the script, or use `with trainguard.watch(...)`.
-    """
-    at = f" at step {step}" if step is not None else ""
-    return Finding.of(
-        PROBE_NOT_FINISHED, step=step,
-        summary=f"the script exited{at} without reaching guard.finish(): its end was never confirmed",
-        evidence={"step": step},
-        fix="Call guard.finish() at the true end of the script (or use `with trainguard.watch(...) as guard:`);"
-            " if the script left early on purpose, let it say so by finishing the guard first.",
-        source="watchdog",
-    )
-
-
-PROBE_NOT_FINISHED = Code("TG506", "probe-not-finished", "error", needs=(PROBE,), page=probe_not_finished)
 
 
 def check_artifacts(expects: list[str], started: float, cwd: str | None = None) -> list[Finding]:
@@ -245,13 +221,3 @@ def decide(
     if findings:
         return Verdict("failed", 0, None, findings, EXIT_FAILED)
     return Verdict("completed", 0, None, [], 0)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
