@@ -9,7 +9,7 @@ import collections
 from typing import Any
 
 from trainguard.findings import PARTS, WEIGHTS, Finding
-from trainguard.rules.engine import Rule, Streak, finite, fmt, median
+from trainguard.rules.rule import Rule, Streak, finite, fmt, median
 
 WINDOW = 20  # steps a composition rule looks at before it is sure (fewer in a short run, see below)
 

@@ -15,7 +15,7 @@ import collections
 from typing import Any
 
 from trainguard.findings import LOSS, RANKS, STEPS, Finding
-from trainguard.rules.engine import Rule, fmt
+from trainguard.rules.rule import Rule, fmt
 
 
 def _names(values: list[str] | None, more: int | None = None) -> str:

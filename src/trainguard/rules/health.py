@@ -24,7 +24,6 @@ from trainguard.rules.contracts import (
     StepUpdatesNothing,
     WorkersShareRng,
 )
-from trainguard.rules.engine import Rule
 from trainguard.rules.model import ExpertCollapse, PerplexityImplausible
 from trainguard.rules.numerics import GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
 from trainguard.rules.process import (
@@ -44,6 +43,7 @@ from trainguard.rules.progress import (
     ParamsWithoutGrad,
     WeightsNotUpdating,
 )
+from trainguard.rules.rule import Rule
 from trainguard.rules.schedule import LrCyclesToZero, LrReachesZero, ScheduleHorizonMismatch
 
 HEALTH_RULES: list[type[Rule]] = [

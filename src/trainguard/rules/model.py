@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from trainguard.findings import EVAL, EXPERTS, Finding
-from trainguard.rules.engine import Rule, Streak, finite, fmt
+from trainguard.rules.rule import Rule, Streak, finite, fmt
 
 
 class ExpertCollapse(Rule):

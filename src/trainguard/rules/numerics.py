@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.findings import GRAD_NORM, LOSS, LOSS_SCALE, Finding
-from trainguard.rules.engine import Rule, finite, fmt, median
+from trainguard.rules.rule import Rule, finite, fmt, median
 
 RATE_ERROR = 0.01  # above 1% of steps, non-finite values are an error, not an accident
 

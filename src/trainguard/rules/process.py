@@ -9,7 +9,7 @@ import collections
 from typing import Any
 
 from trainguard.findings import CHECKPOINTS, DATA_WAIT, DEVICE_MEMORY, MEMORY, OUTPUT, STEP_TIME, Finding
-from trainguard.rules.engine import Rule, finite, fmt, median
+from trainguard.rules.rule import Rule, finite, fmt, median
 
 GIB = 2**30
 MIB = 2**20

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from trainguard.findings import EVAL, LOSS, OUTPUT_SIZE, PROBE, UPDATE_RATIO, Finding
-from trainguard.rules.engine import Rule, Streak, finite, fmt, median, robust_std
+from trainguard.rules.rule import Rule, Streak, finite, fmt, median, robust_std
 from trainguard.rules.schedule import step_lr
 
 

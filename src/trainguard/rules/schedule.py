@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.findings import LR, SCHED_HORIZON, Finding
-from trainguard.rules.engine import Rule, finite, fmt, median
+from trainguard.rules.rule import Rule, finite, fmt, median
 
 # An LR below this share of the run's own peak moves nothing. Not 1e-3: the classic step schedule
 # (0.1 -> 0.01 -> 0.001 -> 0.0001) ends at exactly 1e-3 of its peak, on purpose.
