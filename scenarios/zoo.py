@@ -18,6 +18,7 @@ Each scenario is a folder `scenarios/<name>/` holding the script(s) and `expect.
     cause: none-operand              cause expected on the first finding named (optional)
     where: "train.py:31"             text expected in that finding's `where` (optional)
     step: 200                        step expected on that finding (optional)
+    rank: 1                          rank that finding names as its origin (optional: evidence rank / origin_ranks)
     onset_step: 100                  step where the planted problem starts (optional: latency in steps)
     requires: cuda                   run only where CUDA is available (reported as skipped elsewhere)
     timeout: 120                     seconds the scenario may take
@@ -220,6 +221,11 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
         problems.append(f"cause {first.get('cause') if first else None}, expected {exp['cause']}")
     if exp.get("where") and (first is None or exp["where"] not in (first.get("where") or "")):
         problems.append(f"where {first.get('where') if first else None}, expected to contain {exp['where']}")
+    if "rank" in exp:
+        ev = (first or {}).get("evidence") or {}
+        named_ranks = [ev["rank"]] if isinstance(ev.get("rank"), int) else list(ev.get("origin_ranks") or [])
+        if named_ranks != [exp["rank"]]:
+            problems.append(f"rank(s) named {named_ranks}, expected [{exp['rank']}]")
     if "step" in exp and (first is None or first.get("step") != exp["step"]):
         problems.append(f"step {first.get('step') if first else None}, expected {exp['step']}")
     detect = _detect(exp, first, status)
@@ -241,7 +247,7 @@ UNBUDGETED = {"eval-metrics-frozen"}
 # Issue 20's contracts are checked where the code runs: within the sampling gap (stats_every, 10 steps).
 CONTRACT_RULES = {"step-updates-nothing", "frozen-params-updated", "grads-never-reset", "eval-in-train-mode",
                   "eval-before-train-init", "autocast-runs-fp32", "loss-broadcasts-batch", "replicas-diverged",
-                  "workers-share-rng"}
+                  "workers-share-rng", "batch-dim-lost"}
 
 
 def latency_budget(name: str, total_steps: Any) -> int | None:

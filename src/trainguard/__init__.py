@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainguard.contract import ENV_DISABLE, ENV_STACKS
 from trainguard.findings import Finding
+from trainguard.probe.null import NullGuard  # light (no torch): `watch`'s return path when not watching
 
 __version__ = "0.1.0"
 
@@ -30,9 +31,9 @@ def watch(
     grad_accum: int = 1,
     *,
     scaler: Any = None,
-    run_dir: str | os.PathLike | None = None,
+    run_dir: str | os.PathLike[str] | None = None,
     name: str | None = None,
-    config: dict | None = None,
+    config: dict[str, Any] | None = None,
     stats_every: int = 10,
 ) -> Guard | NullGuard:
     """Starts watching this training process and returns its guard.
@@ -80,15 +81,8 @@ def __getattr__(name: str) -> Any:
         from trainguard.probe.guard import Guard
 
         return Guard
-    if name == "NullGuard":
-        from trainguard.probe.null import NullGuard
-
-        return NullGuard
     raise AttributeError(f"module 'trainguard' has no attribute {name!r}")
 
-
-if not TYPE_CHECKING:  # NullGuard is light; import it eagerly for `watch`'s return path
-    from trainguard.probe.null import NullGuard
 
 if os.environ.get(ENV_STACKS):  # a child of a watched process (spawned worker, rank): stacks on request
     from trainguard.probe import stackdump

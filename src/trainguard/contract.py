@@ -33,6 +33,15 @@ ENV_PY_SPY = "TRAINGUARD_PY_SPY"  # "0": never run py-spy (no ptrace of the run'
 ENV_OUTPUT_RULES = "TRAINGUARD_OUTPUT_RULES"  # "0": the printed-output rules are off
 ENV_DEBUG = "TRAINGUARD_DEBUG"  # set: an internal error shows its traceback
 
+# -- environment: who a process is in a distributed job, as its launcher says (read, never set) --------
+# torchrun's names first, Slurm's as the fallback (srun starting one process per rank itself); store/ranks.py
+
+LAUNCHER_RANK = ("RANK", "SLURM_PROCID")  # global rank, unique in the job
+LAUNCHER_LOCAL_RANK = ("LOCAL_RANK", "SLURM_LOCALID")  # rank on its node
+LAUNCHER_NODE = ("GROUP_RANK", "SLURM_NODEID")  # the node's rank (torchrun's --node_rank)
+LAUNCHER_WORLD_SIZE = ("WORLD_SIZE", "SLURM_NTASKS")
+LAUNCHER_LOCAL_WORLD_SIZE = ("LOCAL_WORLD_SIZE",)
+
 # -- event kinds: the `kind` of a row in the store's events table (and of what the rules read) ---------
 
 EVENT_STEP = "step"  # a step row on its way to the rules (the store keeps steps in their own table)
@@ -73,7 +82,7 @@ PREFLIGHT_OUTCOMES = ("passed", "incomplete", "failed")
 WATCHERS = ("probe", "watchdog", "preflight", "keeper")  # who wrote it: `watched_by`
 
 
-def checked_status(status: dict) -> Status:
+def checked_status(status: dict[str, Any]) -> Status:
     """`status` if it keeps the contract: a known `state` (and preflight outcome); a ValueError otherwise.
 
     Every writer of status.json goes through this, so no new state can slip in beside the documented ones.
@@ -148,7 +157,8 @@ if TYPE_CHECKING:
         sched_epoch: int | None  # the scheduler's own step count
         parts: dict[str, float]  # named loss components
         weights: dict[str, float]  # the weight each part carries
-        extra: dict[str, Any]  # guard.log() values and rarer fields (lrs, params_without_grad, incomplete...)
+        extra: dict[str, Any]  # guard.log() values and rarer fields (lrs, params_without_grad, incomplete,
+        #                        presync_s: a rank's seconds before it synchronises, probe/syncwait.py...)
         rank: int
         attempt: int
         rowid: int  # (read back) the row's position in the store

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RULES, ENV_RUN_DIR, ENV_WATCHDOG
-from trainguard.probe import collectives, contracts, devicestats, planinfo, samples, stackdump
+from trainguard.probe import collectives, contracts, devicestats, planinfo, samples, stackdump, syncwait
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.schedclock import SchedClock
 from trainguard.rules.ending import PROBE_NOT_FINISHED
@@ -185,6 +185,11 @@ class Guard:
         except Exception as exc:
             self._contracts = None
             self._fail("contract checks", exc)
+        try:  # per rank, the time a step works before it synchronises (TG703 straggler-rank), fail-open
+            self._syncwait = syncwait.attach(self)
+        except Exception as exc:
+            self._syncwait = None
+            self._fail("sync-wait measure", exc)
         self._stop = threading.Event()
         self._drain_lock = threading.Lock()
         self._thread = threading.Thread(target=self._background, name="trainguard-probe", daemon=True)
@@ -892,6 +897,7 @@ class Guard:
             "model": type(self.model).__name__ if self.model is not None else None,
             "scaler": type(self.scaler).__name__ if self.scaler is not None else None,
             "stats_every": self.stats_every,
+            "world_size": self.place["world_size"],  # the ranks the cross-rank rules wait for at each step
             "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
             "sched_warmup": _safe(lambda: planinfo.sched_warmup(self.scheduler)),
             "schedulers": _safe(lambda: planinfo.sched_names(self.scheduler)),

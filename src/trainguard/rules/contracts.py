@@ -6,7 +6,8 @@ process can). The contracts come from the APIs' semantics, not from reference ru
 changes the parameters that have gradients and only those; `zero_grad` resets what `backward` adds;
 `model.eval()` switches dropout and batch norm to inference; the same batch evaluated twice gives the
 same output; DataLoader workers draw different random numbers; autocast computes in its low dtype; a
-loss compares each sample with its own target; DDP replicas stay identical.
+loss compares each sample with its own target; a batch keeps its batch dimension on its way to the model;
+DDP replicas stay identical.
 """
 
 from __future__ import annotations
@@ -482,6 +483,62 @@ class LossBroadcastsBatch(_ContractRule):
                     f"{fmt(data.get('loss'))} where the aligned loss is {fmt(data.get('loss_without_broadcast'))}",
             fix="give output and target the same shape (out.squeeze(-1), or y.view_as(out)) before the loss",
             evidence={**data, "detected_step": step}, cause="broadcast",
+        )
+
+
+class BatchDimLost(_ContractRule):
+    """TG543 batch-dim-lost: a batch reached the model without its batch dimension (a batch of 1 squeezed).
+
+    ## What it detects
+    A training forward whose first input has one dimension fewer than on every earlier training
+    forward, and whose shape is theirs without the leading (batch) dimension, or the batch read
+    through `guard.batches` just before had a leading dimension of 1. The probe reads shapes on every
+    training forward (the batch of 1 is typically the last of an epoch, one step in hundreds): no
+    device work.
+
+    ## Why it matters
+    `x.squeeze()` meant to drop a singleton feature or channel dimension also drops the batch
+    dimension when a batch holds one sample: a dataset of 1,001 rows with a batch size of 8 ends every
+    epoch with one. Linear, convolution, recurrent and attention layers and `cross_entropy` all accept
+    unbatched input, so nothing fails, but code that reads the batch size from `x.size(0)`, `len(x)` or
+    dimension 1 now reads a feature dimension: per-sample loss sums are scaled by it, running averages
+    weighted by it, and the model breaks at inference on a single sample. The reports of this squeeze
+    are many, from code where a later layer happened to fail (galsang/BiDAF-pytorch#26,
+    layumi/Person_reID_baseline_pytorch#77, NVIDIA/DeepLearningExamples#765: "When batch size is 1,
+    `squeeze` collapses the batch dimension").
+
+    ## Example
+    `TG543 batch-dim-lost [warning] at step 126: MLP was given an input of shape [16] where its training
+    inputs were [8, 16] (the loader's batch: [1, 1, 16]): the batch dimension of a batch of 1 was
+    dropped on the way`
+
+    ## What to change
+    Squeeze the dimension you mean (`x.squeeze(1)`, `x.flatten(1)`, `x.view(x.size(0), -1)`) rather than
+    every dimension of size 1; or drop the incomplete last batch (`DataLoader(drop_last=True)`).
+
+    ## Known false positives
+    A model deliberately fed single unbatched samples with gradients on, after batched ones, in training
+    mode.
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG543", "batch-dim-lost", "warning"
+    needs = (STEPS,)
+    status = "preview"
+
+    def make(self, data: dict[str, Any], step: int | None) -> Finding:
+        loader = data.get("loader_shape")
+        seen = f" (the loader's batch: {loader})" if loader else ""
+        return self.finding(
+            step=step,
+            summary=f"{data.get('model', 'the model')} was given an input of shape {data.get('input_shape')} where "
+                    f"its training inputs were {data.get('usual_shape')}{seen}: the batch dimension of a batch of 1 "
+                    f"was dropped on the way",
+            fix="squeeze the dimension you mean (x.squeeze(1), x.flatten(1)) rather than every dimension of size 1, "
+                "or drop the incomplete last batch (DataLoader(drop_last=True))",
+            evidence={**data, "detected_step": step}, cause="squeezed",
         )
 
 

@@ -37,6 +37,8 @@ from trainguard.findings import Finding
 from trainguard.rules.health import HEALTH_RULES
 from trainguard.rules.rule import Rule
 
+LEAD_GRACE = 3  # steps rank 0 has past another rank's finding to find the same before that rank's is its own
+
 
 class Engine:
     """Holds one instance of every rule and feeds them events. Live callers feed as events arrive."""
@@ -64,8 +66,8 @@ class Engine:
         self._step_hooks = [r.on_step for r in self._rules if type(r).on_step is not Rule.on_step]
         self._event_hooks = [r.on_event for r in self._rules if type(r).on_event is not Rule.on_event]
         # rules that compare ranks (TG7xx) get every rank's rows and events; the others, one rank's each
-        self._all_rank_step_hooks = [h for h in self._step_hooks if _compares_ranks(h.__self__)]
-        self._all_rank_hooks = [h for h in self._event_hooks if _compares_ranks(h.__self__)]
+        self._all_rank_step_hooks = [h for h in self._step_hooks if _compares_ranks(getattr(h, "__self__", None))]
+        self._all_rank_hooks = [h for h in self._event_hooks if _compares_ranks(getattr(h, "__self__", None))]
 
     def feed(self, event: dict[str, Any]) -> list[Finding]:
         """Feeds one event to every rule; returns the findings that are new."""
@@ -108,8 +110,10 @@ class Engine:
                 if got is not None:
                     self._hold(rank, got)
             except Exception as exc:  # one rank's broken rule is switched off for that rank alone
-                own.drop(hook.__self__)
-                self.errors.append(f"rule {hook.__self__.name} raised {exc!r} on rank {rank} and was switched off there")
+                rule = getattr(hook, "__self__", None)
+                own.drop(rule)
+                self.errors.append(f"rule {getattr(rule, 'name', '?')} raised {exc!r} on rank {rank} and was "
+                                   "switched off there")
         return out + self._release(self.last_step)
 
     def _hold(self, rank: int, got: Finding | list[Finding]) -> None:
@@ -125,7 +129,9 @@ class Engine:
             return []
         keep, out = [], []
         for rank, f in self._held:
-            if not everything and f.step is not None and (lead_step is None or lead_step < f.step):
+            # rank 0 may be sure of the same a step or two later (a rate, a window): a few steps' grace
+            at = f.evidence.get("detected_step", f.step)
+            if not everything and isinstance(at, int) and (lead_step is None or lead_step < at + LEAD_GRACE):
                 keep.append((rank, f))
                 continue
             if (f.name, f.cause) in self._reported:
@@ -191,7 +197,7 @@ class _RankRules:
         self.step_hooks = [r.on_step for r in self.rules if type(r).on_step is not Rule.on_step]
         self.event_hooks = [r.on_event for r in self.rules if type(r).on_event is not Rule.on_event]
 
-    def drop(self, rule: Rule) -> None:
+    def drop(self, rule: Rule | None) -> None:
         self.rules = [r for r in self.rules if r is not rule]
         self._index()
 

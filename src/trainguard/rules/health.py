@@ -14,6 +14,7 @@ from trainguard.rules.composition import (
 )
 from trainguard.rules.contracts import (
     AutocastRunsFp32,
+    BatchDimLost,
     EvalBeforeTrainInit,
     EvalInTrainMode,
     EvalNotDeterministic,
@@ -43,6 +44,7 @@ from trainguard.rules.progress import (
     ParamsWithoutGrad,
     WeightsNotUpdating,
 )
+from trainguard.rules.ranks import GradNormsDiffer, NonfiniteOnOneRank, RankStopped, StragglerRank
 from trainguard.rules.rule import Rule
 from trainguard.rules.schedule import LrCyclesToZero, LrReachesZero, ScheduleHorizonMismatch
 
@@ -57,7 +59,9 @@ HEALTH_RULES: list[type[Rule]] = [
     LogFlood, ThroughputDrop, DataWaitDominant, MemoryCreep, DeviceMemoryNearFull, CheckpointStale,
     # API contracts broken by the training code, seen by the probe (probe/contracts.py)
     StepUpdatesNothing, FrozenParamsUpdated, GradsNeverReset, EvalInTrainMode, EvalBeforeTrainInit,
-    EvalNotDeterministic, AutocastRunsFp32, WorkersShareRng, LossBroadcastsBatch, ReplicasDiverged,
+    EvalNotDeterministic, AutocastRunsFp32, WorkersShareRng, LossBroadcastsBatch, BatchDimLost, ReplicasDiverged,
+    # TG702-TG709 across ranks (TG711-TG719: hangs across ranks and nodes, the watchdog's)
+    NonfiniteOnOneRank, StragglerRank, GradNormsDiffer, RankStopped,
     # TG81x model-specific (TG801-810 are the distillation recipe's)
     ExpertCollapse, PerplexityImplausible,
 ]

@@ -515,7 +515,8 @@ class Supervisor:
         step = max([b["step"] for b in beats if b["step"] is not None] + ([last["step"]] if last else []),
                    default=None)
         # the first process to fail is the cause; later crashes (other ranks) are its consequences
-        probe_crash = crash.first_crash([c for c in self.reader.events("crash") if c["attempt"] == self.attempt])
+        crashes = [c for c in self.reader.events("crash") if c["attempt"] == self.attempt]
+        probe_crash = crash.first_crash(crashes, silent_ranks=_silent_ranks(probe_events, crashes))
         stderr_crash = None
         if probe_crash is None and returncode > 0:
             parsed = crash.parse_traceback(list(self.capture.stderr_tail))
@@ -765,6 +766,14 @@ def _safe_oom() -> int | None:
     from trainguard.watchdog.kernel import cgroup_oom_kills
 
     return cgroup_oom_kills()
+
+
+def _silent_ranks(probe_events: list[dict[str, Any]], crashes: list[dict[str, Any]]) -> list[int]:
+    """Ranks whose probe started but recorded no finish, no exit and no crash: ended by a signal or a
+    segfault, or `os._exit` (for the root cause when the others' errors only say they lost a peer)."""
+    started = {e["rank"] for e in probe_events if e["name"] == "start"}
+    ended = {e["rank"] for e in probe_events if e["name"] in ("finish", "exit")} | {c["rank"] for c in crashes}
+    return sorted(r for r in started - ended if isinstance(r, int) and r >= 0)
 
 
 def _oom_evidence(pid: int, before: int | None) -> dict[str, Any]:
