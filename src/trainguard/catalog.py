@@ -107,7 +107,7 @@ class RuleEntry:
         return first.split(":", 1)[1].strip() if ":" in first else first
 
 
-CATALOG: list[RuleEntry] = [RuleEntry(rule) for rule in [
+_DECLARED: list[Declared] = [
     # the run's ending and its stalls, judged by the watchdog (issue 2) or the probe running alone
     RUN_CRASHED, RUN_HUNG, RUN_KILLED, ARTIFACT_MISSING, ARTIFACT_STALE, PROBE_NOT_FINISHED, RUN_STALLED,
     # health rules (issue 4) and API contracts (issue 20): silent failures found while the run trains.
@@ -124,7 +124,8 @@ CATALOG: list[RuleEntry] = [RuleEntry(rule) for rule in [
     INTERVAL_DOMINATES_RUN, PATIENCE_TOO_SHORT, IMPLAUSIBLE_VALUE, WARMUP_IGNORED, MAX_STEPS_COUNTS_MICRO_BATCHES,
     # integrations and ingest (issue 8): what a log alone shows, for `trainguard diagnose PATH`
     SCHEDULER_BEFORE_OPTIMIZER, LOG_ENDS_UNFINISHED,
-]]
+]
+CATALOG: list[RuleEntry] = [RuleEntry(rule) for rule in _DECLARED]
 
 
 def lookup(key: str) -> RuleEntry:

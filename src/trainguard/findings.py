@@ -128,12 +128,18 @@ class Declared(Protocol):
     """What declares a finding code: a `Code` beside the function that builds its findings, or a rule class
     of the engine (`rules.engine.Rule`), whose docstring is its page."""
 
-    code: str
-    name: str
-    severity: str
-    needs: tuple[Data, ...]
-    status: str
-    since: str
+    @property
+    def code(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def severity(self) -> str: ...
+    @property
+    def needs(self) -> tuple[Data, ...]: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def since(self) -> str: ...
 
 
 @dataclass(frozen=True)

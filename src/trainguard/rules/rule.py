@@ -7,7 +7,7 @@ plan; the engine (rules/engine.py) feeds it. A rule module imports this one, nev
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from trainguard.findings import Data, Finding
 
@@ -27,7 +27,7 @@ class Rule:
     code = ""
     name = ""
     severity = "warning"
-    needs: tuple[Data, ...] = ()
+    needs: ClassVar[tuple[Data, ...]] = ()
     status = "stable"
     since = "0.1.0"
 

@@ -101,11 +101,17 @@ def check_available(specs: list[SinkSpec]) -> None:
 def open_sink(spec: SinkSpec, run_dir: Path) -> Sink:
     # imported only when asked for: each module imports its library, which may be heavy or missing
     if spec.name == "tensorboard":
-        from trainguard.sinks import tb as module
-    elif spec.name == "wandb":
-        from trainguard.sinks import wandb_sink as module
-    elif spec.name == "mlflow":
-        from trainguard.sinks import mlflow_sink as module
-    else:
-        from trainguard.sinks import prometheus_sink as module
-    return module.open_sink(run_dir, spec.value)
+        from trainguard.sinks import tb
+
+        return tb.open_sink(run_dir, spec.value)
+    if spec.name == "wandb":
+        from trainguard.sinks import wandb_sink
+
+        return wandb_sink.open_sink(run_dir, spec.value)
+    if spec.name == "mlflow":
+        from trainguard.sinks import mlflow_sink
+
+        return mlflow_sink.open_sink(run_dir, spec.value)
+    from trainguard.sinks import prometheus_sink
+
+    return prometheus_sink.open_sink(run_dir, spec.value)

@@ -421,6 +421,7 @@ class Supervisor:
         st.next_look = time.time() + self._relook(timeout)
         if result is not None:
             st.looks.append(result)
+        why: str | None
         if past:
             why = f"the stall lasted {idle:.0f} s, past its limit of {limit:.0f} s ({basis})"
         else:
