@@ -20,6 +20,8 @@ Each scenario is a folder `scenarios/<name>/` holding the script(s) and `expect.
     step: 200                        step expected on that finding (optional)
     rank: 1                          rank that finding names as its origin (optional: evidence rank / origin_ranks)
     onset_step: 100                  step where the planted problem starts (optional: latency in steps)
+    found_within: 15                 a stall's first finding named must come within its stall timeout +
+                                     this many seconds after the last progress (optional: latency in time)
     requires: cuda                   run only where CUDA is available (reported as skipped elsewhere)
     timeout: 120                     seconds the scenario may take
 
@@ -229,7 +231,7 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
     if "step" in exp and (first is None or first.get("step") != exp["step"]):
         problems.append(f"step {first.get('step') if first else None}, expected {exp['step']}")
     detect = _detect(exp, first, status)
-    late = _too_late(exp, first, status)
+    late = _too_late(exp, first, status) or _found_late(exp, first)
     if late:
         problems.append(late)
     expected = want_state or ("quiet" if exp.get("quiet") else "")
@@ -272,6 +274,21 @@ def _too_late(exp: dict[str, Any], first: dict[str, Any] | None, status: dict[st
         return None
     late = at - exp["onset_step"]
     return f"{first.get('name')} detected {late} steps after onset, budget {budget}" if late > budget else None
+
+
+def _found_late(exp: dict[str, Any], first: dict[str, Any] | None) -> str | None:
+    """A stall found, but later than its stall timeout + `found_within` seconds after the last progress."""
+    if exp.get("found_within") is None or first is None:
+        return None
+    ev = first.get("evidence") or {}
+    if not all(isinstance(ev.get(k), (int, float)) for k in ("detected_at", "last_progress_at", "stall_timeout")):
+        return f"{first.get('name')} carries no detection time to check found_within against"
+    after = ev["detected_at"] - ev["last_progress_at"]
+    budget = ev["stall_timeout"] + float(exp["found_within"])
+    if after > budget:
+        return (f"{first.get('name')} found {after:.1f} s after the last progress, later than the stall timeout"
+                f" {ev['stall_timeout']:g} s + {exp['found_within']} s")
+    return None
 
 
 def _detected_at(f: dict[str, Any]) -> float:

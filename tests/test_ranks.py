@@ -96,7 +96,7 @@ def test_ddp_grad_norms_that_differ_are_a_desync_and_other_wrappers_are_not_comp
 def test_a_rank_that_stops_while_the_others_go_on_is_found() -> None:
     rows = [r for r in _rows(400, ranks=3) if not (r["rank"] == 1 and r["step"] > 100)]
     (f,) = [f for f in run_rules(rows, {**DDP, "world_size": 3, "total_steps": 400}) if f.name == "rank-stopped"]
-    assert f.evidence["rank"] == 1 and f.step == 100 and f.evidence["seconds_behind"] >= 10
+    assert f.evidence["rank"] == 1 and f.step == 100 and f.evidence["seconds_behind"] >= 5
     # a rank that is a step behind the others while they write (the store interleaves them) is not stopped
     late = [dict(r, t=r["t"] + (0.06 if r["rank"] == 1 else 0)) for r in _rows(400)]
     assert _names(run_rules(late, DDP)) == []
@@ -131,3 +131,24 @@ def test_a_rank_that_vanished_without_an_error_is_the_cause_of_the_others_lost_c
     # a real error on a rank is never blamed on a silent one (torchrun stops the others with a signal)
     f = first_crash([_crash(0, 100.0, "ValueError", "bad shard")], silent_ranks=[1])
     assert f is not None and f.cause != "rank-vanished" and f.exception == "ValueError"
+
+
+def test_a_rank_done_with_its_shard_has_not_stopped() -> None:
+    # uneven data under DDP's Join: rank 1 runs out of batches at step 90 and finishes its probe
+    rows: list[dict[str, Any]] = [r for r in _rows(100) if not (r["rank"] == 1 and r["step"] > 90)]
+    at = next(i for i, r in enumerate(rows) if r["rank"] == 1 and r["step"] == 90)
+    rows.insert(at + 1, {"kind": "probe", "name": "finish", "rank": 1, "t": rows[at]["t"], "step": 90})
+    assert _names(run_rules(rows, {**DDP, "total_steps": 100})) == []
+
+
+def test_ranks_rows_arriving_in_flush_batches_are_still_compared() -> None:
+    # each rank's probe flushes its rows in batches: in a short run the store holds rank 0's whole run
+    # before rank 1's first row, and the steps must wait for rank 1 rather than be judged alone
+    def unwrapped_forward(s: int, r: int, row: dict) -> None:
+        if row["grad_norm"] is not None:
+            row["grad_norm"] *= 1.0 + 0.05 * r  # no all-reduce: each rank keeps its own gradients
+    rows = _rows(40, change=unwrapped_forward)
+    by_rank = sorted(rows, key=lambda row: row["rank"])  # rank 0's 40 rows, then rank 1's
+    (f,) = [f for f in run_rules(by_rank, {**DDP, "total_steps": 40}) if f.name == "grad-norms-differ"]
+    assert f.step == 1 and f.evidence["steps"] == [1, 2, 3]
+    assert _names(run_rules(sorted(_rows(40), key=lambda row: row["rank"]), {**DDP, "total_steps": 40})) == []

@@ -43,6 +43,7 @@ from trainguard.preflight.schedule import SCHEDULE_ENDS_EARLY, SCHEDULE_ENDS_LAT
 from trainguard.rules.crash import RUN_CRASHED
 from trainguard.rules.ending import PROBE_NOT_FINISHED
 from trainguard.rules.health import HEALTH_RULES
+from trainguard.watchdog.nodes import NODE_LOST
 from trainguard.watchdog.restart import HANG_REPEATS
 from trainguard.watchdog.stall import RUN_HUNG, RUN_STALLED
 from trainguard.watchdog.verdict import (
@@ -114,6 +115,8 @@ _DECLARED: list[Declared] = [
     # TG702-TG709: cross-rank health rules (issue 16, rules/ranks.py); TG711-TG719: hangs across ranks and
     # nodes (issue 16, the watchdog)
     *HEALTH_RULES,
+    # a node of a multi-node job lost (issue 16, the watchdog)
+    NODE_LOST,
     LEFTOVER_PROCESSES,
     # hang and crash diagnosis (issue 3)
     HANG_REPEATS,

@@ -364,12 +364,16 @@ def _print_status(path: Any, st: dict) -> None:
     echo(line)
     if st.get("state_note"):
         echo(f"  note: {st['state_note']}")
+    if isinstance(st.get("nodes"), dict):  # a run over nodes (store/nodes.py): each node's part
+        echo("  nodes: " + "; ".join(f"node {n} {v.get('state')}" + (f" at step {v['step']}" if v.get("step") is not None
+                                                                      else "") for n, v in st["nodes"].items()))
     findings = st.get("findings") or []
     if not findings:
         echo("  no findings")
     for f in findings:
         at = f" at step {f['step']}" if f.get("step") is not None else ""
-        echo(f"  {f.get('code')} {f.get('name')} [{f.get('severity')}]{at}: {f.get('summary')}")
+        on = f" (node {f['node']})" if f.get("node") is not None else ""
+        echo(f"  {f.get('code')} {f.get('name')} [{f.get('severity')}]{at}{on}: {f.get('summary')}")
         if f.get("where"):
             echo(f"    where: {f['where']}")
         if f.get("fix"):

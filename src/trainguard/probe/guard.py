@@ -113,7 +113,7 @@ class Guard:
             self.run_dir = prepare_run_dir(os.environ[ENV_RUN_DIR])
         else:
             self.run_dir = new_run_dir(label)
-        self._selflog = GuardLog(self.run_dir, self.rank)
+        self._selflog = GuardLog(self.run_dir, self.rank, stderr_fallback=True)
         self._writer = StoreWriter(self.run_dir, rank=self.rank, attempt=self.attempt)
 
         # counters: micro-batches seen, optimizer steps seen by the hooks, steps closed by `step()`
@@ -973,6 +973,8 @@ class Guard:
             if not self.under_watchdog and self.rank == 0 and not self.finished and not self.crashed:
                 self._write_own_status(state="failed", reason=PROBE_NOT_FINISHED.name)
             self._writer.close()
+            if self._writer.unstored:  # steps the store never took are counted and said, never lost in silence
+                self._selflog.write(f"{self._writer.unstored}; the training itself went on to step {self.step_count}")
         except Exception as exc:
             self._fail("exit", exc)
 

@@ -156,7 +156,9 @@ class GradsNeverReset(_ContractRule):
     parameters resets it. Without it (or with `zero_grad()` on another model or optimizer, as in a GAN
     loop that zeroes D's gradients twice and G's never) each step follows the running sum of all past
     gradients: far larger steps than the LR says, in a stale direction. Called "the most common PyTorch
-    bug" by many a tutorial; TrainCheck's relation "a step is preceded by a zero_grad" checks the same.
+    bug" by many a tutorial; TrainCheck infers the same contract from reference runs (its invariants for
+    Stack Overflow question 60335387, "Missing call to `optimizer.zero_grad`": `zero_grad` co-occurs with
+    `backward`, `parameter.grad` is periodically None).
 
     ## Example
     `TG213 grads-never-reset [error] at step 2: the gradient of fc.weight was not reset between optimizer
@@ -247,9 +249,9 @@ class EvalBeforeTrainInit(_ContractRule):
     ## Why it matters
     Some state is only initialised or updated by a forward in training mode: batch norm's running
     statistics, spectral norm's power iteration (pytorch/pytorch#51800). A model trained while left in
-    eval mode (`model.eval()` once at start-up, `model.train()` never called, as in open-mmlab/mmpretrain#702
-    where the freezing that `train()` applies never happened) normalises with statistics it never
-    learned, and the evaluation says so only as bad numbers.
+    eval mode (`model.eval()` once at start-up and `model.train()` never called; the same slip as
+    pytorch/tutorials#1540, where `test()` called `model.eval()` and every later epoch trained in eval
+    mode) normalises with statistics it never learned, and the evaluation says so only as bad numbers.
 
     ## Example
     `TG215 eval-before-train-init [warning] at step 1: Net ran in eval mode after 1 optimizer steps and never
@@ -343,8 +345,10 @@ class AutocastRunsFp32(_ContractRule):
 
     ## Why it matters
     Autocast does nothing where it does not reach: the run pays for mixed precision (a GradScaler, the
-    expectation of bf16 speed and memory) and computes in fp32, silently slower and larger. Lightning
-    Thunder issue 725 (reproduced by TrainCheck) was such a regression.
+    expectation of bf16 speed and memory) and computes in fp32, silently slower and larger.
+    Lightning-AI/lightning-thunder#725 was such a regression: Thunder applied autocast to torch symbols
+    only, so `prims.linear` inside `torch.autocast` ran in fp32 (TrainCheck lists it, with an invariant
+    it could not check on jit-transformed programs).
 
     ## Example
     `TG311 autocast-runs-fp32 [warning] at step 1: autocast is on for cuda but the model is on cpu: its
@@ -402,8 +406,11 @@ class WorkersShareRng(_ContractRule):
     Every worker then applies the same "random" crops, flips and noise, and with workers that are
     restarted each epoch every epoch repeats them: the augmentation the run pays for is a fraction of
     what it looks like. pytorch/pytorch#5059 ("np.random generates the same random numbers for each data
-    batch") is the bug; PyTorch 1.9 fixed it for the global NumPy generator, not for a generator the
-    dataset owns nor for a `worker_init_fn` that seeds with a constant.
+    batch") is the bug for the global NumPy generator; pytorch/pytorch#56488 ("Fixes #5059") made the
+    DataLoader seed that generator in each worker, as `torch/utils/data/_utils/worker.py` does today.
+    A generator the dataset owns is not reseeded (wolny/pytorch-3dunet#32: "the workers share the common
+    instance of the `Dataset` which was initialized with a fixed seed"), nor is anything a
+    `worker_init_fn` seeds with a constant.
 
     ## Example
     `TG541 workers-share-rng [warning]: workers 0 and 1 (epoch 1) start dataset.rng (Generator) in the
@@ -555,7 +562,8 @@ class ReplicasDiverged(Rule):
     Replicas that drift train different models: the checkpoint (rank 0's) is not what the other ranks
     evaluated, and the gradients averaged are of different models. Causes: a forward on the unwrapped
     module (`model.module(x)` or the model before wrapping: no gradient all-reduce), the model moved to
-    another device after wrapping (pytorch/pytorch#104336, reproduced by TrainCheck), clipping or a
+    another device after wrapping (pytorch/pytorch#104336: DDP's autograd hooks stay on the tensors
+    that moved away, so gradient synchronisation stops), clipping or a
     learning rate that depends on the rank, a rank that skips steps. BLOOM-176B's training saw such a drift.
 
     ## Example

@@ -38,6 +38,7 @@ from trainguard.rules.health import HEALTH_RULES
 from trainguard.rules.rule import Rule
 
 LEAD_GRACE = 3  # steps rank 0 has past another rank's finding to find the same before that rank's is its own
+LEAD_ABSENT = 20  # steps the other ranks go on with no row of rank 0 before they are judged without it
 
 
 class Engine:
@@ -53,6 +54,7 @@ class Engine:
         self.last_step: int | None = None
         self._other_ranks: dict[int, _RankRules] = {}  # rank > 0 -> its own instances of the per-rank rules
         self._held: list[tuple[int, Finding]] = []  # other ranks' findings waiting for rank 0 to pass their step
+        self._others_step: int | None = None  # the newest step of the other ranks (a node without rank 0 has no lead)
 
     @property
     def rules(self) -> list[Rule]:
@@ -103,6 +105,8 @@ class Engine:
             classes = [type(r) for r in self.rules if not _compares_ranks(r)]
             own = self._other_ranks[rank] = _RankRules([cls(self.plan) for cls in classes])
         is_step = event.get("kind") == "step"
+        if is_step and isinstance(event.get("step"), int):
+            self._others_step = max(self._others_step or 0, event["step"])
         out = self._call(self._all_rank_step_hooks if is_step else self._all_rank_hooks, event)
         for hook in own.step_hooks if is_step else own.event_hooks:
             try:
@@ -114,7 +118,12 @@ class Engine:
                 own.drop(rule)
                 self.errors.append(f"rule {getattr(rule, 'name', '?')} raised {exc!r} on rank {rank} and was "
                                    "switched off there")
-        return out + self._release(self.last_step)
+        # A node's watchdog without rank 0 (another node has it) has no lead to wait for: once its ranks are
+        # LEAD_ABSENT steps on with no row of rank 0 at all, their own pace stands in for rank 0's.
+        lead = self.last_step
+        if lead is None and self._others_step is not None:
+            lead = self._others_step - LEAD_ABSENT
+        return out + self._release(lead)
 
     def _hold(self, rank: int, got: Finding | list[Finding]) -> None:
         for f in got if isinstance(got, list) else [got]:

@@ -140,14 +140,14 @@ class ThroughputDrop(Rule):
         if self.n <= self.skip:
             return None  # warm-up steps (allocation, compilation) are not the baseline
         extra = row.get("extra") or {}
-        cpu = extra.get("cpu_s") if finite(extra.get("cpu_s")) else None
-        pre = extra.get("run_wait_s") if finite(extra.get("run_wait_s")) else None
+        cpu = cpu_s if finite(cpu_s := extra.get("cpu_s")) else None
+        pre = run_wait if finite(run_wait := extra.get("run_wait_s")) else None
         if len(self.base) < self.W:
             self.base.append((st, cpu, pre))
             if len(self.base) == self.W:
                 self.base_steps = (row["step"] - self.W + 1, row["step"])
             return None
-        wait = row.get("data_wait") if finite(row.get("data_wait")) else 0.0
+        wait = data_wait if finite(data_wait := row.get("data_wait")) else 0.0
         self.recent.append((row["step"], st, wait, cpu, pre))
         if len(self.recent) < self.W or self.n % 10:
             return None
@@ -157,6 +157,7 @@ class ThroughputDrop(Rule):
             return None
         onset = next((s for s, t, _, _, _ in self.recent if t > 2 * base), self.recent[0][0])
         share = sum(w for _, _, w, _, _ in self.recent) / max(1e-12, sum(t for _, t, _, _, _ in self.recent))
+        assert self.base_steps is not None  # set when the baseline filled up
         summary = (f"steps take {now * 1e3:.1f} ms (median of the last {self.W}) against a baseline of "
                    f"{base * 1e3:.1f} ms (steps {self.base_steps[0]}-{self.base_steps[1]}), {now / base:.1f}x slower")
         evidence: dict[str, Any] = {"baseline_s": base, "recent_s": now, "ratio": now / base, "data_wait_share": share,

@@ -10,8 +10,8 @@ Every rank's rows are in the store (`rank` on each), and the engine gives these 
   TG701's, rules/contracts.py);
 - a rank that stopped advancing while the others go on (TG705).
 
-Rows of one step arrive from the ranks at different moments; a step is judged once every rank seen
-has written it, or once the others are far enough past it that a missing rank is not coming.
+Rows of one step arrive from the ranks at different moments (each rank flushes in batches); a step is
+judged once every rank has written it, or once a missing rank has written a later step.
 """
 
 from __future__ import annotations
@@ -22,13 +22,18 @@ from typing import Any
 from trainguard.findings import RANKS, Finding
 from trainguard.rules.rule import Rule, finite, fmt, median
 
-AHEAD = 3  # a step is judged without a rank that has not written it when the others are this far past it
-
 
 class _ByStep:
-    """The rows of the last few steps, by step and rank; yields each step once it is complete."""
+    """The rows of the last steps, by step and rank; yields each step once it is complete.
 
-    KEEP = 32  # steps held at most (a rank far behind is judged without, not waited for forever)
+    Each rank's probe flushes its rows in batches, so the store holds one rank's rows for many steps
+    before the next rank's for the same steps (a short or fast run: rank 0's whole run first). A step
+    waits for every rank; it is judged without a rank only once that rank has written a step past it
+    (it skipped this one) or the steps held pass KEEP (a rank that stopped writing is not waited for
+    forever; TG705 says it stopped).
+    """
+
+    KEEP = 2048  # steps held at most while a rank's rows have not arrived
 
     def __init__(self, plan: dict[str, Any]) -> None:
         world = plan.get("world_size")
@@ -36,20 +41,28 @@ class _ByStep:
         # ranks seen so far (and at least two, so the first rank's first row is not judged alone)
         self.world = world if isinstance(world, int) and world > 0 else None
         self.rows: collections.OrderedDict[int, dict[int, dict[str, Any]]] = collections.OrderedDict()
-        self.ranks: set[int] = set()
-        self.newest = 0
+        self.newest: dict[int, int] = {}  # the last step each rank has written
 
     def add(self, row: dict[str, Any]) -> list[tuple[int, dict[int, dict[str, Any]]]]:
         step, rank = row.get("step"), row.get("rank")
         if not isinstance(step, int) or not isinstance(rank, int) or rank < 0:
             return []
-        self.ranks.add(rank)
-        self.newest = max(self.newest, step)
-        self.rows.setdefault(step, {})[rank] = row
+        self.newest[rank] = max(self.newest.get(rank, step), step)
+        if step not in self.rows:
+            late = bool(self.rows) and step < next(reversed(self.rows))
+            self.rows[step] = {}
+            if late:  # a rank behind the others opened an earlier step: keep the steps in order
+                self.rows = collections.OrderedDict(sorted(self.rows.items()))
+        self.rows[step][rank] = row
+        want = self.world or max(2, len(self.newest))
         done = []
-        for s in sorted(self.rows):
+        for s in list(self.rows):
             got = self.rows[s]
-            if len(got) >= (self.world or max(2, len(self.ranks))) or s <= self.newest - AHEAD or len(self.rows) > self.KEEP:
+            ranks_in = len(got) >= want
+            # every rank seen that is missing here has written a later step: it will not write this one
+            passed = len(self.newest) >= want and all(
+                self.newest[r] > s for r in self.newest if r not in got)
+            if ranks_in or passed or len(self.rows) > self.KEEP:
                 done.append((s, self.rows.pop(s)))
             else:
                 break  # steps are judged in order
@@ -349,9 +362,10 @@ class RankStopped(Rule):
 
     ## What it detects
     A rank whose last step lags the newest step of the other ranks by at least 3 steps, and whose last
-    row is older than the others' newest by 20 times the run's median step time (and 10 s): the others
+    row is older than the others' newest by 20 times the run's median step time (and 5 s): the others
     kept training (or recording) and this rank did not. At the end of a run, a rank whose rows end at
-    least 3 steps (and 5% of the run) before the others'.
+    least 3 steps (and 5% of the run) before the others'. A rank whose probe finished (`guard.finish()`:
+    uneven data under DDP's `Join`, a rank done with its shard) has not stopped.
 
     ## Why it matters
     In lockstep data parallelism the others block in their next collective soon after; where they do
@@ -360,8 +374,8 @@ class RankStopped(Rule):
     or the wrong result that follows.
 
     ## Example
-    `TG705 rank-stopped [error] at step 40: rank 1 stopped at step 40 (52 s ago) while rank 0 went on
-    to step 95`
+    `TG705 rank-stopped [error] at step 10: rank 1 stopped at step 10 (6.2 s before rank 0's step 215)
+    while rank 0 went on to step 215`
 
     ## What to change
     Look at rank 1's output and stack (`trainguard status` shows its heartbeat; a hang finding, if the
@@ -381,13 +395,18 @@ class RankStopped(Rule):
     all_ranks = True
     BEHIND = 3
     PACE_TIMES = 20
-    MIN_SECONDS = 10.0
+    MIN_SECONDS = 5.0
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
         self.last: dict[int, tuple[int, float]] = {}  # rank -> (its last step, the time of its row)
         self.pace: collections.deque[float] = collections.deque(maxlen=200)
         self.reported: set[int] = set()
+        self.finished: set[int] = set()  # ranks whose probe finished: done, not stopped
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event.get("kind") == "probe" and event.get("name") == "finish" and isinstance(event.get("rank"), int):
+            self.finished.add(event["rank"])
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         step, rank, t = row.get("step"), row.get("rank"), row.get("t")
@@ -400,7 +419,7 @@ class RankStopped(Rule):
             return None
         limit = max(self.MIN_SECONDS, self.PACE_TIMES * (median(list(self.pace)) if self.pace else 0.0))
         for other, (o_step, o_t) in self.last.items():
-            if other in self.reported or step - o_step < self.BEHIND or t - o_t < limit:
+            if other in self.reported or other in self.finished or step - o_step < self.BEHIND or t - o_t < limit:
                 continue
             return self._stopped(other, o_step, t - o_t, rank, step)
         return None
@@ -411,7 +430,7 @@ class RankStopped(Rule):
         newest_rank, (newest, _) = max(self.last.items(), key=lambda kv: kv[1][0])
         margin = max(self.BEHIND, int(0.05 * (self.total_steps or newest)))
         for other, (o_step, _) in sorted(self.last.items()):
-            if other not in self.reported and newest - o_step >= margin:
+            if other not in self.reported and other not in self.finished and newest - o_step >= margin:
                 return self._stopped(other, o_step, None, newest_rank, newest)
         return None
 

@@ -7,7 +7,7 @@ plan; the engine (rules/engine.py) feeds it. A rule module imports this one, nev
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 from trainguard.findings import Data, Finding
 
@@ -95,7 +95,7 @@ class Streak:
 
 
 
-def finite(value: Any) -> bool:
+def finite(value: Any) -> TypeGuard[float]:
     """A real number that is not NaN or inf (bools are not numbers here). Hot: called per field per step."""
     kind = type(value)
     if kind is float:

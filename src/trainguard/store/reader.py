@@ -62,6 +62,13 @@ class RunReader:
                 # a store whose writer never got as far as the schema: read as empty
                 self._conn.close()
                 self._conn = None
+        else:
+            from trainguard.store.nodes import merged_connection
+
+            try:  # a run over nodes: their stores read as one (store/nodes.py)
+                self._conn = merged_connection(self.run_dir)
+            except sqlite3.Error as exc:
+                raise UserError(f"cannot read the node stores under {self.run_dir}: {exc}") from None
 
     @property
     def has_db(self) -> bool:
@@ -189,10 +196,10 @@ class RunReader:
         nxt_step = next(steps, None)
         nxt_ev = next(events, None)
         while nxt_step is not None or nxt_ev is not None:
-            if nxt_ev is None or (nxt_step is not None and (nxt_step["t"] or 0) <= (nxt_ev["t"] or 0)):
+            if nxt_step is not None and (nxt_ev is None or (nxt_step["t"] or 0) <= (nxt_ev["t"] or 0)):
                 yield nxt_step
                 nxt_step = next(steps, None)
-            else:
+            elif nxt_ev is not None:
                 yield nxt_ev
                 nxt_ev = next(events, None)
 

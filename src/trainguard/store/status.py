@@ -156,7 +156,9 @@ def release_space(run_dir: str | Path) -> bool:
 def read_status(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / STATUS_NAME
     if not path.exists() and not path.is_symlink():
-        return {}
+        from trainguard.store.nodes import merged_status
+
+        return merged_status(run_dir)  # a run over nodes: each node's part in node-<N>/ ({} when none)
     try:
         data = load_json(regular_file(path, "status.json").read_bytes()[:MAX_STATUS_BYTES + 1])
     except FileNotFoundError:

@@ -75,11 +75,14 @@ class StoreWriter:
         self.dropped = 0
         self.refused = 0  # rows the database refused outright (a value SQLite cannot bind): dropped, counted
         self.first_refusal: str | None = None  # what the first refused row was and why (for the guard's log)
+        self.unstored: str | None = None
+        """After close: what could not be stored at all and why ("200 steps (101-300) and 3 events ..."), or
+        None when everything queued was written. The owner says it; the writer never prints."""
 
     # -- queueing: cheap, any thread ------------------------------------------------------------
 
     def add_step(self, row: dict[str, Any]) -> None:
-        values = []
+        values: list[Any] = []  # one per column: numbers, text, JSON
         for col in STEP_COLUMNS:
             if col == "attempt":
                 values.append(self.attempt)
@@ -215,9 +218,22 @@ class StoreWriter:
                 self.flush()
         finally:
             with self._lock:
+                self.unstored = self._count_unstored()
                 if self._conn is not None:
                     self._conn.close()
                     self._conn = None
+
+    def _count_unstored(self) -> str | None:
+        """What is still queued (the database never took it) or was dropped past MAX_QUEUED, in words."""
+        steps = [row[STEP_COLUMNS.index("step")] for row in self._steps]
+        lost_steps, lost_events = len(steps) + self.dropped, len(self._events)
+        if not (lost_steps or lost_events):
+            return None
+        numbers = [s for s in steps if isinstance(s, int)]
+        span = f" ({min(numbers)}-{max(numbers)})" if numbers else ""
+        what = [f"{lost_steps} step row(s){span}" if lost_steps else "", f"{lost_events} event(s)" if lost_events else ""]
+        return (f"{' and '.join(w for w in what if w)} could not be stored in {self.run_dir / 'run.db'}: "
+                f"{self.last_error or 'the database was not writable'}")
 
 
 def _drain(queue: collections.deque) -> list:

@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_W
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
 from trainguard.rules import crash
+from trainguard.rules.firstfailure import first_failure_finding
+from trainguard.store.nodes import node_dir
 from trainguard.store.owner import owner_record
 from trainguard.store.paths import new_run_dir, prepare_run_dir
 from trainguard.store.reader import RunReader
@@ -39,7 +42,7 @@ from trainguard.store.selflog import GuardLog
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
-from trainguard.watchdog import keeper, restart, statusline, stop, verdict
+from trainguard.watchdog import keeper, nodes, restart, statusline, stop, verdict
 from trainguard.watchdog.stall import Stall, StallPolicy, hang_finding, stall_ended, stalled_finding
 from trainguard.watchdog.tee import OutputCapture
 from trainguard.watchdog.writes import WriteWatch
@@ -136,12 +139,19 @@ class Supervisor:
             raise UserError(f"--stall-timeout must be a positive number of seconds, got {options.stall_timeout}")
         label = _label(options.command)
         self.run_dir = prepare_run_dir(options.run_dir) if options.run_dir else new_run_dir(label)
+        # one `trainguard run` per node of a torchrun job: this node's part in RUN/node-<N>/, and a beat
+        # through the rendezvous store so the other nodes know it lives (watchdog/nodes.py)
+        launch = nodes.parse_launch(options.command)
+        if launch is not None:
+            self.run_dir = prepare_run_dir(node_dir(self.run_dir, launch.node))
         try:
             self.writer = StoreWriter(self.run_dir, rank=WATCHDOG_RANK)
         except Exception as exc:  # sqlite3.OperationalError on an unwritable folder, and its kin
             raise UserError(f"cannot write the run store in {self.run_dir}: {exc}") from None
         self.stall = StallPolicy(fixed=options.stall_timeout)
         self.monitors: list[Monitor] = list(monitors or [])
+        if launch is not None:
+            self.monitors.append(nodes.NodeWatch(launch, self.run_dir))
         self.findings: list[Finding] = []
         self._seen: set[tuple] = set()
         self.live = sys.stderr.isatty() if options.live is None else options.live
@@ -231,10 +241,12 @@ class Supervisor:
         self.writer.add_event("run", "start", {"pid": self.proc.pid, "command": self.options.command,
                                                "attempt": self.attempt, "resume_from": resume})
         self.writer.flush()
-        self.capture.start(self.proc.stdout, "stdout", _buffer(sys.stdout))
-        self.capture.start(self.proc.stderr, "stderr", _buffer(sys.stderr))
+        stdout, stderr = self.proc.stdout, self.proc.stderr
+        assert stdout is not None and stderr is not None  # both are pipes (Popen above)
+        self.capture.start(stdout, "stdout", _buffer(sys.stdout))
+        self.capture.start(stderr, "stderr", _buffer(sys.stderr))
         # if this process is killed, the keeper passes the output on: the command never dies of a broken pipe
-        self._keeper = keeper.start(self.run_dir, self.proc.stdout.fileno(), self.proc.stderr.fileno(),
+        self._keeper = keeper.start(self.run_dir, stdout.fileno(), stderr.fileno(),
                                     self.options.echo)
         self._forward_signals()
         self.oom_before = _safe_oom()
@@ -520,25 +532,30 @@ class Supervisor:
         probe_crash = crash.first_crash(crashes, silent_ranks=_silent_ranks(probe_events, crashes))
         stderr_crash = None
         if probe_crash is None and returncode > 0:
-            parsed = crash.parse_traceback(list(self.capture.stderr_tail))
-            if parsed is not None:
-                stderr_crash = crash.crash_finding(
-                    exception=parsed.exception, message=parsed.message, frames=parsed.frames,
-                    step=step if step is not None else crash.last_printed_step(self.capture.stdout_tail),
-                    elapsed=time.time() - self.started,
-                )
+            # no probe: the output says which process failed first (torchrun's summary, rank prefixes, order)
+            stderr_crash = first_failure_finding(
+                list(self.capture.stderr_tail),
+                step=step if step is not None else crash.last_printed_step(self.capture.stdout_tail),
+                elapsed=time.time() - self.started,
+            )
         oom = {}
         if returncode == -signal.SIGKILL and hang is None and stopped is None:
             oom = _oom_evidence(self.proc.pid, self.oom_before)
+        unwritable = self._store_unwritable()
+        if unwritable and probe_used and not finished:
+            self._note(f"trainguard: the run folder stopped taking writes ({unwritable}): what the script did "
+                       f"after step {step} is not in it, so whether it reached guard.finish() is not known")
         v = verdict.decide(
             returncode=returncode, hang=hang, stopped_on=stopped, probe_used=probe_used, probe_finished=finished,
             probe_crash=probe_crash, stderr_crash=stderr_crash, expects=self.options.expects,
             started=self.started, cwd=self.options.cwd or os.getcwd(), step=step, oom=oom,
+            store_unwritable=unwritable,
         )
         for f in v.findings:
             self._report(f)
         for f in self.reader.findings():
-            self._is_new(f) and self.findings.append(f)
+            if self._is_new(f):
+                self.findings.append(f)
         self._finish_monitors(step)
         self.writer.add_event("run", "end", {"state": v.state, "exit_code": v.exit_code, "signal": v.signal,
                                              "duration": time.time() - self.started})
@@ -549,8 +566,23 @@ class Supervisor:
         self._summary(v, step)
         self.reader.close()
         self.writer.close()
+        if self.writer.unstored:
+            self._note(f"trainguard: {self.writer.unstored}")
         self._write_report()
         return self._fail_on(v.trainguard_exit)
+
+    def _store_unwritable(self) -> str | None:
+        """Why the run folder takes no writes (a file system gone read-only, permission taken away), or None.
+        A full disk is not this: the reserve beside status.json gives the last rows their room."""
+        if self.writer.last_error and not self.writer.disk_full:
+            return self.writer.last_error
+        try:
+            fd, name = tempfile.mkstemp(dir=self.run_dir, prefix=".write-check-")
+            os.close(fd)
+            os.unlink(name)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return None
 
     def _fail_on(self, code: int) -> int:
         """--fail-on: a run that ended well (exit 0) but whose findings reach the given severity fails."""
@@ -646,6 +678,9 @@ class Supervisor:
             write_status(self.run_dir, status, final=ended is not None)
         except OSError as exc:
             self._guard_error(f"cannot write status.json: {exc}", kind="status.json")
+            if ended is not None:
+                self._note(f"trainguard: status.json could not be updated to '{state_name}' ({exc.strerror or exc}):"
+                           " it keeps its last state; `trainguard status` says that its owner is gone")
 
     def _owner(self) -> dict[str, Any]:
         if not hasattr(self, "_owner_record"):
