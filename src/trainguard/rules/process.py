@@ -202,7 +202,11 @@ class DataWaitDominant(Rule):
 
     ## What it detects
     From `guard.batches(loader)`: the time spent waiting for the next batch as a share of step time,
-    summed over the last 20 steps: above 50%, with at least 2 ms of waiting per step.
+    summed over the last 20 steps: above 50%, with at least 2 ms of waiting per step, and the median
+    step of those 20 itself waiting for more than half its time. (A loader that keeps up except at an
+    epoch's start, where its workers are spawned again, waits long on one step in 16 and not at all on
+    the others: that is not a pipeline the loop is waiting on, and on a loaded machine it alone can
+    pass 50% of a short epoch.)
 
     ## Why it matters
     The accelerator idles while the input pipeline catches up: the run costs twice what it should.
@@ -244,13 +248,16 @@ class DataWaitDominant(Rule):
         share = waited / total
         if share <= 0.5 or waited / self.W < 0.002:
             return None
+        typical = median([w / t for _, t, w in self.recent])
+        if typical <= 0.5:
+            return None
         return self.finding(
             step=self.recent[0][0],
             summary=f"{share:.0%} of step time over the last {self.W} steps is spent waiting for data "
                     f"({waited / self.W * 1e3:.1f} ms of {total / self.W * 1e3:.1f} ms a step)",
             fix="more DataLoader workers, pin_memory, persistent_workers, prefetching, pre-processed data",
-            evidence={"share": share, "wait_per_step_s": waited / self.W, "step_time_s": total / self.W,
-                      "detected_step": row["step"]},
+            evidence={"share": share, "median_step_share": typical, "wait_per_step_s": waited / self.W,
+                      "step_time_s": total / self.W, "detected_step": row["step"]},
         )
 
 

@@ -45,9 +45,13 @@ class _ByStep:
 
     def add(self, row: dict[str, Any]) -> list[tuple[int, dict[int, dict[str, Any]]]]:
         step, rank = row.get("step"), row.get("rank")
-        if not isinstance(step, int) or not isinstance(rank, int) or rank < 0:
+        if self.world == 1 or not isinstance(step, int) or not isinstance(rank, int) or rank < 0:
             return []
         self.newest[rank] = max(self.newest.get(rank, step), step)
+        if self.world is None and len(self.newest) < 2:
+            # one rank so far and no plan to say more are coming (a log, a single process): nothing to
+            # compare, and holding its rows would cost a 15-million-step log a scan per row
+            return []
         if step not in self.rows:
             late = bool(self.rows) and step < next(reversed(self.rows))
             self.rows[step] = {}
@@ -56,16 +60,16 @@ class _ByStep:
         self.rows[step][rank] = row
         want = self.world or max(2, len(self.newest))
         done = []
-        for s in list(self.rows):
+        while self.rows:
+            s = next(iter(self.rows))
             got = self.rows[s]
             ranks_in = len(got) >= want
             # every rank seen that is missing here has written a later step: it will not write this one
             passed = len(self.newest) >= want and all(
                 self.newest[r] > s for r in self.newest if r not in got)
-            if ranks_in or passed or len(self.rows) > self.KEEP:
-                done.append((s, self.rows.pop(s)))
-            else:
+            if not (ranks_in or passed or len(self.rows) > self.KEEP):
                 break  # steps are judged in order
+            done.append((s, self.rows.pop(s)))
         return [(s, got) for s, got in done if len(got) >= 2]
 
     def rest(self) -> list[tuple[int, dict[int, dict[str, Any]]]]:
