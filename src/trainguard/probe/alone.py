@@ -96,7 +96,7 @@ class Alone:
 
     def crashed(self, crash: dict[str, Any], frames: list[dict[str, Any]]) -> None:
         """An uncaught exception (`crash`: the crash event's data): the run crashed, and says where."""
-        from trainguard.watchdog.crash import crash_finding
+        from trainguard.rules.crash import crash_finding
 
         finding = crash_finding(
             exception=crash["exception"], message=crash["message"], frames=frames, step=self.steps.step_count,
@@ -113,7 +113,7 @@ class Alone:
         if self.rules is not None and not s._disabled:
             self.rules.run(final=True)
         if not s.crashed:
-            from trainguard.watchdog.verdict import probe_not_finished
+            from trainguard.rules.ending import probe_not_finished
 
             fields = self._fields()
             fields["findings"].append(probe_not_finished(s.step_count).to_dict())

@@ -262,7 +262,7 @@ def retire() -> None:
 
 def _note(text: str) -> None:
     try:
-        from trainguard.probe.selflog import GuardLog
+        from trainguard.store.selflog import GuardLog
 
         GuardLog(os.environ[ENV_RUN_DIR], int(os.environ.get("RANK", "0") or 0)).write(text)
     except Exception:

@@ -18,11 +18,11 @@ from trainguard.probe import collectives, contracts, crashhook, fastforward, sta
 from trainguard.probe.alone import Alone, Watched
 from trainguard.probe.flusher import Flusher
 from trainguard.probe.opthooks import OptimizerHooks
-from trainguard.probe.selflog import GuardLog
 from trainguard.probe.startrecord import record_start
 from trainguard.probe.steps import StepRecorder
 from trainguard.store.paths import new_run_dir, prepare_run_dir
 from trainguard.store.ranks import rank_info
+from trainguard.store.selflog import GuardLog
 from trainguard.store.writer import StoreWriter
 
 

@@ -28,7 +28,7 @@ from trainguard.probe.phases import Phases
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.samples import MemorySampler
 from trainguard.probe.schedclock import SchedClock
-from trainguard.probe.selflog import GuardLog
+from trainguard.store.selflog import GuardLog
 from trainguard.store.writer import StoreWriter
 
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
