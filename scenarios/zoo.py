@@ -18,7 +18,10 @@ Each scenario is a folder `scenarios/<name>/` holding the script(s) and `expect.
     cause: none-operand              cause expected on the first finding named (optional)
     where: "train.py:31"             text expected in that finding's `where` (optional)
     step: 200                        step expected on that finding (optional)
+    rank: 1                          rank that finding names as its origin (optional: evidence rank / origin_ranks)
     onset_step: 100                  step where the planted problem starts (optional: latency in steps)
+    found_within: 15                 a stall's first finding named must come within its stall timeout +
+                                     this many seconds after the last progress (optional: latency in time)
     requires: cuda                   run only where CUDA is available (reported as skipped elsewhere)
     timeout: 120                     seconds the scenario may take
 
@@ -195,7 +198,8 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
     findings = status.get("findings") or []
     names = [f.get("name") for f in findings]
     want_state = exp.get("state")
-    got_state = status.get("state", "?")
+    # a preflight's verdict (passed, incomplete, failed) is a field beside the state (store/status.py's shown_state)
+    got_state = status.get("preflight_outcome") or status.get("state", "?")
     if rc is None:
         problems.append("timed out")
     if want_state and got_state != want_state:
@@ -219,10 +223,15 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
         problems.append(f"cause {first.get('cause') if first else None}, expected {exp['cause']}")
     if exp.get("where") and (first is None or exp["where"] not in (first.get("where") or "")):
         problems.append(f"where {first.get('where') if first else None}, expected to contain {exp['where']}")
+    if "rank" in exp:
+        ev = (first or {}).get("evidence") or {}
+        named_ranks = [ev["rank"]] if isinstance(ev.get("rank"), int) else list(ev.get("origin_ranks") or [])
+        if named_ranks != [exp["rank"]]:
+            problems.append(f"rank(s) named {named_ranks}, expected [{exp['rank']}]")
     if "step" in exp and (first is None or first.get("step") != exp["step"]):
         problems.append(f"step {first.get('step') if first else None}, expected {exp['step']}")
     detect = _detect(exp, first, status)
-    late = _too_late(exp, first, status)
+    late = _too_late(exp, first, status) or _found_late(exp, first)
     if late:
         problems.append(late)
     expected = want_state or ("quiet" if exp.get("quiet") else "")
@@ -240,7 +249,7 @@ UNBUDGETED = {"eval-metrics-frozen"}
 # Issue 20's contracts are checked where the code runs: within the sampling gap (stats_every, 10 steps).
 CONTRACT_RULES = {"step-updates-nothing", "frozen-params-updated", "grads-never-reset", "eval-in-train-mode",
                   "eval-before-train-init", "autocast-runs-fp32", "loss-broadcasts-batch", "replicas-diverged",
-                  "workers-share-rng"}
+                  "workers-share-rng", "batch-dim-lost"}
 
 
 def latency_budget(name: str, total_steps: Any) -> int | None:
@@ -265,6 +274,21 @@ def _too_late(exp: dict[str, Any], first: dict[str, Any] | None, status: dict[st
         return None
     late = at - exp["onset_step"]
     return f"{first.get('name')} detected {late} steps after onset, budget {budget}" if late > budget else None
+
+
+def _found_late(exp: dict[str, Any], first: dict[str, Any] | None) -> str | None:
+    """A stall found, but later than its stall timeout + `found_within` seconds after the last progress."""
+    if exp.get("found_within") is None or first is None:
+        return None
+    ev = first.get("evidence") or {}
+    if not all(isinstance(ev.get(k), (int, float)) for k in ("detected_at", "last_progress_at", "stall_timeout")):
+        return f"{first.get('name')} carries no detection time to check found_within against"
+    after = ev["detected_at"] - ev["last_progress_at"]
+    budget = ev["stall_timeout"] + float(exp["found_within"])
+    if after > budget:
+        return (f"{first.get('name')} found {after:.1f} s after the last progress, later than the stall timeout"
+                f" {ev['stall_timeout']:g} s + {exp['found_within']} s")
+    return None
 
 
 def _detected_at(f: dict[str, Any]) -> float:

@@ -242,3 +242,28 @@ def test_one_worker_restarted_each_epoch_repeats_its_draws(workdir: Path) -> Non
     list(guard2.batches(loader))
     assert loader.worker_init_fn is None
     guard2.finish()
+
+
+def test_a_batch_of_one_squeezed_is_found_and_kept_or_always_unbatched_is_quiet(workdir: Path) -> None:
+    def run(name: str, last: str) -> dict[str, dict]:
+        model = _net()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        guard = trainguard.watch(model, opt, total_steps=6, run_dir=workdir / name)
+        for step in range(6):
+            rows = 1 if step == 5 else 16
+            if last == "unbatched":  # an actor-critic acting on one state at a time: (8,) from the start
+                x = torch.randn(8)
+            else:
+                x = torch.randn(rows, 1, 8).squeeze() if last == "squeezed" else torch.randn(rows, 1, 8).squeeze(1)
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            guard.step(loss)
+        guard.finish()
+        return _contracts(workdir / name)
+
+    found = run("squeezed", "squeezed")
+    assert found["batch-dim-lost"]["input_shape"] == [8] and found["batch-dim-lost"]["usual_shape"] == [16, 8]
+    assert run("kept", "kept") == {}
+    assert run("unbatched", "unbatched") == {}

@@ -15,6 +15,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -417,3 +418,144 @@ def test_a_locked_store_loses_nothing(tmp_path: Path) -> None:
 def test_a_deleted_run_folder_costs_the_watching_not_the_training(tmp_path: Path) -> None:
     _store_fault(tmp_path, tmp_path / "run", "deleted")
 
+
+
+@pytest.fixture
+def failing_disk(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """An ext4 file system on a loop device mounted `errors=remount-ro`, and the kernel's switch that makes
+    it fail (`/sys/fs/ext4/<dev>/trigger_fs_error`): writing to it records a file-system error, and the
+    kernel remounts it read-only at once, as after a real I/O error. Writes through files already open
+    fail from then on too (EROFS), which a remount from user space refuses to do while files are open."""
+    if os.geteuid() != 0:
+        pytest.skip("a loop device needs root (CI runs as root)")
+    image, mnt = tmp_path / "disk.img", tmp_path / "disk"
+    mnt.mkdir()
+    with open(image, "wb") as fh:
+        fh.truncate(64 << 20)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True)
+    mounted = made.returncode == 0 and subprocess.run(
+        ["mount", "-o", "loop,errors=remount-ro", str(image), str(mnt)], capture_output=True).returncode == 0
+    if not mounted:
+        pytest.skip(f"cannot make and mount an ext4 loop device here: {made.stderr.decode().strip()}")
+    try:
+        device = subprocess.run(["findmnt", "-n", "-o", "SOURCE", str(mnt)], capture_output=True, text=True)
+        trigger = Path("/sys/fs/ext4") / Path(device.stdout.strip()).name / "trigger_fs_error"
+        if not trigger.exists():
+            pytest.skip(f"this kernel has no {trigger}")
+        yield mnt, trigger
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+WAITS_FOR_THE_FAULT = """
+import sys, time, torch, trainguard
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+guard = trainguard.watch(model, opt, total_steps=300)
+for i in range(1, 301):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward(); opt.step(); opt.zero_grad(); guard.step(loss)
+    print("step", i, flush=True)
+    if i == 100:
+        sys.stdin.readline()  # the test makes the disk fail now
+    time.sleep(0.01)
+guard.finish()
+print("trained 300 steps", flush=True)
+"""
+
+
+def test_a_run_folder_gone_read_only_mid_run_costs_no_step_in_silence(tmp_path: Path,
+                                                                        failing_disk: tuple[Path, Path]) -> None:
+    mnt, trigger = failing_disk
+    script = tmp_path / "train.py"  # the script lives off the failing disk, as code usually does
+    script.write_text(WAITS_FOR_THE_FAULT)
+    run_dir = mnt / "run"
+    env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_RUN_DIR"}
+    proc = subprocess.Popen(trainguard_cmd("run", "--run-dir", str(run_dir), "--", sys.executable, str(script)),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdin is not None and proc.stdout is not None
+    printed = []
+    for line in proc.stdout:
+        printed.append(line)
+        if line.strip() == "step 100":
+            time.sleep(1.0)  # the probe stores step 100 (it flushes every 0.5 s)
+            trigger.write_text("trainguard fault test: the disk under the run folder fails\n")
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            break
+    out, err = proc.communicate(timeout=240)
+    printed += out.splitlines(True)
+    # 0 training failures caused by the guard: the training went on to its end, exit 0, every line shown
+    assert proc.returncode == 0, err[-3000:]
+    assert [x.strip() for x in printed] == [f"step {i}" for i in range(1, 301)] + ["trained 300 steps"]
+    assert "Traceback" not in err
+    # the disk really is read-only now: the run folder keeps what it had when it failed
+    assert subprocess.run(["touch", str(run_dir / "x")], capture_output=True).returncode != 0
+    stored = [s for s, *_ in _steps(run_dir)]
+    assert stored == list(range(1, len(stored) + 1)) and 95 <= len(stored) <= 100, stored[-5:]
+    # 0 steps silently lost: the probe counts the rows the store never took and says so, once
+    lost = [line for line in err.splitlines() if "could not be stored" in line and "step row(s)" in line]
+    assert len(lost) == 1, err
+    assert f"{300 - len(stored)} step row(s) ({len(stored) + 1}-300)" in lost[0], lost
+    assert "went on to step 300" in lost[0]
+    # status.json cannot be true on a read-only disk: the guard says once why, and the readers do not
+    # take its 'running' for the truth
+    assert err.count("status.json could not be updated to 'completed' (Read-only file system)") == 1, err
+    assert "probe-not-finished" not in err and "log-flood" not in err  # no finding the fault made up
+    shown = run_trainguard("status", str(run_dir))
+    assert shown.returncode == 0 and ": abandoned, step 100/300" in shown.stdout, shown.stdout
+    assert "status.json says running, but its owner process is gone" in shown.stdout
+
+
+def test_write_permission_taken_from_the_run_folder_mid_run(tmp_path: Path) -> None:
+    """The same fault where no loop device can be made: `trainguard run` and the training run as an
+    unprivileged user, and the run folder and its files lose their write permission at step 100. Files
+    already open stay writable (the store, output.log); what needs a new file (status.json's atomic
+    replace, guard.log) fails with EACCES."""
+    if os.geteuid() != 0 or subprocess.run(["which", "setpriv"], capture_output=True).returncode != 0:
+        pytest.skip("needs root and setpriv to run the command as another user")
+    base = Path(tempfile.mkdtemp(prefix="tg-perm-"))  # tmp_path is root's alone: the user could not enter it
+    try:
+        os.chown(base, 65534, 65534)
+        script = base / "train.py"
+        script.write_text(WAITS_FOR_THE_FAULT)
+        run_dir = base / "run"
+        env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_RUN_DIR"}
+        env.update(HOME=str(base), TRAINGUARD_RUNS_ROOT=str(base / "runs"))
+        user = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+        proc = subprocess.Popen(user + trainguard_cmd("run", "--run-dir", str(run_dir), "--", sys.executable,
+                                                      str(script)),
+                                cwd=base, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env)
+        assert proc.stdin is not None and proc.stdout is not None
+        printed = []
+        for line in proc.stdout:
+            printed.append(line)
+            if line.strip() == "step 100":
+                time.sleep(1.0)
+                for path in [run_dir, *run_dir.rglob("*")]:
+                    os.chmod(path, path.stat().st_mode & ~0o222)
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+                break
+        out, err = proc.communicate(timeout=240)
+        printed += out.splitlines(True)
+        assert proc.returncode == 0, err[-3000:]
+        assert [x.strip() for x in printed] == [f"step {i}" for i in range(1, 301)] + ["trained 300 steps"]
+        assert "Traceback" not in err
+        stored = [s for s, *_ in _steps(run_dir)]
+        assert stored == list(range(1, len(stored) + 1)), stored[-5:]
+        lost = [line for line in err.splitlines() if "could not be stored" in line and "step row(s)" in line]
+        if len(stored) < 300:  # every step is stored, or the missing ones are counted and said
+            assert len(lost) == 1 and f"{300 - len(stored)} step row(s)" in lost[0], err
+        else:
+            assert not lost, err
+        st = read_status(run_dir)
+        if st["state"] != "completed":
+            assert err.count("status.json could not be updated to 'completed' (Permission denied)") == 1, err
+            shown = run_trainguard("status", str(run_dir))
+            assert ": abandoned," in shown.stdout, shown.stdout
+        assert "probe-not-finished" not in err and "log-flood" not in err
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(base)], capture_output=True)
+        subprocess.run(["rm", "-rf", str(base)], capture_output=True)

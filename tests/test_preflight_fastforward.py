@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import trainguard
-from trainguard.probe.fastforward import ENV_PREFLIGHT, PreflightStop
+from trainguard.contract import ENV_PREFLIGHT
+from trainguard.probe.fastforward import PreflightStop
 from trainguard.store.reader import RunReader
 
 

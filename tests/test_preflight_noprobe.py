@@ -45,7 +45,7 @@ def test_pre_existing_files_keep_their_bytes_and_the_verdict_is_never_passed(tmp
     for p, st in stats.items():
         assert os.stat(work / p).st_mtime_ns == st.st_mtime_ns, p
     status = json.loads((work / "run" / "status.json").read_text())
-    assert status["state"] == "incomplete" and status["exit_code"] == 3
+    assert status["state"] == "completed" and status["preflight_outcome"] == "incomplete" and status["exit_code"] == 3
     summary = status["preflight"]
     assert summary["fast_forward"] is False
     assert any("optimizer steps through the automatic probe" in c for c in summary["checked"])

@@ -306,7 +306,7 @@ def test_an_inline_hand_set_lr_is_not_checked_so_not_passed(tmp_path) -> None:
                           cwd=tmp_path, timeout=180)
     status = json.loads((tmp_path / "pf" / "status.json").read_text())
     assert "set by hand" in json.loads((tmp_path / "pf" / "schedule.json").read_text())["skipped"]
-    assert status["state"] == "incomplete" and proc.returncode == 3, proc.stderr
+    assert status["preflight_outcome"] == "incomplete" and proc.returncode == 3, proc.stderr
     assert "incomplete" in proc.stderr and "not checked" in proc.stderr and "passed" not in proc.stderr
     # the same loop at a constant LR has no schedule to check: it passes
     (tmp_path / "train.py").write_text(HAND_LR_INLINE.replace("* (1 - step / steps) ** 2", ""))

@@ -2,8 +2,10 @@
 
 The training step runs under `torch.autocast("cpu", dtype=torch.bfloat16)`, but the model's forward
 wraps its body in an `enabled=False` region copied from a numerically sensitive loss, so every Linear
-computes in float32: the run pays for mixed precision and gets none. Modelled on Lightning-AI/
-lightning-thunder#725 (reproduced by TrainCheck), where autocast silently stopped applying to linear layers.
+computes in float32: the run pays for mixed precision and gets none. Modelled on
+Lightning-AI/lightning-thunder#725 ("torch.autocast context manager got broken for prims.linear": Thunder
+applied autocast to torch symbols only, so a linear inside the autocast region ran in fp32), which
+TrainCheck lists among its silent bugs.
 """
 import torch
 from torch import nn

@@ -4,7 +4,7 @@ The AMP recipe copied in half: `scaler.scale(loss).backward()` and `scaler.step(
 `torch.autocast` context around the forward is not, so every matmul runs in fp32 and the scaler guards
 nothing. Modelled on the documented AMP contract (PyTorch's "Automatic Mixed Precision" recipe and the
 torch.amp docs: autocast chooses the dtypes, GradScaler only scales the loss) and on
-Lightning-AI/lightning-thunder#725, where autocast silently stopped applying.
+Lightning-AI/lightning-thunder#725, where autocast silently stopped applying to `prims.linear`.
 Needs CUDA.
 """
 import torch

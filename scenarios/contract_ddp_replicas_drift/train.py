@@ -2,9 +2,10 @@
 
 The model is wrapped in DistributedDataParallel, but the training step calls the unwrapped module
 (`model` instead of `ddp_model`), so no gradient is all-reduced and each rank learns from its own
-shard. Modelled on the DDP desync TrainCheck reproduced (pytorch/pytorch#104336: DDP's hooks no longer
-attached to the parameters that train) and jingyaogong/minimind#854 (a forward through `.module`
-bypassed DDP, so no all-reduce ran and the replicas silently diverged); the run looks
+shard. Modelled on jingyaogong/minimind#854 (fixing #853: the RL trainers ran the loss-bearing forward
+through `.module`, bypassing DDP, so no all-reduce ran and the replicas silently diverged) and
+pytorch/pytorch#104336 (a DDP model moved to the CPU and back: DDP's hooks stay on the old tensors and
+gradient synchronisation stops); the run looks
 healthy on every rank. The launcher (this script without arguments) starts both ranks, as torchrun does.
 """
 import datetime

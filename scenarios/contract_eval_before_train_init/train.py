@@ -1,9 +1,12 @@
 """A model trained in eval mode: `model.eval()` at start-up, `model.train()` never (TG215 eval-before-train-init).
 
-Modelled on open-mmlab/mmpretrain#702 (the freezing that `model.train()` applies never happened because
-`train()` was never called) and pytorch/pytorch#51800 (state that only a training-mode forward
-initialises, evaluated before any): the batch-norm layers normalise with their initial statistics for
-the whole run and the evaluation quietly reports it as a bad model.
+Modelled on pytorch/pytorch#51800 ("spectral_norm not properly initialized if used with eval first",
+labelled "module: correctness (silent)": state that only a training-mode forward initialises, used
+before any) and pytorch/tutorials#1540 (the quickstart's `test()` called `model.eval()` and nothing
+called `model.train()`, so every later epoch trained in eval mode; harmless there, with no dropout or
+batch norm, but copied into models that have them). Here `model.eval()` comes before the first epoch:
+the batch-norm layers normalise with their initial statistics for the whole run and the evaluation
+quietly reports it as a bad model.
 """
 import torch
 from torch import nn

@@ -2,9 +2,10 @@
 
 Written like PyTorch's MNIST example, with one line missing: the evaluation runs under `torch.no_grad()`
 and the guard's eval phase, but the model stays in training mode, so dropout stays on and batch norm
-normalises with the evaluation batch and updates its running statistics with it. Modelled on the
-"validation accuracy changes every time I evaluate / batch norm statistics corrupted by validation"
-forum threads (e.g. discuss.pytorch.org "'model.eval()' vs 'with torch.no_grad()'", t/19615).
+normalises with the evaluation batch and updates its running statistics with it. Modelled on
+udacity/deep-learning-v2-pytorch#3 (notebooks whose models have dropout validated without
+`model.eval()`; the author: "This was an oversight of mine") and the forum thread "'model.eval()' vs
+'with torch.no_grad()'" on why `no_grad` alone is not evaluation mode.
 """
 import torch
 from torch import nn

@@ -1,8 +1,8 @@
 """A training loop without `optimizer.zero_grad()` (TG213 grads-never-reset).
 
-Modelled on the forum thread "Why do we need to set the gradients manually to zero in pytorch?"
-(discuss.pytorch.org/t/4903), whose answers explain the bug: the loop is written the Keras way, and
-each `backward()` adds to the gradients of every earlier batch.
+Modelled on Stack Overflow question 60335387, one of the silent bugs TrainCheck reproduced ("Missing call
+to `optimizer.zero_grad`" in its bug list): the loop is written the Keras way, and each `backward()` adds
+to the gradients of every earlier batch.
 """
 import torch
 from torch import nn

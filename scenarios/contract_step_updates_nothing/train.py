@@ -1,7 +1,7 @@
 """Fine-tuning with everything frozen: the steps change nothing (TG211 step-updates-nothing).
 
-Modelled on discuss.pytorch.org/t/84911 ("Obtaining abnormal changes in loss and accuracy", one of the
-silent bugs TrainCheck reproduced): the user freezes the backbone, then freezes the classifier head too.
+Modelled on discuss.pytorch.org/t/84911, one of the silent bugs TrainCheck reproduced ("No trainable
+layers exist" in its bug list): here the backbone is frozen for fine-tuning, and the classifier head too.
 With nothing left to train, `backward()` raises "element 0 of tensors does not require grad", and the
 "fix" `loss.requires_grad = True` makes the error go away and the training silently do nothing, as in
 ronghuaiyang/arcface-pytorch#56 (loss no longer declines, accuracy stays at zero).

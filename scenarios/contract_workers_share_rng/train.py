@@ -1,10 +1,12 @@
 """A Dataset that owns its NumPy generator, read by 2 DataLoader workers (TG541 workers-share-rng).
 
-Modelled on pytorch/pytorch#5059 ("np.random generates the same random numbers for each data batch")
-and the r/MachineLearning post "Using PyTorch + NumPy? A bug that plagues..." (linked from
-constantinpape/torch-em#3): PyTorch >= 1.9 reseeds the *global* NumPy
-generator per worker, but a generator the dataset holds is copied into each worker as it is, so both
-workers (and every epoch, the workers being restarted) add the same "random" noise.
+Modelled on wolny/pytorch-3dunet#32 ("np.random generates the same random numbers for each data batch":
+the random rotations and contrast were the same in each batch; the maintainer: "the workers share the
+common instance of the `Dataset` which was initialized with a fixed seed") and xingyizhou/CenterNet#233
+(identical augmentations across workers and again each epoch). The global NumPy generator of
+pytorch/pytorch#5059 is now seeded in each worker (pytorch/pytorch#56488), but a generator the dataset
+holds is copied into each worker as it is, so both workers (and every epoch, the workers being
+restarted) add the same "random" noise.
 """
 import numpy as np
 import torch

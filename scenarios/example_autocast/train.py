@@ -28,7 +28,9 @@ def main():
     targets = [x @ teacher for x in data]
     loss_fn = nn.MSELoss().to(device)
     net = make_model(in_size, out_size, num_layers).to(device)
-    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    # lr 0.2: at 0.05 the loss fell 0.995 -> 0.969 in 100 steps (on CUDA in fp16 TG204 rightly called that
+    # not decreasing); at 0.2 it falls to 0.60, on the CPU in bf16 and in fp16 alike
+    opt = torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9)
     scaler = torch.amp.GradScaler(device, enabled=(dtype == torch.float16))
     guard = trainguard.watch(net, opt, total_steps=epochs * num_batches, scaler=scaler if scaler.is_enabled() else None)
     for epoch in range(epochs):

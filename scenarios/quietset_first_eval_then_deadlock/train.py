@@ -1,7 +1,8 @@
-"""Hang twin of quietset_first_eval_unmarked: a first evaluation longer than the stall timeout (forwards
-only, no marks), then a real deadlock in the metric gathering: the loop takes `metrics` then `ckpt`, the
-uploader thread `ckpt` then `metrics`. The long evaluation must not be stopped; the deadlock after it must
-be found and stopped (a lock cycle is proof).
+"""Hang twin of quietset_first_eval_unmarked, default settings: a 66 s first evaluation (forwards only, no
+marks), longer than the default stall timeout (60 s), then a real deadlock in the metric gathering: the loop
+takes `metrics` then `ckpt`, the uploader thread `ckpt` then `metrics`. What it proves: the long evaluation
+is not stopped (forwards of the watched model are progress); the deadlock after it is found at the stall
+timeout within 15 s and stopped at once (a lock cycle is proof).
 """
 import threading
 import time
@@ -30,15 +31,16 @@ for step in range(1, 41):
     loss = model(torch.randn(16, 64)).pow(2).mean()
     loss.backward(); opt.step(); opt.zero_grad()
     guard.step(loss)
+    time.sleep(0.02)
     if step == 20:
         with guard.phase("eval"), torch.no_grad():
             total = 0.0
-            for x in torch.randn(40, 1, 64):
+            for x in torch.randn(200, 1, 64):
                 total += model(x).pow(2).mean().item()
-                time.sleep(0.3)  # 12 s of evaluation, three times the stall timeout
+                time.sleep(0.33)  # 200 x 0.33 s = 66 s of evaluation, longer than the stall timeout
             threading.Thread(target=uploader, name="uploader", daemon=True).start()
             uploader_has_ckpt.wait()
             with metrics_lock:
                 with ckpt_lock:  # the planted deadlock
-                    guard.eval(loss=total / 40)
+                    guard.eval(loss=total / 200)
 guard.finish()

@@ -1,6 +1,8 @@
-"""Healthy, quiet set: the first checkpoint goes to slow storage and takes ~15 s (three times the stall
-timeout), written in pieces as a network file system accepts them, inside `guard.phase("save")` with
-nothing marked. Bytes the run writes to its files are progress, so no stall is reported at all.
+"""Healthy, quiet set, default settings: the first checkpoint goes to slow storage and takes ~66 s, longer
+than the default stall timeout (60 s), written in pieces as a network file system accepts them, inside
+`guard.phase("save")` with no step, no mark and no output line. What it proves: bytes the run writes to its
+files are progress, so no stall is reported at all and the run ends `completed`, quiet. Hang twin:
+checkpoint_write_blocks (a write that never returns: found at the stall timeout, stopped at its limit).
 """
 import time
 
@@ -14,12 +16,12 @@ guard = trainguard.watch(model, opt, total_steps=40)
 
 
 def save_to_slow_storage(path: str) -> None:
-    """8 MiB in 1 MiB pieces, 1.9 s apart: how a slow NFS mount takes a checkpoint."""
+    """33 MiB in 1 MiB pieces, 2 s apart: how a slow NFS mount takes a checkpoint."""
     piece = bytes(1 << 20)
     with open(path, "wb") as fh:
-        for _ in range(8):
+        for _ in range(33):
             fh.write(piece); fh.flush()
-            time.sleep(1.9)
+            time.sleep(2.0)
         torch.save(model.state_dict(), fh)
 
 

@@ -1,6 +1,8 @@
-"""Hang twin of quietset_wait_for_file: the job that was to write the next shard died, so the file never
-comes. A polling sleep is no proof (the file might still come): the stall is reported at the stall
-timeout and the run is stopped when it outlasts its limit.
+"""Hang twin of quietset_wait_for_file, default stall timeout: the job that was to write the next shard
+died, so the file never comes. What it proves: the same wait, with no end, is found at the default stall
+timeout (60 s) within 15 s (TG509 run-stalled, cause sleep, where the loop polls), and, since a polling
+sleep is no proof (the file might still come), the run is stopped only when the stall outlasts its limit:
+here `--hang-limit 90` (without it, the limit of a phase the run has been through: 600 s at least).
 """
 import os
 import time

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from trainguard.contract import ENV_DISABLE, ENV_STACKS
 from trainguard.findings import Finding
+from trainguard.probe.null import NullGuard  # light (no torch): `watch`'s return path when not watching
 
 __version__ = "0.1.0"
 
@@ -29,9 +31,9 @@ def watch(
     grad_accum: int = 1,
     *,
     scaler: Any = None,
-    run_dir: str | os.PathLike | None = None,
+    run_dir: str | os.PathLike[str] | None = None,
     name: str | None = None,
-    config: dict | None = None,
+    config: dict[str, Any] | None = None,
     stats_every: int = 10,
 ) -> Guard | NullGuard:
     """Starts watching this training process and returns its guard.
@@ -42,7 +44,7 @@ def watch(
     `stats_every`: gradient norm and update ratio are measured every N optimizer steps (and on each
     of the first N). With TRAINGUARD_DISABLE=1 this returns a `NullGuard` that does nothing.
     """
-    if os.environ.get("TRAINGUARD_DISABLE"):
+    if os.environ.get(ENV_DISABLE):
         return NullGuard(grad_accum)
     from trainguard.probe import auto
     from trainguard.probe.guard import Guard, active_guard
@@ -79,17 +81,10 @@ def __getattr__(name: str) -> Any:
         from trainguard.probe.guard import Guard
 
         return Guard
-    if name == "NullGuard":
-        from trainguard.probe.null import NullGuard
-
-        return NullGuard
     raise AttributeError(f"module 'trainguard' has no attribute {name!r}")
 
 
-if not TYPE_CHECKING:  # NullGuard is light; import it eagerly for `watch`'s return path
-    from trainguard.probe.null import NullGuard
-
-if os.environ.get("TRAINGUARD_STACKS"):  # a child of a watched process (spawned worker, rank): stacks on request
+if os.environ.get(ENV_STACKS):  # a child of a watched process (spawned worker, rank): stacks on request
     from trainguard.probe import stackdump
 
     stackdump.install_from_env()

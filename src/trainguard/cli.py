@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from trainguard import __version__
+from trainguard.contract import ENV_AUTO, ENV_DEBUG, ENV_SINKS
 from trainguard.errors import UserError
 from trainguard.untrusted import printable
 
@@ -59,9 +60,9 @@ class _Group(click.Group):
             echo("trainguard: interrupted", err=True)
             ctx.exit(130)
         except Exception as exc:
-            if os.environ.get("TRAINGUARD_DEBUG"):
+            if os.environ.get(ENV_DEBUG):
                 raise
-            echo(f"trainguard: internal error: {type(exc).__name__}: {exc} (TRAINGUARD_DEBUG=1 shows the traceback)",
+            echo(f"trainguard: internal error: {type(exc).__name__}: {exc} ({ENV_DEBUG}=1 shows the traceback)",
                        err=True)
             ctx.exit(70)
 
@@ -120,10 +121,10 @@ def main() -> None:
 @click.option("--quiet", is_flag=True, help="Do not echo the command's output (it still goes to output.log).")
 @click.option("--no-auto", is_flag=True,
               help="No automatic probe in the command's Python processes (stacks on a signal, torch's optimizer "
-                   "hooks); also TRAINGUARD_AUTO=0.")
+                   f"hooks); also {ENV_AUTO}=0.")
 @click.option("--sink", "sinks", multiple=True, metavar="NAME[=VALUE]",
               help="Copy steps and findings to tensorboard, wandb, mlflow or prometheus as the run goes "
-                   "(repeatable; also TRAINGUARD_SINKS=name,...). See `trainguard export --help`.")
+                   f"(repeatable; also {ENV_SINKS}=name,...). See `trainguard export --help`.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str, ...], expects: tuple[str, ...],
         stop_on: str, fail_on: str | None, on_hang: str, max_restarts: int, quiet: bool, no_auto: bool,
@@ -176,7 +177,7 @@ def _sink_specs(flags: tuple[str, ...]) -> list:
 @click.argument("run", required=False)
 @click.option("--sink", "sinks", multiple=True, metavar="NAME[=VALUE]",
               help="tensorboard[=LOGDIR], wandb[=PROJECT], mlflow[=URI[@EXPERIMENT]], prometheus[=FILE.prom|:PORT] "
-                   "(repeatable; also TRAINGUARD_SINKS).")
+                   f"(repeatable; also {ENV_SINKS}).")
 def export(run: str | None, sinks: tuple[str, ...]) -> None:
     """Copy a stored run's steps, evaluations, findings and final state to the sinks (default: the newest run).
 
@@ -190,7 +191,7 @@ def export(run: str | None, sinks: tuple[str, ...]) -> None:
 
     specs = _sink_specs(sinks)
     if not specs:
-        raise UserError("no sink named: --sink tensorboard|wandb|mlflow|prometheus (or TRAINGUARD_SINKS)")
+        raise UserError(f"no sink named: --sink tensorboard|wandb|mlflow|prometheus (or {ENV_SINKS})")
     path = resolve_run(run)
     held = feed_once(path, specs)
     for spec in specs:
@@ -207,7 +208,7 @@ def _stop_on(text: str) -> list[str]:
 
 def _auto_env(no_auto: bool) -> dict[str, str]:
     """The bootstrap of the automatic probe for every Python process of the command (probe/auto.py)."""
-    from trainguard.probe.auto import ENV_AUTO, bootstrap_env
+    from trainguard.probe.auto import bootstrap_env
 
     return {ENV_AUTO: "0"} if no_auto else bootstrap_env()
 
@@ -339,9 +340,9 @@ def status(run: str | None, as_json: bool) -> None:
 
 
 def _print_status(path: Any, st: dict) -> None:
-    from trainguard.store.status import health_counts
+    from trainguard.store.status import health_counts, shown_state
 
-    state = st.get("state", "?")
+    state = shown_state(st)
     line = f"{path}: {state}"
     if st.get("signal"):
         line += f" ({st['signal']})"
@@ -355,12 +356,16 @@ def _print_status(path: Any, st: dict) -> None:
     echo(line)
     if st.get("state_note"):
         echo(f"  note: {st['state_note']}")
+    if isinstance(st.get("nodes"), dict):  # a run over nodes (store/nodes.py): each node's part
+        echo("  nodes: " + "; ".join(f"node {n} {v.get('state')}" + (f" at step {v['step']}" if v.get("step") is not None
+                                                                      else "") for n, v in st["nodes"].items()))
     findings = st.get("findings") or []
     if not findings:
         echo("  no findings")
     for f in findings:
         at = f" at step {f['step']}" if f.get("step") is not None else ""
-        echo(f"  {f.get('code')} {f.get('name')} [{f.get('severity')}]{at}: {f.get('summary')}")
+        on = f" (node {f['node']})" if f.get("node") is not None else ""
+        echo(f"  {f.get('code')} {f.get('name')} [{f.get('severity')}]{at}{on}: {f.get('summary')}")
         if f.get("where"):
             echo(f"    where: {f['where']}")
         if f.get("fix"):
@@ -375,7 +380,7 @@ def ls_runs(root: str | None) -> None:
     from rich.table import Table
 
     from trainguard.store.paths import list_runs, runs_root
-    from trainguard.store.status import read_status
+    from trainguard.store.status import read_status, shown_state
 
     runs = list_runs(root)
     if not runs:
@@ -391,7 +396,7 @@ def ls_runs(root: str | None) -> None:
         started = st.get("started")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else ""
         cmd = " ".join(st.get("command") or [])
-        rows.append((path.name, st.get("state", "?"), st.get("health", ""), str(st.get("step", "")),
+        rows.append((path.name, shown_state(st), st.get("health", ""), str(st.get("step", "")),
                      _finding_counts(st.get("findings")), when, cmd))
     if not sys.stdout.isatty():
         # Piped or redirected: every name whole (a script greps it, or passes it to `status`), no cut.

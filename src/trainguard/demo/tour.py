@@ -29,6 +29,7 @@ from typing import Any
 
 import click
 
+from trainguard.contract import ENV_RUN_DIR
 from trainguard.store.paths import new_run_dir, runs_root
 from trainguard.store.status import read_status
 
@@ -121,7 +122,7 @@ def _start(demo: DemoRun, root: Path, scripts: Path) -> tuple[DemoRun, Path, sub
     command = [sys.executable, "-m", "trainguard.cli", "run", *watch, "--", sys.executable,
                str(scripts / demo.script), *args]
     terminal = tempfile.TemporaryFile()
-    env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_RUN_DIR"}
+    env = {k: v for k, v in os.environ.items() if k != ENV_RUN_DIR}
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=terminal, stderr=subprocess.STDOUT, env=env)
     return demo, run_dir, proc, terminal
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from trainguard.probe.fastforward import ENV_PREFLIGHT
+from trainguard.contract import ENV_PREFLIGHT
 
 
 def under_preflight() -> bool:

@@ -16,23 +16,28 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
 import trainguard
+from trainguard.contract import ENV_RESUME_FROM
 from trainguard.integrations import fail_open, under_preflight, unwrap
+
+if TYPE_CHECKING:
+    from trainguard.probe.guard import Guard
+    from trainguard.probe.null import NullGuard
 
 
 class TrainguardCallback(TrainerCallback):
     """Watches a Hugging Face Trainer run with trainguard's probe."""
 
-    def __init__(self, *, run_dir: str | os.PathLike | None = None, name: str | None = None,
+    def __init__(self, *, run_dir: str | os.PathLike[str] | None = None, name: str | None = None,
                  stats_every: int = 10) -> None:
         self.run_dir = run_dir
         self.name = name
         self.stats_every = stats_every
-        self.guard: Any = None
+        self.guard: Guard | NullGuard | None = None
         self._losses: list[Any] = []
         self._hook: Any = None
         self._train_phase: Any = None
@@ -101,7 +106,7 @@ class TrainguardCallback(TrainerCallback):
             self._eval_phase.__enter__()
 
     @fail_open
-    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any) -> None:
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if self.guard is None:
             return
         if self._eval_phase is not None:
@@ -118,7 +123,7 @@ class TrainguardCallback(TrainerCallback):
             self.guard.checkpoint_saved(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
 
     @fail_open
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         # Without a loss in the model's outputs (a custom compute_loss), the logged average is all there is.
         if self.guard is not None and not self._saw_loss and logs and "loss" in logs:
             self.guard.log(logged_loss=float(logs["loss"]))
@@ -159,7 +164,7 @@ def resume_checkpoint() -> str | None:
 
         trainer.train(resume_from_checkpoint=resume_checkpoint())
     """
-    return os.environ.get("TRAINGUARD_RESUME_FROM") or None
+    return os.environ.get(ENV_RESUME_FROM) or None
 
 
 def _strategy(value: Any) -> str:

@@ -19,23 +19,27 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.callbacks import Callback
 
 import trainguard
 from trainguard.integrations import fail_open, under_preflight
 
+if TYPE_CHECKING:
+    from trainguard.probe.guard import Guard
+    from trainguard.probe.null import NullGuard
+
 
 class TrainguardCallback(Callback):
     """Watches a Lightning fit with trainguard's probe."""
 
-    def __init__(self, *, run_dir: str | os.PathLike | None = None, name: str | None = None,
+    def __init__(self, *, run_dir: str | os.PathLike[str] | None = None, name: str | None = None,
                  stats_every: int = 10) -> None:
         self.run_dir = run_dir
         self.name = name
         self.stats_every = stats_every
-        self.guard: Any = None
+        self.guard: Guard | NullGuard | None = None
         self._phases: dict[str, Any] = {}
         self._seen_ckpts: set[str] = set()
 
@@ -132,6 +136,8 @@ class TrainguardCallback(Callback):
 
     def _report_checkpoints(self, trainer: Any) -> None:
         # ModelCheckpoint runs after every other callback, so a checkpoint shows at the next hook.
+        if self.guard is None:
+            return
         for cb in getattr(trainer, "checkpoint_callbacks", []) or []:
             for path in (getattr(cb, "last_model_path", ""), getattr(cb, "best_model_path", "")):
                 if path and path not in self._seen_ckpts and os.path.exists(path):

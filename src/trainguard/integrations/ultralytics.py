@@ -18,10 +18,14 @@ validation and checkpointing: under `trainguard run` the phase and step it stopp
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trainguard
 from trainguard.integrations import fail_open
+
+if TYPE_CHECKING:
+    from trainguard.probe.guard import Guard
+    from trainguard.probe.null import NullGuard
 
 EVENTS = ("on_pretrain_routine_end", "on_train_start", "on_train_batch_end", "on_train_epoch_end",
           "on_fit_epoch_end", "on_model_save", "on_train_end")
@@ -34,7 +38,7 @@ class UltralyticsAdapter:
         self.run_dir = run_dir
         self.name = name
         self.stats_every = stats_every
-        self.guard: Any = None
+        self.guard: Guard | NullGuard | None = None
         self._losses: list[Any] = []
         self._parts: list[Any] = []
         self._closed = 0

@@ -34,9 +34,12 @@ def load_start(start_dir: Path, *, mode: str, exit_code: int, scratch: str, orig
         status = {}
     status = _renamed(status, scratch.rstrip("/") + "/", origin.rstrip("/") + "/")
     with RunReader(start_dir) as reader:
-        events = reader.events("preflight")
+        # under torchrun every rank fast-forwards in lockstep: rank 0's record decides, the others' stops
+        # show that each rank was exercised and stopped at the same step
+        every_rank = reader.events("preflight")
+        events = [e for e in every_rank if e["rank"] == 0]
         starts = [e.get("data") or {} for e in reader.events("probe") if e["name"] == "start"]
-        rows = list(reader.steps())
+        rows = list(reader.steps(rank=0))
         step_times = [(r["step"], r["step_time"]) for r in rows if r.get("step_time")]
         if not step_times and len(rows) > 1:
             # the automatic probe closes no loss side (no guard.step): a step's time is the gap between rows
@@ -55,7 +58,20 @@ def load_start(start_dir: Path, *, mode: str, exit_code: int, scratch: str, orig
             "step_times": step_times,
             "plan": reader.meta().get("plan") or {},
             "crash_event_id": max((e["id"] for e in reader.events("crash")), default=None),
+            "ranks": _rank_stops(every_rank),
         }
+
+
+def _rank_stops(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each rank's preflight: the paths brought forward on it and the step it stopped at (None: it did not)."""
+    out: dict[str, Any] = {}
+    for e in events:
+        r = out.setdefault(str(e["rank"]), {"forced": [], "stopped_at": None})
+        if e["name"] == "forced":
+            r["forced"].append((e.get("data") or {}).get("name"))
+        elif e["name"] == "stop":
+            r["stopped_at"] = (e.get("data") or {}).get("step")
+    return out
 
 
 def _renamed(value: Any, old: str, new: str) -> Any:
@@ -514,6 +530,7 @@ def summarize(first: dict[str, Any], resume: dict[str, Any] | None, sim: dict[st
         "peak_rss_bytes": peak_rss, "cuda_peak_bytes": stop.get("cuda_peak_bytes"),
         "outside_writes": writes[:100], "probe_used": bool(first["events"]),
         "probe": first.get("probe"), "opt_steps": first.get("opt_steps", 0),
+        "ranks": first.get("ranks") or {},
         **_coverage(first, sim),
     }
 
@@ -590,6 +607,11 @@ def report_lines(state: str, findings: list[Finding], s: dict[str, Any], run_dir
             + (f", {s['path_seconds'][n]:.2f} s)" if n in s["path_seconds"] else ")")
             for n, st in s["paths_forced"].items()))
     lines.append(f"  epoch boundary: {s['epoch_boundary']}; checkpoint round trip: {s['resume']}")
+    ranks = s.get("ranks") or {}
+    if len(ranks) > 1:
+        lines.append(f"  ranks: {len(ranks)} fast-forwarded in lockstep; " + ", ".join(
+            f"rank {r} stopped at step {v['stopped_at']}" if v.get("stopped_at") is not None else f"rank {r} did not stop"
+            for r, v in sorted(ranks.items(), key=lambda kv: int(kv[0]))))
     sched = s.get("schedule") or {}
     if sched.get("peak_lr") is not None and sched.get("function"):
         lines.append(f"  LR set by hand from {sched['function']}() (it reproduced the first steps' LRs; simulated by"

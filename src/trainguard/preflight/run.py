@@ -14,8 +14,10 @@
 RUN/ holds scratch/ (the working folder), start-1/ and start-2-resume/ (each start's own run folder) and
 schedule.json (the simulated LR curve).
 
-Limits, stated plainly: one process only (under torchrun, stopping rank 0 would leave the other ranks
-waiting in a collective); writes by Python and by torch.save / safetensors are kept in the scratch
+Under torchrun every rank is fast-forwarded in lockstep (probe/lockstep.py: rank 0 decides, the others
+read its answers from the job's store), so no rank is left alone in a collective.
+
+Limits, stated plainly: writes by Python and by torch.save / safetensors are kept in the scratch
 folder, other native writers are only reported afterwards (the user's folder is compared before and
 after); only paths gated by `guard.due` are brought forward (`if step % 500 == 0` is invisible to it).
 
@@ -40,10 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.contract import ENV_PREFLIGHT, ENV_RESUME_FROM
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
 from trainguard.preflight import judge, scratch
-from trainguard.probe.fastforward import ENV_PREFLIGHT, SCHEDULE_FILE
+from trainguard.probe.fastforward import SCHEDULE_FILE
 from trainguard.store.paths import new_run_dir, prepare_run_dir, runs_root
 from trainguard.store.status import write_status
 from trainguard.untrusted import printable
@@ -89,7 +92,7 @@ def preflight(opts: PreflightOptions) -> int:
     ckpt = judge.last_checkpoint(first)
     if first["state"] == "completed" and ckpt:
         resume = _start(opts, run_dir / "start-2-resume", work, mode="resume", steps=RESUME_STEPS,
-                        env={"TRAINGUARD_RESUME_FROM": ckpt})
+                        env={ENV_RESUME_FROM: ckpt})
         starts.append(resume)
 
     after, complete_after = scratch.snapshot(origin, avoid)
@@ -128,7 +131,7 @@ def _start(opts: PreflightOptions, start_dir: Path, work: Path, *, mode: str, st
     """One start of the script under the Supervisor; returns its status and what the probe recorded."""
     from trainguard.watchdog.supervisor import RunOptions, Supervisor
 
-    what = "fast-forward" if mode == "first" else f"resuming from {env and env.get('TRAINGUARD_RESUME_FROM')}"
+    what = "fast-forward" if mode == "first" else f"resuming from {env and env.get(ENV_RESUME_FROM)}"
     print(f"trainguard preflight: start {1 if mode == 'first' else 2} ({what}) in {work}", file=sys.stderr)
     cfg = {"mode": mode, "steps": steps, "scratch": str(work), "origin": str(Path.cwd())}
     from trainguard.probe.auto import bootstrap_env
@@ -149,16 +152,16 @@ def _conclude(run_dir: Path, opts: PreflightOptions, findings: list[Finding], su
     # a script that could not be fast-forwarded was not checked: never "passed", never exit 0
     # so is a fast-forwarded script whose LR moved in a way the preflight could not simulate
     unchecked = not summary.get("fast_forward", True) or summary.get("schedule_checked") is False
-    state = "failed" if errors else "incomplete" if unchecked else "passed"
+    outcome = "failed" if errors else "incomplete" if unchecked else "passed"
     code = 1 if errors else EXIT_INCOMPLETE if unchecked else 0
     status = {
-        "state": state, "exit_code": code, "command": opts.command, "updated": time.time(),
-        "ended": time.time(), "watched_by": "preflight", "preflight": summary,
-        "findings": [f.to_dict() for f in findings],
+        "state": "failed" if errors else "completed", "preflight_outcome": outcome, "exit_code": code,
+        "command": opts.command, "updated": time.time(), "ended": time.time(), "watched_by": "preflight",
+        "preflight": summary, "findings": [f.to_dict() for f in findings],
     }
     write_status(run_dir, status)
     (run_dir / "preflight.json").write_text(json.dumps(summary, indent=2, default=str))
-    for line in judge.report_lines(state, findings, summary, run_dir):
+    for line in judge.report_lines(outcome, findings, summary, run_dir):
         print(printable(line), file=sys.stderr)
     return code
 

@@ -32,10 +32,11 @@ import threading
 # package, so a process that never imports torch pays microseconds, not the package's imports.
 Any = object  # annotations only (this module avoids importing `typing`)
 
-ENV_AUTO = "TRAINGUARD_AUTO"  # "0": no bootstrap, no automatic probe
+# (the contract imports nothing; the bootstrap loads it before this file, see boot/sitecustomize.py)
+from trainguard.contract import ENV_AUTO, ENV_DISABLE, ENV_PREFLIGHT, ENV_RUN_DIR, ENV_STACKS  # noqa: E402
+
 BOOT_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "boot")  # sitecustomize.py, nothing else
 OPTIMIZER_MODULE = "torch.optim.optimizer"
-ENV_PREFLIGHT = "TRAINGUARD_PREFLIGHT"  # as probe/fastforward.py (not imported here: boot stays small)
 
 _state: dict[str, Any] = {"booted": False, "handles": [], "guard": None, "aside": False, "pid": None}
 _lock = threading.Lock()
@@ -43,7 +44,7 @@ _lock = threading.Lock()
 
 def enabled(environ: Any = None) -> bool:
     env = os.environ if environ is None else environ
-    return env.get(ENV_AUTO, "1") != "0" and not env.get("TRAINGUARD_DISABLE")
+    return env.get(ENV_AUTO, "1") != "0" and not env.get(ENV_DISABLE)
 
 
 def bootstrap_env(environ: Any = None) -> dict[str, str]:
@@ -60,7 +61,7 @@ def bootstrap_env(environ: Any = None) -> dict[str, str]:
 
 def boot() -> None:
     """Called by the bootstrap's sitecustomize in every Python process of a watched command."""
-    if _state["booted"] or not enabled() or not os.environ.get("TRAINGUARD_RUN_DIR"):
+    if _state["booted"] or not enabled() or not os.environ.get(ENV_RUN_DIR):
         return
     _state["booted"] = True
     _install_stack_dump()
@@ -80,14 +81,14 @@ def _install_stack_dump() -> None:
     stackdump = sys.modules.get("trainguard.probe.stackdump")
     if stackdump is None:
         from trainguard.probe import stackdump
-    if not os.environ.get(stackdump.ENV_STACKS):
+    if not os.environ.get(ENV_STACKS):
         # the first Python process of the run: its children inherit the folder through the environment
-        folder = os.path.join(os.environ["TRAINGUARD_RUN_DIR"], "stacks")
+        folder = os.path.join(os.environ[ENV_RUN_DIR], "stacks")
         try:
             os.makedirs(folder, exist_ok=True)
         except OSError:
             return
-        os.environ[stackdump.ENV_STACKS] = os.path.realpath(folder)
+        os.environ[ENV_STACKS] = os.path.realpath(folder)
     stackdump.install_from_env()
 
 
@@ -135,7 +136,7 @@ def _install_write_watch() -> None:
         if cfg.get("scratch"):
             from pathlib import Path
 
-            fastforward.install_write_watch(Path(cfg["scratch"]), Path(os.environ["TRAINGUARD_RUN_DIR"]),
+            fastforward.install_write_watch(Path(cfg["scratch"]), Path(os.environ[ENV_RUN_DIR]),
                                             cfg.get("origin"))
     except Exception as exc:
         _note(f"preflight write watch not installed at start-up: {exc!r}")
@@ -268,6 +269,6 @@ def _note(text: str) -> None:
     try:
         from trainguard.probe.selflog import GuardLog
 
-        GuardLog(os.environ["TRAINGUARD_RUN_DIR"], int(os.environ.get("RANK", "0") or 0)).write(text)
+        GuardLog(os.environ[ENV_RUN_DIR], int(os.environ.get("RANK", "0") or 0)).write(text)
     except Exception:
         pass

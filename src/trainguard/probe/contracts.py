@@ -2,8 +2,8 @@
 
 Loss, LR and gradient-norm rules miss a class of bugs that break an API's contract silently: an
 optimizer step that updates nothing, or updates what the user froze; gradients never reset; a model
-left in training mode for evaluation; a loss that broadcasts a (B, 1) output against a (B,) target;
-autocast that does not reach the model; DDP replicas drifting apart. TrainCheck (OSDI 2025) infers such
+left in training mode for evaluation; a loss that broadcasts a (B, 1) output against a (B,) target; a
+batch that reaches the model without its batch dimension; autocast that does not reach the model; DDP replicas drifting apart. TrainCheck (OSDI 2025) infers such
 invariants from reference runs; here each is hard-coded from the API's semantics, so no reference run
 is needed, and each is checked on a sample of steps (the first three, then every `stats_every`):
 
@@ -21,14 +21,15 @@ Everything here is fail-open: a check that raises is switched off and logged onc
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.contract import ENV_CONTRACTS
 from trainguard.probe import devicestats, workerrng
 
-ENV_CONTRACTS = "TRAINGUARD_CONTRACTS"  # "0": no contract checks (their hooks are not even installed)
 EVAL_PHASES = frozenset({"eval", "evaluate", "evaluation", "val", "valid", "validate", "validation", "test"})
 NO_GRAD_STREAK = 3  # forwards in a row under no_grad in training mode, outside an eval phase: an eval loop
 AUTOCAST_FP32_SHARE = 0.5  # of the largest layers' weights computing in fp32 inside autocast
@@ -37,6 +38,7 @@ CHECKSUM_TENSORS = 8  # parameter tensors in the DDP checksum
 CHECKSUM_ELEMENTS = 1 << 16  # elements per tensor at most (strided sample)
 FROZEN_TENSORS = 16  # frozen tensors compared around a sampled optimizer step
 MAX_NAMES = 10
+BATCH_SHAPES_LEARNED = 3  # training forwards whose first input has one rank before a rank one less is judged
 
 
 @dataclass
@@ -103,6 +105,7 @@ class Contracts:
         # -- optimizer contracts
         self.no_grad_steps: list[int] = []
         self.frozen_before: list[tuple[str, Any, Any, int]] = []
+        self.step_compiled = False  # optimizer.step seen running under torch.compile
         self.grad_watch: list[_GradWatch] = []
         # Replicas are compared only where they must be identical: a DistributedDataParallel model (FSDP,
         # ZeRO and tensor parallelism hold different shards under the same names on each rank).
@@ -130,6 +133,8 @@ class Contracts:
         self.loss_step = 0
         self.last_output: Any = None
         self.last_output_step = 0
+        self.batch_shapes: list[tuple[int, ...]] = []  # the model's first input on the first training forwards
+        self.batch_ndim: int | None = None  # their common rank, once BATCH_SHAPES_LEARNED of them agree
         if self.module is not None:
             self._survey(self.module)
             self.handles += [
@@ -250,6 +255,16 @@ class Contracts:
         if g._disabled or os.getpid() != g._pid:
             return
         step = g.opt_steps + 1
+        if not self.step_compiled and self.sampled(step):
+            # A compiled step that replays a no-op (pytorch/pytorch#115607) looks like any step that
+            # changes nothing: knowing it runs under torch.compile names the cause. A few frames up, once
+            # per sampled step until found.
+            try:
+                self.step_compiled = _under_compile(sys._getframe(1))
+                if self.step_compiled:
+                    self.report("optimizer-step-compiled", {"optimizer": type(optimizer).__name__}, step=step)
+            except Exception as exc:
+                self.failed("optimizer-step-compiled", exc)
         if "grads-never-reset" not in self.off:
             try:
                 self._close_grad_window(step)
@@ -403,6 +418,8 @@ class Contracts:
             if module.training and torch.is_grad_enabled():
                 self.train_forward_seen = True
                 self.no_grad_streak = 0
+                if "batch-dim-lost" not in self.sent and "batch-dim-lost" not in self.off:
+                    self._batch_dim(args, kwargs)
             elif module.training:
                 self._train_mode_without_grad(module)
             elif not self.train_forward_seen and g.step_count > 0 and not self.eval_init_checked:
@@ -418,6 +435,53 @@ class Contracts:
                 self._autocast_pre(step)
             except Exception as exc:
                 self.failed("autocast-runs-fp32", exc)
+
+    def _batch_dim(self, args: Any, kwargs: Any) -> None:
+        """A training forward whose first input lost its batch dimension (a batch of 1 squeezed).
+
+        Every training forward, not a sample: the batch of 1 is typically the last of an epoch, one step
+        in hundreds. Reads shapes only (no device work): the first input's rank is learned from the first
+        forwards; one with a rank one less whose shape is their shape without the leading dimension is a
+        batch that lost it (`x.squeeze()` on a batch of 1, a collate that drops the dimension). Modules
+        that accept unbatched input (Linear, Conv, RNN, attention, cross_entropy) then run silently.
+        """
+        x = _first_tensor(args) if args else None
+        if x is None and kwargs:
+            x = _first_tensor(list(kwargs.values()))
+        if x is None:
+            return
+        shape = tuple(int(d) for d in x.shape)
+        if self.batch_ndim is None:
+            self.batch_shapes.append(shape)
+            if len(self.batch_shapes) >= BATCH_SHAPES_LEARNED:
+                ranks = {len(s) for s in self.batch_shapes}
+                if len(ranks) == 1 and min(ranks) >= 1:
+                    self.batch_ndim = ranks.pop()
+                else:
+                    self.off.add("batch-dim-lost")  # a model fed inputs of several ranks: nothing to judge
+            return
+        if len(shape) == self.batch_ndim:
+            self.batch_shapes[-1] = shape  # the latest batched shape (sequence lengths may vary)
+            return
+        if len(shape) != self.batch_ndim - 1:
+            return
+        usual = self.batch_shapes[-1]
+        loader = self._loader_batch_shape()
+        if shape != usual[1:] and not (loader and loader[0] == 1 and tuple(loader[1:]) == shape):
+            return
+        g = self.guard
+        self.report("batch-dim-lost", {
+            "input_shape": list(shape), "usual_shape": list(usual), "loader_shape": list(loader) if loader else None,
+            "micro_batch": g.micro + 1, "model": type(self.module).__name__,
+        }, step=g.step_count + 1)
+
+    def _loader_batch_shape(self) -> tuple[int, ...] | None:
+        """The shape of the first tensor of the batch last read through `guard.batches`, if any."""
+        items = getattr(self.guard._ring, "items", None)
+        if not items:
+            return None
+        t = _first_tensor(items[-1][1])
+        return tuple(int(d) for d in t.shape) if t is not None else None
 
     def _train_mode_without_grad(self, module: Any) -> None:
         """A forward in training mode with gradients off: evaluation, unless it is a one-off."""
@@ -612,6 +676,22 @@ class Contracts:
 
 # ----------------------------------------------------------------------------------------------------
 # plain helpers
+
+
+def _under_compile(frame: Any, depth: int = 6) -> bool:
+    """Whether a hook's caller runs inside a torch.compile'd function.
+
+    Dynamo runs the optimizer's hooks eagerly (they graph-break), so `torch.compiler.is_compiling()` is
+    False there; the compiled function's wrapper (torch/_dynamo/eval_frame.py) or a resumed frame after a
+    graph break (`torch_dynamo_resume_in_...`) is on the stack instead.
+    """
+    while frame is not None and depth > 0:
+        code = frame.f_code
+        if code.co_filename.endswith(os.path.join("_dynamo", "eval_frame.py")) or \
+                code.co_name.startswith("torch_dynamo_resume_in"):
+            return True
+        frame, depth = frame.f_back, depth - 1
+    return False
 
 
 def _autocast_on(device: str) -> bool:

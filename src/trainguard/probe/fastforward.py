@@ -40,9 +40,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from trainguard.contract import ENV_PREFLIGHT, ENV_RESUME_FROM
 from trainguard.probe import planinfo
+from trainguard.probe.lockstep import Lockstep
 
-ENV_PREFLIGHT = "TRAINGUARD_PREFLIGHT"
 SETTLE_STEPS = 2  # optimizer steps after the last newly brought-forward path before the script is stopped
 MAX_PATHS = 32  # names brought forward at most (a name built from the step would otherwise never settle)
 WRITES_FILE = "outside-writes.txt"
@@ -59,7 +60,7 @@ class PreflightStop(SystemExit):
 def from_env(guard: Any) -> FastForward | None:
     """A FastForward when this process runs under `trainguard preflight`, else None."""
     raw = os.environ.get(ENV_PREFLIGHT)
-    if not raw or guard.rank != 0:
+    if not raw:
         return None
     try:
         cfg = json.loads(raw)
@@ -84,6 +85,8 @@ class FastForward:
         self.stopping = False
         self.lrs_seen: dict[int, int] = {}  # optimizer step -> scheduler.last_epoch at its pre-hook
         self._sched_copy = _schedule_snapshot(guard)
+        # every rank of a torchrun job fast-forwards; rank 0 decides, the others follow (probe/lockstep.py)
+        self.lockstep = Lockstep.for_process(guard.rank, _world_size(), log=guard._selflog.write)
         self._event(guard, "start", {"mode": mode, "steps": self.steps,
                                      "scheduler_copied": self._sched_copy is not None})
         if scratch:
@@ -98,9 +101,10 @@ class FastForward:
             self.seen[name] = every
             self._event(guard, "due-seen", {"name": name, "every": every})
         step = guard.step_count
-        if (self.mode != "first" or every <= 0 or name in self.forced or len(self.forced) >= MAX_PATHS
-                or step < self.steps
-                or not self._at_boundary(guard)):  # every <= 0: the path is switched off, as in the real run
+        local = not (self.mode != "first" or every <= 0 or name in self.forced or len(self.forced) >= MAX_PATHS
+                     or step < self.steps
+                     or not self._at_boundary(guard))  # every <= 0: the path is switched off, as in the real run
+        if self.mode != "first" or not self.lockstep.decide(f"due/{name}/{step}/{guard.micro}", local):
             return False
         self.forced[name] = step
         self.last_new = step
@@ -121,8 +125,9 @@ class FastForward:
             self._close_path(guard)
             self.maybe_stop(guard)
             trains = guard.step_count > start  # this pass makes optimizer steps: a training pass
-            if (self.mode == "first" and self.cut is None and trains and guard.step_count >= self.steps
-                    and self._at_boundary(guard)):
+            if (self.mode == "first" and self.cut is None and trains
+                    and self.lockstep.decide(f"cut/{guard.step_count}/{guard.micro}",
+                                             guard.step_count >= self.steps and self._at_boundary(guard))):
                 self.cut = {"id": id(iterable), "type": type(iterable).__name__, "len": _len(iterable),
                             "step": guard.step_count, "items": items}
                 self._event(guard, "epoch-cut", self.cut)
@@ -169,7 +174,7 @@ class FastForward:
         """A step closed: stop the script when the fast-forward is done (PreflightStop propagates)."""
         try:
             self._close_path(guard)
-            if self.stopping or not self._at_boundary(guard) or not self.done(guard):
+            if self.stopping or not self._at_boundary(guard):
                 return
         except Exception as exc:
             guard._fail("preflight step", exc)
@@ -178,7 +183,7 @@ class FastForward:
 
     def note_resume_read(self, guard: Any) -> None:
         if self.mode == "resume":
-            self._event(guard, "resume-read", {"path": os.environ.get("TRAINGUARD_RESUME_FROM")})
+            self._event(guard, "resume-read", {"path": os.environ.get(ENV_RESUME_FROM)})
 
     # -- stopping -----------------------------------------------------------------------------------
 
@@ -192,12 +197,17 @@ class FastForward:
         return not self.used_batches or self.reiterated or bool(self.cut and self.cut.get("natural"))
 
     def maybe_stop(self, guard: Any) -> None:
-        if self.stopping or not self._at_boundary(guard) or not self.done(guard):
+        if self.stopping or not self._at_boundary(guard):
+            return
+        # one stop for every rank: rank 0 announces it a step ahead (probe/lockstep.py)
+        stop = self.lockstep.stop_step(guard.step_count, self.done(guard))
+        if stop is None or guard.step_count < stop:
             return
         self.stopping = True
         self._event(guard, "stop", {"step": guard.step_count, "forced": self.forced,
                                     "cuda_peak_bytes": _cuda_peak()})
         guard.finish()
+        self.lockstep.all_stopped()  # no rank leaves while another may still be in the last step's collectives
         raise PreflightStop()
 
     # -- helpers ------------------------------------------------------------------------------------
@@ -237,7 +247,8 @@ class FastForward:
             if assumed:
                 result["total_steps_from"] = assumed
             result["scheduler"] = type(guard.scheduler).__name__
-            (Path(guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
+            if guard.rank == 0:  # every rank simulates the same schedule: one writes it
+                (Path(guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
             self._event(guard, "schedule", {k: v for k, v in result.items() if k != "curve"})
         except Exception as exc:
             guard._fail("preflight schedule simulation", exc)
@@ -302,7 +313,8 @@ class FastForward:
     def _unchecked(self, guard: Any, result: dict[str, Any]) -> None:
         """Writes a schedule result (simulated, or why not) where the preflight reads it."""
         try:
-            (Path(guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
+            if guard.rank == 0:  # every rank finds the same: one writes it
+                (Path(guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
             self._event(guard, "schedule", {k: v for k, v in result.items() if k != "curve"})
         except Exception as exc:
             guard._fail("preflight schedule result", exc)
@@ -568,3 +580,10 @@ def _own_copy(path: str, scratch: str, *, append: bool) -> None:
         os.unlink(path)
         if append and os.path.isfile(target):
             shutil.copyfile(target, path)
+
+
+def _world_size() -> int:
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
+    except ValueError:
+        return 1

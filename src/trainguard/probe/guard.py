@@ -31,21 +31,17 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainguard.probe import collectives, contracts, devicestats, planinfo, samples, stackdump
+from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RULES, ENV_RUN_DIR, ENV_WATCHDOG
+from trainguard.probe import collectives, contracts, devicestats, planinfo, samples, stackdump, syncwait
 from trainguard.probe.pacing import paced
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.schedclock import SchedClock
 from trainguard.probe.selflog import GuardLog
-from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
+from trainguard.store.paths import new_run_dir, prepare_run_dir
 from trainguard.store.ranks import rank_info
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
-
-ENV_WATCHDOG = "TRAINGUARD_WATCHDOG"
-ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"
-ENV_RESUME = "TRAINGUARD_RESUME_FROM"
-ENV_DISABLE = "TRAINGUARD_DISABLE"
 
 FLUSH_INTERVAL = 0.2  # seconds between commits: bounds what a SIGKILL can lose
 STATUS_INTERVAL = 1.0  # seconds between status.json rewrites when no watchdog owns it
@@ -55,7 +51,6 @@ RULES_INTERVAL = 1.0  # seconds between runs of the health rules when no watchdo
 # closer than samples.MIN_STEP_SAMPLE_GAP seconds apart, which bounds the cost on a fast loop).
 SAMPLES_PER_RUN = 1000
 MAX_SAMPLE_EVERY = 20  # ...but at least one every 20 steps, so a long run's leak is seen within 200 steps
-ENV_RULES = "TRAINGUARD_RULES"  # "0": the probe does not run the health rules itself
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
 
 
@@ -118,7 +113,7 @@ class Guard:
             self.run_dir = prepare_run_dir(os.environ[ENV_RUN_DIR])
         else:
             self.run_dir = new_run_dir(label)
-        self._selflog = GuardLog(self.run_dir, self.rank)
+        self._selflog = GuardLog(self.run_dir, self.rank, stderr_fallback=True)
         self._writer = StoreWriter(self.run_dir, rank=self.rank, attempt=self.attempt)
 
         # counters: micro-batches seen, optimizer steps seen by the hooks, steps closed by `step()`
@@ -195,6 +190,11 @@ class Guard:
         except Exception as exc:
             self._contracts = None
             self._fail("contract checks", exc)
+        try:  # per rank, the time a step works before it synchronises (TG703 straggler-rank), fail-open
+            self._syncwait = syncwait.attach(self)
+        except Exception as exc:
+            self._syncwait = None
+            self._fail("sync-wait measure", exc)
         self._stop = threading.Event()
         self._drain_lock = threading.Lock()
         self._thread = threading.Thread(target=self._background, name="trainguard-probe", daemon=True)
@@ -219,7 +219,7 @@ class Guard:
         """The checkpoint to resume from when the watchdog (or preflight) restarted this script, else None."""
         if self._ff is not None:
             self._ff.note_resume_read(self)
-        return os.environ.get(ENV_RESUME) or None
+        return os.environ.get(ENV_RESUME_FROM) or None
 
     def step(self, loss: Any, parts: dict[str, Any] | None = None, weights: dict[str, float] | None = None) -> None:
         """Called once per micro-batch (each forward/backward), before or after `optimizer.step()`.
@@ -904,6 +904,7 @@ class Guard:
             "model": type(self.model).__name__ if self.model is not None else None,
             "scaler": type(self.scaler).__name__ if self.scaler is not None else None,
             "stats_every": self.stats_every,
+            "world_size": self.place["world_size"],  # the ranks the cross-rank rules wait for at each step
             "sched_horizon": _safe(lambda: planinfo.sched_horizon(self.scheduler)),
             "sched_warmup": _safe(lambda: planinfo.sched_warmup(self.scheduler)),
             "schedulers": _safe(lambda: planinfo.sched_names(self.scheduler)),
@@ -979,6 +980,8 @@ class Guard:
             if not self.under_watchdog and self.rank == 0 and not self.finished and not self.crashed:
                 self._write_own_status(state="failed", reason="probe-not-finished")
             self._writer.close()
+            if self._writer.unstored:  # steps the store never took are counted and said, never lost in silence
+                self._selflog.write(f"{self._writer.unstored}; the training itself went on to step {self.step_count}")
         except Exception as exc:
             self._fail("exit", exc)
 

@@ -7,6 +7,8 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from trainguard.contract import ENV_RESUME_FROM
+
 
 class NullGuard:
     """Records nothing, but still counts steps so the loop's `due()` answers as it would when guarded."""
@@ -25,7 +27,7 @@ class NullGuard:
 
     @property
     def resume_from(self) -> str | None:
-        return os.environ.get("TRAINGUARD_RESUME_FROM") or None
+        return os.environ.get(ENV_RESUME_FROM) or None
 
     def step(self, loss: Any, parts: Any = None, weights: Any = None) -> None:
         self.micro += 1

@@ -4,11 +4,16 @@ The guard's errors go here, never into the training loop. Errors are de-duplicat
 happened and the exception's type, never the message, which often holds a temp name or a number that
 changes every time): the first of a kind is written with its traceback, later ones are only counted.
 The file is bounded: past MAX_BYTES nothing more is written, so a failure on every step cannot fill a disk.
+Where guard.log cannot be written at all (a run folder gone read-only or deleted), a log made with
+`stderr_fallback` (the probe's: the training's stderr is where its user looks) sends the same lines to
+stderr instead, the first line of each and STDERR_LINES at most: said, never silently lost. The watchdog
+has its own lines on the terminal for what matters and does not use it.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import traceback
@@ -17,16 +22,20 @@ from pathlib import Path
 LOG_NAME = "guard.log"
 MAX_BYTES = 1 << 20  # guard.log stops growing here (all processes of the run together)
 REPEAT_MARKS = (10, 100, 1000, 10000)  # a repeated kind is mentioned again at these counts
+STDERR_LINES = 20  # where guard.log cannot be written, at most this many of its lines go to stderr
 
 
 class GuardLog:
-    def __init__(self, run_dir: str | Path, rank: int = 0, who: str | None = None) -> None:
+    def __init__(self, run_dir: str | Path, rank: int = 0, who: str | None = None, *,
+                 stderr_fallback: bool = False) -> None:
         self.path = Path(run_dir) / LOG_NAME
         self.rank = rank
         self.who = who or f"pid={os.getpid()} rank={rank}"
         self._seen: dict[str, int] = {}
         self._lock = threading.Lock()
         self._full = False
+        self.stderr_fallback = stderr_fallback
+        self._stderr_lines = 0
 
     def write(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -43,8 +52,25 @@ class GuardLog:
                         return  # another process already said so
                 with open(self.path, "a") as fh:
                     fh.write(line)
-        except OSError:
-            pass  # nowhere left to report to; the guard still must not raise
+        except OSError as exc:
+            self._to_stderr(message, exc)
+
+    def _to_stderr(self, message: str, exc: OSError) -> None:
+        """guard.log cannot be written: stderr is where the user looks. Never raises."""
+        from trainguard.untrusted import printable
+
+        if not self.stderr_fallback or self._stderr_lines >= STDERR_LINES:
+            return
+        self._stderr_lines += 1
+        why = f" (guard.log cannot be written: {exc.strerror or exc})" if self._stderr_lines == 1 else ""
+        line = f"trainguard: {printable(message.splitlines()[0] if message else '')[:500]}{why}\n"
+        if self._stderr_lines == STDERR_LINES:
+            line += "trainguard: the guard's later errors are not shown (guard.log cannot be written)\n"
+        try:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        except Exception:
+            pass  # no stderr either: the guard still must not raise
 
     def once(self, kind: str, message: str) -> bool:
         """Writes `message` the first time `kind` is seen, then only counts; True when it was written."""

@@ -30,10 +30,11 @@ import sys
 import threading
 import time
 
+from trainguard.contract import ENV_STACKS
+
 # Only the standard library's lightest modules at import: under `trainguard run` the bootstrap loads this
 # file into every Python process of the run, at interpreter start-up (see probe/auto.py).
 
-ENV_STACKS = "TRAINGUARD_STACKS"
 # A real-time signal nobody else uses by default (not SIGUSR1/2, which launchers and Lightning take).
 # None where there are no real-time signals (macOS, Windows): no handler, py-spy stays the only source.
 STACK_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None

@@ -3,8 +3,8 @@
 A Dataset that keeps its own generator (`self.rng = np.random.default_rng(0)`, a `random.Random`, a
 `torch.Generator`) is copied into every worker as it is, so every worker draws the same numbers; and
 with workers that are not persistent, every epoch draws them again. PyTorch reseeds only the global
-`random`, `torch` and (since 1.9) NumPy generators in each worker, and a `worker_init_fn` that seeds the
-global NumPy generator with a constant undoes even that.
+`random`, `torch` and NumPy generators in each worker (NumPy's since pytorch/pytorch#56488), and a
+`worker_init_fn` that seeds the global NumPy generator with a constant undoes even that.
 
 The probe chains the loader's `worker_init_fn` (the user's runs first, unchanged). In each worker the
 chained part records a fingerprint of every generator the dataset's code reaches, with the first few

@@ -19,6 +19,7 @@ from trainguard.report.load import RunData, load_run
 from trainguard.report.plots import build_plots, samples_per_step
 from trainguard.report.svg import Plot
 from trainguard.report.timeline import Row, build_timeline
+from trainguard.store.status import shown_state
 
 OUTPUT_TAIL = 40  # lines of output.log shown
 
@@ -128,7 +129,7 @@ def key_numbers(data: RunData) -> list[tuple[str, str]]:
 
 def build_verdict(data: RunData) -> Verdict:
     st = data.status
-    state = st.get("state") or ("unknown (no status.json)" if not st else "?")
+    state = (shown_state(st) if st.get("state") else None) or ("unknown (no status.json)" if not st else "?")
     started = st.get("started") or _num(data.meta.get("started"))
     ends = [e for e in data.events if e["kind"] == "run" and e["name"] == "end"]
     ended = st.get("ended") or (ends[-1]["t"] if ends else None)

@@ -30,6 +30,7 @@ from trainguard.report.load import RunData, load_run
 from trainguard.report.plots import samples_per_step
 from trainguard.report.series import downsample
 from trainguard.report.svg import Plot, esc, render
+from trainguard.store.status import shown_state
 
 BOOTSTRAP = 2000
 LOWER_IS_BETTER = ("loss", "ppl", "perplexity", "error", "err", "wer", "cer", "mse", "mae")
@@ -66,7 +67,7 @@ def compare(a: RunData, b: RunData, warmup: int | None = None, *, repeats_a: lis
 
 
 def _identity(d: RunData) -> dict[str, Any]:
-    return {"run": str(d.run_dir), "name": d.title, "state": d.status.get("state"),
+    return {"run": str(d.run_dir), "name": d.title, "state": shown_state(d.status) if d.status.get("state") else None,
             "steps": d.status.get("step") if d.status.get("step") is not None else d.n_steps,
             "command": " ".join(str(c) for c in (d.meta.get("command") or []))}
 

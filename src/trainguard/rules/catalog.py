@@ -103,9 +103,15 @@ CATALOG: list[RuleEntry] = [
     RuleEntry("TG311", "autocast-runs-fp32", "warning", "preview", "0.1.0", f"{_R}.contracts:AutocastRunsFp32"),
     RuleEntry("TG541", "workers-share-rng", "warning", "preview", "0.1.0", f"{_R}.contracts:WorkersShareRng"),
     RuleEntry("TG542", "loss-broadcasts-batch", "error", "preview", "0.1.0", f"{_R}.contracts:LossBroadcastsBatch"),
+    RuleEntry("TG543", "batch-dim-lost", "warning", "preview", "0.1.0", f"{_R}.contracts:BatchDimLost"),
     RuleEntry("TG701", "replicas-diverged", "error", "preview", "0.1.0", f"{_R}.contracts:ReplicasDiverged"),
     # TG702-TG709: cross-rank health rules (issue 16, rules/ranks.py); TG711-TG719: hangs across ranks and
     # nodes (issue 16, the watchdog)
+    RuleEntry("TG702", "nonfinite-on-one-rank", "error", "preview", "0.1.0", f"{_R}.ranks:NonfiniteOnOneRank"),
+    RuleEntry("TG703", "straggler-rank", "warning", "preview", "0.1.0", f"{_R}.ranks:StragglerRank"),
+    RuleEntry("TG704", "grad-norms-differ", "error", "preview", "0.1.0", f"{_R}.ranks:GradNormsDiffer"),
+    RuleEntry("TG705", "rank-stopped", "error", "preview", "0.1.0", f"{_R}.ranks:RankStopped"),
+    RuleEntry("TG711", "node-lost", "error", "preview", "0.1.0", "trainguard.watchdog.nodes:node_lost_finding"),
     RuleEntry("TG811", "expert-collapse", "warning", "stable", "0.1.0", f"{_R}.model:ExpertCollapse"),
     RuleEntry("TG812", "perplexity-implausible", "warning", "stable", "0.1.0", f"{_R}.model:PerplexityImplausible"),
     RuleEntry("TG508", "leftover-processes", "warning", "stable", "0.1.0", "trainguard.watchdog.verdict:leftover_finding"),

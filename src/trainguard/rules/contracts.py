@@ -6,7 +6,8 @@ process can). The contracts come from the APIs' semantics, not from reference ru
 changes the parameters that have gradients and only those; `zero_grad` resets what `backward` adds;
 `model.eval()` switches dropout and batch norm to inference; the same batch evaluated twice gives the
 same output; DataLoader workers draw different random numbers; autocast computes in its low dtype; a
-loss compares each sample with its own target; DDP replicas stay identical.
+loss compares each sample with its own target; a batch keeps its batch dimension on its way to the model;
+DDP replicas stay identical.
 """
 
 from __future__ import annotations
@@ -151,7 +152,9 @@ class GradsNeverReset(_ContractRule):
     parameters resets it. Without it (or with `zero_grad()` on another model or optimizer, as in a GAN
     loop that zeroes D's gradients twice and G's never) each step follows the running sum of all past
     gradients: far larger steps than the LR says, in a stale direction. Called "the most common PyTorch
-    bug" by many a tutorial; TrainCheck's relation "a step is preceded by a zero_grad" checks the same.
+    bug" by many a tutorial; TrainCheck infers the same contract from reference runs (its invariants for
+    Stack Overflow question 60335387, "Missing call to `optimizer.zero_grad`": `zero_grad` co-occurs with
+    `backward`, `parameter.grad` is periodically None).
 
     ## Example
     `TG213 grads-never-reset [error] at step 2: the gradient of fc.weight was not reset between optimizer
@@ -238,9 +241,9 @@ class EvalBeforeTrainInit(_ContractRule):
     ## Why it matters
     Some state is only initialised or updated by a forward in training mode: batch norm's running
     statistics, spectral norm's power iteration (pytorch/pytorch#51800). A model trained while left in
-    eval mode (`model.eval()` once at start-up, `model.train()` never called, as in open-mmlab/mmpretrain#702
-    where the freezing that `train()` applies never happened) normalises with statistics it never
-    learned, and the evaluation says so only as bad numbers.
+    eval mode (`model.eval()` once at start-up and `model.train()` never called; the same slip as
+    pytorch/tutorials#1540, where `test()` called `model.eval()` and every later epoch trained in eval
+    mode) normalises with statistics it never learned, and the evaluation says so only as bad numbers.
 
     ## Example
     `TG215 eval-before-train-init [warning] at step 1: Net ran in eval mode after 1 optimizer steps and never
@@ -330,8 +333,10 @@ class AutocastRunsFp32(_ContractRule):
 
     ## Why it matters
     Autocast does nothing where it does not reach: the run pays for mixed precision (a GradScaler, the
-    expectation of bf16 speed and memory) and computes in fp32, silently slower and larger. Lightning
-    Thunder issue 725 (reproduced by TrainCheck) was such a regression.
+    expectation of bf16 speed and memory) and computes in fp32, silently slower and larger.
+    Lightning-AI/lightning-thunder#725 was such a regression: Thunder applied autocast to torch symbols
+    only, so `prims.linear` inside `torch.autocast` ran in fp32 (TrainCheck lists it, with an invariant
+    it could not check on jit-transformed programs).
 
     ## Example
     `TG311 autocast-runs-fp32 [warning] at step 1: autocast is on for cuda but the model is on cpu: its
@@ -387,8 +392,11 @@ class WorkersShareRng(_ContractRule):
     Every worker then applies the same "random" crops, flips and noise, and with workers that are
     restarted each epoch every epoch repeats them: the augmentation the run pays for is a fraction of
     what it looks like. pytorch/pytorch#5059 ("np.random generates the same random numbers for each data
-    batch") is the bug; PyTorch 1.9 fixed it for the global NumPy generator, not for a generator the
-    dataset owns nor for a `worker_init_fn` that seeds with a constant.
+    batch") is the bug for the global NumPy generator; pytorch/pytorch#56488 ("Fixes #5059") made the
+    DataLoader seed that generator in each worker, as `torch/utils/data/_utils/worker.py` does today.
+    A generator the dataset owns is not reseeded (wolny/pytorch-3dunet#32: "the workers share the common
+    instance of the `Dataset` which was initialized with a fixed seed"), nor is anything a
+    `worker_init_fn` seeds with a constant.
 
     ## Example
     `TG541 workers-share-rng [warning]: workers 0 and 1 (epoch 1) start dataset.rng (Generator) in the
@@ -467,6 +475,60 @@ class LossBroadcastsBatch(_ContractRule):
         )
 
 
+class BatchDimLost(_ContractRule):
+    """TG543 batch-dim-lost: a batch reached the model without its batch dimension (a batch of 1 squeezed).
+
+    ## What it detects
+    A training forward whose first input has one dimension fewer than on every earlier training
+    forward, and whose shape is theirs without the leading (batch) dimension, or the batch read
+    through `guard.batches` just before had a leading dimension of 1. The probe reads shapes on every
+    training forward (the batch of 1 is typically the last of an epoch, one step in hundreds): no
+    device work.
+
+    ## Why it matters
+    `x.squeeze()` meant to drop a singleton feature or channel dimension also drops the batch
+    dimension when a batch holds one sample: a dataset of 1,001 rows with a batch size of 8 ends every
+    epoch with one. Linear, convolution, recurrent and attention layers and `cross_entropy` all accept
+    unbatched input, so nothing fails, but code that reads the batch size from `x.size(0)`, `len(x)` or
+    dimension 1 now reads a feature dimension: per-sample loss sums are scaled by it, running averages
+    weighted by it, and the model breaks at inference on a single sample. The reports of this squeeze
+    are many, from code where a later layer happened to fail (galsang/BiDAF-pytorch#26,
+    layumi/Person_reID_baseline_pytorch#77, NVIDIA/DeepLearningExamples#765: "When batch size is 1,
+    `squeeze` collapses the batch dimension").
+
+    ## Example
+    `TG543 batch-dim-lost [warning] at step 126: MLP was given an input of shape [16] where its training
+    inputs were [8, 16] (the loader's batch: [1, 1, 16]): the batch dimension of a batch of 1 was
+    dropped on the way`
+
+    ## What to change
+    Squeeze the dimension you mean (`x.squeeze(1)`, `x.flatten(1)`, `x.view(x.size(0), -1)`) rather than
+    every dimension of size 1; or drop the incomplete last batch (`DataLoader(drop_last=True)`).
+
+    ## Known false positives
+    A model deliberately fed single unbatched samples with gradients on, after batched ones, in training
+    mode.
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG543", "batch-dim-lost", "warning"
+
+    def make(self, data: dict[str, Any], step: int | None) -> Finding:
+        loader = data.get("loader_shape")
+        seen = f" (the loader's batch: {loader})" if loader else ""
+        return self.finding(
+            step=step,
+            summary=f"{data.get('model', 'the model')} was given an input of shape {data.get('input_shape')} where "
+                    f"its training inputs were {data.get('usual_shape')}{seen}: the batch dimension of a batch of 1 "
+                    f"was dropped on the way",
+            fix="squeeze the dimension you mean (x.squeeze(1), x.flatten(1)) rather than every dimension of size 1, "
+                "or drop the incomplete last batch (DataLoader(drop_last=True))",
+            evidence={**data, "detected_step": step}, cause="squeezed",
+        )
+
+
 class ReplicasDiverged(Rule):
     """TG701 replicas-diverged: data-parallel replicas hold different parameters after the same step.
 
@@ -480,7 +542,8 @@ class ReplicasDiverged(Rule):
     Replicas that drift train different models: the checkpoint (rank 0's) is not what the other ranks
     evaluated, and the gradients averaged are of different models. Causes: a forward on the unwrapped
     module (`model.module(x)` or the model before wrapping: no gradient all-reduce), the model moved to
-    another device after wrapping (pytorch/pytorch#104336, reproduced by TrainCheck), clipping or a
+    another device after wrapping (pytorch/pytorch#104336: DDP's autograd hooks stay on the tensors
+    that moved away, so gradient synchronisation stops), clipping or a
     learning rate that depends on the rank, a rank that skips steps. BLOOM-176B's training saw such a drift.
 
     ## Example

@@ -36,6 +36,9 @@ from typing import Any
 
 from trainguard.findings import Finding
 
+LEAD_GRACE = 3  # steps rank 0 has past another rank's finding to find the same before that rank's is its own
+LEAD_ABSENT = 20  # steps the other ranks go on with no row of rank 0 before they are judged without it
+
 
 class Rule:
     """One rule: consumes events, returns a Finding when it is sure. This class is the whole surface.
@@ -102,6 +105,7 @@ class Engine:
         self.last_step: int | None = None
         self._other_ranks: dict[int, _RankRules] = {}  # rank > 0 -> its own instances of the per-rank rules
         self._held: list[tuple[int, Finding]] = []  # other ranks' findings waiting for rank 0 to pass their step
+        self._others_step: int | None = None  # the newest step of the other ranks (a node without rank 0 has no lead)
 
     @property
     def rules(self) -> list[Rule]:
@@ -115,8 +119,8 @@ class Engine:
         self._step_hooks = [r.on_step for r in self._rules if type(r).on_step is not Rule.on_step]
         self._event_hooks = [r.on_event for r in self._rules if type(r).on_event is not Rule.on_event]
         # rules that compare ranks (TG7xx) get every rank's rows and events; the others, one rank's each
-        self._all_rank_step_hooks = [h for h in self._step_hooks if _compares_ranks(h.__self__)]
-        self._all_rank_hooks = [h for h in self._event_hooks if _compares_ranks(h.__self__)]
+        self._all_rank_step_hooks = [h for h in self._step_hooks if _compares_ranks(getattr(h, "__self__", None))]
+        self._all_rank_hooks = [h for h in self._event_hooks if _compares_ranks(getattr(h, "__self__", None))]
 
     def feed(self, event: dict[str, Any]) -> list[Finding]:
         """Feeds one event to every rule; returns the findings that are new."""
@@ -152,6 +156,8 @@ class Engine:
             classes = [type(r) for r in self.rules if not _compares_ranks(r)]
             own = self._other_ranks[rank] = _RankRules([cls(self.plan) for cls in classes])
         is_step = event.get("kind") == "step"
+        if is_step and isinstance(event.get("step"), int):
+            self._others_step = max(self._others_step or 0, event["step"])
         out = self._call(self._all_rank_step_hooks if is_step else self._all_rank_hooks, event)
         for hook in own.step_hooks if is_step else own.event_hooks:
             try:
@@ -159,9 +165,16 @@ class Engine:
                 if got is not None:
                     self._hold(rank, got)
             except Exception as exc:  # one rank's broken rule is switched off for that rank alone
-                own.drop(hook.__self__)
-                self.errors.append(f"rule {hook.__self__.name} raised {exc!r} on rank {rank} and was switched off there")
-        return out + self._release(self.last_step)
+                rule = getattr(hook, "__self__", None)
+                own.drop(rule)
+                self.errors.append(f"rule {getattr(rule, 'name', '?')} raised {exc!r} on rank {rank} and was "
+                                   "switched off there")
+        # A node's watchdog without rank 0 (another node has it) has no lead to wait for: once its ranks are
+        # LEAD_ABSENT steps on with no row of rank 0 at all, their own pace stands in for rank 0's.
+        lead = self.last_step
+        if lead is None and self._others_step is not None:
+            lead = self._others_step - LEAD_ABSENT
+        return out + self._release(lead)
 
     def _hold(self, rank: int, got: Finding | list[Finding]) -> None:
         for f in got if isinstance(got, list) else [got]:
@@ -176,7 +189,9 @@ class Engine:
             return []
         keep, out = [], []
         for rank, f in self._held:
-            if not everything and f.step is not None and (lead_step is None or lead_step < f.step):
+            # rank 0 may be sure of the same a step or two later (a rate, a window): a few steps' grace
+            at = f.evidence.get("detected_step", f.step)
+            if not everything and isinstance(at, int) and (lead_step is None or lead_step < at + LEAD_GRACE):
                 keep.append((rank, f))
                 continue
             if (f.name, f.cause) in self._reported:
@@ -242,7 +257,7 @@ class _RankRules:
         self.step_hooks = [r.on_step for r in self.rules if type(r).on_step is not Rule.on_step]
         self.event_hooks = [r.on_event for r in self.rules if type(r).on_event is not Rule.on_event]
 
-    def drop(self, rule: Rule) -> None:
+    def drop(self, rule: Rule | None) -> None:
         self.rules = [r for r in self.rules if r is not rule]
         self._index()
 

@@ -83,11 +83,17 @@ class RulesMonitor:
 
     def __init__(self) -> None:
         self.live = LiveRules(source="rules")
+        self._output_step: int | None = None
 
     def poll(self, state: Any) -> list[Finding]:
-        # The captured output becomes an event, so `log-flood` reads lines the same way offline.
-        output = {"kind": "output", "t": state.now, "step": state.step, "data": {"lines": state.output_lines}}
-        return self.live.poll(state.reader, extra=[output] if state.step else None)
+        # The captured output becomes an event, so `log-flood` reads lines the same way offline. Only when
+        # the step moved: lines counted against a step that stands still (a store that stopped taking rows,
+        # a read-only run folder) would read as a flood; real lines between steps count at the next step.
+        output = None
+        if state.step and state.step != self._output_step:
+            self._output_step = state.step
+            output = {"kind": "output", "t": state.now, "step": state.step, "data": {"lines": state.output_lines}}
+        return self.live.poll(state.reader, extra=[output] if output else None)
 
     def finish(self, state: Any) -> list[Finding]:
         """After the process ended: the last rows it wrote, then the rules' end-of-run checks."""

@@ -19,12 +19,15 @@ class WeightsNotUpdating(Rule):
     Two sampled optimizer steps in a row whose update ratio (the norm of the change of a sample of
     the model's trainable weights over their norm, measured by the probe on the first `stats_every`
     steps and every `stats_every` steps after) is exactly zero. The finding says which of the usual
-    causes the numbers point to: an LR of zero, all gradients zero, or an optimizer that does not
-    hold the model's parameters.
+    causes the numbers point to: an LR of zero, all gradients zero, a compiled `optimizer.step` that
+    replays a no-op, or an optimizer that does not hold the model's parameters.
 
     ## Why it matters
     A step that changes nothing costs a full step. Seed 002's evaluation loss read 101.40 three times in
-    a row because no weight moved.
+    a row because no weight moved. Under `torch.compile(optimizer.step)` a cached graph traced at a step
+    whose gradients were all None is a no-op; without a guard on the gradients it replays at every later
+    step (pytorch/pytorch#115607, "module: correctness (silent)": the optimizer's `step` count stayed at
+    3 while the loop went on).
 
     ## Example
     `TG201 weights-not-updating [error] at step 1: 2 sampled optimizer steps in a row changed no weight
@@ -32,7 +35,10 @@ class WeightsNotUpdating(Rule):
 
     ## What to change
     Build the optimizer from `model.parameters()` after the model is final (after `.to(device)`,
-    after wrapping); check the LR and that `loss.backward()` runs before `optimizer.step()`.
+    after wrapping); check the LR and that `loss.backward()` runs before `optimizer.step()`. For a
+    compiled step: run `optimizer.step()` uncompiled to confirm, keep dynamo's guards (no
+    `guard_filter_fn` that drops them), never call the compiled step while every gradient is None, and
+    use torch >= 2.3 (pytorch/pytorch#121291 added the missing guard).
 
     ## Known false positives
     Weights in a dtype too coarse for the update (bf16 weights with a tiny LR) also read as zero: a
@@ -49,10 +55,13 @@ class WeightsNotUpdating(Rule):
         self.zeros = Streak()  # sampled steps in a row with an update ratio of 0
         self.zero_first: dict[str, Any] = {}  # the first of them: its LR and grad norm name the cause
         self.not_in_optimizer: dict[str, Any] | None = None
+        self.compiled: dict[str, Any] | None = None  # the probe saw optimizer.step run under torch.compile
 
     def on_event(self, event: dict[str, Any]) -> None:
         if event.get("kind") == "params-not-in-optimizer":
             self.not_in_optimizer = event.get("data") or {}
+        elif event.get("kind") == "contract" and event.get("name") == "optimizer-step-compiled":
+            self.compiled = event.get("data") or {}
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         ratio = row.get("update_ratio")
@@ -75,16 +84,26 @@ class WeightsNotUpdating(Rule):
         elif self.not_in_optimizer:
             why = f"{self.not_in_optimizer.get('count')} trainable parameters are not in the optimizer"
             cause = "not-in-optimizer"
+        elif self.compiled is not None:
+            why = (f"{self.compiled.get('optimizer', 'the optimizer')}.step runs under torch.compile and changes "
+                   f"nothing: a cached graph traced when the gradients were None replays a no-op")
+            cause = "compiled-step"
         else:
             why, cause = "the optimizer does not update the model's parameters", "wrong-params"
+        fix = ("build the optimizer from model.parameters() once the model is final; check the LR and that "
+               "loss.backward() runs before optimizer.step()")
+        if cause == "compiled-step":
+            fix = ("run optimizer.step() uncompiled to confirm; keep dynamo's guards (no guard_filter_fn that drops "
+                   "them), do not call the compiled step while every gradient is None, use torch >= 2.3 "
+                   "(pytorch/pytorch#115607)")
         return self.finding(
             step=first["step"],
             summary=f"{self.zeros.count} sampled optimizer steps in a row changed no weight (update ratio 0; "
                     f"lr {fmt(lr)}, grad norm {fmt(gn)}): {why}",
-            fix="build the optimizer from model.parameters() once the model is final; check the LR and that "
-                "loss.backward() runs before optimizer.step()",
+            fix=fix,
             evidence={"steps": list(self.zeros.steps), "update_ratio": 0.0, "lr": lr, "grad_norm": gn,
-                      "detected_step": row["step"], "params_not_in_optimizer": self.not_in_optimizer},
+                      "detected_step": row["step"], "params_not_in_optimizer": self.not_in_optimizer,
+                      "optimizer_step_compiled": self.compiled is not None},
             cause=cause,
         )
 

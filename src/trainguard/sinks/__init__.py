@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainguard.contract import ENV_SINKS
 from trainguard.errors import UserError
-
-ENV_SINKS = "TRAINGUARD_SINKS"
 
 # name -> (module with an `open_sink(run_dir, value)`, the library it needs, the extra that brings it)
 SINKS: dict[str, tuple[str, str, str]] = {

@@ -12,7 +12,8 @@ import os
 import time
 from typing import Any
 
-LIVE_STATES = ("running", "hung")
+from trainguard.contract import LIVE_STATES
+
 GONE_STATE = "abandoned"  # what readers show instead of a live state whose owner is gone
 
 

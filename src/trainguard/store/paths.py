@@ -12,11 +12,11 @@ import re
 import time
 from pathlib import Path
 
+from trainguard.contract import ENV_RUNS_ROOT
 from trainguard.errors import UserError
+from trainguard.store.nodes import node_dirs
 from trainguard.store.schema import DB_NAME
 
-ENV_RUN_DIR = "TRAINGUARD_RUN_DIR"
-ENV_RUNS_ROOT = "TRAINGUARD_RUNS_ROOT"
 DEFAULT_ROOT = "trainguard-runs"
 
 
@@ -58,7 +58,8 @@ def prepare_run_dir(path: str | Path) -> Path:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / DB_NAME).is_file() or (path / "status.json").is_file()
+    # a run over nodes: its parts in node-<N>/ (store/nodes.py)
+    return (path / DB_NAME).is_file() or (path / "status.json").is_file() or bool(node_dirs(path))
 
 
 def list_runs(root: str | Path | None = None) -> list[Path]:

@@ -18,12 +18,13 @@ import socket
 from collections.abc import Mapping
 from typing import TypedDict
 
-# torchrun's names first, Slurm's as the fallback (srun starting one process per rank itself)
-RANK_ENV = ("RANK", "SLURM_PROCID")
-LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID")
-NODE_ENV = ("GROUP_RANK", "SLURM_NODEID")
-WORLD_SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS")
-LOCAL_WORLD_SIZE_ENV = ("LOCAL_WORLD_SIZE",)
+from trainguard.contract import (
+    LAUNCHER_LOCAL_RANK,
+    LAUNCHER_LOCAL_WORLD_SIZE,
+    LAUNCHER_NODE,
+    LAUNCHER_RANK,
+    LAUNCHER_WORLD_SIZE,
+)
 
 
 class RankInfo(TypedDict):
@@ -52,14 +53,14 @@ def _int_env(environ: Mapping[str, str], names: tuple[str, ...], default: int) -
 def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
     """This process's rank, node and host, from the launcher's environment (os.environ by default)."""
     env = os.environ if environ is None else environ
-    world = max(1, _int_env(env, WORLD_SIZE_ENV, 1))
+    world = max(1, _int_env(env, LAUNCHER_WORLD_SIZE, 1))
     return RankInfo(
-        rank=_int_env(env, RANK_ENV, 0),
-        local_rank=_int_env(env, LOCAL_RANK_ENV, 0),
-        node=_int_env(env, NODE_ENV, 0),
+        rank=_int_env(env, LAUNCHER_RANK, 0),
+        local_rank=_int_env(env, LAUNCHER_LOCAL_RANK, 0),
+        node=_int_env(env, LAUNCHER_NODE, 0),
         host=socket.gethostname(),
         world_size=world,
-        local_world_size=max(1, _int_env(env, LOCAL_WORLD_SIZE_ENV, world)),
+        local_world_size=max(1, _int_env(env, LAUNCHER_LOCAL_WORLD_SIZE, world)),
         pid=os.getpid(),
     )
 

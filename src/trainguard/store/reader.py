@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard import untrusted
+from trainguard.contract import HEARTBEAT_FIELDS
 from trainguard.errors import UserError
 from trainguard.findings import Finding
 from trainguard.store.ranks import RankInfo
@@ -61,6 +62,13 @@ class RunReader:
                 # a store whose writer never got as far as the schema: read as empty
                 self._conn.close()
                 self._conn = None
+        else:
+            from trainguard.store.nodes import merged_connection
+
+            try:  # a run over nodes: their stores read as one (store/nodes.py)
+                self._conn = merged_connection(self.run_dir)
+            except sqlite3.Error as exc:
+                raise UserError(f"cannot read the node stores under {self.run_dir}: {exc}") from None
 
     @property
     def has_db(self) -> bool:
@@ -149,7 +157,7 @@ class RunReader:
         return out
 
     def heartbeats(self) -> list[dict[str, Any]]:
-        cols = ("pid", "rank", "attempt", "t_progress", "t_flush", "micro", "step", "phase", "state")
+        cols = HEARTBEAT_FIELDS
         return [dict(zip(cols, row)) for row in self._query(f"SELECT {', '.join(cols)} FROM heartbeat")]
 
     def ranks(self, attempt: int | None = None) -> dict[int, RankInfo]:

@@ -1,10 +1,14 @@
 """status.json: the small, always-current summary of a run, for orchestrators and people.
 
-The contract (names fixed): `state` in {running, hung, completed, failed, crashed, killed}, `step`,
+The contract (names fixed, see trainguard/contract.py): `state` in {running, hung, completed, failed, crashed,
+killed} (a writer cannot write another: `checked_status`), `step`,
 `phase`, `exit_code`, `signal`, and `findings` (each with code, name, severity, step, summary,
 evidence, fix; crash findings also exception and where). More fields are welcome, never fewer.
 `owner` names the process that writes it; readers (`read_status`) show a live state whose owner is gone
 as `abandoned` (see store/owner.py), never as `running`.
+
+A preflight's verdict (passed, incomplete, failed) is the field `preflight_outcome`, beside the state of
+the start it judged; readers show it in place of the state (`shown_state`).
 
 `health` in {ok, warning, error} stands beside `state`: `state` says how the process ended, `health`
 what the run's findings say about it. A run that exited 0 with its LR at zero is `completed` and
@@ -25,12 +29,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from trainguard.contract import STATUS_NAME, checked_status
 from trainguard.errors import UserError
 from trainguard.findings import escalations_merged
 from trainguard.untrusted import load_json, regular_file
 
-STATUS_NAME = "status.json"
-STATES = ("running", "hung", "completed", "failed", "crashed", "killed")
 RESERVE_NAME = ".status.reserve"
 RESERVE_BYTES = 256 * 1024  # room for a final status.json with its findings, kept while the run lives
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -101,7 +104,8 @@ def strict_json(value: Any) -> Any:
 
 def write_status(run_dir: str | Path, status: dict[str, Any], *, final: bool = False) -> None:
     """Writes status.json (strict JSON: see `strict_json`); with `final`, a full disk gives up the run's
-    reserve (see `reserve_space`)."""
+    reserve (see `reserve_space`). A state outside the contract is refused (ValueError)."""
+    checked_status(status)
     if isinstance(status.get("findings"), list):  # a rule's warning and its later error: one entry
         status = {**status, "findings": escalations_merged(
             [f for f in status["findings"] if isinstance(f, dict)])}
@@ -117,6 +121,12 @@ def write_status(run_dir: str | Path, status: dict[str, Any], *, final: bool = F
         write_atomic(path, text)
     if final:
         release_space(run_dir)
+
+
+def shown_state(status: dict[str, Any]) -> str:
+    """The word a person reads for a run: a preflight's outcome (passed, incomplete, failed), else the state."""
+    outcome = status.get("preflight_outcome")
+    return outcome if isinstance(outcome, str) else str(status.get("state", "?"))
 
 
 def reserve_space(run_dir: str | Path) -> bool:
@@ -146,7 +156,9 @@ def release_space(run_dir: str | Path) -> bool:
 def read_status(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / STATUS_NAME
     if not path.exists() and not path.is_symlink():
-        return {}
+        from trainguard.store.nodes import merged_status
+
+        return merged_status(run_dir)  # a run over nodes: each node's part in node-<N>/ ({} when none)
     try:
         data = load_json(regular_file(path, "status.json").read_bytes()[:MAX_STATUS_BYTES + 1])
     except FileNotFoundError:

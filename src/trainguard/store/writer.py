@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainguard.contract import HEARTBEAT_FIELDS
 from trainguard.store.ranks import RankInfo
 from trainguard.store.schema import RANK_COLUMNS, STEP_COLUMNS, connect
 from trainguard.store.status import release_space
@@ -26,8 +27,8 @@ from trainguard.store.status import release_space
 MAX_QUEUED = 200_000  # rows kept per queue while the database cannot be written; older ones are dropped
 _STEP_SQL = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
 _META_SQL = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
-_BEAT_SQL = ("INSERT OR REPLACE INTO heartbeat (pid, rank, attempt, t_progress, t_flush, micro, step, phase, state)"
-             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_BEAT_SQL = (f"INSERT OR REPLACE INTO heartbeat ({', '.join(HEARTBEAT_FIELDS)})"
+             f" VALUES ({', '.join('?' * len(HEARTBEAT_FIELDS))})")
 _RANK_SQL = f"INSERT OR REPLACE INTO ranks ({', '.join(RANK_COLUMNS)}) VALUES ({', '.join('?' * len(RANK_COLUMNS))})"
 _EVENT_SQL = "INSERT INTO events (t, attempt, rank, pid, step, kind, name, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 
@@ -74,6 +75,9 @@ class StoreWriter:
         self.dropped = 0
         self.refused = 0  # rows the database refused outright (a value SQLite cannot bind): dropped, counted
         self.first_refusal: str | None = None  # what the first refused row was and why (for the guard's log)
+        self.unstored: str | None = None
+        """After close: what could not be stored at all and why ("200 steps (101-300) and 3 events ..."), or
+        None when everything queued was written. The owner says it; the writer never prints."""
 
     # -- queueing: cheap, any thread ------------------------------------------------------------
 
@@ -109,6 +113,7 @@ class StoreWriter:
 
     def set_heartbeat(self, *, t_progress: float | None, micro: int, step: int, phase: str | None,
                       state: str) -> None:
+        # in HEARTBEAT_FIELDS' order
         self._beat = (self.pid, self.rank, self.attempt, t_progress, time.time(), micro, step, phase, state)
 
     # -- committing ---------------------------------------------------------------------------------
@@ -213,9 +218,22 @@ class StoreWriter:
                 self.flush()
         finally:
             with self._lock:
+                self.unstored = self._count_unstored()
                 if self._conn is not None:
                     self._conn.close()
                     self._conn = None
+
+    def _count_unstored(self) -> str | None:
+        """What is still queued (the database never took it) or was dropped past MAX_QUEUED, in words."""
+        steps = [row[STEP_COLUMNS.index("step")] for row in self._steps]
+        lost_steps, lost_events = len(steps) + self.dropped, len(self._events)
+        if not (lost_steps or lost_events):
+            return None
+        numbers = [s for s in steps if isinstance(s, int)]
+        span = f" ({min(numbers)}-{max(numbers)})" if numbers else ""
+        what = [f"{lost_steps} step row(s){span}" if lost_steps else "", f"{lost_events} event(s)" if lost_events else ""]
+        return (f"{' and '.join(w for w in what if w)} could not be stored in {self.run_dir / 'run.db'}: "
+                f"{self.last_error or 'the database was not writable'}")
 
 
 def _drain(queue: collections.deque) -> list:

@@ -207,12 +207,16 @@ def crash_finding(
     )
 
 
-def first_crash(crashes: list[dict[str, Any]]) -> Finding | None:
+def first_crash(crashes: list[dict[str, Any]], silent_ranks: list[int] | None = None) -> Finding | None:
     """TG501 for a run whose processes recorded crashes (`crash` events): the first to fail is the cause.
 
     In a multi-process run one failure brings down the rest: rank 1 raises a ValueError, and rank 0 then
     dies of "Connection closed by peer" in its next collective, later, so the last crash is the least
-    telling one. The earliest is the finding; the later ones are listed in its evidence as consequences.
+    telling one. The earliest is the finding; the later ones are listed in its evidence as consequences,
+    each saying why it is one (a connection lost to a rank that had failed, a collective that timed out).
+
+    `silent_ranks`: ranks that recorded neither a crash nor a finish (killed, a segfault, `os._exit`).
+    When every recorded crash only says that a peer went away, such a rank is where to look: it is named.
     """
     if not crashes:
         return None
@@ -225,20 +229,45 @@ def first_crash(crashes: list[dict[str, Any]]) -> Finding | None:
         phases_seen=d.get("phases_seen"),
     )
     ranks = {c.get("rank") for c in ordered}
-    if len(ranks) > 1 or later:
+    silent = sorted(r for r in (silent_ranks or []) if r not in ranks)
+    if len(ranks) > 1 or later or silent:
         finding.evidence["rank"] = first.get("rank")
         finding.evidence["pid"] = first.get("pid")
-        finding.evidence["consequences"] = [_consequence(c, first["t"]) for c in later]
+        finding.evidence["consequences"] = [_consequence(c, first) for c in later]
         finding.summary = (f"rank {first.get('rank')} failed first: {finding.summary}"
                            + (f" ({len(later)} later failure(s) on other processes are consequences)" if later else ""))
+    if silent and all(_lost_peer(c) for c in ordered):
+        # Every error recorded is a lost peer: the cause is a rank that ended without a Python error.
+        who = ", ".join(f"rank {r}" for r in silent)
+        finding.evidence["silent_ranks"] = silent
+        finding.summary = (f"{who} ended without a Python error (killed by a signal, a segfault, os._exit) and "
+                           f"the others lost their connection to it: rank {first.get('rank')}'s error is a "
+                           f"consequence ({d.get('exception', first.get('name'))}: "
+                           f"{_first_line(d.get('message'))[:160]})")
+        finding.fix = (f"look at how {who} ended: its exit code in torchrun's summary (-9: the OOM killer or a "
+                       "kill; -11: a segfault in native code), dmesg, its last lines of output")
+        finding.cause = "rank-vanished"
     return finding
 
 
-def _consequence(crash: dict[str, Any], t_first: float) -> str:
+def _lost_peer(crash: dict[str, Any]) -> bool:
     d = crash.get("data") or {}
-    lines = str(d.get("message") or "").splitlines()
+    return classify_crash(str(d.get("exception", crash.get("name"))), str(d.get("message") or ""))[0] == \
+        "collective-timeout"
+
+
+def _consequence(crash: dict[str, Any], first: dict[str, Any]) -> str:
+    d = crash.get("data") or {}
+    t_first = first.get("t") or 0.0
+    why = (f"a consequence: it lost rank {first.get('rank')}, which had failed" if _lost_peer(crash)
+           else "after the first failure, so most likely a consequence")
     return (f"rank {crash.get('rank')} (pid {crash.get('pid')}), {(crash.get('t') or t_first) - t_first:+.1f} s "
-            f"later: {d.get('exception', crash.get('name'))}: {(lines[0] if lines else '')[:200]}")
+            f"later: {d.get('exception', crash.get('name'))}: {_first_line(d.get('message'))[:200]} — {why}")
+
+
+def _first_line(text: Any) -> str:
+    lines = str(text or "").splitlines()
+    return lines[0] if lines else ""
 
 
 def _duration(seconds: float) -> str:

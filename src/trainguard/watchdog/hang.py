@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.contract import ENV_PY_SPY
 from trainguard.findings import Finding
 from trainguard.watchdog import classify, collectives, stacks
 from trainguard.watchdog.stall import hang_finding
@@ -123,7 +124,7 @@ def _sample_index_by_py_spy(pid: int) -> tuple[str | None, str | None]:
     Returns (index, why not)."""
     spy = stacks.find_py_spy()
     if spy is None:
-        return None, "py-spy is not installed (or TRAINGUARD_PY_SPY=0)"
+        return None, f"py-spy is not installed (or {ENV_PY_SPY}=0)"
     threads, why = stacks.py_spy_dump(pid, spy)
     sample = stacks.ProcSample(pid=pid, threads=threads)
     return classify.sample_index(sample), why

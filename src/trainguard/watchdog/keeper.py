@@ -121,11 +121,12 @@ def _mark_ended(run_dir: Path, watchdog_pid: int, t_gone: float) -> None:
 
 
 def _update(run_dir: Path, change: Any, final: bool = False) -> None:
-    from trainguard.store.status import STATUS_NAME, write_status
+    from trainguard.contract import LIVE_STATES, STATUS_NAME
+    from trainguard.store.status import write_status
 
     try:
         status = json.loads((run_dir / STATUS_NAME).read_text())
-        if not isinstance(status, dict) or status.get("state") not in ("running", "hung"):
+        if not isinstance(status, dict) or status.get("state") not in LIVE_STATES:
             return  # the watchdog said its last word before it went
         write_status(run_dir, change(status), final=final)
     except (OSError, ValueError):

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.contract import ENV_OUTPUT_RULES
 from trainguard.findings import Finding
 from trainguard.ingest.events import Facts
 from trainguard.ingest.textlog import _LineParser, iter_lines
@@ -190,4 +191,4 @@ class OutputRulesMonitor:
 
 def output_rules_enabled() -> bool:
     """`TRAINGUARD_OUTPUT_RULES=0` turns the printed-output rules off (the probe-fed rules stay)."""
-    return os.environ.get("TRAINGUARD_OUTPUT_RULES", "1") != "0"
+    return os.environ.get(ENV_OUTPUT_RULES, "1") != "0"

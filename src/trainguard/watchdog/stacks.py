@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.contract import ENV_PY_SPY
+
 SIGNAL_DUMP_WAIT = 1.0  # seconds to wait for a signal-triggered dump to appear
 PY_SPY_TIMEOUT = 8.0
 BURST_CPU = 15.0  # a process above this CPU % gets a fast burst of extra stack samples
@@ -312,7 +314,6 @@ def parse_faulthandler(text: str, main_ident: str | None = None) -> list[ThreadS
     return threads
 
 
-ENV_PY_SPY = "TRAINGUARD_PY_SPY"  # "0": never run py-spy (no ptrace of the run's processes at all)
 
 
 def find_py_spy() -> str | None:

@@ -21,23 +21,26 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from trainguard import __version__
+from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_WATCHDOG
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
-from trainguard.probe.guard import ENV_ATTEMPT, ENV_RESUME, ENV_WATCHDOG
 from trainguard.probe.selflog import GuardLog
+from trainguard.store.nodes import node_dir
 from trainguard.store.owner import owner_record
-from trainguard.store.paths import ENV_RUN_DIR, new_run_dir, prepare_run_dir
+from trainguard.store.paths import new_run_dir, prepare_run_dir
 from trainguard.store.reader import RunReader
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
-from trainguard.watchdog import crash, keeper, restart, statusline, stop, verdict
+from trainguard.watchdog import crash, keeper, nodes, restart, statusline, stop, verdict
+from trainguard.watchdog.firstfailure import first_failure_finding
 from trainguard.watchdog.stall import StallPolicy, hang_finding, stall_ended, stalled_finding
 from trainguard.watchdog.tee import OutputCapture
 from trainguard.watchdog.writes import WriteWatch
@@ -130,12 +133,19 @@ class Supervisor:
             raise UserError(f"--stall-timeout must be a positive number of seconds, got {options.stall_timeout}")
         label = _label(options.command)
         self.run_dir = prepare_run_dir(options.run_dir) if options.run_dir else new_run_dir(label)
+        # one `trainguard run` per node of a torchrun job: this node's part in RUN/node-<N>/, and a beat
+        # through the rendezvous store so the other nodes know it lives (watchdog/nodes.py)
+        launch = nodes.parse_launch(options.command)
+        if launch is not None:
+            self.run_dir = prepare_run_dir(node_dir(self.run_dir, launch.node))
         try:
             self.writer = StoreWriter(self.run_dir, rank=WATCHDOG_RANK)
         except Exception as exc:  # sqlite3.OperationalError on an unwritable folder, and its kin
             raise UserError(f"cannot write the run store in {self.run_dir}: {exc}") from None
         self.stall = StallPolicy(fixed=options.stall_timeout)
         self.monitors: list[Monitor] = list(monitors or [])
+        if launch is not None:
+            self.monitors.append(nodes.NodeWatch(launch, self.run_dir))
         self.findings: list[Finding] = []
         self._seen: set[tuple] = set()
         self.live = sys.stderr.isatty() if options.live is None else options.live
@@ -210,10 +220,10 @@ class Supervisor:
         env = dict(os.environ)
         env.update({ENV_RUN_DIR: str(self.run_dir.resolve()), ENV_WATCHDOG: "1", ENV_ATTEMPT: str(self.attempt),
                     "PYTHONUNBUFFERED": "1"})
-        env.pop(ENV_RESUME, None)
+        env.pop(ENV_RESUME_FROM, None)
         env.update(self.options.env)
         if resume:
-            env[ENV_RESUME] = resume
+            env[ENV_RESUME_FROM] = resume
         try:
             self.proc = subprocess.Popen(
                 self.options.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
@@ -514,23 +524,28 @@ class Supervisor:
         step = max([b["step"] for b in beats if b["step"] is not None] + ([last["step"]] if last else []),
                    default=None)
         # the first process to fail is the cause; later crashes (other ranks) are its consequences
-        probe_crash = crash.first_crash([c for c in self.reader.events("crash") if c["attempt"] == self.attempt])
+        crashes = [c for c in self.reader.events("crash") if c["attempt"] == self.attempt]
+        probe_crash = crash.first_crash(crashes, silent_ranks=_silent_ranks(probe_events, crashes))
         stderr_crash = None
         if probe_crash is None and returncode > 0:
-            parsed = crash.parse_traceback(list(self.capture.stderr_tail))
-            if parsed is not None:
-                stderr_crash = crash.crash_finding(
-                    exception=parsed.exception, message=parsed.message, frames=parsed.frames,
-                    step=step if step is not None else crash.last_printed_step(self.capture.stdout_tail),
-                    elapsed=time.time() - self.started,
-                )
+            # no probe: the output says which process failed first (torchrun's summary, rank prefixes, order)
+            stderr_crash = first_failure_finding(
+                list(self.capture.stderr_tail),
+                step=step if step is not None else crash.last_printed_step(self.capture.stdout_tail),
+                elapsed=time.time() - self.started,
+            )
         oom = {}
         if returncode == -signal.SIGKILL and hang is None and stopped is None:
             oom = _oom_evidence(self.proc.pid, self.oom_before)
+        unwritable = self._store_unwritable()
+        if unwritable and probe_used and not finished:
+            self._note(f"trainguard: the run folder stopped taking writes ({unwritable}): what the script did "
+                       f"after step {step} is not in it, so whether it reached guard.finish() is not known")
         v = verdict.decide(
             returncode=returncode, hang=hang, stopped_on=stopped, probe_used=probe_used, probe_finished=finished,
             probe_crash=probe_crash, stderr_crash=stderr_crash, expects=self.options.expects,
             started=self.started, cwd=self.options.cwd or os.getcwd(), step=step, oom=oom,
+            store_unwritable=unwritable,
         )
         for f in v.findings:
             self._report(f)
@@ -546,8 +561,23 @@ class Supervisor:
         self._summary(v, step)
         self.reader.close()
         self.writer.close()
+        if self.writer.unstored:
+            self._note(f"trainguard: {self.writer.unstored}")
         self._write_report()
         return self._fail_on(v.trainguard_exit)
+
+    def _store_unwritable(self) -> str | None:
+        """Why the run folder takes no writes (a file system gone read-only, permission taken away), or None.
+        A full disk is not this: the reserve beside status.json gives the last rows their room."""
+        if self.writer.last_error and not self.writer.disk_full:
+            return self.writer.last_error
+        try:
+            fd, name = tempfile.mkstemp(dir=self.run_dir, prefix=".write-check-")
+            os.close(fd)
+            os.unlink(name)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return None
 
     def _fail_on(self, code: int) -> int:
         """--fail-on: a run that ended well (exit 0) but whose findings reach the given severity fails."""
@@ -643,6 +673,9 @@ class Supervisor:
             write_status(self.run_dir, status, final=ended is not None)
         except OSError as exc:
             self._guard_error(f"cannot write status.json: {exc}", kind="status.json")
+            if ended is not None:
+                self._note(f"trainguard: status.json could not be updated to '{state_name}' ({exc.strerror or exc}):"
+                           " it keeps its last state; `trainguard status` says that its owner is gone")
 
     def _owner(self) -> dict[str, Any]:
         if not hasattr(self, "_owner_record"):
@@ -764,6 +797,14 @@ def _safe_oom() -> int | None:
     from trainguard.watchdog.kernel import cgroup_oom_kills
 
     return cgroup_oom_kills()
+
+
+def _silent_ranks(probe_events: list[dict[str, Any]], crashes: list[dict[str, Any]]) -> list[int]:
+    """Ranks whose probe started but recorded no finish, no exit and no crash: ended by a signal or a
+    segfault, or `os._exit` (for the root cause when the others' errors only say they lost a peer)."""
+    started = {e["rank"] for e in probe_events if e["name"] == "start"}
+    ended = {e["rank"] for e in probe_events if e["name"] in ("finish", "exit")} | {c["rank"] for c in crashes}
+    return sorted(r for r in started - ended if isinstance(r, int) and r >= 0)
 
 
 def _oom_evidence(pid: int, before: int | None) -> dict[str, Any]:

@@ -201,8 +201,12 @@ def decide(
     cwd: str | None,
     step: int | None,
     oom: dict[str, Any],
+    store_unwritable: str | None = None,
 ) -> Verdict:
-    """The final state from how the process ended and what the probe and the files say."""
+    """The final state from how the process ended and what the probe and the files say.
+
+    `store_unwritable`: why the run folder stopped taking writes, if it did; then a finish the probe
+    could not store is no sign that the script left early."""
     sig = -returncode if returncode < 0 else None
     if hang is not None:
         return Verdict("hung", returncode, signal_name(sig) if sig else None, [hang], EXIT_HUNG)
@@ -224,7 +228,7 @@ def decide(
             crash.evidence.setdefault("exit_code", returncode)
         return Verdict("crashed", returncode, None, [crash], returncode)
     findings = check_artifacts(expects, started, cwd)
-    if probe_used and not probe_finished:
+    if probe_used and not probe_finished and store_unwritable is None:
         findings.append(probe_not_finished(step))
     if findings:
         return Verdict("failed", 0, None, findings, EXIT_FAILED)

@@ -11,19 +11,21 @@ import sys
 
 
 def _trainguard_boot():
-    if os.environ.get("TRAINGUARD_AUTO", "1") == "0" or not os.environ.get("TRAINGUARD_RUN_DIR"):
-        return
     try:
         # Loaded from beside this folder, not through `import trainguard`: the package's own imports
         # would cost every Python process of the run (a worker, a helper) tens of milliseconds, and an
-        # interpreter without trainguard installed still gets its stacks dumped on a signal.
+        # interpreter without trainguard installed still gets its stacks dumped on a signal. The contract
+        # (environment names) first: it imports nothing, the other two import it.
         import importlib.machinery  # frozen, already loaded: importlib.util would import contextlib & co
 
-        probe = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        for name in ("stackdump", "auto"):
-            full = "trainguard.probe." + name
+        package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        for full in ("trainguard.contract", "trainguard.probe.stackdump", "trainguard.probe.auto"):
+            if full == "trainguard.probe.stackdump":
+                contract = sys.modules["trainguard.contract"]
+                if os.environ.get(contract.ENV_AUTO, "1") == "0" or not os.environ.get(contract.ENV_RUN_DIR):
+                    return
             if full not in sys.modules:
-                path = os.path.join(probe, name + ".py")
+                path = os.path.join(package, *full.split(".")[1:]) + ".py"
                 loader = importlib.machinery.SourceFileLoader(full, path)
                 module = type(sys)(full)
                 module.__file__, module.__loader__ = path, loader

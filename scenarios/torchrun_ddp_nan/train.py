@@ -1,0 +1,1 @@
+../torchrun_ddp_healthy/train.py

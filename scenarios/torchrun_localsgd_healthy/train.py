@@ -1,0 +1,1 @@
+../torchrun_localsgd_rank_stopped/train.py

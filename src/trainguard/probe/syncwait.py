@@ -1,0 +1,103 @@
+"""How long each step a rank works alone before it synchronises with the others (for TG703 straggler-rank).
+
+In data-parallel training every rank leaves the gradient all-reduce at the same moment, so step times
+are equal on all ranks and say nothing about which rank the others wait for. What differs is the time a
+rank spends *before* the synchronisation: from the end of the previous step's (the optimizer step,
+after the all-reduce) to the start of this step's backward (where DDP's all-reduce begins). A straggler
+takes longer there; the others spend the difference waiting inside the all-reduce.
+
+Two host timestamps a step, no device work and no sync: the optimizer's step pre-hook marks the end of
+the synchronised part, and a gradient hook on the model's output (registered by a forward hook) marks
+the start of the backward. A DDP model that broadcasts its buffers at each forward (BatchNorm) syncs
+there instead, so for it the forward's start is the mark. The value goes into the step's row as
+`extra["presync_s"]` (the last micro-batch's, under gradient accumulation). Only in a distributed run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+
+def attach(guard: Any) -> SyncWait | None:
+    """The measure for this guard's model and optimizer, when the run has more than one rank."""
+    if guard.place["world_size"] < 2 or guard.model is None or guard.optimizer is None:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not isinstance(guard.model, torch.nn.Module) or not hasattr(guard.optimizer, "register_step_pre_hook"):
+        return None
+    return SyncWait(guard)
+
+
+class SyncWait:
+    def __deepcopy__(self, memo: dict) -> SyncWait:
+        return self  # as Guard: a deep-copied model shares the hooks' owner
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        from trainguard.probe.detached import Detached
+
+        return (Detached, ())  # as Guard: a pickled model's hooks carry nothing
+
+    def __init__(self, guard: Any) -> None:
+        self.guard = guard
+        self.synced_at: float | None = None  # when the last optimizer step began (after the all-reduce)
+        self.failed = False
+        model = guard.model
+        forward_syncs = bool(getattr(model, "will_sync_module_buffers", lambda: False)())
+        self.handles = [guard.optimizer.register_step_pre_hook(self._synced)]
+        if forward_syncs:
+            self.handles.append(model.register_forward_pre_hook(self._forward_starts))
+        else:
+            self.handles.append(model.register_forward_hook(self._forward_ends))
+
+    def _synced(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.synced_at = time.perf_counter()
+
+    def _forward_starts(self, module: Any, args: Any) -> None:
+        if module.training:
+            self._mark()
+
+    def _forward_ends(self, module: Any, args: Any, output: Any) -> None:
+        if self.failed or self.synced_at is None or not module.training:
+            return
+        try:
+            out = _first_grad_tensor(output)
+            if out is not None:
+                out.register_hook(self._backward_starts)  # host-side: no device work, no sync
+        except Exception as exc:  # the guard never becomes the failure
+            self._fail(exc)
+
+    def _backward_starts(self, grad: Any) -> None:
+        self._mark()
+
+    def _mark(self) -> None:
+        g = self.guard
+        if self.failed or self.synced_at is None or g._disabled or os.getpid() != g._pid:
+            return
+        try:
+            g._add_value("x:presync_s", time.perf_counter() - self.synced_at)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: Exception) -> None:
+        self.failed = True
+        for h in self.handles:
+            h.remove()
+        self.guard._fail("sync-wait measure", exc)
+
+
+def _first_grad_tensor(output: Any) -> Any:
+    """The model's first output that gradients flow back through (a tensor, or one inside a tuple/dict/ModelOutput)."""
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return output if output.requires_grad else None
+    items = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
+    for item in items:
+        if isinstance(item, torch.Tensor) and item.requires_grad:
+            return item
+    return None
