@@ -685,7 +685,7 @@ class Guard:
         if self._device_broken:
             return
         done = 0
-        for rec, packs in paced(list(self._inflight), enabled=not final):
+        for rec, packs in paced(list(self._inflight), enabled=not final, stop=getattr(self, "_stop", None)):
             try:
                 if not final and not all(p.ready() for p in packs):
                     break
@@ -804,7 +804,8 @@ class Guard:
         self._last_rules = time.time()
         cpu0 = time.thread_time()
         try:
-            found = self._rules.poll(through=paced if not final else None)
+            stop = getattr(self, "_stop", None)
+            found = self._rules.poll(through=(lambda batch: paced(batch, stop=stop)) if not final else None)
             if final:
                 found += self._rules.end()
                 # what the rules cost this process, for the overhead budget (CPU seconds, all passes)

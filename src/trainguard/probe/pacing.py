@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 CHUNK_S = 0.0005  # the longest stretch of background work between two pauses
 PAUSE_S = 0.001  # the pause: the training thread has the interpreter to itself meanwhile
@@ -23,10 +23,11 @@ PAUSE_S = 0.001  # the pause: the training thread has the interpreter to itself 
 T = TypeVar("T")
 
 
-def paced(items: Iterable[T], enabled: bool = True) -> Iterator[T]:
+def paced(items: Iterable[T], enabled: bool = True, stop: Any = None) -> Iterator[T]:
     """Yields `items`, sleeping `PAUSE_S` whenever `CHUNK_S` of work has passed since the last pause.
 
-    `enabled=False` (the last drain, at the end of the run, when nothing trains any more) never sleeps."""
+    `enabled=False` (the last drain, at the end of the run, when nothing trains any more) never sleeps,
+    nor does it once `stop` (a threading.Event) is set: the run is ending and waits for this pass."""
     if not enabled:
         yield from items
         return
@@ -34,6 +35,6 @@ def paced(items: Iterable[T], enabled: bool = True) -> Iterator[T]:
     t0 = clock()
     for item in items:
         yield item
-        if clock() - t0 > CHUNK_S:
+        if clock() - t0 > CHUNK_S and not (stop is not None and stop.is_set()):
             time.sleep(PAUSE_S)
             t0 = clock()
