@@ -90,3 +90,19 @@ def test_the_stack_wins_over_a_position_it_contradicts_and_no_counters_means_no_
     assert v["blame"] == 1
     assert judge({}, {0: "all_reduce", 1: "barrier"}) is None
     assert read_positions(tmp_path) == {}  # no store: the stacks alone name the collectives
+
+
+def test_a_nodes_part_reads_the_positions_of_every_nodes_ranks(tmp_path) -> None:
+    from trainguard.store.writer import StoreWriter
+
+    for node, ranks in ((0, (0, 1)), (1, (2, 3))):
+        (tmp_path / f"node-{node}").mkdir()
+        for rank in ranks:
+            w = StoreWriter(tmp_path / f"node-{node}", rank=rank)
+            w.set_meta(f"collectives.{rank}", _at("all_reduce", 1042 if rank == 3 else 1043, all_reduce=1))
+            w.flush()
+            w.close()
+    positions = read_positions(tmp_path / "node-0")
+    assert sorted(positions) == [0, 1, 2, 3]
+    v = judge(positions, {0: "all_reduce", 1: "all_reduce"})  # stacks of this node's ranks only
+    assert v["sentence"] == "rank 3 waits in all_reduce #1042 while ranks 0\u20132 are in #1043"

@@ -192,3 +192,14 @@ def test_real_ranks_of_a_launcher_of_ones_own_without_the_probe(tmp_path: Path) 
     assert crash["exception"] == "ValueError" and "bad batch shape on rank 1" in crash["summary"], crash
     assert crash["where"].startswith(str(tmp_path / "train.py") + ":11"), crash["where"]
     assert any("Connection closed by peer" in c for c in crash["evidence"]["consequences"]), crash["evidence"]
+
+
+def test_diagnose_of_a_torchrun_log_names_the_first_failure(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(["step 1 loss 2.31", "step 2 loss 2.20"] + _prefixed(1, VALUE_ERROR)
+                             + _prefixed(0, PEER_CLOSED) + LAUNCHER + _summary(1)) + "\n")
+    out = run_trainguard("diagnose", str(log), "--json")
+    assert out.returncode in (0, 1), out.stderr
+    crash = next(f for f in json.loads(out.stdout)["findings"] if f["code"] == "TG501")
+    assert crash["exception"] == "ValueError" and crash["evidence"]["rank"] == 1, crash
+    assert crash["source"] == "diagnose" and crash["evidence"]["consequences"][0].startswith("rank 0: RuntimeError")

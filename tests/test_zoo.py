@@ -30,3 +30,15 @@ def test_scenario(name: str) -> None:
 def test_zoo_is_not_empty() -> None:
     # pytest's exit 5 (no tests) must never pass as green: the zoo is the heart of the suite
     assert len(zoo.scenario_names()) >= 8
+
+
+def test_found_within_fails_a_stall_found_later_than_its_timeout_plus_the_budget() -> None:
+    # the check behind the quiet set's "found within the stall timeout + 15 s" must be able to fail
+    def status(after: float) -> dict:
+        ev = {"stall_timeout": 60.0, "last_progress_at": 1000.0, "detected_at": 1000.0 + after}
+        return {"state": "hung", "findings": [{"name": "run-stalled", "severity": "warning", "evidence": ev}]}
+
+    exp = {"state": "hung", "findings": ["run-stalled"], "found_within": 15}
+    assert zoo.judge("twin", exp, 124, status(74.0), 80.0, "").ok
+    late = zoo.judge("twin", exp, 124, status(76.0), 80.0, "")
+    assert not late.ok and "found 76.0 s after the last progress" in late.problems[0]

@@ -359,6 +359,9 @@ def _print_status(path: Any, st: dict) -> None:
     if isinstance(st.get("nodes"), dict):  # a run over nodes (store/nodes.py): each node's part
         echo("  nodes: " + "; ".join(f"node {n} {v.get('state')}" + (f" at step {v['step']}" if v.get("step") is not None
                                                                       else "") for n, v in st["nodes"].items()))
+    ranks = _ranks_line(path)
+    if ranks:
+        echo(ranks)
     findings = st.get("findings") or []
     if not findings:
         echo("  no findings")
@@ -370,6 +373,27 @@ def _print_status(path: Any, st: dict) -> None:
             echo(f"    where: {f['where']}")
         if f.get("fix"):
             echo(f"    fix: {f['fix']}")
+
+
+def _ranks_line(path: Any) -> str | None:
+    """'  ranks: node 0 (gpu-a): 0 at step 40, 1 at step 40; node 1 (gpu-b): 2 at step 38 ...' for a run of
+    several ranks: where each rank ran and how far it got (its heartbeat, else its last row)."""
+    from trainguard.store.reader import RunReader
+
+    with RunReader(path) as reader:
+        info = reader.ranks()
+        if len(info) < 2:
+            return None
+        steps: dict[int, int] = {}
+        for beat in reader.heartbeats():
+            if isinstance(beat.get("step"), int) and isinstance(beat.get("rank"), int):
+                steps[beat["rank"]] = max(steps.get(beat["rank"], 0), beat["step"])
+    by_node: dict[tuple[int, str], list[str]] = {}
+    for rank, r in sorted(info.items()):
+        at = f" at step {steps[rank]}" if rank in steps else " (no step yet)"
+        by_node.setdefault((r["node"], r["host"]), []).append(f"{rank}{at}")
+    return "  ranks: " + "; ".join(f"node {node} ({host}): {', '.join(ranks)}"
+                                   for (node, host), ranks in sorted(by_node.items()))
 
 
 @main.command("ls")

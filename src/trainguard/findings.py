@@ -86,7 +86,7 @@ def escalations_merged(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     under "earlier". Findings of one code at one severity (two paths, two keys) stay apart.
     """
     def rank(f: dict[str, Any]) -> int:
-        return _SEVERITY_RANK.get(f.get("severity"), 0)
+        return _SEVERITY_RANK.get(f.get("severity") or "", 0)
 
     by_code: dict[Any, list[dict[str, Any]]] = {}
     for f in findings:

@@ -37,6 +37,8 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
+    mask: torch.Tensor  # a buffer (register_buffer below): the causal mask
+
     def __init__(self, vocab: int = 256, dim: int = 128, layers: int = 2, heads: int = 4, ctx: int = 64) -> None:
         super().__init__()
         self.ctx = ctx

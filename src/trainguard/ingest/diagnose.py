@@ -87,7 +87,7 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
     name = source.path.name
     crashed = facts.traceback is not None or facts.launch_error is not None
     if facts.traceback is not None:
-        found.append(_crash(facts.traceback, last_step))
+        found.append(_first_failure(source.path, last_step) or _crash(facts.traceback, last_step))
     elif facts.launch_error is not None:
         found.append(signs.launch_failed(name, facts.launch_error))
     for (lineno, warning), count in _first_of_each(facts.warnings):
@@ -152,6 +152,25 @@ def _not_run(engine: Any, have: set[str], plan: dict[str, Any], idle: list[Any])
         if lacking:
             out.append((rule.name, ", ".join(lacking)))
     return out
+
+
+TAIL_BYTES = 1 << 20  # the end of a log read again for the failures of several processes
+
+
+def _first_failure(path: Path, last_step: int | None) -> Finding | None:
+    """In a log of several processes (torchrun's ranks), the first to fail is the cause, not the last
+    traceback: the end of the log is read again for every process's failure (watchdog/firstfailure.py).
+    None for one process's log, or when the end cannot be read: the last traceback then stands."""
+    from trainguard.watchdog.firstfailure import first_failure_finding
+
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - TAIL_BYTES))
+            lines = fh.read(TAIL_BYTES).decode("utf-8", "replace").splitlines()
+    except (OSError, ValueError):
+        return None
+    finding = first_failure_finding(lines, step=last_step, elapsed=None, source="diagnose")
+    return finding if finding is not None and "root_cause_by" in finding.evidence else None
 
 
 def _crash(lines: list[str], last_step: int | None) -> Finding:

@@ -48,8 +48,9 @@ def read_csv(path: Path, fmt: str = "csv", delimiter: str = ",") -> Source:
     parts = ULTRALYTICS_PARTS if fmt == "ultralytics results.csv" else ()
     key = step_col or epoch_col
     rows = _csv_rows(path, facts, delimiter)
-    lightning = fmt == "lightning metrics.csv" and epoch_col is not None and step_col is not None
-    if lightning:
+    lightning = False
+    if fmt == "lightning metrics.csv" and epoch_col is not None and step_col is not None:
+        lightning = True
         rows = _lightning_end(rows, epoch_col, step_col, facts, _planned_epochs(path.parent))
     return Source(path=path, format=fmt, events=_merged(rows, key, facts, parts), facts=facts, log_like=lightning)
 

@@ -226,10 +226,10 @@ class _LineParser:
             return self._dict_line(line)
         bar = _TQDM.search(line) if "/" in line and "[" in line else None
         if bar is not None and not _PROGRESS.search(line):
-            out = self._bar_line(line, bar)
+            drawn = self._bar_line(line, bar)
             # a line printed while a bar is drawn lands glued to it (`...45.0it/s][Eval] loss: 22.3`)
             rest = line[bar.end():].strip()
-            return out + self._metrics(rest) if rest else out
+            return drawn + self._metrics(rest) if rest else drawn
         pairs = _pairs(line)
         if not pairs:
             return []

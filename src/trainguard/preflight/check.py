@@ -616,7 +616,7 @@ def run_check(path: str, *, dataset_size: int | None, do_fix: bool, output: str 
     report: dict[str, Any] = {"config": str(cfg.path), "plan": plan.__dict__,
                               "findings": [f.to_dict() for f in findings]}
     verdict = findings
-    if do_fix:
+    if do_fix and output:  # (a --fix without --output was refused above)
         data, changes = fix(cfg, plan, findings)
         out = Path(output)
         fmt = "json" if out.suffix.lower() == ".json" else "yaml"

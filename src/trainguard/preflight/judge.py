@@ -169,7 +169,7 @@ def _message(crash: Finding) -> str:
 
 
 def _crash_evidence(crash: Finding) -> dict[str, Any]:
-    ev = {k: crash.evidence.get(k) for k in ("exception", "message", "frames", "phase") if k in crash.evidence}
+    ev: dict[str, Any] = {k: crash.evidence.get(k) for k in ("exception", "message", "frames", "phase") if k in crash.evidence}
     ev["where"] = crash.where
     return ev
 
@@ -242,7 +242,7 @@ def second_epoch_failed(first: dict[str, Any], crash: Finding) -> Finding:
     ## Options
     None.
     """
-    cut = next((e["data"] for e in first["events"] if e["name"] in ("epoch-cut", "epoch-end")), {})
+    cut: dict[str, Any] = next((e["data"] for e in first["events"] if e["name"] in ("epoch-cut", "epoch-end")), {})
     per_epoch = cut.get("len")
     accum = first["plan"].get("grad_accum") or 1
     real = f"; the real run would reach it at step {per_epoch // accum} (end of epoch 1)" if per_epoch else ""
@@ -510,7 +510,7 @@ def summarize(first: dict[str, Any], resume: dict[str, Any] | None, sim: dict[st
     paths = {e["data"]["name"]: round(e["data"]["seconds"], 4) for e in _named(first, "path-time")}
     forced = {e["data"]["name"]: e["data"]["step"] for e in _named(first, "forced")}
     extra = sum((total // seen[n]) * s for n, s in paths.items() if total and seen.get(n, 0) > 0)
-    stop = next((e["data"] for e in _named(first, "stop")), {})
+    stop: dict[str, Any] = next((e["data"] for e in _named(first, "stop")), {})
     return {
         "steps_run": max([s["data"].get("step") or 0 for s in _named(first, "stop")] + [len(first["step_times"])]),
         "total_steps": total, "grad_accum": accum,

@@ -127,12 +127,13 @@ class Contracts:
         self.scaler_no_autocast: list[int] = []
         self.autocast_step = 0
         self.autocast_hooks: list[Any] = []
-        self.autocast_seen: list[tuple[str, str, int]] = []
+        self.autocast_seen: list[tuple[str, str, int, str]] = []  # layer, output dtype, size, autocast dtype
         self.rerunning = False
         self.det_checks = 0
         self.loss_step = 0
         self.last_output: Any = None
         self.last_output_step = 0
+        self.tensor_type = torch.Tensor
         self.batch_shapes: list[tuple[int, ...]] = []  # the model's first input on the first training forwards
         self.batch_ndim: int | None = None  # their common rank, once BATCH_SHAPES_LEARNED of them agree
         if self.module is not None:
@@ -312,10 +313,10 @@ class Contracts:
                                             if self.module is not None else None),
                     }, step=self.no_grad_steps[0])
         if "frozen-params-updated" not in self.off and "frozen-params-updated" not in self.sent:
-            frozen = [p for p in with_grad if not p.requires_grad][:FROZEN_TENSORS]
+            frozen_params = [p for p in with_grad if not p.requires_grad][:FROZEN_TENSORS]
             self.frozen_before = []
             with torch.no_grad():
-                for p in frozen:
+                for p in frozen_params:
                     stride = max(1, p.numel() // 4096)
                     self.frozen_before.append((self.name(p), p, p.detach().reshape(-1)[::stride].clone(), stride))
         if self.world > 1 and "replicas-diverged" not in self.off and not self.checksum_params and self.sampled(step):
@@ -445,12 +446,14 @@ class Contracts:
         batch that lost it (`x.squeeze()` on a batch of 1, a collate that drops the dimension). Modules
         that accept unbatched input (Linear, Conv, RNN, attention, cross_entropy) then run silently.
         """
-        x = _first_tensor(args) if args else None
+        x = args[0] if args and isinstance(args[0], self.tensor_type) else None  # the common case, fast
+        if x is None:
+            x = _first_tensor(args) if args else None
         if x is None and kwargs:
             x = _first_tensor(list(kwargs.values()))
         if x is None:
             return
-        shape = tuple(int(d) for d in x.shape)
+        shape = x.shape  # a torch.Size: a tuple, compared without copying
         if self.batch_ndim is None:
             self.batch_shapes.append(shape)
             if len(self.batch_shapes) >= BATCH_SHAPES_LEARNED:
@@ -517,6 +520,8 @@ class Contracts:
 
     def _autocast_pre(self, step: int) -> None:
         on = {d: _autocast_on(d) for d in ("cuda", "cpu")}
+        if self.module is None:  # (not reached: the forward hooks that call this are the module's)
+            return
         first = next(iter(self.module.parameters()), None)  # where the model is now (it may have moved)
         dev = self.device_type = first.device.type if first is not None else None
         if dev not in on:

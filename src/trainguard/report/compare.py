@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ LOWER_IS_BETTER = ("loss", "ppl", "perplexity", "error", "err", "wer", "cer", "m
 
 
 def write_comparison(run_a: Path, run_b: Path, out: Path, warmup: int | None = None, *,
-                     repeats_a: list[Path] = (), repeats_b: list[Path] = (), run_noise: float | None = None
+                     repeats_a: Sequence[Path] = (), repeats_b: Sequence[Path] = (), run_noise: float | None = None
                      ) -> tuple[list[Path], dict]:
     from trainguard.store.status import write_atomic
 
@@ -102,8 +103,8 @@ T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
-def speedup(a: RunData, b: RunData, sa: dict, sb: dict, warmup: int | None, *, repeats_a: list[RunData] = (),
-            repeats_b: list[RunData] = (), run_noise: float | None = None) -> dict[str, Any]:
+def speedup(a: RunData, b: RunData, sa: dict, sb: dict, warmup: int | None, *, repeats_a: Sequence[RunData] = (),
+            repeats_b: Sequence[RunData] = (), run_noise: float | None = None) -> dict[str, Any]:
     ta, tb = step_times(a, warmup), step_times(b, warmup)
     if not len(ta) or not len(tb):
         return {"speedup": None, "note": "a run has no step times (no probe): speed cannot be compared"}
@@ -155,7 +156,7 @@ def speedup(a: RunData, b: RunData, sa: dict, sb: dict, warmup: int | None, *, r
     return out
 
 
-def _log_medians(runs: list[RunData], warmup: int | None) -> list[float]:
+def _log_medians(runs: Sequence[RunData], warmup: int | None) -> list[float]:
     out = []
     for d in runs:
         t = step_times(d, warmup)

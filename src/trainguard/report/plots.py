@@ -7,7 +7,7 @@ evaluation metrics, and any other scalar the script logged. Every plot carries t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -37,7 +37,7 @@ def finding_marks(findings: list[Finding]) -> list[Mark]:
 def build_plots(data: RunData) -> list[Plot]:
     steps = data.columns.get("step")
     marks = finding_marks(data.findings)
-    plots: list[Plot] = []
+    plots: list[Plot | None] = []  # None: a plot with nothing to draw, dropped below
 
     def ser(name: str, col: Column | None, y: np.ndarray | None = None) -> Series | None:
         if steps is None or col is None or not col.any:
@@ -79,16 +79,16 @@ def build_plots(data: RunData) -> list[Plot]:
     plots.append(_lr_plot(data, ser))  # outside the steps: preflight's simulated curve may be all there is
     plots += _memory_events(data)
     plots += _eval_plots(data)
-    plots = [p for p in plots if p is not None and not p.empty]
-    plots.sort(key=lambda p: ORDER.index(p.key) if p.key in ORDER else len(ORDER))
+    drawn = [p for p in plots if p is not None and not p.empty]
+    drawn.sort(key=lambda p: ORDER.index(p.key) if p.key in ORDER else len(ORDER))
     marks += [Mark(step=float(step), label=f"restart {attempt}", kind="restart", color="#1f77b4",
                    title=f"attempt {attempt} resumed here, from step {step}") for attempt, step in data.restarts]
-    for p in plots:
+    for p in drawn:
         p.marks = list(p.marks) + marks
-    return plots
+    return drawn
 
 
-def _plot(key: str, title: str, y_label: str, series: list[Series | None], log_y: bool | None = None) -> Plot | None:
+def _plot(key: str, title: str, y_label: str, series: Sequence[Series | None], log_y: bool | None = None) -> Plot | None:
     kept = [s for s in series if s is not None and not s.empty]
     return Plot(key, title, kept, y_label=y_label, log_y=log_y) if kept else None
 
@@ -96,9 +96,10 @@ def _plot(key: str, title: str, y_label: str, series: list[Series | None], log_y
 def _lr_plot(data: RunData, ser: SeriesOf) -> Plot | None:
     series = [ser("LR observed", data.col("lr"))]
     if data.schedule:
-        series.append(downsample("LR simulated by preflight", np.array(data.schedule["steps"]),
-                                 np.array(data.schedule["lr"])))
-        series[-1].dashed = True
+        simulated = downsample("LR simulated by preflight", np.array(data.schedule["steps"]),
+                               np.array(data.schedule["lr"]))
+        simulated.dashed = True
+        series.append(simulated)
     plot = _plot("lr", "Learning rate: observed against the plan", "LR", series, log_y=False)
     total = (data.meta.get("plan") or {}).get("total_steps")
     if plot is not None and total:

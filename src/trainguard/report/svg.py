@@ -150,7 +150,7 @@ def _curve(s: Series, color: str, sx: Scale, sy: Scale, log_y: bool) -> list[str
         band = ' stroke-opacity="0.35"' if s.mean_x is not None else ""
         out.append(f'<polyline class="curve" data-series="{esc(s.name)}" fill="none" stroke="{color}" '
                    f'stroke-width="1.4"{dash}{band} points="{pts}"><title>{esc(s.name)}</title></polyline>')
-        if s.mean_x is not None:
+        if s.mean_x is not None and s.mean_y is not None:  # set together, by downsample
             mx, my = s.mean_x, s.mean_y
             if log_y:
                 keep = my > 0

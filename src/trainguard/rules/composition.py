@@ -85,7 +85,7 @@ class LossPartsImbalanced(Rule):
                 sizes[name] = size
         if len(sizes) < 2:
             return None
-        big, small = max(sizes, key=sizes.get), min(sizes, key=sizes.get)
+        big, small = max(sizes, key=sizes.__getitem__), min(sizes, key=sizes.__getitem__)
         ratio = sizes[big] / sizes[small]
         if ratio <= self.RATIO:
             return None
@@ -296,7 +296,7 @@ class LossWeightStalled(Rule):
         if frac is None or frac < 0.25:
             return None
         largest = max(weights.values())
-        top = max(weights, key=weights.get)
+        top = max(weights, key=weights.__getitem__)
         for k, w in weights.items():
             hist = self.recent[k]
             scheduled = self.peak[k] != self.first[k]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 from trainguard.findings import Finding
 
@@ -142,7 +142,7 @@ class Engine:
                 if got is None:
                     continue
                 if rank is None:
-                    out.extend(self._new(got))  # inside: a rule returning something malformed is broken too
+                    out.extend(self._new(self._earlier_held(got)))  # a malformed return breaks the rule too
                 else:
                     self._hold(rank, got)
             except Exception as exc:  # a broken rule must not take the others (or the run) down
@@ -176,6 +176,23 @@ class Engine:
             lead = self._others_step - LEAD_ABSENT
         return out + self._release(lead)
 
+    def _earlier_held(self, got: Finding | list[Finding]) -> list[Finding]:
+        """Rank 0's findings, each replaced by another rank's held finding of the same (name, cause) at an
+        earlier step: that rank had it first (rank 1's NaN at step 12 is the origin of rank 0's at 13)."""
+        out = []
+        for f in got if isinstance(got, list) else [got]:
+            f_step = getattr(f, "step", None)
+            earlier = [(r, h) for r, h in self._held if isinstance(h, Finding) and (h.name, h.cause) == (
+                getattr(f, "name", None), getattr(f, "cause", None)) and h.step is not None
+                and isinstance(f_step, int) and h.step < f_step]
+            if earlier:
+                rank, h = min(earlier, key=lambda rh: rh[1].step or 0)
+                self._held = [(r, x) for r, x in self._held if x is not h]
+                out.append(_attributed(rank, h))
+            else:
+                out.append(f)
+        return out
+
     def _hold(self, rank: int, got: Finding | list[Finding]) -> None:
         for f in got if isinstance(got, list) else [got]:
             if not isinstance(f, Finding):
@@ -196,9 +213,7 @@ class Engine:
                 continue
             if (f.name, f.cause) in self._reported:
                 continue  # rank 0 found it too: the run's problem, said once
-            f.summary = f"rank {rank}: {f.summary}"
-            f.evidence = {**f.evidence, "rank": rank}
-            out.extend(self._new(f))
+            out.extend(self._new(_attributed(rank, f)))
         self._held = keep
         return out
 
@@ -244,6 +259,13 @@ class Engine:
     def _drop(self, rule: Rule, exc: Exception) -> None:
         self.errors.append(f"rule {rule.name} raised {exc!r} and was switched off")
         self.rules = [r for r in self.rules if r is not rule]
+
+
+def _attributed(rank: int, f: Finding) -> Finding:
+    """Another rank's finding, saying whose it is."""
+    f.summary = f"rank {rank}: {f.summary}"
+    f.evidence = {**f.evidence, "rank": rank}
+    return f
 
 
 class _RankRules:
@@ -315,7 +337,7 @@ class Streak:
 
 
 
-def finite(value: Any) -> bool:
+def finite(value: Any) -> TypeGuard[float]:
     """A real number that is not NaN or inf (bools are not numbers here). Hot: called per field per step."""
     kind = type(value)
     if kind is float:

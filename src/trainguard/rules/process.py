@@ -138,14 +138,14 @@ class ThroughputDrop(Rule):
         if self.n <= self.skip:
             return None  # warm-up steps (allocation, compilation) are not the baseline
         extra = row.get("extra") or {}
-        cpu = extra.get("cpu_s") if finite(extra.get("cpu_s")) else None
-        pre = extra.get("run_wait_s") if finite(extra.get("run_wait_s")) else None
+        cpu = cpu_s if finite(cpu_s := extra.get("cpu_s")) else None
+        pre = run_wait if finite(run_wait := extra.get("run_wait_s")) else None
         if len(self.base) < self.W:
             self.base.append((st, cpu, pre))
             if len(self.base) == self.W:
                 self.base_steps = (row["step"] - self.W + 1, row["step"])
             return None
-        wait = row.get("data_wait") if finite(row.get("data_wait")) else 0.0
+        wait = data_wait if finite(data_wait := row.get("data_wait")) else 0.0
         self.recent.append((row["step"], st, wait, cpu, pre))
         if len(self.recent) < self.W or self.n % 10:
             return None
@@ -155,6 +155,7 @@ class ThroughputDrop(Rule):
             return None
         onset = next((s for s, t, _, _, _ in self.recent if t > 2 * base), self.recent[0][0])
         share = sum(w for _, _, w, _, _ in self.recent) / max(1e-12, sum(t for _, t, _, _, _ in self.recent))
+        assert self.base_steps is not None  # set when the baseline filled up
         summary = (f"steps take {now * 1e3:.1f} ms (median of the last {self.W}) against a baseline of "
                    f"{base * 1e3:.1f} ms (steps {self.base_steps[0]}-{self.base_steps[1]}), {now / base:.1f}x slower")
         evidence: dict[str, Any] = {"baseline_s": base, "recent_s": now, "ratio": now / base, "data_wait_share": share,
@@ -199,7 +200,11 @@ class DataWaitDominant(Rule):
 
     ## What it detects
     From `guard.batches(loader)`: the time spent waiting for the next batch as a share of step time,
-    summed over the last 20 steps: above 50%, with at least 2 ms of waiting per step.
+    summed over the last 20 steps: above 50%, with at least 2 ms of waiting per step, and the median
+    step of those 20 itself waiting for more than half its time. (A loader that keeps up except at an
+    epoch's start, where its workers are spawned again, waits long on one step in 16 and not at all on
+    the others: that is not a pipeline the loop is waiting on, and on a loaded machine it alone can
+    pass 50% of a short epoch.)
 
     ## Why it matters
     The accelerator idles while the input pipeline catches up: the run costs twice what it should.
@@ -240,13 +245,16 @@ class DataWaitDominant(Rule):
         share = waited / total
         if share <= 0.5 or waited / self.W < 0.002:
             return None
+        typical = median([w / t for _, t, w in self.recent])
+        if typical <= 0.5:
+            return None
         return self.finding(
             step=self.recent[0][0],
             summary=f"{share:.0%} of step time over the last {self.W} steps is spent waiting for data "
                     f"({waited / self.W * 1e3:.1f} ms of {total / self.W * 1e3:.1f} ms a step)",
             fix="more DataLoader workers, pin_memory, persistent_workers, prefetching, pre-processed data",
-            evidence={"share": share, "wait_per_step_s": waited / self.W, "step_time_s": total / self.W,
-                      "detected_step": row["step"]},
+            evidence={"share": share, "median_step_share": typical, "wait_per_step_s": waited / self.W,
+                      "step_time_s": total / self.W, "detected_step": row["step"]},
         )
 
 

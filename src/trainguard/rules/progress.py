@@ -259,7 +259,7 @@ class EvalMetricsFrozen(Rule):
         self.runs: dict[str, collections.deque[tuple[Any, float]]] = {}
         self.others: dict[str, collections.deque[float]] = {}
         self.lr_peak = 0.0
-        self.lr = None
+        self.lr: float | None = None
 
     def on_step(self, row: dict[str, Any]) -> None:
         lr = step_lr(row)
@@ -491,7 +491,7 @@ class _Blocks:
     def __init__(self, k: int) -> None:
         self.k = k
         self.block: list[float] = []
-        self.block_start: int | None = None
+        self.block_start = 0  # the first step of the block being filled (set by its first value)
         self.count = 0  # blocks so far
         self.first: float | None = None  # the first block's median: where the run started
         self.recent: collections.deque[tuple[int, int, float, float]] = collections.deque(maxlen=3)
@@ -530,6 +530,8 @@ class _Blocks:
         if self.count < 4:
             return None
         best, need = self.best, self.need
+        if best is None:  # (there is one from the third block on)
+            return None
         b, c = self.recent[1], self.recent[2]
         if c[2] - best[2] <= need or b[2] - best[2] <= need:
             return None
@@ -596,7 +598,7 @@ class LossDiverging(Rule):
                     continue
                 # the part's climb must matter to the total: its rise, at its weight now, past the bar the
                 # total itself would have to clear
-                w = weights.get(name) if finite(weights.get(name)) else 1.0
+                w = weight if finite(weight := weights.get(name)) else 1.0
                 if abs(w) * (got[1][2] - got[0][2]) > self.total.need:
                     found = self._found(row, got, f"loss part {name}", f"part-{name}", weights)
         return found
@@ -687,6 +689,7 @@ class LossSpike(Rule):
                 self.start_median = median(self.start)
         n = len(self.ordered)
         if n >= 30:
+            assert self.start_median is not None  # the first 10 losses came before these 30
             s = self.ordered
             med = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
             positive = s[0] > 0 and loss > 0

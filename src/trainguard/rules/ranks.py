@@ -10,8 +10,8 @@ Every rank's rows are in the store (`rank` on each), and the engine gives these 
   TG701's, rules/contracts.py);
 - a rank that stopped advancing while the others go on (TG705).
 
-Rows of one step arrive from the ranks at different moments; a step is judged once every rank seen
-has written it, or once the others are far enough past it that a missing rank is not coming.
+Rows of one step arrive from the ranks at different moments (each rank flushes in batches); a step is
+judged once every rank has written it, or once a missing rank has written a later step.
 """
 
 from __future__ import annotations
@@ -22,13 +22,18 @@ from typing import Any
 from trainguard.findings import Finding
 from trainguard.rules.engine import Rule, finite, fmt, median
 
-AHEAD = 3  # a step is judged without a rank that has not written it when the others are this far past it
-
 
 class _ByStep:
-    """The rows of the last few steps, by step and rank; yields each step once it is complete."""
+    """The rows of the last steps, by step and rank; yields each step once it is complete.
 
-    KEEP = 32  # steps held at most (a rank far behind is judged without, not waited for forever)
+    Each rank's probe flushes its rows in batches, so the store holds one rank's rows for many steps
+    before the next rank's for the same steps (a short or fast run: rank 0's whole run first). A step
+    waits for every rank; it is judged without a rank only once that rank has written a step past it
+    (it skipped this one) or the steps held pass KEEP (a rank that stopped writing is not waited for
+    forever; TG705 says it stopped).
+    """
+
+    KEEP = 2048  # steps held at most while a rank's rows have not arrived
 
     def __init__(self, plan: dict[str, Any]) -> None:
         world = plan.get("world_size")
@@ -36,23 +41,35 @@ class _ByStep:
         # ranks seen so far (and at least two, so the first rank's first row is not judged alone)
         self.world = world if isinstance(world, int) and world > 0 else None
         self.rows: collections.OrderedDict[int, dict[int, dict[str, Any]]] = collections.OrderedDict()
-        self.ranks: set[int] = set()
-        self.newest = 0
+        self.newest: dict[int, int] = {}  # the last step each rank has written
 
     def add(self, row: dict[str, Any]) -> list[tuple[int, dict[int, dict[str, Any]]]]:
         step, rank = row.get("step"), row.get("rank")
-        if not isinstance(step, int) or not isinstance(rank, int) or rank < 0:
+        if self.world == 1 or not isinstance(step, int) or not isinstance(rank, int) or rank < 0:
             return []
-        self.ranks.add(rank)
-        self.newest = max(self.newest, step)
-        self.rows.setdefault(step, {})[rank] = row
+        self.newest[rank] = max(self.newest.get(rank, step), step)
+        if self.world is None and len(self.newest) < 2:
+            # one rank so far and no plan to say more are coming (a log, a single process): nothing to
+            # compare, and holding its rows would cost a 15-million-step log a scan per row
+            return []
+        if step not in self.rows:
+            late = bool(self.rows) and step < next(reversed(self.rows))
+            self.rows[step] = {}
+            if late:  # a rank behind the others opened an earlier step: keep the steps in order
+                self.rows = collections.OrderedDict(sorted(self.rows.items()))
+        self.rows[step][rank] = row
+        want = self.world or max(2, len(self.newest))
         done = []
-        for s in sorted(self.rows):
+        while self.rows:
+            s = next(iter(self.rows))
             got = self.rows[s]
-            if len(got) >= (self.world or max(2, len(self.ranks))) or s <= self.newest - AHEAD or len(self.rows) > self.KEEP:
-                done.append((s, self.rows.pop(s)))
-            else:
+            ranks_in = len(got) >= want
+            # every rank seen that is missing here has written a later step: it will not write this one
+            passed = len(self.newest) >= want and all(
+                self.newest[r] > s for r in self.newest if r not in got)
+            if not (ranks_in or passed or len(self.rows) > self.KEEP):
                 break  # steps are judged in order
+            done.append((s, self.rows.pop(s)))
         return [(s, got) for s, got in done if len(got) >= 2]
 
     def rest(self) -> list[tuple[int, dict[int, dict[str, Any]]]]:

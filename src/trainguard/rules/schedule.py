@@ -189,27 +189,28 @@ class ScheduleHorizonMismatch(Rule):
         if self.horizon and len(self.ticks) >= 3:
             self.decided = True
             return self._by_horizon(step)
-        if not self.horizon and self.fraction(step) >= 0.5 and self.lr_count >= 20:
+        if not self.horizon and (self.fraction(step) or 0.0) >= 0.5 and self.lr_count >= 20:
             self.decided = True
             return self._still_warming(step)
         return None
 
     def _by_horizon(self, step: int) -> Finding | None:
         ticks = median(self.ticks)
-        if ticks <= 0:
+        total, horizon = self.total_steps, self.horizon
+        if ticks <= 0 or not total or not horizon:  # (the caller checked the plan and the horizon)
             return None
-        planned = self.total_steps * ticks
-        ratio = self.horizon / planned
+        planned = total * ticks
+        ratio = horizon / planned
         if 0.8 <= ratio <= 1.25:
             return None
-        ends_at = int(self.horizon / ticks)
+        ends_at = int(horizon / ticks)
         ev = {"sched_horizon": self.horizon, "sched_steps_per_opt_step": ticks, "total_steps": self.total_steps,
               "grad_accum": self.grad_accum, "scheduler": self.plan.get("scheduler"), "ratio": round(ratio, 4),
               "detected_step": step}
         per = f"the scheduler advances {fmt(ticks)} step{'s' if ticks != 1 else ''} per optimizer step"
         if ratio < 0.8:
             summary = (f"{per} and its horizon is {fmt(self.horizon)} scheduler steps: it ends at optimizer "
-                       f"step {fmt(ends_at)}, {ends_at / self.total_steps:.0%} of the planned "
+                       f"step {fmt(ends_at)}, {ends_at / total:.0%} of the planned "
                        f"{fmt(self.total_steps)} steps")
             ev["ends_at_step"] = ends_at
             cause = "ends-early"
@@ -325,7 +326,7 @@ class LrCyclesToZero(Rule):
                     self.first_zero = (step, lr)
                 elif self.climbed is not None:
                     self.done = True
-                    return self._found(step, lr)
+                    return self._found(step, lr, self.first_zero, self.climbed)
             return None
         self.at_floor = False
         if self.first_zero is not None and self.climbed is None:
@@ -338,8 +339,8 @@ class LrCyclesToZero(Rule):
                     self.first_zero = None
         return None
 
-    def _found(self, step: int, lr: float) -> Finding:
-        (z0, lr0), (up, lr_up) = self.first_zero, self.climbed
+    def _found(self, step: int, lr: float, first_zero: tuple[int, float], climbed: tuple[int, float]) -> Finding:
+        (z0, lr0), (up, lr_up) = first_zero, climbed
         horizon = self.plan.get("sched_horizon")
         sched = self.plan.get("scheduler")
         context = ", ".join(x for x in (

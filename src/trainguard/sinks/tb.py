@@ -52,7 +52,9 @@ class TensorBoardSink:
 
         state = status.get("state", "unknown")
         names = ", ".join(f"{f.get('code')} {f.get('name')}" for f in status.get("findings") or []) or "no findings"
-        step = status.get("step") if status.get("step") is not None else self._last_step
+        step = status.get("step")
+        if step is None:
+            step = self._last_step
         self._add(text_pb(PREFIX + "state", f"**{state}** at step {step}: {names}"), step)
         self._writer.close()
 

@@ -20,8 +20,9 @@ EXIT_CODES = {"completed": 0}  # any other final state is a failed W&B run
 class WandbSink:
     def __init__(self, run_dir: Path, project: str | None) -> None:
         import wandb
+        from wandb.sdk import AlertLevel
 
-        self._wandb = wandb
+        self._levels = AlertLevel  # from wandb.sdk, where wandb's type stubs declare it
         if os.environ.get("WANDB_MODE", "").lower() not in ("offline", "dryrun", "disabled") and \
                 not wandb.login(prompt=False, verify=False):
             # Never wandb's interactive login: it would read the terminal from the watchdog's thread.
@@ -44,7 +45,7 @@ class WandbSink:
         self.run.log(values, step=step)
 
     def finding(self, finding: dict[str, Any]) -> None:
-        level = self._wandb.AlertLevel.ERROR if finding.get("severity") == "error" else self._wandb.AlertLevel.WARN
+        level = self._levels.ERROR if finding.get("severity") == "error" else self._levels.WARN
         text = finding.get("summary") or ""
         if finding.get("fix"):
             text += f"\nfix: {finding['fix']}"

@@ -120,7 +120,7 @@ def merged_status(run_dir: str | Path) -> dict[str, Any]:
         for f in st.get("findings") or []:
             findings.append({**f, "node": node})
     base["findings"] = findings
-    steps = [st.get("step") for _, _, st in parts if isinstance(st.get("step"), (int, float))]
+    steps: list[float] = [st["step"] for _, _, st in parts if isinstance(st.get("step"), (int, float))]
     base["step"] = max(steps) if steps else base.get("step")
     base["nodes"] = {str(node): {"state": st.get("state"), "step": st.get("step"), "exit_code": st.get("exit_code"),
                                  "dir": str(d)} for node, d, st in parts}

@@ -82,7 +82,7 @@ class StoreWriter:
     # -- queueing: cheap, any thread ------------------------------------------------------------
 
     def add_step(self, row: dict[str, Any]) -> None:
-        values = []
+        values: list[Any] = []  # one per column: numbers, text, JSON
         for col in STEP_COLUMNS:
             if col == "attempt":
                 values.append(self.attempt)

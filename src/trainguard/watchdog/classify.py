@@ -171,13 +171,15 @@ def _dataloader(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSa
 
 def _busy(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSample]) -> Diagnosis | None:
     for p in trainers:
-        cpus = [s[p.pid].cpu_percent for s in snap.samples if p.pid in s and s[p.pid].cpu_percent is not None]
+        cpus = [c for s in snap.samples if p.pid in s and (c := s[p.pid].cpu_percent) is not None]
         running = all(s[p.pid].status == "running" for s in snap.samples if p.pid in s)
         if not cpus or (sum(cpus) / len(cpus) < BUSY_CPU and not running):
             continue
-        if _wait_kind(p.main_thread, p, gpu=bool(snap.gpu.get("gpus"))) not in (None, "sleep"):
-            continue  # blocked in a lock, a file or a wait: the CPU is some other thread's
         t = p.main_thread
+        if t is None:  # not for a trainer: those have threads (see classify)
+            continue
+        if _wait_kind(t, p, gpu=bool(snap.gpu.get("gpus"))) not in (None, "sleep"):
+            continue  # blocked in a lock, a file or a wait: the CPU is some other thread's
         fr = _loop_head(p, snap)
         seen = sorted({_where(f) or "?" for f in _busy_frames(p, snap)})
         detail = (f"pid {p.pid} burns {sum(cpus) / len(cpus):.0f}% CPU and makes no progress; in "
@@ -313,17 +315,17 @@ def _innermost_user(t: ThreadStack | None) -> Frame | None:
 
 
 def _in(t: ThreadStack | None, files: tuple[str, ...]) -> bool:
-    return bool(t) and any(f.file.endswith(files) for f in t.frames)
+    return t is not None and any(f.file.endswith(files) for f in t.frames)
 
 
 def _in_dataloader_next(t: ThreadStack | None) -> bool:
-    return bool(t) and any(f.file.endswith("torch/utils/data/dataloader.py") and f.function in _DATALOADER_NEXT
+    return t is not None and any(f.file.endswith("torch/utils/data/dataloader.py") and f.function in _DATALOADER_NEXT
                            for f in t.frames)
 
 
 def _in_worker_queue(t: ThreadStack | None) -> bool:
     """The loop waits on the queue of DataLoader worker processes (not a single-process loader)."""
-    return bool(t) and any(f.file.endswith("torch/utils/data/dataloader.py") and f.function in ("_get_data",
+    return t is not None and any(f.file.endswith("torch/utils/data/dataloader.py") and f.function in ("_get_data",
                                                                                               "_try_get_data")
                            for f in t.frames)
 

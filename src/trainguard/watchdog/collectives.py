@@ -29,11 +29,18 @@ META_PREFIX = "collectives."
 
 
 def read_positions(run_dir: str | Path) -> dict[int, dict[str, Any]]:
-    """Each rank's latest collective as the probe recorded it; {} without a store or without counters."""
+    """Each rank's latest collective as the probe recorded it; {} without a store or without counters.
+
+    A node's part of a run over nodes (RUN/node-<N>/, store/nodes.py) reads every node's ranks from the
+    shared run folder: the hang on this node is compared with the ranks of the others."""
     try:
+        from trainguard.store.nodes import node_dirs, node_of
         from trainguard.store.reader import RunReader
 
-        reader = RunReader(run_dir)
+        base = Path(run_dir)
+        if base.name == f"node-{node_of(base)}" and len(node_dirs(base.parent)) > 1:
+            base = base.parent
+        reader = RunReader(base)
         try:
             meta = reader.meta()
         finally:

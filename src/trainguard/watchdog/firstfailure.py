@@ -198,7 +198,8 @@ def choose(failures: Failures) -> tuple[ProcessFailure | None, list[ProcessFailu
     return first, [f for f in found if f is not first], how
 
 
-def first_failure_finding(lines: list[str], *, step: int | None, elapsed: float | None) -> Finding | None:
+def first_failure_finding(lines: list[str], *, step: int | None, elapsed: float | None,
+                          source: str = "watchdog") -> Finding | None:
     """TG501 run-crashed from a run's stderr: in a multi-process run the first process to fail is the
     cause and later failures are its consequences; in a single process, the last traceback. None when the
     output holds no traceback."""
@@ -208,7 +209,7 @@ def first_failure_finding(lines: list[str], *, step: int | None, elapsed: float 
         if parsed is None:
             return None
         return crash_finding(exception=parsed.exception, message=parsed.message, frames=parsed.frames,
-                             step=step, elapsed=elapsed)
+                             step=step, elapsed=elapsed, source=source)
     chosen = choose(failures)
     if chosen is None:
         return None
@@ -221,12 +222,12 @@ def first_failure_finding(lines: list[str], *, step: int | None, elapsed: float 
             message=f"exit code {root.exit_code}; its traceback is not in the output (its output went to a log "
                     "file, or was cut): decorate the entry point with "
                     "torch.distributed.elastic.multiprocessing.errors.record to have it in torchrun's summary",
-            frames=[], step=step, elapsed=elapsed)
+            frames=[], step=step, elapsed=elapsed, source=source)
         rank: int | None = root.rank
     else:
         tb = first.traceback
         finding = crash_finding(exception=tb.exception, message=tb.message, frames=tb.frames, step=step,
-                                elapsed=elapsed)
+                                elapsed=elapsed, source=source)
         rank = first.rank
     who = f"rank {rank}" if rank is not None else "a process (its rank is not in the output)"
     finding.evidence["rank"] = rank

@@ -249,7 +249,7 @@ def catches_signal(pid: int, signum: int) -> bool:
     """True when the process has a handler for `signum` (SigCgt in /proc/PID/status): safe to send it."""
     text = _read(f"/proc/{pid}/status") or ""
     m = re.search(r"^SigCgt:\s*([0-9a-fA-F]+)", text, re.M)
-    return bool(m) and bool(int(m.group(1), 16) >> (signum - 1) & 1)
+    return m is not None and bool(int(m.group(1), 16) >> (signum - 1) & 1)
 
 
 def signal_dump(pid: int, path: Path, signum: int, main_ident: str | None) -> list[ThreadStack]:

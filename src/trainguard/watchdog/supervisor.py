@@ -235,10 +235,12 @@ class Supervisor:
         self.writer.add_event("run", "start", {"pid": self.proc.pid, "command": self.options.command,
                                                "attempt": self.attempt, "resume_from": resume})
         self.writer.flush()
-        self.capture.start(self.proc.stdout, "stdout", _buffer(sys.stdout))
-        self.capture.start(self.proc.stderr, "stderr", _buffer(sys.stderr))
+        stdout, stderr = self.proc.stdout, self.proc.stderr
+        assert stdout is not None and stderr is not None  # both are pipes (Popen above)
+        self.capture.start(stdout, "stdout", _buffer(sys.stdout))
+        self.capture.start(stderr, "stderr", _buffer(sys.stderr))
         # if this process is killed, the keeper passes the output on: the command never dies of a broken pipe
-        self._keeper = keeper.start(self.run_dir, self.proc.stdout.fileno(), self.proc.stderr.fileno(),
+        self._keeper = keeper.start(self.run_dir, stdout.fileno(), stderr.fileno(),
                                     self.options.echo)
         self._forward_signals()
         self.oom_before = _safe_oom()
@@ -550,7 +552,8 @@ class Supervisor:
         for f in v.findings:
             self._report(f)
         for f in self.reader.findings():
-            self._is_new(f) and self.findings.append(f)
+            if self._is_new(f):
+                self.findings.append(f)
         self._finish_monitors(step)
         self.writer.add_event("run", "end", {"state": v.state, "exit_code": v.exit_code, "signal": v.signal,
                                              "duration": time.time() - self.started})

@@ -144,6 +144,7 @@ def load_model(side: str, mc: ModelConfig, tok: Tok) -> Any:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one line per step is the recipe's output, not loader bars
+    model: Any  # whichever architecture the folder or `arch` names
     if mc.path:
         try:
             model = AutoModelForCausalLM.from_pretrained(mc.path, local_files_only=True)
@@ -152,6 +153,7 @@ def load_model(side: str, mc: ModelConfig, tok: Tok) -> Any:
                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
     else:
         try:
+            assert mc.arch is not None  # exactly one of path and arch (config.py)
             config = AutoConfig.for_model(mc.arch, vocab_size=tok.vocab_size, **mc.build)
         except (ValueError, TypeError) as exc:
             raise UserError(f"{side}.arch/{side}.build: {exc}".splitlines()[0]) from None

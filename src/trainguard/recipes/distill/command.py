@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from trainguard.errors import UserError
+
+if TYPE_CHECKING:
+    from trainguard.recipes.distill.config import DistillConfig
 
 
 @click.command("run")
@@ -64,7 +68,7 @@ def distill_command() -> None:
 distill_command.add_command(run_command)
 
 
-def _load(config: str, device: str | None) -> object:
+def _load(config: str, device: str | None) -> DistillConfig:
     from trainguard.recipes.distill import BUNDLED_CONFIG
     from trainguard.recipes.distill.config import load_config
 

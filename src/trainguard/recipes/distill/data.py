@@ -70,7 +70,8 @@ def collate(examples: list[Example], pad_s: int, pad_t: int) -> dict[str, Any]:
     s_mask = torch.zeros((B, Ls), dtype=torch.long)
     t_mask = torch.zeros((B, Lt), dtype=torch.long)
     labels = torch.full((B, Ls), -100, dtype=torch.long)
-    s_pos, t_pos = [], []
+    s_pos: list[int] = []
+    t_pos: list[int] = []
     for b, e in enumerate(examples):
         ns, nt = len(e.student.ids), len(e.teacher.ids)
         s_ids[b, :ns] = torch.tensor(e.student.ids)

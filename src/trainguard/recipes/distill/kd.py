@@ -88,17 +88,19 @@ def _streamed_rows(h: torch.Tensor, head: Any, vocab_map: torch.Tensor, k: int, 
                    student_vocab: int, width: int, tile: int) -> tuple[torch.Tensor, ...]:
     """Running log-sum-exp and top-k over vocabulary tiles of `h`'s logits (plain torch)."""
     lse = torch.full((h.shape[0],), float("-inf"), device=h.device)
-    top = idx = None
+    top: torch.Tensor | None = None
+    idx: torch.Tensor | None = None
     for lo in range(0, width, tile):
         z = _logit_tile(head, h, lo, min(width, lo + tile)).float() / temperature
         lse = torch.logaddexp(lse, torch.logsumexp(z, dim=-1))
         v, i = z.topk(min(k, z.shape[-1]), dim=-1, sorted=False)
-        if top is None:
+        if top is None or idx is None:
             top, idx = v, i + lo
         else:
             v, i = torch.cat([top, v], -1), torch.cat([idx, i + lo], -1)
             top, pos = v.topk(min(k, v.shape[-1]), dim=-1, sorted=False)
             idx = i.gather(-1, pos)
+    assert top is not None and idx is not None  # width > 0: at least one tile
     return _finish(top, idx, lse, vocab_map, student_vocab)
 
 

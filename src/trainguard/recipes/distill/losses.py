@@ -106,16 +106,18 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
     # (it makes them again, one matmul) and reads no value back from the device: padded rows are
     # masked, not selected, so the loop never waits for the device to learn a size.
     M = hs.shape[0]
-    use_kd = with_kd and targets is not None
-    k = targets.sid.shape[1] if use_kd else 1
+    kd_targets = targets if with_kd else None
+    use_kd = kd_targets is not None
+    k = kd_targets.sid.shape[1] if kd_targets is not None else 1
     has_kd = torch.zeros(M, dtype=torch.bool, device=hs.device)
     sid = torch.full((M, k), V_s, dtype=torch.int32, device=hs.device)
     logp = torch.zeros((M, k), dtype=torch.float32, device=hs.device)
     mapped = torch.zeros((M, k), dtype=torch.bool, device=hs.device)
     tail = torch.full((M,), float("-inf"), dtype=torch.float32, device=hs.device)
-    if use_kd:  # index_copy_, not `x[idx] = v`: the latter waited for the device on every batch (profiled)
+    if kd_targets is not None:  # index_copy_, not `x[idx] = v`: the latter waited for the device on every batch (profiled)
         has_kd.index_fill_(0, s_pos, True)
-        for dst, src in ((sid, targets.sid), (logp, targets.logp), (mapped, targets.mapped), (tail, targets.tail)):
+        for dst, src in ((sid, kd_targets.sid), (logp, kd_targets.logp), (mapped, kd_targets.mapped),
+                         (tail, kd_targets.tail)):
             dst.index_copy_(0, s_pos, src)
     lm_sum, kd_sum = head_losses(hs, s_head.weight, labels, has_kd, sid, logp, mapped, tail, spec.temperature,
                                  spec.chunk, use_kd)

@@ -104,7 +104,11 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     curriculum = Curriculum.from_config(cfg.loss, t.max_steps)
     with_kd, with_hidden = curriculum.ever_on("kd"), curriculum.ever_on("hidden")
     with_routing, with_balance = curriculum.ever_on("routing"), curriculum.ever_on("balance")
-    V_t = teacher.get_output_embeddings().weight.shape[0] if teacher is not None else cache.manifest["teacher_width"]
+    if teacher is not None:
+        V_t = teacher.get_output_embeddings().weight.shape[0]
+    else:
+        assert cache is not None  # no teacher is loaded only when the cache stands in for it
+        V_t = cache.manifest["teacher_width"]
     vocab_map = build_vocab_map(t_tok.token_bytes, s_tok.token_bytes, V_t)
     n_mapped = int((vocab_map >= 0).sum())
     if with_kd and cfg.loss.kd.top_k > V_t:
@@ -112,8 +116,9 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     if cache is not None and cfg.loss.kd.top_k > cache.k:
         raise UserError(f"config: loss.kd.top_k={cfg.loss.kd.top_k} exceeds the cache's k={cache.k}")
     pairs = layer_pairs(cfg.loss.hidden.depths, num_layers(student), num_layers(teacher)) if with_hidden else []
+    t_hidden = teacher.config.hidden_size if teacher is not None else 0  # no teacher: no pairs (config.py)
     projs = torch.nn.ModuleList(
-        torch.nn.Linear(student.config.hidden_size, teacher.config.hidden_size, bias=False) for _ in pairs
+        torch.nn.Linear(student.config.hidden_size, t_hidden, bias=False) for _ in pairs
     ).to(device)
     spec = KDSpec(vocab_map=vocab_map.to(device), top_k=cfg.loss.kd.top_k, temperature=cfg.loss.kd.temperature,
                   chunk=cfg.loss.kd.chunk, layer_pairs=pairs, hidden_norm=cfg.loss.hidden.norm)
@@ -147,14 +152,18 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
         groups.append({"params": list(projs.parameters()), "weight_decay": 0.0, "lr": o.proj_lr})
     if len(router):
         groups.append({"params": list(router.parameters()), "weight_decay": 0.0, "lr": o.proj_lr})
-    optimizer = torch.optim.AdamW(groups, betas=tuple(o.betas))
+    optimizer = torch.optim.AdamW(groups, betas=(o.betas[0], o.betas[1]))  # two, checked by config.py
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o.warmup_steps, t.max_steps, o.min_lr_ratio))
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     trainable = torch.nn.ModuleDict({"student": student, "proj": projs, "router": router})
 
     step, position = 0, (0, 0)  # position: (epoch, index) of the next training window
     best_bpb, evals_since_best = math.inf, 0
-    teacher_print = ckpt.fingerprint(teacher) if teacher is not None else cache.manifest["teacher_fingerprint"]
+    if teacher is not None:
+        teacher_print = ckpt.fingerprint(teacher)
+    else:
+        assert cache is not None
+        teacher_print = cache.manifest["teacher_fingerprint"]
     vmap_np = vocab_map.numpy()
     V_s = student.get_output_embeddings().weight.shape[0]
 

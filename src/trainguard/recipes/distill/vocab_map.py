@@ -46,14 +46,14 @@ def build_vocab_map(teacher_bytes: list[bytes | None], student_bytes: list[bytes
     out = torch.full((teacher_width,), -1, dtype=torch.long)
     taken: set[int] = set()
     for tid, b in enumerate(teacher_bytes[:teacher_width]):
-        sid = by_bytes.get(b) if b is not None else None
-        if sid is None or sid in taken:
+        match = by_bytes.get(b) if b is not None else None
+        if b is None or match is None or match in taken:
             continue
         # Same string is not yet same event: "next token is ' the'" excludes ' there' in a vocabulary
         # that has ' there' and includes it in one that has not. Only strings whose longer extensions are
         # the same in both vocabularies mean the same thing as next tokens; the others join the tail.
         if prefix_consistent and _extensions(t_sorted, b) != _extensions(s_sorted, b):
             continue
-        out[tid] = sid
-        taken.add(sid)
+        out[tid] = match
+        taken.add(match)
     return out
