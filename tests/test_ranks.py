@@ -113,7 +113,7 @@ LOST = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection c
 
 
 def test_the_first_rank_to_fail_is_the_cause_and_the_others_say_they_are_consequences() -> None:
-    from trainguard.watchdog.crash import first_crash
+    from trainguard.rules.crash import first_crash
 
     f = first_crash([_crash(0, 108.0, "RuntimeError", LOST), _crash(1, 100.0, "IndexError", "Target 7 is out of bounds.")])
     assert f is not None and f.exception == "IndexError" and f.evidence["rank"] == 1
@@ -123,7 +123,7 @@ def test_the_first_rank_to_fail_is_the_cause_and_the_others_say_they_are_consequ
 
 
 def test_a_rank_that_vanished_without_an_error_is_the_cause_of_the_others_lost_connections() -> None:
-    from trainguard.watchdog.crash import first_crash
+    from trainguard.rules.crash import first_crash
 
     # rank 1 was killed (the OOM killer): it recorded nothing; rank 0 only says its peer went away
     f = first_crash([_crash(0, 108.0, "RuntimeError", LOST)], silent_ranks=[1])

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from tgtest import run_trainguard
 
-from trainguard.rules.catalog import CATALOG, lookup
+from trainguard.catalog import CATALOG, lookup
 from trainguard.rules.engine import Engine, Rule, all_rules, run_rules
 
 SECTIONS = ("## What it detects", "## Why it matters", "## Example", "## What to change",

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -148,7 +149,7 @@ def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str
         echo=not quiet, env=_auto_env(no_auto),
     )
     specs = _sink_specs(sinks)
-    sup = Supervisor(options, monitors=_default_monitors())
+    sup = Supervisor(options, monitors=_default_monitors(), report=_write_report)
     if not specs:
         sys.exit(sup.run())
     from trainguard.sinks.feed import LiveFeed
@@ -201,7 +202,7 @@ def export(run: str | None, sinks: tuple[str, ...]) -> None:
 
 def _stop_on(text: str) -> list[str]:
     """--stop-on's rule codes or names, as the names findings carry; an unknown one is bad input (exit 2)."""
-    from trainguard.rules.catalog import lookup
+    from trainguard.catalog import lookup
 
     return [lookup(item).name for item in (s.strip() for s in text.split(",")) if item]
 
@@ -211,6 +212,13 @@ def _auto_env(no_auto: bool) -> dict[str, str]:
     from trainguard.probe.auto import bootstrap_env
 
     return {ENV_AUTO: "0"} if no_auto else bootstrap_env()
+
+
+def _write_report(run_dir: Path) -> tuple[Path, Path]:
+    """report.md and report.html of a run that ended (imported only then: it is the heaviest room)."""
+    from trainguard.report import write_report
+
+    return write_report(run_dir)
 
 
 def _default_monitors() -> list:
@@ -449,7 +457,7 @@ def _finding_counts(findings: Any) -> str:
 @click.option("--json", "as_json", is_flag=True, help="The same fields as JSON.")
 def rules(rule: str | None, as_json: bool) -> None:
     """List the rule catalogue, or explain one rule by CODE or NAME."""
-    from trainguard.rules.catalog import CATALOG, lookup
+    from trainguard.catalog import CATALOG, lookup
 
     if rule is None:
         if as_json:

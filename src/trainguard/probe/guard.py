@@ -36,9 +36,10 @@ from trainguard.probe import collectives, contracts, devicestats, planinfo, samp
 from trainguard.probe.pacing import paced
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.schedclock import SchedClock
-from trainguard.probe.selflog import GuardLog
+from trainguard.rules.ending import PROBE_NOT_FINISHED
 from trainguard.store.paths import new_run_dir, prepare_run_dir
 from trainguard.store.ranks import rank_info
+from trainguard.store.selflog import GuardLog
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
@@ -979,7 +980,7 @@ class Guard:
             if self._rules is not None and not self.finished and not self._disabled:
                 self._run_rules(final=True)
             if not self.under_watchdog and self.rank == 0 and not self.finished and not self.crashed:
-                self._write_own_status(state="failed", reason="probe-not-finished")
+                self._write_own_status(state="failed", reason=PROBE_NOT_FINISHED.name)
             self._writer.close()
             if self._writer.unstored:  # steps the store never took are counted and said, never lost in silence
                 self._selflog.write(f"{self._writer.unstored}; the training itself went on to step {self.step_count}")
@@ -1022,7 +1023,7 @@ class Guard:
             except Exception as exc3:
                 self._fail("crash record (last steps)", exc3)
             if not self.under_watchdog and self.rank == 0:
-                from trainguard.watchdog.crash import crash_finding
+                from trainguard.rules.crash import crash_finding
 
                 finding = crash_finding(
                     exception=data["exception"], message=data["message"], frames=frames,
@@ -1044,8 +1045,8 @@ class Guard:
                 with RunReader(self.run_dir) as reader:
                     self._status_findings = {(f.code, f.name, f.step, f.cause): f for f in reader.findings()}
             findings = [f.to_dict() for f in list(self._status_findings.values())]  # a snapshot: list() is atomic
-        if reason == "probe-not-finished":
-            from trainguard.watchdog.verdict import probe_not_finished
+        if reason == PROBE_NOT_FINISHED.name:
+            from trainguard.rules.ending import probe_not_finished
 
             findings.append(probe_not_finished(self.step_count).to_dict())
         status = {

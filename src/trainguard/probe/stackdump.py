@@ -155,7 +155,7 @@ def prune(folder: str | os.PathLike) -> int:
     epoch leaves two, so a long run would pile up thousands); returns how many processes were swept."""
     from pathlib import Path
 
-    from trainguard.watchdog.verdict import pid_alive
+    from trainguard.store.owner import pid_alive
 
     folder = Path(folder)
     swept = 0

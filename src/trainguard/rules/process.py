@@ -8,8 +8,8 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from trainguard.findings import Finding
-from trainguard.rules.engine import Rule, finite, fmt, median
+from trainguard.findings import CHECKPOINTS, DATA_WAIT, DEVICE_MEMORY, MEMORY, OUTPUT, STEP_TIME, Finding
+from trainguard.rules.rule import Rule, finite, fmt, median
 
 GIB = 2**30
 MIB = 2**20
@@ -44,6 +44,7 @@ class LogFlood(Rule):
     """
 
     code, name, severity = "TG521", "log-flood", "warning"
+    needs = (OUTPUT,)
     PER_STEP = 8.0
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -119,6 +120,7 @@ class ThroughputDrop(Rule):
     """
 
     code, name, severity = "TG522", "throughput-drop", "warning"
+    needs = (STEP_TIME,)
     W = 50
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -225,6 +227,7 @@ class DataWaitDominant(Rule):
     """
 
     code, name, severity = "TG523", "data-wait-dominant", "warning"
+    needs = (DATA_WAIT,)
     W = 20
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -297,6 +300,7 @@ class MemoryCreep(Rule):
     """
 
     code, name, severity = "TG524", "memory-creep", "warning"
+    needs = (MEMORY,)
     SERIES = (("rss", "host RSS"), ("dev_allocated", "device memory allocated"))
     MIN_POINTS = 6
     RISE = 256 * 1024  # bytes: smaller changes are page-level noise, not a rise
@@ -419,6 +423,7 @@ class DeviceMemoryNearFull(Rule):
     """
 
     code, name, severity = "TG525", "device-memory-near-full", "warning"
+    needs = (DEVICE_MEMORY,)
     FULL = 0.95
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -482,6 +487,7 @@ class CheckpointStale(Rule):
     """
 
     code, name, severity = "TG526", "checkpoint-stale", "warning"
+    needs = (CHECKPOINTS,)
     MAX_SIZES = 512  # gap sizes counted exactly; beyond, to 3 significant digits
 
     def __init__(self, plan: dict[str, Any]) -> None:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from trainguard.findings import Finding
-from trainguard.rules.engine import Rule, finite, fmt, median
+from trainguard.findings import RANKS, Finding
+from trainguard.rules.rule import Rule, finite, fmt, median
 
 
 class _ByStep:
@@ -118,6 +118,8 @@ class NonfiniteOnOneRank(Rule):
     """
 
     code, name, severity = "TG702", "nonfinite-on-one-rank", "error"
+    needs = (RANKS,)
+    status = "preview"
     all_ranks = True
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -208,6 +210,8 @@ class StragglerRank(Rule):
     """
 
     code, name, severity = "TG703", "straggler-rank", "warning"
+    needs = (RANKS,)
+    status = "preview"
     all_ranks = True
     WINDOW = 20  # steps judged together
     SHARE_LAST = 0.8  # the same rank slowest in at least this share of the window
@@ -307,6 +311,8 @@ class GradNormsDiffer(Rule):
     """
 
     code, name, severity = "TG704", "grad-norms-differ", "error"
+    needs = (RANKS,)
+    status = "preview"
     all_ranks = True
     TOLERANCE = 1e-3
     IN_A_ROW = 3
@@ -388,6 +394,8 @@ class RankStopped(Rule):
     """
 
     code, name, severity = "TG705", "rank-stopped", "error"
+    needs = (RANKS,)
+    status = "preview"
     all_ranks = True
     BEHIND = 3
     PACE_TIMES = 20
