@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from trainguard.contract import ENV_RULES, EVENT_FINDING
+from trainguard.probe.pacing import paced
 from trainguard.probe.steps import StepRecorder
 from trainguard.store.ending import Ending, ending_status, live_status
 from trainguard.store.status import reserve_space, write_status
@@ -56,6 +57,11 @@ class Alone:
         self._rules_on = environ.get(ENV_RULES, "1") != "0"
         self._owner = owner_record(steps._pid)  # status.json names its writer, so readers can tell it is gone
         self._last_status = 0.0
+        # The findings status.json lists, as the store's reader would give them: read from the store once
+        # (a resumed run folder may hold some already), then kept up to date by the rules pass that adds
+        # them. Why not read them back at every status write: opening the store and parsing every finding,
+        # once a second, held the interpreter lock long enough to stall the training thread.
+        self._status_findings: dict[tuple, Any] | None = None
         reserve_space(steps.run_dir)  # the last status.json is written even if the run fills the disk
         if attempt == 0:
             self._record_command(t0)
@@ -75,7 +81,11 @@ class Alone:
     def start(self, plan: dict[str, Any]) -> None:
         """The run's plan is known: the health rules start (before the hooks: they may queue an event)."""
         if self._rules_on:
-            self.rules = ProbeRules(self.steps, plan)
+            self.rules = ProbeRules(self.steps, plan, on_found=self._found)
+
+    def _found(self, f: Any) -> None:
+        if self._status_findings is not None:
+            self._status_findings[(f.code, f.name, f.step, f.cause)] = f
 
     def tick(self) -> None:
         """The background thread's pass: the rules once a second, status.json once a second."""
@@ -122,10 +132,12 @@ class Alone:
     def _fields(self, findings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         s = self.steps
         if findings is None:
-            from trainguard.store.reader import RunReader
+            if self._status_findings is None:
+                from trainguard.store.reader import RunReader
 
-            with RunReader(s.run_dir) as reader:
-                findings = [f.to_dict() for f in reader.findings()]
+                with RunReader(s.run_dir) as reader:
+                    self._status_findings = {(f.code, f.name, f.step, f.cause): f for f in reader.findings()}
+            findings = [f.to_dict() for f in list(self._status_findings.values())]  # a snapshot: list() is atomic
         return {"step": s.summary.get("step", s.step_count), "total_steps": s.total_steps,
                 "phase": s.phases.current, "loss": s.summary.get("loss"), "lr": s.summary.get("lr"),
                 "pid": s._pid, "updated": time.time(), "watched_by": "probe", "owner": self._owner,
@@ -139,10 +151,11 @@ class Alone:
 class ProbeRules:
     """The health rules in the probe, fed in memory with what it queues for the store (rules/live.py)."""
 
-    def __init__(self, steps: StepRecorder, plan: dict[str, Any]) -> None:
+    def __init__(self, steps: StepRecorder, plan: dict[str, Any], on_found: Any = None) -> None:
         from trainguard.rules.live import InboxRules
 
         self.steps = steps
+        self._on_found = on_found  # told of each new finding (status.json's list)
         self.inbox: Any = InboxRules(plan, source="probe")
         steps._writer.tap = self.inbox.take
         self._lock = threading.Lock()  # the background thread and an exit path may both run them
@@ -160,7 +173,8 @@ class ProbeRules:
         self.last = time.time()
         cpu0 = time.thread_time()
         try:
-            found = self.inbox.poll()
+            stop = s.ending
+            found = self.inbox.poll(through=(lambda batch: paced(batch, stop=stop)) if not final else None)
             if final:
                 found += self.inbox.end()
                 # what the rules cost this process, for the overhead budget (CPU seconds, all passes)
@@ -178,6 +192,8 @@ class ProbeRules:
         self.cpu += time.thread_time() - cpu0
         for f in found:
             w.add_event(EVENT_FINDING, f.name, f.to_dict(), step=f.step)
+            if self._on_found is not None:
+                self._on_found(f)
             try:
                 print(f"trainguard: {printable(f.one_line())}", file=sys.stderr, flush=True)
             except (OSError, ValueError):

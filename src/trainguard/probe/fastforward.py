@@ -473,7 +473,7 @@ def install_write_watch(scratch: Path, run_dir: Path, origin: str | None = None)
     scratch_real = os.path.realpath(scratch_s)
     run_s = os.path.realpath(run_dir)
     ignored = (run_s, "/dev/", "/proc/", "/sys/")
-    listed: set[str] = set()
+    listed: set[tuple[str, str]] = set()  # (path, operation) already written
     created: set[str] = set()  # files this preflight made outside the scratch folder: its own to rewrite
     out = os.path.join(run_s, WRITES_FILE)
 

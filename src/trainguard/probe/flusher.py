@@ -20,7 +20,8 @@ class Flusher:
     def __init__(self, steps: StepRecorder, ending: Any) -> None:
         self.steps = steps
         self.ending = ending
-        self._stop = threading.Event()
+        self.stopping = threading.Event()  # the run is ending: the loop ends, paced work stops pausing
+        steps.ending = self.stopping
         self._thread = threading.Thread(target=self._loop, name="trainguard-probe", daemon=True)
 
     def start(self) -> None:
@@ -28,13 +29,13 @@ class Flusher:
 
     def stop(self, timeout: float | None = None) -> None:
         """Ends the loop (and waits up to `timeout` for its pass in progress); `None`: does not wait."""
-        self._stop.set()
+        self.stopping.set()
         if timeout is not None:
             self._thread.join(timeout=timeout)
 
     def _loop(self) -> None:
         s, w = self.steps, self.steps._writer
-        while not self._stop.wait(FLUSH_INTERVAL):
+        while not self.stopping.wait(FLUSH_INTERVAL):
             try:
                 s.drain()
                 s.memory.background(s.step_count)

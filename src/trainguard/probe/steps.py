@@ -24,6 +24,7 @@ from typing import Any
 from trainguard.contract import BEAT_FINISHED, BEAT_RUNNING, EVENT_EXPERTS, EVENT_PROBE, EVENT_SAMPLE
 from trainguard.probe import collectives, devicestats
 from trainguard.probe.fastforward import NO_FAST_FORWARD
+from trainguard.probe.pacing import paced
 from trainguard.probe.phases import Phases
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.samples import MemorySampler
@@ -85,6 +86,7 @@ class StepRecorder:
         self._experts_seen: set[tuple[int, Any]] = set()
         self.memory = MemorySampler(writer, selflog, self.phases, total_steps)
         self._drain_lock = threading.Lock()
+        self.ending: threading.Event | None = None  # set once the run is ending (the flusher's; see probe/pacing.py)
         # set by the guard once its parts exist: the preflight mode (a do-nothing default) and the contracts
         self.fast_forward: Any = NO_FAST_FORWARD
         self._contracts: Any = None
@@ -350,7 +352,7 @@ class StepRecorder:
         if self._device_broken:
             return
         done = 0
-        for rec, packs in list(self._inflight):
+        for rec, packs in paced(list(self._inflight), enabled=not final, stop=self.ending):
             try:
                 if not final and not all(p.ready() for p in packs):
                     break
