@@ -69,7 +69,7 @@ ARMS: dict[str, dict] = {
                    amp="bf16", block=40, rounds=20, warmup=10, eval_every=25, gap=1.0),
     # a tiny CPU loop of sub-millisecond steps, many of them: where stalls of the probe would show
     "tiny": dict(device="cpu", threads=1, vocab=64, dim=32, layers=1, heads=2, ctx=16, micro=4, accum=1,
-                 amp=None, block=2000, rounds=16, warmup=200, eval_every=500, gap=1.0),
+                 amp=None, block=1000, rounds=12, warmup=200, eval_every=500, gap=1.0),
 }
 SIDES = ("G", "U", "C")
 WEIGHTS = {"nll": 0.9, "smooth": 0.1}
@@ -223,9 +223,10 @@ class GcClock:
     def cb(self, phase: str, info: dict) -> None:
         if phase == "start":
             self.t0 = time.perf_counter()
-        elif self.side is not None and threading.current_thread() is threading.main_thread():
+        elif self.side is not None:
             dt = time.perf_counter() - self.t0
-            s = self.side
+            # a collection on another thread (the probe's) stops the training thread too
+            s = self.side if threading.current_thread() is threading.main_thread() else self.side + ":other-thread"
             self.total[s] = self.total.get(s, 0.0) + dt
             self.worst[s] = max(self.worst.get(s, 0.0), dt)
             self.count[s] = self.count.get(s, 0) + 1
@@ -474,8 +475,12 @@ def child(args: argparse.Namespace) -> dict:
         "per_step_ms": {n: step_figures(v) for n, v in flat.items()},
         "twins_guarded_vs_unguarded": twin_figures(G.step_ms, U.step_ms),
         "twins_control_vs_unguarded": twin_figures(C.step_ms, U.step_ms),
+        # where the worst guarded steps fell: (round, position in the block, ms, the twin U step's ms)
+        "slowest_guarded_steps": sorted(
+            ([r, i, round(ms, 2), round(U.step_ms[r][i], 2)] for r, b in enumerate(G.step_ms) for i, ms in enumerate(b)),
+            key=lambda x: -x[2])[:6],
         "gc_ms": {n: {"total": round(1000 * gcc.total.get(n, 0.0), 2), "worst": round(1000 * gcc.worst.get(n, 0.0), 2),
-                      "count": gcc.count.get(n, 0)} for n in SIDES},
+                      "count": gcc.count.get(n, 0)} for n in sorted(gcc.count)},
         "sync_warnings": {n: s.syncs for n, s in sides.items()} if cuda else None,
         "rows_stored": rows,
         "guard_errors": log.read_text()[-1500:] if log.exists() else "",

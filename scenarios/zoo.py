@@ -7,7 +7,11 @@
 Each scenario is a folder `scenarios/<name>/` holding the script(s) and `expect.yaml`:
 
     summary: what it plants          issue: the issue number it belongs to
-    mode: run                        run (trainguard run) | preflight | check | diagnose | distill
+    mode: run                        run (trainguard run) | preflight | check | diagnose | distill | nodes
+    nodes: 2                         nodes mode: simulated nodes on localhost, each `trainguard run` wrapping its
+    nproc: 2                           torchrun (--nnodes, --node_rank, a c10d rendezvous on 127.0.0.1) under run/
+    kill_node: 1                     nodes mode: SIGKILL this node's watchdog and torchrun agent ...
+    kill_after_step: 15                ... once it has trained this many steps; then wait for `findings` on the others
     args: [--stall-timeout, "5"]     trainguard options before `--`
     command: [python, train.py]      the command ("python" means this interpreter)
     state: crashed                   the final state expected (run mode)
@@ -89,6 +93,20 @@ def run_scenario(name: str, keep: str | None = None) -> Result:
     shutil.copytree(HERE / name, work, dirs_exist_ok=True)
     run_dir = work / "run"
     args = [str(a) for a in exp.get("args", [])]
+    if mode == "nodes":
+        t0 = time.time()
+        rc, out = _run_nodes(exp, work, run_dir, args)
+        from trainguard.store.status import read_status
+
+        status = read_status(run_dir) if run_dir.is_dir() else {}  # the nodes' parts merged (store/nodes.py)
+        subprocess.run(_trainguard() + ["report", str(run_dir)], capture_output=True, timeout=120)
+        result = judge(name, exp, rc, status, time.time() - t0, out)
+        result.problems += _check_nodes(exp, run_dir) + (check_report(run_dir, status, quiet=bool(exp.get("quiet")))
+                                                         if rc is not None else [])
+        result.ok = not result.problems
+        _kill_left_in(work)
+        shutil.rmtree(work, ignore_errors=True)
+        return result
     if mode == "run":
         cmd = _trainguard() + ["run", "--quiet", "--run-dir", str(run_dir)] + args + ["--"] + _command(exp)
     elif mode == "preflight":
@@ -120,6 +138,100 @@ def run_scenario(name: str, keep: str | None = None) -> Result:
         shutil.copytree(work, dest, ignore=shutil.ignore_patterns("*.pt", "*.bin", "*.safetensors"))
     shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _run_nodes(exp: dict[str, Any], work: Path, run_dir: Path, args: list[str]) -> tuple[int | None, str]:
+    """Simulated nodes on localhost: one `trainguard run` per node around its torchrun, one rendezvous.
+    Returns the first node's exit code (None when the scenario timed out) and every node's output."""
+    import socket
+
+    import psutil
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    n, nproc = int(exp.get("nodes", 2)), int(exp.get("nproc", 2))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    env["TRAINGUARD_RUNS_ROOT"] = str(work / "runs")
+    logs = [work / f"node-{i}.out" for i in range(n)]
+    procs = []
+    for i in range(n):
+        torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={n}", f"--node_rank={i}",
+                    f"--nproc_per_node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                    "--rdzv-id=zoo"]
+        cmd = _trainguard() + ["run", "--quiet", "--run-dir", str(run_dir)] + args + ["--"] + torchrun + \
+            [str(c) for c in (exp.get("command") or ["train.py"])]
+        with open(logs[i], "w") as fh:
+            procs.append(subprocess.Popen(cmd, cwd=work, env=env, stdout=fh, stderr=subprocess.STDOUT))
+        if i == 0:  # node 0's agent hosts the rendezvous store (the first to bind the port): up before the others
+            _wait_listening(port, time.time() + 120)
+    deadline = time.time() + float(exp.get("timeout", 240))
+    rc: int | None = None
+    try:
+        victim = exp.get("kill_node")
+        if victim is not None:
+            while time.time() < deadline and (_node_step(run_dir / f"node-{victim}") or 0) < exp.get("kill_after_step", 10):
+                time.sleep(1)
+            agent = [c for c in psutil.Process(procs[victim].pid).children()
+                     if "torch.distributed.run" in " ".join(c.cmdline())]
+            for p in [psutil.Process(procs[victim].pid), *agent]:
+                p.kill()  # the node's watchdog and agent, gone at once (its ranks are orphans: killed at the end)
+            want = set(exp.get("findings") or [])
+            while time.time() < deadline and not all(want <= _node_findings(run_dir / f"node-{i}")
+                                                      for i in range(n) if i != victim):
+                time.sleep(1)
+            for i, p in enumerate(procs):
+                if i != victim and p.poll() is None:
+                    p.terminate()  # the survivors' watchdogs stop their commands and write their final state
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.time()))
+        rc = procs[0].returncode if victim != 0 else procs[-1].returncode
+    except subprocess.TimeoutExpired:
+        rc = None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return rc, "".join(f"--- node {i} ---\n{log.read_text(errors='replace')[-3000:]}" for i, log in enumerate(logs))
+
+
+def _wait_listening(port: int, until: float) -> None:
+    import socket
+
+    while time.time() < until:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.5)
+
+
+def _node_step(node_dir: Path) -> int | None:
+    from trainguard.store.reader import RunReader
+
+    try:
+        with RunReader(node_dir) as reader:
+            return max((b["step"] for b in reader.heartbeats() if b["step"] is not None), default=None)
+    except Exception:
+        return None
+
+
+def _node_findings(node_dir: Path) -> set[str]:
+    return {f.get("name") for f in (_read_json(node_dir / "status.json") or {}).get("findings") or []}
+
+
+def _check_nodes(exp: dict[str, Any], run_dir: Path) -> list[str]:
+    """Every node wrote its part, and the parts read back as one run with every rank."""
+    from trainguard.store.reader import RunReader
+
+    n, nproc = int(exp.get("nodes", 2)), int(exp.get("nproc", 2))
+    missing = [i for i in range(n) if not (run_dir / f"node-{i}" / "run.db").is_file()]
+    if missing:
+        return [f"no part of node(s) {missing} under {run_dir}"]
+    with RunReader(run_dir) as reader:
+        ranks = {r["rank"] for r in reader.steps()}
+    want = set(range(n * nproc))
+    return [] if ranks == want else [f"the merged run holds ranks {sorted(ranks)}, expected {sorted(want)}"]
 
 
 def _kill_left_in(work: Path) -> None:

@@ -165,7 +165,7 @@ def test_fix_needs_an_output_other_than_the_input(tmp_path: Path) -> None:
 
 
 def test_configuration_rules_have_full_pages() -> None:
-    from trainguard.rules.catalog import CATALOG
+    from trainguard.catalog import CATALOG
 
     sections = ("## What it detects", "## Why it matters", "## Example", "## What to change",
                 "## Known false positives", "## Options")

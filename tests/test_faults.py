@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from tgtest import run_trainguard, trainguard_cmd
 
-from trainguard.probe.selflog import MAX_BYTES, GuardLog
+from trainguard.store.selflog import MAX_BYTES, GuardLog
 from trainguard.store.status import read_status
 from trainguard.store.writer import StoreWriter
 

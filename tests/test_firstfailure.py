@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tgtest import run_trainguard
 
-from trainguard.watchdog.firstfailure import first_failure_finding, read_failures
+from trainguard.rules.firstfailure import first_failure_finding, read_failures
 
 
 def _tb(frames: list[tuple[str, int, str, str]], exc: str, prefix: str = "") -> list[str]:

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from trainguard.watchdog.crash import classify_crash, crash_finding
+from trainguard.rules.crash import classify_crash, crash_finding
 
 torch = pytest.importorskip("torch")
 

@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from trainguard.preflight.schedule import schedule_findings, simulate
+from trainguard.preflight.schedule import schedule_findings
+from trainguard.probe.schedsim import simulate
 
 
 def _opt(lr: float = 1e-3) -> torch.optim.Optimizer:
@@ -156,8 +157,8 @@ def test_hugging_face_schedules_sized_in_microbatches() -> None:
 def test_an_lr_set_by_hand_is_found_checked_and_simulated() -> None:
     import types
 
-    from trainguard.preflight.schedule import simulate_function
     from trainguard.probe.fastforward import find_lr_function
+    from trainguard.probe.schedsim import simulate_function
 
     def get_lr(it: int) -> float:  # nanoGPT's shape, decaying over 60 of 240 iterations to 0
         if it < 10:

@@ -10,6 +10,7 @@ that is late, everything at once.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 from trainguard.rules.engine import run_rules
@@ -112,7 +113,7 @@ LOST = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection c
 
 
 def test_the_first_rank_to_fail_is_the_cause_and_the_others_say_they_are_consequences() -> None:
-    from trainguard.watchdog.crash import first_crash
+    from trainguard.rules.crash import first_crash
 
     f = first_crash([_crash(0, 108.0, "RuntimeError", LOST), _crash(1, 100.0, "IndexError", "Target 7 is out of bounds.")])
     assert f is not None and f.exception == "IndexError" and f.evidence["rank"] == 1
@@ -122,7 +123,7 @@ def test_the_first_rank_to_fail_is_the_cause_and_the_others_say_they_are_consequ
 
 
 def test_a_rank_that_vanished_without_an_error_is_the_cause_of_the_others_lost_connections() -> None:
-    from trainguard.watchdog.crash import first_crash
+    from trainguard.rules.crash import first_crash
 
     # rank 1 was killed (the OOM killer): it recorded nothing; rank 0 only says its peer went away
     f = first_crash([_crash(0, 108.0, "RuntimeError", LOST)], silent_ranks=[1])
@@ -139,6 +140,84 @@ def test_a_rank_done_with_its_shard_has_not_stopped() -> None:
     at = next(i for i, r in enumerate(rows) if r["rank"] == 1 and r["step"] == 90)
     rows.insert(at + 1, {"kind": "probe", "name": "finish", "rank": 1, "t": rows[at]["t"], "step": 90})
     assert _names(run_rules(rows, {**DDP, "total_steps": 100})) == []
+
+
+def test_status_says_where_each_rank_ran_and_how_far_it_got(tmp_path: Path) -> None:
+    from tgtest import run_trainguard
+
+    from trainguard.store.ranks import rank_info
+    from trainguard.store.status import write_status
+    from trainguard.store.writer import StoreWriter
+
+    for rank in range(4):  # a 2 x 2 job; rank 3 is behind
+        env = {"RANK": str(rank), "LOCAL_RANK": str(rank % 2), "GROUP_RANK": str(rank // 2), "WORLD_SIZE": "4"}
+        w = StoreWriter(tmp_path, rank=rank)
+        w.set_rank_info(rank_info(env))
+        w.pid = 1000 + rank  # one process per rank, as under torchrun
+        w.set_heartbeat(t_progress=1.0, micro=10, step=7 if rank == 3 else 10, phase=None, state="running")
+        w.close()
+    write_status(tmp_path, {"state": "running", "step": 10})
+    out = run_trainguard("status", str(tmp_path)).stdout
+    assert "ranks: node 0 (" in out and ": 0 at step 10, 1 at step 10; node 1 (" in out and "3 at step 7" in out
+
+
+def test_the_probe_measures_a_ranks_time_before_its_backward(tmp_path: Path, monkeypatch: Any) -> None:
+    import time
+
+    import torch
+
+    import trainguard
+    from trainguard.store.reader import RunReader
+
+    # rank 1 of 2 (torchrun's environment); the measure needs no process group, only the two hooks
+    for k, v in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "GROUP_RANK": "0"}.items():
+        monkeypatch.setenv(k, v)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    guard = trainguard.watch(model, opt, total_steps=6, run_dir=tmp_path)
+    try:
+        for step in range(1, 7):
+            time.sleep(0.05 if step >= 4 else 0.0)  # slower data from step 4 on
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            with torch.no_grad():  # an evaluation forward: not a mark
+                model.eval()
+                model(torch.randn(2, 8))
+                model.train()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            guard.step(loss)
+    finally:
+        guard.finish()
+    rows = {r["step"]: r for r in RunReader(tmp_path).steps()}
+    assert all(r["rank"] == 1 for r in rows.values())
+    pre = {s: r["extra"].get("presync_s") for s, r in rows.items()}
+    assert pre[1] is None  # no synchronisation before the first step
+    assert all(pre[s] is not None and pre[s] < 0.04 for s in (2, 3)), pre
+    assert all(pre[s] is not None and pre[s] >= 0.05 for s in (4, 5, 6)), pre
+
+
+def test_a_stored_run_is_read_rank_by_rank_in_time_order(tmp_path: Path) -> None:
+    from trainguard.rules.diagnose import diagnose_run
+    from trainguard.store.ranks import rank_info
+    from trainguard.store.writer import StoreWriter
+
+    # each rank commits its rows in one block (rank 0's 60 steps, then rank 1's), as two probes' flushes do;
+    # rank 1's loss is NaN from step 12, rank 0's from 13 (what the all-reduce spread)
+    rows = _rows(60, change=lambda s, r, row: row.update(loss=float("nan")) if s >= 12 + (r == 0) else None)
+    for rank in (0, 1):
+        w = StoreWriter(tmp_path, rank=rank)
+        w.set_rank_info(rank_info({"RANK": str(rank), "WORLD_SIZE": "2"}))
+        if rank == 0:
+            w.set_meta("plan", DDP)
+        for row in rows:
+            if row["rank"] == rank:
+                w.add_step({**row, "t": 1000.0 + row["t"]})
+        w.close()
+    found = {f.name: f for f in diagnose_run(tmp_path) if f.severity != "info"}
+    assert found["nonfinite-on-one-rank"].evidence["origin_ranks"] == [1]
+    assert found["nonfinite-loss"].step == 12 and found["nonfinite-loss"].evidence["rank"] == 1
 
 
 def test_ranks_rows_arriving_in_flush_batches_are_still_compared() -> None:

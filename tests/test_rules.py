@@ -14,12 +14,13 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from tgtest import run_trainguard
 
-from trainguard.rules.catalog import CATALOG, lookup
+from trainguard.catalog import CATALOG, lookup
 from trainguard.rules.engine import Engine, Rule, all_rules, run_rules
 
 SECTIONS = ("## What it detects", "## Why it matters", "## Example", "## What to change",
@@ -574,3 +575,17 @@ def test_a_node_without_rank_0_judges_its_ranks_without_waiting_for_it() -> None
     live = engine.feed_all([r for r in rows if r["step"] <= 70])
     (f,) = [f for f in live if f.name == "nonfinite-loss"]
     assert f.summary.startswith("rank 3: ") and f.evidence["rank"] == 3
+
+
+def test_data_wait_at_each_epochs_start_is_not_a_loop_waiting_for_data() -> None:
+    """Workers spawned again at every 16-step epoch: one long wait, then batches ready. A loaded
+    machine makes that one wait 0.3 s, more than the other 15 steps' 23 ms together (seen in CI under
+    load: "51% of step time ... 24.7 ms of 48.0 ms a step"); a loader slower than the step on every step
+    is what the rule is for."""
+    def rows(wait_of: Callable[[int], float]) -> list[dict]:
+        return [{"kind": "step", "step": s, "t": 0.05 * s, "loss": 1.0, "data_wait": wait_of(s),
+                 "step_time": 0.023 + wait_of(s)} for s in range(1, 49)]
+    epoch_starts = rows(lambda s: 0.3 if s % 16 == 1 else 0.0005)
+    assert "data-wait-dominant" not in [f.name for f in run_rules(epoch_starts, {"total_steps": 48})]
+    starved = rows(lambda s: 0.03)
+    assert "data-wait-dominant" in [f.name for f in run_rules(starved, {"total_steps": 48})]

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -148,7 +149,7 @@ def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str
         echo=not quiet, env=_auto_env(no_auto),
     )
     specs = _sink_specs(sinks)
-    sup = Supervisor(options, monitors=_default_monitors())
+    sup = Supervisor(options, monitors=_default_monitors(), report=_write_report)
     if not specs:
         sys.exit(sup.run())
     from trainguard.sinks.feed import LiveFeed
@@ -201,7 +202,7 @@ def export(run: str | None, sinks: tuple[str, ...]) -> None:
 
 def _stop_on(text: str) -> list[str]:
     """--stop-on's rule codes or names, as the names findings carry; an unknown one is bad input (exit 2)."""
-    from trainguard.rules.catalog import lookup
+    from trainguard.catalog import lookup
 
     return [lookup(item).name for item in (s.strip() for s in text.split(",")) if item]
 
@@ -211,6 +212,13 @@ def _auto_env(no_auto: bool) -> dict[str, str]:
     from trainguard.probe.auto import bootstrap_env
 
     return {ENV_AUTO: "0"} if no_auto else bootstrap_env()
+
+
+def _write_report(run_dir: Path) -> tuple[Path, Path]:
+    """report.md and report.html of a run that ended (imported only then: it is the heaviest room)."""
+    from trainguard.report import write_report
+
+    return write_report(run_dir)
 
 
 def _default_monitors() -> list:
@@ -359,6 +367,9 @@ def _print_status(path: Any, st: dict) -> None:
     if isinstance(st.get("nodes"), dict):  # a run over nodes (store/nodes.py): each node's part
         echo("  nodes: " + "; ".join(f"node {n} {v.get('state')}" + (f" at step {v['step']}" if v.get("step") is not None
                                                                       else "") for n, v in st["nodes"].items()))
+    ranks = _ranks_line(path)
+    if ranks:
+        echo(ranks)
     findings = st.get("findings") or []
     if not findings:
         echo("  no findings")
@@ -370,6 +381,27 @@ def _print_status(path: Any, st: dict) -> None:
             echo(f"    where: {f['where']}")
         if f.get("fix"):
             echo(f"    fix: {f['fix']}")
+
+
+def _ranks_line(path: Any) -> str | None:
+    """'  ranks: node 0 (gpu-a): 0 at step 40, 1 at step 40; node 1 (gpu-b): 2 at step 38 ...' for a run of
+    several ranks: where each rank ran and how far it got (its heartbeat, else its last row)."""
+    from trainguard.store.reader import RunReader
+
+    with RunReader(path) as reader:
+        info = reader.ranks()
+        if len(info) < 2:
+            return None
+        steps: dict[int, int] = {}
+        for beat in reader.heartbeats():
+            if isinstance(beat.get("step"), int) and isinstance(beat.get("rank"), int):
+                steps[beat["rank"]] = max(steps.get(beat["rank"], 0), beat["step"])
+    by_node: dict[tuple[int, str], list[str]] = {}
+    for rank, r in sorted(info.items()):
+        at = f" at step {steps[rank]}" if rank in steps else " (no step yet)"
+        by_node.setdefault((r["node"], r["host"]), []).append(f"{rank}{at}")
+    return "  ranks: " + "; ".join(f"node {node} ({host}): {', '.join(ranks)}"
+                                   for (node, host), ranks in sorted(by_node.items()))
 
 
 @main.command("ls")
@@ -425,7 +457,7 @@ def _finding_counts(findings: Any) -> str:
 @click.option("--json", "as_json", is_flag=True, help="The same fields as JSON.")
 def rules(rule: str | None, as_json: bool) -> None:
     """List the rule catalogue, or explain one rule by CODE or NAME."""
-    from trainguard.rules.catalog import CATALOG, lookup
+    from trainguard.catalog import CATALOG, lookup
 
     if rule is None:
         if as_json:

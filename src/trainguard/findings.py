@@ -11,8 +11,9 @@ lines that support it, and `fix` says what to change.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 SEVERITIES = ("info", "warning", "error")
 _SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
@@ -49,6 +50,11 @@ class Finding:
         if self.severity not in _SEVERITY_RANK:
             raise ValueError(f"finding severity must be one of {SEVERITIES}, got {self.severity!r}")
 
+    @classmethod
+    def of(cls, rule: Declared, *, severity: str | None = None, **fields: Any) -> Finding:
+        """A finding of the declared rule: its code and name, its severity unless this one differs."""
+        return cls(code=rule.code, name=rule.name, severity=severity or rule.severity, **fields)
+
     @property
     def rank(self) -> int:
         return _SEVERITY_RANK[self.severity]
@@ -71,6 +77,101 @@ class Finding:
         return f"{self.code} {self.name} [{self.severity}]{at}: {self.summary}"
 
 
+@dataclass(frozen=True)
+class Data:
+    """A kind of data a rule reads. A rule's `needs` names these, so `trainguard diagnose` can say which rules a
+    log could not feed and the report which checks the run's data allowed, from the rule itself."""
+
+    key: str
+    words: str
+    """How the report names it: "needs the learning rate"."""
+    label: str = ""
+    """How `trainguard diagnose` lists it when a log lacks it (the key when empty)."""
+    in_logs: bool = False
+    """A log reader can put it in an event stream; a rule that needs anything else is not fed on a log."""
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", self.key)
+
+
+# -- the data rules read: what the probe records (the first group is also what a log can carry) ------------
+LR = Data("lr", "the learning rate", in_logs=True)
+LOSS = Data("loss", "the loss", in_logs=True)
+GRAD_NORM = Data("grad_norm", "gradient norms", in_logs=True)
+PARTS = Data("parts", "loss parts", in_logs=True)
+EVAL = Data("eval", "evaluations", in_logs=True)
+CHECKPOINTS = Data("checkpoints", "checkpoints", "checkpoint", in_logs=True)
+OUTPUT = Data("output", "the command's output", "output line counts", in_logs=True)
+UPDATE_RATIO = Data("update_ratio", "update ratios")
+LOSS_SCALE = Data("loss_scale", "a loss scale (GradScaler)")
+WEIGHTS = Data("weights", "loss-part weights")
+STEP_TIME = Data("step_time", "step times")
+DATA_WAIT = Data("data_wait", "data-wait times")
+MEMORY = Data("memory", "memory samples", "memory samples")
+DEVICE_MEMORY = Data("device_memory", "device memory samples", "memory samples")
+EXPERTS = Data("experts", "expert loads (MoE)", "expert loads")
+OUTPUT_SIZE = Data("output_size", "the model's output size (output_size in watch())")
+SCHED_HORIZON = Data("sched_horizon", "the schedule's length (total_steps in watch() and a scheduler whose horizon "
+                                      "and step count are readable)", "sched_epoch")
+PROBE = Data("probe", "the probe", "optimizer wiring (probe only)")
+STEPS = Data("steps", "probe steps")
+RANKS = Data("ranks", "more than one rank")
+# -- ... and what only the watchdog or preflight knows
+WATCHDOG = Data("watchdog", "the watchdog")
+PROCESS = Data("process", "the process's exit")
+EXPECTS = Data("expects", "expected artifacts (--expect)")
+PREFLIGHT = Data("preflight", "a preflight run")
+
+
+class Declared(Protocol):
+    """What declares a finding code: a `Code` beside the function that builds its findings, or a rule class
+    of the engine (`rules.engine.Rule`), whose docstring is its page."""
+
+    @property
+    def code(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def severity(self) -> str: ...
+    @property
+    def needs(self) -> tuple[Data, ...]: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def since(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Code:
+    """One finding code, declared once beside the function that builds its findings (ruff's rule, for trainguard).
+
+        def killed_finding(...) -> Finding:
+            \"\"\"TG503 run-killed: ... (the page)\"\"\"
+            return Finding.of(RUN_KILLED, summary=..., ...)
+
+        RUN_KILLED = Code("TG503", "run-killed", "error", needs=(PROCESS,), page=killed_finding)
+
+    Everything else that names the code imports the declaration. A code is never reused; a retired one
+    stays declared with status "removed".
+    """
+
+    code: str
+    name: str
+    severity: str
+    needs: tuple[Data, ...] = ()
+    """What the rule reads: without it the rule could not run (not "found nothing")."""
+    page: Callable[..., Any] | type | None = None
+    """The function or class whose docstring is the rule's page ("What it detects / Why it matters / ...")."""
+    status: str = "stable"  # preview | stable | deprecated | removed
+    since: str = "0.1.0"
+    STATUSES: ClassVar[tuple[str, ...]] = ("preview", "stable", "deprecated", "removed")
+
+    def __post_init__(self) -> None:
+        if self.severity not in _SEVERITY_RANK or self.status not in self.STATUSES:
+            raise ValueError(f"{self.code}: bad severity {self.severity!r} or status {self.status!r}")
+
+
 def most_severe_first(findings: list[Finding]) -> list[Finding]:
     """Errors before warnings before info; within a severity, earliest step first."""
     return sorted(findings, key=lambda f: (-f.rank, f.step if f.step is not None else -1))
@@ -86,7 +187,7 @@ def escalations_merged(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     under "earlier". Findings of one code at one severity (two paths, two keys) stay apart.
     """
     def rank(f: dict[str, Any]) -> int:
-        return _SEVERITY_RANK.get(f.get("severity"), 0)
+        return _SEVERITY_RANK.get(f.get("severity") or "", 0)
 
     by_code: dict[Any, list[dict[str, Any]]] = {}
     for f in findings:

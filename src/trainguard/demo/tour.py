@@ -30,6 +30,7 @@ from typing import Any
 import click
 
 from trainguard.contract import ENV_RUN_DIR
+from trainguard.rules.schedule import LrReachesZero
 from trainguard.store.paths import new_run_dir, runs_root
 from trainguard.store.status import read_status
 
@@ -56,7 +57,7 @@ RUNS = (
             expects=("demo-results.json",),
             note="expected: completed, no findings"),
     DemoRun("seed 002: the LR scheduler stepped once per micro-batch (grad accumulation 16)",
-            "lr_per_microbatch.py", stop_on=("lr-reaches-zero",),
+            "lr_per_microbatch.py", stop_on=(LrReachesZero.name,),
             note="expected: lr-reaches-zero within steps of the LR hitting 0, and the run stopped (--stop-on)"),
     DemoRun("seed 003: a DataLoader worker stuck on one sample in the second epoch", "stuck_worker.py",
             stall_timeout=3.0,
@@ -168,5 +169,5 @@ def _as_expected(o: Outcome) -> bool:
     if o.run.script == "train_tiny.py":
         return state == "completed" and not names
     if o.run.script == "lr_per_microbatch.py":
-        return "lr-reaches-zero" in names
+        return LrReachesZero.name in names
     return state == "hung" and any(f.get("cause") == "dataloader-worker" for f in o.status.get("findings") or [])

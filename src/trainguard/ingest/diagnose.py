@@ -15,27 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.findings import Finding, most_severe_first
+from trainguard.findings import CHECKPOINTS, Finding, most_severe_first
 from trainguard.ingest.events import Source
-
-# What each rule reads, for the rules that do not say it themselves (a rule may set `needs`): the
-# report lists a rule whose data the source never carried as "could not run", not as "found nothing".
-NEEDS: dict[str, tuple[str, ...]] = {
-    "lr-reaches-zero": ("lr",), "schedule-horizon-mismatch": ("sched_epoch",),
-    "weights-not-updating": ("update_ratio",), "params-without-grad": ("optimizer wiring (probe only)",),
-    "eval-metrics-frozen": ("eval",), "loss-not-decreasing": ("loss",), "initial-loss-off": ("loss", "output_size"),
-    "loss-diverging": ("loss",), "loss-spike": ("loss",), "nonfinite-loss": ("loss",),
-    "nonfinite-grad": ("grad_norm",), "grad-scaler-collapse": ("loss_scale",), "loss-parts-imbalanced": ("parts",),
-    "loss-part-vanished": ("parts",), "loss-parts-dont-sum": ("parts",), "loss-weight-stalled": ("weights",),
-    "log-flood": ("output line counts",), "throughput-drop": ("step_time",), "data-wait-dominant": ("data_wait",),
-    "memory-creep": ("memory samples",), "device-memory-near-full": ("memory samples",), "checkpoint-stale": ("checkpoint",),
-    "expert-collapse": ("expert loads",), "perplexity-implausible": ("eval",),
-}
-
-
-# What the readers can ever put in an event stream. A rule that needs something else cannot fire on a log
-# and is not fed at all: its per-step work would cost time on a long log for nothing.
-READER_DATA = {"loss", "lr", "grad_norm", "parts", "eval", "checkpoint", "output line counts"}
 
 
 @dataclass
@@ -68,7 +49,7 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
     from trainguard.ingest import signs
 
     engine, notes = _engine(source.plan) if rules else (None, ["the health rules were not run"])
-    idle = _starved(engine, source.plan) if engine is not None else []
+    idle = starved(engine, source.plan) if engine is not None else []
     if engine is not None:
         engine.rules = [r for r in engine.rules if r not in idle]
     found: list[Finding] = []
@@ -91,7 +72,7 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
     elif facts.launch_error is not None:
         found.append(signs.launch_failed(name, facts.launch_error))
     for (lineno, warning), count in _first_of_each(facts.warnings):
-        if warning == "scheduler-before-optimizer":
+        if warning == signs.SCHEDULER_BEFORE_OPTIMIZER.name:
             found.append(signs.scheduler_before_optimizer(name, lineno, count))
     log_like = source.log_like and facts.ends_with != "unknown"  # "unknown": the reader cannot tell how it ended
     if log_like and not crashed and facts.completed is None:
@@ -103,9 +84,9 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
         raise UserError(f"{source.path}: read {facts.lines} lines as {source.format} but found no training "
                         "metrics, progress or traceback in them")
     state = "crashed" if crashed else "completed" if facts.completed else "unfinished" if log_like else "unknown"
+    # what the source carried, in the names of the rules' needs: the step fields it filled, its events
     have = set(facts.fields) | {k for k in kinds if k not in ("step", "eval")}
-    have |= {"output line counts"} if "output" in kinds else set()
-    have |= {k for k in ("total_steps",) if source.plan.get(k)}
+    have |= {CHECKPOINTS.key} if "checkpoint" in kinds else set()
     not_run = _not_run(engine, have, source.plan, idle)
     return Diagnosis(path=source.path, format=source.format, state=state, findings=most_severe_first(found),
                      not_run=not_run, steps=facts.steps, evals=facts.evals, lines=facts.lines,
@@ -131,13 +112,10 @@ def _engine(plan: dict[str, Any]) -> tuple[Any, list[str]]:
     return Engine(plan, source="diagnose"), []
 
 
-def _needs(rule: Any) -> tuple[str, ...]:
-    return tuple(getattr(rule, "needs", None) or NEEDS.get(rule.name) or ())
-
-
-def _starved(engine: Any, plan: dict[str, Any]) -> list[Any]:
-    """Rules that need data no reader produces (and the plan does not state)."""
-    return [r for r in engine.rules if any(n not in READER_DATA and not plan.get(n) for n in _needs(r))]
+def starved(engine: Any, plan: dict[str, Any]) -> list[Any]:
+    """Rules that need data no log reader produces (and the plan does not state): they cannot fire on a log,
+    and their per-step work would cost time on a long one for nothing."""
+    return [r for r in engine.rules if any(not n.in_logs and not plan.get(n.key) for n in r.needs)]
 
 
 def _not_run(engine: Any, have: set[str], plan: dict[str, Any], idle: list[Any]) -> list[tuple[str, str]]:
@@ -145,10 +123,7 @@ def _not_run(engine: Any, have: set[str], plan: dict[str, Any], idle: list[Any])
         return []
     out = []
     for rule in sorted(engine.rules + idle, key=lambda r: r.code):
-        needs = _needs(rule)
-        if not needs:
-            continue
-        lacking = [n for n in needs if n not in have and not plan.get(n)]
+        lacking = [n.label for n in rule.needs if n.key not in have and not plan.get(n.key)]
         if lacking:
             out.append((rule.name, ", ".join(lacking)))
     return out
@@ -159,9 +134,9 @@ TAIL_BYTES = 1 << 20  # the end of a log read again for the failures of several 
 
 def _first_failure(path: Path, last_step: int | None) -> Finding | None:
     """In a log of several processes (torchrun's ranks), the first to fail is the cause, not the last
-    traceback: the end of the log is read again for every process's failure (watchdog/firstfailure.py).
+    traceback: the end of the log is read again for every process's failure (rules/firstfailure.py).
     None for one process's log, or when the end cannot be read: the last traceback then stands."""
-    from trainguard.watchdog.firstfailure import first_failure_finding
+    from trainguard.rules.firstfailure import first_failure_finding
 
     try:
         with open(path, "rb") as fh:
@@ -174,7 +149,7 @@ def _first_failure(path: Path, last_step: int | None) -> Finding | None:
 
 
 def _crash(lines: list[str], last_step: int | None) -> Finding:
-    from trainguard.watchdog.crash import crash_finding, parse_traceback
+    from trainguard.rules.crash import crash_finding, parse_traceback
 
     parsed = parse_traceback(lines)
     if parsed is None:  # cut off before its exception line

@@ -1,6 +1,6 @@
 """What a log alone can show, beyond the metrics the rules read: its end, and PyTorch's own warnings.
 
-A traceback becomes the watchdog's own `run-crashed` finding (`trainguard.watchdog.crash`), parsed the
+A traceback becomes the watchdog's own `run-crashed` finding (`trainguard.rules.crash`), parsed the
 same way as a live run's stderr; the two rules here exist only for logs.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from trainguard.findings import Finding
+from trainguard.findings import OUTPUT, STEPS, Code, Finding
 
 STILL_WRITING = 120.0  # seconds: a log written this recently may belong to a run still going
 
@@ -77,17 +77,21 @@ def log_ends_unfinished(path: str, last_line: str | None, lines: int, last_step:
             if age < STILL_WRITING:
                 severity, cause = "info", "still-writing"
                 summary += " (the run may still be going)"
-    return Finding(
-        code="TG531", name="log-ends-unfinished", severity=severity, step=last_step, cause=cause,
+    return Finding.of(
+        LOG_ENDS_UNFINISHED, severity=severity, step=last_step, cause=cause,
         summary=summary, source="diagnose", evidence=evidence,
         fix="find out how the process ended (dmesg for the OOM killer, the scheduler's logs); run it under "
             "`trainguard run`, which tells a hang, a kill and a crash apart as they happen",
     )
 
 
+LOG_ENDS_UNFINISHED = Code("TG531", "log-ends-unfinished", "warning", needs=(STEPS,),
+                           page=log_ends_unfinished)
+
+
 def launch_failed(path: str, message: str) -> Finding:
     """TG501 run-crashed, for a command line refused before training started (argparse exits 2)."""
-    from trainguard.watchdog.crash import crash_finding
+    from trainguard.rules.crash import crash_finding
 
     f = crash_finding(exception="SystemExit", message=f"the command line was refused at launch: {message}",
                       frames=[], step=None, exit_code=2, source="diagnose")
@@ -120,14 +124,18 @@ def scheduler_before_optimizer(path: str, lineno: int, count: int) -> Finding:
     ## Known false positives
     AMP runs whose very first step is skipped by the GradScaler print it once, harmlessly.
     """
-    return Finding(
-        code="TG151", name="scheduler-before-optimizer", severity="warning", step=None, source="diagnose",
+    return Finding.of(
+        SCHEDULER_BEFORE_OPTIMIZER, step=None, source="diagnose",
         summary=f"{path} line {lineno}: PyTorch warned that lr_scheduler.step() was called before optimizer.step()"
                 + (f" ({count} times)" if count > 1 else ""),
         evidence={"line": lineno, "count": count},
         fix="call optimizer.step() then scheduler.step(), both once per optimizer step (every grad_accum "
             "micro-batches)",
     )
+
+
+SCHEDULER_BEFORE_OPTIMIZER = Code("TG151", "scheduler-before-optimizer", "warning", needs=(OUTPUT,),
+                                  page=scheduler_before_optimizer)
 
 
 def _ago(seconds: float) -> str:

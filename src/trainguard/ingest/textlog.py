@@ -30,6 +30,7 @@ from trainguard.ingest.events import (
     sniff_binary,
     to_number,
 )
+from trainguard.ingest.signs import SCHEDULER_BEFORE_OPTIMIZER
 
 MAX_LINE = 64 * 1024  # bytes kept of one line; the rest of an enormous line is skipped
 BLOCK = 1 << 20  # bytes read at a time
@@ -75,7 +76,7 @@ _EVAL_WORD = re.compile(r"(?:^|[\s\[(|])(?:eval|evaluation|val|valid|validation|
 # `train_bash.py: error: argument --fp16: ...` after argparse's `usage:` block: the run never started
 _USAGE_ERROR = re.compile(r"^([\w.\-]+): error: (.+)$")
 _EPOCH_BAR = re.compile(r"^\s*(?:epoch|validation|sanity)", re.IGNORECASE)
-# the last line of a traceback, as `trainguard.watchdog.crash` reads it
+# the last line of a traceback, as `trainguard.rules.crash` reads it
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Fault|[A-Z]\w*)(?::|$)")
 _CHECKPOINT = re.compile(r"(?:saving|saved) (?:model )?checkpoint (?:to |at |in )?(\S+)", re.IGNORECASE)
 COMPLETION = re.compile(
@@ -88,7 +89,7 @@ COMPLETION = re.compile(
 
 # PyTorch's own warnings that name a training bug: (name, pattern). `diagnose` makes findings of them.
 TORCH_WARNINGS: list[tuple[str, re.Pattern[str]]] = [
-    ("scheduler-before-optimizer",
+    (SCHEDULER_BEFORE_OPTIMIZER.name,
      re.compile(r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`")),
 ]
 

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.findings import Finding
+from trainguard.findings import PREFLIGHT, Code, Finding
 from trainguard.preflight.config import Config, dump, set_dotted
 
 PATIENCE_SHARE = 0.05  # early stopping that can fire within 5% of the run is too quick to judge a run
@@ -152,8 +152,8 @@ def max_steps_counts_micro(cfg: Config, plan: Plan) -> list[Finding]:
         return []
     g = cfg.get
     accum, epochs, key = g("grad_accum", 1), g("epochs"), _at(cfg, plan.micro_key)
-    return [Finding(
-        code="TG619", name="max-steps-counts-micro-batches", severity="error",
+    return [Finding.of(
+        MAX_STEPS_COUNTS_MICRO_BATCHES,
         summary=(f"{key} is {g(plan.micro_key)}, the micro-batches of {epochs:g} epochs ({plan.micro_per_epoch} per"
                  f" epoch × {epochs:g}), but with {_at(cfg, 'grad_accum')} {accum} those epochs make"
                  f" {plan.steps_per_epoch} × {epochs:g} = {plan.optimizer_steps} optimizer steps: max_steps counts"
@@ -162,6 +162,10 @@ def max_steps_counts_micro(cfg: Config, plan: Plan) -> list[Finding]:
                   _at(cfg, "epochs"): epochs, _at(cfg, "grad_accum"): accum,
                   "steps_per_epoch": plan.steps_per_epoch, "optimizer_steps": plan.optimizer_steps},
         fix=f"Set {key} to {plan.optimizer_steps} (or remove it and let the epochs decide).", source="check")]
+
+
+MAX_STEPS_COUNTS_MICRO_BATCHES = Code("TG619", "max-steps-counts-micro-batches", "error", needs=(PREFLIGHT,),
+                                      page=max_steps_counts_micro, status="preview")
 
 
 def schedule_length(cfg: Config, plan: Plan) -> list[Finding]:
@@ -199,20 +203,24 @@ def schedule_length(cfg: Config, plan: Plan) -> list[Finding]:
           "plan": plan.how}
     micro = steps * accum
     if accum > 1 and abs(sched - micro) <= max(1, 0.02 * micro):
-        return [Finding(
-            code="TG611", name="schedule-ignores-accumulation", severity="error",
+        return [Finding.of(
+            SCHEDULE_IGNORES_ACCUMULATION,
             summary=(f"{_at(cfg, 'sched_steps')} is {sched}, the number of micro-batches, but the run makes {steps}"
                      f" optimizer steps (gradient accumulation {accum}): the schedule is sized {accum}x too long"),
             evidence=ev, fix=f"Set {_at(cfg, 'sched_steps')} to {steps}.", source="check")]
     if abs(sched - steps) <= max(1, 0.1 * steps):
         return []
     shorter = sched < steps
-    return [Finding(
-        code="TG612", name="schedule-length-mismatch", severity="error" if shorter else "warning",
+    return [Finding.of(
+        SCHEDULE_LENGTH_MISMATCH, severity="error" if shorter else "warning",
         summary=(f"{_at(cfg, 'sched_steps')} is {sched} but the run makes {steps} optimizer steps: the schedule "
                  + (f"is over at {sched / steps:.0%} of the run" if shorter else
                     f"is {sched / steps:.0%} longer than the run and never finishes its decay")),
         evidence=ev, fix=f"Set {_at(cfg, 'sched_steps')} to {steps}.", source="check")]
+
+
+SCHEDULE_IGNORES_ACCUMULATION = Code("TG611", "schedule-ignores-accumulation", "error", needs=(PREFLIGHT,),
+                                     page=schedule_length, status="preview")
 
 
 def schedule_length_mismatch() -> None:
@@ -238,6 +246,10 @@ def schedule_length_mismatch() -> None:
     ## Options
     None: 10% of slack either way.
     """
+
+
+SCHEDULE_LENGTH_MISMATCH = Code("TG612", "schedule-length-mismatch", "error", needs=(PREFLIGHT,),
+                                page=schedule_length_mismatch, status="preview")
 
 
 def warmup(cfg: Config, steps: int) -> list[Finding]:
@@ -275,13 +287,17 @@ def warmup(cfg: Config, steps: int) -> list[Finding]:
         return []
     severity = "error" if w >= steps else "warning"
     what = "at or beyond" if w >= steps else f"{w / steps:.0%} of"
-    return [Finding(
-        code="TG613", name="warmup-exceeds-run", severity=severity,
+    return [Finding.of(
+        WARMUP_EXCEEDS_RUN, severity=severity,
         summary=f"the warmup ({key}: {w:g} steps) is {what} the run's {steps} optimizer steps: the LR never"
                 f" {'reaches' if w >= steps else 'spends long at'} its peak",
         evidence={key: g("warmup_steps") or g("warmup_ratio"),
                   "warmup_steps": w, "optimizer_steps": steps},
         fix=f"Use a warmup of about {max(1, round(0.1 * steps))} steps (10% of the run).", source="check")]
+
+
+WARMUP_EXCEEDS_RUN = Code("TG613", "warmup-exceeds-run", "error", needs=(PREFLIGHT,),
+                          page=warmup, status="preview")
 
 
 def warmup_ignored(cfg: Config) -> list[Finding]:
@@ -312,12 +328,16 @@ def warmup_ignored(cfg: Config) -> list[Finding]:
     if g("scheduler") != "constant" or not (g("warmup_steps") or g("warmup_ratio")):
         return []
     wkey = _at(cfg, "warmup_steps") if g("warmup_steps") else _at(cfg, "warmup_ratio")
-    return [Finding(
-        code="TG618", name="warmup-ignored", severity="warning",
+    return [Finding.of(
+        WARMUP_IGNORED,
         summary=f"{_at(cfg, 'scheduler')} is 'constant', which has no warmup: {wkey} {g('warmup_steps') or g('warmup_ratio')}"
                 " is ignored and the run starts at the full LR",
         evidence={_at(cfg, "scheduler"): "constant", wkey: g("warmup_steps") or g("warmup_ratio")},
         fix=f"Set {_at(cfg, 'scheduler')} to constant_with_warmup.", source="check")]
+
+
+WARMUP_IGNORED = Code("TG618", "warmup-ignored", "warning", needs=(PREFLIGHT,),
+                      page=warmup_ignored, status="preview")
 
 
 def intervals(cfg: Config, steps: int) -> list[Finding]:
@@ -351,14 +371,18 @@ def intervals(cfg: Config, steps: int) -> list[Finding]:
             continue
         key = _at(cfg, name)
         if every > steps:
-            out.append(Finding(
-                code="TG614", name="interval-exceeds-run", severity="error",
+            out.append(Finding.of(
+                INTERVAL_EXCEEDS_RUN,
                 summary=f"{key} is {every} but the run makes {steps} optimizer steps: the {label} never happens",
                 evidence={key: every, "optimizer_steps": steps},
                 fix=f"Set {key} to at most {steps} (e.g. {max(1, steps // 10)}).", source="check"))
         elif every < MIN_INTERVAL and steps // every > MANY_RUNS:
             out.append(interval_dominates(key, label, every, steps))
     return out
+
+
+INTERVAL_EXCEEDS_RUN = Code("TG614", "interval-exceeds-run", "error", needs=(PREFLIGHT,),
+                            page=intervals, status="preview")
 
 
 def interval_dominates(key: str, label: str, every: int, steps: int) -> Finding:
@@ -384,11 +408,15 @@ def interval_dominates(key: str, label: str, every: int, steps: int) -> Finding:
     ## Options
     None: under 10 steps and more than 20 runs.
     """
-    return Finding(
-        code="TG615", name="interval-dominates-run", severity="warning",
+    return Finding.of(
+        INTERVAL_DOMINATES_RUN,
         summary=f"{key} is {every}: the {label} runs {steps // every} times in {steps} optimizer steps",
         evidence={key: every, "optimizer_steps": steps, "runs": steps // every},
         fix=f"Set {key} to about {max(MIN_INTERVAL, steps // 10)}.", source="check")
+
+
+INTERVAL_DOMINATES_RUN = Code("TG615", "interval-dominates-run", "warning", needs=(PREFLIGHT,),
+                              page=interval_dominates, status="preview")
 
 
 def patience(cfg: Config, steps: int) -> list[Finding]:
@@ -425,19 +453,23 @@ def patience(cfg: Config, steps: int) -> list[Finding]:
     ev = {key: pat, _at(cfg, "eval_steps"): every, "patience_steps": window, "optimizer_steps": steps}
     if ramp and window < ramp:
         ev["curriculum_ramp_steps"] = ramp
-        return [Finding(
-            code="TG616", name="patience-too-short", severity="error", cause="shorter-than-curriculum",
+        return [Finding.of(
+            PATIENCE_TOO_SHORT, cause="shorter-than-curriculum",
             summary=(f"early stopping can end the run after {window} steps without improvement ({key} {pat} ×"
                      f" eval every {every}), but the curriculum ramps for {ramp} steps: the loss rises by design"
                      " while it ramps"),
             evidence=ev, fix=f"Set {key} to at least {math.ceil(ramp / every) + pat}.", source="check")]
     if window < PATIENCE_SHARE * steps:
-        return [Finding(
-            code="TG616", name="patience-too-short", severity="warning", cause="short-for-run",
+        return [Finding.of(
+            PATIENCE_TOO_SHORT, severity="warning", cause="short-for-run",
             summary=(f"early stopping can end the run after {window} steps without improvement ({key} {pat} ×"
                      f" eval every {every}), {window / steps:.1%} of its {steps} steps"),
             evidence=ev, fix=f"Set {key} to at least {math.ceil(PATIENCE_SHARE * steps / every)}.", source="check")]
     return []
+
+
+PATIENCE_TOO_SHORT = Code("TG616", "patience-too-short", "error", needs=(PREFLIGHT,),
+                          page=patience, status="preview")
 
 
 def implausible(cfg: Config) -> list[Finding]:
@@ -469,7 +501,7 @@ def implausible(cfg: Config) -> list[Finding]:
 
     def bad(name: str, severity: str, why: str) -> None:
         key = _at(cfg, name)
-        out.append(Finding(code="TG617", name="implausible-value", severity=severity, cause=name,
+        out.append(Finding.of(IMPLAUSIBLE_VALUE, severity=severity, cause=name,
                            summary=f"{key} is {g(name)!r}: {why}", evidence={key: g(name)},
                            fix=f"Check {key}.", source="check"))
 
@@ -508,6 +540,10 @@ def implausible(cfg: Config) -> list[Finding]:
     return out
 
 
+IMPLAUSIBLE_VALUE = Code("TG617", "implausible-value", "error", needs=(PREFLIGHT,),
+                         page=implausible, status="preview")
+
+
 # -------------------------------------------------------------------------------------------------
 # --fix
 
@@ -533,19 +569,19 @@ def fix(cfg: Config, plan: Plan, findings: list[Finding]) -> tuple[dict[str, Any
         set_dotted(data, key, new)
         changes.append(Change(key, g(name), new, why))
 
-    if "warmup-ignored" in names:
+    if WARMUP_IGNORED.name in names:
         change("scheduler", "constant_with_warmup", "the configured warmup only happens with a warmup schedule")
     if not steps:
         return data, changes
-    if "max-steps-counts-micro-batches" in names and plan.micro_key:
+    if MAX_STEPS_COUNTS_MICRO_BATCHES.name in names and plan.micro_key:
         change(plan.micro_key, steps, f"the run makes {steps} optimizer steps ({plan.how}); max_steps counts"
                                    " optimizer steps, not micro-batches")
     old_sched = g("sched_steps")
-    if names & {"schedule-ignores-accumulation", "schedule-length-mismatch"} and old_sched \
+    if names & {SCHEDULE_IGNORES_ACCUMULATION.name, SCHEDULE_LENGTH_MISMATCH.name} and old_sched \
             and plan.micro_key != "sched_steps":
         change("sched_steps", steps, f"the run makes {steps} optimizer steps ({plan.how}); the scheduler is"
                                      " stepped once per optimizer step")
-    if "warmup-exceeds-run" in names:
+    if WARMUP_EXCEEDS_RUN.name in names:
         share = 0.1
         if not old_sched and plan.max_steps_in_micro:
             old_sched = g("max_steps")  # the length the warmup was a share of
@@ -559,17 +595,17 @@ def fix(cfg: Config, plan: Plan, findings: list[Finding]) -> tuple[dict[str, Any
             change("warmup_ratio", 0.1, "10% of the run")
     new_eval = interval(cfg, "eval_steps", steps)
     for f in findings:
-        if f.name not in ("interval-exceeds-run", "interval-dominates-run"):
+        if f.name not in (INTERVAL_EXCEEDS_RUN.name, INTERVAL_DOMINATES_RUN.name):
             continue
         name = "eval_steps" if cfg.where.get("eval_steps") in f.evidence else "save_steps"
-        every = max(1, steps // 10) if f.name == "interval-exceeds-run" else max(MIN_INTERVAL, steps // 10)
+        every = max(1, steps // 10) if f.name == INTERVAL_EXCEEDS_RUN.name else max(MIN_INTERVAL, steps // 10)
         if name == "save_steps" and new_eval and "eval_steps" not in {c.key for c in changes}:
             every = new_eval if new_eval <= steps else every
         change(name, every, f"{'eval' if name == 'eval_steps' else 'save'} about 10 times in {steps} steps")
         if name == "eval_steps":
             new_eval = every
     for f in findings:
-        if f.name == "patience-too-short" and new_eval:
+        if f.name == PATIENCE_TOO_SHORT.name and new_eval:
             ramp = f.evidence.get("curriculum_ramp_steps")
             if ramp:
                 new = math.ceil(ramp / new_eval) + g("patience")

@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainguard.findings import Finding
+from trainguard.findings import PREFLIGHT, Code, Finding
 from trainguard.preflight.schedule import fmt_duration, schedule_findings
 from trainguard.preflight.scratch import is_temporary
+from trainguard.rules.crash import RUN_CRASHED
 from trainguard.store.reader import RunReader
 from trainguard.store.status import read_status
 
-TIMEOUT_NAME = "preflight-timed-out"
 DOMINATES = 1.0  # a periodic path that would take longer than the training itself is flagged
 
 
@@ -100,7 +100,7 @@ def _named(start: dict[str, Any], name: str) -> list[dict[str, Any]]:
 def judge(first: dict[str, Any], resume: dict[str, Any] | None, sim: dict[str, Any] | None,
           writes: list[dict[str, str]], *, origin: str) -> list[Finding]:
     findings = list(first["findings"])
-    crash = next((f for f in findings if f.name == "run-crashed"), None)
+    crash = next((f for f in findings if f.name == RUN_CRASHED.name), None)
     if crash is not None and refused_write(first) is crash:
         # the preflight's own refusal to overwrite a user's file stopped the script: not the script's
         # fault, and not checked either (the summary lists it under what was not exercised)
@@ -205,14 +205,18 @@ def path_crashed(forced: dict[str, Any], crash: Finding) -> Finding:
     name, every, step = forced["name"], forced["every"], forced["step"]
     first_real = every if every and every > 0 else None
     real = f"first run at step {first_real}" if first_real else "first run later in the run"
-    return Finding(
-        code="TG601", name="periodic-path-crashed", severity="error", step=step,
+    return Finding.of(
+        PERIODIC_PATH_CRASHED, step=step,
         summary=(f"the '{name}' path (every {every} steps, {real} of the real run) crashed when preflight"
                  f" brought it forward to step {step}: {crash.exception}: {_message(crash)}"[:400]),
         evidence={"path": name, "every": every, "real_first_step": first_real, "preflight_step": step,
                   **_crash_evidence(crash)},
         fix=crash.fix, cause=crash.cause, where=crash.where, exception=crash.exception, source="preflight",
     )
+
+
+PERIODIC_PATH_CRASHED = Code("TG601", "periodic-path-crashed", "error", needs=(PREFLIGHT,),
+                             page=path_crashed, status="preview")
 
 
 def second_epoch_failed(first: dict[str, Any], crash: Finding) -> Finding:
@@ -246,8 +250,8 @@ def second_epoch_failed(first: dict[str, Any], crash: Finding) -> Finding:
     per_epoch = cut.get("len")
     accum = first["plan"].get("grad_accum") or 1
     real = f"; the real run would reach it at step {per_epoch // accum} (end of epoch 1)" if per_epoch else ""
-    return Finding(
-        code="TG603", name="second-epoch-failed", severity="error", step=crash.step,
+    return Finding.of(
+        SECOND_EPOCH_FAILED, step=crash.step,
         summary=(f"the training data loader failed when iterated for the second epoch: {crash.exception}:"
                  f" {_message(crash)}"[:300] + real),
         evidence={"loader": cut.get("type"), "batches_per_epoch": per_epoch, **_crash_evidence(crash)},
@@ -255,6 +259,10 @@ def second_epoch_failed(first: dict[str, Any], crash: Finding) -> Finding:
              " generators, reset sampler state)."),
         cause=crash.cause, where=crash.where, exception=crash.exception, source="preflight",
     )
+
+
+SECOND_EPOCH_FAILED = Code("TG603", "second-epoch-failed", "error", needs=(PREFLIGHT,),
+                           page=second_epoch_failed, status="preview")
 
 
 def resume_failed(resume: dict[str, Any], checkpoint: str) -> Finding:
@@ -290,8 +298,8 @@ def resume_failed(resume: dict[str, Any], checkpoint: str) -> Finding:
     crash = next((f for f in resume["findings"] if f.severity == "error"), None)
     detail = f"{crash.exception}: {_message(crash)}" if crash and crash.exception else (
         crash.summary if crash else f"the resumed start ended {resume['state']}")
-    return Finding(
-        code="TG602", name="checkpoint-resume-failed", severity="error", step=crash.step if crash else None,
+    return Finding.of(
+        CHECKPOINT_RESUME_FAILED, step=crash.step if crash else None,
         summary=f"resuming from the checkpoint the script saved ({Path(checkpoint).name}) failed: {detail}"[:400],
         evidence={"checkpoint": checkpoint, "resume_state": resume["state"],
                   **(_crash_evidence(crash) if crash else {})},
@@ -300,6 +308,10 @@ def resume_failed(resume: dict[str, Any], checkpoint: str) -> Finding:
         cause=crash.cause if crash else None, where=crash.where if crash else None,
         exception=crash.exception if crash else None, source="preflight",
     )
+
+
+CHECKPOINT_RESUME_FAILED = Code("TG602", "checkpoint-resume-failed", "error", needs=(PREFLIGHT,),
+                                page=resume_failed, status="preview")
 
 
 def path_never_runs(name: str, every: int, total: int) -> Finding:
@@ -325,12 +337,16 @@ def path_never_runs(name: str, every: int, total: int) -> Finding:
     ## Options
     None.
     """
-    return Finding(
-        code="TG606", name="periodic-path-never-runs", severity="error",
+    return Finding.of(
+        PERIODIC_PATH_NEVER_RUNS,
         summary=f"the '{name}' path runs every {every} steps but the run has {total} steps: it never runs",
         evidence={"path": name, "every": every, "total_steps": total},
         fix=f"Use an interval of at most {total} steps (e.g. every={max(1, total // 5)}).", source="preflight",
     )
+
+
+PERIODIC_PATH_NEVER_RUNS = Code("TG606", "periodic-path-never-runs", "error", needs=(PREFLIGHT,),
+                                page=path_never_runs, status="preview")
 
 
 def _dominating(first: dict[str, Any], seen: dict[str, int], total: int | None) -> list[Finding]:
@@ -373,14 +389,18 @@ def path_dominates(name: str, every: int, secs: float, path_total: float, train_
     ## Options
     None: the path is flagged when its planned total time exceeds the training time.
     """
-    return Finding(
-        code="TG607", name="periodic-path-dominates", severity="warning",
+    return Finding.of(
+        PERIODIC_PATH_DOMINATES,
         summary=(f"the '{name}' path took {secs:.2f} s; run every {every} steps it would take"
                  f" {fmt_duration(path_total)}, more than the training itself ({fmt_duration(train_total)})"),
         evidence={"path": name, "every": every, "seconds_per_run": round(secs, 3),
                   "path_total_s": round(path_total, 1), "train_total_s": round(train_total, 1)},
         fix=f"Run '{name}' less often or on a subset.", source="preflight",
     )
+
+
+PERIODIC_PATH_DOMINATES = Code("TG607", "periodic-path-dominates", "warning", needs=(PREFLIGHT,),
+                               page=path_dominates, status="preview")
 
 
 def wrote_outside(writes: list[dict[str, str]], first: dict[str, Any]) -> Finding:
@@ -424,13 +444,17 @@ def wrote_outside(writes: list[dict[str, str]], first: dict[str, Any]) -> Findin
     fix = "Make the script write relative to its working folder, so the preflight keeps its writes to itself"
     fix = (f"Delete the new files listed (they did not exist before the preflight); {fix[0].lower()}{fix[1:]}."
            if written else f"Nothing to delete: no file of yours was changed. {fix}.")
-    return Finding(
-        code="TG608", name="wrote-outside-scratch", severity="warning",
+    return Finding.of(
+        WROTE_OUTSIDE_SCRATCH,
         summary="; ".join(parts),
         evidence={"files": writes[:100], "checkpoints_outside": resumable},
         fix=fix,
         source="preflight",
     )
+
+
+WROTE_OUTSIDE_SCRATCH = Code("TG608", "wrote-outside-scratch", "warning", needs=(PREFLIGHT,),
+                             page=wrote_outside, status="preview")
 
 
 class TimeLimit:
@@ -469,8 +493,8 @@ def timed_out(seconds: float, mode: str, step: int | None) -> Finding:
     ## Options
     `trainguard preflight --timeout S` (default 600 s per start of the script).
     """
-    return Finding(
-        code="TG609", name=TIMEOUT_NAME, severity="error", step=step,
+    return Finding.of(
+        PREFLIGHT_TIMED_OUT, step=step,
         summary=f"the {mode} start of the script ran longer than {seconds:g} s and was stopped",
         evidence={"timeout_s": seconds, "mode": mode, "step": step},
         fix="Make sure the script calls trainguard.watch() and guard.due()/guard.batches(); or raise --timeout.",
@@ -480,6 +504,10 @@ def timed_out(seconds: float, mode: str, step: int | None) -> Finding:
 
 # -------------------------------------------------------------------------------------------------
 # estimates and the printed report
+
+
+PREFLIGHT_TIMED_OUT = Code("TG609", "preflight-timed-out", "error", needs=(PREFLIGHT,),
+                           page=timed_out, status="preview")
 
 
 def _median_step(start: dict[str, Any]) -> float | None:
@@ -537,7 +565,7 @@ def summarize(first: dict[str, Any], resume: dict[str, Any] | None, sim: dict[st
 
 def refused_write(start: dict[str, Any]) -> Finding | None:
     """The crash of a start that the preflight's write watch caused by refusing a write, if it is one."""
-    crash = next((f for f in start["findings"] if f.name == "run-crashed"), None)
+    crash = next((f for f in start["findings"] if f.name == RUN_CRASHED.name), None)
     return crash if crash is not None and crash.evidence.get("exception") == "PreflightRefused" else None
 
 

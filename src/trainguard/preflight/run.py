@@ -139,7 +139,7 @@ def _start(opts: PreflightOptions, start_dir: Path, work: Path, *, mode: str, st
     # the bootstrap: the write watch from the first line on, and the automatic probe for a script without
     # trainguard.watch (a few real optimizer steps, then stopped)
     options = RunOptions(command=list(opts.command), run_dir=str(start_dir), echo=opts.echo, live=False,
-                         stop_on=[judge.TIMEOUT_NAME], cwd=str(work),
+                         stop_on=[judge.PREFLIGHT_TIMED_OUT.name], cwd=str(work),
                          env={**bootstrap_env(), ENV_PREFLIGHT: json.dumps(cfg), **(env or {})})
     sup = Supervisor(options, monitors=[judge.TimeLimit(opts.timeout, mode)])
     code = sup.run()

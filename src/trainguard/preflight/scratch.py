@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path
+
+from trainguard.store.paths import temporary_dirs
 
 SKIP = {".git", ".hg", ".venv", "venv", "__pycache__", "node_modules", ".mypy_cache", ".pytest_cache",
         ".ruff_cache", "trainguard-runs"}
@@ -126,11 +127,6 @@ def is_own_output(path: str, own: set[tuple[int, int]]) -> bool:
     except OSError:
         return False
     return (st.st_dev, st.st_ino) in own
-
-
-def temporary_dirs() -> list[str]:
-    """Temp and cache folders: written by libraries all the time, never resumed from by accident."""
-    return [os.path.realpath(tempfile.gettempdir()), os.path.realpath(os.path.expanduser("~/.cache"))]
 
 
 def is_temporary(path: str) -> bool:

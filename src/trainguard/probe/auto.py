@@ -30,7 +30,9 @@ import threading
 # Only the standard library's lightest modules at import: the bootstrap loads this file (and
 # probe/stackdump.py) into every Python process of the run at start-up, without importing the trainguard
 # package, so a process that never imports torch pays microseconds, not the package's imports.
-Any = object  # annotations only (this module avoids importing `typing`)
+TYPE_CHECKING = False  # as in contract.py: true for type checkers only, so `typing` is never imported here
+if TYPE_CHECKING:
+    from typing import Any
 
 # (the contract imports nothing; the bootstrap loads it before this file, see boot/sitecustomize.py)
 from trainguard.contract import ENV_AUTO, ENV_DISABLE, ENV_PREFLIGHT, ENV_RUN_DIR, ENV_STACKS  # noqa: E402
@@ -89,6 +91,7 @@ def _install_stack_dump() -> None:
         except OSError:
             return
         os.environ[ENV_STACKS] = os.path.realpath(folder)
+    assert stackdump is not None  # found loaded, or imported just above
     stackdump.install_from_env()
 
 
@@ -223,7 +226,7 @@ def find_scheduler(optimizer: Any) -> Any:
         from torch.optim.lr_scheduler import LRScheduler
     except ImportError:
         return None
-    found = []
+    found: list[LRScheduler] = []
     for ref in gc.get_referrers(optimizer):
         for obj in [ref] if not isinstance(ref, dict) else gc.get_referrers(ref):
             if isinstance(obj, LRScheduler) and getattr(obj, "optimizer", None) is optimizer \
@@ -267,7 +270,7 @@ def retire() -> None:
 
 def _note(text: str) -> None:
     try:
-        from trainguard.probe.selflog import GuardLog
+        from trainguard.store.selflog import GuardLog
 
         GuardLog(os.environ[ENV_RUN_DIR], int(os.environ.get("RANK", "0") or 0)).write(text)
     except Exception:

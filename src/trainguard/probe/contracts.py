@@ -29,6 +29,19 @@ from typing import Any
 
 from trainguard.contract import ENV_CONTRACTS
 from trainguard.probe import devicestats, workerrng
+from trainguard.rules.contracts import (
+    AutocastRunsFp32,
+    BatchDimLost,
+    EvalBeforeTrainInit,
+    EvalInTrainMode,
+    EvalNotDeterministic,
+    FrozenParamsUpdated,
+    GradsNeverReset,
+    LossBroadcastsBatch,
+    ReplicasDiverged,
+    StepUpdatesNothing,
+    WorkersShareRng,
+)
 
 EVAL_PHASES = frozenset({"eval", "evaluate", "evaluation", "val", "valid", "validate", "validation", "test"})
 NO_GRAD_STREAK = 3  # forwards in a row under no_grad in training mode, outside an eval phase: an eval loop
@@ -127,12 +140,13 @@ class Contracts:
         self.scaler_no_autocast: list[int] = []
         self.autocast_step = 0
         self.autocast_hooks: list[Any] = []
-        self.autocast_seen: list[tuple[str, str, int]] = []
+        self.autocast_seen: list[tuple[str, str, int, str]] = []  # layer, output dtype, size, autocast dtype
         self.rerunning = False
         self.det_checks = 0
         self.loss_step = 0
         self.last_output: Any = None
         self.last_output_step = 0
+        self.tensor_type = torch.Tensor
         self.batch_shapes: list[tuple[int, ...]] = []  # the model's first input on the first training forwards
         self.batch_ndim: int | None = None  # their common rank, once BATCH_SHAPES_LEARNED of them agree
         if self.module is not None:
@@ -190,25 +204,25 @@ class Contracts:
                 self.guard._fail("contract check (device values)", exc)
         del self.launched[:done]
         now = time.time()
-        if "workers-share-rng" not in self.off and (final or now - self.last_worker_look > 1.0):
+        if WorkersShareRng.name not in self.off and (final or now - self.last_worker_look > 1.0):
             self.last_worker_look = now
             try:
                 found = self.workers.compare()
                 if found:
-                    self.report("workers-share-rng", found)
+                    self.report(WorkersShareRng.name, found)
             except Exception as exc:
-                self.failed("workers-share-rng", exc)
+                self.failed(WorkersShareRng.name, exc)
 
     # ------------------------------------------------------------------------------------------------
     # the loader: DataLoader workers that start with the same random state
 
     def loader(self, iterable: Iterable) -> None:
-        if "workers-share-rng" in self.off:
+        if WorkersShareRng.name in self.off:
             return
         try:
             workerrng.wrap(iterable, self.workers)
         except Exception as exc:
-            self.failed("workers-share-rng", exc)
+            self.failed(WorkersShareRng.name, exc)
 
     # ------------------------------------------------------------------------------------------------
     # the optimizer: a step that updates nothing, or updates what is frozen; gradients never reset
@@ -265,11 +279,11 @@ class Contracts:
                     self.report("optimizer-step-compiled", {"optimizer": type(optimizer).__name__}, step=step)
             except Exception as exc:
                 self.failed("optimizer-step-compiled", exc)
-        if "grads-never-reset" not in self.off:
+        if GradsNeverReset.name not in self.off:
             try:
                 self._close_grad_window(step)
             except Exception as exc:
-                self.failed("grads-never-reset", exc)
+                self.failed(GradsNeverReset.name, exc)
         try:
             # Every step: a scan of `p.grad` and `requires_grad` (a few microseconds for hundreds of
             # tensors), so a freeze mid-run is seen at its first step. Device work only when it finds one.
@@ -282,7 +296,7 @@ class Contracts:
             if w.backward and not w.reset:
                 w.windows.append(step)
                 if len(w.windows) >= 2:
-                    self.report("grads-never-reset", {
+                    self.report(GradsNeverReset.name, {
                         "param": w.name, "steps": w.windows[:10], "backward_passes": w.since_reset,
                         "grad_accum": self.guard.grad_accum,
                     }, step=w.windows[0])
@@ -297,28 +311,28 @@ class Contracts:
         if not params:
             return
         with_grad = [p for _, p in params if p.grad is not None]
-        if "step-updates-nothing" not in self.off:
+        if StepUpdatesNothing.name not in self.off:
             if with_grad:
                 self.no_grad_steps = []
             else:
                 self.no_grad_steps.append(step)
                 if len(self.no_grad_steps) >= 2:
                     frozen = [self.name(p, f"param_groups[{gi}]") for gi, p in params if not p.requires_grad]
-                    self.report("step-updates-nothing", {
+                    self.report(StepUpdatesNothing.name, {
                         "steps": self.no_grad_steps[:10], "params_in_optimizer": len(params),
                         "requires_grad": sum(1 for _, p in params if p.requires_grad),
                         "frozen": len(frozen), "frozen_names": frozen[:MAX_NAMES],
                         "model_trainable": (sum(1 for p in self.module.parameters() if p.requires_grad)
                                             if self.module is not None else None),
                     }, step=self.no_grad_steps[0])
-        if "frozen-params-updated" not in self.off and "frozen-params-updated" not in self.sent:
-            frozen = [p for p in with_grad if not p.requires_grad][:FROZEN_TENSORS]
+        if FrozenParamsUpdated.name not in self.off and FrozenParamsUpdated.name not in self.sent:
+            frozen_params = [p for p in with_grad if not p.requires_grad][:FROZEN_TENSORS]
             self.frozen_before = []
             with torch.no_grad():
-                for p in frozen:
+                for p in frozen_params:
                     stride = max(1, p.numel() // 4096)
                     self.frozen_before.append((self.name(p), p, p.detach().reshape(-1)[::stride].clone(), stride))
-        if self.world > 1 and "replicas-diverged" not in self.off and not self.checksum_params and self.sampled(step):
+        if self.world > 1 and ReplicasDiverged.name not in self.off and not self.checksum_params and self.sampled(step):
             by_size = sorted(((self.name(p), p) for _, p in params), key=lambda np_: -np_[1].numel())
             self.checksum_params = list({id(p): (n, p) for n, p in
                                          [(self.name(params[0][1]), params[0][1]), *by_size[:CHECKSUM_TENSORS - 1]]
@@ -338,12 +352,12 @@ class Contracts:
             try:
                 self._frozen_after(step)
             except Exception as exc:
-                self.failed("frozen-params-updated", exc)
-        if self.world > 1 and self.sampled(step) and "replicas-diverged" not in self.off:
+                self.failed(FrozenParamsUpdated.name, exc)
+        if self.world > 1 and self.sampled(step) and ReplicasDiverged.name not in self.off:
             try:
                 self._checksum(step)
             except Exception as exc:
-                self.failed("replicas-diverged", exc)
+                self.failed(ReplicasDiverged.name, exc)
 
     def _frozen_after(self, step: int) -> None:
         import torch
@@ -357,7 +371,7 @@ class Contracts:
         def then(values: list[float], item: _Launched) -> None:
             moved = [(n, v) for n, v in zip(names, values) if v > 0]
             if moved:
-                self.report("frozen-params-updated", {
+                self.report(FrozenParamsUpdated.name, {
                     "names": [n for n, _ in moved][:MAX_NAMES], "count": len(moved),
                     "changed_share": {n: round(v, 4) for n, v in moved[:MAX_NAMES]},
                     "optimizer": type(self.guard.optimizer).__name__,
@@ -418,7 +432,7 @@ class Contracts:
             if module.training and torch.is_grad_enabled():
                 self.train_forward_seen = True
                 self.no_grad_streak = 0
-                if "batch-dim-lost" not in self.sent and "batch-dim-lost" not in self.off:
+                if BatchDimLost.name not in self.sent and BatchDimLost.name not in self.off:
                     self._batch_dim(args, kwargs)
             elif module.training:
                 self._train_mode_without_grad(module)
@@ -429,12 +443,12 @@ class Contracts:
             self.failed("train/eval mode", exc)
         step = g.step_count + 1
         if (module.training and self.autocast_step != step and self.sampled(step)
-                and "autocast-runs-fp32" not in self.off and "autocast-runs-fp32" not in self.sent):
+                and AutocastRunsFp32.name not in self.off and AutocastRunsFp32.name not in self.sent):
             self.autocast_step = step
             try:
                 self._autocast_pre(step)
             except Exception as exc:
-                self.failed("autocast-runs-fp32", exc)
+                self.failed(AutocastRunsFp32.name, exc)
 
     def _batch_dim(self, args: Any, kwargs: Any) -> None:
         """A training forward whose first input lost its batch dimension (a batch of 1 squeezed).
@@ -445,12 +459,14 @@ class Contracts:
         batch that lost it (`x.squeeze()` on a batch of 1, a collate that drops the dimension). Modules
         that accept unbatched input (Linear, Conv, RNN, attention, cross_entropy) then run silently.
         """
-        x = _first_tensor(args) if args else None
+        x = args[0] if args and isinstance(args[0], self.tensor_type) else None  # the common case, fast
+        if x is None:
+            x = _first_tensor(args) if args else None
         if x is None and kwargs:
             x = _first_tensor(list(kwargs.values()))
         if x is None:
             return
-        shape = tuple(int(d) for d in x.shape)
+        shape = x.shape  # a torch.Size: a tuple, compared without copying
         if self.batch_ndim is None:
             self.batch_shapes.append(shape)
             if len(self.batch_shapes) >= BATCH_SHAPES_LEARNED:
@@ -458,7 +474,7 @@ class Contracts:
                 if len(ranks) == 1 and min(ranks) >= 1:
                     self.batch_ndim = ranks.pop()
                 else:
-                    self.off.add("batch-dim-lost")  # a model fed inputs of several ranks: nothing to judge
+                    self.off.add(BatchDimLost.name)  # a model fed inputs of several ranks: nothing to judge
             return
         if len(shape) == self.batch_ndim:
             self.batch_shapes[-1] = shape  # the latest batched shape (sequence lengths may vary)
@@ -470,7 +486,7 @@ class Contracts:
         if shape != usual[1:] and not (loader and loader[0] == 1 and tuple(loader[1:]) == shape):
             return
         g = self.guard
-        self.report("batch-dim-lost", {
+        self.report(BatchDimLost.name, {
             "input_shape": list(shape), "usual_shape": list(usual), "loader_shape": list(loader) if loader else None,
             "micro_batch": g.micro + 1, "model": type(self.module).__name__,
         }, step=g.step_count + 1)
@@ -485,7 +501,7 @@ class Contracts:
 
     def _train_mode_without_grad(self, module: Any) -> None:
         """A forward in training mode with gradients off: evaluation, unless it is a one-off."""
-        if "eval-in-train-mode" in self.sent or not self.mode_modules:
+        if EvalInTrainMode.name in self.sent or not self.mode_modules:
             return
         phases = [p for p in self.guard._phases if str(p).lower() in EVAL_PHASES]
         self.no_grad_streak += 1
@@ -494,7 +510,7 @@ class Contracts:
         active = [(n, m) for n, m in self.mode_modules if m.training]
         if not active:
             return  # the user switched the dropout and batch-norm layers to eval themselves
-        self.report("eval-in-train-mode", {
+        self.report(EvalInTrainMode.name, {
             "model": type(module).__name__, "phase": phases[-1] if phases else None,
             "forwards": self.no_grad_streak,
             "modules": [f"{n or '(root)'} ({type(m).__name__})" for n, m in active[:MAX_NAMES]],
@@ -510,13 +526,15 @@ class Contracts:
             if tracked is not None and int(tracked) == 0:
                 untouched.append(f"{name} ({type(m).__name__})")
         if untouched:
-            self.report("eval-before-train-init", {
+            self.report(EvalBeforeTrainInit.name, {
                 "steps_trained": self.guard.step_count, "modules": untouched[:MAX_NAMES],
                 "module_count": len(untouched), "model": type(self.module).__name__,
             })
 
     def _autocast_pre(self, step: int) -> None:
         on = {d: _autocast_on(d) for d in ("cuda", "cpu")}
+        if self.module is None:  # (not reached: the forward hooks that call this are the module's)
+            return
         first = next(iter(self.module.parameters()), None)  # where the model is now (it may have moved)
         dev = self.device_type = first.device.type if first is not None else None
         if dev not in on:
@@ -530,7 +548,7 @@ class Contracts:
             return
         other = [d for d, enabled in on.items() if enabled]
         if other:
-            self.report("autocast-runs-fp32", {
+            self.report(AutocastRunsFp32.name, {
                 "cause": "other-device", "autocast_device": other[0], "model_device": dev, "step": step,
                 "layers": [n for n, _, _ in self.big_layers[:MAX_NAMES]],
             }, step=step)
@@ -538,7 +556,7 @@ class Contracts:
             # (CUDA only: a GradScaler exists for fp16 autocast there; on the CPU it is a deliberate choice)
             self.scaler_no_autocast.append(step)
             if len(self.scaler_no_autocast) >= 3:
-                self.report("autocast-runs-fp32", {
+                self.report(AutocastRunsFp32.name, {
                     "cause": "no-autocast", "model_device": dev, "steps": self.scaler_no_autocast[:10],
                     "scaler": type(self.guard.scaler).__name__,
                     "layers": [n for n, _, _ in self.big_layers[:MAX_NAMES]],
@@ -563,7 +581,7 @@ class Contracts:
         fp32 = [(n, d, s) for n, d, s, _ in seen if d == "float32"]
         share = sum(s for _, _, s in fp32) / total if total else 0.0
         if share > AUTOCAST_FP32_SHARE:
-            self.report("autocast-runs-fp32", {
+            self.report(AutocastRunsFp32.name, {
                 "cause": "disabled-inside", "autocast_dtype": seen[0][3], "model_device": self.device_type,
                 "fp32_share": round(share, 3), "layers": [n for n, _, _ in fp32[:MAX_NAMES]],
                 "layers_checked": len(seen), "step": self.autocast_step,
@@ -577,15 +595,15 @@ class Contracts:
             try:
                 self._autocast_post()
             except Exception as exc:
-                self.failed("autocast-runs-fp32", exc)
+                self.failed(AutocastRunsFp32.name, exc)
         step = g.step_count + 1
-        if module.training and self.sampled(step) and "loss-broadcasts-batch" not in self.off:
+        if module.training and self.sampled(step) and LossBroadcastsBatch.name not in self.off:
             out = _first_tensor(output)
             # (B,) or (B, 1) only: the shapes the broadcast bug needs, and small enough to hold on to
             if out is not None and out.requires_grad and (out.dim() == 1 or out.dim() == 2 and out.shape[1] == 1):
                 # kept for this micro-batch's `guard.step` (which counts it as micro + 1)
                 self.last_output, self.last_output_step = out.detach(), g.micro + 1
-        if g._ff is not None and not module.training and self.det_checks < 2 and "eval-not-deterministic" not in self.off:
+        if g._ff is not None and not module.training and self.det_checks < 2 and EvalNotDeterministic.name not in self.off:
             import torch
 
             if not torch.is_grad_enabled():
@@ -593,7 +611,7 @@ class Contracts:
                 try:
                     self._rerun(module, args, kwargs, output)
                 except Exception as exc:
-                    self.failed("eval-not-deterministic", exc)
+                    self.failed(EvalNotDeterministic.name, exc)
 
     def _rerun(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
         """Preflight only: the same evaluation batch through the model a second time must give the same
@@ -605,7 +623,7 @@ class Contracts:
             self.rerunning = False
         diff = _first_difference(_tensors(output), _tensors(again))
         if diff is not None:
-            self.report("eval-not-deterministic", {"model": type(module).__name__, **diff})
+            self.report(EvalNotDeterministic.name, {"model": type(module).__name__, **diff})
 
     # ------------------------------------------------------------------------------------------------
     # the loss: a (B, 1) output against a (B,) target broadcasts to (B, B)
@@ -619,12 +637,12 @@ class Contracts:
         self.loss_step = micro
         self.last_output = None
         step = self.guard.step_count
-        if "loss-broadcasts-batch" in self.off or "loss-broadcasts-batch" in self.sent:
+        if LossBroadcastsBatch.name in self.off or LossBroadcastsBatch.name in self.sent:
             return
         try:
             self._loss_broadcast(loss, out, step)
         except Exception as exc:
-            self.failed("loss-broadcasts-batch", exc)
+            self.failed(LossBroadcastsBatch.name, exc)
 
     def _loss_broadcast(self, loss: Any, out: Any, step: int) -> None:
         import torch
@@ -666,7 +684,7 @@ class Contracts:
             for kind, (bc, al) in zip(("mse", "l1", "sum of squares"), zip(pairs[0::2], pairs[1::2])):
                 for scale in {1.0, 1.0 / accum}:
                     if _close(loss_v, bc * scale) and not _close(loss_v, al * scale, tol=1e-2):
-                        self.report("loss-broadcasts-batch", {
+                        self.report(LossBroadcastsBatch.name, {
                             **shapes, "loss": loss_v, "loss_kind": kind, "loss_without_broadcast": al * scale,
                         }, step=item.step)
                         return

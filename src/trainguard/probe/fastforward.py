@@ -231,7 +231,7 @@ class FastForward:
 
     def _simulate(self, guard: Any, ratio: float) -> None:
         try:
-            from trainguard.preflight.schedule import simulate
+            from trainguard.probe.schedsim import simulate
 
             offset = self.lrs_seen[1] - self._sched_copy[1]
             total, assumed = guard.total_steps, None
@@ -270,7 +270,7 @@ class FastForward:
         if k != max(HAND_LR_STEPS, self.steps) or len(self.lrs_seen) < HAND_LR_STEPS:
             return
         try:
-            from trainguard.preflight.schedule import simulate_function
+            from trainguard.probe.schedsim import simulate_function
 
             seen = [self.lrs_seen[i] for i in sorted(self.lrs_seen)]
             sched = guard.scheduler
@@ -439,13 +439,13 @@ def install_write_watch(scratch: Path, run_dir: Path, origin: str | None = None)
     scratch_real = os.path.realpath(scratch_s)
     run_s = os.path.realpath(run_dir)
     ignored = (run_s, "/dev/", "/proc/", "/sys/")
-    listed: set[str] = set()
+    listed: set[tuple[str, str]] = set()  # (path, operation) already written
     created: set[str] = set()  # files this preflight made outside the scratch folder: its own to rewrite
     out = os.path.join(run_s, WRITES_FILE)
 
     # Computed now, never inside the hook: tempfile.gettempdir() opens files under its own lock, and the
     # hook calling it again from there would wait on that lock forever.
-    from trainguard.preflight.scratch import temporary_dirs
+    from trainguard.store.paths import temporary_dirs
 
     temps = tuple(t + os.sep for t in temporary_dirs())
 

@@ -33,11 +33,13 @@ from typing import Any
 
 from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RULES, ENV_RUN_DIR, ENV_WATCHDOG
 from trainguard.probe import collectives, contracts, devicestats, planinfo, samples, stackdump, syncwait
+from trainguard.probe.pacing import paced
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.schedclock import SchedClock
-from trainguard.probe.selflog import GuardLog
+from trainguard.rules.ending import PROBE_NOT_FINISHED
 from trainguard.store.paths import new_run_dir, prepare_run_dir
 from trainguard.store.ranks import rank_info
+from trainguard.store.selflog import GuardLog
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
@@ -160,6 +162,11 @@ class Guard:
         self._rules: Any = None
         self._last_rules = 0.0
         self.rules_cpu = 0.0  # CPU seconds the probe's thread spent in the health rules
+        # The findings status.json lists, as the store's reader would give them: read from the store once
+        # (a resumed run folder may hold some already), then kept up to date by the rules pass that adds
+        # them. Why not read them back at every status write: opening the store and parsing every finding,
+        # once a second, held the interpreter lock long enough to stall the training thread.
+        self._status_findings: dict[tuple, Any] | None = None
 
         from trainguard.store.owner import owner_record
 
@@ -679,7 +686,7 @@ class Guard:
         if self._device_broken:
             return
         done = 0
-        for rec, packs in list(self._inflight):
+        for rec, packs in paced(list(self._inflight), enabled=not final, stop=getattr(self, "_stop", None)):
             try:
                 if not final and not all(p.ready() for p in packs):
                     break
@@ -798,7 +805,8 @@ class Guard:
         self._last_rules = time.time()
         cpu0 = time.thread_time()
         try:
-            found = self._rules.poll()
+            stop = getattr(self, "_stop", None)
+            found = self._rules.poll(through=(lambda batch: paced(batch, stop=stop)) if not final else None)
             if final:
                 found += self._rules.end()
                 # what the rules cost this process, for the overhead budget (CPU seconds, all passes)
@@ -816,6 +824,8 @@ class Guard:
         self.rules_cpu += time.thread_time() - cpu0
         for f in found:
             self._writer.add_event("finding", f.name, f.to_dict(), step=f.step)
+            if self._status_findings is not None:
+                self._status_findings[(f.code, f.name, f.step, f.cause)] = f
             try:
                 print(f"trainguard: {printable(f.one_line())}", file=sys.stderr, flush=True)
             except (OSError, ValueError):
@@ -970,7 +980,7 @@ class Guard:
             if self._rules is not None and not self.finished and not self._disabled:
                 self._run_rules(final=True)
             if not self.under_watchdog and self.rank == 0 and not self.finished and not self.crashed:
-                self._write_own_status(state="failed", reason="probe-not-finished")
+                self._write_own_status(state="failed", reason=PROBE_NOT_FINISHED.name)
             self._writer.close()
             if self._writer.unstored:  # steps the store never took are counted and said, never lost in silence
                 self._selflog.write(f"{self._writer.unstored}; the training itself went on to step {self.step_count}")
@@ -1013,7 +1023,7 @@ class Guard:
             except Exception as exc3:
                 self._fail("crash record (last steps)", exc3)
             if not self.under_watchdog and self.rank == 0:
-                from trainguard.watchdog.crash import crash_finding
+                from trainguard.rules.crash import crash_finding
 
                 finding = crash_finding(
                     exception=data["exception"], message=data["message"], frames=frames,
@@ -1031,10 +1041,12 @@ class Guard:
 
         self._last_status = time.time()
         if findings is None:
-            with RunReader(self.run_dir) as reader:
-                findings = [f.to_dict() for f in reader.findings()]
-        if reason == "probe-not-finished":
-            from trainguard.watchdog.verdict import probe_not_finished
+            if self._status_findings is None:
+                with RunReader(self.run_dir) as reader:
+                    self._status_findings = {(f.code, f.name, f.step, f.cause): f for f in reader.findings()}
+            findings = [f.to_dict() for f in list(self._status_findings.values())]  # a snapshot: list() is atomic
+        if reason == PROBE_NOT_FINISHED.name:
+            from trainguard.rules.ending import probe_not_finished
 
             findings.append(probe_not_finished(self.step_count).to_dict())
         status = {
@@ -1070,10 +1082,14 @@ class _ForwardMarker:
         import weakref
 
         self._ref = weakref.ref(guard)
+        self._compiling: Any = None
         try:
             import torch
 
             self._mark = torch.compiler.disable(self._mark_now)
+            # Why ask first: a call through the disabled wrapper costs ~8 us even when nothing compiles
+            # (it switches dynamo's frame handling off and on); asking costs ~1 us.
+            self._compiling = torch.compiler.is_compiling
         except Exception:
             self._mark = self._mark_now
 
@@ -1083,7 +1099,10 @@ class _ForwardMarker:
             g._t_progress = time.time()
 
     def __call__(self, module: Any, args: Any, output: Any) -> None:
-        self._mark()
+        if self._compiling is not None and not self._compiling():
+            self._mark_now()  # eager: the plain call is the same as the disabled one
+        else:
+            self._mark()
 
     def __deepcopy__(self, memo: dict) -> _ForwardMarker:
         return self

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from trainguard.contract import ENV_RESUME_FROM
+
+_Batch = TypeVar("_Batch")  # what the loader yields: guard.batches(loader) yields the same
 
 
 class NullGuard:
@@ -38,7 +40,7 @@ class NullGuard:
     def log(self, **values: Any) -> None:
         pass
 
-    def batches(self, iterable: Iterable) -> Iterator:
+    def batches(self, iterable: Iterable[_Batch]) -> Iterator[_Batch]:
         yield from iterable
 
     @contextlib.contextmanager

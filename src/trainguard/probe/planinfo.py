@@ -184,7 +184,7 @@ def output_size(model: Any, config: dict | None) -> int | None:
     if last is None or type(last).__name__ != "Linear":
         return None
     size = _int(getattr(last, "out_features", None))
-    if size is not None and type(first).__name__ == "Linear" and first is not last and first.in_features == size:
+    if size is not None and first is not None and type(first).__name__ == "Linear" and first is not last and first.in_features == size:
         return None  # the output reconstructs the input (an autoencoder, a VAE): its size is not a class count
     return size
 

@@ -39,7 +39,17 @@ from trainguard.contract import ENV_STACKS
 # None where there are no real-time signals (macOS, Windows): no handler, py-spy stays the only source.
 STACK_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
 
-_state: dict[str, object] = {"dir": None, "pid": None, "file": None, "fork_hook": False}
+TYPE_CHECKING = False  # as in contract.py: this module is loaded at start-up, `typing` is not imported
+if TYPE_CHECKING:
+    from typing import TextIO, TypedDict
+
+    class _State(TypedDict):
+        dir: str | None  # the folder this process writes its dumps into
+        pid: int | None  # the process that registered (a forked child registers again)
+        file: TextIO | None  # the open dump file, kept alive for faulthandler's fd
+        fork_hook: bool
+
+_state: _State = {"dir": None, "pid": None, "file": None, "fork_hook": False}
 
 
 def install(run_dir: str | os.PathLike) -> bool:
@@ -94,7 +104,7 @@ def _register(folder: str) -> bool:
         signal.signal(STACK_SIGNAL, signal.SIG_IGN)
     faulthandler.register(STACK_SIGNAL, file=fh, all_threads=True, chain=False)
     old = _state["file"]
-    _state.update(dir=folder, pid=pid, file=fh)  # faulthandler keeps the fd, we keep the file object alive
+    _state.update({"dir": folder, "pid": pid, "file": fh})  # faulthandler keeps the fd, we keep the file object alive
     if old is not None and old is not fh:
         try:
             old.close()  # the parent's file object, inherited over fork: the child must not write to it
@@ -145,7 +155,7 @@ def prune(folder: str | os.PathLike) -> int:
     epoch leaves two, so a long run would pile up thousands); returns how many processes were swept."""
     from pathlib import Path
 
-    from trainguard.watchdog.verdict import pid_alive
+    from trainguard.store.owner import pid_alive
 
     folder = Path(folder)
     swept = 0

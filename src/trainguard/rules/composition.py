@@ -8,8 +8,8 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from trainguard.findings import Finding
-from trainguard.rules.engine import Rule, Streak, finite, fmt, median
+from trainguard.findings import PARTS, WEIGHTS, Finding
+from trainguard.rules.rule import Rule, Streak, finite, fmt, median
 
 WINDOW = 20  # steps a composition rule looks at before it is sure (fewer in a short run, see below)
 
@@ -49,6 +49,7 @@ class LossPartsImbalanced(Rule):
     """
 
     code, name, severity = "TG401", "loss-parts-imbalanced", "warning"
+    needs = (PARTS,)
     RATIO = 100.0
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -130,6 +131,7 @@ class LossPartVanished(Rule):
     """
 
     code, name, severity = "TG402", "loss-part-vanished", "warning"
+    needs = (PARTS,)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -213,6 +215,7 @@ class LossPartsDontSum(Rule):
     """
 
     code, name, severity = "TG403", "loss-parts-dont-sum", "warning"
+    needs = (PARTS,)
     TOL = 0.02
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -277,6 +280,7 @@ class LossWeightStalled(Rule):
     """
 
     code, name, severity = "TG404", "loss-weight-stalled", "warning"
+    needs = (WEIGHTS,)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from trainguard.findings import Finding
-from trainguard.rules.engine import Rule, fmt
+from trainguard.findings import LOSS, RANKS, STEPS, Finding
+from trainguard.rules.rule import Rule, fmt
 
 
 def _names(values: list[str] | None, more: int | None = None) -> str:
@@ -72,6 +72,8 @@ class StepUpdatesNothing(_ContractRule):
     """
 
     code, name, severity = "TG211", "step-updates-nothing", "error"
+    needs = (LOSS,)
+    status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
         steps = data.get("steps") or [step]
@@ -123,6 +125,8 @@ class FrozenParamsUpdated(_ContractRule):
     """
 
     code, name, severity = "TG212", "frozen-params-updated", "error"
+    needs = (LOSS,)
+    status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
         share = data.get("changed_share") or {}
@@ -172,6 +176,8 @@ class GradsNeverReset(_ContractRule):
     """
 
     code, name, severity = "TG213", "grads-never-reset", "error"
+    needs = (LOSS,)
+    status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
         steps = data.get("steps") or [step]
@@ -218,6 +224,8 @@ class EvalInTrainMode(_ContractRule):
     """
 
     code, name, severity = "TG214", "eval-in-train-mode", "warning"
+    needs = (LOSS,)
+    status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
         where = f"phase {data['phase']}" if data.get("phase") else f"{data.get('forwards')} forwards in a row under no_grad"
@@ -260,6 +268,8 @@ class EvalBeforeTrainInit(_ContractRule):
     """
 
     code, name, severity = "TG215", "eval-before-train-init", "warning"
+    needs = (LOSS,)
+    status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
         return self.finding(
@@ -302,6 +312,8 @@ class EvalNotDeterministic(_ContractRule):
     """
 
     code, name, severity = "TG216", "eval-not-deterministic", "warning"
+    needs = (LOSS,)
+    status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
         if "first_shape" in data:
@@ -355,6 +367,8 @@ class AutocastRunsFp32(_ContractRule):
     """
 
     code, name, severity = "TG311", "autocast-runs-fp32", "warning"
+    needs = (LOSS,)
+    status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
         cause = data.get("cause")
@@ -415,6 +429,8 @@ class WorkersShareRng(_ContractRule):
     """
 
     code, name, severity = "TG541", "workers-share-rng", "warning"
+    needs = (STEPS,)
+    status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
         a, b = data.get("first") or {}, data.get("second") or {}
@@ -463,6 +479,8 @@ class LossBroadcastsBatch(_ContractRule):
     """
 
     code, name, severity = "TG542", "loss-broadcasts-batch", "error"
+    needs = (STEPS,)
+    status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
         return self.finding(
@@ -514,6 +532,8 @@ class BatchDimLost(_ContractRule):
     """
 
     code, name, severity = "TG543", "batch-dim-lost", "warning"
+    needs = (STEPS,)
+    status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
         loader = data.get("loader_shape")
@@ -564,6 +584,8 @@ class ReplicasDiverged(Rule):
     """
 
     code, name, severity = "TG701", "replicas-diverged", "error"
+    needs = (RANKS,)
+    status = "preview"
     all_ranks = True  # the engine gives this rule every rank's events (it compares them)
     KEEP_STEPS = 16
 

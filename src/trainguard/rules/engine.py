@@ -29,67 +29,16 @@ ranks (`all_ranks = True`, rules/ranks.py) get every rank's stream once.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable
-from typing import Any, TypeGuard
+from typing import Any
 
 from trainguard.findings import Finding
+from trainguard.rules.health import HEALTH_RULES
+from trainguard.rules.rule import Rule
 
 LEAD_GRACE = 3  # steps rank 0 has past another rank's finding to find the same before that rank's is its own
 LEAD_ABSENT = 20  # steps the other ranks go on with no row of rank 0 before they are judged without it
-
-
-class Rule:
-    """One rule: consumes events, returns a Finding when it is sure. This class is the whole surface.
-
-    Subclasses set `code`, `name`, `severity` (as in the catalogue) and override any of `on_step`,
-    `on_event`, `end`. Each returns a Finding or None (or a list, for a rule that escalates). A rule
-    keeps whatever state it needs; it must stay cheap per event (it may run in the training process)
-    and bounded: nothing it keeps may grow with the number of steps or events (a 1 GB log is 15
-    million steps). Windows are deques, streaks are `Streak`s, whole-run summaries are running counts;
-    tests/test_rules.py checks it.
-    """
-
-    code = ""
-    name = ""
-    severity = "warning"
-
-    def __init__(self, plan: dict[str, Any]) -> None:
-        self.plan = plan
-        self.total_steps: int | None = _pos_int(plan.get("total_steps"))
-        self.grad_accum: int = _pos_int(plan.get("grad_accum")) or 1
-
-    def on_step(self, row: dict[str, Any]) -> Finding | list[Finding] | None:
-        """Called with each optimizer step's row, in order."""
-        return None
-
-    def on_event(self, event: dict[str, Any]) -> Finding | list[Finding] | None:
-        """Called with each other event (eval, checkpoint, phase, sample, experts, output...)."""
-        return None
-
-    def end(self) -> Finding | list[Finding] | None:
-        """Called once when the stream is over (offline, or when the run ended)."""
-        return None
-
-    # -- helpers for subclasses ---------------------------------------------------------------------
-
-    def finding(self, *, step: int | None, summary: str, fix: str, evidence: dict[str, Any],
-                severity: str | None = None, cause: str | None = None) -> Finding:
-        return Finding(code=self.code, name=self.name, severity=severity or self.severity, summary=summary,
-                       evidence=evidence, fix=fix, step=step, cause=cause, source="rules")
-
-    def fraction(self, step: int | None) -> float | None:
-        """How far into the planned run `step` is (0..1+), None when the plan has no length."""
-        if step is None or not self.total_steps:
-            return None
-        return step / self.total_steps
-
-    def window(self, share: float = 0.05, lo: int = 20, hi: int = 200) -> int:
-        """A window in steps: `share` of the planned run, clamped to [lo, hi] (hi without a plan)."""
-        if not self.total_steps:
-            return hi
-        return int(min(hi, max(lo, share * self.total_steps)))
 
 
 class Engine:
@@ -142,7 +91,7 @@ class Engine:
                 if got is None:
                     continue
                 if rank is None:
-                    out.extend(self._new(got))  # inside: a rule returning something malformed is broken too
+                    out.extend(self._new(self._earlier_held(got)))  # a malformed return breaks the rule too
                 else:
                     self._hold(rank, got)
             except Exception as exc:  # a broken rule must not take the others (or the run) down
@@ -176,6 +125,23 @@ class Engine:
             lead = self._others_step - LEAD_ABSENT
         return out + self._release(lead)
 
+    def _earlier_held(self, got: Finding | list[Finding]) -> list[Finding]:
+        """Rank 0's findings, each replaced by another rank's held finding of the same (name, cause) at an
+        earlier step: that rank had it first (rank 1's NaN at step 12 is the origin of rank 0's at 13)."""
+        out = []
+        for f in got if isinstance(got, list) else [got]:
+            f_step = getattr(f, "step", None)
+            earlier = [(r, h) for r, h in self._held if isinstance(h, Finding) and (h.name, h.cause) == (
+                getattr(f, "name", None), getattr(f, "cause", None)) and h.step is not None
+                and isinstance(f_step, int) and h.step < f_step]
+            if earlier:
+                rank, h = min(earlier, key=lambda rh: rh[1].step or 0)
+                self._held = [(r, x) for r, x in self._held if x is not h]
+                out.append(_attributed(rank, h))
+            else:
+                out.append(f)
+        return out
+
     def _hold(self, rank: int, got: Finding | list[Finding]) -> None:
         for f in got if isinstance(got, list) else [got]:
             if not isinstance(f, Finding):
@@ -196,9 +162,7 @@ class Engine:
                 continue
             if (f.name, f.cause) in self._reported:
                 continue  # rank 0 found it too: the run's problem, said once
-            f.summary = f"rank {rank}: {f.summary}"
-            f.evidence = {**f.evidence, "rank": rank}
-            out.extend(self._new(f))
+            out.extend(self._new(_attributed(rank, f)))
         self._held = keep
         return out
 
@@ -246,6 +210,13 @@ class Engine:
         self.rules = [r for r in self.rules if r is not rule]
 
 
+def _attributed(rank: int, f: Finding) -> Finding:
+    """Another rank's finding, saying whose it is."""
+    f.summary = f"rank {rank}: {f.summary}"
+    f.evidence = {**f.evidence, "rank": rank}
+    return f
+
+
 class _RankRules:
     """One rank's own instances of the per-rank rules, and the hooks each event kind goes to."""
 
@@ -275,88 +246,5 @@ def run_rules(events: Iterable[dict[str, Any]], plan: dict[str, Any] | None = No
 
 
 def all_rules() -> list[type[Rule]]:
-    """The rule classes named in the catalogue (the one registry), in catalogue order."""
-    from trainguard.rules.catalog import CATALOG
-
-    out = []
-    for entry in CATALOG:
-        if entry.status == "removed":
-            continue
-        obj = entry.resolve()
-        if isinstance(obj, type) and issubclass(obj, Rule) and obj not in out:
-            out.append(obj)
-    return out
-
-
-# -- small helpers shared by the rule modules --------------------------------------------------------
-
-class Streak:
-    """Consecutive steps (or evaluations) of one kind: how many, and the first `keep` of them.
-
-    A finding shows the first few steps of a streak; the streak itself may last the rest of a long log,
-    so the rule keeps its count and its head, never the whole list.
-    """
-
-    __slots__ = ("count", "steps", "keep")
-
-    def __init__(self, keep: int = 20) -> None:
-        self.count = 0
-        self.steps: list[Any] = []
-        self.keep = keep
-
-    def add(self, step: Any) -> None:
-        self.count += 1
-        if len(self.steps) < self.keep:
-            self.steps.append(step)
-
-    def clear(self) -> None:
-        self.count = 0
-        self.steps = []
-
-
-
-def finite(value: Any) -> TypeGuard[float]:
-    """A real number that is not NaN or inf (bools are not numbers here). Hot: called per field per step."""
-    kind = type(value)
-    if kind is float:
-        return value - value == 0.0  # nan and inf give nan
-    if kind is int:
-        return True
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def median(values: list[float]) -> float:
-    s = sorted(values)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-
-
-def robust_std(values: list[float]) -> float:
-    """1.4826 x the median absolute deviation: a standard deviation that one spike cannot inflate."""
-    if len(values) < 2:
-        return 0.0
-    m = median(values)
-    return 1.4826 * median([abs(v - m) for v in values])
-
-
-def fmt(value: Any) -> str:
-    """A number as a person reads it in a finding: 3 significant digits, scientific when tiny or huge."""
-    if not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
-    if not math.isfinite(value):
-        return str(value)
-    if value == 0:
-        return "0"
-    if abs(value) < 1e-3 or abs(value) >= 1e5:
-        return f"{value:.2e}"
-    return f"{value:.3g}"
-
-
-def _pos_int(value: Any) -> int | None:
-    try:
-        v = int(value)
-    except (TypeError, ValueError):
-        return None
-    return v if v > 0 else None
+    """The health rules the engine runs, in catalogue order (retired ones left out)."""
+    return [rule for rule in HEALTH_RULES if rule.status != "removed"]

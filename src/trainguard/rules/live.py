@@ -10,6 +10,7 @@ cost a query, JSON decoding and a dict per row on a thread that shares the GIL w
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +65,14 @@ class InboxRules:
                 self.dropped += 1
             self.inbox.append(item)
 
-    def poll(self) -> list[Finding]:
+    def poll(self, through: Callable[[list[dict[str, Any]]], Iterable[dict[str, Any]]] | None = None) -> list[Finding]:
+        """Feeds what arrived since the last poll, in time order; `through` wraps the ordered items (the
+        probe passes its pacing, so a long pass does not hold the training thread back)."""
         batch = []
         while self.inbox:
             batch.append(self.inbox.popleft())
         batch.sort(key=lambda e: e.get("t") or 0)
-        return self.engine.feed_all(batch)
+        return self.engine.feed_all(through(batch) if through is not None else batch)
 
     def end(self) -> list[Finding]:
         return self.engine.end()

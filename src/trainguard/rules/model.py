@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainguard.findings import Finding
-from trainguard.rules.engine import Rule, Streak, finite, fmt
+from trainguard.findings import EVAL, EXPERTS, Finding
+from trainguard.rules.rule import Rule, Streak, finite, fmt
 
 
 class ExpertCollapse(Rule):
@@ -43,6 +43,7 @@ class ExpertCollapse(Rule):
     """
 
     code, name, severity = "TG811", "expert-collapse", "warning"
+    needs = (EXPERTS,)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -123,6 +124,7 @@ class PerplexityImplausible(Rule):
     """
 
     code, name, severity = "TG812", "perplexity-implausible", "warning"
+    needs = (EVAL,)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)

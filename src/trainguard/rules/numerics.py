@@ -6,8 +6,8 @@ import collections
 from pathlib import Path
 from typing import Any
 
-from trainguard.findings import Finding
-from trainguard.rules.engine import Rule, finite, fmt, median
+from trainguard.findings import GRAD_NORM, LOSS, LOSS_SCALE, Finding
+from trainguard.rules.rule import Rule, finite, fmt, median
 
 RATE_ERROR = 0.01  # above 1% of steps, non-finite values are an error, not an accident
 
@@ -87,6 +87,7 @@ class NonfiniteLoss(_RateRule):
     """
 
     code, name, severity = "TG301", "nonfinite-loss", "warning"
+    needs = (LOSS,)
     what = "non-finite (or zero-clamped) losses"
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -164,6 +165,7 @@ class NonfiniteGrad(_RateRule):
     """
 
     code, name, severity = "TG302", "nonfinite-grad", "warning"
+    needs = (GRAD_NORM,)
     what = "non-finite gradient norms"
 
     def on_step(self, row: dict[str, Any]) -> list[Finding] | None:
@@ -218,6 +220,7 @@ class GradScalerCollapse(Rule):
     """
 
     code, name, severity = "TG303", "grad-scaler-collapse", "error"
+    needs = (LOSS_SCALE,)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from trainguard.findings import Finding
-from trainguard.rules.engine import Rule, finite, fmt, median
+from trainguard.findings import CHECKPOINTS, DATA_WAIT, DEVICE_MEMORY, MEMORY, OUTPUT, STEP_TIME, Finding
+from trainguard.rules.rule import Rule, finite, fmt, median
 
 GIB = 2**30
 MIB = 2**20
@@ -44,6 +44,7 @@ class LogFlood(Rule):
     """
 
     code, name, severity = "TG521", "log-flood", "warning"
+    needs = (OUTPUT,)
     PER_STEP = 8.0
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -119,6 +120,7 @@ class ThroughputDrop(Rule):
     """
 
     code, name, severity = "TG522", "throughput-drop", "warning"
+    needs = (STEP_TIME,)
     W = 50
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -200,7 +202,11 @@ class DataWaitDominant(Rule):
 
     ## What it detects
     From `guard.batches(loader)`: the time spent waiting for the next batch as a share of step time,
-    summed over the last 20 steps: above 50%, with at least 2 ms of waiting per step.
+    summed over the last 20 steps: above 50%, with at least 2 ms of waiting per step, and the median
+    step of those 20 itself waiting for more than half its time. (A loader that keeps up except at an
+    epoch's start, where its workers are spawned again, waits long on one step in 16 and not at all on
+    the others: that is not a pipeline the loop is waiting on, and on a loaded machine it alone can
+    pass 50% of a short epoch.)
 
     ## Why it matters
     The accelerator idles while the input pipeline catches up: the run costs twice what it should.
@@ -221,6 +227,7 @@ class DataWaitDominant(Rule):
     """
 
     code, name, severity = "TG523", "data-wait-dominant", "warning"
+    needs = (DATA_WAIT,)
     W = 20
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -241,13 +248,16 @@ class DataWaitDominant(Rule):
         share = waited / total
         if share <= 0.5 or waited / self.W < 0.002:
             return None
+        typical = median([w / t for _, t, w in self.recent])
+        if typical <= 0.5:
+            return None
         return self.finding(
             step=self.recent[0][0],
             summary=f"{share:.0%} of step time over the last {self.W} steps is spent waiting for data "
                     f"({waited / self.W * 1e3:.1f} ms of {total / self.W * 1e3:.1f} ms a step)",
             fix="more DataLoader workers, pin_memory, persistent_workers, prefetching, pre-processed data",
-            evidence={"share": share, "wait_per_step_s": waited / self.W, "step_time_s": total / self.W,
-                      "detected_step": row["step"]},
+            evidence={"share": share, "median_step_share": typical, "wait_per_step_s": waited / self.W,
+                      "step_time_s": total / self.W, "detected_step": row["step"]},
         )
 
 
@@ -290,6 +300,7 @@ class MemoryCreep(Rule):
     """
 
     code, name, severity = "TG524", "memory-creep", "warning"
+    needs = (MEMORY,)
     SERIES = (("rss", "host RSS"), ("dev_allocated", "device memory allocated"))
     MIN_POINTS = 6
     RISE = 256 * 1024  # bytes: smaller changes are page-level noise, not a rise
@@ -412,6 +423,7 @@ class DeviceMemoryNearFull(Rule):
     """
 
     code, name, severity = "TG525", "device-memory-near-full", "warning"
+    needs = (DEVICE_MEMORY,)
     FULL = 0.95
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -475,6 +487,7 @@ class CheckpointStale(Rule):
     """
 
     code, name, severity = "TG526", "checkpoint-stale", "warning"
+    needs = (CHECKPOINTS,)
     MAX_SIZES = 512  # gap sizes counted exactly; beyond, to 3 significant digits
 
     def __init__(self, plan: dict[str, Any]) -> None:

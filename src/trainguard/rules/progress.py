@@ -7,8 +7,8 @@ import collections
 import math
 from typing import Any
 
-from trainguard.findings import Finding
-from trainguard.rules.engine import Rule, Streak, finite, fmt, median, robust_std
+from trainguard.findings import EVAL, LOSS, OUTPUT_SIZE, PROBE, UPDATE_RATIO, Finding
+from trainguard.rules.rule import Rule, Streak, finite, fmt, median, robust_std
 from trainguard.rules.schedule import step_lr
 
 
@@ -49,6 +49,7 @@ class WeightsNotUpdating(Rule):
     """
 
     code, name, severity = "TG201", "weights-not-updating", "error"
+    needs = (UPDATE_RATIO,)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -138,6 +139,7 @@ class ParamsWithoutGrad(Rule):
     """
 
     code, name, severity = "TG202", "params-without-grad", "warning"
+    needs = (PROBE,)
     MIN_SAMPLES = 5
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -250,6 +252,7 @@ class EvalMetricsFrozen(Rule):
     """
 
     code, name, severity = "TG203", "eval-metrics-frozen", "error"
+    needs = (EVAL,)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -372,6 +375,7 @@ class LossNotDecreasing(Rule):
     """
 
     code, name, severity = "TG204", "loss-not-decreasing", "warning"
+    needs = (LOSS,)
     MAX_KEEP = 2000
     MIN_ROWS = 16  # 8 a half: fewer cannot give a median and a noise
 
@@ -454,6 +458,7 @@ class InitialLossOff(Rule):
     """
 
     code, name, severity = "TG205", "initial-loss-off", "warning"
+    needs = (LOSS, OUTPUT_SIZE)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -571,6 +576,7 @@ class LossDiverging(Rule):
     """
 
     code, name, severity = "TG206", "loss-diverging", "error"
+    needs = (LOSS,)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -656,6 +662,7 @@ class LossSpike(Rule):
     """
 
     code, name, severity = "TG207", "loss-spike", "warning"
+    needs = (LOSS,)
     TAIL_FACTOR = 4.0  # a spike stands this many times further above the median than the run's own 99th percentile
     BIN = 0.02  # log-space width of the tail histogram's bins; 1,000 bins reach e^20
 

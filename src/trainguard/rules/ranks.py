@@ -19,8 +19,8 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from trainguard.findings import Finding
-from trainguard.rules.engine import Rule, finite, fmt, median
+from trainguard.findings import RANKS, Finding
+from trainguard.rules.rule import Rule, finite, fmt, median
 
 
 class _ByStep:
@@ -45,9 +45,13 @@ class _ByStep:
 
     def add(self, row: dict[str, Any]) -> list[tuple[int, dict[int, dict[str, Any]]]]:
         step, rank = row.get("step"), row.get("rank")
-        if not isinstance(step, int) or not isinstance(rank, int) or rank < 0:
+        if self.world == 1 or not isinstance(step, int) or not isinstance(rank, int) or rank < 0:
             return []
         self.newest[rank] = max(self.newest.get(rank, step), step)
+        if self.world is None and len(self.newest) < 2:
+            # one rank so far and no plan to say more are coming (a log, a single process): nothing to
+            # compare, and holding its rows would cost a 15-million-step log a scan per row
+            return []
         if step not in self.rows:
             late = bool(self.rows) and step < next(reversed(self.rows))
             self.rows[step] = {}
@@ -56,16 +60,16 @@ class _ByStep:
         self.rows[step][rank] = row
         want = self.world or max(2, len(self.newest))
         done = []
-        for s in list(self.rows):
+        while self.rows:
+            s = next(iter(self.rows))
             got = self.rows[s]
             ranks_in = len(got) >= want
             # every rank seen that is missing here has written a later step: it will not write this one
             passed = len(self.newest) >= want and all(
                 self.newest[r] > s for r in self.newest if r not in got)
-            if ranks_in or passed or len(self.rows) > self.KEEP:
-                done.append((s, self.rows.pop(s)))
-            else:
+            if not (ranks_in or passed or len(self.rows) > self.KEEP):
                 break  # steps are judged in order
+            done.append((s, self.rows.pop(s)))
         return [(s, got) for s, got in done if len(got) >= 2]
 
     def rest(self) -> list[tuple[int, dict[int, dict[str, Any]]]]:
@@ -114,6 +118,8 @@ class NonfiniteOnOneRank(Rule):
     """
 
     code, name, severity = "TG702", "nonfinite-on-one-rank", "error"
+    needs = (RANKS,)
+    status = "preview"
     all_ranks = True
 
     def __init__(self, plan: dict[str, Any]) -> None:
@@ -204,6 +210,8 @@ class StragglerRank(Rule):
     """
 
     code, name, severity = "TG703", "straggler-rank", "warning"
+    needs = (RANKS,)
+    status = "preview"
     all_ranks = True
     WINDOW = 20  # steps judged together
     SHARE_LAST = 0.8  # the same rank slowest in at least this share of the window
@@ -303,6 +311,8 @@ class GradNormsDiffer(Rule):
     """
 
     code, name, severity = "TG704", "grad-norms-differ", "error"
+    needs = (RANKS,)
+    status = "preview"
     all_ranks = True
     TOLERANCE = 1e-3
     IN_A_ROW = 3
@@ -384,6 +394,8 @@ class RankStopped(Rule):
     """
 
     code, name, severity = "TG705", "rank-stopped", "error"
+    needs = (RANKS,)
+    status = "preview"
     all_ranks = True
     BEHIND = 3
     PACE_TIMES = 20

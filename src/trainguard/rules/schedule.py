@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainguard.findings import Finding
-from trainguard.rules.engine import Rule, finite, fmt, median
+from trainguard.findings import LR, SCHED_HORIZON, Finding
+from trainguard.rules.rule import Rule, finite, fmt, median
 
 # An LR below this share of the run's own peak moves nothing. Not 1e-3: the classic step schedule
 # (0.1 -> 0.01 -> 0.001 -> 0.0001) ends at exactly 1e-3 of its peak, on purpose.
@@ -60,6 +60,7 @@ class LrReachesZero(Rule):
     """
 
     code, name, severity = "TG101", "lr-reaches-zero", "error"
+    needs = (LR,)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -146,6 +147,7 @@ class ScheduleHorizonMismatch(Rule):
     """
 
     code, name, severity = "TG102", "schedule-horizon-mismatch", "warning"
+    needs = (LR, SCHED_HORIZON)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -295,6 +297,8 @@ class LrCyclesToZero(Rule):
     """
 
     code, name, severity = "TG103", "lr-cycles-to-zero", "error"
+    needs = (LR,)
+    status = "preview"
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)

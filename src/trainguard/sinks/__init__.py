@@ -30,12 +30,12 @@ from typing import Any, Protocol
 from trainguard.contract import ENV_SINKS
 from trainguard.errors import UserError
 
-# name -> (module with an `open_sink(run_dir, value)`, the library it needs, the extra that brings it)
-SINKS: dict[str, tuple[str, str, str]] = {
-    "tensorboard": ("trainguard.sinks.tb", "tensorboard", "integrations"),
-    "wandb": ("trainguard.sinks.wandb_sink", "wandb", "wandb"),
-    "mlflow": ("trainguard.sinks.mlflow_sink", "mlflow", "mlflow"),
-    "prometheus": ("trainguard.sinks.prometheus_sink", "prometheus_client", "prometheus"),
+# name -> (the library it needs, the extra that brings it); `open_sink` names each one's module
+SINKS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "integrations"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow"),
+    "prometheus": ("prometheus_client", "prometheus"),
 }
 
 
@@ -89,7 +89,7 @@ def check_available(specs: list[SinkSpec]) -> None:
     from importlib.util import find_spec
 
     for spec in specs:
-        _, library, extra = SINKS[spec.name]
+        library, extra = SINKS[spec.name]
         try:
             found = find_spec(library) is not None
         except (ImportError, ValueError):  # a parent package that fails, a module marked unimportable
@@ -99,7 +99,19 @@ def check_available(specs: list[SinkSpec]) -> None:
 
 
 def open_sink(spec: SinkSpec, run_dir: Path) -> Sink:
-    from importlib import import_module
+    # imported only when asked for: each module imports its library, which may be heavy or missing
+    if spec.name == "tensorboard":
+        from trainguard.sinks import tb
 
-    module = import_module(SINKS[spec.name][0])
-    return module.open_sink(run_dir, spec.value)
+        return tb.open_sink(run_dir, spec.value)
+    if spec.name == "wandb":
+        from trainguard.sinks import wandb_sink
+
+        return wandb_sink.open_sink(run_dir, spec.value)
+    if spec.name == "mlflow":
+        from trainguard.sinks import mlflow_sink
+
+        return mlflow_sink.open_sink(run_dir, spec.value)
+    from trainguard.sinks import prometheus_sink
+
+    return prometheus_sink.open_sink(run_dir, spec.value)

@@ -81,3 +81,13 @@ def _start_time(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except Exception:
         return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

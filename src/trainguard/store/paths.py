@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -87,3 +88,8 @@ def resolve_run(name: str | None, root: str | Path | None = None) -> Path:
     if direct.exists():
         raise UserError(f"{name} is not a trainguard run folder (no run.db or status.json in it)")
     raise UserError(f"unknown run: {name} (not a folder, and not a run under {base})")
+
+
+def temporary_dirs() -> list[str]:
+    """Temp and cache folders: written by libraries all the time, never resumed from by accident."""
+    return [os.path.realpath(tempfile.gettempdir()), os.path.realpath(os.path.expanduser("~/.cache"))]

@@ -105,8 +105,8 @@ class RunReader:
     def meta(self) -> dict[str, Any]:
         return {k: load_json(v) for k, v in self._query("SELECT key, value FROM meta")}
 
-    def steps(self, *, rank: int | None = None, since_rowid: int = 0) -> Iterator[dict[str, Any]]:
-        """One dict per optimizer step, in the order they were written."""
+    def steps(self, *, rank: int | None = None, since_rowid: int = 0, by_time: bool = False) -> Iterator[dict[str, Any]]:
+        """One dict per optimizer step, in the order they were written (`by_time`: in the order of their `t`)."""
         where = "WHERE rowid > ?"
         args: tuple = (since_rowid,)
         if rank is not None:
@@ -115,13 +115,13 @@ class RunReader:
         if self._conn is None:
             return
         try:
-            yield from self._step_rows(where, args)
+            yield from self._step_rows(where, args, "t, rowid" if by_time else "rowid")
         except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # damage found while streaming the rows
             raise UserError(f"cannot read {self.run_dir / DB_NAME}: {exc}") from None
 
-    def _step_rows(self, where: str, args: tuple) -> Iterator[dict[str, Any]]:
+    def _step_rows(self, where: str, args: tuple, order: str = "rowid") -> Iterator[dict[str, Any]]:
         assert self._conn is not None
-        cur = self._conn.execute(f"SELECT rowid, {', '.join(STEP_COLUMNS)} FROM steps {where} ORDER BY rowid", args)
+        cur = self._conn.execute(f"SELECT rowid, {', '.join(STEP_COLUMNS)} FROM steps {where} ORDER BY {order}", args)
         for row in cur:
             rec: dict[str, Any] = {"kind": "step", "rowid": row[0]}
             for col, value in zip(STEP_COLUMNS, row[1:]):
@@ -190,8 +190,12 @@ class RunReader:
         return list(seen.values())
 
     def iter_events(self) -> Iterator[dict[str, Any]]:
-        """Steps and events merged in time order: the stream the rules consume offline."""
-        steps = self.steps()
+        """Steps and events merged in time order: the stream the rules consume offline.
+
+        Each rank commits its rows in batches, so in a run of several ranks the order of writing is rank 0's
+        hundred steps, then rank 1's: read by time instead, the ranks' steps interleave as they happened
+        (the rules that compare ranks, and a rank's finding held for rank 0's, rely on it)."""
+        steps = self.steps(by_time=len(self.ranks()) > 1)
         events = iter(self.events())
         nxt_step = next(steps, None)
         nxt_ev = next(events, None)

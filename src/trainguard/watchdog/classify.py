@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.watchdog.crash import is_user_frame
+from trainguard.rules.crash import is_user_frame
 from trainguard.watchdog.stacks import Frame, ProcSample, Snapshot, ThreadStack
 
 CAUSES = ("dataloader-worker", "collective", "deadlock", "busy-loop", "device-sync", "io", "sleep", "unknown")

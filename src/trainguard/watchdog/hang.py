@@ -1,8 +1,8 @@
-"""A stall, diagnosed: take the stacks, save them, name the cause, and build the `run-hung` finding.
+"""A stall, diagnosed: take the stacks, save them and name the cause (stall.py builds the findings from it).
 
     result = diagnose_stall(run_dir, pid, attempt=0)
     result.moving       # True: the run is writing or reading steadily (a slow checkpoint), not stuck
-    result.finding(idle=..., timeout=..., step=..., phase=..., last_progress=...)
+    hang_finding(stall, result)   # watchdog/stall.py builds the finding from what this found
 
 The supervisor calls this once per stall; everything heavy (py-spy, psutil, the kernel log) lives below.
 """
@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract import ENV_PY_SPY
-from trainguard.findings import Finding
 from trainguard.watchdog import classify, collectives, stacks
-from trainguard.watchdog.stall import hang_finding
 
 SAMPLES = 2  # two samples tell stuck from spinning; each more costs `INTERVAL` seconds of latency
 INTERVAL = 2.0
@@ -53,16 +51,7 @@ class StallDiagnosis:
         no stack could say): a slow save, not a hang. A lock, a collective or a busy loop never counts."""
         return self.io_bytes_moved >= classify.IO_MOVING_BYTES and self.diagnosis.cause in ("io", "sleep", "unknown")
 
-    def finding(self, *, idle: float, timeout: float, step: int | None, phase: str | None,
-                last_progress: float) -> Finding:
-        d = self.diagnosis
-        f = hang_finding(idle=idle, timeout=timeout, step=step, phase=phase, last_progress=last_progress,
-                         process=self._process_summary(), extra=self._evidence())
-        f.cause, f.where, f.fix = d.cause, d.where, d.fix
-        f.summary += f"; cause {d.cause}: {d.detail}"
-        return f
-
-    def _process_summary(self) -> dict[str, Any]:
+    def process_summary(self) -> dict[str, Any]:
         root = self.snapshot.last(self.snapshot.root_pid)
         if root is None:
             return {"pid": self.snapshot.root_pid}
@@ -74,7 +63,7 @@ class StallDiagnosis:
         return {"pid": root.pid, key: round(cpu, 1), "status": root.status, "rss_mb": root.rss_mb,
                 "processes": len(pids)}
 
-    def _evidence(self) -> dict[str, Any]:
+    def evidence(self) -> dict[str, Any]:
         d = self.diagnosis
         last = self.snapshot.samples[-1] if self.snapshot.samples else {}
         ev: dict[str, Any] = {

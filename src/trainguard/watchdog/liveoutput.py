@@ -160,13 +160,13 @@ class OutputRulesMonitor:
 
     def _engine(self) -> Any:
         if self.engine is None:
-            from trainguard.ingest.diagnose import _starved
+            from trainguard.ingest.diagnose import starved
             from trainguard.rules.engine import Engine
 
             plan = {"total_steps": self.parser.plan_total} if self.parser.plan_total else {}
             self.engine = Engine(plan, source="output")
             # the rules no printed line can ever feed are left out, as diagnose leaves them out of a log
-            idle = _starved(self.engine, plan)
+            idle = starved(self.engine, plan)
             self.engine.rules = [r for r in self.engine.rules if r not in idle]
         return self.engine
 
@@ -175,7 +175,7 @@ class OutputRulesMonitor:
 
         found = []
         for lineno, name in self.facts.warnings:
-            if name == "scheduler-before-optimizer" and name not in self.warned:
+            if name == signs.SCHEDULER_BEFORE_OPTIMIZER.name and name not in self.warned:
                 self.warned.add(name)
                 count = sum(1 for _, n in self.facts.warnings if n == name)
                 found.append(self._mark(signs.scheduler_before_optimizer("output.log", lineno, count)))

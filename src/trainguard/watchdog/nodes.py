@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.findings import Finding
+from trainguard.findings import RANKS, Code, Finding
 
 BEAT = 2.0  # seconds between a watchdog's beats in the store
 LOST_AFTER = 20.0  # seconds without a new beat from a node that had beaten: it is lost
@@ -211,8 +211,8 @@ def node_lost_finding(node: int, beat: dict[str, Any], *, silent: float, this_no
     A watchdog stopped for a long time (SIGSTOP, a frozen machine that comes back) looks lost.
     """
     host = beat.get("host")
-    return Finding(
-        code="TG711", name="node-lost", severity="error", step=step,
+    return Finding.of(
+        NODE_LOST, step=step,
         summary=(f"node {node}{f' (host {host})' if host else ''} lost: no beat for {silent:.0f} s through the "
                  f"rendezvous store at {endpoint}; last at step {beat.get('step')}. What this node's ranks do next "
                  "(a closed connection, a wait in a collective) is a consequence"),
@@ -222,5 +222,8 @@ def node_lost_finding(node: int, beat: dict[str, Any], *, silent: float, this_no
         fix=("Find why that node went away (the scheduler's log: preemption, time limit, node failure; the kernel "
              "log: the OOM killer; its own part of the run folder). Restart from the last checkpoint; an elastic "
              "--nnodes=MIN:MAX with --max-restarts lets torchrun go on without it."),
-        cause="node-lost", where=f"node {node}", source="watchdog",
+        cause=NODE_LOST.name, where=f"node {node}", source="watchdog",
     )
+
+
+NODE_LOST = Code("TG711", "node-lost", "error", needs=(RANKS,), page=node_lost_finding, status="preview")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UserError
-from trainguard.findings import Finding
+from trainguard.findings import WATCHDOG, Code, Finding
 
 ON_HANG = ("wait", "kill", "restart")
 
@@ -86,8 +86,8 @@ def repeats_finding(first: Finding, again: Finding, *, restarts: int, checkpoint
     that stalls at the same save) looks deterministic; fix the storage rather than restart more.
     """
     ckpt = f" from checkpoint {checkpoint}" if checkpoint else " from the start"
-    return Finding(
-        code="TG507", name="hang-repeats", severity="error", step=again.step,
+    return Finding.of(
+        HANG_REPEATS, step=again.step,
         summary=(f"hung again after restart {restarts}{ckpt}: cause {again.cause} at {again.where}, the same as "
                  "before; the failure repeats, so trainguard stopped restarting"),
         evidence={"first_hang": first.summary, "first_step": first.step, "again_step": again.step,
@@ -96,3 +96,6 @@ def repeats_finding(first: Finding, again: Finding, *, restarts: int, checkpoint
         fix="This hang is deterministic: restarting will not get past it. " + (again.fix or ""),
         cause=again.cause, where=again.where, source="watchdog",
     )
+
+
+HANG_REPEATS = Code("TG507", "hang-repeats", "error", needs=(WATCHDOG,), page=repeats_finding)

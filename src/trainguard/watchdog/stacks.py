@@ -221,7 +221,7 @@ def _stacks_into(s: ProcSample, stacks_dir: Path, spy: str | None) -> None:
 
 def _burst(s: ProcSample, stacks_dir: Path, spy: str | None) -> None:
     """Spinning code moves between the lines of its loop: a few quick samples show the whole loop."""
-    from trainguard.watchdog.crash import is_user_frame
+    from trainguard.rules.crash import is_user_frame
 
     n = BURST if s.source == "signal" else 2
     for _ in range(n):

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-from trainguard.findings import Finding
+from trainguard.findings import WATCHDOG, Code, Finding
+
+if TYPE_CHECKING:  # hang.py (the stacks and their diagnosis) imports this module
+    from trainguard.watchdog.hang import StallDiagnosis
 
 
 @dataclass
@@ -118,11 +121,14 @@ def stalled_finding(hang: Finding, *, limit: float, basis: str) -> Finding:
     ev = dict(hang.evidence or {})
     ev["stop_limit"] = round(limit, 1)
     ev["stop_limit_basis"] = basis
-    return Finding(
-        code="TG509", name="run-stalled", severity="warning", step=hang.step,
+    return Finding.of(
+        RUN_STALLED, step=hang.step,
         summary=f"{hang.summary}; not stopped: no proof that it cannot recover; limit {limit:.0f} s ({basis})",
         evidence=ev, fix=hang.fix, cause=hang.cause, where=hang.where, source="watchdog",
     )
+
+
+RUN_STALLED = Code("TG509", "run-stalled", "warning", needs=(WATCHDOG,), page=stalled_finding)
 
 
 def stall_ended(finding: Finding, *, seconds: float, how: str) -> None:
@@ -133,8 +139,20 @@ def stall_ended(finding: Finding, *, seconds: float, how: str) -> None:
     finding.summary += f"; it ended by itself after {seconds:.0f} s ({how}): slow, not hung"
 
 
-def hang_finding(*, idle: float, timeout: float, step: int | None, phase: str | None, last_progress: float,
-                 process: dict[str, Any], extra: dict[str, Any] | None = None) -> Finding:
+@dataclass(frozen=True)
+class Stall:
+    """One stall as the supervisor sees it when it looks: how long, against which timeout, where the run was."""
+
+    idle: float
+    timeout: float
+    step: int | None
+    phase: str | None
+    last_progress: float
+    pid: int
+    attempt: int = 0
+
+
+def hang_finding(stall: Stall, looked: StallDiagnosis | None = None, *, stopped_because: str | None = None) -> Finding:
     """TG502 run-hung: the process is alive but has made no progress for longer than the stall timeout.
 
     What it detects: no progress for longer than the stall timeout while the process lives, and either
@@ -155,25 +173,36 @@ def hang_finding(*, idle: float, timeout: float, step: int | None, phase: str | 
     phase the run has been through that now stays quiet more than five times its longest before (and
     more than ten minutes).
     """
+    process = looked.process_summary() if looked is not None else {"pid": stall.pid}
     cpu = process.get("cpu_percent")
     busy = ""
     if cpu is not None:
         busy = "; it is burning CPU (busy, not waiting)" if cpu > 50 else "; it is idle (waiting on something)"
-    at = f" at step {step}" if step is not None else ""
-    ph = f", phase '{phase}'" if phase else ""
+    at = f" at step {stall.step}" if stall.step is not None else ""
+    ph = f", phase '{stall.phase}'" if stall.phase else ""
     evidence = {
-        "seconds_without_progress": round(idle, 1),
-        "stall_timeout": round(timeout, 1),
-        "last_progress_at": last_progress,
+        "seconds_without_progress": round(stall.idle, 1),
+        "stall_timeout": round(stall.timeout, 1),
+        "last_progress_at": stall.last_progress,
         "detected_at": time.time(),
         **{k: v for k, v in process.items() if v is not None},
-        **(extra or {}),
+        **(looked.evidence() if looked is not None else {}),
     }
-    return Finding(
-        code="TG502", name="run-hung", severity="error", step=step,
-        summary=f"no progress for {idle:.0f} s (stall timeout {timeout:.0f} s){at}{ph}{busy}",
-        evidence=evidence,
-        fix="Look at the stacks taken at the stall (stacks/ in the run folder) to see where it waits;"
-            " the cause and where it is stuck decide the fix.",
-        cause="unknown", source="watchdog",
-    )
+    summary = f"no progress for {stall.idle:.0f} s (stall timeout {stall.timeout:.0f} s){at}{ph}{busy}"
+    cause, where = "unknown", None
+    fix = ("Look at the stacks taken at the stall (stacks/ in the run folder) to see where it waits;"
+           " the cause and where it is stuck decide the fix.")
+    if looked is not None:  # the stacks named a cause: its place and its own fix (watchdog/classify.py)
+        d = looked.diagnosis
+        cause, where, fix = d.cause, d.where, d.fix
+        summary += f"; cause {d.cause}: {d.detail}"
+    if stall.attempt:
+        evidence["attempt"] = stall.attempt
+    if stopped_because:
+        evidence["stopped_because"] = stopped_because
+        summary += f"; stopped: {stopped_because}"
+    return Finding.of(RUN_HUNG, step=stall.step, summary=summary, evidence=evidence, fix=fix, cause=cause,
+                      where=where, source="watchdog")
+
+
+RUN_HUNG = Code("TG502", "run-hung", "error", needs=(WATCHDOG,), page=hang_finding)

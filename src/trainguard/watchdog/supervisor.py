@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,17 +32,18 @@ from trainguard import __version__
 from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_WATCHDOG
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
-from trainguard.probe.selflog import GuardLog
+from trainguard.rules import crash
+from trainguard.rules.firstfailure import first_failure_finding
 from trainguard.store.nodes import node_dir
 from trainguard.store.owner import owner_record
 from trainguard.store.paths import new_run_dir, prepare_run_dir
 from trainguard.store.reader import RunReader
+from trainguard.store.selflog import GuardLog
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
-from trainguard.watchdog import crash, keeper, nodes, restart, statusline, stop, verdict
-from trainguard.watchdog.firstfailure import first_failure_finding
-from trainguard.watchdog.stall import StallPolicy, hang_finding, stall_ended, stalled_finding
+from trainguard.watchdog import keeper, nodes, restart, statusline, stop, verdict
+from trainguard.watchdog.stall import Stall, StallPolicy, hang_finding, stall_ended, stalled_finding
 from trainguard.watchdog.tee import OutputCapture
 from trainguard.watchdog.writes import WriteWatch
 
@@ -126,9 +128,13 @@ def check_command(command: list[str]) -> None:
 
 
 class Supervisor:
-    def __init__(self, options: RunOptions, monitors: list[Monitor] | None = None) -> None:
+    def __init__(self, options: RunOptions, monitors: list[Monitor] | None = None,
+                 report: Callable[[Path], tuple[Path, Path]] | None = None) -> None:
+        """`monitors` are polled while the run lives; `report(run_dir)`, given by the command (the report
+        is a room above the watchdog), writes report.md and report.html once the run has ended."""
         check_command(options.command)
         self.options = options
+        self.write_report = report
         if options.stall_timeout is not None and options.stall_timeout <= 0:
             raise UserError(f"--stall-timeout must be a positive number of seconds, got {options.stall_timeout}")
         label = _label(options.command)
@@ -394,14 +400,14 @@ class Supervisor:
         most MAX_IO_GRACE times in a row.
         """
         timeout = self.stall.timeout(state.phase, startup=state.scratch.get("startup", False))
-        result, hang = self._look(state, idle, timeout)
-        if hang is None:
+        result, stall = self._look(state, idle, timeout)
+        if stall is None:
             return None
         why = stop.proof(result.diagnosis) if result is not None else None
         if why:
-            return self._stop_for(hang, why)
+            return self._stop_for(hang_finding(stall, result, stopped_because=why))
         limit, basis = self._limit(state)
-        stalled = stalled_finding(hang, limit=limit, basis=basis)
+        stalled = stalled_finding(hang_finding(stall, result), limit=limit, basis=basis)
         self._report(stalled)
         self._open = OpenStall(finding=stalled, since=state.t_progress or self.attempt_started, mark=mark,
                                looks=[result] if result is not None else [],
@@ -421,25 +427,28 @@ class Supervisor:
         past = idle >= limit
         if not past and time.time() < st.next_look:
             return None
-        result, hang = self._look(state, idle, timeout)
-        if hang is None or self._open is None:
+        result, stall = self._look(state, idle, timeout)
+        if stall is None or self._open is None:
             return None  # it ended while we looked, or moved
         st.next_look = time.time() + self._relook(timeout)
         if result is not None:
             st.looks.append(result)
+        why: str | None
         if past:
-            return self._stop_for(hang, f"the stall lasted {idle:.0f} s, past its limit of {limit:.0f} s ({basis})")
-        why = stop.proof(result.diagnosis) if result is not None else None
-        why = why or stop.stuck(st.looks, idle=idle, longest_done=self._longest_done(),
-                                phase_seen=self._phase_seen(state))
-        return self._stop_for(hang, why) if why else None
+            why = f"the stall lasted {idle:.0f} s, past its limit of {limit:.0f} s ({basis})"
+        else:
+            why = stop.proof(result.diagnosis) if result is not None else None
+            why = why or stop.stuck(st.looks, idle=idle, longest_done=self._longest_done(),
+                                    phase_seen=self._phase_seen(state))
+        return self._stop_for(hang_finding(stall, result, stopped_because=why)) if why else None
 
-    def _look(self, state: WatchState, idle: float, timeout: float) -> tuple[Any, Finding | None]:
-        """Stacks of every process, diagnosed: (the diagnosis or None, the run-hung finding it makes), or
+    def _look(self, state: WatchState, idle: float, timeout: float) -> tuple[Any, Stall | None]:
+        """Stacks of every process, diagnosed: (the diagnosis or None, the stall it looked at), or
         (None, None) when the run ended or moved while we looked."""
         from trainguard.watchdog.hang import diagnose_stall
 
-        last_progress = state.t_progress or self.attempt_started
+        stall = Stall(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
+                      last_progress=state.t_progress or self.attempt_started, pid=state.pid, attempt=self.attempt)
         label: int | str = self.attempt if self._looks == 0 else f"{self.attempt}-{self._looks}"
         self._looks += 1
         try:
@@ -447,8 +456,7 @@ class Supervisor:
         except Exception as exc:
             # Why not raise: a broken diagnosis must not cost the user the stall finding itself.
             self._guard_error(f"hang diagnosis failed: {exc!r}")
-            return None, hang_finding(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
-                                      last_progress=last_progress, process={"pid": state.pid})
+            return None, stall
         if self.proc.poll() is not None:
             return None, None  # it ended while we looked (a slow exit): the exit decides the state, not a stall
         after = self._observe()
@@ -467,15 +475,9 @@ class Supervisor:
             if self._open is not None:
                 self._end_stall(time.time() - self._open.since, why)
             return None, None
-        hang = result.finding(idle=idle, timeout=timeout, step=state.step, phase=state.phase,
-                              last_progress=last_progress)
-        if self.attempt:
-            hang.evidence["attempt"] = self.attempt
-        return result, hang
+        return result, stall
 
-    def _stop_for(self, hang: Finding, why: str) -> Finding:
-        hang.evidence["stopped_because"] = why
-        hang.summary += f"; stopped: {why}"
+    def _stop_for(self, hang: Finding) -> Finding:
         self._open = None
         self._report(hang)
         return hang
@@ -596,10 +598,10 @@ class Supervisor:
 
     def _write_report(self) -> None:
         """report.md and report.html, fail-open: a report failure never changes the verdict or exit code."""
+        if self.write_report is None:
+            return
         try:
-            from trainguard.report import write_report
-
-            _, html_path = write_report(self.run_dir)
+            _, html_path = self.write_report(self.run_dir)
             self._note(f"trainguard: report {html_path}")
         except Exception as exc:
             self._guard_error(f"could not write the report: {exc!r}")

@@ -14,13 +14,14 @@ as shells do), and with these codes otherwise:
 
 from __future__ import annotations
 
-import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.findings import Finding
+from trainguard.findings import EXPECTS, PROCESS, WATCHDOG, Code, Finding
+from trainguard.rules.crash import RUN_CRASHED
+from trainguard.rules.ending import probe_not_finished
 
 EXIT_FAILED = 123  # exit 0, but an expected artifact is missing or stale, or the probe never finished
 EXIT_HUNG = 124  # no progress for longer than the stall timeout (as `timeout(1)` uses 124)
@@ -41,27 +42,6 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
-
-
-def probe_not_finished(step: int | None) -> Finding:
-    """TG506 probe-not-finished: the script exited without reaching `guard.finish()`.
-
-    What it detects: a process that exited (often with code 0) while its probe was never finished, e.g. an
-    `os._exit(0)`, a `sys.exit(0)` from a branch that skips the rest, or a forgotten `guard.finish()`.
-    Why it matters: exit 0 is not proof that the work was done; seed 000's monitor reported "Training
-    complete" while the script had done nothing for 13 minutes.
-    Example: exit code 0 at step 1200 of 5000; the probe never reached finish().
-    What to change: call `guard.finish()` at the true end of the script, or use `with trainguard.watch(...)`.
-    """
-    at = f" at step {step}" if step is not None else ""
-    return Finding(
-        code="TG506", name="probe-not-finished", severity="error", step=step,
-        summary=f"the script exited{at} without reaching guard.finish(): its end was never confirmed",
-        evidence={"step": step},
-        fix="Call guard.finish() at the true end of the script (or use `with trainguard.watch(...) as guard:`);"
-            " if the script left early on purpose, let it say so by finishing the guard first.",
-        source="watchdog",
-    )
 
 
 def check_artifacts(expects: list[str], started: float, cwd: str | None = None) -> list[Finding]:
@@ -85,8 +65,8 @@ def check_artifacts(expects: list[str], started: float, cwd: str | None = None) 
         try:
             st = path.stat()
         except FileNotFoundError:
-            findings.append(Finding(
-                code="TG504", name="artifact-missing", severity="error",
+            findings.append(Finding.of(
+                ARTIFACT_MISSING,
                 summary=f"expected artifact {raw} does not exist although the command exited 0",
                 evidence={"path": str(path), "exists": False},
                 fix=f"The script ended without writing {raw}. Check the end of output.log and the last phase;"
@@ -95,8 +75,8 @@ def check_artifacts(expects: list[str], started: float, cwd: str | None = None) 
             ))
             continue
         except OSError as exc:
-            findings.append(Finding(
-                code="TG504", name="artifact-missing", severity="error",
+            findings.append(Finding.of(
+                ARTIFACT_MISSING,
                 summary=f"expected artifact {raw} cannot be read: {exc.strerror}",
                 evidence={"path": str(path), "error": str(exc)}, fix="Check the path and its permissions.",
                 source="watchdog",
@@ -105,8 +85,8 @@ def check_artifacts(expects: list[str], started: float, cwd: str | None = None) 
         # one second of slack: some filesystems keep mtimes at a coarse resolution
         if st.st_mtime < started - 1.0:
             age = started - st.st_mtime
-            findings.append(Finding(
-                code="TG505", name="artifact-stale", severity="error",
+            findings.append(Finding.of(
+                ARTIFACT_STALE,
                 summary=f"expected artifact {raw} was not written during this run (last written {age:.0f} s before it started)",
                 evidence={"path": str(path), "mtime": st.st_mtime, "run_started": started,
                           "written_before_start_s": round(age, 1)},
@@ -115,6 +95,12 @@ def check_artifacts(expects: list[str], started: float, cwd: str | None = None) 
                 source="watchdog",
             ))
     return findings
+
+
+ARTIFACT_STALE = Code("TG505", "artifact-stale", "error", needs=(EXPECTS,), page=check_artifacts)
+
+
+ARTIFACT_MISSING = Code("TG504", "artifact-missing", "error", needs=(EXPECTS,), page=check_artifacts)
 
 
 def killed_finding(signum: int, *, step: int | None, oom: dict[str, Any]) -> Finding:
@@ -155,12 +141,15 @@ def killed_finding(signum: int, *, step: int | None, oom: dict[str, Any]) -> Fin
                        " (DataLoader workers × prefetch, dataset caching, leaks).",
         "segfault": "Run with `PYTHONFAULTHANDLER=1` to get the Python frames; update or pin the native extension.",
     }.get(cause or "", "Find who sent the signal; resume from the last checkpoint.")
-    return Finding(
-        code="TG503", name="run-killed", severity="error", step=step,
+    return Finding.of(
+        RUN_KILLED, step=step,
         summary=f"the process was killed by {name}{at}: {likely}",
         evidence={"signal": name, **{k: v for k, v in oom.items() if v not in (None, [], 0)}},
         fix=fix, cause=cause, source="watchdog",
     )
+
+
+RUN_KILLED = Code("TG503", "run-killed", "error", needs=(PROCESS,), page=killed_finding)
 
 
 def leftover_finding(members: list[dict[str, Any]], step: int | None) -> Finding:
@@ -176,8 +165,8 @@ def leftover_finding(members: list[dict[str, Any]], step: int | None) -> Finding
     down DataLoader workers); trainguard stops the leftovers itself (SIGTERM, then SIGKILL).
     """
     shown = [f"pid {m.get('pid')} {' '.join(m.get('cmdline') or [])[:120]}" for m in members[:10]]
-    return Finding(
-        code="TG508", name="leftover-processes", severity="warning", step=step,
+    return Finding.of(
+        LEFTOVER_PROCESSES, step=step,
         summary=f"{len(members)} process(es) of the run were still running after its main process exited;"
                 " trainguard stopped them",
         evidence={"processes": shown, "count": len(members)},
@@ -185,6 +174,9 @@ def leftover_finding(members: list[dict[str, Any]], step: int | None) -> Finding
             " shut down DataLoader workers.",
         source="watchdog",
     )
+
+
+LEFTOVER_PROCESSES = Code("TG508", "leftover-processes", "warning", needs=(WATCHDOG,), page=leftover_finding)
 
 
 def decide(
@@ -217,8 +209,8 @@ def decide(
     if returncode != 0:
         crash = probe_crash or stderr_crash
         if crash is None:
-            crash = Finding(
-                code="TG501", name="run-crashed", severity="error", step=step,
+            crash = Finding.of(
+                RUN_CRASHED, step=step,
                 summary=f"the command exited with code {returncode} without a Python traceback",
                 evidence={"exit_code": returncode},
                 fix="Read the end of output.log in the run folder: the command said why, or said nothing.",
@@ -233,13 +225,3 @@ def decide(
     if findings:
         return Verdict("failed", 0, None, findings, EXIT_FAILED)
     return Verdict("completed", 0, None, [], 0)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -1,8 +1,8 @@
-"""A small DDP job for the many-node tests: gloo on the CPU, a sleep per step so four ranks on a shared
-two-core machine stay cheap. Started by torchrun on each simulated node:
+"""A small DDP job over two simulated nodes: gloo on the CPU, a sleep per step so four ranks on a shared
+two-core machine stay cheap. The zoo's nodes mode starts it on each node as
 
     trainguard run --run-dir RUN -- torchrun --nnodes=2 --node_rank=N --nproc_per_node=2 \
-        --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT ddp_nodes.py STEPS
+        --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT train.py STEPS
 """
 import sys
 import time

@@ -29,7 +29,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from trainguard.findings import Finding
-from trainguard.watchdog.crash import ParsedTraceback, crash_finding, parse_traceback
+from trainguard.rules.crash import ParsedTraceback, crash_finding, parse_traceback
 
 _PREFIX = re.compile(r"^\[(?:rank|default|trainer|worker)(\d+)\]:\s?(.*)$")
 _SPAWN_HEADER = re.compile(r"^-- Process (\d+) terminated with the following error:")

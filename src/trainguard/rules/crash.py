@@ -11,7 +11,7 @@ import sysconfig
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.findings import Finding
+from trainguard.findings import PROCESS, Code, Finding
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+?)\s*$')
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Fault|[A-Z]\w*))(?::\s?(?P<msg>.*))?$")
@@ -201,10 +201,13 @@ def crash_finding(
         evidence["elapsed_seconds"] = round(elapsed, 1)
     if exit_code is not None:
         evidence["exit_code"] = exit_code
-    return Finding(
-        code="TG501", name="run-crashed", severity="error", step=step, summary=summary, evidence=evidence,
+    return Finding.of(
+        RUN_CRASHED, step=step, summary=summary, evidence=evidence,
         fix=fix, cause=cause, where=where, exception=exception, source=source,
     )
+
+
+RUN_CRASHED = Code("TG501", "run-crashed", "error", needs=(PROCESS,), page=crash_finding)
 
 
 def first_crash(crashes: list[dict[str, Any]], silent_ranks: list[int] | None = None) -> Finding | None:

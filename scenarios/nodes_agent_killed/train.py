@@ -1,0 +1,1 @@
+../nodes_healthy_2x2/train.py

@@ -1,0 +1,67 @@
+"""The health rules: silent failures found while the run trains, the list the engine runs.
+
+In catalogue order (`trainguard rules` lists them in this order, after the watchdog's own codes). A new
+rule is a class in one of the rule modules and one line here.
+"""
+
+from __future__ import annotations
+
+from trainguard.rules.composition import (
+    LossPartsDontSum,
+    LossPartsImbalanced,
+    LossPartVanished,
+    LossWeightStalled,
+)
+from trainguard.rules.contracts import (
+    AutocastRunsFp32,
+    BatchDimLost,
+    EvalBeforeTrainInit,
+    EvalInTrainMode,
+    EvalNotDeterministic,
+    FrozenParamsUpdated,
+    GradsNeverReset,
+    LossBroadcastsBatch,
+    ReplicasDiverged,
+    StepUpdatesNothing,
+    WorkersShareRng,
+)
+from trainguard.rules.model import ExpertCollapse, PerplexityImplausible
+from trainguard.rules.numerics import GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
+from trainguard.rules.process import (
+    CheckpointStale,
+    DataWaitDominant,
+    DeviceMemoryNearFull,
+    LogFlood,
+    MemoryCreep,
+    ThroughputDrop,
+)
+from trainguard.rules.progress import (
+    EvalMetricsFrozen,
+    InitialLossOff,
+    LossDiverging,
+    LossNotDecreasing,
+    LossSpike,
+    ParamsWithoutGrad,
+    WeightsNotUpdating,
+)
+from trainguard.rules.ranks import GradNormsDiffer, NonfiniteOnOneRank, RankStopped, StragglerRank
+from trainguard.rules.rule import Rule
+from trainguard.rules.schedule import LrCyclesToZero, LrReachesZero, ScheduleHorizonMismatch
+
+HEALTH_RULES: list[type[Rule]] = [
+    # TG1xx schedule and LR, TG2xx learning progress, TG3xx numerics, TG4xx loss composition
+    LrReachesZero, ScheduleHorizonMismatch, LrCyclesToZero,
+    WeightsNotUpdating, ParamsWithoutGrad, EvalMetricsFrozen, LossNotDecreasing, InitialLossOff, LossDiverging,
+    LossSpike,
+    NonfiniteLoss, NonfiniteGrad, GradScalerCollapse,
+    LossPartsImbalanced, LossPartVanished, LossPartsDontSum, LossWeightStalled,
+    # TG52x process (TG501-509, crashes, hangs and artifacts, are the watchdog's)
+    LogFlood, ThroughputDrop, DataWaitDominant, MemoryCreep, DeviceMemoryNearFull, CheckpointStale,
+    # API contracts broken by the training code, seen by the probe (probe/contracts.py)
+    StepUpdatesNothing, FrozenParamsUpdated, GradsNeverReset, EvalInTrainMode, EvalBeforeTrainInit,
+    EvalNotDeterministic, AutocastRunsFp32, WorkersShareRng, LossBroadcastsBatch, BatchDimLost, ReplicasDiverged,
+    # TG702-TG709 across ranks (TG711-TG719: hangs across ranks and nodes, the watchdog's)
+    NonfiniteOnOneRank, StragglerRank, GradNormsDiffer, RankStopped,
+    # TG81x model-specific (TG801-810 are the distillation recipe's)
+    ExpertCollapse, PerplexityImplausible,
+]
