@@ -117,7 +117,8 @@ class FastForward:
         self.reiterated = False  # the loader was iterated again after the cut, and yielded
         self.used_batches = False
         self.stopping = False
-        self.lrs_seen: dict[int, int] = {}  # optimizer step -> scheduler.last_epoch at its pre-hook
+        # optimizer step -> scheduler.last_epoch at its pre-hook (a scheduler), or the LR (none: _watch_hand_lr)
+        self.lrs_seen: dict[int, float] = {}
         self._sched_copy = _schedule_snapshot(guard)
         # every rank of a torchrun job fast-forwards; rank 0 decides, the others follow (probe/lockstep.py)
         self.lockstep = Lockstep.for_process(guard.rank, _world_size(), log=log)
@@ -267,7 +268,10 @@ class FastForward:
         try:
             from trainguard.probe.schedsim import simulate
 
-            offset = self.lrs_seen[1] - self._sched_copy[1]
+            snapshot = self._sched_copy
+            if snapshot is None:  # (not reached: the epochs simulated from were read from the snapshot)
+                return
+            offset = int(self.lrs_seen[1]) - snapshot[1]  # scheduler epochs: ints (int() only tells mypy)
             total, assumed = self.guard.total_steps, None
             if total is None and getattr(self.guard, "auto", False):
                 # a script without trainguard.watch states no plan: the scheduler's own horizon stands for
@@ -276,7 +280,7 @@ class FastForward:
 
                 total = sched_horizon(self.guard.scheduler)
                 assumed = "the scheduler's own horizon (no trainguard.watch(total_steps=...))" if total else None
-            result = simulate(self._sched_copy[0], ratio=ratio, offset=offset, total_steps=total,
+            result = simulate(snapshot[0], ratio=ratio, offset=offset, total_steps=total,
                               grad_accum=self.guard.grad_accum)
             if assumed:
                 result["total_steps_from"] = assumed
@@ -308,6 +312,7 @@ class FastForward:
 
             seen = [self.lrs_seen[i] for i in sorted(self.lrs_seen)]
             sched = self.guard.scheduler
+            found: tuple[Any, int] | None  # (the LR function, its step shift)
             if sched is not None:  # timm: stepped per update, its LR at update t is `_get_lr(t)`
                 name = f"{type(sched).__name__}._get_lr"
                 copy = self._sched_copy[0] if self._sched_copy is not None else sched

@@ -35,7 +35,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from trainguard.contract import ENV_RESUME_FROM, EVENT_CHECKPOINT, EVENT_EVAL, EVENT_PHASE
 from trainguard.probe.core import Probe
@@ -43,6 +43,8 @@ from trainguard.probe.crashhook import active_guard
 from trainguard.probe.steps import is_tensor
 
 __all__ = ["Guard", "active_guard"]
+
+_Batch = TypeVar("_Batch")  # what the loader yields: guard.batches(loader) yields the same
 
 
 class Guard(Probe):
@@ -57,7 +59,7 @@ class Guard(Probe):
         self.fast_forward.note_resume_read()
         return os.environ.get(ENV_RESUME_FROM) or None
 
-    def batches(self, iterable: Iterable) -> Iterator:
+    def batches(self, iterable: Iterable[_Batch]) -> Iterator[_Batch]:
         """Yields from `iterable`, measuring the time spent waiting for each item (data wait)."""
         if self._contracts is not None and not self._disabled:
             self._contracts.loader(iterable)  # fingerprints DataLoader workers' generators (fail-open)
@@ -134,7 +136,7 @@ class Guard(Probe):
         except Exception as exc:
             self.fail("eval", exc)
 
-    def checkpoint_saved(self, path: str | os.PathLike) -> None:
+    def checkpoint_saved(self, path: str | os.PathLike[str]) -> None:
         """Tells trainguard a checkpoint was written; restarts and preflight resume from the newest one."""
         if self._disabled or os.getpid() != self._pid:
             return
