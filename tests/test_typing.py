@@ -25,8 +25,9 @@ model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 guard = trainguard.watch(model, optimizer, total_steps=10, run_dir="runs/typed")
 reveal_type(guard)
-for step in range(10):
-    loss = model(torch.randn(8, 4)).pow(2).mean()
+for batch in guard.batches([torch.randn(8, 4) for _ in range(10)]):
+    reveal_type(batch)
+    loss = model(batch).pow(2).mean()
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()
@@ -55,6 +56,8 @@ def test_watch_return_type_resolves_for_a_user_script(tmp_path):
     assert notes, out
     # The Guard itself, or the do-nothing NullGuard it stands for when watching is off: both real classes
     assert '"trainguard.probe.guard.Guard | trainguard.probe.null.NullGuard"' in notes[0], textwrap.indent(out, "  ")
+    # batches() hands the loop what its loader yields, typed
+    assert len(notes) == 2 and '"torch._tensor.Tensor"' in notes[1], out
     # the loop's calls type-check on either: no error, no "missing library stubs or py.typed marker"
     assert proc.returncode == 0, out
     assert "error:" not in out, out
