@@ -116,6 +116,9 @@ def run_scenario(name: str, keep: str | None = None) -> Result:
     env = dict(os.environ)
     env.pop("TRAINGUARD_RUN_DIR", None)
     env["TRAINGUARD_RUNS_ROOT"] = str(work / "runs")
+    # torchrun's static rendezvous listens on 29500 unless told otherwise: two torchrun scenarios side by
+    # side (pytest -n 2) would take the same port. PET_MASTER_PORT is torchrun's own default for it.
+    env.setdefault("PET_MASTER_PORT", str(_free_port()))
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True,
@@ -140,16 +143,20 @@ def run_scenario(name: str, keep: str | None = None) -> Result:
     return result
 
 
-def _run_nodes(exp: dict[str, Any], work: Path, run_dir: Path, args: list[str]) -> tuple[int | None, str]:
-    """Simulated nodes on localhost: one `trainguard run` per node around its torchrun, one rendezvous.
-    Returns the first node's exit code (None when the scenario timed out) and every node's output."""
+def _free_port() -> int:
     import socket
-
-    import psutil
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return int(s.getsockname()[1])
+
+
+def _run_nodes(exp: dict[str, Any], work: Path, run_dir: Path, args: list[str]) -> tuple[int | None, str]:
+    """Simulated nodes on localhost: one `trainguard run` per node around its torchrun, one rendezvous.
+    Returns the first node's exit code (None when the scenario timed out) and every node's output."""
+    import psutil
+
+    port = _free_port()
     n, nproc = int(exp.get("nodes", 2)), int(exp.get("nproc", 2))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
     env["TRAINGUARD_RUNS_ROOT"] = str(work / "runs")
