@@ -514,6 +514,14 @@ def test_write_permission_taken_from_the_run_folder_mid_run(tmp_path: Path) -> N
     replace, guard.log) fails with EACCES."""
     if os.geteuid() != 0 or subprocess.run(["which", "setpriv"], capture_output=True).returncode != 0:
         pytest.skip("needs root and setpriv to run the command as another user")
+    user = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    # The user must be able to start this interpreter as a child (as the watchdog does), which a venv
+    # whose python links into root's private home (pyenv under /root) does not allow.
+    starts = subprocess.run(user + [sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, "
+                                    "'-c', 'import torch, trainguard'], check=True)"],
+                            capture_output=True, text=True, timeout=120, cwd="/")
+    if starts.returncode != 0:
+        pytest.skip(f"the user nobody cannot start {sys.executable} ({starts.stderr.strip()[-200:]})")
     base = Path(tempfile.mkdtemp(prefix="tg-perm-"))  # tmp_path is root's alone: the user could not enter it
     try:
         os.chown(base, 65534, 65534)
@@ -522,7 +530,6 @@ def test_write_permission_taken_from_the_run_folder_mid_run(tmp_path: Path) -> N
         run_dir = base / "run"
         env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_RUN_DIR"}
         env.update(HOME=str(base), TRAINGUARD_RUNS_ROOT=str(base / "runs"))
-        user = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
         proc = subprocess.Popen(user + trainguard_cmd("run", "--run-dir", str(run_dir), "--", sys.executable,
                                                       str(script)),
                                 cwd=base, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

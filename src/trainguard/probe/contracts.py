@@ -29,6 +29,7 @@ from typing import Any
 
 from trainguard.contract import ENV_CONTRACTS
 from trainguard.probe import devicestats, workerrng
+from trainguard.probe.eager import eager_hook
 from trainguard.rules.contracts import (
     AutocastRunsFp32,
     BatchDimLost,
@@ -127,7 +128,8 @@ class Contracts:
         self.world = int(os.environ.get("WORLD_SIZE", "1") or 1) if replicated else 1
         self.checksum_params: list[tuple[str, Any]] = []
         if opt is not None:
-            self.handles += [opt.register_step_pre_hook(self._opt_pre), opt.register_step_post_hook(self._opt_post)]
+            self.handles += [opt.register_step_pre_hook(eager_hook(self._opt_pre)),
+                             opt.register_step_post_hook(eager_hook(self._opt_post))]
             self._watch_grads(opt)
         # -- forward contracts
         self.mode_modules: list[tuple[str, Any]] = []

@@ -17,6 +17,7 @@ from typing import Any
 
 from trainguard.contract import EVENT_PARAMS_NOT_IN_OPTIMIZER
 from trainguard.probe import devicestats, planinfo
+from trainguard.probe.eager import compile_watcher, eager_hook
 from trainguard.probe.steps import StepRecorder, is_tensor
 
 
@@ -56,7 +57,8 @@ class OptimizerHooks:
         if optimizer is None:
             return
         try:
-            self.handles = [optimizer.register_step_pre_hook(self.pre), optimizer.register_step_post_hook(self.post)]
+            self.handles = [optimizer.register_step_pre_hook(eager_hook(self.pre)),
+                            optimizer.register_step_post_hook(eager_hook(self.post))]
         except AttributeError:
             s._selflog.write("optimizer has no step hooks (torch < 2.0?): optimizer steps counted from guard.step")
             s.optimizer = None
@@ -164,7 +166,7 @@ class ForwardMarker:
             self._mark = torch.compiler.disable(self._mark_now)
             # Why ask first: a call through the disabled wrapper costs ~8 us even when nothing compiles
             # (it switches dynamo's frame handling off and on); asking costs ~1 us.
-            self._compiling = torch.compiler.is_compiling
+            self._compiling = compile_watcher()
         except Exception:
             self._mark = self._mark_now
 

@@ -183,6 +183,7 @@ class StragglerRank(Rule):
     together), so a slow rank shows here: its time before the synchronisation is longer, the others
     spend the difference waiting. The rule looks at windows of 20 steps and fires when one rank was the
     slowest in at least 80% of them, by a median margin of at least 15% of the run's step time (and 5 ms).
+    The first 20 steps are not judged (warm-up; ranks of a shared host still starting).
 
     ## Why it matters
     The whole job runs at the pace of its slowest rank. A rank that reads from a slower disk, has
@@ -217,7 +218,10 @@ class StragglerRank(Rule):
     SHARE_LAST = 0.8  # the same rank slowest in at least this share of the window
     MIN_MARGIN = 0.15  # ...by at least this share of the step time
     MIN_SECONDS = 0.005
-    SKIP = 3  # the first steps (allocation, warm-up) are not judged
+    # The first steps are not judged: allocation, warm-up, and on a shared host the ranks' processes still
+    # starting (one rank 2x slower over steps 4-23 of a healthy job, with a second test job beside it
+    # on two cores). A straggler worth a warning outlasts them.
+    SKIP = 20
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)

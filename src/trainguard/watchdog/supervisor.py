@@ -123,8 +123,12 @@ def check_command(command: list[str]) -> None:
         raise UserError("no command given: trainguard run [OPTIONS] -- COMMAND [ARGS...]")
     exe = command[0]
     if os.sep in exe:
-        if not Path(exe).exists():
-            raise UserError(f"command not found: {exe}")
+        try:
+            os.stat(exe)
+        except FileNotFoundError:
+            raise UserError(f"command not found: {exe}") from None
+        except OSError:
+            return  # not ours to look at (a link into a home we may not read): starting it will tell
         if not os.access(exe, os.X_OK):
             raise UserError(f"command is not executable: {exe}")
     elif shutil.which(exe) is None:

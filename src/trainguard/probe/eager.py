@@ -1,0 +1,56 @@
+"""Hooks that `torch.compile` must not trace: the probe's optimizer hooks run eagerly, always.
+
+A compiled `optimizer.step` traces its step hooks with it. Traced, the probe's bookkeeping (a clock
+read, counters on Python objects, SQLite queues) either becomes a constant of the graph or breaks it
+midway, and a resumed half-graph replayed without its guards (`torch.compiler.skip_all_guards_unsafe`,
+which users set to save the guards' cost) fails inside the hook on every step. Under compilation the hook
+is called through `torch.compiler.disable`: a graph break at the hook's call, nothing traced inside it.
+Eagerly it is called directly: the disabled wrapper costs ~8 us a call even when nothing compiles.
+
+"Under compilation" is two cases: dynamo tracing the hook (`torch.compiler.is_compiling()`), and the
+compiled function running after a graph break, where dynamo's frame callback is still set and would
+compile each Python frame the hook enters (is_compiling() is False then: nothing is being traced yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def compile_watcher() -> Callable[[], bool] | None:
+    """A cheap test of whether torch.compile is tracing or running around the caller (~0.1 us), or None
+    where torch has no compiler. Without dynamo's frame-callback getter (private, so it may go), every
+    call is taken as compiled: slower, never wrong."""
+    try:
+        import torch
+
+        tracing = torch.compiler.is_compiling
+    except Exception:
+        return None
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback
+    except Exception:
+        return lambda: True
+
+    def compiled() -> bool:
+        return tracing() or get_eval_frame_callback() is not None
+
+    return compiled
+
+
+def eager_hook(fn: Callable[..., None]) -> Callable[..., None]:
+    compiled = compile_watcher()
+    if compiled is None:
+        return fn
+    import torch
+
+    disabled = torch.compiler.disable(fn)
+
+    def hook(*args: Any, **kwargs: Any) -> None:
+        if compiled():
+            disabled(*args, **kwargs)
+        else:
+            fn(*args, **kwargs)
+
+    return hook
