@@ -132,6 +132,12 @@ def test_a_rank_that_vanished_without_an_error_is_the_cause_of_the_others_lost_c
     # a real error on a rank is never blamed on a silent one (torchrun stops the others with a signal)
     f = first_crash([_crash(0, 100.0, "ValueError", "bad shard")], silent_ranks=[1])
     assert f is not None and f.cause != "rank-vanished" and f.exception == "ValueError"
+    # gloo's side of a peer that aborted (a collective mismatch: SIGABRT in C++, no Python error) reads
+    # "Read error ...: Connection reset by peer": a lost peer too
+    reset = ("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:9111: Connection reset by peer. This is "
+             "typically caused by a remote worker hanging or bugs in the application.")
+    f = first_crash([_crash(1, 100.0, "RuntimeError", reset)], silent_ranks=[0])
+    assert f is not None and f.cause == "rank-vanished" and f.summary.startswith("rank 0 ended without a Python error")
 
 
 def test_a_rank_done_with_its_shard_has_not_stopped() -> None:

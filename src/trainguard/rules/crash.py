@@ -102,6 +102,16 @@ def format_where(frame: dict[str, Any] | None) -> str | None:
 
 # Known crash signatures: (cause label, pattern on "Type: message", fix). The hang and crash issue grows
 # this table; each entry says what the message usually means and what to change.
+# A failure that another process's failure explains: its peer went away, its collective timed out or was
+# aborted, or the launcher stopped it. One definition for the probe's crash events and for the output's
+# tracebacks (rules/firstfailure.py).
+CONSEQUENCE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker crash"
+    r"|Watchdog caught collective operation timeout|[Cc]ommunicator was aborted|NCCL.*abort"
+    r"|[Gg]loo.*[Tt]imed? ?out|Timed out waiting|Socket Timeout|DistBackendError|DistNetworkError|DistStoreError"
+    r"|SignalException|[Gg]ot signal: ?\d+|KeyboardInterrupt")
+
+
 SIGNATURES: list[tuple[str, re.Pattern[str], str]] = [
     # first match wins: the specific (a worker killed, a timeout) before the general (a TypeError)
     ("collective-timeout", re.compile(
@@ -255,8 +265,9 @@ def first_crash(crashes: list[dict[str, Any]], silent_ranks: list[int] | None = 
 
 def _lost_peer(crash: dict[str, Any]) -> bool:
     d = crash.get("data") or {}
-    return classify_crash(str(d.get("exception", crash.get("name"))), str(d.get("message") or ""))[0] == \
-        "collective-timeout"
+    exception, message = str(d.get("exception", crash.get("name"))), str(d.get("message") or "")
+    # gloo's "Read error ...: Connection reset by peer" is a lost peer too, though no collective timed out
+    return classify_crash(exception, message)[0] == "collective-timeout" or bool(CONSEQUENCE.search(message))
 
 
 def _consequence(crash: dict[str, Any], first: dict[str, Any]) -> str:

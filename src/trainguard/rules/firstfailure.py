@@ -29,7 +29,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from trainguard.findings import Finding
-from trainguard.rules.crash import ParsedTraceback, crash_finding, parse_traceback
+from trainguard.rules.crash import CONSEQUENCE, ParsedTraceback, crash_finding, parse_traceback
 
 _PREFIX = re.compile(r"^\[(?:rank|default|trainer|worker)(\d+)\]:\s?(.*)$")
 _SPAWN_HEADER = re.compile(r"^-- Process (\d+) terminated with the following error:")
@@ -37,13 +37,6 @@ _ROOT_CAUSE = "Root Cause (first observed failure):"
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 WRAPPERS = {"ChildFailedError", "ProcessRaisedException", "ProcessExitedException"}
-# A failure that another process's failure explains: its peer went away, its collective timed out or was
-# aborted, or the launcher stopped it.
-CONSEQUENCE = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker crash"
-    r"|Watchdog caught collective operation timeout|[Cc]ommunicator was aborted|NCCL.*abort"
-    r"|[Gg]loo.*[Tt]imed? ?out|Timed out waiting|Socket Timeout|DistBackendError|DistNetworkError|DistStoreError"
-    r"|SignalException|[Gg]ot signal: ?\d+|KeyboardInterrupt")
 
 
 @dataclass
