@@ -298,6 +298,40 @@ def test_sigkill_of_the_command_under_the_watchdog_is_told_as_killed(tmp_path: P
     assert st["state"] == "killed" and st["signal"] == "SIGKILL", st
 
 
+
+LAUNCHER_SIGNAL = """
+import signal, sys, time
+class SignalException(Exception):
+    pass
+def raise_on(signum, frame):  # what torchrun's agent does with SIGTERM: an exception, then exit code 1
+    raise SignalException(f"Process {__import__('os').getpid()} got signal: {signum}")
+signal.signal(signal.SIGTERM, raise_on)
+print("training", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_run_the_user_ends_with_sigterm_is_killed_not_a_crash_of_its_launcher(tmp_path: Path) -> None:
+    """`timeout 150 trainguard run -- torchrun ...` (or a scheduler's SIGTERM): trainguard passes the signal
+    on; torchrun turns it into a SignalException and exit code 1. The verdict is the signal, not a crash of
+    the launcher whose traceback is only its consequence."""
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER_SIGNAL)
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_RUN_DIR"}
+    watchdog = subprocess.Popen(trainguard_cmd("run", "--run-dir", str(run_dir), "--", sys.executable, str(script)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert watchdog.stdout is not None
+    assert watchdog.stdout.readline().strip() == "training"
+    time.sleep(0.5)
+    watchdog.send_signal(signal.SIGTERM)
+    out, err = watchdog.communicate(timeout=60)
+    st = read_status(run_dir)
+    assert st["state"] == "killed" and st["signal"] == "SIGTERM", (st, err[-2000:])
+    assert watchdog.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "run-crashed" not in err and "TG503 run-killed" in err, err[-2000:]
+
+
 RANK_FAILS = """
 import os, sys, torch, torch.distributed as dist, trainguard
 dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=60))

@@ -141,6 +141,7 @@ class Supervisor:
         """`monitors` are polled while the run lives; `report(run_dir)`, given by the command (the report
         is a room above the watchdog), writes report.md and report.html once the run has ended."""
         check_command(options.command)
+        self.forwarded: int | None = None  # the last ending signal trainguard passed on to the command
         self.options = options
         self.write_report = report
         if options.stall_timeout is not None and options.stall_timeout <= 0:
@@ -539,6 +540,12 @@ class Supervisor:
         crashes = [c for c in self.reader.events("crash") if c["attempt"] == self.attempt]
         probe_crash = crash.first_crash(crashes, silent_ranks=_silent_ranks(probe_events, crashes))
         stderr_crash = None
+        if self.forwarded is not None and returncode > 0 and hang is None and stopped is None:
+            # The user ended the run (Ctrl-C, `timeout`, a scheduler's SIGTERM) and a launcher turned the
+            # signal into an exception and exit code 1 (torchrun's SignalException): the run was killed by
+            # that signal, and the tracebacks it printed are its consequence, not a crash to fix.
+            returncode = -self.forwarded
+            probe_crash = None
         if probe_crash is None and returncode > 0:
             # no probe: the output says which process failed first (torchrun's summary, rank prefixes, order)
             stderr_crash = first_failure_finding(
@@ -744,6 +751,7 @@ class Supervisor:
         self._old_handlers = {}
 
         def forward(signum: int, frame: Any) -> None:
+            self.forwarded = signum
             try:
                 os.killpg(self.proc.pid, signum)
             except ProcessLookupError:
