@@ -540,12 +540,6 @@ class Supervisor:
         crashes = [c for c in self.reader.events("crash") if c["attempt"] == self.attempt]
         probe_crash = crash.first_crash(crashes, silent_ranks=_silent_ranks(probe_events, crashes))
         stderr_crash = None
-        if self.forwarded is not None and returncode > 0 and hang is None and stopped is None:
-            # The user ended the run (Ctrl-C, `timeout`, a scheduler's SIGTERM) and a launcher turned the
-            # signal into an exception and exit code 1 (torchrun's SignalException): the run was killed by
-            # that signal, and the tracebacks it printed are its consequence, not a crash to fix.
-            returncode = -self.forwarded
-            probe_crash = None
         if probe_crash is None and returncode > 0:
             # no probe: the output says which process failed first (torchrun's summary, rank prefixes, order)
             stderr_crash = first_failure_finding(
@@ -564,7 +558,7 @@ class Supervisor:
             returncode=returncode, hang=hang, stopped_on=stopped, probe_used=probe_used, probe_finished=finished,
             probe_crash=probe_crash, stderr_crash=stderr_crash, expects=self.options.expects,
             started=self.started, cwd=self.options.cwd or os.getcwd(), step=step, oom=oom,
-            store_unwritable=unwritable,
+            store_unwritable=unwritable, forwarded=self.forwarded,
         )
         for f in v.findings:
             self._report(f)

@@ -199,12 +199,19 @@ def decide(
     step: int | None,
     oom: dict[str, Any],
     store_unwritable: str | None = None,
+    forwarded: int | None = None,
 ) -> Verdict:
     """The final state from how the process ended and what the probe and the files say (the state itself
     is named by store/ending.py's `state_of`, from the same facts).
 
     `store_unwritable`: why the run folder stopped taking writes, if it did; then a finish the probe
-    could not store is no sign that the script left early."""
+    could not store is no sign that the script left early.
+
+    `forwarded`: an ending signal trainguard passed on to the command (Ctrl-C, `timeout`, a scheduler's
+    SIGTERM). When a launcher turned it into an exception and exit code 1 (torchrun's SignalException),
+    the run was killed by that signal: the tracebacks it printed are its consequence, not a crash to fix."""
+    if forwarded is not None and returncode > 0 and hang is None and stopped_on is None:
+        returncode, probe_crash, stderr_crash = -forwarded, None, None
     sig = -returncode if returncode < 0 else None
     facts = Ending(exit_code=returncode if returncode >= 0 else None, signal=signal_name(sig) if sig else None,
                    # a finish the probe could not store is unknown, not missing: its probe is no witness then
