@@ -569,6 +569,7 @@ class Supervisor:
             probe_crash=probe_crash, stderr_crash=stderr_crash, expects=self.options.expects,
             started=self.started, cwd=self.options.cwd or os.getcwd(), step=step, oom=oom,
             store_unwritable=unwritable, forwarded=self.forwarded,
+            probe_exited=_all_exited(probe_events), total_steps=(self.reader.meta().get("plan") or {}).get("total_steps"),
         )
         for f in v.findings:
             self._report(f)
@@ -827,6 +828,13 @@ def _safe_oom() -> int | None:
     from trainguard.watchdog.kernel import cgroup_oom_kills
 
     return cgroup_oom_kills()
+
+
+def _all_exited(probe_events: list[dict[str, Any]]) -> bool:
+    """Every process whose probe started recorded the interpreter's normal exit (none left by `os._exit`)."""
+    started = {e["rank"] for e in probe_events if e["name"] == "start"}
+    exited = {e["rank"] for e in probe_events if e["name"] == "exit"}
+    return started <= exited
 
 
 def _silent_ranks(probe_events: list[dict[str, Any]], crashes: list[dict[str, Any]]) -> list[int]:
