@@ -90,7 +90,7 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
         ht = t_out.last_hidden_state.flatten(0, 1)[t_pos]
         if with_kd and targets is None:
             if spec.graphed is not None and ht.is_cuda:
-                targets = spec.graphed(ht)
+                targets = spec.graphed(ht, clone=False)  # copied into the per-row layout below, at once
             else:
                 targets = teacher_targets(ht, t_head, spec.vocab_map, spec.top_k, spec.temperature, V_s, spec.chunk)
         if full_kl:  # evaluation only: one chunk of full teacher and student logits at a time
@@ -119,6 +119,7 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
         for dst, src in ((sid, kd_targets.sid), (logp, kd_targets.logp), (mapped, kd_targets.mapped),
                          (tail, kd_targets.tail)):
             dst.index_copy_(0, s_pos, src)
+    targets = kd_targets = None  # the per-row copies above are the only ones kept for the head's backward
     lm_sum, kd_sum = head_losses(hs, s_head.weight, labels, has_kd, sid, logp, mapped, tail, spec.temperature,
                                  spec.chunk, use_kd)
     out["lm_sum"], out["kd_sum"] = lm_sum, kd_sum
