@@ -371,7 +371,11 @@ def _print_status(path: Any, st: dict) -> None:
 
     state = shown_state(st)
     line = f"{path}: {state}"
-    if st.get("signal"):
+    if st.get("state") == "hung" and st.get("ended"):
+        # trainguard stopped it; what the command exited with is that stop's consequence
+        code = st.get("signal") or (f"with code {st['exit_code']}" if st.get("exit_code") not in (None, 0) else None)
+        line += " (stopped by trainguard" + (f"; the command exited {code} on that stop" if code else "") + ")"
+    elif st.get("signal"):
         line += f" ({st['signal']})"
     elif st.get("exit_code") not in (None, 0):
         line += f" (exit code {st['exit_code']})"
