@@ -1,9 +1,7 @@
 """Memory samples for the rules (memory-creep, device-memory-near-full).
 
-Decided on the training thread as steps complete (every few steps, at most MIN_STEP_SAMPLE_GAP apart: a
-clock read and a comparison) and taken by the probe's background thread when it turns that step into a
-row, a fraction of a second later, with the phase of the step; and by the background thread alone when no
-step brought one for SAMPLE_INTERVAL (a long evaluation).
+Taken on the training thread as steps complete (every few steps, at most MIN_STEP_SAMPLE_GAP apart), and
+by the probe's background thread when no step brought one for SAMPLE_INTERVAL (a long evaluation).
 
 Host RSS comes from psutil. Device numbers come from `torch.cuda.memory_allocated`,
 `max_memory_allocated`, `memory_reserved` (the caching allocator's own counters, read on the host) and
@@ -48,8 +46,8 @@ class MemorySampler:
     def on_step(self, rec: dict[str, Any]) -> None:
         """Memory at a completed step (training thread): every few steps, rate-limited in time.
 
-        Marks the step's record (with the phase it is in); the background thread takes the sample when it
-        stores the step (`take`), and it is stored after the step's row, with its step."""
+        The sample rides with the step's record and is stored after its row, with its step; reading the
+        counters costs microseconds and never waits for the device."""
         step = rec.get("step") or 0
         now = time.time()
         # The gap is a share of the planned length; without one it grows with the run (step/1000), so an
@@ -58,13 +56,7 @@ class MemorySampler:
         if not self._on or step - self._last_step < every or now - self._last < MIN_STEP_SAMPLE_GAP:
             return
         self._last_step, self._last = step, now
-        rec["memory_phase"] = self._phases.current
-
-    def take(self, rec: dict[str, Any]) -> dict[str, Any] | None:
-        """Background thread: the sample `on_step` asked for at this step, or None."""
-        if "memory_phase" not in rec:
-            return None
-        return self._sample(rec["memory_phase"])
+        rec["memory"] = self._sample()
 
     def background(self, step: int) -> None:
         """Host and device memory from the background thread when no step brought a sample for a second
@@ -77,7 +69,7 @@ class MemorySampler:
         if sample:
             self._writer.add_event(EVENT_SAMPLE, "memory", sample, step=step)
 
-    def _sample(self, phase: Any = "") -> dict[str, Any] | None:
+    def _sample(self) -> dict[str, Any] | None:
         """A memory sample with the phase it was taken in, or None; a failure turns sampling off (once
         logged), never the guard: losing memory samples must not cost the run its step rows."""
         try:
@@ -87,7 +79,7 @@ class MemorySampler:
             self._log.error("memory samples (switched off)", exc)
             return None
         if sample:
-            sample["phase"] = phase if phase != "" else self._phases.current  # "": the phase now
+            sample["phase"] = self._phases.current
         return sample
 
 

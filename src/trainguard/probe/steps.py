@@ -412,9 +412,8 @@ class StepRecorder:
                 row["extra"]["nonfinite_batch"] = self._ring.save(self.run_dir, row["step"],
                                                                   micro - self.grad_accum + 1, micro)
             self._writer.add_step(row)
-            sample = self.memory.take(rec)
-            if sample:
-                self._writer.add_event(EVENT_SAMPLE, "memory", sample, step=row["step"])
+            if rec.get("memory"):
+                self._writer.add_event(EVENT_SAMPLE, "memory", rec["memory"], step=row["step"])
             done += 1
             for fn in self._observers:
                 try:
