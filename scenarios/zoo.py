@@ -21,6 +21,7 @@ Each scenario is a folder `scenarios/<name>/` holding the script(s) and `expect.
     quiet: false                     true: no warning or error at all (healthy twins)
     cause: none-operand              cause expected on the first finding named (optional)
     where: "train.py:31"             text expected in that finding's `where` (optional)
+    says: "rank 0 waits in"          text expected in that finding's summary (optional)
     step: 200                        step expected on that finding (optional)
     rank: 1                          rank that finding names as its origin (optional: evidence rank / origin_ranks)
     onset_step: 100                  step where the planted problem starts (optional: latency in steps)
@@ -342,6 +343,8 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
         problems.append(f"cause {first.get('cause') if first else None}, expected {exp['cause']}")
     if exp.get("where") and (first is None or exp["where"] not in (first.get("where") or "")):
         problems.append(f"where {first.get('where') if first else None}, expected to contain {exp['where']}")
+    if exp.get("says") and (first is None or exp["says"] not in (first.get("summary") or "")):
+        problems.append(f"summary {first.get('summary') if first else None!r}, expected to contain {exp['says']!r}")
     if "rank" in exp:
         ev = (first or {}).get("evidence") or {}
         named_ranks = [ev["rank"]] if isinstance(ev.get("rank"), int) else list(ev.get("origin_ranks") or [])

@@ -11,7 +11,8 @@ import json
 import subprocess
 import sys
 
-from trainguard.watchdog.collectives import judge, read_positions
+from trainguard.probe import flightrec
+from trainguard.watchdog.collectives import judge, judge_flight, read_positions
 
 CHILD = r"""
 import json, os, socket
@@ -106,3 +107,124 @@ def test_a_nodes_part_reads_the_positions_of_every_nodes_ranks(tmp_path) -> None
     assert sorted(positions) == [0, 1, 2, 3]
     v = judge(positions, {0: "all_reduce", 1: "all_reduce"})  # stacks of this node's ranks only
     assert v["sentence"] == "rank 3 waits in all_reduce #1042 while ranks 0\u20132 are in #1043"
+
+
+# -- the flight recorder's view (probe/flightrec.py answers; watchdog/collectives.judge_flight compares) --
+
+
+def _fr(groups: dict, active: list, kinds: dict, members: dict | None = None) -> dict:
+    return {"groups": {g: {"enqueued": e, "completed": c} for g, (e, c) in groups.items()}, "active": active,
+            "kinds": kinds, "members": members or {g: [0, 1] for g in groups}}
+
+
+def _act(group: str, seq: int, origin: str, where: str, op: str = "all_reduce", sizes: list | None = None) -> dict:
+    return {"group": group, "seq": seq, "op": op, "sizes": sizes or [[161]], "from": origin, "where": where}
+
+
+# rank 0 made an extra all-reduce on a metrics group ("1") after step 12's backward; rank 1 went on into
+# the next backward, where DDP's all-reduce (#19 of the default group) waits for rank 0
+EXTRA = {
+    0: _fr({"default": (18, 18), "1": (1, -1)}, [_act("1", 1, "python", "train.py:63 (<module>)", sizes=[[]])],
+           {"default": {"all_reduce [161]": 13, "broadcast [5]": 1}, "1": {"all_reduce []": 1}}),
+    1: _fr({"default": (19, 18)}, [_act("default", 19, "backward", "train.py:57 (<module>)")],
+           {"default": {"all_reduce [161]": 14, "broadcast [5]": 1}}, {"default": [0, 1], "1": [0, 1]}),
+}
+
+
+def test_an_extra_collective_on_one_rank_against_ddps_all_reduce_is_proof_and_blames_the_extra_call() -> None:
+    v = judge_flight(EXTRA, {0: "python", 1: "backward"})
+    assert v["blame"] == 0 and v["unrecoverable"]
+    assert v["sentence"] == ("rank 0 waits in all_reduce #1 of group 1 at train.py:63 (<module>), which rank 1 never "
+                             "called; rank 1 waits in DDP's gradient all-reduce (all_reduce #19, in backward at "
+                             "train.py:57 (<module>)), which rank 0 has not reached")
+
+
+def test_a_rank_slow_in_backward_while_the_other_waits_in_ddps_all_reduce_is_no_proof() -> None:
+    # the healthy twin: rank 1 still computes its backward (no bucket issued yet), rank 0 waits for it
+    fr = {0: _fr({"default": (19, 18)}, [_act("default", 19, "backward", "train.py:57 (<module>)")],
+                 {"default": {"all_reduce [161]": 14}}),
+          1: _fr({"default": (18, 18)}, [], {"default": {"all_reduce [161]": 13}})}
+    v = judge_flight(fr, {0: "backward", 1: "backward"})
+    assert v["unrecoverable"] is None and v["blame"] == 1 and v["straggling"] == [1]
+    assert v["sentence"].startswith("rank 1 is in no collective yet")
+
+
+def test_a_rank_with_a_bucket_out_may_still_issue_the_next_one_the_other_waits_for() -> None:
+    # rank 0 waits in bucket #20; rank 1 issued #19 and is still computing the gradients of #20: not proof
+    fr = {0: _fr({"default": (20, 18)}, [_act("default", 20, "backward", "a"), _act("default", 19, "backward", "a")],
+                 {}),
+          1: _fr({"default": (19, 18)}, [_act("default", 19, "backward", "a")], {})}
+    assert judge_flight(fr, {0: "backward", 1: "backward"})["unrecoverable"] is None
+
+
+def test_ranks_in_different_ops_at_the_same_number_of_a_group_is_proof() -> None:
+    fr = {0: _fr({"default": (36, 35)}, [_act("default", 36, "python", "a", sizes=[[]])], {}),
+          1: _fr({"default": (36, 35)}, [_act("default", 36, "python", "b", op="broadcast", sizes=[[]])], {})}
+    v = judge_flight(fr, {0: "python", 1: "python"})
+    assert v["unrecoverable"] and "same number" in v["unrecoverable"]
+
+
+def test_a_rank_without_an_answer_leaves_the_judgement_to_the_counters() -> None:
+    assert judge_flight({0: EXTRA[0]}, {0: "python", 1: "backward"}) is None
+
+
+def test_a_rank_outside_the_group_of_the_waited_collective_does_not_count_as_missing() -> None:
+    # ranks 0 and 1 wait in group "1" (members 0, 1) at the same number; rank 2 is elsewhere: no proof, and
+    # rank 2 is named as the one outside any collective, not as missing from group 1
+    act = [_act("1", 4, "python", "a", sizes=[[]])]
+    fr = {r: _fr({"default": (9, 9), "1": (4, 3)}, act, {}, {"default": [0, 1, 2], "1": [0, 1]}) for r in (0, 1)}
+    fr[2] = _fr({"default": (9, 9)}, [], {}, {"default": [0, 1, 2], "1": [0, 1]})
+    v = judge_flight(fr, {0: "python", 1: "python", 2: None})
+    assert v["unrecoverable"] is None and v["blame"] == 2
+
+
+def test_flight_recorder_frames_name_who_issued_a_collective() -> None:
+    backward = [{"filename": "/x/site-packages/torch/autograd/graph.py", "line": 979, "name": "_engine_run_backward"},
+                {"filename": "/tmp/train.py", "line": 27, "name": "<module>"}]
+    python = [{"filename": "/x/site-packages/torch/distributed/distributed_c10d.py", "line": 3245, "name": "all_reduce"},
+              {"filename": "/x/site-packages/torch/distributed/c10d_logger.py", "line": 83, "name": "wrapper"},
+              {"filename": "/tmp/train.py", "line": 31, "name": "<module>"}]
+    assert flightrec.origin(backward) == "backward" and flightrec.origin(python) == "python"
+    assert flightrec.origin([]) == "other"
+    assert flightrec._user_where(python) == "/tmp/train.py:31 (<module>)"
+    assert flightrec.kind_of("all_reduce", [[161]]) == "all_reduce [161]"
+    assert flightrec.kind_of("all_reduce", [[]]) == "all_reduce []"
+
+
+FLIGHT_CHILD = r"""
+import json, os, socket, sys
+import torch, torch.distributed as dist
+from trainguard.probe import flightrec
+run_dir = sys.argv[1]
+assert flightrec.snapshot() is None  # no process group yet
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+for _ in range(3):
+    model(torch.randn(2, 4)).sum().backward()
+t = torch.ones(2)
+dist.all_reduce(t, group=dist.new_group([0]))
+before = flightrec.asked(run_dir)
+os.makedirs(os.path.join(run_dir, "stacks"), exist_ok=True)
+open(os.path.join(run_dir, "stacks", "collectives.request"), "w").close()
+when = flightrec.asked(run_dir)
+print(json.dumps({"before": before, "when": when, "again": flightrec.asked(run_dir), "answer": flightrec.answer(when)}))
+dist.destroy_process_group()
+"""
+
+
+def test_probe_reads_ddps_all_reduces_from_the_flight_recorder_once_per_request(tmp_path) -> None:
+    proc = subprocess.run([sys.executable, "-c", FLIGHT_CHILD, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["before"] is None and got["when"] and got["again"] is None  # answered once per request
+    answer = got["answer"]
+    assert answer["request"] == got["when"] and not answer.get("unavailable")
+    default = answer["groups"]["default"]
+    assert default["enqueued"] == default["completed"] >= 3  # DDP's three gradient all-reduces, all done
+    assert answer["kinds"]["default"]["all_reduce [5]"] == 3  # the bucket: weight 4 + bias 1
+    assert answer["active"] == []
+    other = [g for g in answer["groups"] if g != "default"]
+    assert other and answer["kinds"][other[0]] == {"all_reduce [2]": 1} and answer["members"][other[0]] == [0]

@@ -140,6 +140,46 @@ def test_frozen_backbone_with_grads_freed_is_quiet_and_zeroed_is_found(workdir: 
             assert sorted(found["frozen-params-updated"]["names"]) == ["0.bias", "0.weight"]
 
 
+def test_a_freeze_between_sampled_steps_is_found_at_its_step(workdir: Path) -> None:
+    # Past its first steps the probe reads a few evenly spaced parameters each step and scans them all
+    # only every `stats_every` steps, or when one of those changes: a freeze at step 23 (between the
+    # samples at 20 and 30) that reaches one of them is found at step 23, one that does not by step 30.
+    cases = {  # what is frozen at step 23 -> (contract, tensors frozen or None)
+        "the head, gradients zeroed": ("frozen-params-updated", ["19.bias", "19.weight"]),
+        "a middle layer, gradients zeroed": ("frozen-params-updated", ["3.bias", "3.weight"]),
+        "everything, gradients freed": ("step-updates-nothing", None),
+    }
+    for case, (contract, names) in cases.items():
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(19)], nn.Linear(8, 1))  # 40 tensors
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+        run = workdir / case.replace(" ", "-").replace(",", "")
+        guard = trainguard.watch(model, opt, total_steps=40, run_dir=run)
+        frozen = {"the head": model[19], "a middle layer": model[3], "everything": model}[case.split(",")[0]]
+        for step in range(1, 36):
+            if step == 23:
+                frozen.requires_grad_(False)
+            x, y = _batch()
+            opt.zero_grad(set_to_none=case.endswith("freed"))
+            loss = nn.functional.mse_loss(model(x), y)
+            if not loss.requires_grad:
+                loss.requires_grad_(True)  # the "fix" for backward()'s error that makes the steps no-ops
+            loss.backward()
+            opt.step()
+            guard.step(loss)
+        guard.finish()
+        with RunReader(run) as reader:
+            events = {e["name"]: e for e in reader.events("contract")}
+        assert set(events) == {contract}, case
+        found = events[contract]
+        if names is not None:
+            assert sorted(found["data"]["names"]) == names, case
+        if case.startswith("a middle layer"):  # 6 and 7 of 40 tensors: not sentinels, found by the sample
+            assert 23 <= found["step"] <= 30, case
+        else:
+            assert found["step"] == 23, case
+
+
 def test_eval_with_model_eval_is_quiet_and_without_is_found(workdir: Path) -> None:
     for calls_eval in (True, False):
         torch.manual_seed(0)

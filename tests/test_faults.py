@@ -600,3 +600,36 @@ def test_write_permission_taken_from_the_run_folder_mid_run(tmp_path: Path) -> N
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(base)], capture_output=True)
         subprocess.run(["rm", "-rf", str(base)], capture_output=True)
+
+
+LAUNCHER_HANG = """
+import signal, threading, time
+class SignalException(Exception):
+    pass
+def raise_on(signum, frame):  # what torchrun's agent does with SIGTERM: an exception, then exit code 1
+    raise SignalException(f"got signal: {signum}")
+signal.signal(signal.SIGTERM, raise_on)
+print("training", flush=True)
+lock = threading.Lock()
+lock.acquire()
+lock.acquire()  # waits for itself: proof, stopped at the first look
+"""
+
+
+def test_a_run_trainguard_stops_says_so_beside_the_exit_code_its_launcher_made_of_the_stop(tmp_path: Path) -> None:
+    """A hung torchrun job stopped by trainguard: torchrun turns the SIGTERM into a SignalException and exit
+    code 1, trainguard exits 124. The summary says who stopped it, its own exit code, and the command's as
+    the consequence (a new user read 'run hung (exit code 1)' beside trainguard's 124)."""
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER_HANG)
+    env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_RUN_DIR"}
+    r = subprocess.run(trainguard_cmd("run", "--run-dir", str(tmp_path / "run"), "--stall-timeout", "3", "--",
+                                      sys.executable, str(script)), capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 124, r.stderr[-2000:]
+    head = next(line for line in r.stderr.splitlines() if line.startswith("trainguard: run hung"))
+    assert head.startswith("trainguard: run hung (stopped by trainguard, exit 124; the command exited with code 1 "
+                           "on that stop) after "), head
+    shown = subprocess.run(trainguard_cmd("status", str(tmp_path / "run")), capture_output=True, text=True,
+                           timeout=60)
+    assert "hung (stopped by trainguard; the command exited with code 1 on that stop)" in shown.stdout, shown.stdout

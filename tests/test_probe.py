@@ -215,7 +215,7 @@ def test_standalone_exit_without_finish_is_not_completed(tmp_path: Path) -> None
     script.write_text(
         "import torch, trainguard\n"
         "m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-        "g = trainguard.watch(m, o)\n"
+        "g = trainguard.watch(m, o, total_steps=10)\n"  # it stops at 5: early (tests/test_endings.py has the rest)
         "for i in range(5):\n"
         "    m(torch.randn(2, 2)).sum().backward(); o.step(); o.zero_grad(); g.step(torch.tensor(1.0))\n"
     )

@@ -27,6 +27,9 @@ ENV_RULES = "TRAINGUARD_RULES"  # "0": a probe running alone does not run the he
 ENV_PREFLIGHT = "TRAINGUARD_PREFLIGHT"  # JSON of a preflight start (mode, steps, scratch); never set by hand
 ENV_AUTO = "TRAINGUARD_AUTO"  # "0": no start-up bootstrap, no automatic probe
 ENV_STACKS = "TRAINGUARD_STACKS"  # the folder a spawned child writes its stack dumps into
+# in that folder: the watchdog touches it on a stall, each rank's probe then writes what PyTorch's flight
+# recorder knows of its collectives (meta `flightrec.<rank>`, probe/flightrec.py)
+COLLECTIVES_REQUEST = "collectives.request"
 ENV_CONTRACTS = "TRAINGUARD_CONTRACTS"  # "0": no API-contract checks (their hooks are not even installed)
 ENV_SINKS = "TRAINGUARD_SINKS"  # sinks to feed, comma-separated NAME[=VALUE]
 ENV_PY_SPY = "TRAINGUARD_PY_SPY"  # "0": never run py-spy (no ptrace of the run's processes at all)

@@ -183,6 +183,12 @@ def render(d: Diagnosis) -> list[str]:
             out.append(f"    where: {f.where}")
         if f.fix:
             out.append(f"    fix: {f.fix}")
+    return out + limits(d)
+
+
+def limits(d: Diagnosis) -> list[str]:
+    """The rules that could not run for lack of data in the source, and the reader's notes, as lines."""
+    out = []
     if d.not_run:
         by_need: dict[str, list[str]] = {}
         for rule, need in d.not_run:

@@ -126,8 +126,11 @@ class Alone:
             from trainguard.rules.ending import probe_not_finished
 
             fields = self._fields()
-            fields["findings"].append(probe_not_finished(s.step_count).to_dict())
-            self._write(ending_status(Ending(probe_used=True), **fields))
+            # at interpreter exit: a normal exit by definition (os._exit never gets here)
+            unfinished = probe_not_finished(s.step_count, total_steps=s.total_steps)
+            fields["findings"].append(unfinished.to_dict())
+            self._write(ending_status(Ending(probe_used=True, finish_forgotten=unfinished.severity != "error"),
+                                      **fields))
 
     def _fields(self, findings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         s = self.steps

@@ -19,8 +19,9 @@ times a second, so the hot path writes nothing.
 
 Known limits: collectives made from C++ (DDP's gradient buckets, FSDP's) are not counted (their waits show
 in the stacks as the backward pass); a name imported before the probe was installed (`from
-torch.distributed import all_reduce`) calls the original. NCCL's flight recorder knows both; this is the
-gloo/CPU answer that costs nothing.
+torch.distributed import all_reduce`) calls the original. PyTorch's flight recorder knows both (gloo and
+NCCL, on by default): on a stall the probe reads it (probe/flightrec.py) and the watchdog prefers it;
+these counters are what is left where it is off or missing (an older torch, TORCH_FR_BUFFER_SIZE=0).
 """
 
 from __future__ import annotations

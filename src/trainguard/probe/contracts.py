@@ -5,8 +5,12 @@ optimizer step that updates nothing, or updates what the user froze; gradients n
 left in training mode for evaluation; a loss that broadcasts a (B, 1) output against a (B,) target; a
 batch that reaches the model without its batch dimension; autocast that does not reach the model; DDP replicas drifting apart. TrainCheck (OSDI 2025) infers such
 invariants from reference runs; here each is hard-coded from the API's semantics, so no reference run
-is needed, and each is checked on a sample of steps (the first three, then every `stats_every`):
+is needed, and each is checked on a sample of steps (the first three, then every `stats_every`), or,
+where a late trigger must not wait for a sample, on every step through a cheap early-out:
 
+- the optimizer's parameters are scanned whole (`requires_grad`, `.grad`: ~0.4 us a tensor) on the
+  first `SCAN_WARMUP` steps, every `stats_every` steps, and on any step where one of a few evenly spaced
+  sentinel parameters changed `requires_grad` or has no gradient; otherwise the sentinels alone are read;
 - most checks read metadata only (`requires_grad`, a gradient's identity and version counter,
   `module.training`, the autocast state, dtypes and shapes): no device work at all;
 - the few that need numbers (did a frozen tensor change? a parameter checksum for DDP; the loss against
@@ -53,6 +57,8 @@ CHECKSUM_ELEMENTS = 1 << 16  # elements per tensor at most (strided sample)
 FROZEN_TENSORS = 16  # frozen tensors compared around a sampled optimizer step
 MAX_NAMES = 10
 BATCH_SHAPES_LEARNED = 3  # training forwards whose first input has one rank before a rank one less is judged
+SCAN_WARMUP = 10  # optimizer steps whose parameters are all scanned before the scan thins out
+SENTINELS = 8  # evenly spaced parameters read every step (plus the first, last and largest)
 
 
 @dataclass
@@ -127,6 +133,11 @@ class Contracts:
         replicated = ddp is not None and isinstance(model, ddp)
         self.world = int(os.environ.get("WORLD_SIZE", "1") or 1) if replicated else 1
         self.checksum_params: list[tuple[str, Any]] = []
+        self.opt_key: list[tuple[Any, int]] | None = None  # each group's params list and its length, as scanned
+        self.opt_params: list[tuple[int, Any]] = []  # (group index, parameter) of the optimizer
+        self.sentinels: list[Any] = []
+        self.sentinel_trainable: list[bool] = []  # their requires_grad at the last whole scan
+        self.rescan = False  # the last whole scan found frozen parameters with gradients: scan the next step too
         if opt is not None:
             self.handles += [opt.register_step_pre_hook(eager_hook(self._opt_pre)),
                              opt.register_step_post_hook(eager_hook(self._opt_post))]
@@ -149,6 +160,8 @@ class Contracts:
         self.last_output: Any = None
         self.last_output_step = 0
         self.tensor_type = torch.Tensor
+        self.grad_enabled = torch.is_grad_enabled
+        self.post_due = False  # the forward post-hook has something to do for the forward under way
         self.batch_shapes: list[tuple[int, ...]] = []  # the model's first input on the first training forwards
         self.batch_ndim: int | None = None  # their common rank, once BATCH_SHAPES_LEARNED of them agree
         if self.module is not None:
@@ -287,8 +300,9 @@ class Contracts:
             except Exception as exc:
                 self.failed(GradsNeverReset.name, exc)
         try:
-            # Every step: a scan of `p.grad` and `requires_grad` (a few microseconds for hundreds of
-            # tensors), so a freeze mid-run is seen at its first step. Device work only when it finds one.
+            # Every step, cheaply: the sentinels' `requires_grad` and `.grad`, so a freeze mid-run that
+            # touches one of them is seen at its first step; the whole scan on a sample of steps. Device
+            # work only when the scan finds a frozen parameter with a gradient.
             self._before_step(optimizer, step)
         except Exception as exc:
             self.failed("optimizer step", exc)
@@ -306,12 +320,54 @@ class Contracts:
             # without a reset, and is as wrong.
             w.reset, w.backward = False, 0
 
+    def _params_of(self, optimizer: Any) -> list[tuple[int, Any]]:
+        """The optimizer's parameters, flattened once and again only when its groups change."""
+        groups = optimizer.param_groups
+        key = self.opt_key
+        if key is not None and len(key) == len(groups):
+            for (lst, n), group in zip(key, groups):
+                params = group["params"]
+                if params is not lst or len(params) != n:
+                    break
+            else:
+                return self.opt_params
+        self.opt_key = [(group["params"], len(group["params"])) for group in groups]
+        self.opt_params = params = [(gi, p) for gi, group in enumerate(groups) for p in group["params"]]
+        n = len(params)
+        chosen = set(range(0, n, max(1, n // SENTINELS)))
+        if n:
+            chosen |= {n - 1, max(range(n), key=lambda i: params[i][1].numel())}
+        self.sentinels = [params[i][1] for i in sorted(chosen)]
+        self.sentinel_trainable = []  # (a new set: the next step scans whole)
+        return params
+
+    def _scan_due(self, step: int) -> bool:
+        """Whether this step scans every parameter: the first steps, a sampled step, the step after a scan
+        that found frozen parameters with gradients, a sentinel whose `requires_grad` changed (a freeze or
+        an unfreeze) or a step where no sentinel has a gradient (it may be that none has)."""
+        if step <= SCAN_WARMUP or step % self.every == 0 or self.rescan:
+            return True
+        trainable = self.sentinel_trainable
+        if len(trainable) != len(self.sentinels):
+            return True
+        for p, was in zip(self.sentinels, trainable):
+            if p.requires_grad is not was:
+                return True
+        for p in self.sentinels:
+            if p.grad is not None:
+                return False
+        return True
+
     def _before_step(self, optimizer: Any, step: int) -> None:
         import torch
 
-        params = [(gi, p) for gi, group in enumerate(optimizer.param_groups) for p in group["params"]]
+        params = self._params_of(optimizer)
         if not params:
             return
+        if not self._scan_due(step):
+            self.no_grad_steps = []  # a sentinel has a gradient: the step updates something
+            return
+        self.sentinel_trainable = [p.requires_grad for p in self.sentinels]
         with_grad = [p for _, p in params if p.grad is not None]
         if StepUpdatesNothing.name not in self.off:
             if with_grad:
@@ -329,6 +385,7 @@ class Contracts:
                     }, step=self.no_grad_steps[0])
         if FrozenParamsUpdated.name not in self.off and FrozenParamsUpdated.name not in self.sent:
             frozen_params = [p for p in with_grad if not p.requires_grad][:FROZEN_TENSORS]
+            self.rescan = bool(frozen_params)
             self.frozen_before = []
             with torch.no_grad():
                 for p in frozen_params:
@@ -426,17 +483,17 @@ class Contracts:
 
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         g = self.guard
+        self.post_due = False
         if self.rerunning or g._disabled or os.getpid() != g._pid:
             return
-        import torch
-
+        training = module.training
         try:
-            if module.training and torch.is_grad_enabled():
+            if training and self.grad_enabled():
                 self.train_forward_seen = True
                 self.no_grad_streak = 0
                 if BatchDimLost.name not in self.sent and BatchDimLost.name not in self.off:
                     self._batch_dim(args, kwargs)
-            elif module.training:
+            elif training:
                 self._train_mode_without_grad(module)
             elif not self.train_forward_seen and g.step_count > 0 and not self.eval_init_checked:
                 self.eval_init_checked = True  # once: it reads a device counter (a sync on a GPU)
@@ -444,13 +501,17 @@ class Contracts:
         except Exception as exc:
             self.failed("train/eval mode", exc)
         step = g.step_count + 1
-        if (module.training and self.autocast_step != step and self.sampled(step)
+        sampled = training and (step <= 3 or step % self.every == 0)
+        if (sampled and self.autocast_step != step
                 and AutocastRunsFp32.name not in self.off and AutocastRunsFp32.name not in self.sent):
             self.autocast_step = step
             try:
                 self._autocast_pre(step)
             except Exception as exc:
                 self.failed(AutocastRunsFp32.name, exc)
+        # The post-hook returns at once unless this forward needs it: the autocast layers' dtypes and the
+        # output kept for the loss check (sampled training forwards), preflight's second evaluation.
+        self.post_due = sampled or bool(self.autocast_hooks) or (not training and g.fast_forward.active)
 
     def _batch_dim(self, args: Any, kwargs: Any) -> None:
         """A training forward whose first input lost its batch dimension (a batch of 1 squeezed).
@@ -590,8 +651,11 @@ class Contracts:
             }, step=self.autocast_step)
 
     def _forward_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        if not self.post_due or self.rerunning:
+            return
+        self.post_due = False
         g = self.guard
-        if self.rerunning or g._disabled or os.getpid() != g._pid:
+        if g._disabled or os.getpid() != g._pid:
             return
         if self.autocast_hooks:
             try:
@@ -606,9 +670,7 @@ class Contracts:
                 # kept for this micro-batch's `guard.step` (which counts it as micro + 1)
                 self.last_output, self.last_output_step = out.detach(), g.micro + 1
         if g.fast_forward.active and not module.training and self.det_checks < 2 and EvalNotDeterministic.name not in self.off:
-            import torch
-
-            if not torch.is_grad_enabled():
+            if not self.grad_enabled():
                 self.det_checks += 1
                 try:
                     self._rerun(module, args, kwargs, output)

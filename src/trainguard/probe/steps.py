@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract import BEAT_FINISHED, BEAT_RUNNING, EVENT_EXPERTS, EVENT_PROBE, EVENT_SAMPLE
-from trainguard.probe import collectives, devicestats
+from trainguard.probe import collectives, devicestats, flightrec
 from trainguard.probe.fastforward import NO_FAST_FORWARD
 from trainguard.probe.pacing import paced
 from trainguard.probe.phases import Phases
@@ -427,6 +427,9 @@ class StepRecorder:
         moved = collectives.changed()
         if moved is not None:
             self._writer.set_meta(f"collectives.{self.rank}", moved)
+        asked = flightrec.asked(self.run_dir)  # a stall: the watchdog asks what the flight recorder knows
+        if asked is not None:
+            self._writer.set_meta(f"flightrec.{self.rank}", flightrec.answer(asked))
         self._writer.set_heartbeat(
             t_progress=self._t_progress, micro=self.micro, step=self.step_count, phase=self.phases.current,
             state=BEAT_FINISHED if self.finished else BEAT_RUNNING,

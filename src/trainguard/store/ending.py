@@ -32,6 +32,7 @@ class Ending:
     crashed: bool = False  # an uncaught exception (the probe saw it; the exit code may still be unknown)
     probe_used: bool = False  # the script had a probe (its own `watch()` or the automatic one)
     probe_finished: bool = False  # ...and it reached `finish()`
+    finish_forgotten: bool = False  # ...or not, but it exited normally with no sign of an early end (TG506 warns)
     artifacts_missing: bool = False  # an expected artifact (--expect) is missing or stale
     exit_unknown: bool = False  # the command ended unwatched (its watchdog was killed): how is not known
     preflight: PreflightOutcome | None = None  # preflight's verdict on the script (passed, incomplete, failed)
@@ -50,7 +51,7 @@ def state_of(e: Ending) -> State:
         return "killed"
     if e.crashed or e.exit_code not in (None, 0):
         return "crashed"
-    if e.artifacts_missing or (e.probe_used and not e.probe_finished):
+    if e.artifacts_missing or (e.probe_used and not e.probe_finished and not e.finish_forgotten):
         return "failed"
     return "completed"
 

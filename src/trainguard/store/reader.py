@@ -177,6 +177,11 @@ class RunReader:
                                         local_world_size=rec["local_world_size"], pid=rec["pid"])
         return out
 
+    def run_findings(self) -> list[Finding]:
+        """What the run recorded about itself: status.json's findings (the watchdog's final word, the ending's
+        among them) plus any recorded only in the store (`recorded_findings`)."""
+        return recorded_findings(self.status(), self.findings())
+
     def findings(self) -> list[Finding]:
         """Every finding recorded, the latest record of each (code, name, step) kept."""
         seen: dict[tuple, Finding] = {}
@@ -210,3 +215,24 @@ class RunReader:
 
 def finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def recorded_findings(status: dict[str, Any], recorded: list[Finding]) -> list[Finding]:
+    """status.json's findings (the watchdog's final word) plus any recorded only in the store."""
+    out: list[Finding] = []
+    seen: set[tuple] = set()
+    for raw in list(status.get("findings") or []):
+        try:
+            f = Finding.from_dict(raw)
+        except (TypeError, ValueError):
+            continue
+        key = (f.code, f.name, f.step, f.cause)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    for f in recorded:
+        key = (f.code, f.name, f.step, f.cause)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out

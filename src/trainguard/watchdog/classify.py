@@ -56,8 +56,11 @@ class Diagnosis:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def diagnose(snap: Snapshot) -> Diagnosis:
-    """The cause of a stall, from the last sample (earlier samples decide stuck vs. spinning)."""
+def diagnose(snap: Snapshot, waits: dict[int, str] | None = None) -> Diagnosis:
+    """The cause of a stall, from the last sample (earlier samples decide stuck vs. spinning).
+
+    `waits`: rank -> the collective it waits in where its Python stack cannot show it (inside
+    `loss.backward()`, DDP's gradient all-reduce, known from its flight recorder: watchdog/collectives.py)."""
     last = snap.samples[-1] if snap.samples else {}
     procs = list(last.values())
     workers = [p for p in procs if p.is_dataloader_worker]
@@ -66,7 +69,7 @@ def diagnose(snap: Snapshot) -> Diagnosis:
     if not trainers:
         trainers = [p for p in others if p.threads]
     for check in (_collective, _dataloader, _busy, _blocked):
-        diag = check(snap, trainers, workers)
+        diag = _collective(snap, trainers, workers, waits or {}) if check is _collective else check(snap, trainers, workers)
         if diag is not None:
             return diag
     unread = "; ".join(f"pid {p.pid}: {p.error}" for p in procs if p.error) or "no process of the run was found"
@@ -107,27 +110,36 @@ def starting_up(snap: Snapshot) -> list[int]:
 # -- the checks ---------------------------------------------------------------------------------------
 
 
-def _collective(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSample]) -> Diagnosis | None:
-    in_coll = [p for p in trainers if _in(p.main_thread, _COLLECTIVE_FILES)]
+def _collective(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSample],
+                waits: dict[int, str] | None = None) -> Diagnosis | None:
+    waits = waits or {}
+
+    def op_of(p: ProcSample) -> str | None:
+        return _collective_op(p.main_thread) or waits.get(_rank_number(p))  # type: ignore[arg-type]
+
+    in_coll = [p for p in trainers if _in(p.main_thread, _COLLECTIVE_FILES) or _rank_number(p) in waits]
     if not in_coll:
         return None
     positions = []
     for p in trainers:
         t = p.main_thread
         fr = _innermost_user(t)
-        op = _collective_op(t) if t else None
+        op = op_of(p) if t else None
         positions.append(f"pid {p.pid}" + (f" ({_rank(p)})" if _rank(p) else "")
                          + (f" waits in {op}" if op else " is not in a collective")
                          + (f" at {_where(fr)}" if fr else ""))
     first = in_coll[0]
     fr = _innermost_user(first.main_thread)
-    op = _collective_op(first.main_thread)
+    op = op_of(first)
     not_in = len(trainers) - len(in_coll)
-    ops = {_collective_op(p.main_thread) for p in in_coll}
+    ops = {op_of(p) for p in in_coll}
+    # a rank waiting inside backward is known from its flight recorder: watchdog/collectives.py judges
+    # whether the collectives can still meet (DDP's next bucket may be the one the others wait in)
+    by_flight = any(_rank_number(p) in waits for p in in_coll)
     # Proof only when every rank waits in a collective and they are not the same one: none of them can
     # go on. A rank outside any collective may be a straggler still computing its way there.
     unrecoverable = (f"the ranks wait in different collectives ({', '.join(sorted(o or '?' for o in ops))}): "
-                     "none can complete") if not not_in and len(ops) > 1 else None
+                     "none can complete") if not not_in and len(ops) > 1 and not by_flight else None
     detail = (f"{len(in_coll)} of {len(trainers)} process(es) wait in a collective ({op})"
               + (f"; {not_in} never reached it" if not_in else "")
               + ": " + "; ".join(positions))
@@ -269,6 +281,8 @@ def _self_blocked(p: ProcSample, who: str) -> str | None:
     below = t.frames[t.frames.index(fr) + 1:] if fr in t.frames else t.frames
     if kind not in ("lock", "wait") or any("multiprocessing/" in f.file for f in below):
         return None
+    if any("torch/autograd/" in f.file for f in below):
+        return None  # inside backward: autograd's engine waits on its own threads, or DDP on the other ranks
     if any(o is not t and _innermost_user(o) is not None for o in p.threads):
         return None
     what = "a lock" if kind == "lock" else "an event, condition or queue"
@@ -379,6 +393,13 @@ def _waits_on_children(p: ProcSample) -> bool:
                for f in t.frames[-6:])
 
 
+def _rank_number(p: ProcSample) -> int | None:
+    try:
+        return int(p.rank) if p.rank is not None else None
+    except ValueError:
+        return None
+
+
 def _rank(p: ProcSample) -> str | None:
     return f"rank {p.rank}" if p.rank is not None else None
 
@@ -407,7 +428,13 @@ FIXES = {
         "(a rank-dependent branch, an early `continue`, uneven data so one rank runs an extra step). Make every "
         "rank call the same collectives in the same order; pass `timeout=timedelta(minutes=10)` to "
         "`init_process_group` so a mismatch fails instead of hanging; TORCH_DISTRIBUTED_DEBUG=DETAIL checks "
-        "collective order, and NCCL's flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) records the last ones."),
+        "collective order; PyTorch's flight recorder (on by default, TORCH_FR_BUFFER_SIZE entries) records the "
+        "last ones, DDP's gradient all-reduces included, and is what named the positions above where it was on."),
+    "collective-straggler": (
+        "One rank has not reached the collective the others wait in: it is still working (a slow backward, "
+        "a long step on that rank alone) or stuck where its stack shows. If it arrives, the run goes on; "
+        "if its stack stays in the same place, look there. A rank slower every step is a straggler "
+        "(TG703): balance its data and any work done on that rank alone."),
     "deadlock": (
         "A thread waits for something no live thread will give: a lock held by a thread that waits for a "
         "lock this one holds (take locks in one global order everywhere), or an Event/Condition/queue that "

@@ -4,7 +4,14 @@
     refine(diagnosis, snapshot, positions)       # the `collective` diagnosis now names positions and blame
 
 The stacks say *which* collective each rank waits in; the probe's counters (probe/collectives.py, copied to
-the store as `meta` `collectives.<rank>`) say *which one of them*. Together:
+the store as `meta` `collectives.<rank>`) say *which one of them*. On a stall the watchdog also asks each
+rank's probe for its flight recorder (`ask`, probe/flightrec.py, `meta` `flightrec.<rank>`), which holds
+the collectives issued from C++ as well: DDP's gradient all-reduce inside `loss.backward()`, where the
+stack shows only the backward. Where every rank answered, `judge_flight` compares them; else `judge`
+compares the counters. Together:
+
+    rank 0 waits in all_reduce #1 of group 1 at train.py:63, which rank 1 never called; rank 1 waits in
+    DDP's gradient all-reduce (all_reduce #19, in backward at train.py:57), which rank 0 has not reached
 
     rank 1 waits in broadcast #36 while rank 0 is in all_reduce #36
     rank 3 waits in all_reduce #1042 while ranks 0-2 are in #1043
@@ -22,10 +29,14 @@ at the same one. None of them can complete, whatever the timeout.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+from trainguard.contract import COLLECTIVES_REQUEST
+
 META_PREFIX = "collectives."
+FLIGHT_PREFIX = "flightrec."
 
 
 def read_positions(run_dir: str | Path) -> dict[int, dict[str, Any]]:
@@ -33,6 +44,32 @@ def read_positions(run_dir: str | Path) -> dict[int, dict[str, Any]]:
 
     A node's part of a run over nodes (RUN/node-<N>/, store/nodes.py) reads every node's ranks from the
     shared run folder: the hang on this node is compared with the ranks of the others."""
+    return {r: v for r, v in _by_rank(run_dir, META_PREFIX).items() if v.get("seq") is not None}
+
+
+def ask(run_dir: str | Path) -> float | None:
+    """Asks every rank's probe for its flight recorder's view (probe/flightrec.py): touches the request
+    file; returns its time, which the answers carry. None when the folder cannot be written."""
+    try:
+        path = Path(run_dir) / "stacks" / COLLECTIVES_REQUEST
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+        os.utime(path)
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def read_flight(run_dir: str | Path, asked: float | None) -> dict[int, dict[str, Any]]:
+    """The ranks' answers to the request made at `asked` (older answers are another stall's)."""
+    if asked is None:
+        return {}
+    return {r: v for r, v in _by_rank(run_dir, FLIGHT_PREFIX).items()
+            if isinstance(v.get("request"), (int, float)) and v["request"] >= asked - 1e-6
+            and not v.get("unavailable")}
+
+
+def _by_rank(run_dir: str | Path, prefix: str) -> dict[int, dict[str, Any]]:
     try:
         from trainguard.store.nodes import node_dirs, node_of
         from trainguard.store.reader import RunReader
@@ -49,9 +86,9 @@ def read_positions(run_dir: str | Path) -> dict[int, dict[str, Any]]:
         return {}  # no store (yet), or unreadable: the stacks alone still name the collectives
     out: dict[int, dict[str, Any]] = {}
     for key, value in meta.items():
-        if key.startswith(META_PREFIX) and isinstance(value, dict) and value.get("seq") is not None:
+        if key.startswith(prefix) and isinstance(value, dict):
             try:
-                out[int(key[len(META_PREFIX):])] = value
+                out[int(key[len(prefix):])] = value
             except ValueError:
                 continue
     return out
@@ -97,21 +134,147 @@ def judge(positions: dict[int, dict[str, Any]], in_stack: dict[int, str | None])
             "positions": {str(r): _label(w) if w else "in no collective" for r, w in where.items()}}
 
 
-def refine(diagnosis: Any, snap: Any, positions: dict[int, dict[str, Any]]) -> None:
-    """Rewrite a `collective` diagnosis with the ranks' positions, the rank to blame and its stack."""
+def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None]) -> dict[str, Any] | None:
+    """Compare the ranks by what their flight recorders hold (every collective, DDP's and FSDP's too).
+
+    `flight`: rank -> the probe's answer (probe/flightrec.py); `now`: rank -> where its main thread is:
+    "python" (inside a torch.distributed call), "backward" (inside autograd's backward), None (elsewhere).
+    Returns what `judge` returns, or None when a rank with a stack gave no answer (the counters judge).
+
+    Proof, the whole of it: every rank waits in a collective and none of these collectives can complete,
+    because for each a member of its group never reaches it. A rank blocked in a torch.distributed call
+    issues nothing more; a rank inside backward may still issue gradient buckets on the groups it is
+    already all-reducing in (DDP's next bucket), nothing else before its backward returns, which needs
+    its all-reduce to complete. A rank elsewhere may still arrive (a straggler): never proof.
+    """
+    ranks = sorted(now)
+    if len(ranks) < 2 or any(r not in flight for r in ranks):
+        return None
+    members: dict[str, list[int]] = {}
+    for r in ranks:
+        for g, rs in (flight[r].get("members") or {}).items():
+            members.setdefault(g, rs)
+    waits: dict[int, dict[str, Any] | None] = {}
+    for r in ranks:
+        mine = [a for a in flight[r].get("active") or [] if now[r] is not None and a.get("from") == now[r]]
+        # blocked in a call: its newest; inside backward: the oldest bucket it waits for
+        waits[r] = (mine[0] if now[r] == "python" else min(mine, key=lambda a: a.get("seq", 0))) if mine else None
+    if not any(waits.values()):
+        return None
+
+    def enqueued(r: int, g: str) -> int:
+        return int(((flight[r].get("groups") or {}).get(g) or {}).get("enqueued", 0) or 0)
+
+    def reaches(x: int, w: dict[str, Any]) -> bool | None:
+        g, seq = w["group"], int(w["seq"])
+        if g in members and x not in members[g]:
+            return True  # not its group
+        if enqueued(x, g) >= seq:
+            return True
+        mine = waits.get(x)
+        if mine is None:
+            return None  # outside any collective: it may still get there
+        if now[x] == "backward" and any(a.get("group") == g for a in flight[x].get("active") or []
+                                        if a.get("from") == "backward"):
+            return None  # its backward may issue more buckets on that group
+        return False
+
+    missing = {r: [x for x in ranks if x != r and reaches(x, w) is False] for r, w in waits.items() if w}
+    behind = {r: [x for x in ranks if x != r and reaches(x, w) is None] for r, w in waits.items() if w}
+    outside = [r for r in ranks if waits[r] is None]
+    keys: dict[tuple, list[int]] = {}
+    for r, w in waits.items():
+        if w:
+            keys.setdefault((w["group"], int(w["seq"]), w.get("op"), w.get("from")), []).append(r)
+    same_seq_other_op = any(k1[:2] == k2[:2] and k1[2] != k2[2] for k1 in keys for k2 in keys if k1 != k2)
+    unrecoverable = None
+    if not outside and (all(missing[r] for r in missing) or same_seq_other_op):
+        unrecoverable = ("every rank waits in a collective that another rank of its group, itself blocked in one, "
+                         "never reaches: none can complete" if not same_seq_other_op else
+                         "the ranks wait in different collectives at the same number of one group: none can complete")
+
+    def novel(r: int) -> bool:  # a kind of collective the other members never made in that group
+        w = waits[r]
+        kind = _kind(w)
+        return all(not ((flight[x].get("kinds") or {}).get(w["group"]) or {}).get(kind)
+                   for x in ranks if x != r and (w["group"] not in members or x in members[w["group"]]))
+
+    blame: list[int] = []
+    if outside:
+        blame = outside
+    elif unrecoverable:
+        odd = [r for r in waits if novel(r)]
+        if not odd or len(odd) == len(waits):
+            odd = [r for r, w in waits.items() if w and w.get("from") == "python"]  # DDP's all-reduce is every step's
+            if len(odd) == len(waits):
+                odd = []
+        blame = odd if 0 < len(odd) < len(ranks) else []
+
+    sentence = _flight_sentence(ranks, waits, outside, blame, missing, behind, flight)
+    return {"sentence": sentence, "blame": blame[0] if len(blame) == 1 else None, "blamed": blame,
+            "unrecoverable": unrecoverable, "straggling": outside if not unrecoverable and outside else [],
+            "positions": {str(r): _flight_label(w) if w else "in no collective" for r, w in waits.items()}}
+
+
+def _kind(w: dict[str, Any]) -> str:
+    try:
+        shown = ",".join("x".join(str(n) for n in s) for s in w.get("sizes") or [])
+    except TypeError:
+        shown = ""
+    return f"{w.get('op')} [{shown}]"  # as probe/flightrec.kind_of writes the window's kinds
+
+
+def _flight_label(w: dict[str, Any]) -> str:
+    g = "" if w.get("group") == "default" else f" of group {w.get('group')}"
+    number = f"{w.get('op')} #{w.get('seq')}{g}"
+    at = f" at {w['where']}" if w.get("where") else ""
+    if w.get("from") == "backward":
+        what = "DDP's gradient all-reduce" if w.get("op") == "all_reduce" else f"a {w.get('op')} of the backward"
+        return f"{what} ({number}, in backward{at})"
+    return number + at
+
+
+def _flight_sentence(ranks: list[int], waits: dict[int, dict[str, Any] | None], outside: list[int],
+                     blame: list[int], missing: dict[int, list[int]], behind: dict[int, list[int]],
+                     flight: dict[int, dict[str, Any]]) -> str:
+    by_key: dict[tuple, list[int]] = {}
+    for r in ranks:
+        w = waits[r]
+        if w:
+            by_key.setdefault((w["group"], int(w["seq"]), w.get("op"), w.get("from")), []).append(r)
+    first = set(blame)
+    ordered = sorted(by_key.values(), key=lambda rs: (not (set(rs) & first), rs))
+    parts = []
+    for rs in ordered:
+        w = waits[rs[0]]
+        assert w is not None
+        clause = f"{_ranks(rs)} {'wait' if len(rs) > 1 else 'waits'} in {_flight_label(w)}"
+        lost = sorted({x for r in rs for x in missing.get(r, [])})
+        if lost:
+            never = all(not ((flight[x].get("kinds") or {}).get(w["group"]) or {}).get(_kind(w)) for x in lost)
+            verb = "never called" if never else ("has not reached" if len(lost) == 1 else "have not reached")
+            clause += f", which {_ranks(lost)} {verb}"
+        parts.append(clause)
+    text = "; ".join(parts)
+    if outside:
+        reach = sorted({x for r in behind for x in behind[r]} & set(outside))
+        yet = " yet (behind: slow, or stuck where its stack shows)" if reach else ""
+        text = f"{_ranks(outside)} {'are' if len(outside) > 1 else 'is'} in no collective{yet} while " + text
+    return text
+
+
+def refine(diagnosis: Any, snap: Any, positions: dict[int, dict[str, Any]],
+           flight: dict[int, dict[str, Any]] | None = None) -> None:
+    """Rewrite a `collective` diagnosis with the ranks' positions, the rank to blame and its stack: from
+    the flight recorders' answers where every rank gave one, else from the probe's counters."""
     from trainguard.watchdog import classify
 
-    last = snap.samples[-1] if snap.samples else {}
-    by_rank = {}
-    for p in last.values():
-        try:
-            if p.rank is not None and not p.is_dataloader_worker and p.threads:
-                by_rank[int(p.rank)] = p
-        except ValueError:
-            continue
+    by_rank = trainers_by_rank(snap)
     in_stack = {r: classify._collective_op(p.main_thread) if classify._in(p.main_thread, classify._COLLECTIVE_FILES)
                 else None for r, p in by_rank.items()}
-    verdict = judge(positions, in_stack)
+    verdict = judge_flight(flight or {}, {r: where_now(p.main_thread) for r, p in by_rank.items()})
+    if verdict is None:
+        verdict = judge(positions, in_stack)
     if verdict is None:
         return
     blamed = f" (rank {verdict['blame']} is out of step: its stack is shown)" if verdict["blame"] is not None else ""
@@ -119,6 +282,8 @@ def refine(diagnosis: Any, snap: Any, positions: dict[int, dict[str, Any]]) -> N
     diagnosis.extra["collective_positions"] = verdict["positions"]
     if verdict["unrecoverable"]:
         diagnosis.extra["unrecoverable"] = verdict["unrecoverable"]
+    elif verdict.get("straggling"):
+        diagnosis.fix = classify.FIXES["collective-straggler"]
     if verdict["blame"] is not None:
         diagnosis.extra["blamed_rank"] = verdict["blame"]
         proc = by_rank.get(verdict["blame"])
@@ -127,6 +292,47 @@ def refine(diagnosis: Any, snap: Any, positions: dict[int, dict[str, Any]]) -> N
             diagnosis.where = classify._where(frame) or diagnosis.where
             diagnosis.frames = classify._frames(proc.main_thread)
             diagnosis.pid = proc.pid
+
+
+def backward_waits(snap: Any, flight: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """Ranks whose main thread is inside backward while their flight recorder holds a collective that
+    the backward issued and that has not completed: they wait in DDP's gradient all-reduce (rank -> what),
+    for classify, which sees only a thread inside `loss.backward()`."""
+    out = {}
+    for r, p in trainers_by_rank(snap).items():
+        if where_now(p.main_thread) != "backward":
+            continue
+        mine = [a for a in (flight.get(r) or {}).get("active") or [] if a.get("from") == "backward"]
+        if mine:
+            w = min(mine, key=lambda a: a.get("seq", 0))
+            out[r] = "DDP's gradient all-reduce" if w.get("op") == "all_reduce" else f"{w.get('op')} (in backward)"
+    return out
+
+
+def where_now(t: Any) -> str | None:
+    """Where a rank's main thread is, for comparing with its flight recorder: "python" (inside a
+    torch.distributed collective), "backward" (inside autograd's backward), None (elsewhere)."""
+    from trainguard.watchdog import classify
+
+    if t is None:
+        return None
+    if classify._in(t, classify._COLLECTIVE_FILES):
+        return "python"
+    if any("torch/autograd/" in f.file for f in t.frames):
+        return "backward"
+    return None
+
+
+def trainers_by_rank(snap: Any) -> dict[int, Any]:
+    last = snap.samples[-1] if snap.samples else {}
+    by_rank = {}
+    for p in last.values():
+        try:
+            if p.rank is not None and not p.is_dataloader_worker and p.threads:
+                by_rank[int(p.rank)] = p
+        except ValueError:
+            continue
+    return by_rank
 
 
 def _odd_group(groups: dict[tuple[str, int], list[int]], positions: dict[int, dict[str, Any]]) -> list[int]:

@@ -9,6 +9,7 @@ The supervisor calls this once per stall; everything heavy (py-spy, psutil, the 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,15 +90,17 @@ class StallDiagnosis:
 
 def diagnose_stall(run_dir: Path, pid: int, *, attempt: int | str = 0, samples: int = SAMPLES,
                    interval: float = INTERVAL) -> StallDiagnosis:
+    asked = collectives.ask(run_dir)  # each rank's probe answers from its flight recorder while we sample
     snap = stacks.collect(pid, run_dir, samples=samples, interval=interval)
     try:
         txt = stacks.save(snap, Path(run_dir) / "stacks", attempt)
         stacks_file = str(txt.relative_to(run_dir))
     except OSError:
         stacks_file = None
-    diag = classify.diagnose(snap)
+    flight = _flight_answers(run_dir, asked, snap)
+    diag = classify.diagnose(snap, collectives.backward_waits(snap, flight))
     if diag.cause == "collective":  # which call of the sequence each rank is in, and the rank to blame
-        collectives.refine(diag, snap, collectives.read_positions(run_dir))
+        collectives.refine(diag, snap, collectives.read_positions(run_dir), flight)
     if diag.cause == "dataloader-worker" and diag.extra.get("sample_index") is None and diag.pid:
         diag.extra["sample_index"], why = _sample_index_by_py_spy(diag.pid)
         if diag.extra["sample_index"] is not None:
@@ -106,6 +109,24 @@ def diagnose_stall(run_dir: Path, pid: int, *, attempt: int | str = 0, samples: 
             # say why the index is missing: the stacks came from the signal dump, which has no locals
             diag.extra["sample_index_unread"] = f"{why}; the stacks came from the signal dump, which has no locals"
     return StallDiagnosis(snap, diag, stacks_file, classify.io_moving(snap))
+
+
+FLIGHT_WAIT = 1.0  # seconds to wait, past the sampling, for ranks whose answer is not in the store yet
+
+
+def _flight_answers(run_dir: Path, asked: float | None, snap: stacks.Snapshot) -> dict[int, dict[str, Any]]:
+    """The ranks' flight-recorder answers (probe/flightrec.py). A probe answers within a flush (0.2 s) of
+    the request and the sampling takes seconds, so they are in; a rank without a probe never answers:
+    wait at most FLIGHT_WAIT for stragglers, then judge without them."""
+    if asked is None:
+        return {}
+    ranks = {r for r in collectives.trainers_by_rank(snap)}
+    deadline = time.monotonic() + FLIGHT_WAIT
+    while True:
+        got = collectives.read_flight(run_dir, asked)
+        if ranks <= set(got) or time.monotonic() >= deadline or not got:
+            return got
+        time.sleep(0.2)
 
 
 def _sample_index_by_py_spy(pid: int) -> tuple[str | None, str | None]:

@@ -231,6 +231,9 @@ class Supervisor:
         self._phase_events_seen = 0
         self._loss_line_seen = False
         self._lines_scanned = 0
+        self._signalled: float | None = None  # when a signal went to the command (the user's, or our stop)
+        self._progress_before_signal: float | None = None
+        self.capture.deaf_from = None
         self.writes = WriteWatch(self.run_dir)
         env = dict(os.environ)
         env.update({ENV_RUN_DIR: str(self.run_dir.resolve()), ENV_WATCHDOG: "1", ENV_ATTEMPT: str(self.attempt),
@@ -317,9 +320,16 @@ class Supervisor:
             t_progress = max(probe_starts)
         step = max((b["step"] for b in beats if b["step"] is not None), default=None)
         phase = next((b["phase"] for b in beats if b["rank"] == 0 and b["phase"]), None)
-        # Progress the user does not have to mark: output lines, and bytes the run writes to its files.
-        others = (self.capture.last_output, self._safe_writes())
+        # Progress the user does not have to mark: output lines (not tracebacks, warnings or a launcher's
+        # dying words: watchdog/dying.py), and bytes the run writes to its files.
+        others = (self.capture.last_progress, self._safe_writes())
         t_progress = max((t for t in (t_progress, *others) if t is not None), default=None)
+        if self._signalled is None:
+            self._progress_before_signal = t_progress
+        else:
+            # Once a signal was sent, whatever the processes print or write is their dying (a traceback,
+            # torchrun's "Sending process N closing signal", a save on SIGTERM), never "progress resumed".
+            t_progress = self._progress_before_signal
         self._learn_phases()
         state = WatchState(
             run_dir=self.run_dir, reader=self.reader, pid=self.proc.pid, started=self.started, now=time.time(),
@@ -559,6 +569,7 @@ class Supervisor:
             probe_crash=probe_crash, stderr_crash=stderr_crash, expects=self.options.expects,
             started=self.started, cwd=self.options.cwd or os.getcwd(), step=step, oom=oom,
             store_unwritable=unwritable, forwarded=self.forwarded,
+            probe_exited=_all_exited(probe_events), total_steps=(self.reader.meta().get("plan") or {}).get("total_steps"),
         )
         for f in v.findings:
             self._report(f)
@@ -699,7 +710,13 @@ class Supervisor:
         health = ("error" if v.state != "completed" or "error" in severities else
                   "warning" if "warning" in severities else "ok")
         head = f"trainguard: run {v.state}"
-        if v.signal:
+        if v.ending.hung or v.ending.stopped:
+            # trainguard ended it: its own exit code, and the command's as a consequence of that stop (a
+            # launcher that turns SIGTERM into an exception, torchrun's SignalException, exits 1)
+            how = v.signal or (f"with code {v.exit_code}" if v.exit_code not in (None, 0) else None)
+            head += (f" (stopped by trainguard, exit {v.trainguard_exit}"
+                     + (f"; the command exited {how} on that stop" if how else "") + ")")
+        elif v.signal:
             head += f" ({v.signal})"
         elif v.exit_code not in (None, 0):
             head += f" (exit code {v.exit_code})"
@@ -726,8 +743,15 @@ class Supervisor:
 
     # -- process control ----------------------------------------------------------------------------
 
+    def _signal_sent(self) -> None:
+        """From now on nothing the command prints or writes counts as progress (see `_observe`)."""
+        if getattr(self, "_signalled", None) is None:
+            self._signalled = time.time()
+            self.capture.deaf_from = self._signalled
+
     def _terminate(self) -> None:
         """SIGTERM the command's process group, then SIGKILL whatever is left after a grace period."""
+        self._signal_sent()
         pgid = self.proc.pid
         try:
             os.killpg(pgid, signal.SIGTERM)
@@ -746,6 +770,7 @@ class Supervisor:
 
         def forward(signum: int, frame: Any) -> None:
             self.forwarded = signum
+            self._signal_sent()
             try:
                 os.killpg(self.proc.pid, signum)
             except ProcessLookupError:
@@ -809,6 +834,13 @@ def _safe_oom() -> int | None:
     from trainguard.watchdog.kernel import cgroup_oom_kills
 
     return cgroup_oom_kills()
+
+
+def _all_exited(probe_events: list[dict[str, Any]]) -> bool:
+    """Every process whose probe started recorded the interpreter's normal exit (none left by `os._exit`)."""
+    started = {e["rank"] for e in probe_events if e["name"] == "start"}
+    exited = {e["rank"] for e in probe_events if e["name"] == "exit"}
+    return started <= exited
 
 
 def _silent_ranks(probe_events: list[dict[str, Any]], crashes: list[dict[str, Any]]) -> list[int]:

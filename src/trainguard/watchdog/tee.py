@@ -13,6 +13,8 @@ import threading
 import time
 from typing import IO, Any
 
+from trainguard.watchdog.dying import ProgressLines
+
 RETRY_LOG = 5.0  # seconds between tries to write output.log again after it failed
 
 class OutputCapture:
@@ -29,6 +31,8 @@ class OutputCapture:
         self.stdout_tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self.lines = 0
         self.last_output: float | None = None
+        self.last_progress: float | None = None
+        self.deaf_from: float | None = None  # lines read from then on are never progress (a signal was sent)
         self._threads: list[threading.Thread] = []
         self.before_write: Any = None  # called under the lock before echoing (clears the status line)
 
@@ -39,6 +43,7 @@ class OutputCapture:
 
     def _pump(self, stream: IO[bytes], name: str, sink: IO[bytes] | None) -> None:
         tail = self.stderr_tail if name == "stderr" else self.stdout_tail
+        progress = ProgressLines()
         partial = b""
         fd = stream.fileno()
         while True:
@@ -65,10 +70,17 @@ class OutputCapture:
             if len(partial) > 1 << 20:  # an enormous line without a newline: count it and move on
                 pieces.append(partial)
                 partial = b""
+            moving = False
             for piece in pieces:
-                tail.append(piece.decode("utf-8", "replace"))
+                text = piece.decode("utf-8", "replace")
+                tail.append(text)
+                moving = progress.feed(text) or moving
+            if not pieces and partial:  # a progress bar redrawn on one line
+                moving = progress.peek(partial[-4096:].decode("utf-8", "replace"))
             self.lines += len(pieces)
             self.last_output = now
+            if moving and (self.deaf_from is None or now < self.deaf_from):
+                self.last_progress = now
         if partial:
             tail.append(partial.decode("utf-8", "replace"))
             self.lines += 1

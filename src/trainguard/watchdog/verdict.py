@@ -2,8 +2,9 @@
 
 - completed: exit 0, the probe (if the script used one) finished, every expected artifact exists and was
   written during this run;
-- failed:    exit 0, but an artifact is missing or stale, or the probe never finished (seed 000's monitor
-  said "Training complete" while the results file was never written);
+- failed:    exit 0, but an artifact is missing or stale, or the probe never finished and something says the
+  script stopped early (seed 000's monitor said "Training complete" while the results file was never
+  written); a script that merely forgot `guard.finish()` is completed, with a warning (rules/ending.py);
 - crashed:   non-zero exit;
 - killed:    ended by a signal that trainguard did not send for a hang;
 - hung:      no progress for longer than the stall timeout (trainguard stopped it, or it is still alive).
@@ -27,7 +28,7 @@ from trainguard.store.ending import Ending, state_of
 if TYPE_CHECKING:
     from trainguard.contract import State
 
-EXIT_FAILED = 123  # exit 0, but an expected artifact is missing or stale, or the probe never finished
+EXIT_FAILED = 123  # exit 0, but an expected artifact is missing or stale, or the script stopped early
 EXIT_HUNG = 124  # no progress for longer than the stall timeout (as `timeout(1)` uses 124)
 EXIT_STOPPED = 125  # stopped on a finding named in --stop-on
 
@@ -200,6 +201,8 @@ def decide(
     oom: dict[str, Any],
     store_unwritable: str | None = None,
     forwarded: int | None = None,
+    probe_exited: bool = True,
+    total_steps: int | None = None,
 ) -> Verdict:
     """The final state from how the process ended and what the probe and the files say (the state itself
     is named by store/ending.py's `state_of`, from the same facts).
@@ -209,7 +212,10 @@ def decide(
 
     `forwarded`: an ending signal trainguard passed on to the command (Ctrl-C, `timeout`, a scheduler's
     SIGTERM). When a launcher turned it into an exception and exit code 1 (torchrun's SignalException),
-    the run was killed by that signal: the tracebacks it printed are its consequence, not a crash to fix."""
+    the run was killed by that signal: the tracebacks it printed are its consequence, not a crash to fix.
+
+    `probe_exited`: every process whose probe started recorded the interpreter's normal exit; with
+    `total_steps` (declared) they say whether an unfinished guard is an early end (rules/ending.py)."""
     if forwarded is not None and returncode > 0 and hang is None and stopped_on is None:
         returncode, probe_crash, stderr_crash = -forwarded, None, None
     sig = -returncode if returncode < 0 else None
@@ -237,10 +243,14 @@ def decide(
         return _verdict(facts, returncode, [crash], returncode)
     findings = check_artifacts(expects, started, cwd)
     missing = bool(findings)
+    forgotten = False
     if probe_used and not probe_finished and store_unwritable is None:
-        findings.append(probe_not_finished(step))
-    ending = replace(facts, artifacts_missing=missing)
-    return _verdict(ending, 0, findings, EXIT_FAILED if findings else 0)
+        unfinished = probe_not_finished(step, total_steps=total_steps, exited_normally=probe_exited)
+        forgotten = unfinished.severity != "error"
+        findings.append(unfinished)
+    ending = replace(facts, artifacts_missing=missing, finish_forgotten=forgotten)
+    failed = any(f.severity == "error" for f in findings)
+    return _verdict(ending, 0, findings, EXIT_FAILED if failed else 0)
 
 
 def _verdict(ending: Ending, returncode: int, findings: list[Finding], trainguard_exit: int) -> Verdict:

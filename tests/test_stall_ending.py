@@ -1,0 +1,122 @@
+"""A stall ends on progress only: what a run prints while it fails or dies never ends it.
+
+A new user's collective mismatch stalled under `trainguard run`; they pressed Ctrl-C, torchrun printed
+"Sending process N closing signal SIGTERM" and a traceback, and the stall was recorded as "progress
+resumed: slow, not hung". These run `trainguard run` on real scripts, send real signals, and read the
+run folder's status.json.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tgtest import trainguard_cmd
+
+from trainguard.store.status import read_status
+from trainguard.watchdog.dying import ProgressLines
+
+INTERRUPTED = textwrap.dedent('''
+    import time, traceback
+    print("step 1 loss 0.52", flush=True)
+    try:
+        time.sleep(600)  # stuck (a collective no other rank joins, say)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        print("interrupted, saving what we have", flush=True)  # a handler that prints, then takes its time
+        time.sleep(3)
+        raise
+''')
+
+NOISY_HANG = textwrap.dedent('''
+    import threading, time, traceback, warnings
+    print("step 1 loss 0.52", flush=True)
+
+    def noise():  # a library thread that warns and logs handled errors while the loop is stuck
+        while True:
+            warnings.warn("the metrics server is slow", UserWarning)
+            try:
+                raise ConnectionError("metrics server unreachable")
+            except ConnectionError:
+                traceback.print_exc()
+            time.sleep(0.7)
+
+    warnings.simplefilter("always")
+    threading.Thread(target=noise, daemon=True).start()
+    time.sleep(25)  # stuck long past --hang-limit; without it the run would end by itself, exit 0
+''')
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+
+
+def test_what_a_stalled_run_prints_after_ctrl_c_does_not_end_its_stall(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(INTERRUPTED)
+    run_dir = tmp_path / "run"
+    watchdog = subprocess.Popen(trainguard_cmd("run", "--run-dir", str(run_dir), "--stall-timeout", "2", "--no-auto",
+                                               "--", sys.executable, "train.py"),
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    assert watchdog.stderr is not None
+    seen = []
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        line = watchdog.stderr.readline()
+        seen.append(line)
+        if "run-stalled" in line or not line:
+            break
+    assert "run-stalled" in seen[-1], "".join(seen)[-2000:]
+    watchdog.send_signal(signal.SIGINT)
+    _, err = watchdog.communicate(timeout=60)
+    err = "".join(seen) + err
+    assert "KeyboardInterrupt" in err and "interrupted, saving" in (run_dir / "output.log").read_text()
+    assert "stall ended" not in err, err[-3000:]
+    stalled = next(f for f in read_status(run_dir)["findings"] if f["name"] == "run-stalled")
+    assert stalled["severity"] == "warning" and "stall_ended_by" not in stalled["evidence"], stalled
+
+
+def test_tracebacks_and_warnings_printed_during_a_stall_are_not_progress(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(NOISY_HANG)
+    run_dir = tmp_path / "run"
+    r = subprocess.run(trainguard_cmd("run", "--run-dir", str(run_dir), "--stall-timeout", "3", "--hang-limit", "10",
+                                      "--no-auto", "--", sys.executable, "train.py"),
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_env())
+    assert r.returncode == 124, r.stderr[-3000:]
+    names = [f["name"] for f in read_status(run_dir)["findings"]]
+    assert "run-hung" in names and "stall ended" not in r.stderr, (names, r.stderr[-3000:])
+    assert "metrics server unreachable" in (run_dir / "output.log").read_text()
+
+
+def test_a_launchers_dying_words_are_not_progress_but_training_lines_are() -> None:
+    lines = ProgressLines()
+    dying = [
+        "W0102 10:00:01.500000 4242 torch/distributed/elastic/agent/server/api.py:700] Received 15 death signal,"
+        " shutting down workers",
+        "W0102 10:00:01.501000 4242 torch/distributed/elastic/multiprocessing/api.py:900] Sending process 4250"
+        " closing signal SIGTERM",
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "/home/me/train.py", line 40, in <module>',
+        "[rank1]:     loss.backward()",
+        "[rank1]: RuntimeError: Connection closed by peer [127.0.0.1]:29500",
+        "terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+        "  what():  [enforce fail at pair.cc:456] Received data size doesn't match expected size.",
+        "Traceback (most recent call last):",
+        '  File "/venv/bin/torchrun", line 8, in <module>',
+        "    sys.exit(main())",
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: 15",
+        "/home/me/train.py:12: UserWarning: the metrics server is slow",
+        '  warnings.warn("the metrics server is slow", UserWarning)',
+        "KeyboardInterrupt",
+        "==========================================",
+        "train.py FAILED",
+        "  exitcode  : -15 (pid: 4250)  (SIGTERM)",
+    ]
+    assert [line for line in dying if lines.feed(line)] == []
+    moving = ["step 40 loss 1.2031", "[rank0]: iter 41: loss 1.19, time 80.1ms",
+              " 45%|####5     | 45/100 [00:09<00:11,  4.8it/s]", "Evaluating on the validation set..."]
+    assert [line for line in moving if lines.feed(line)] == moving
