@@ -86,6 +86,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     if cfg.data.teacher_cache:  # KD from the offline cache: the teacher's tokenizer comes with it
         cache = TeacherCache(cfg.resolve_path(cfg.data.teacher_cache))
         check_cache(cache, cfg, train_text)
+        cache.preload()  # decompressed once, before the loop, as far as the reader's memory budget goes
         saved_toks = {**saved_toks, "teacher": saved_toks.get("teacher") or cache.manifest["teacher_tokenizer"]}
     t_tok = load_tokenizer("teacher", cfg.teacher, train_text, saved_toks.get("teacher"))
     s_tok = load_tokenizer("student", cfg.student, train_text, saved_toks.get("student"))
