@@ -140,6 +140,8 @@ SCHEDULER_BEFORE_OPTIMIZER = Code("TG151", "scheduler-before-optimizer", "warnin
 
 def _ago(seconds: float) -> str:
     seconds = max(0.0, seconds)
+    if seconds < 1:
+        return "<1 s"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:
