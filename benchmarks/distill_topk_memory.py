@@ -203,6 +203,14 @@ def one_mode(args: argparse.Namespace) -> dict:
         table = prof.key_averages()
         Path(args.profile_dir, name).write_text(
             table.table(sort_by="cpu_time_total", row_limit=25) + "\n" + table.table(sort_by="cuda_time_total", row_limit=25))
+    if args.mode == "topk" and spec.graphed is not None:
+        # the teacher signal alive inside a training step, from the tensors themselves: the graph's own
+        # outputs (kept between steps) plus `forward_losses`' per-row copy of them ([B*T] rows: ids, log-probs,
+        # mask, tail, has-KD flag), the only copy the fused head keeps for its backward
+        static = sum(o.nbytes() for _, _, o in spec.graphed.graphs.values())
+        rows = B * T * (k * (4 + 4 + 1) + 4 + 1)
+        signal["step_signal_bytes"] = static + rows
+        signal["step_signal_ratio"] = signal["full_fp32_logits_bytes"] / (static + rows)
     return {"mode": args.mode, "k": k, "chunk": chunk, "peak_bytes": peak, "baseline_bytes": base,
             "step_peak_bytes": max(0, peak - base), "tokens_per_s": B * T * args.iters / secs,
             "seconds_per_step": secs / args.iters, "graph": bool(args.graph), **signal}

@@ -282,23 +282,20 @@ def diagnose(path: str, as_json: bool, alive: bool) -> None:
     run nobody watched: a log, an output folder (Hugging Face, Lightning, Ultralytics), a metrics file
     (CSV, JSON Lines, trainer_state.json) or TensorBoard event files.
 
+    A run folder's diagnosis starts with how the run ended and lists the findings recorded while it ran
+    (a crash and its root cause, a hang) with what the rules find now, each once.
+
     Exit codes: 0 no error finding, 1 at least one error finding, 2 bad input.
     """
     from pathlib import Path
 
     from trainguard.ingest.diagnose import diagnose_path, render
     from trainguard.store.paths import is_run_dir, resolve_run
-    from trainguard.store.status import read_status
 
     target = Path(path) if Path(path).exists() else resolve_run(path)
-    ended = None
     if target.is_dir() and is_run_dir(target):
-        if _probe_recorded(target) or not (target / "output.log").is_file():
-            _diagnose_run_folder(target, as_json)
-        # a run without the probe: its captured output is all there is, and the watchdog saw it end
-        ended = "status.json: completed" if read_status(target).get("state") == "completed" else None
-        target = target / "output.log"
-    d = diagnose_path(target, ended=ended, alive=alive)
+        _diagnose_run_folder(target, as_json, alive)
+    d = diagnose_path(target, alive=alive)
     if as_json:
         echo(json.dumps(d.to_dict(), default=str))
     else:
@@ -314,18 +311,40 @@ def _probe_recorded(run_dir: Any) -> bool:
         return reader.step_count() > 0
 
 
-def _diagnose_run_folder(run_dir: Any, as_json: bool) -> None:
+def _diagnose_run_folder(run_dir: Any, as_json: bool, alive: bool) -> None:
+    """A run folder: how it ended and what it recorded while it ran (a crash with its root cause, a hang),
+    with what the health rules find over its store now (or, for a run without the probe, what the log readers
+    find in its output.log); a finding both give is shown once, as recorded."""
+    from trainguard.findings import escalations_merged, merged, most_severe_first
+    from trainguard.ingest.diagnose import diagnose_path, limits
+    from trainguard.ingest.signs import LOG_ENDS_UNFINISHED
+    from trainguard.rules.crash import RUN_CRASHED
     from trainguard.rules.diagnose import diagnose_run
+    from trainguard.store.reader import RunReader
+    from trainguard.store.status import read_status
 
-    findings = diagnose_run(run_dir)
+    extra: list[str] = []
+    st = read_status(run_dir)
+    ended = st.get("state") in ("completed", "failed", "crashed", "killed") or bool(st.get("ended"))
+    if _probe_recorded(run_dir) or not (run_dir / "output.log").is_file():
+        found = diagnose_run(run_dir)
+    else:  # a run without the probe: its captured output is all there is to re-read
+        d = diagnose_path(run_dir / "output.log", ended=f"status.json: {st['state']}" if ended else None, alive=alive)
+        found, extra = d.findings, limits(d)
+    if ended:
+        # the watchdog saw the ending: its word on it stands (a log's last traceback may be only the
+        # consequence of a stop, or of another rank's failure)
+        found = [f for f in found if f.code not in (RUN_CRASHED.code, LOG_ENDS_UNFINISHED.code)]
+    with RunReader(run_dir) as reader:
+        findings = most_severe_first(merged(reader.run_findings(), found))
     if as_json:
         echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
-    elif not findings:
-        echo("trainguard: no findings")
-    for f in [] if as_json else findings:
-        echo(f.one_line())
-        if f.fix:
-            echo(f"  fix: {f.fix}")
+    else:
+        shown = dict(st) if st else {"state": "unknown (no status.json)"}
+        shown["findings"] = escalations_merged([f.to_dict() for f in findings])
+        _print_status(run_dir, shown)
+        for line in extra:
+            echo(line)
     sys.exit(1 if any(f.severity == "error" for f in findings) else 0)
 
 
@@ -352,7 +371,11 @@ def _print_status(path: Any, st: dict) -> None:
 
     state = shown_state(st)
     line = f"{path}: {state}"
-    if st.get("signal"):
+    if st.get("state") == "hung" and st.get("ended"):
+        # trainguard stopped it; what the command exited with is that stop's consequence
+        code = st.get("signal") or (f"with code {st['exit_code']}" if st.get("exit_code") not in (None, 0) else None)
+        line += " (stopped by trainguard" + (f"; the command exited {code} on that stop" if code else "") + ")"
+    elif st.get("signal"):
         line += f" ({st['signal']})"
     elif st.get("exit_code") not in (None, 0):
         line += f" (exit code {st['exit_code']})"
@@ -396,9 +419,13 @@ def _ranks_line(path: Any) -> str | None:
         for beat in reader.heartbeats():
             if isinstance(beat.get("step"), int) and isinstance(beat.get("rank"), int):
                 steps[beat["rank"]] = max(steps.get(beat["rank"], 0), beat["step"])
+        for rank in set(info) - set(steps):  # no heartbeat with a step (a rank aborted before its flush)
+            last = reader.last_step_of(rank)
+            if last is not None:
+                steps[rank] = last
     by_node: dict[tuple[int, str], list[str]] = {}
     for rank, r in sorted(info.items()):
-        at = f" at step {steps[rank]}" if rank in steps else " (no step yet)"
+        at = f" at step {steps[rank]}" if rank in steps else " (no step recorded)"
         by_node.setdefault((r["node"], r["host"]), []).append(f"{rank}{at}")
     return "  ranks: " + "; ".join(f"node {node} ({host}): {', '.join(ranks)}"
                                    for (node, host), ranks in sorted(by_node.items()))

@@ -178,6 +178,20 @@ def most_severe_first(findings: list[Finding]) -> list[Finding]:
 
 
 
+def same_finding(a: Finding, b: Finding) -> bool:
+    """One problem told twice (what a run recorded, and the same rule re-read from its store or its log):
+    the same rule, at the same step or of the same cause."""
+    return a.code == b.code and a.name == b.name and (a.step == b.step or (a.cause is not None and a.cause == b.cause))
+
+
+def merged(first: list[Finding], *more: list[Finding]) -> list[Finding]:
+    """`first`'s findings, then those of `more` that none before them already tells (`same_finding`)."""
+    out = list(first)
+    for group in more:
+        out += [f for f in group if not any(same_finding(f, g) for g in out)]
+    return out
+
+
 def escalations_merged(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Findings (as in status.json) with one entry per code where a rule escalated: a warning, then an error.
 

@@ -41,6 +41,8 @@ def test_default_dataclasses_are_valid(make_cfg):
     ("train: [unclosed\n", "not valid YAML"),
     ("bogus: 1\n", "unknown key bogus"),
     ("train: {max_steps: 1.5}\n", "train.max_steps must be an integer"),
+    ("teacher: {arch: qwen2}\nstudent: {arch: llama}\nloss: {kd: {method: uld, renormalize: true}}\n",
+     "renormalize applies to method kl only"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(tmp_path, content, needle):
     path = tmp_path / "c.yaml"

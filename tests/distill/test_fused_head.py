@@ -101,6 +101,8 @@ def test_cuda_graph_targets_and_bf16_fused_head_match_the_eager_reference():
         got = graphed(x[:n])
         assert torch.equal(got.sid, eager.sid[:n]) and torch.equal(got.mapped, eager.mapped[:n])
         torch.testing.assert_close(got.logp, eager.logp[:n])
+        views = graphed(x[:n], clone=False)  # the step's form: the graph's own outputs, copied by the caller
+        assert torch.equal(views.sid, got.sid) and torch.equal(views.logp, got.logp)
     hs = torch.randn(N, 48, device=dev, requires_grad=True)
     w = (torch.randn(Vs, 48, device=dev) * 0.2).requires_grad_()
     labels = torch.randint(0, Vs, (N,), device=dev)

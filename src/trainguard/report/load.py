@@ -24,7 +24,7 @@ import numpy as np
 from trainguard.errors import UserError
 from trainguard.findings import Finding
 from trainguard.store.printed import PRINTED_COLUMNS, read_printed
-from trainguard.store.reader import RunReader, load_json
+from trainguard.store.reader import RunReader, load_json, recorded_findings
 from trainguard.store.schema import DB_NAME, connect
 from trainguard.untrusted import load_json as load_untrusted_json
 from trainguard.untrusted import regular_file
@@ -100,7 +100,7 @@ def load_run(run_dir: str | Path, rank: int = 0) -> RunData:
         events = reader.events()
         recorded = reader.findings()
     data = RunData(run_dir=run_dir, status=status, meta=meta, events=events,
-                   findings=_merge_findings(status, recorded))
+                   findings=recorded_findings(status, recorded))
     if (run_dir / DB_NAME).is_file():
         # A million steps make millions of tuples and dicts that live until the columns are built; the
         # cyclic GC would walk them again and again for nothing (it doubled the load time).
@@ -116,27 +116,6 @@ def load_run(run_dir: str | Path, rank: int = 0) -> RunData:
         _add_printed(data, read_printed(run_dir))
     data.schedule = _load_schedule(run_dir)
     return data
-
-
-def _merge_findings(status: dict[str, Any], recorded: list[Finding]) -> list[Finding]:
-    """status.json's findings (the watchdog's final word) plus any recorded only in the store."""
-    out: list[Finding] = []
-    seen: set[tuple] = set()
-    for raw in list(status.get("findings") or []):
-        try:
-            f = Finding.from_dict(raw)
-        except (TypeError, ValueError):
-            continue
-        key = (f.code, f.name, f.step, f.cause)
-        if key not in seen:
-            seen.add(key)
-            out.append(f)
-    for f in recorded:
-        key = (f.code, f.name, f.step, f.cause)
-        if key not in seen:
-            seen.add(key)
-            out.append(f)
-    return out
 
 
 def _load_steps(data: RunData, run_dir: Path, rank: int) -> None:

@@ -140,6 +140,11 @@ class RunReader:
             rec[col] = _numdict(load_json(value)) if col in ("parts", "weights", "extra") else _num(value)
         return rec
 
+    def last_step_of(self, rank: int) -> int | None:
+        """A rank's highest stored step: the step index walked from the end, stopping at its first row."""
+        rows = self._query("SELECT step FROM steps WHERE rank = ? ORDER BY step DESC LIMIT 1", (rank,))
+        return rows[0][0] if rows and isinstance(rows[0][0], int) else None
+
     def step_count(self) -> int:
         rows = self._query("SELECT COUNT(*) FROM steps")
         return rows[0][0] if rows else 0
@@ -177,6 +182,11 @@ class RunReader:
                                         local_world_size=rec["local_world_size"], pid=rec["pid"])
         return out
 
+    def run_findings(self) -> list[Finding]:
+        """What the run recorded about itself: status.json's findings (the watchdog's final word, the ending's
+        among them) plus any recorded only in the store (`recorded_findings`)."""
+        return recorded_findings(self.status(), self.findings())
+
     def findings(self) -> list[Finding]:
         """Every finding recorded, the latest record of each (code, name, step) kept."""
         seen: dict[tuple, Finding] = {}
@@ -210,3 +220,24 @@ class RunReader:
 
 def finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def recorded_findings(status: dict[str, Any], recorded: list[Finding]) -> list[Finding]:
+    """status.json's findings (the watchdog's final word) plus any recorded only in the store."""
+    out: list[Finding] = []
+    seen: set[tuple] = set()
+    for raw in list(status.get("findings") or []):
+        try:
+            f = Finding.from_dict(raw)
+        except (TypeError, ValueError):
+            continue
+        key = (f.code, f.name, f.step, f.cause)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    for f in recorded:
+        key = (f.code, f.name, f.step, f.cause)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out

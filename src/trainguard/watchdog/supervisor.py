@@ -710,7 +710,13 @@ class Supervisor:
         health = ("error" if v.state != "completed" or "error" in severities else
                   "warning" if "warning" in severities else "ok")
         head = f"trainguard: run {v.state}"
-        if v.signal:
+        if v.ending.hung or v.ending.stopped:
+            # trainguard ended it: its own exit code, and the command's as a consequence of that stop (a
+            # launcher that turns SIGTERM into an exception, torchrun's SignalException, exits 1)
+            how = v.signal or (f"with code {v.exit_code}" if v.exit_code not in (None, 0) else None)
+            head += (f" (stopped by trainguard, exit {v.trainguard_exit}"
+                     + (f"; the command exited {how} on that stop" if how else "") + ")")
+        elif v.signal:
             head += f" ({v.signal})"
         elif v.exit_code not in (None, 0):
             head += f" (exit code {v.exit_code})"

@@ -17,6 +17,7 @@ from typing import Any
 from trainguard.errors import UserError
 
 BUNDLED_DIR = Path(__file__).parent
+KD_METHODS = ("kl", "uld", "gold", "t2s")  # xtok.METHODS (not imported: this module stays torch-free)
 
 
 @dataclass(kw_only=True)
@@ -79,6 +80,20 @@ class KDConfig(TermConfig):
     next_token (and their next tokens are the same string too)."""
     chunk: int = 512
     """Positions per chunk of the logit/KD computation: bounds the full-vocabulary logits held at once."""
+    method: str = "kl"
+    """kl: KL over the teacher's top-k mapped into student ids (exact-string overlap) plus one tail term;
+    uld: sorted-probability L1 (Universal Logit Distillation, no id mapping); gold: KL on the mapped ids
+    plus sorted L1 on both unmatched rests (TRL's GOLD hybrid); t2s: the teacher's hidden state projected
+    into the student's and read out by the student's head (DSKD), a learned projection (optim.proj_lr)
+    trained on the student's labels. See benchmarks/distill.md for what each gave."""
+    vocab_map: str = "strict"
+    """How teacher ids become student ids. strict: one-to-one, identical strings whose longer extensions
+    are identical too; merge: many-to-one by next-token event (each teacher id to the longest student token
+    its text starts with, unless the student could read further than the teacher id allows). See vocab_map.py."""
+    correct_only: bool = False
+    """Distil only rows where the teacher's top-1, as a student id, is the student's next token."""
+    renormalize: bool = False
+    """kl only: renormalise the teacher's mapped top-k to 1 and drop the tail term."""
 
 
 @dataclass(kw_only=True)
@@ -269,6 +284,15 @@ def _check(cfg: DistillConfig) -> None:
     need(lo.kd.positions in ("context", "next_token"),
          f"loss.kd.positions must be context or next_token, got {lo.kd.positions!r}")
     need(lo.kd.chunk >= 1, f"loss.kd.chunk must be >= 1, got {lo.kd.chunk}")
+    need(lo.kd.method in KD_METHODS, f"loss.kd.method must be one of {', '.join(KD_METHODS)}, got {lo.kd.method!r}")
+    need(lo.kd.vocab_map in ("strict", "merge"), f"loss.kd.vocab_map must be strict or merge, got {lo.kd.vocab_map!r}")
+    need(not (lo.kd.vocab_map == "merge" and lo.kd.method != "kl"),
+         f"loss.kd.vocab_map merge applies to method kl only (method {lo.kd.method} maps ids one by one or not at all)")
+    need(not (lo.kd.renormalize and lo.kd.method != "kl"),
+         f"loss.kd.renormalize applies to method kl only (method {lo.kd.method} has no tail term)")
+    need(not (cfg.data.teacher_cache and lo.kd.method != "kl"),
+         f"data.teacher_cache holds mapped top-k targets for method kl; loss.kd.method {lo.kd.method} "
+         "needs the teacher's logits or hidden states")
     need(lo.hidden.norm in ("cosine", "standardize"),
          f"loss.hidden.norm must be cosine or standardize, got {lo.hidden.norm!r}")
     need(all(0 < d <= 1 for d in lo.hidden.depths), f"loss.hidden.depths must lie in (0, 1], got {lo.hidden.depths}")

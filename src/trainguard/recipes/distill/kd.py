@@ -191,11 +191,16 @@ class GraphedTargets:
             teacher_targets(static, head, vmap, k, temperature, sv, chunk, tile)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: only this thread's calls are checked during capture. In torch's default (global)
+        # mode a call another thread makes meanwhile (the guard's memory sample, an event query) voids
+        # the capture: a kd_online student on the H200 failed at its first step that way
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             out = teacher_targets(static, head, vmap, k, temperature, sv, chunk, tile)
         return graph, static, out
 
-    def __call__(self, hidden: torch.Tensor) -> TeacherTargets:
+    def __call__(self, hidden: torch.Tensor, clone: bool = True) -> TeacherTargets:
+        """Targets of `hidden`'s rows. With clone=False they are views of the graph's own outputs, valid
+        until the next call: for a caller that copies them at once (one copy of the signal, not two)."""
         n = hidden.shape[0]
         rows = max(self.chunk, -(-n // self.chunk) * self.chunk)
         entry = self.graphs.get(rows)
@@ -207,7 +212,8 @@ class GraphedTargets:
         static[:n].copy_(hidden)
         static[n:].zero_()
         graph.replay()
-        return TeacherTargets(out.sid[:n].clone(), out.logp[:n].clone(), out.mapped[:n].clone(), out.tail[:n].clone())
+        views = TeacherTargets(out.sid[:n], out.logp[:n], out.mapped[:n], out.tail[:n])
+        return TeacherTargets(*(x.clone() for x in (views.sid, views.logp, views.mapped, views.tail))) if clone else views
 
 
 def sparse_kd(student_logits: torch.Tensor, t: TeacherTargets, temperature: float) -> torch.Tensor:

@@ -6,7 +6,9 @@ and counts, not means, so evaluation can weight by tokens and training by the ba
 
 Terms:
 - lm: the student's next-token cross-entropy (T = 1) on every position with a target;
-- kd: sparse top-k KD (`kd.py`) on aligned positions only;
+- kd: sparse top-k KD (`kd.py`) on aligned positions only; across tokenizers `kd.method` may replace it
+  with ULD, GOLD's hybrid or a teacher-to-student projection (`xtok.py`), and `correct_only` keeps only
+  the rows where the teacher's top-1, as a student id, is the student's next token;
 - hidden: student hidden states at relative depth d, projected student -> teacher (the teacher side is a
   fixed target, so a projection cannot shrink both sides to cheat), then compared normalised: 1 - cosine,
   or MSE of per-dimension standardised states. Both stay in [0, 4] whatever the hidden sizes.
@@ -24,6 +26,7 @@ from trainguard.recipes.distill.build import body_and_head
 from trainguard.recipes.distill.fused_head import head_losses
 from trainguard.recipes.distill.kd import GraphedTargets, TeacherTargets, sparse_kd, teacher_targets
 from trainguard.recipes.distill.routing import routing_kl
+from trainguard.recipes.distill.xtok import xtok_kd
 
 
 @dataclass
@@ -38,6 +41,42 @@ class KDSpec:
     router: Any = None  # routing.StudentRouter when loss.routing is on
     teacher_routing: Any = None  # routing.TeacherRouting (hooks on the teacher's gates)
     route_layers: tuple[int, int] = (0, 0)  # (student hidden index, teacher gate index)
+    method: str = "kl"  # kl (mapped top-k, fused_head) | uld | gold | t2s (xtok.py)
+    correct_only: bool = False  # KD only where the teacher's top-1 (a student id) is the student's next token
+    renormalize: bool = False  # kl: the teacher's mapped top-k renormalised to 1 (no tail term)
+    t2s: Any = None  # xtok.TeacherToStudent when method is t2s
+    merge: bool = False  # the vocabulary map is many-to-one (vocab_map mode merge): sum duplicate ids
+
+
+def renormalized(t: TeacherTargets) -> TeacherTargets:
+    """The mapped top-k's mass renormalised to 1 and the tail dropped (rows with no mapped id keep none)."""
+    lse = torch.logsumexp(t.logp.masked_fill(~t.mapped, float("-inf")), dim=-1, keepdim=True)
+    logp = torch.where(t.mapped, t.logp - torch.where(torch.isfinite(lse), lse, 0.0), 0.0)
+    return TeacherTargets(t.sid, logp, t.mapped, torch.full_like(t.tail, float("-inf")))
+
+
+def merge_duplicates(t: TeacherTargets, student_vocab: int) -> TeacherTargets:
+    """Teacher ids that map to one student id (vocab_map mode merge) become one entry: probabilities summed.
+
+    Entries come out sorted by student id; unmapped entries stay unmapped; the tail is unchanged (the
+    mapped mass is the same). Sort-based: [N, k] work, no [N, V_s] buffer.
+    """
+    sid, order = t.sid.sort(-1)
+    mapped = t.mapped.gather(-1, order)
+    p = torch.where(mapped, t.logp.gather(-1, order).exp(), 0.0)
+    first = torch.ones_like(mapped)
+    first[:, 1:] = sid[:, 1:] != sid[:, :-1]
+    group = first.long().cumsum(-1) - 1
+    total = torch.zeros_like(p).scatter_add_(-1, group, p).gather(-1, group)
+    keep = first & mapped
+    return TeacherTargets(torch.where(keep, sid, student_vocab).to(t.sid.dtype),
+                          torch.where(keep, total.clamp(min=1e-30).log(), 0.0), keep, t.tail)
+
+
+def mapped_top1(t: TeacherTargets) -> torch.Tensor:
+    """[N] the student id of the teacher's most likely mapped id (V_s where none is mapped)."""
+    best = t.logp.masked_fill(~t.mapped, float("-inf")).argmax(-1, keepdim=True)
+    return t.sid.gather(-1, best).squeeze(-1).long()
 
 
 def layer_pairs(depths: list[float], n_student: int, n_teacher: int) -> list[tuple[int, int]]:
@@ -83,14 +122,26 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
     targets: TeacherTargets | None = batch.get("targets")
     t_out = None
     V_s = s_head.weight.shape[0]
+    xtok = with_kd and spec.method != "kl"
     if (with_kd and targets is None) or need_hidden or need_routing or full_kl:
         t_body, t_head = body_and_head(teacher)
         with torch.no_grad():
             t_out = t_body(input_ids=batch["t_ids"], attention_mask=batch["t_mask"], output_hidden_states=need_hidden)
         ht = t_out.last_hidden_state.flatten(0, 1)[t_pos]
-        if with_kd and targets is None:
+        if xtok:
+            s_al = hs[s_pos]
+            kd_x, proj_x = zero, zero
+            for i in range(0, s_al.shape[0], spec.chunk):  # bounded teacher logits; autograd keeps the student's
+                sl = slice(i, i + spec.chunk)
+                s_logits = s_head(s_al[sl])
+                t_logits = t_head(ht[sl]) if spec.method != "t2s" else None
+                a, b = xtok_kd(spec.method, s_logits, labels[s_pos[sl]], t_logits=t_logits, t_hidden=ht[sl],
+                               t2s=spec.t2s, s_head_weight=s_head.weight, vocab_map=spec.vocab_map, k=spec.top_k,
+                               temperature=spec.temperature, correct_only=spec.correct_only)
+                kd_x, proj_x = kd_x + a, proj_x + b
+        elif with_kd and targets is None:
             if spec.graphed is not None and ht.is_cuda:
-                targets = spec.graphed(ht)
+                targets = spec.graphed(ht, clone=False)  # copied into the per-row layout below, at once
             else:
                 targets = teacher_targets(ht, t_head, spec.vocab_map, spec.top_k, spec.temperature, V_s, spec.chunk)
         if full_kl:  # evaluation only: one chunk of full teacher and student logits at a time
@@ -99,6 +150,7 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
                 for i in range(0, ht.shape[0], spec.chunk):
                     full = teacher_targets(ht[i: i + spec.chunk], t_head, spec.vocab_map, t_head.weight.shape[0],
                                            spec.temperature, V_s, spec.chunk)
+                    full = merge_duplicates(full, V_s) if spec.merge else full
                     kl = kl + sparse_kd(s_head(hs_al[i: i + spec.chunk]), full, spec.temperature).sum()
                 out["kl_full_sum"] = kl
 
@@ -106,7 +158,11 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
     # (it makes them again, one matmul) and reads no value back from the device: padded rows are
     # masked, not selected, so the loop never waits for the device to learn a size.
     M = hs.shape[0]
-    kd_targets = targets if with_kd else None
+    kd_targets = targets if with_kd and not xtok else None
+    if kd_targets is not None and spec.merge:
+        kd_targets = merge_duplicates(kd_targets, V_s)
+    if kd_targets is not None and spec.renormalize:
+        kd_targets = renormalized(kd_targets)
     use_kd = kd_targets is not None
     k = kd_targets.sid.shape[1] if kd_targets is not None else 1
     has_kd = torch.zeros(M, dtype=torch.bool, device=hs.device)
@@ -115,13 +171,19 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
     mapped = torch.zeros((M, k), dtype=torch.bool, device=hs.device)
     tail = torch.full((M,), float("-inf"), dtype=torch.float32, device=hs.device)
     if kd_targets is not None:  # index_copy_, not `x[idx] = v`: the latter waited for the device on every batch (profiled)
-        has_kd.index_fill_(0, s_pos, True)
+        if spec.correct_only:  # no device sync: the keep flags are copied, not used to select
+            has_kd.index_copy_(0, s_pos, mapped_top1(kd_targets) == labels[s_pos])
+        else:
+            has_kd.index_fill_(0, s_pos, True)
         for dst, src in ((sid, kd_targets.sid), (logp, kd_targets.logp), (mapped, kd_targets.mapped),
                          (tail, kd_targets.tail)):
             dst.index_copy_(0, s_pos, src)
+    targets = kd_targets = None  # the per-row copies above are the only ones kept for the head's backward
     lm_sum, kd_sum = head_losses(hs, s_head.weight, labels, has_kd, sid, logp, mapped, tail, spec.temperature,
                                  spec.chunk, use_kd)
     out["lm_sum"], out["kd_sum"] = lm_sum, kd_sum
+    if xtok:
+        out["kd_sum"], out["proj_sum"] = kd_x, proj_x
 
     hid = zero
     if need_hidden and t_out is not None and s_pos.numel():

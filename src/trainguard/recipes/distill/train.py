@@ -39,6 +39,7 @@ from trainguard.recipes.distill.kd import GraphedTargets, TeacherTargets
 from trainguard.recipes.distill.losses import KDSpec, forward_losses, layer_pairs
 from trainguard.recipes.distill.routing import StudentRouter, TeacherRouting
 from trainguard.recipes.distill.vocab_map import build_vocab_map
+from trainguard.recipes.distill.xtok import TeacherToStudent
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float) -> Any:
@@ -85,6 +86,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     if cfg.data.teacher_cache:  # KD from the offline cache: the teacher's tokenizer comes with it
         cache = TeacherCache(cfg.resolve_path(cfg.data.teacher_cache))
         check_cache(cache, cfg, train_text)
+        cache.preload()  # decompressed once, before the loop, as far as the reader's memory budget goes
         saved_toks = {**saved_toks, "teacher": saved_toks.get("teacher") or cache.manifest["teacher_tokenizer"]}
     t_tok = load_tokenizer("teacher", cfg.teacher, train_text, saved_toks.get("teacher"))
     s_tok = load_tokenizer("student", cfg.student, train_text, saved_toks.get("student"))
@@ -109,7 +111,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     else:
         assert cache is not None  # no teacher is loaded only when the cache stands in for it
         V_t = cache.manifest["teacher_width"]
-    vocab_map = build_vocab_map(t_tok.token_bytes, s_tok.token_bytes, V_t)
+    vocab_map = build_vocab_map(t_tok.token_bytes, s_tok.token_bytes, V_t, mode=cfg.loss.kd.vocab_map)
     n_mapped = int((vocab_map >= 0).sum())
     if with_kd and cfg.loss.kd.top_k > V_t:
         raise UserError(f"config: loss.kd.top_k={cfg.loss.kd.top_k} exceeds the teacher vocabulary ({V_t})")
@@ -120,8 +122,15 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     projs = torch.nn.ModuleList(
         torch.nn.Linear(student.config.hidden_size, t_hidden, bias=False) for _ in pairs
     ).to(device)
-    spec = KDSpec(vocab_map=vocab_map.to(device), top_k=cfg.loss.kd.top_k, temperature=cfg.loss.kd.temperature,
-                  chunk=cfg.loss.kd.chunk, layer_pairs=pairs, hidden_norm=cfg.loss.hidden.norm)
+    kc = cfg.loss.kd
+    spec = KDSpec(vocab_map=vocab_map.to(device), top_k=kc.top_k, temperature=kc.temperature,
+                  chunk=kc.chunk, layer_pairs=pairs, hidden_norm=cfg.loss.hidden.norm, method=kc.method,
+                  correct_only=kc.correct_only, renormalize=kc.renormalize, merge=kc.vocab_map == "merge")
+    xproj = torch.nn.ModuleList()
+    if with_kd and kc.method == "t2s":  # teacher hidden -> student hidden, read out by the student's head
+        assert teacher is not None  # config.py refuses t2s with a teacher cache
+        xproj.append(TeacherToStudent(teacher.config.hidden_size, student.config.hidden_size).to(device))
+        spec.t2s = xproj[0]
     router = torch.nn.ModuleList()
     if with_routing:  # the student-aware router learns the MoE teacher's routing (routing.py)
         t_routing = TeacherRouting(teacher)
@@ -152,10 +161,12 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
         groups.append({"params": list(projs.parameters()), "weight_decay": 0.0, "lr": o.proj_lr})
     if len(router):
         groups.append({"params": list(router.parameters()), "weight_decay": 0.0, "lr": o.proj_lr})
+    if len(xproj):
+        groups.append({"params": list(xproj.parameters()), "weight_decay": 0.0, "lr": o.proj_lr})
     optimizer = torch.optim.AdamW(groups, betas=(o.betas[0], o.betas[1]))  # two, checked by config.py
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o.warmup_steps, t.max_steps, o.min_lr_ratio))
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
-    trainable = torch.nn.ModuleDict({"student": student, "proj": projs, "router": router})
+    trainable = torch.nn.ModuleDict({"student": student, "proj": projs, "router": router, "xproj": xproj})
 
     step, position = 0, (0, 0)  # position: (epoch, index) of the next training window
     best_bpb, evals_since_best = math.inf, 0
@@ -193,6 +204,8 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
         projs.load_state_dict(state["proj"])
         if state.get("router") is not None:
             router.load_state_dict(state["router"])
+        if state.get("xproj") is not None:
+            xproj.load_state_dict(state["xproj"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         if scaler is not None and state.get("scaler"):
@@ -212,7 +225,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     def state_dict() -> dict[str, Any]:
         return {
             "student": student.state_dict(), "proj": projs.state_dict(), "router": router.state_dict(),
-            "optimizer": optimizer.state_dict(),
+            "xproj": xproj.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler else None,
             "rng": ckpt.rng_state(), "step": step, "data_position": position, "best_bpb": best_bpb,
             "evals_since_best": evals_since_best, "teacher_fingerprint": teacher_print,
@@ -256,6 +269,9 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
             kd = out["kd_sum"] / aligned
             hid = out["hidden_sum"] / aligned
             loss = w["lm"] * lm + w["kd"] * kd + w["hidden"] * hid
+            if len(xproj):  # the projection's CE trains only the projection; it rides on the KD weight
+                proj = out["proj_sum"] / aligned
+                loss = loss + w["kd"] * proj
             if with_routing:
                 routing = out["routing_sum"] / aligned
                 loss = loss + w["routing"] * routing + w["balance"] * out["balance"]
@@ -263,6 +279,8 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
             parts, weights = {"lm": lm.detach()}, {"lm": w["lm"]}
             if with_kd:
                 parts["kd"], weights["kd"] = kd.detach(), w["kd"]
+            if len(xproj):
+                parts["t2s_proj"], weights["t2s_proj"] = proj.detach(), w["kd"]
             if with_hidden:
                 parts["hidden"], weights["hidden"] = hid.detach(), w["hidden"]
             if with_routing:  # both routing terms go through the curriculum and to the guard like the rest

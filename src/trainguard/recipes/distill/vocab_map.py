@@ -12,6 +12,15 @@ Why the extension check (measured on the bundled corpus, benchmarks/distill_qual
 teacher that has ' the' but not ' there' puts the mass of "there" on ' the', and the student, which
 has ' there', is taught to say ' the' where its own data says ' there'; cross-tokenizer KD then ended
 worse than LM alone (0.787 vs 0.653 bits per byte); with it, 0.681.
+
+`mode="merge"` goes further and is exact about events rather than strings (many-to-one): the student's
+next token is the longest student token the text continues with (BPE is close to that), so a teacher id
+whose text is t means "the student reads first the longest student token that t starts with" -- provided
+no student token longer than t starts with t unless the teacher has it too (then the teacher's id, which
+already excludes that longer text, cannot be followed into it on the student side). A teacher ' there'
+whose student has no ' there' adds its mass to the student's ' the'; a teacher ' the' whose student also
+has ' there' (the teacher not) is ambiguous and joins the tail. Several teacher ids then share one
+student id: their probabilities are summed (`losses.merge_duplicates`).
 """
 
 from __future__ import annotations
@@ -29,20 +38,47 @@ def _extensions(sorted_strings: list[bytes], x: bytes) -> list[bytes]:
     return sorted_strings[lo:hi]
 
 
+MODES = ("strict", "merge")
+
+
+def _merge_map(teacher_bytes: list[bytes | None], by_bytes: dict[bytes, int], s_sorted: list[bytes],
+               teacher_width: int) -> Any:
+    import torch
+
+    t_set = {b for b in teacher_bytes if b is not None}
+    out = torch.full((teacher_width,), -1, dtype=torch.long)
+    for tid, b in enumerate(teacher_bytes[:teacher_width]):
+        if not b:
+            continue
+        if any(x != b and x not in t_set for x in _extensions(s_sorted, b)):
+            continue  # the student may read a longer token here that the teacher's id does not rule out
+        for n in range(len(b), 0, -1):  # the longest student token the text starts with
+            sid = by_bytes.get(b[:n])
+            if sid is not None:
+                out[tid] = sid
+                break
+    return out
+
+
 def build_vocab_map(teacher_bytes: list[bytes | None], student_bytes: list[bytes | None],
-                    teacher_width: int, prefix_consistent: bool = True) -> Any:
+                    teacher_width: int, prefix_consistent: bool = True, mode: str = "strict") -> Any:
     """A LongTensor [teacher_width]: the student id of each teacher id, or -1.
 
     `teacher_width` is the teacher's logit width (it may exceed its tokenizer: padded embeddings never map).
+    mode "strict": one-to-one, identical strings with identical extensions; "merge": many-to-one by event.
     """
     import torch
 
+    if mode not in MODES:
+        raise ValueError(f"vocabulary map mode must be one of {MODES}, got {mode!r}")
     by_bytes: dict[bytes, int] = {}
     for sid, b in enumerate(student_bytes):
         if b is not None and b not in by_bytes:  # first id wins: the map stays one-to-one
             by_bytes[b] = sid
     t_sorted = sorted({b for b in teacher_bytes if b is not None})
     s_sorted = sorted(by_bytes)
+    if mode == "merge":
+        return _merge_map(teacher_bytes, by_bytes, s_sorted, teacher_width)
     out = torch.full((teacher_width,), -1, dtype=torch.long)
     taken: set[int] = set()
     for tid, b in enumerate(teacher_bytes[:teacher_width]):
