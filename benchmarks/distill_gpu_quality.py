@@ -177,6 +177,7 @@ def run_students(variant: str, seeds: list[int], work: Path, out: Path, k: int) 
             log(out, {"stage": "cache_guard", "state": reader.status()["state"],
                       "findings": [f"{f.code} {f.name}" for f in reader.findings()],
                       "steps": len(list(reader.steps()))}, record)
+    graphed = True  # the teacher's top-k walk as a CUDA graph (the recipe's default on CUDA)
     for seed in seeds:
         d = copy.deepcopy(base)
         d["seed"] = seed
@@ -185,13 +186,25 @@ def run_students(variant: str, seeds: list[int], work: Path, out: Path, k: int) 
         if variant == "kd_cache":
             d["data"]["teacher_cache"] = str(cache_dir)
         t0 = time.time()
-        r = train(parse_config(d), run_dir=work / f"{variant}-{seed}", verbose=False)
+        try:
+            r = train(parse_config(d), run_dir=work / f"{variant}-{seed}", verbose=False)
+        except Exception as exc:  # noqa: BLE001 - said in the record, then once more without the graph
+            log(out, {"stage": "student_error", "variant": variant, "seed": seed, "graphed": graphed,
+                      "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}, record)
+            if not graphed:
+                continue
+            import trainguard.recipes.distill.train as train_mod
+
+            train_mod.GraphedTargets = lambda *a, **kw: None  # the teacher's top-k walk launched eagerly
+            graphed = False
+            t0 = time.time()
+            r = train(parse_config(d), run_dir=work / f"{variant}-{seed}-eager", verbose=False)
         with RunReader(r["run_dir"]) as reader:
             findings = [f"{f.code} {f.name}" for f in reader.findings()]
         log(out, {"stage": "student", "variant": variant, "seed": seed, "bpb": r["evals"][-1]["bpb"],
                   "tokens_per_s": r["tokens_per_s"], "train_seconds": r["train_seconds"],
                   "wall_seconds": time.time() - t0, "align_ratio": r["align_ratio_train"],
-                  "vocab_overlap": r["vocab_overlap"], "findings": findings}, record)
+                  "vocab_overlap": r["vocab_overlap"], "findings": findings, "graphed": graphed}, record)
 
 
 def summarize(out: Path) -> dict:

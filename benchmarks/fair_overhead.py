@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import functools
 import gc
 import itertools
@@ -105,6 +106,35 @@ def ratio_figures(base: list[float], test: list[float], draws: int = 5000) -> di
             "ci95_bootstrap": [round(boots[int(0.025 * draws)], 4), round(boots[int(0.975 * draws)], 4)],
             "mean_round_ratio": round(mean, 4), "ci95_t": [round(mean - half, 4), round(mean + half, 4)],
             "round_ratios": [round(x, 4) for x in per]}
+
+
+def trimmed_mean(values: list[float], cut: float = 0.1) -> float:
+    """The mean without the lowest and highest `cut` share (at least one each side from 10 values on)."""
+    s = sorted(values)
+    k = int(cut * len(s)) if len(s) >= 10 else 0
+    k = max(k, 1) if len(s) >= 10 else k
+    return statistics.fmean(s[k: len(s) - k])
+
+
+def paired_figures(base: list[float], test: list[float], draws: int = 5000) -> dict:
+    """Per-round paired ratios test/base (blocks of the same round, minutes apart at most), summarised
+    robustly: their median and 10% trimmed mean, each with a 95% bootstrap interval over rounds. Robust
+    to a round that holds a one-off event (the first evaluation's warm-up), which `ratio_figures`' sums
+    are not; both are reported, and the one-off shows in `round_ratios`."""
+    rng = random.Random(1)
+    per = [t / b for b, t in zip(base, test)]
+    n = len(per)
+    meds, trims = [], []
+    for _ in range(draws):
+        pick = [per[rng.randrange(n)] for _ in range(n)]
+        meds.append(statistics.median(pick))
+        trims.append(trimmed_mean(pick))
+    meds.sort()
+    trims.sort()
+    lo, hi = int(0.025 * draws), int(0.975 * draws)
+    return {"median": round(statistics.median(per), 4), "median_ci95": [round(meds[lo], 4), round(meds[hi], 4)],
+            "trimmed_mean": round(trimmed_mean(per), 4), "trimmed_ci95": [round(trims[lo], 4), round(trims[hi], 4)],
+            "rounds": n}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -178,6 +208,19 @@ def wrap_trainguard_hooks(model, opt, timer: OnThread) -> int:
     each parameter) through `timer`; returns how many. Independent of the probe's internals: it reads
     torch's own hook dictionaries."""
 
+    n = 0
+    for d in _hook_dicts(model, opt):
+        for key, fn in list(d.items()):
+            where = _owner(fn)
+            if where and not getattr(fn, "_tg_timed", False):
+                w = timer.wrap(where, fn)
+                w._tg_timed = True
+                d[key] = w
+                n += 1
+    return n
+
+
+def _hook_dicts(model, opt) -> list:
     import torch.optim.optimizer as optimizer_module
 
     dicts = [getattr(opt, "_optimizer_step_pre_hooks", None), getattr(opt, "_optimizer_step_post_hooks", None),
@@ -187,18 +230,40 @@ def wrap_trainguard_hooks(model, opt, timer: OnThread) -> int:
         dicts += [m._forward_pre_hooks, m._forward_hooks, m._backward_hooks, m._backward_pre_hooks]
     for p in model.parameters():
         dicts += [getattr(p, "_backward_hooks", None), getattr(p, "_post_accumulate_grad_hooks", None)]
-    n = 0
-    for d in dicts:
-        if not d:
-            continue
-        for key, fn in list(d.items()):
-            where = _owner(fn)
-            if where and not getattr(fn, "_tg_timed", False):
-                w = timer.wrap(where, fn)
-                w._tg_timed = True
-                d[key] = w
-                n += 1
-    return n
+    return [d for d in dicts if d is not None]
+
+
+class HookSwitch:
+    """With one model for all arms (`--layout same`): trainguard's hooks are taken out of torch's hook
+    dictionaries for the unguarded arms' blocks and put back for the guarded arm's, so U and C run the
+    very same model, optimizer and memory without the probe (its idle background thread aside)."""
+
+    def __init__(self, model, opt) -> None:
+        self.model, self.opt = model, opt
+        self.stashed: list = []  # (dict, key, hook, position)
+
+    def off(self) -> None:
+        for d in _hook_dicts(self.model, self.opt):
+            for key, fn in list(d.items()):
+                if _owner(fn):
+                    self.stashed.append((d, key, d.pop(key)))
+
+    def on(self) -> None:
+        for d, key, fn in self.stashed:
+            d[key] = fn
+        self.stashed = []
+
+
+def pin_threads(spec: str | None) -> list[int] | None:
+    """`--pin 0-7`: this process (and the torch threads it starts) on those cores only."""
+    if not spec:
+        return None
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    os.sched_setaffinity(0, cpus)
+    return sorted(cpus)
 
 
 def probe_thread_cpu() -> float:
@@ -398,13 +463,23 @@ def child(args: argparse.Namespace) -> dict:
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     cuda = cfg["device"] == "cuda"
+    pinned = pin_threads(args.pin)
     if not cuda:
         torch.set_num_threads(cfg["threads"])
     # a learnable text (byte tokens), so the healthy loop's loss falls as a real run's does
     from trainguard.demo.tinylm import corpus
 
     data = corpus(repeat=2000) % cfg["vocab"]
-    sides = {name: Side(name, cfg, data) for name in SIDES}
+    if args.layout == "copies":
+        sides = {name: Side(name, cfg, data) for name in SIDES}
+    else:
+        # one model, optimizer and data stream for all three arms: no copy runs on memory laid out
+        # differently from another's (three copies differed by a few percent, steadily, on these VMs)
+        sides = {"G": Side("G", cfg, data)}
+        for name in SIDES[1:]:
+            arm = copy.copy(sides["G"])
+            arm.name, arm.step_ms, arm.block_s, arm.syncs = name, [], [], 0
+            sides[name] = arm
     G = sides["G"]
     timer = OnThread()
     G.timer = timer
@@ -429,18 +504,32 @@ def child(args: argparse.Namespace) -> dict:
         if guard is None or guard.optimizer is not G.opt:
             raise SystemExit("the automatic probe did not take G's optimizer (run this under `trainguard run`)")
     n_hooks = wrap_trainguard_hooks(G.model, G.opt, timer)
+    switch = HookSwitch(G.model, G.opt) if args.layout == "same" else None
+    if switch is not None:
+        switch.off()
     gcc = GcClock()
     if cuda:
         torch.cuda.set_sync_debug_mode(sync_mode[0])
     timer.reset()
     cpu0 = probe_thread_cpu()
+    bg_in_blocks = 0.0  # the background thread's CPU during G's blocks; the rest fell in pauses or other blocks
     orders = list(itertools.permutations(SIDES))
     t_start = time.time()
     for r in range(cfg["rounds"]):
         for name in orders[r % len(orders)]:
+            if name == "G" and switch is not None:
+                switch.on()
+                n_hooks += wrap_trainguard_hooks(G.model, G.opt, timer)  # hooks the probe added since
+            c0 = probe_thread_cpu() if name == "G" else 0.0
             run_block(sides[name], loops[name], cfg["block"], cuda, gcc)
+            if name == "G":
+                bg_in_blocks += probe_thread_cpu() - c0
+                if switch is not None:
+                    switch.off()
             time.sleep(cfg["gap"])
     wall = time.time() - t_start
+    if switch is not None:
+        switch.on()
     if cuda:
         torch.cuda.set_sync_debug_mode(0)
     bg_cpu = probe_thread_cpu() - cpu0
@@ -465,8 +554,15 @@ def child(args: argparse.Namespace) -> dict:
         "torch": torch.__version__, "python": sys.version.split()[0],
         "threads": torch.get_num_threads(), "config": cfg, "wall_s": round(wall, 1),
         "step_ms": {n: round(1000 * sum(s.block_s) / steps, 3) for n, s in sides.items()},
+        "layout": args.layout, "pinned_cpus": pinned,
         "guarded_vs_unguarded": ratio_figures(U.block_s, G.block_s),
         "control_vs_unguarded": ratio_figures(U.block_s, C.block_s),
+        "guarded_vs_unguarded_paired": paired_figures(U.block_s, G.block_s),
+        "control_vs_unguarded_paired": paired_figures(U.block_s, C.block_s),
+        # the background thread's CPU that did not fall inside a G block (its work after a block ends, in
+        # the pause): charged to G here as if all of it had stopped the training thread, an upper bound
+        "guarded_vs_unguarded_bound": round((sum(G.block_s) + max(0.0, bg_cpu - bg_in_blocks)) / sum(U.block_s), 4),
+        "probe_thread_cpu_outside_blocks_ms_per_step": round(1000 * max(0.0, bg_cpu - bg_in_blocks) / steps, 4),
         "on_thread_ms_per_step": round(1000 * on_thread_total / steps, 4),
         "on_thread_breakdown_ms_per_step": on_thread,
         "on_thread_calls": dict(sorted(timer.calls.items())),
@@ -504,7 +600,7 @@ def suite(args: argparse.Namespace) -> int:
             env["TRAINGUARD_CONTRACTS"] = "0"
         out = out_dir / f"fair_{spec.replace('+', '_')}.json"
         cmd = [sys.executable, __file__, "--arm", arm, "--out", str(out)]
-        for key in ("block", "rounds", "warmup", "gap", "threads"):
+        for key in ("block", "rounds", "warmup", "gap", "threads", "layout", "pin"):
             if getattr(args, key) is not None:
                 cmd += [f"--{key}", str(getattr(args, key))]
         if "auto" in flags:
@@ -520,9 +616,13 @@ def suite(args: argparse.Namespace) -> int:
             continue
         got = json.loads(out.read_text())
         g, c = got["guarded_vs_unguarded"], got["control_vs_unguarded"]
+        gp, cp = got["guarded_vs_unguarded_paired"], got["control_vs_unguarded_paired"]
         print(json.dumps({"arm": spec, "s": round(time.time() - t0), "step_ms": got["step_ms"],
                           "G/U": [g["ratio"], g["ci95_bootstrap"], g["ci95_t"]],
                           "C/U": [c["ratio"], c["ci95_bootstrap"], c["ci95_t"]],
+                          "G/U trimmed": [gp["trimmed_mean"], gp["trimmed_ci95"]],
+                          "C/U trimmed": [cp["trimmed_mean"], cp["trimmed_ci95"]],
+                          "G/U bound": got["guarded_vs_unguarded_bound"],
                           "on_thread_ms": got["on_thread_ms_per_step"], "bg_cpu_ms": got["probe_thread_cpu_ms_per_step"],
                           "twin_p999_ms": got["twins_guarded_vs_unguarded"]["diff_p99.9_ms"],
                           "control_twin_p999_ms": got["twins_control_vs_unguarded"]["diff_p99.9_ms"],
@@ -543,6 +643,10 @@ def main() -> int:
     p.add_argument("--warmup", type=int, help="untimed optimizer steps per side first")
     p.add_argument("--gap", type=float, help="seconds of pause after each block")
     p.add_argument("--threads", type=int, help="torch CPU threads (CPU arms)")
+    p.add_argument("--layout", choices=["same", "copies"], default="same",
+                   help="same: one model for the three arms, the probe's hooks switched per block (default); "
+                        "copies: three copies of the model")
+    p.add_argument("--pin", help="cores to run on, e.g. 0-7 (sched_setaffinity; default: all)")
     p.add_argument("--run-dir", help="the guarded side's run folder (default: a temporary one)")
     p.add_argument("--out", help="also write the JSON result here")
     args = p.parse_args()

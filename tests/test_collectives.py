@@ -228,3 +228,22 @@ def test_probe_reads_ddps_all_reduces_from_the_flight_recorder_once_per_request(
     assert answer["active"] == []
     other = [g for g in answer["groups"] if g != "default"]
     assert other and answer["kinds"][other[0]] == {"all_reduce [2]": 1} and answer["members"][other[0]] == [0]
+
+
+def test_a_recorded_collective_counts_only_when_the_ranks_stack_is_at_the_line_that_issued_it() -> None:
+    # rank 0's stack is at train.py:70 (say, inside new_group()) with the all-reduce of train.py:63 still
+    # recorded as in flight: it is not known to wait in that one, so nothing is proven
+    lines = {0: {"train.py:70"}, 1: {"train.py:57"}}
+    v = judge_flight(EXTRA, {0: "python", 1: "backward"}, lines)
+    assert v["unrecoverable"] is None and v["blame"] == 0  # in no recorded collective: the one to look at
+    lines[0] = {"train.py:63"}
+    assert judge_flight(EXTRA, {0: "python", 1: "backward"}, lines)["unrecoverable"]
+
+
+def test_without_the_flight_recorder_a_rank_inside_backward_is_not_blamed_as_never_arrived() -> None:
+    # the reviewer's case with TORCH_FR_BUFFER_SIZE=0: rank 1 is inside loss.backward() (DDP's all-reduce,
+    # unseen), rank 0 in an all-reduce rank 1 never called: nobody is blamed on a guess, and nothing is proof
+    v = judge({0: _at("all_reduce", 1, all_reduce=1)}, {0: "all_reduce", 1: None}, in_backward={1})
+    assert v["blame"] is None and v["unrecoverable"] is None
+    assert v["sentence"].startswith("rank 1 is inside backward, where DDP's gradient all-reduce is not seen")
+    assert v["sentence"].endswith("while rank 0 waits in all_reduce #1")

@@ -42,6 +42,11 @@ def test_diagnose_of_a_crashed_run_folder_names_the_crash_once(tmp_path: Path, p
     assert "no findings" not in out.stdout
     assert out.stdout.count("TG501 run-crashed [error]") == 1 and "ValueError: bad batch at step 12" in out.stdout
     assert "train.py:10" in out.stdout  # where it raised
+    if probe:  # the probe timed it from its start: a crash within the first second is "<1 s", never "0 s"
+        crash = next(line for line in out.stdout.splitlines() if "TG501" in line)
+        assert "after 0 s" not in crash and "after 0 s" not in r.stderr, crash
+        elapsed = json.loads((run_dir / "status.json").read_text())["findings"][0]["evidence"]["elapsed_seconds"]
+        assert ("after <1 s" in crash) == (elapsed < 0.95), crash
     as_json = json.loads(run_trainguard("diagnose", "--json", str(run_dir)).stdout)
     assert [f["name"] for f in as_json].count("run-crashed") == 1
     assert not [f for f in as_json if f["name"] == "log-ends-unfinished"]  # the watchdog saw how it ended

@@ -633,3 +633,58 @@ def test_a_run_trainguard_stops_says_so_beside_the_exit_code_its_launcher_made_o
     shown = subprocess.run(trainguard_cmd("status", str(tmp_path / "run")), capture_output=True, text=True,
                            timeout=60)
     assert "hung (stopped by trainguard; the command exited with code 1 on that stop)" in shown.stdout, shown.stdout
+
+
+AGENT = """
+import subprocess, sys, time
+# a launcher's worker: inherits the output pipes and outlives its agent (torchrun's ranks, orphaned)
+rank = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: print('rank step', flush=True); time.sleep(0.3)"])
+open(sys.argv[1], "w").write(str(rank.pid))
+print("agent up", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_node_whose_watchdog_and_agent_were_killed_is_abandoned_not_running(tmp_path: Path) -> None:
+    """One node of a run over nodes loses its `trainguard run` and its torchrun agent (SIGKILL, as the zoo's
+    nodes_agent_killed does); its ranks live on as orphans holding the output pipes, so the output keeper
+    lives on too. Nothing runs the job there any more: that node (and `status` of the whole run) says
+    `abandoned`, not `running`."""
+    import psutil
+
+    (tmp_path / "agent.py").write_text(AGENT)
+    run_dir = tmp_path / "run"
+    pid_file = tmp_path / "rank.pid"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    watchdog = subprocess.Popen(trainguard_cmd("run", "--run-dir", str(run_dir / "node-1"), "--", sys.executable,
+                                               str(tmp_path / "agent.py"), str(pid_file)),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    rank = None
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not (pid_file.exists() and pid_file.read_text()):
+            time.sleep(0.2)
+        rank = int(pid_file.read_text())
+        time.sleep(1.0)  # a status.json with the command's pid
+        agent = read_status(run_dir / "node-1")["pid"]
+        watchdog.kill()
+        watchdog.wait()
+        deadline = time.time() + 30
+        while time.time() < deadline and read_status(run_dir / "node-1").get("watched_by") != "keeper":
+            time.sleep(0.2)
+        assert read_status(run_dir / "node-1")["state"] == "running"  # the keeper: the command goes on unwatched
+        os.kill(agent, signal.SIGKILL)
+        deadline = time.time() + 10
+        while time.time() < deadline and psutil.pid_exists(agent) and psutil.Process(agent).status() != "zombie":
+            time.sleep(0.1)
+        st = read_status(run_dir / "node-1")
+        assert st["state"] == "abandoned" and "gone" in st["state_note"], st
+        merged = read_status(run_dir)
+        assert merged["nodes"]["1"]["state"] == "abandoned" and merged["state"] == "abandoned", merged
+        shown = run_trainguard("status", str(run_dir))
+        assert "abandoned" in shown.stdout.splitlines()[0] and "node 1 abandoned" in shown.stdout, shown.stdout
+    finally:
+        if rank is not None:
+            os.kill(rank, signal.SIGKILL)
+        if watchdog.poll() is None:
+            watchdog.kill()

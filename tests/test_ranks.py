@@ -167,6 +167,29 @@ def test_status_says_where_each_rank_ran_and_how_far_it_got(tmp_path: Path) -> N
     assert "ranks: node 0 (" in out and ": 0 at step 10, 1 at step 10; node 1 (" in out and "3 at step 7" in out
 
 
+def test_status_says_a_rank_recorded_no_step_rather_than_that_it_made_none(tmp_path: Path) -> None:
+    """Rank 0 aborted (gloo's SIGABRT on a collective mismatch) before its writer flushed: it trained, but
+    nothing of it is in the store. Rank 2's rows are there without a heartbeat: its last row says how far."""
+    from tgtest import run_trainguard
+
+    from trainguard.store.ranks import rank_info
+    from trainguard.store.status import write_status
+    from trainguard.store.writer import StoreWriter
+
+    for rank in range(3):
+        w = StoreWriter(tmp_path, rank=rank)
+        w.set_rank_info(rank_info({"RANK": str(rank), "WORLD_SIZE": "3"}))
+        if rank == 1:
+            w.set_heartbeat(t_progress=1.0, micro=13, step=13, phase=None, state="running")
+        if rank == 2:
+            for step in range(1, 12):
+                w.add_step({"step": step, "t": float(step), "loss": 1.0})
+        w.close()
+    write_status(tmp_path, {"state": "crashed", "step": 13, "exit_code": 1})
+    out = run_trainguard("status", str(tmp_path)).stdout
+    assert ": 0 (no step recorded), 1 at step 13, 2 at step 11" in out, out
+
+
 def test_the_probe_measures_a_ranks_time_before_its_backward(tmp_path: Path, monkeypatch: Any) -> None:
     import time
 

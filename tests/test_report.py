@@ -341,3 +341,41 @@ def test_columns_read_in_chunks_join_up(tmp_path: Path, monkeypatch: pytest.Monk
     late = d.parts["late"]
     assert not late.present[:70].any() and late.present[70:].all() and late.values[99] == 100.0
     assert d.parts["kd"].values[0] == 1.0 and d.parts["kd"].present.all()
+
+
+DDP_TWO_RANKS = """
+import torch, torch.distributed as dist, trainguard
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+guard = trainguard.watch(model, opt, total_steps=40)
+for step in range(40):
+    loss = model(torch.randn(8, 8)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    guard.step(loss)
+guard.finish()
+dist.destroy_process_group()
+"""
+
+
+def test_the_timeline_tells_the_run_not_the_rules_bookkeeping(tmp_path: Path) -> None:
+    """A 2-rank DDP job records a parameter checksum every few steps for the desync rule: kept in the store,
+    never a timeline row (a new user's report listed 14 of them); each rank's probe row says its rank."""
+    import sqlite3
+
+    (tmp_path / "train.py").write_text(DDP_TWO_RANKS)
+    run_dir = tmp_path / "run"
+    proc = run_trainguard("run", "--quiet", "--run-dir", str(run_dir), "--", sys.executable, "-m",
+                          "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "train.py",
+                          cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with sqlite3.connect(run_dir / "run.db") as conn:
+        kept = conn.execute("SELECT count(*) FROM events WHERE kind = 'contract' AND name = 'param-checksum'")
+        assert kept.fetchone()[0] > 0  # the rule's data is in the store
+    md = (run_dir / "report.md").read_text()
+    timeline = md.split("## Timeline", 1)[1].split("\n## ", 1)[0]
+    assert "param-checksum" not in timeline and "contract" not in timeline, timeline
+    assert "probe start (rank 0)" in timeline and "probe start (rank 1)" in timeline, timeline
+    assert "run ended: completed" in timeline

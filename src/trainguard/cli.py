@@ -419,9 +419,13 @@ def _ranks_line(path: Any) -> str | None:
         for beat in reader.heartbeats():
             if isinstance(beat.get("step"), int) and isinstance(beat.get("rank"), int):
                 steps[beat["rank"]] = max(steps.get(beat["rank"], 0), beat["step"])
+        for rank in set(info) - set(steps):  # no heartbeat with a step (a rank aborted before its flush)
+            last = reader.last_step_of(rank)
+            if last is not None:
+                steps[rank] = last
     by_node: dict[tuple[int, str], list[str]] = {}
     for rank, r in sorted(info.items()):
-        at = f" at step {steps[rank]}" if rank in steps else " (no step yet)"
+        at = f" at step {steps[rank]}" if rank in steps else " (no step recorded)"
         by_node.setdefault((r["node"], r["host"]), []).append(f"{rank}{at}")
     return "  ranks: " + "; ".join(f"node {node} ({host}): {', '.join(ranks)}"
                                    for (node, host), ranks in sorted(by_node.items()))

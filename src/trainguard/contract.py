@@ -66,6 +66,12 @@ EVENT_KINDS = (
     EVENT_STEP, EVENT_PROBE, EVENT_RUN, EVENT_CRASH, EVENT_FINDING, EVENT_PHASE, EVENT_EVAL, EVENT_CHECKPOINT,
     EVENT_SAMPLE, EVENT_EXPERTS, EVENT_CONTRACT, EVENT_PREFLIGHT, EVENT_OUTPUT, EVENT_PARAMS_NOT_IN_OPTIMIZER,
 )
+# Bookkeeping for the rules, kept in the store but never told as part of the run's story (the report's
+# timeline): what a rule observes (a parameter checksum every few steps, a contract check, parameters no
+# optimizer steps) becomes a finding when it means something; samples and counts are plotted or counted.
+INTERNAL_EVENT_KINDS = frozenset({
+    EVENT_STEP, EVENT_SAMPLE, EVENT_EXPERTS, EVENT_CONTRACT, EVENT_OUTPUT, EVENT_PARAMS_NOT_IN_OPTIMIZER,
+})
 
 # -- the heartbeat: one row per writing process, upserted at every flush --------------------------------
 

@@ -117,6 +117,23 @@ def test_student_trains_from_the_cache_without_the_teacher(built, make_cfg, tmp_
         train_mod.train(other, run_dir=tmp_path / "other", verbose=False)
 
 
+def test_preload_holds_the_shards_before_the_loop_within_the_memory_budget(built, monkeypatch):
+    from trainguard.recipes.distill import cache as cache_mod
+
+    _, folder, _, again = built
+    c = TeacherCache(folder)
+    assert c.preload() == again["shards"]  # a small cache: every shard, decompressed once
+    held = dict(c._shards)
+    for w in range(c.n_windows):  # reading every window afterwards decompresses nothing more
+        c.window(w)
+    assert c._shards.keys() == held.keys() and all(c._shards[i] is held[i] for i in held)
+    one = sum(a.nbytes for a in held[0].values())
+    monkeypatch.setattr(cache_mod, "MEMORY", int(one * 2.5))  # room for two shards of about this size
+    small = TeacherCache(folder)
+    assert small.preload() == 2
+    assert small.window(c.n_windows - 1)[0].shape[1] == 32  # a shard not held is still read on demand
+
+
 def test_quantisation_round_trip_is_monotone_and_within_half_a_step():
     rng = np.random.default_rng(0)
     lp = -np.sort(rng.exponential(3.0, size=(50, 64)), axis=1).astype(np.float32)

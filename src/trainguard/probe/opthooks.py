@@ -31,6 +31,7 @@ class OptimizerHooks:
         self.handles: list[Any] = []  # the optimizer's two hooks
         self.model_params: list[Any] | None = None
         self._update_sample: list[Any] | None = None
+        self._sampler = ParamSample()
 
     def __deepcopy__(self, memo: dict) -> OptimizerHooks:
         return self  # an optimizer copied with its hooks shares them, as it shares the guard (probe/guard.py)
@@ -113,9 +114,9 @@ class OptimizerHooks:
         try:
             ratio = None
             if s.update_snapshot is not None:
-                before, params, stride = s.update_snapshot
+                before = s.update_snapshot
                 s.update_snapshot = None
-                after = _sample_params(params, stride)
+                after = self._sampler.take(self._update_sample)
                 import torch
 
                 delta = torch.linalg.vector_norm(after - before)
@@ -132,22 +133,23 @@ class OptimizerHooks:
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         grads = [p.grad for p in params if p.grad is not None and not p.grad.is_sparse]
         if grads:
+            if self.steps._cuda_index is None and grads[0].is_cuda:
+                self.steps._cuda_index = self.steps.memory.cuda_index = grads[0].device.index
             norms = torch._foreach_norm(grads)
-            total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+            # one stack (promoting mixed dtypes) and one cast, not a cast per tensor
+            total = torch.linalg.vector_norm(torch.stack(norms).float())
             rec.setdefault("opt_tensors", []).append(("grad_norm", total))
         rec["no_grad"] = len(params) - len(grads)
-        watched = self._update_sample or [p for p in (self.model_params or params) if p.requires_grad]
         if self._update_sample is None:
             # The update ratio is read from a few tensors, not all: the largest ones (where a model's
             # weights are) plus the first and the last. Each sampled tensor costs a launch or two, and
             # a GPT-sized model has hundreds; a few suffice to see weights that do not move.
+            watched = [p for p in (self.model_params or params) if p.requires_grad]
             by_size = sorted(watched, key=lambda p: p.numel(), reverse=True)[:6]
             chosen = {id(p): p for p in [watched[0], *by_size, watched[-1]]} if watched else {}
-            self._update_sample = watched = list(chosen.values())
-        if watched:
-            stride = max(1, sum(p.numel() for p in watched) // 65536)
-            self.steps.update_snapshot = (_sample_params(watched, stride), watched, stride)
-
+            self._update_sample = list(chosen.values())
+        if self._update_sample:
+            self.steps.update_snapshot = self._sampler.take(self._update_sample)
 
 class ForwardMarker:
     """A forward hook on the watched model's top module: every forward is progress for the watchdog (an
@@ -190,7 +192,30 @@ class ForwardMarker:
         return (Detached, ())
 
 
-def _sample_params(params: list[Any], stride: int) -> Any:
-    import torch
+class ParamSample:
+    """A strided sample of a few parameters, one float32 vector: before and after an update, their ratio.
 
-    return torch.cat([p.detach().reshape(-1)[::stride].float() for p in params])
+    The strided views are made once and kept (the optimizer updates parameters in place, so a view sees
+    the new values): a sample is then one concatenation instead of four operations per tensor. They are
+    made again when a parameter's storage moved (`p.data = ...`, a model moved to another device), or
+    when a parameter is not contiguous (its flat view would be a copy, taken anew each time)."""
+
+    def __init__(self) -> None:
+        self._params: list[Any] = []
+        self._views: list[Any] | None = None
+        self._ptrs: list[int] = []
+
+    def take(self, params: list[Any]) -> Any:
+        import torch
+
+        ptrs = [p.data_ptr() for p in params]
+        if self._views is None or ptrs != self._ptrs or params is not self._params:
+            stride = max(1, sum(p.numel() for p in params) // 65536)
+            views = [p.detach().reshape(-1)[::stride] for p in params]
+            self._params, self._ptrs = params, ptrs
+            contiguous = all(p.is_contiguous() for p in params)
+            self._views = views if contiguous else None
+        else:
+            views = self._views
+        flat = torch.cat(views)
+        return flat if flat.dtype == torch.float32 else flat.float()

@@ -23,6 +23,17 @@ def host_bytes(item: Any, depth: int = 0) -> int | None:
     """Bytes of the tensors/arrays in `item` (tuples, lists, dicts, two levels); None if any is on a device."""
     if depth > 2:
         return 0
+    if type(item) is tuple and depth == 0:
+        # the common batch, (x, y) of tensors: the loop below without its general checks (~1 us, not ~5)
+        total = 0
+        for part in item:
+            if type(part).__name__ not in _TENSOR_TYPES or not type(part).__module__.startswith("torch"):
+                break
+            if not part.is_cpu:
+                return None
+            total += part.nbytes
+        else:
+            return total
     device = getattr(item, "device", None)
     if device is not None and hasattr(item, "element_size"):
         if getattr(device, "type", "cpu") != "cpu":
@@ -38,6 +49,9 @@ def host_bytes(item: Any, depth: int = 0) -> int | None:
             return None
         total += size
     return total
+
+
+_TENSOR_TYPES = ("Tensor", "Parameter")
 
 
 class BatchRing:

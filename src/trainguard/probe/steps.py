@@ -2,9 +2,12 @@
 
 A step's record is filled from two sides: `step()` (the loss side: each micro-batch's loss, parts and
 weights, the data wait) and the optimizer hooks (probe/opthooks.py: LR, gradient norm, update ratio, loss
-scale). When both halves are in, or the other half is clearly never coming, the record's device values
-are packed into one copy to the host (`devicestats.pack`) and queued; the background thread
-(probe/flusher.py) calls `drain()`, which turns the finished copies into step rows for the store.
+scale). `step()` keeps references to what it is given (a list append, a clock read, a set lookup per
+value's type) and nothing else. When both halves are in, or the other half is clearly never coming, the
+record is queued; on a GPU its device values are first stacked into one vector on the training thread's
+stream (`devicestats.stage`, one launch). The background thread (probe/flusher.py) calls `drain()`: it
+resolves the values of CPU runs, copies the stacked vectors of several steps to the host at once
+(`devicestats.copy_staged`), and turns the finished copies into step rows for the store.
 
 `Guard` is a StepRecorder: the hot path (`step`, `log`) is this class's own code, reached by the
 training loop without a delegating call. Nothing here reads a number back from the device; counting goes
@@ -14,6 +17,7 @@ on even when the guard switched itself off (the loop's `due()` depends on it).
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import sys
 import threading
@@ -35,8 +39,7 @@ from trainguard.store.writer import StoreWriter
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
 
 
-def is_tensor(value: Any) -> bool:
-    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+is_tensor = devicestats.is_tensor
 
 
 class StepRecorder:
@@ -60,10 +63,15 @@ class StepRecorder:
         self._loss_steps = 0
         self._uses_step = False
         self._records: dict[int, dict[str, Any]] = {}
-        self._inflight: list[tuple[dict[str, Any], list[devicestats.DevicePack]]] = []
-        self._pending: list[tuple[str, Any]] = []  # named tensors of the current step (device)
-        self._pending_floats: dict[str, list[float]] = {}
-        self._weights: dict[str, float] = {}
+        # completed steps for the background thread: (record, None) while its values are references (no
+        # GPU), then (record, [DevicePack or Staged, ...]); see `_emit` and `_prepare`
+        self._inflight: list[tuple[dict[str, Any], Any]] = []
+        # the current step's values as the loop gave them: (name, tensor or number), or (prefix, {key: value})
+        # for a dict of parts; resolved by `devicestats.resolve`, off the hot path
+        self._pending: list[tuple[str, Any]] = []
+        self._weights: dict[str, Any] = {}  # the last weights given (numbers or tensors)
+        self._weights_fresh = False  # given during the current step (tensor weights are recorded only then)
+        self._value_types: set[type] = set()
         self._data_wait = 0.0
         self._t_last_close: float | None = None
         self._sched = SchedClock()  # the training thread's CPU time and run-queue wait, every 8th step
@@ -132,29 +140,48 @@ class StepRecorder:
         if self._disabled:
             return
         try:
+            # The hot path keeps references only: which values are tensors, their detaching and packing
+            # happen once per optimizer step (`_emit`) or on the background thread (`drain`).
             now = time.time()
             self._t_progress = now
             self._uses_step = True
-            self._add_value("loss", loss)
+            ok = self._value_types  # types seen to be tensors or numbers: a set lookup per value, not a check
+            if type(loss) not in ok:
+                self._check_value(loss)
+            pending = self._pending
+            pending.append(("loss", loss))
+            if self._cuda_index is None and getattr(loss, "is_cuda", False):
+                # the device this process trains on: its steps are stacked on it (`_emit`), and the memory
+                # samples of the background thread (whose own "current device" is always 0) read it
+                self._cuda_index = self.memory.cuda_index = loss.device.index
             if self._contracts is not None:
                 self._contracts.on_loss(loss)
             if parts:
-                for key, value in parts.items():
-                    self._add_value(f"part:{key}", value)
+                for value in parts.values():
+                    if type(value) not in ok:
+                        self._check_value(value)
+                pending.append(("part:", dict(parts)))  # a copy: a loop may refill one dict every call
             if weights:
-                # a weight given as a tensor goes through the device copy like a part; float(tensor) would sync
-                self._weights = {}
-                for key, value in weights.items():
-                    if is_tensor(value):
-                        self._add_value(f"weight:{key}", value)
-                    else:
-                        self._weights[key] = float(value)
+                for value in weights.values():
+                    if type(value) not in ok:
+                        self._check_value(value)
+                # the last call's weights are the step's; a weight given as a tensor goes through the device
+                # copy like a part (float(tensor) would sync)
+                self._weights, self._weights_fresh = dict(weights), True
             if closes:
                 self._close_loss_side(self._loss_steps, now)
         except Exception as exc:  # the guard never becomes the failure
             self.fail("step", exc)
         if closes:
             self.fast_forward.after_step()  # may end the script (preflight only, on purpose)
+
+    def _check_value(self, value: Any) -> None:
+        """A value of a type not seen before: a tensor or a number is fine (and its type remembered);
+        anything else raises here, on the call that gave it, as `float(value)` does."""
+        if is_tensor(value) or isinstance(value, numbers.Real):
+            self._value_types.add(type(value))
+        else:
+            float(value)  # a numeric string is taken (as before); "abc" or an object raises
 
     def _claim_thread(self) -> bool:
         """`step` from a thread that is not the training thread: the first thread to call it owns the guard.
@@ -195,7 +222,7 @@ class StepRecorder:
             self.opt_steps = self._loss_steps = step
             self.micro = step * self.grad_accum
             self._records.clear()
-            self._pending, self._pending_floats = [], {}
+            self._pending = []
             self._t_last_close = None
             self._t_progress = time.time()
             if not self._disabled:
@@ -211,8 +238,10 @@ class StepRecorder:
         if self._disabled or os.getpid() != self._pid:
             return
         try:
-            for key, value in values.items():
-                self._add_value(f"x:{key}", value)
+            for value in values.values():
+                if type(value) not in self._value_types:
+                    self._check_value(value)
+            self._pending.append(("x:", dict(values)))
         except Exception as exc:
             self.fail("log", exc)
 
@@ -247,22 +276,18 @@ class StepRecorder:
             self.fail("experts", exc)
 
     def _add_value(self, name: str, value: Any) -> None:
-        if is_tensor(value):
-            if self._cuda_index is None and value.device.type == "cuda":
-                # the device this process trains on, for the memory samples of the background thread (whose
-                # own "current device" is always 0)
-                self._cuda_index = self.memory.cuda_index = value.device.index
-            self._pending.append((name, devicestats.as_scalar(value)))
-        else:
-            self._pending_floats.setdefault(name, []).append(float(value))
+        """One named value (a tensor or a number) for the step being accumulated."""
+        self._pending.append((name, value))
 
     def _close_loss_side(self, step: int, now: float) -> None:
-        rec = self._records.setdefault(step, {"step": step})
+        rec = self._records.get(step)
+        if rec is None:
+            rec = self._records[step] = {"step": step}
         rec["t"] = now
         rec["micro"] = self.micro
         rec["pending"] = self._pending
-        rec["floats"] = self._pending_floats
-        rec["weights"] = dict(self._weights)
+        rec["weights"] = self._weights
+        rec["weights_fresh"] = self._weights_fresh
         rec["data_wait"] = self._data_wait
         rec["step_time"] = (now - self._t_last_close) if self._t_last_close is not None else None
         if step % 8 == 0:  # one pread, no device sync: for throughput-drop to tell whose slowdown it is
@@ -274,8 +299,9 @@ class StepRecorder:
             # read on the loss side too: a step the GradScaler skips never reaches the optimizer hooks
             scale = getattr(self.scaler, "_scale", None)
             if scale is not None:
-                rec["pending"].append(("loss_scale", devicestats.as_scalar(scale)))
-        self._pending, self._pending_floats = [], {}
+                rec["pending"].append(("loss_scale", scale))
+        self._pending = []
+        self._weights_fresh = False
         self._data_wait = 0.0
         self._t_last_close = now
         self._maybe_emit(step)
@@ -284,22 +310,24 @@ class StepRecorder:
 
     def opt_record(self, step: int) -> dict[str, Any]:
         """The record of optimizer step `step`, for the optimizer hooks to fill."""
-        return self._records.setdefault(step, {"step": step})
+        rec = self._records.get(step)
+        if rec is None:
+            rec = self._records[step] = {"step": step}
+        return rec
 
     def opt_step_done(self, update_ratio: Any = None) -> None:
         """The optimizer stepped (its post-hook): the step's optimizer half is in."""
         self._t_progress = time.time()
-        rec = self._records.setdefault(self.opt_steps, {"step": self.opt_steps})
+        rec = self.opt_record(self.opt_steps)
         if update_ratio is not None:
             rec.setdefault("opt_tensors", []).append(("update_ratio", update_ratio))
         rec["opt_done"] = True
         if not self._uses_step:
             rec.setdefault("t", time.time())
-            if self._pending or self._pending_floats:
+            if self._pending:
                 # a loop that never calls guard.step: what guard.log() gathered belongs to this step
                 rec["pending"] = self._pending
-                rec["floats"] = self._pending_floats
-                self._pending, self._pending_floats = [], {}
+                self._pending = []
         self._maybe_emit(self.opt_steps)
 
     def _maybe_emit(self, step: int) -> None:
@@ -319,16 +347,24 @@ class StepRecorder:
             self._emit(rec)
 
     def _emit(self, rec: dict[str, Any]) -> None:
+        """The step is complete: its values go to the background thread.
+
+        On a GPU its device values are stacked into one vector here, on the training thread and its
+        stream, so the row holds what the step computed even if a tensor is reused later; the copy to the
+        host (of several steps' vectors at once) is the background thread's. Elsewhere nothing is done
+        here: the background thread reads the values where they are."""
         self.memory.on_step(rec)
-        named = list(rec.pop("pending", [])) + list(rec.pop("opt_tensors", []))
-        packs = devicestats.pack(named) if named else []
+        packs: Any = None
+        if self._cuda_index is not None:
+            packs, rec["floats"] = devicestats.stage_step(rec.pop("pending", ()), rec.pop("weights", None),
+                                                          rec.pop("weights_fresh", False), rec.pop("opt_tensors", ()))
         self._inflight.append((rec, packs))
 
     def emit_all(self) -> None:
         """Everything still open becomes a row to drain: the run is ending."""
         if self._device_broken:
             return
-        has_loss = "loss" in self._pending_floats or any(n == "loss" for n, _ in self._pending)
+        has_loss = any(n == "loss" for n, _ in self._pending)
         if has_loss:
             # micro-batches of a last, partial accumulation window still belong to a step (scalars
             # logged after the last step alone do not make one)
@@ -351,8 +387,14 @@ class StepRecorder:
         # removes from `_inflight` and only from its head; the training thread only appends to its tail.
         if self._device_broken:
             return
+        snapshot = list(self._inflight)
+        try:
+            self._prepare(snapshot)
+        except Exception as exc:
+            self.abandon_device(exc)
+            return
         done = 0
-        for rec, packs in paced(list(self._inflight), enabled=not final, stop=self.ending):
+        for rec, packs in paced(snapshot, enabled=not final, stop=self.ending):
             try:
                 if not final and not all(p.ready() for p in packs):
                     break
@@ -392,6 +434,34 @@ class StepRecorder:
             t_progress=self._t_progress, micro=self.micro, step=self.step_count, phase=self.phases.current,
             state=BEAT_FINISHED if self.finished else BEAT_RUNNING,
         )
+
+    def _prepare(self, snapshot: list[tuple[dict[str, Any], Any]]) -> None:
+        """Background thread: the values of steps handed over since the last pass become DevicePacks.
+
+        A step kept as references (`packs` None: no GPU) is resolved here, its CPU tensors read where they
+        are; steps stacked on a GPU (`Staged`) are copied to the host together, one copy per device and
+        stream. Entries are replaced in place: the training thread only appends to `_inflight`."""
+        staged: list[tuple[int, int]] = []  # (entry, position in its packs) of each Staged
+        vectors: list[devicestats.Staged] = []
+        for i, (rec, packs) in enumerate(snapshot):
+            if packs is None:
+                try:
+                    named, floats = devicestats.resolve(rec.pop("pending", ()), rec.pop("weights", None),
+                                                        rec.pop("weights_fresh", False))
+                    named += rec.pop("opt_tensors", ())
+                except Exception as exc:  # a value that is no number: the row goes without the step's values
+                    self.fail("step values", exc)
+                    named, floats = [], {}
+                rec["floats"] = floats
+                packs = devicestats.stage(named) if named else []
+                snapshot[i] = self._inflight[i] = (rec, packs)
+            for j, p in enumerate(packs):
+                if isinstance(p, devicestats.Staged):
+                    staged.append((i, j))
+                    vectors.append(p)
+        if vectors:
+            for (i, j), p in zip(staged, devicestats.copy_staged(vectors)):
+                snapshot[i][1][j] = p
 
     def abandon_device(self, exc: BaseException) -> None:
         """The device is in a sticky error state (a device-side assert, an illegal access): every copy still

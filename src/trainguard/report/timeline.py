@@ -1,5 +1,8 @@
 """The run's timeline: start, phases, evaluations, checkpoints, restarts, findings and the end.
 
+Only what tells the run's story: the rules' own bookkeeping (a parameter checksum every few steps, contract
+observations: `contract.INTERNAL_EVENT_KINDS`) stays in the store for the rules and out of the timeline.
+
 Rows come from the store's events and the findings. A long run has thousands of phase and eval events;
 past `MAX_ROWS` each repeated kind keeps its first and last few rows and says how many it left out, so
 the timeline of a million-step run still reads in a minute.
@@ -10,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trainguard.contract import INTERNAL_EVENT_KINDS
 from trainguard.findings import Finding
 from trainguard.report.load import RunData
 
@@ -31,8 +35,9 @@ class Row:
 
 def build_timeline(data: RunData) -> list[Row]:
     rows: list[Row] = []
+    ranks = len({e.get("rank") for e in data.events if e["kind"] == "probe"})
     for e in data.events:
-        row = _event_row(e)
+        row = _event_row(e, ranks)
         if row is not None:
             rows.append(row)
     for f in data.findings:
@@ -41,7 +46,7 @@ def build_timeline(data: RunData) -> list[Row]:
     return _elide(rows)
 
 
-def _event_row(e: dict[str, Any]) -> Row | None:
+def _event_row(e: dict[str, Any], ranks: int) -> Row | None:
     kind, name, d = e["kind"], e["name"], e["data"] if isinstance(e["data"], dict) else {}
     attempt = e.get("attempt") or 0
     if kind == "finding":
@@ -76,9 +81,11 @@ def _event_row(e: dict[str, Any]) -> Row | None:
     if kind == "crash":
         return Row(e["t"], e["step"], attempt, "crash", f"exception {name}: {str(d.get('message', ''))[:200]}", "error")
     if kind == "probe":
-        return Row(e["t"], e["step"], attempt, "probe", f"probe {name}")
-    if kind in ("memory", "resources", "sample", "experts", "output"):
-        return None  # samples are plotted, not listed
+        rank = e.get("rank")
+        of = f" (rank {rank})" if isinstance(rank, int) and rank >= 0 and ranks > 1 else ""  # one row per rank
+        return Row(e["t"], e["step"], attempt, "probe", f"probe {name}{of}")
+    if kind in INTERNAL_EVENT_KINDS or kind in ("memory", "resources"):
+        return None  # the rules' bookkeeping (kept in the store for them), samples that are plotted
     text = f"{kind} {name or ''}".strip()
     if d:
         text += ": " + ", ".join(f"{k}={_num(v)}" for k, v in list(d.items())[:6])

@@ -285,6 +285,8 @@ def _first_line(text: Any) -> str:
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return "<1 s"  # never "after 0 s"
     seconds = int(seconds)
     if seconds < 120:
         return f"{seconds} s"

@@ -42,11 +42,13 @@ class _RateRule(Rule):
         out = [first] if first is not None else []
         rate = self.count / self.steps
         if self.count >= 2 and rate > RATE_ERROR:
+            # the counts are those of the moment it is found (the run may go on): said with that step
+            since = (f"every step since step {self.hits[0]}" if self.count == self.since_onset
+                     else f"{self.count} of the {self.since_onset} steps since step {self.hits[0]}")
             out.append(self.finding(
                 step=self.hits[0], severity="error", cause="rate",
-                summary=f"{self.what} at {self.count} of {self.since_onset} steps since step {self.hits[0]} "
-                        f"({self.count} of {self.steps} steps seen, {rate:.1%}, above 1%): "
-                        "this is no longer an accident",
+                summary=f"{self.what} at {self.count} of the {self.steps} steps seen by step {row['step']} "
+                        f"({rate:.1%}, above 1%), {since}: this is no longer an accident",
                 fix="find the cause (the batches of those steps, the LR, fp16 overflow); do not clamp it away",
                 evidence={"steps": list(self.hits), "count": self.count, "of_steps": self.steps, "rate": rate,
                           "steps_since_onset": self.since_onset,

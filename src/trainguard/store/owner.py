@@ -37,6 +37,8 @@ def owner_alive(owner: dict[str, Any]) -> bool | None:
         return False
     except (PermissionError, OSError):
         pass  # someone else's process holds the pid: its start time decides
+    if _zombie(pid):
+        return False  # it exited; its parent (gone too, or never waiting) has not reaped it
     started = owner.get("started")
     now_started = _start_time(pid)
     if started is None or now_started is None:
@@ -54,6 +56,18 @@ def check_owner(status: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(owner, dict):
         # written before owners were recorded: the command's pid is all there is
         owner = {"pid": status.get("pid")} if status.get("pid") else None
+    if status.get("watched_by") == "keeper" and status.get("pid") and owner_alive(
+            {"pid": status["pid"], "started": status.get("command_started")}) is False:
+        # The keeper only passes output on: alive, it says the command goes on unwatched. With the command
+        # itself gone (a node whose watchdog and torchrun agent were killed, ranks left as orphans holding
+        # the pipes), nothing runs the job any more and nobody will say how it ended.
+        checked = dict(status)
+        checked["recorded_state"] = state
+        checked["state"] = GONE_STATE
+        checked["state_note"] = (f"status.json says {state}, but its watchdog is gone and so is the command "
+                                 f"(pid {status['pid']}): its exit is unknown; the output keeper (pid "
+                                 f"{owner.get('pid') if owner else '?'}) still passes on what its processes print")
+        return checked
     if owner is None or owner_alive(owner) is not False:
         return status
     checked = dict(status)
@@ -72,6 +86,15 @@ def check_owner(status: dict[str, Any]) -> dict[str, Any]:
                  else "; the command (pid {}) is gone too, its exit is unknown").format(command_pid)
     checked["state_note"] = note
     return checked
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except Exception:
+        return False
 
 
 def _start_time(pid: int) -> float | None:

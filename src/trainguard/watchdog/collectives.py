@@ -94,8 +94,11 @@ def _by_rank(run_dir: str | Path, prefix: str) -> dict[int, dict[str, Any]]:
     return out
 
 
-def judge(positions: dict[int, dict[str, Any]], in_stack: dict[int, str | None]) -> dict[str, Any] | None:
+def judge(positions: dict[int, dict[str, Any]], in_stack: dict[int, str | None],
+          in_backward: set[int] | None = None) -> dict[str, Any] | None:
     """Compare the ranks' positions. `in_stack`: rank -> the collective its stack waits in (None: none).
+    `in_backward`: ranks whose stack is inside autograd's backward, where DDP all-reduces in C++: without
+    their flight recorder's answer nobody knows whether they wait there, so they are not blamed.
 
     Returns {"sentence", "blame" (a rank or None), "unrecoverable" (why, or None), "positions"} or None when
     there is nothing to compare (no counters)."""
@@ -120,12 +123,19 @@ def judge(positions: dict[int, dict[str, Any]], in_stack: dict[int, str | None])
     groups: dict[tuple[str, int], list[int]] = {}
     for r, w in waiting.items():
         groups.setdefault(w, []).append(r)
+    unseen = [r for r in outside if r in (in_backward or set())]
     blame: list[int] = []
     if outside:
-        blame = outside
+        blame = [r for r in outside if r not in unseen]
     elif len(groups) > 1:
         blame = _odd_group(groups, positions)
-    sentence = _sentence(groups, outside, blame, positions)
+    sentence = _sentence(groups, [r for r in outside if r not in unseen], blame, positions)
+    if unseen:
+        others = "; ".join(f"{_ranks(rs)} {'wait' if len(rs) > 1 else 'waits'} in {_label(k)}"
+                           for k, rs in sorted(groups.items(), key=lambda kv: kv[1]))
+        sentence = (f"{_ranks(unseen)} {'are' if len(unseen) > 1 else 'is'} inside backward, where DDP's gradient "
+                    "all-reduce is not seen without the flight recorder (TORCH_FR_BUFFER_SIZE), while "
+                    + (others if not blame else sentence))
     unrecoverable = None
     if not outside and len(groups) > 1:
         unrecoverable = f"the ranks wait in different collectives ({_list_positions(groups)}): none can complete"
@@ -134,7 +144,8 @@ def judge(positions: dict[int, dict[str, Any]], in_stack: dict[int, str | None])
             "positions": {str(r): _label(w) if w else "in no collective" for r, w in where.items()}}
 
 
-def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None]) -> dict[str, Any] | None:
+def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
+                 lines: dict[int, set[str]] | None = None) -> dict[str, Any] | None:
     """Compare the ranks by what their flight recorders hold (every collective, DDP's and FSDP's too).
 
     `flight`: rank -> the probe's answer (probe/flightrec.py); `now`: rank -> where its main thread is:
@@ -146,6 +157,11 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None]) 
     issues nothing more; a rank inside backward may still issue gradient buckets on the groups it is
     already all-reducing in (DDP's next bucket), nothing else before its backward returns, which needs
     its all-reduce to complete. A rank elsewhere may still arrive (a straggler): never proof.
+
+    `lines`: rank -> the user's lines in its sampled stack (`train.py:63`); where given, a recorded
+    collective is the one the rank waits in only when it was issued from one of them (a rank inside
+    `new_group()` or `destroy_process_group()` with an earlier async all-reduce still in flight waits in
+    neither as far as this can tell).
     """
     ranks = sorted(now)
     if len(ranks) < 2 or any(r not in flight for r in ranks):
@@ -156,7 +172,8 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None]) 
             members.setdefault(g, rs)
     waits: dict[int, dict[str, Any] | None] = {}
     for r in ranks:
-        mine = [a for a in flight[r].get("active") or [] if now[r] is not None and a.get("from") == now[r]]
+        mine = [a for a in flight[r].get("active") or [] if now[r] is not None and a.get("from") == now[r]
+                and (lines is None or _line_of(a.get("where")) in lines.get(r, set()))]
         # blocked in a call: its newest; inside backward: the oldest bucket it waits for
         waits[r] = (mine[0] if now[r] == "python" else min(mine, key=lambda a: a.get("seq", 0))) if mine else None
     if not any(waits.values()):
@@ -216,6 +233,22 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None]) 
             "positions": {str(r): _flight_label(w) if w else "in no collective" for r, w in waits.items()}}
 
 
+def _line_of(where: Any) -> str | None:
+    """`/tmp/x/train.py:63 (<module>)` -> `train.py:63`: the recorder's and the stack's paths of one file
+    may differ (relative, resolved), its name and line do not."""
+    if not isinstance(where, str) or ":" not in where:
+        return None
+    path, _, rest = where.partition(" (")[0].rpartition(":")
+    return f"{Path(path).name}:{rest}"
+
+
+def user_lines(t: Any) -> set[str]:
+    """The user's lines in a thread's stack, as `_line_of` writes them."""
+    from trainguard.rules.crash import is_user_frame
+
+    return {f"{Path(f.file).name}:{f.line}" for f in (t.frames if t is not None else []) if is_user_frame(f.file)}
+
+
 def _kind(w: dict[str, Any]) -> str:
     try:
         shown = ",".join("x".join(str(n) for n in s) for s in w.get("sizes") or [])
@@ -272,9 +305,10 @@ def refine(diagnosis: Any, snap: Any, positions: dict[int, dict[str, Any]],
     by_rank = trainers_by_rank(snap)
     in_stack = {r: classify._collective_op(p.main_thread) if classify._in(p.main_thread, classify._COLLECTIVE_FILES)
                 else None for r, p in by_rank.items()}
-    verdict = judge_flight(flight or {}, {r: where_now(p.main_thread) for r, p in by_rank.items()})
+    verdict = judge_flight(flight or {}, {r: where_now(p.main_thread) for r, p in by_rank.items()},
+                           {r: user_lines(p.main_thread) for r, p in by_rank.items()})
     if verdict is None:
-        verdict = judge(positions, in_stack)
+        verdict = judge(positions, in_stack, {r for r, p in by_rank.items() if where_now(p.main_thread) == "backward"})
     if verdict is None:
         return
     blamed = f" (rank {verdict['blame']} is out of step: its stack is shown)" if verdict["blame"] is not None else ""
@@ -302,7 +336,9 @@ def backward_waits(snap: Any, flight: dict[int, dict[str, Any]]) -> dict[int, st
     for r, p in trainers_by_rank(snap).items():
         if where_now(p.main_thread) != "backward":
             continue
-        mine = [a for a in (flight.get(r) or {}).get("active") or [] if a.get("from") == "backward"]
+        lines = user_lines(p.main_thread)
+        mine = [a for a in (flight.get(r) or {}).get("active") or []
+                if a.get("from") == "backward" and _line_of(a.get("where")) in lines]
         if mine:
             w = min(mine, key=lambda a: a.get("seq", 0))
             out[r] = "DDP's gradient all-reduce" if w.get("op") == "all_reduce" else f"{w.get('op')} (in backward)"

@@ -95,6 +95,18 @@ class TeacherCache:
                 self._shards.pop(next(iter(self._shards)))
         return self._shards[i]
 
+    def preload(self) -> int:
+        """Decompresses shards in order while they fit the memory budget; returns how many are held.
+
+        Done before the loop: decompression is not paid inside it, and the reader's memory does not
+        grow shard by shard over the first epoch while the student trains."""
+        for i in range(-(-self.n_windows // self.shard_windows)):
+            self._shard(i)
+            held = sum(a.nbytes for d in self._shards.values() for a in d.values())
+            if 0 not in self._shards or held + held / len(self._shards) > MEMORY:
+                break  # full: the budget pushed the first out, or the next shard of about the mean size would
+        return len(self._shards)
+
     def window(self, w: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids [n_t, k] uint32, log-probs [n_t, k] float32) for every teacher position of window w."""
         s = self._shard(w // self.shard_windows)

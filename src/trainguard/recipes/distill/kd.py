@@ -191,7 +191,10 @@ class GraphedTargets:
             teacher_targets(static, head, vmap, k, temperature, sv, chunk, tile)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: only this thread's calls are checked during capture. In torch's default (global)
+        # mode a call another thread makes meanwhile (the guard's memory sample, an event query) voids
+        # the capture: a kd_online student on the H200 failed at its first step that way
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             out = teacher_targets(static, head, vmap, k, temperature, sv, chunk, tile)
         return graph, static, out
 

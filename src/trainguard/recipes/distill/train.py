@@ -87,6 +87,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     if cfg.data.teacher_cache:  # KD from the offline cache: the teacher's tokenizer comes with it
         cache = TeacherCache(cfg.resolve_path(cfg.data.teacher_cache))
         check_cache(cache, cfg, train_text)
+        cache.preload()  # decompressed once, before the loop, as far as the reader's memory budget goes
         saved_toks = {**saved_toks, "teacher": saved_toks.get("teacher") or cache.manifest["teacher_tokenizer"]}
     t_tok = load_tokenizer("teacher", cfg.teacher, train_text, saved_toks.get("teacher"))
     s_tok = load_tokenizer("student", cfg.student, train_text, saved_toks.get("student"))
@@ -254,8 +255,9 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     evals: list[dict[str, float]] = []
     stopped_early = False
     micro, step_loss = 0, None
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     eval_seconds, tokens_seen = 0.0, []  # the loop's own speed: tokens per second outside evaluations
+    eval_cpu = 0.0  # and per CPU second of this process: a shared machine's load does not move it
     data = train_batches(train_ex, t.batch_size, cfg.seed, *position, pad_s, pad_t)
     with guard.phase("train"):
         for data_epoch, data_index, batch in guard.batches(data):
@@ -321,9 +323,10 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
                     f"kd {kd.item():.4f} (w {w['kd']:.3f}) | hidden {hid.item():.4f} (w {w['hidden']:.3f}) | "
                     f"lr {scheduler.get_last_lr()[0]:.2e} | {time.time() - t0:.1f}s")
             if guard.due("eval", every=t.eval_every) or step == t.max_steps:
-                te = time.time()
+                te, ce = time.time(), time.process_time()
                 metrics = run_eval()
                 eval_seconds += time.time() - te
+                eval_cpu += time.process_time() - ce
                 evals.append({"step": step, **metrics})
                 say(f"eval step {step}: ppl {metrics['perplexity']:.3f} bpb {metrics['bpb']:.4f}"
                     + (f" kd_topk {metrics['kd_topk']:.4f} kl_full {metrics['kl_full']:.4f}" if "kd_topk" in metrics else ""))
@@ -343,10 +346,12 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     if device.type == "cuda":
         torch.cuda.synchronize()
     train_seconds = time.time() - t0 - eval_seconds
+    train_cpu = time.process_time() - c0 - eval_cpu
     n_tokens = int(sum(int(x) for x in tokens_seen))
     guard.finish()
     return {
         "train_seconds": train_seconds, "train_tokens": n_tokens, "tokens_per_s": n_tokens / max(1e-9, train_seconds),
+        "train_cpu_seconds": train_cpu, "tokens_per_cpu_s": n_tokens / max(1e-9, train_cpu),
         "losses": [float(x) for x in losses], "evals": evals, "step": step, "stopped_early": stopped_early,
         "best_bpb": best_bpb, "run_dir": str(out_dir), "last": str(out_dir / "last.pt"),
         "vocab_overlap": n_mapped, "align_ratio_train": ratio,
