@@ -47,10 +47,11 @@ def asked(run_dir: str | os.PathLike) -> float | None:
     return t
 
 
-def answer(when: float) -> dict[str, Any]:
-    """What goes into the store for the request made at `when`."""
+def answer(when: float, step: int | None = None) -> dict[str, Any]:
+    """What goes into the store for the request made at `when`; `step`: the optimizer step the rank works on
+    (the one after its last finished), so a wait inside backward can say whose backward it is."""
     snap = snapshot()
-    return {"request": when, "t": time.time(), **(snap if snap is not None else {"unavailable": True})}
+    return {"request": when, "t": time.time(), "step": step, **(snap if snap is not None else {"unavailable": True})}
 
 
 def snapshot() -> dict[str, Any] | None:

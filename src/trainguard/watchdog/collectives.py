@@ -176,6 +176,8 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
                 and (lines is None or _line_of(a.get("where")) in lines.get(r, set()))]
         # blocked in a call: its newest; inside backward: the oldest bucket it waits for
         waits[r] = (mine[0] if now[r] == "python" else min(mine, key=lambda a: a.get("seq", 0))) if mine else None
+        if waits[r] is not None and isinstance(flight[r].get("step"), int):
+            waits[r] = {**waits[r], "step": flight[r]["step"]}
     if not any(waits.values()):
         return None
 
@@ -263,7 +265,8 @@ def _flight_label(w: dict[str, Any]) -> str:
     at = f" at {w['where']}" if w.get("where") else ""
     if w.get("from") == "backward":
         what = "DDP's gradient all-reduce" if w.get("op") == "all_reduce" else f"a {w.get('op')} of the backward"
-        return f"{what} ({number}, in backward{at})"
+        whose = f"step {w['step']}'s backward" if isinstance(w.get("step"), int) else "backward"
+        return f"{what} ({number}, in {whose}{at})"
     return number + at
 
 
