@@ -367,18 +367,15 @@ def status(run: str | None, as_json: bool) -> None:
 
 
 def _print_status(path: Any, st: dict) -> None:
+    from trainguard.store.ending import how_it_exited
     from trainguard.store.status import health_counts, shown_state
 
     state = shown_state(st)
     line = f"{path}: {state}"
-    if st.get("state") == "hung" and st.get("ended"):
-        # trainguard stopped it; what the command exited with is that stop's consequence
-        code = st.get("signal") or (f"with code {st['exit_code']}" if st.get("exit_code") not in (None, 0) else None)
-        line += " (stopped by trainguard" + (f"; the command exited {code} on that stop" if code else "") + ")"
-    elif st.get("signal"):
-        line += f" ({st['signal']})"
-    elif st.get("exit_code") not in (None, 0):
-        line += f" (exit code {st['exit_code']})"
+    # a hung run still live (--on-hang wait) has no exit yet; one that ended was stopped by trainguard
+    how = how_it_exited(st.get("state") if st.get("ended") else None, st.get("exit_code"), st.get("signal"))
+    if how:
+        line += f" ({how})"
     if st.get("step") is not None:
         line += f", step {st['step']}" + (f"/{st['total_steps']}" if st.get("total_steps") else "")
     if st.get("phase"):
