@@ -82,6 +82,26 @@ def test_zero_grad_every_other_step_is_found(workdir: Path) -> None:
     assert "grads-never-reset" in _contracts(workdir / "run")
 
 
+def test_zero_grad_dropped_late_is_found_within_a_sample(workdir: Path) -> None:
+    # Past its first steps the probe follows the gradients on a few consecutive steps from each sampled
+    # one: a second stage of the loop that forgets zero_grad from step 25 on is found by step 32.
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    guard = trainguard.watch(model, opt, total_steps=40, run_dir=workdir / "run")
+    for step in range(1, 41):
+        x, y = _batch()
+        if step < 25:
+            opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        guard.step(torch.tensor(1.0))
+    guard.finish()
+    with RunReader(workdir / "run") as reader:
+        events = [e for e in reader.events("contract") if e["name"] == "grads-never-reset"]
+    assert len(events) == 1 and 25 <= events[0]["step"] <= 32
+    assert min(events[0]["data"]["steps"]) >= 25  # no window before the last zero_grad
+
+
 def test_lbfgs_closure_and_gan_with_two_optimizers_are_quiet(workdir: Path) -> None:
     model = _net().double()
     opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)

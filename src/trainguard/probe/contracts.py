@@ -59,6 +59,7 @@ MAX_NAMES = 10
 BATCH_SHAPES_LEARNED = 3  # training forwards whose first input has one rank before a rank one less is judged
 SCAN_WARMUP = 10  # optimizer steps whose parameters are all scanned before the scan thins out
 SENTINELS = 8  # evenly spaced parameters read every step (plus the first, last and largest)
+GRAD_BURST = 3  # consecutive gradient windows followed from each sampled step on, once past SCAN_WARMUP
 
 
 @dataclass
@@ -86,6 +87,7 @@ class _GradWatch:
     backward: int = 0  # backward passes accumulated into it in this window
     since_reset: int = 0  # backward passes accumulated since the last reset
     windows: list[int] = field(default_factory=list)  # optimizer steps whose window had no reset
+    handles: list[Any] = field(default_factory=list)  # its two gradient hooks, while its windows are followed
 
 
 def attach(guard: Any) -> Contracts | None:
@@ -248,7 +250,10 @@ class Contracts:
         A tensor hook sees `.grad` just before a backward pass adds to it; the post-accumulate hook
         records its identity and version counter just after. Between an optimizer step and the next
         backward, anything that resets the gradient (set to None, a new tensor, `zero_()`) changes one of
-        them. No device work, a few Python calls per backward pass.
+        them. No device work, a few Python calls per backward pass, on the windows followed: every window
+        of the first `SCAN_WARMUP` steps, then `GRAD_BURST` consecutive ones from every sampled step (a
+        zero_grad every other step leaves one of them without a reset; the hooks, called from the autograd
+        engine's thread, each take the interpreter lock back in the middle of a backward pass).
         """
         params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
         if not params or not hasattr(params[0], "register_post_accumulate_grad_hook"):
@@ -257,8 +262,18 @@ class Contracts:
         for i, p in enumerate(chosen.values()):
             watch = _GradWatch(self.name(p, f"param_groups[..][{i}]"), p)
             self.grad_watch.append(watch)
-            self.handles.append(p.register_hook(self._before_accumulate(watch)))
-            self.handles.append(p.register_post_accumulate_grad_hook(self._after_accumulate(watch)))
+            self._follow(watch, True)
+
+    def _follow(self, watch: _GradWatch, on: bool) -> None:
+        """Registers (on) or removes the gradient hooks of one watched parameter."""
+        if on and not watch.handles:
+            p = watch.param
+            watch.handles = [p.register_hook(self._before_accumulate(watch)),
+                             p.register_post_accumulate_grad_hook(self._after_accumulate(watch))]
+        elif not on and watch.handles:
+            for handle in watch.handles:
+                handle.remove()
+            watch.handles = []
 
     def _before_accumulate(self, watch: _GradWatch) -> Any:
         def hook(grad: Any) -> None:
@@ -402,11 +417,18 @@ class Contracts:
         if g._disabled or os.getpid() != g._pid:
             return
         step = g.opt_steps  # the guard's own post-hook ran first (registered first): this step is counted
+        follow = (GradsNeverReset.name not in self.sent and GradsNeverReset.name not in self.off
+                  and (step < SCAN_WARMUP or (step + 1) % self.every < GRAD_BURST))  # the next step's window
         for w in self.grad_watch:
             # What the step (and clipping, unscaling before it) did to the gradient is not a reset: the
             # window's reset must come after this point.
             gr = w.param.grad
             w.last = (id(gr), gr._version) if gr is not None else None
+            if follow is not bool(w.handles):
+                try:
+                    self._follow(w, follow)
+                except Exception as exc:
+                    self.failed(GradsNeverReset.name, exc)
         if self.frozen_before:
             try:
                 self._frozen_after(step)
