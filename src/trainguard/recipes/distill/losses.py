@@ -247,9 +247,12 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
         kd_targets = renormalized(kd_targets)
     s_kd = s_pos
     if kd_targets is not None and spec.partial and "s_part" in batch and t_out is not None:
-        pt = partial_targets(t_out.last_hidden_state.flatten(0, 1)[batch["t_part"]], body_and_head(teacher)[1],
-                             batch["part_tid"], batch["part_sid"], spec.temperature, V_s)
-        pt = merge_duplicates(pt, V_s)
+        ht_part, t_head_ = t_out.last_hidden_state.flatten(0, 1)[batch["t_part"]], body_and_head(teacher)[1]
+        parts = [partial_targets(ht_part[i: i + spec.chunk], t_head_, batch["part_tid"][i: i + spec.chunk],
+                                 batch["part_sid"][i: i + spec.chunk], spec.temperature, V_s)
+                 for i in range(0, ht_part.shape[0], spec.chunk)]  # chunks: full teacher logits of `chunk` rows at most
+        pt = merge_duplicates(TeacherTargets(*(torch.cat(x) for x in zip(
+            *((t.sid, t.logp, t.mapped, t.tail) for t in parts)))), V_s)
         k_all = max(kd_targets.sid.shape[1], pt.sid.shape[1])
         a, b = _pad_k(kd_targets, k_all, V_s), _pad_k(pt, k_all, V_s)
         kd_targets = TeacherTargets(*(torch.cat([x, y]) for x, y in
