@@ -68,8 +68,9 @@ def snapshot() -> dict[str, Any] | None:
             return None
         from torch._C import _distributed_c10d as c10d
 
-        # private, and absent from torch's stubs: looked up so that a torch without them is "unavailable"
-        dump, dump_json = getattr(c10d, "_dump_fr_trace"), getattr(c10d, "_dump_fr_trace_json")
+        # private and absent from torch's stubs; a torch without them raises here: "unavailable"
+        dump = c10d._dump_fr_trace  # type: ignore[attr-defined]
+        dump_json = c10d._dump_fr_trace_json  # type: ignore[attr-defined]
         active_dump = pickle.loads(dump(includeCollectives=True, includeStackTraces=True, onlyActive=True))
         window = json.loads(dump_json(includeCollectives=True, onlyActive=False))
         world = _world_name()
