@@ -22,8 +22,10 @@ the loop's tokens/s (outside evaluation) of each, as one JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -58,6 +60,7 @@ def main() -> None:
     ap.add_argument("--student-steps", type=int, default=120)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--work", default=None, help="keep the teacher and the cache here (reused when present)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     base = yaml.safe_load(BUNDLED_CONFIG.read_text())
@@ -82,12 +85,17 @@ def main() -> None:
                     "teacher_over_student_forward": round(t_flops / s_flops, 2),
                     "bound_on_speedup": round((3 * s_flops + t_flops) / (3 * s_flops), 2),
                     "teacher_steps": args.teacher_steps, "student_steps": args.student_steps, "seeds": args.seeds}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() if not args.work else contextlib.nullcontext(args.work) as tmp:
         tdir = Path(tmp) / "teacher"
-        tcfg = copy.deepcopy(base)
-        tcfg["teacher"] = copy.deepcopy(TEACHER)
-        result["teacher_bpb"] = train_teacher(tcfg, args.teacher_steps, tdir)
-        result["teacher_seconds"] = round(time.time() - t0, 1)
+        saved = tdir / "bpb.json"
+        if saved.is_file():  # --work: the teacher of an earlier run, trained identically (CPU, seed 0)
+            result.update(json.loads(saved.read_text()), teacher_reused=True)
+        else:
+            tcfg = copy.deepcopy(base)
+            tcfg["teacher"] = copy.deepcopy(TEACHER)
+            result["teacher_bpb"] = train_teacher(tcfg, args.teacher_steps, tdir)
+            result["teacher_seconds"] = round(time.time() - t0, 1)
+            saved.write_text(json.dumps({k: result[k] for k in ("teacher_bpb", "teacher_seconds")}))
         base["teacher"] = {"path": str(tdir)}
         tc = time.time()
         built = build_cache(parse_config(copy.deepcopy(base)), Path(tmp) / "cache", k=base["loss"]["kd"]["top_k"],
@@ -100,13 +108,19 @@ def main() -> None:
                 d["seed"] = seed
                 if name == "cache":
                     d["data"]["teacher_cache"] = str(Path(tmp) / "cache")
+                shutil.rmtree(Path(tmp) / f"{name}-{seed}", ignore_errors=True)  # never a resume of an old one
                 r = train(parse_config(d), run_dir=Path(tmp) / f"{name}-{seed}", verbose=False)
                 result.setdefault(name, []).append({"seed": seed, "bpb": r["evals"][-1]["bpb"],
                                                     "tokens_per_s": r["tokens_per_s"],
-                                                    "train_seconds": round(r["train_seconds"], 1)})
+                                                    "tokens_per_cpu_s": r["tokens_per_cpu_s"],
+                                                    "train_seconds": round(r["train_seconds"], 1),
+                                                    "train_cpu_seconds": round(r["train_cpu_seconds"], 1)})
                 print(json.dumps({name: result[name][-1]}), flush=True)
     on, ca = result["online"], result["cache"]
     result["speedup_per_seed"] = [round(c["tokens_per_s"] / o["tokens_per_s"], 2) for o, c in zip(on, ca)]
+    # per CPU second of the process: on a shared machine wall-clock speed follows the neighbours' load
+    result["speedup_per_cpu_s_per_seed"] = [round(c["tokens_per_cpu_s"] / o["tokens_per_cpu_s"], 2)
+                                           for o, c in zip(on, ca)]
     result["bpb_cache_minus_online_per_seed"] = [c["bpb"] - o["bpb"] for o, c in zip(on, ca)]
     result["online_seed_spread"] = max(o["bpb"] for o in on) - min(o["bpb"] for o in on)
     result["seconds"] = round(time.time() - t0, 1)

@@ -12,7 +12,9 @@ tokenizer is trained exactly as the benchmark trains it (the bundled config's). 
 - target: how often the student's actual next token is a mapped id at all, how often the mapped teacher
   top-1 is the student's next token, and the teacher's mean probability of the student's next token
   through the map against the same probability by the chain rule over the teacher tokens that spell it
-  (where the student token ends on a teacher boundary).
+  (where the student token ends on a teacher boundary);
+- partial (`loss.kd.partial`): at unaligned positions, the teacher's distribution at the last boundary
+  conditioned on the bytes read since (partial.py): the mass that maps, and how often its top-1 is right.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from trainguard.recipes.distill import BUNDLED_CONFIG
 from trainguard.recipes.distill.build import load_tokenizer
 from trainguard.recipes.distill.config import parse_config
 from trainguard.recipes.distill.data import prepare, read_text, windows
+from trainguard.recipes.distill.partial import PartialMapper
 from trainguard.recipes.distill.vocab_map import build_vocab_map
 
 
@@ -53,7 +56,10 @@ def main() -> None:
     V_s = len(s_tok.token_bytes)
     bins = torch.where(vmap >= 0, vmap, V_s)  # merge: several teacher ids share a student id
     mapped_ids = vmap >= 0
-    ex = prepare(windows(read_text(cfg.resolve_path(cfg.data.eval)), cfg.data.window_chars), s_tok, t_tok)
+    ex = prepare(windows(read_text(cfg.resolve_path(cfg.data.eval)), cfg.data.window_chars), s_tok, t_tok,
+                 partial=PartialMapper(t_tok.token_bytes, s_tok.token_bytes))
+    n_part = 0
+    part_mass = part_right = 0.0
     if args.windows:
         ex = ex[: args.windows]
     n_pos = n_al = n_next = 0
@@ -67,6 +73,14 @@ def main() -> None:
             logp = logits.log_softmax(-1)
             n_pos += len(e.student.ids) - 1
             t_at_end = {end: q for q, end in enumerate(e.teacher.ends)}
+            for p, q0, tids, sids in e.partial or []:
+                n_part += 1
+                lp = logp[q0, tids]
+                cond = (lp - torch.logsumexp(lp, 0)).exp()
+                sid_t = torch.tensor(sids)
+                part_mass += float(cond[sid_t >= 0].sum())
+                student_p = torch.zeros(V_s + 1).scatter_add_(0, torch.where(sid_t >= 0, sid_t, V_s), cond)[:V_s]
+                part_right += int(student_p.argmax()) == e.student.ids[p + 1]
             for p, q in e.pairs:
                 n_al += 1
                 lp = logp[q]
@@ -97,6 +111,9 @@ def main() -> None:
         "mapped_teacher_top1_is_student_target_share": round(top1_right / n_al, 4),
         "teacher_p_of_student_target_through_map_mean": round(p_map / n_al, 4),
         "teacher_p_of_student_target_by_chain_rule_mean": round(p_chain / max(1, n_chain), 4),
+        "partial_share_of_student_positions": round(n_part / n_pos, 4),
+        "partial_conditioned_mass_on_mapped_ids": round(part_mass / max(1, n_part), 4),
+        "partial_top1_is_student_target_share": round(part_right / max(1, n_part), 4),
     }
     print(json.dumps(out))
 

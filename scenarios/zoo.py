@@ -23,7 +23,8 @@ Each scenario is a folder `scenarios/<name>/` holding the script(s) and `expect.
     where: "train.py:31"             text expected in that finding's `where` (optional)
     says: "rank 0 waits in"          text expected in that finding's summary (optional)
     step: 200                        step expected on that finding (optional)
-    rank: 1                          rank that finding names as its origin (optional: evidence rank / origin_ranks)
+    rank: 1                          rank that finding names as its origin (optional: evidence rank / origin_ranks /
+                                     blamed_rank, a hang's rank to blame)
     onset_step: 100                  step where the planted problem starts (optional: latency in steps)
     found_within: 15                 a stall's first finding named must come within its stall timeout +
                                      this many seconds after the last progress (optional: latency in time)
@@ -347,7 +348,8 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
         problems.append(f"summary {first.get('summary') if first else None!r}, expected to contain {exp['says']!r}")
     if "rank" in exp:
         ev = (first or {}).get("evidence") or {}
-        named_ranks = [ev["rank"]] if isinstance(ev.get("rank"), int) else list(ev.get("origin_ranks") or [])
+        named_ranks = ([ev["rank"]] if isinstance(ev.get("rank"), int) else
+                       [ev["blamed_rank"]] if isinstance(ev.get("blamed_rank"), int) else list(ev.get("origin_ranks") or []))
         if named_ranks != [exp["rank"]]:
             problems.append(f"rank(s) named {named_ranks}, expected [{exp['rank']}]")
     if "step" in exp and (first is None or first.get("step") != exp["step"]):

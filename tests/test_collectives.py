@@ -127,7 +127,8 @@ EXTRA = {
     0: _fr({"default": (18, 18), "1": (1, -1)}, [_act("1", 1, "python", "train.py:63 (<module>)", sizes=[[]])],
            {"default": {"all_reduce [161]": 13, "broadcast [5]": 1}, "1": {"all_reduce []": 1}}),
     1: _fr({"default": (19, 18)}, [_act("default", 19, "backward", "train.py:57 (<module>)")],
-           {"default": {"all_reduce [161]": 14, "broadcast [5]": 1}}, {"default": [0, 1], "1": [0, 1]}),
+           {"default": {"all_reduce [161]": 14, "broadcast [5]": 1}}, {"default": [0, 1], "1": [0, 1]})
+    | {"step": 14},
 }
 
 
@@ -135,7 +136,7 @@ def test_an_extra_collective_on_one_rank_against_ddps_all_reduce_is_proof_and_bl
     v = judge_flight(EXTRA, {0: "python", 1: "backward"})
     assert v["blame"] == 0 and v["unrecoverable"]
     assert v["sentence"] == ("rank 0 waits in all_reduce #1 of group 1 at train.py:63 (<module>), which rank 1 never "
-                             "called; rank 1 waits in DDP's gradient all-reduce (all_reduce #19, in backward at "
+                             "called; rank 1 waits in DDP's gradient all-reduce (all_reduce #19, in step 14's backward at "
                              "train.py:57 (<module>)), which rank 0 has not reached")
 
 

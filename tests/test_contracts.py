@@ -82,6 +82,26 @@ def test_zero_grad_every_other_step_is_found(workdir: Path) -> None:
     assert "grads-never-reset" in _contracts(workdir / "run")
 
 
+def test_zero_grad_dropped_late_is_found_within_a_sample(workdir: Path) -> None:
+    # Past its first steps the probe follows the gradients on a few consecutive steps from each sampled
+    # one: a second stage of the loop that forgets zero_grad from step 25 on is found by step 32.
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    guard = trainguard.watch(model, opt, total_steps=40, run_dir=workdir / "run")
+    for step in range(1, 41):
+        x, y = _batch()
+        if step < 25:
+            opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        guard.step(torch.tensor(1.0))
+    guard.finish()
+    with RunReader(workdir / "run") as reader:
+        events = [e for e in reader.events("contract") if e["name"] == "grads-never-reset"]
+    assert len(events) == 1 and 25 <= events[0]["step"] <= 32
+    assert min(events[0]["data"]["steps"]) >= 25  # no window before the last zero_grad
+
+
 def test_lbfgs_closure_and_gan_with_two_optimizers_are_quiet(workdir: Path) -> None:
     model = _net().double()
     opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
@@ -307,3 +327,29 @@ def test_a_batch_of_one_squeezed_is_found_and_kept_or_always_unbatched_is_quiet(
     assert found["batch-dim-lost"]["input_shape"] == [8] and found["batch-dim-lost"]["usual_shape"] == [16, 8]
     assert run("kept", "kept") == {}
     assert run("unbatched", "unbatched") == {}
+
+
+def test_workers_alike_are_named_before_epochs_alike_even_when_a_worker_file_comes_late(workdir: Path) -> None:
+    """Under load one worker's file was still being written when the next epoch's were read: the two
+    epochs' worker 0 matched first and the same-workers bug was named same-epochs."""
+    import json
+
+    from trainguard.probe.workerrng import Reports
+
+    reports = Reports(workdir)
+    reports.epochs = 2
+    folder = workdir / "workers"
+    folder.mkdir()
+    same = {"dataset.rng": {"type": "Generator", "state": "abc", "draws": [0.6, 0.2]}}
+
+    def write(base: int, worker: int) -> None:
+        (folder / f"worker-{base}-{worker}.json").write_text(json.dumps(
+            {"worker": worker, "workers": 2, "base_seed": base, "pid": 1, "dataset": "D", "rngs": same}))
+
+    write(100, 0)
+    write(200, 0)  # epoch 2's first worker, while epoch 1's worker 1 is not written yet
+    assert reports.compare() is None
+    write(100, 1)
+    found = reports.compare()
+    assert found is not None and found["across"] == "workers"
+    assert {found["first"]["worker"], found["second"]["worker"]} == {0, 1}

@@ -633,6 +633,12 @@ def test_a_run_trainguard_stops_says_so_beside_the_exit_code_its_launcher_made_o
     shown = subprocess.run(trainguard_cmd("status", str(tmp_path / "run")), capture_output=True, text=True,
                            timeout=60)
     assert "hung (stopped by trainguard; the command exited with code 1 on that stop)" in shown.stdout, shown.stdout
+    # the report says it the same way, in its facts and at the end of its timeline (status, report and the
+    # summary share the words: store/ending.py's how_it_exited)
+    md = (tmp_path / "run" / "report.md").read_text()
+    facts = md.splitlines()[2]
+    assert "stopped by trainguard; the command exited with code 1 on that stop" in facts and "exit code 1" not in facts
+    assert "run ended: hung (stopped by trainguard; the command exited with code 1 on that stop)" in md, md
 
 
 AGENT = """

@@ -87,6 +87,20 @@ def test_log_without_an_end_is_judged_by_its_data_not_its_age(tmp_path: Path) ->
                 if f.name == "log-ends-unfinished").severity == "info"
 
 
+def test_a_scripts_own_last_word_done_is_its_end_only_as_the_last_line(tmp_path: Path) -> None:
+    # the new user's torchrun script: a loss every 10 steps, then `print("done")` on rank 0
+    log = tmp_path / "train.log"
+    steps = "".join(f"step {i} loss {2.5 - i / 20:.4f}\n" for i in range(0, 40, 10))
+    log.write_text(steps + "done\n")
+    d = diagnose_path(log)
+    assert d.state == "completed" and "log-ends-unfinished" not in names(d), [f.summary for f in d.findings]
+    # "done" closing the data preparation, then steps and nothing: the log stops among its steps
+    log.write_text("preparing data...\ndone\n" + steps)
+    (f,) = [f for f in diagnose_path(log).findings if f.name == "log-ends-unfinished"]
+    assert f.summary == f'{log.name} ends at step 30 among its steps, without a completion line (its last line: ' \
+                        '"step 30 loss 1.0000")', f.summary
+
+
 def test_log_ending_after_an_evaluation_or_at_its_last_epoch(tmp_path: Path) -> None:
     log = tmp_path / "train.log"
     body = "".join(f"Epoch {e} - Batch loss: {3 / (e + b / 10):.4f}\n" for e in range(1, 6) for b in range(20))

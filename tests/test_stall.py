@@ -268,3 +268,35 @@ def test_cpu_burnt_or_a_wait_on_the_world_is_never_stuck_by_persistence(cause: s
     # a busy loop and a long native computation look alike: the limit decides, never persistence
     looks = [_look(cause, "train.py:22 (<module>)", cpu=cpu) for _ in range(4)]
     assert stop.stuck(looks, idle=10_000.0, longest_done=1.0, phase_seen=True) is None
+
+
+AUTOGRAD = "/venv/lib/python3.11/site-packages/torch/autograd/graph.py"
+
+
+def test_a_wait_inside_backward_is_never_a_self_deadlock() -> None:
+    # a DDP rank waiting in its gradient all-reduce (or autograd's engine waiting on its device threads):
+    # the main thread sits in a futex under loss.backward() with no other thread in user code; what it
+    # waits for is in C++, another rank or another thread of torch's, not a lock of its own
+    main = _thread(("/w/train.py", 27, "<module>", "loss.backward()"),
+                   ("/venv/lib/python3.11/site-packages/torch/_tensor.py", 623, "backward", None),
+                   (AUTOGRAD, 979, "_engine_run_backward", None))
+    d = _diagnose(ProcSample(pid=10, cpu_percent=0.0, status="sleeping", wchan="futex_wait_queue", threads=[main],
+                             rank="0"))
+    assert stop.proof(d) is None
+
+
+def test_a_rank_its_flight_recorder_shows_in_ddps_all_reduce_is_in_a_collective() -> None:
+    c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    waiting = _thread(("/w/train.py", 63, "<module>", "dist.all_reduce(mean, group=metrics)"),
+                      (c10d, 3245, "all_reduce", None))
+    backward = _thread(("/w/train.py", 57, "<module>", "loss.backward()"), (AUTOGRAD, 979, "_engine_run_backward", None))
+    procs = [ProcSample(pid=10, cpu_percent=0.0, status="sleeping", threads=[waiting], rank="0"),
+             ProcSample(pid=11, cpu_percent=0.0, status="sleeping", wchan="futex_wait_queue", threads=[backward],
+                        rank="1")]
+    sample = {p.pid: p for p in procs}
+    snap = Snapshot(root_pid=10, samples=[sample, sample], interval=2.0, taken_at=0.0)
+    d = classify.diagnose(snap, {1: "DDP's gradient all-reduce"})
+    assert d.cause == "collective" and "pid 11 (rank 1) waits in DDP's gradient all-reduce" in d.detail
+    assert stop.proof(d) is None  # classify leaves the proof to the flight recorders' comparison
+    d = classify.diagnose(snap)
+    assert "pid 11 (rank 1) is not in a collective" in d.detail

@@ -8,7 +8,7 @@ there for rank 0. Neither can finish (the process group's timeout is 10 minutes)
     trainguard run --stall-timeout 5 -- torchrun --nproc_per_node=2 train.py [--no-watch] [--healthy]
 
 --no-watch: the script does not import trainguard (the automatic probe watches it).
---healthy: the twin: no extra all-reduce, but rank 1's backward at step 12 takes 12 s (a gradient hook
+--healthy: the twin: no extra all-reduce, but rank 1's backward at step 12 takes 20 s (a gradient hook
 that sleeps, as a slow device or a rank busy elsewhere would), longer than the stall timeout; rank 0 waits
 in DDP's gradient all-reduce meanwhile. Slow, not stuck: it must not be stopped.
 """
@@ -44,7 +44,7 @@ else:
 
 
 def slow_backward(grad):
-    time.sleep(12)
+    time.sleep(20)
     return grad
 
 

@@ -340,7 +340,7 @@ def _diagnose_run_folder(run_dir: Any, as_json: bool, alive: bool) -> None:
     if as_json:
         echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
     else:
-        shown = dict(st) if st else {"state": "unknown (no status.json)"}
+        shown: dict[str, Any] = dict(st) if st else {"state": "unknown (no status.json)"}
         shown["findings"] = escalations_merged([f.to_dict() for f in findings])
         _print_status(run_dir, shown)
         for line in extra:
@@ -367,18 +367,15 @@ def status(run: str | None, as_json: bool) -> None:
 
 
 def _print_status(path: Any, st: dict) -> None:
+    from trainguard.store.ending import how_it_exited
     from trainguard.store.status import health_counts, shown_state
 
     state = shown_state(st)
     line = f"{path}: {state}"
-    if st.get("state") == "hung" and st.get("ended"):
-        # trainguard stopped it; what the command exited with is that stop's consequence
-        code = st.get("signal") or (f"with code {st['exit_code']}" if st.get("exit_code") not in (None, 0) else None)
-        line += " (stopped by trainguard" + (f"; the command exited {code} on that stop" if code else "") + ")"
-    elif st.get("signal"):
-        line += f" ({st['signal']})"
-    elif st.get("exit_code") not in (None, 0):
-        line += f" (exit code {st['exit_code']})"
+    # a hung run still live (--on-hang wait) has no exit yet; one that ended was stopped by trainguard
+    how = how_it_exited(st.get("state") if st.get("ended") else None, st.get("exit_code"), st.get("signal"))
+    if how:
+        line += f" ({how})"
     if st.get("step") is not None:
         line += f", step {st['step']}" + (f"/{st['total_steps']}" if st.get("total_steps") else "")
     if st.get("phase"):
@@ -419,9 +416,13 @@ def _ranks_line(path: Any) -> str | None:
         for beat in reader.heartbeats():
             if isinstance(beat.get("step"), int) and isinstance(beat.get("rank"), int):
                 steps[beat["rank"]] = max(steps.get(beat["rank"], 0), beat["step"])
+        for rank in set(info) - set(steps):  # no heartbeat with a step (a rank aborted before its flush)
+            last = reader.last_step_of(rank)
+            if last is not None:
+                steps[rank] = last
     by_node: dict[tuple[int, str], list[str]] = {}
     for rank, r in sorted(info.items()):
-        at = f" at step {steps[rank]}" if rank in steps else " (no step yet)"
+        at = f" at step {steps[rank]}" if rank in steps else " (no step recorded)"
         by_node.setdefault((r["node"], r["host"]), []).append(f"{rank}{at}")
     return "  ranks: " + "; ".join(f"node {node} ({host}): {', '.join(ranks)}"
                                    for (node, host), ranks in sorted(by_node.items()))

@@ -151,3 +151,68 @@ def test_merged_targets_sum_shared_ids_and_kd_is_the_kl_of_the_merged_distributi
     p_bins = torch.cat([merged[:, :4], merged[:, 4:].sum(-1, keepdim=True)], -1)
     want = (p_bins * (p_bins.log() - q_bins.log())).sum(-1)
     assert torch.allclose(sparse_kd(zs, t, 1.0), want, atol=1e-5)
+
+
+def test_span_ends_and_chain_log_probs_add_the_teacher_tokens_that_spell_the_students_next_token():
+    from trainguard.recipes.distill.losses import span_logprobs
+    from trainguard.recipes.distill.tokenize_align import Encoded, align, span_ends
+
+    student = Encoded(ids=[0, 5, 6], ends=[0, 4, 6], n_bytes=6)  # 'abcd' 'ef'
+    teacher = Encoded(ids=[0, 7, 8, 9], ends=[0, 2, 4, 6], n_bytes=6)  # 'ab' 'cd' 'ef'
+    pairs = align(student, teacher)
+    assert pairs == [(0, 0), (1, 2)]
+    assert span_ends(student, teacher, pairs) == [2, 3]  # 'abcd' = teacher tokens 1..2; 'ef' = token 3
+    lp = torch.tensor([[-0.1, -0.2, -0.3, 0.0], [-1.0, -2.0, -3.0, 0.0]])  # two rows of 4 teacher positions
+    got = span_logprobs(lp, torch.tensor([0, 2, 4 + 0]), torch.tensor([2, 3, 4 + 3]))
+    assert torch.allclose(got, torch.tensor([-0.3, -0.3, -6.0]))
+
+
+def test_chain_targets_put_the_chain_probability_on_the_next_token_and_keep_a_distribution():
+    from trainguard.recipes.distill.losses import chain_targets
+
+    Vs = 10
+    sid = torch.tensor([[1, 2], [1, 2], [1, 2]], dtype=torch.int32)
+    logp = torch.tensor([[0.5, 0.2]] * 3).log()
+    t = TeacherTargets(sid, logp, torch.ones(3, 2, dtype=torch.bool), torch.tensor([0.3] * 3).log())
+    star = torch.tensor([1, 3, 1])  # row 0: the next token is mapped (p 0.5); row 1: it is not; row 2: no span
+    out = chain_targets(t, star, torch.tensor([0.8, 0.8, 0.8]).log(), torch.tensor([True, True, False]), Vs)
+    p = torch.where(out.mapped, out.logp.exp(), 0.0)
+    total = p.sum(-1) + out.tail.exp()
+    assert torch.allclose(total, torch.ones(3), atol=1e-6)
+    # row 0: 0.8 on id 1 (extra column), id 2 and the tail scaled by 0.2 / 0.5
+    assert out.sid[0].tolist() == [Vs, 2, 1] and torch.allclose(p[0], torch.tensor([0.0, 0.08, 0.8]), atol=1e-6)
+    assert out.tail[0].exp().item() == pytest.approx(0.12, abs=1e-6)
+    # row 1: id 3 was nowhere: everything else scaled by 0.2
+    assert out.sid[1].tolist() == [1, 2, 3] and torch.allclose(p[1], torch.tensor([0.1, 0.04, 0.8]), atol=1e-6)
+    # row 2: unchanged, the extra column unmapped
+    assert torch.allclose(p[2, :2], torch.tensor([0.5, 0.2])) and not out.mapped[2, 2] and out.sid[2, 2] == Vs
+
+
+def test_partial_positions_condition_the_teacher_on_the_bytes_read_inside_its_token():
+    from trainguard.recipes.distill.partial import PartialMapper, partial_positions
+
+    teacher = [b" th", b" the", b" then", b" there", b"a", None]
+    student = [b" th", b"e", b"ere", b"en", b"a"]
+    m = PartialMapper(teacher, student)
+    # after ' th': ' the' says 'e' (the student's 'ere' and 'en' are ' there' and ' then', both ruled out by the
+    # teacher's ' the'), ' then' says 'en', ' there' says 'ere', ' th' itself ends here: tail
+    assert m.resolve(b" th") == ([0, 1, 2, 3], [-1, 1, 3, 2])
+    # a student 'ew' the teacher has no ' thew' for: after ' th', the teacher's ' the' no longer says 'e'
+    m2 = PartialMapper(teacher, [*student, b"ew"])
+    assert m2.resolve(b" th")[1] == [-1, -1, 3, 2]
+    # student ' th' | 'ere' against teacher ' there': student position 1 (after ' th') ends inside it
+    text = b" there a"
+    rows = partial_positions([0, 3, 6, 8], [0, 6, 8], {0, 2}, text)
+    assert rows == [(1, 0, b" th")]
+
+
+def test_partial_targets_are_the_conditioned_teacher_distribution_with_the_rest_in_the_tail():
+    from trainguard.recipes.distill.losses import partial_targets
+
+    z = torch.tensor([[0.0, math.log(2.0), math.log(3.0), math.log(4.0), 5.0]])  # teacher id 4 is inconsistent
+    tid = torch.tensor([[0, 1, 2, 3]])
+    sid = torch.tensor([[-1, 1, 3, 2]])
+    t = partial_targets(z, lambda h: h, tid, sid, 1.0, student_vocab=6)
+    p = torch.where(t.mapped, t.logp.exp(), 0.0)
+    assert torch.allclose(p, torch.tensor([[0.0, 0.2, 0.3, 0.4]]), atol=1e-6)
+    assert t.tail.exp().item() == pytest.approx(0.1, abs=1e-6) and t.sid[0].tolist() == [6, 1, 3, 2]

@@ -11,12 +11,17 @@ warnings. The report names the rules that could not run because the log lacks th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainguard.findings import CHECKPOINTS, Finding, most_severe_first
 from trainguard.ingest.events import Source
+
+# "done", "Done.", "all done!", "finished": printed alone as a script's last line, its end (anywhere else, a
+# "done" line may close a data-preparation step long before the run ended)
+_LAST_WORD_DONE = re.compile(r"(?i)^(?:all |training )?(?:done|finished|complete|completed)[.!]*$")
 
 
 @dataclass
@@ -74,6 +79,8 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
     for (lineno, warning), count in _first_of_each(facts.warnings):
         if warning == signs.SCHEDULER_BEFORE_OPTIMIZER.name:
             found.append(signs.scheduler_before_optimizer(name, lineno, count))
+    if facts.completed is None and facts.last_line and _LAST_WORD_DONE.match(facts.last_line):
+        facts.completed = facts.last_line  # a script's own last word ("done"), as the log's very last line only
     log_like = source.log_like and facts.ends_with != "unknown"  # "unknown": the reader cannot tell how it ended
     if log_like and not crashed and facts.completed is None:
         if not (facts.steps or facts.evals or facts.lines):

@@ -36,8 +36,8 @@ def log_ends_unfinished(path: str, last_line: str | None, lines: int, last_step:
     for 13 minutes; seed 003's YOLO run hung for 7.8 hours after its last line.
 
     ## Example
-    `TG531 log-ends-unfinished [warning] at step 4886: train.log ends at step 4886 without a completion
-    line, among its steps: "Epoch 2/100 ... 4886/41163"`
+    `TG531 log-ends-unfinished [warning] at step 4886: train.log ends at step 4886 among its steps,
+    without a completion line (its last line: "Epoch 2/100 ... 4886/41163")`
 
     ## What to change
     Find out how the process ended (`dmesg` for the OOM killer, the scheduler's logs); run it under
@@ -67,7 +67,8 @@ def log_ends_unfinished(path: str, last_line: str | None, lines: int, last_step:
                    f"says how long the run was meant to be{quote}")
     else:
         cause = "among-steps"
-        summary = f"{path} ends{at} without a completion line, among its steps{quote}"
+        last = f' (its last line: "{last_line[:120]}")' if last_line else ""
+        summary = f"{path} ends{at} among its steps, without a completion line{last}"
     if alive:  # asked: is the run still going? Only then does the file's age count
         now = time.time() if now is None else now
         age = (now - mtime) if mtime is not None else None

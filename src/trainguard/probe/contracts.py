@@ -59,6 +59,7 @@ MAX_NAMES = 10
 BATCH_SHAPES_LEARNED = 3  # training forwards whose first input has one rank before a rank one less is judged
 SCAN_WARMUP = 10  # optimizer steps whose parameters are all scanned before the scan thins out
 SENTINELS = 8  # evenly spaced parameters read every step (plus the first, last and largest)
+GRAD_BURST = 3  # consecutive gradient windows followed from each sampled step on, once past SCAN_WARMUP
 
 
 @dataclass
@@ -86,6 +87,7 @@ class _GradWatch:
     backward: int = 0  # backward passes accumulated into it in this window
     since_reset: int = 0  # backward passes accumulated since the last reset
     windows: list[int] = field(default_factory=list)  # optimizer steps whose window had no reset
+    handles: list[Any] = field(default_factory=list)  # its two gradient hooks, while its windows are followed
 
 
 def attach(guard: Any) -> Contracts | None:
@@ -248,7 +250,10 @@ class Contracts:
         A tensor hook sees `.grad` just before a backward pass adds to it; the post-accumulate hook
         records its identity and version counter just after. Between an optimizer step and the next
         backward, anything that resets the gradient (set to None, a new tensor, `zero_()`) changes one of
-        them. No device work, a few Python calls per backward pass.
+        them. No device work, a few Python calls per backward pass, on the windows followed: every window
+        of the first `SCAN_WARMUP` steps, then `GRAD_BURST` consecutive ones from every sampled step (a
+        zero_grad every other step leaves one of them without a reset; the hooks, called from the autograd
+        engine's thread, each take the interpreter lock back in the middle of a backward pass).
         """
         params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
         if not params or not hasattr(params[0], "register_post_accumulate_grad_hook"):
@@ -257,8 +262,18 @@ class Contracts:
         for i, p in enumerate(chosen.values()):
             watch = _GradWatch(self.name(p, f"param_groups[..][{i}]"), p)
             self.grad_watch.append(watch)
-            self.handles.append(p.register_hook(self._before_accumulate(watch)))
-            self.handles.append(p.register_post_accumulate_grad_hook(self._after_accumulate(watch)))
+            self._follow(watch, True)
+
+    def _follow(self, watch: _GradWatch, on: bool) -> None:
+        """Registers (on) or removes the gradient hooks of one watched parameter."""
+        if on and not watch.handles:
+            p = watch.param
+            watch.handles = [p.register_hook(self._before_accumulate(watch)),
+                             p.register_post_accumulate_grad_hook(self._after_accumulate(watch))]
+        elif not on and watch.handles:
+            for handle in watch.handles:
+                handle.remove()
+            watch.handles = []
 
     def _before_accumulate(self, watch: _GradWatch) -> Any:
         def hook(grad: Any) -> None:
@@ -320,11 +335,12 @@ class Contracts:
             # without a reset, and is as wrong.
             w.reset, w.backward = False, 0
 
-    def _params_of(self, optimizer: Any) -> list[tuple[int, Any]]:
-        """The optimizer's parameters, flattened once and again only when its groups change."""
+    def _params_of(self, optimizer: Any, again: bool = False) -> list[tuple[int, Any]]:
+        """The optimizer's parameters, flattened again only when its groups change (a group added, a list
+        replaced or resized) or `again` (a whole scan found them changed in place, or a freeze)."""
         groups = optimizer.param_groups
         key = self.opt_key
-        if key is not None and len(key) == len(groups):
+        if not again and key is not None and len(key) == len(groups):
             for (lst, n), group in zip(key, groups):
                 params = group["params"]
                 if params is not lst or len(params) != n:
@@ -336,10 +352,23 @@ class Contracts:
         n = len(params)
         chosen = set(range(0, n, max(1, n // SENTINELS)))
         if n:
-            chosen |= {n - 1, max(range(n), key=lambda i: params[i][1].numel())}
+            # the last and the largest, and the largest trainable one: a sentinel that has a gradient where
+            # only part of the model trains (a frozen backbone) saves the whole scan on every step
+            trainable = [i for i in range(n) if params[i][1].requires_grad] or [0]
+            chosen |= {n - 1, max(range(n), key=lambda i: params[i][1].numel()),
+                       max(trainable, key=lambda i: params[i][1].numel())}
         self.sentinels = [params[i][1] for i in sorted(chosen)]
         self.sentinel_trainable = []  # (a new set: the next step scans whole)
         return params
+
+    def _same_params(self, optimizer: Any) -> bool:
+        """Whether the optimizer still holds the parameters flattened last, in order (identity only)."""
+        flat = iter(self.opt_params)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if next(flat, (0, None))[1] is not p:
+                    return False
+        return next(flat, None) is None
 
     def _scan_due(self, step: int) -> bool:
         """Whether this step scans every parameter: the first steps, a sampled step, the step after a scan
@@ -367,7 +396,12 @@ class Contracts:
         if not self._scan_due(step):
             self.no_grad_steps = []  # a sentinel has a gradient: the step updates something
             return
-        self.sentinel_trainable = [p.requires_grad for p in self.sentinels]
+        trainable = [p.requires_grad for p in self.sentinels]
+        if (self.sentinel_trainable and trainable != self.sentinel_trainable) or not self._same_params(optimizer):
+            # a freeze, an unfreeze or a parameter swapped inside a group: the sentinels are chosen again
+            params = self._params_of(optimizer, again=True)
+            trainable = [p.requires_grad for p in self.sentinels]
+        self.sentinel_trainable = trainable
         with_grad = [p for _, p in params if p.grad is not None]
         if StepUpdatesNothing.name not in self.off:
             if with_grad:
@@ -402,11 +436,18 @@ class Contracts:
         if g._disabled or os.getpid() != g._pid:
             return
         step = g.opt_steps  # the guard's own post-hook ran first (registered first): this step is counted
+        follow = (GradsNeverReset.name not in self.sent and GradsNeverReset.name not in self.off
+                  and (step < SCAN_WARMUP or (step + 1) % self.every < GRAD_BURST))  # the next step's window
         for w in self.grad_watch:
             # What the step (and clipping, unscaling before it) did to the gradient is not a reset: the
             # window's reset must come after this point.
             gr = w.param.grad
             w.last = (id(gr), gr._version) if gr is not None else None
+            if follow is not bool(w.handles):
+                try:
+                    self._follow(w, follow)
+                except Exception as exc:
+                    self.failed(GradsNeverReset.name, exc)
         if self.frozen_before:
             try:
                 self._frozen_after(step)

@@ -47,10 +47,11 @@ def asked(run_dir: str | os.PathLike) -> float | None:
     return t
 
 
-def answer(when: float) -> dict[str, Any]:
-    """What goes into the store for the request made at `when`."""
+def answer(when: float, step: int | None = None) -> dict[str, Any]:
+    """What goes into the store for the request made at `when`; `step`: the optimizer step the rank works on
+    (the one after its last finished), so a wait inside backward can say whose backward it is."""
     snap = snapshot()
-    return {"request": when, "t": time.time(), **(snap if snap is not None else {"unavailable": True})}
+    return {"request": when, "t": time.time(), "step": step, **(snap if snap is not None else {"unavailable": True})}
 
 
 def snapshot() -> dict[str, Any] | None:
@@ -67,15 +68,17 @@ def snapshot() -> dict[str, Any] | None:
             return None
         from torch._C import _distributed_c10d as c10d
 
-        active_dump = pickle.loads(c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=True,
-                                                       onlyActive=True))
-        window = json.loads(c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False))
+        # private and absent from torch's stubs; a torch without them raises here: "unavailable"
+        dump = c10d._dump_fr_trace  # type: ignore[attr-defined]
+        dump_json = c10d._dump_fr_trace_json  # type: ignore[attr-defined]
+        active_dump = pickle.loads(dump(includeCollectives=True, includeStackTraces=True, onlyActive=True))
+        window = json.loads(dump_json(includeCollectives=True, onlyActive=False))
         world = _world_name()
         groups = {}
         for pg, st in (active_dump.get("pg_status") or {}).items():
             groups[_name(str(pg), world)] = {"enqueued": int(st.get("last_enqueued_collective", -1)),
                                              "completed": int(st.get("last_completed_collective", -1))}
-        active = []
+        active: list[dict[str, Any]] = []
         for e in reversed(active_dump.get("entries") or []):
             if e.get("is_p2p") or e.get("retired") or len(active) >= MAX_ACTIVE:
                 continue

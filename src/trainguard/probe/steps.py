@@ -429,7 +429,7 @@ class StepRecorder:
             self._writer.set_meta(f"collectives.{self.rank}", moved)
         asked = flightrec.asked(self.run_dir)  # a stall: the watchdog asks what the flight recorder knows
         if asked is not None:
-            self._writer.set_meta(f"flightrec.{self.rank}", flightrec.answer(asked))
+            self._writer.set_meta(f"flightrec.{self.rank}", flightrec.answer(asked, step=self.step_count + 1))
         self._writer.set_heartbeat(
             t_progress=self._t_progress, micro=self.micro, step=self.step_count, phase=self.phases.current,
             state=BEAT_FINISHED if self.finished else BEAT_RUNNING,

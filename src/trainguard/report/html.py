@@ -9,6 +9,7 @@ from __future__ import annotations
 from trainguard.findings import Finding
 from trainguard.report.build import Report, clock, elapsed, evidence_rows, fmt_duration
 from trainguard.report.svg import SEVERITY_COLORS, esc, render
+from trainguard.store.ending import how_it_exited
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 STATE_COLORS = {"completed": "#2ca02c", "running": "#1f77b4", "failed": "#d62728", "crashed": "#d62728",
@@ -58,10 +59,9 @@ def render_html(r: Report) -> str:
          f'<div class="facts" id="verdict"><span class="badge state" style="background:{color}">{esc(v.state)}</span>'
          f'<span class="badge health" style="background:{HEALTH_COLORS.get(v.health, "#555")}">'
          f'health: {esc(v.health)}</span>']
-    if v.signal:
-        b.append(f"<span>signal {esc(v.signal)}</span>")
-    elif v.exit_code not in (None, 0):
-        b.append(f"<span>exit code {esc(v.exit_code)}</span>")
+    how = how_it_exited(v.state if v.ended else None, v.exit_code, v.signal)  # a live hung run is not stopped yet
+    if how:
+        b.append(f"<span>{esc(f'signal {how}' if how == v.signal else how)}</span>")
     b.append(f"<span>duration {esc(fmt_duration(v.duration))}</span>")
     if v.steps_done is not None:
         planned = f" of {esc(v.steps_planned)} planned" if v.steps_planned else ""

@@ -12,6 +12,7 @@ import re
 
 from trainguard.report.build import Report, clock, elapsed, evidence_rows, fmt_duration
 from trainguard.report.svg import Plot
+from trainguard.store.ending import how_it_exited
 from trainguard.untrusted import printable
 
 _ACTIVE = re.compile(r"([\\`*\[\]<>|#&!])")
@@ -32,10 +33,9 @@ def render_markdown(r: Report) -> str:
     v = r.verdict
     out = [f"# trainguard report: {md(r.title)}", ""]
     facts = [f"**state: {md(v.state)}**", f"**health: {md(v.health)}**"]
-    if v.signal:
-        facts.append(f"signal {md(v.signal)}")
-    elif v.exit_code not in (None, 0):
-        facts.append(f"exit code {md(v.exit_code)}")
+    how = how_it_exited(v.state if v.ended else None, v.exit_code, v.signal)  # a live hung run is not stopped yet
+    if how:
+        facts.append(md(f"signal {how}" if how == v.signal else how))
     facts.append(f"duration {fmt_duration(v.duration)}")
     if v.steps_done is not None:
         facts.append(f"steps {v.steps_done}" + (f" of {v.steps_planned} planned" if v.steps_planned else ""))

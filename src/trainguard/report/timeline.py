@@ -16,6 +16,7 @@ from typing import Any
 from trainguard.contract import INTERNAL_EVENT_KINDS
 from trainguard.findings import Finding
 from trainguard.report.load import RunData
+from trainguard.store.ending import how_it_exited
 
 MAX_ROWS = 80
 KEEP_EACH = 5  # first and last rows kept of each repeated (kind, name) when the timeline is long
@@ -57,10 +58,8 @@ def _event_row(e: dict[str, Any], ranks: int) -> Row | None:
             what += f", pid {d['pid']}" if d.get("pid") else ""
         elif name == "end":
             what = f"run ended: {d.get('state', '?')}"
-            if d.get("signal"):
-                what += f" ({d['signal']})"
-            elif d.get("exit_code") not in (None, 0):
-                what += f" (exit code {d['exit_code']})"
+            how = how_it_exited(d.get("state"), d.get("exit_code"), d.get("signal"))
+            what += f" ({how})" if how else ""
         else:
             what = f"run {name}"
         return Row(e["t"], e["step"], d.get("attempt", attempt) or attempt, "run", what)

@@ -68,6 +68,20 @@ def ending_status(e: Ending, **fields: Any) -> Status:
     return checked_status({**status, **fields})
 
 
+def how_it_exited(state: str | None, exit_code: Any, signal: str | None) -> str | None:
+    """The words beside a final state: "SIGTERM", "exit code 1", or for a run trainguard stopped (hung) "stopped
+    by trainguard; the command exited with code 1 on that stop" (what the command exited with then is the
+    stop's consequence, not a crash); None when there is nothing to add."""
+    if state == "hung":
+        code = signal or (f"with code {exit_code}" if exit_code not in (None, 0) else None)
+        return "stopped by trainguard" + (f"; the command exited {code} on that stop" if code else "")
+    if signal:
+        return str(signal)
+    if exit_code not in (None, 0):
+        return f"exit code {exit_code}"
+    return None
+
+
 def live_status(state: State, **fields: Any) -> Status:
     """status.json's content while the run lives (running, or hung and not stopped yet)."""
     return checked_status({"state": state, "exit_code": None, "signal": None, **fields})

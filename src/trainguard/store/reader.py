@@ -140,6 +140,11 @@ class RunReader:
             rec[col] = _numdict(load_json(value)) if col in ("parts", "weights", "extra") else _num(value)
         return rec
 
+    def last_step_of(self, rank: int) -> int | None:
+        """A rank's highest stored step: the step index walked from the end, stopping at its first row."""
+        rows = self._query("SELECT step FROM steps WHERE rank = ? ORDER BY step DESC LIMIT 1", (rank,))
+        return rows[0][0] if rows and isinstance(rows[0][0], int) else None
+
     def step_count(self) -> int:
         rows = self._query("SELECT COUNT(*) FROM steps")
         return rows[0][0] if rows else 0

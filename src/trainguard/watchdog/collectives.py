@@ -175,7 +175,10 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
         mine = [a for a in flight[r].get("active") or [] if now[r] is not None and a.get("from") == now[r]
                 and (lines is None or _line_of(a.get("where")) in lines.get(r, set()))]
         # blocked in a call: its newest; inside backward: the oldest bucket it waits for
-        waits[r] = (mine[0] if now[r] == "python" else min(mine, key=lambda a: a.get("seq", 0))) if mine else None
+        wait = (mine[0] if now[r] == "python" else min(mine, key=lambda a: a.get("seq", 0))) if mine else None
+        if wait is not None and isinstance(flight[r].get("step"), int):
+            wait = {**wait, "step": flight[r]["step"]}
+        waits[r] = wait
     if not any(waits.values()):
         return None
 
@@ -212,6 +215,8 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
 
     def novel(r: int) -> bool:  # a kind of collective the other members never made in that group
         w = waits[r]
+        if w is None:
+            return False
         kind = _kind(w)
         return all(not ((flight[x].get("kinds") or {}).get(w["group"]) or {}).get(kind)
                    for x in ranks if x != r and (w["group"] not in members or x in members[w["group"]]))
@@ -263,7 +268,8 @@ def _flight_label(w: dict[str, Any]) -> str:
     at = f" at {w['where']}" if w.get("where") else ""
     if w.get("from") == "backward":
         what = "DDP's gradient all-reduce" if w.get("op") == "all_reduce" else f"a {w.get('op')} of the backward"
-        return f"{what} ({number}, in backward{at})"
+        whose = f"step {w['step']}'s backward" if isinstance(w.get("step"), int) else "backward"
+        return f"{what} ({number}, in {whose}{at})"
     return number + at
 
 

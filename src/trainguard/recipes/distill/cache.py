@@ -98,8 +98,8 @@ class TeacherCache:
     def preload(self) -> int:
         """Decompresses shards in order while they fit the memory budget; returns how many are held.
 
-        Done before the loop: memory then stays flat while the student trains (growing shard by shard
-        over the first epoch looked like a leak to the guard: TG524 on a healthy cache student)."""
+        Done before the loop: decompression is not paid inside it, and the reader's memory does not
+        grow shard by shard over the first epoch while the student trains."""
         for i in range(-(-self.n_windows // self.shard_windows)):
             self._shard(i)
             held = sum(a.nbytes for d in self._shards.values() for a in d.values())

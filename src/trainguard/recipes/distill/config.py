@@ -86,10 +86,21 @@ class KDConfig(TermConfig):
     plus sorted L1 on both unmatched rests (TRL's GOLD hybrid); t2s: the teacher's hidden state projected
     into the student's and read out by the student's head (DSKD), a learned projection (optim.proj_lr)
     trained on the student's labels. See benchmarks/distill.md for what each gave."""
-    vocab_map: str = "strict"
+    vocab_map: str | None = None
     """How teacher ids become student ids. strict: one-to-one, identical strings whose longer extensions
     are identical too; merge: many-to-one by next-token event (each teacher id to the longest student token
-    its text starts with, unless the student could read further than the teacher id allows). See vocab_map.py."""
+    its text starts with, unless the student could read further than the teacher id allows). See vocab_map.py.
+    null: merge for method kl (measured: benchmarks/distill.md), strict otherwise. With one tokenizer on
+    both sides both are the identity."""
+    target_prob: str = "mapped"
+    """The teacher's probability of the student's actual next token. mapped: what one teacher position puts
+    on the ids mapped to it; chain: where that token is spelled by whole teacher tokens, the product of
+    the teacher's probabilities of those tokens (the chain rule), the other entries scaled to sum to 1."""
+    partial: bool | None = None
+    """Also distil student positions that end inside a teacher token, from the teacher's distribution at the
+    last boundary conditioned on the bytes read since (partial.py). Method kl only. null: on for method kl
+    unless data.teacher_cache is set (the cache holds aligned positions only). With one tokenizer on both
+    sides there are no such positions."""
     correct_only: bool = False
     """Distil only rows where the teacher's top-1, as a student id, is the student's next token."""
     renormalize: bool = False
@@ -285,9 +296,17 @@ def _check(cfg: DistillConfig) -> None:
          f"loss.kd.positions must be context or next_token, got {lo.kd.positions!r}")
     need(lo.kd.chunk >= 1, f"loss.kd.chunk must be >= 1, got {lo.kd.chunk}")
     need(lo.kd.method in KD_METHODS, f"loss.kd.method must be one of {', '.join(KD_METHODS)}, got {lo.kd.method!r}")
-    need(lo.kd.vocab_map in ("strict", "merge"), f"loss.kd.vocab_map must be strict or merge, got {lo.kd.vocab_map!r}")
+    need(lo.kd.vocab_map in (None, "strict", "merge"), f"loss.kd.vocab_map must be strict or merge, got {lo.kd.vocab_map!r}")
     need(not (lo.kd.vocab_map == "merge" and lo.kd.method != "kl"),
          f"loss.kd.vocab_map merge applies to method kl only (method {lo.kd.method} maps ids one by one or not at all)")
+    need(lo.kd.target_prob in ("mapped", "chain"), f"loss.kd.target_prob must be mapped or chain, got {lo.kd.target_prob!r}")
+    need(not (lo.kd.target_prob == "chain" and lo.kd.method != "kl"),
+         f"loss.kd.target_prob chain applies to method kl only, got method {lo.kd.method}")
+    need(not (lo.kd.target_prob == "chain" and cfg.data.teacher_cache),
+         "loss.kd.target_prob chain needs the teacher's log-probs at every position; data.teacher_cache has top-k at aligned ones")
+    need(not (lo.kd.partial and lo.kd.method != "kl"), f"loss.kd.partial applies to method kl only, got {lo.kd.method}")
+    need(not (lo.kd.partial and cfg.data.teacher_cache),
+         "loss.kd.partial needs the teacher at positions inside its tokens; data.teacher_cache has aligned ones only")
     need(not (lo.kd.renormalize and lo.kd.method != "kl"),
          f"loss.kd.renormalize applies to method kl only (method {lo.kd.method} has no tail term)")
     need(not (cfg.data.teacher_cache and lo.kd.method != "kl"),
@@ -320,6 +339,11 @@ def parse_config(data: Any, config_dir: str | Path = ".") -> DistillConfig:
     cfg = _build(DistillConfig, data)
     cfg.config_dir = str(config_dir)
     _check(cfg)
+    kd = cfg.loss.kd  # the cross-tokenizer defaults, resolved once the explicit values are known to be valid
+    if kd.vocab_map is None:
+        kd.vocab_map = "merge" if kd.method == "kl" else "strict"
+    if kd.partial is None:
+        kd.partial = kd.method == "kl" and not cfg.data.teacher_cache
     return cfg
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from trainguard.errors import UserError
 from trainguard.recipes.distill.build import Tok
-from trainguard.recipes.distill.tokenize_align import Encoded, align, encode, token_lengths
+from trainguard.recipes.distill.tokenize_align import Encoded, align, encode, span_ends, token_lengths
 
 
 def read_text(path: Path) -> str:
@@ -47,14 +47,25 @@ class Example:
     teacher: Encoded
     pairs: list[tuple[int, int]]
     index: int = -1  # window number in its text (the offline cache's key)
+    spans: list[int] | None = None  # per pair: teacher position where the student's next token ends, or -1
+    partial: list[tuple[int, int, list[int], list[int]]] | None = None  # partial.py: (p, q0, teacher ids, student ids)
 
 
-def prepare(texts: list[str], s_tok: Tok, t_tok: Tok, same_next: bool = False) -> list[Example]:
+def prepare(texts: list[str], s_tok: Tok, t_tok: Tok, same_next: bool = False, partial: Any = None) -> list[Example]:
+    """Both encodings and the aligned pairs of each text; with a `partial.PartialMapper`, also the
+    positions that end inside a teacher token and what the teacher's ids mean there."""
     s_len, t_len = token_lengths(s_tok), token_lengths(t_tok)
     out = []
     for i, text in enumerate(texts):
         s, t = encode(s_tok, text, s_len), encode(t_tok, text, t_len)
-        out.append(Example(student=s, teacher=t, pairs=align(s, t, same_next), index=i))
+        pairs = align(s, t, same_next)
+        ex = Example(student=s, teacher=t, pairs=pairs, index=i, spans=span_ends(s, t, pairs))
+        if partial is not None:
+            from trainguard.recipes.distill.partial import partial_positions
+
+            rows = partial_positions(s.ends, t.ends, {p for p, _ in pairs}, text.encode("utf-8"))
+            ex.partial = [(p, q0, *partial.resolve(c)) for p, q0, c in rows]
+        out.append(ex)
     return out
 
 
@@ -72,6 +83,7 @@ def collate(examples: list[Example], pad_s: int, pad_t: int) -> dict[str, Any]:
     labels = torch.full((B, Ls), -100, dtype=torch.long)
     s_pos: list[int] = []
     t_pos: list[int] = []
+    t_span: list[int] = []
     for b, e in enumerate(examples):
         ns, nt = len(e.student.ids), len(e.teacher.ids)
         s_ids[b, :ns] = torch.tensor(e.student.ids)
@@ -81,9 +93,20 @@ def collate(examples: list[Example], pad_s: int, pad_t: int) -> dict[str, Any]:
         labels[b, : ns - 1] = torch.tensor(e.student.ids[1:])
         s_pos.extend(b * Ls + p for p, _ in e.pairs)
         t_pos.extend(b * Lt + q for _, q in e.pairs)
+        t_span.extend(b * Lt + q2 if q2 >= 0 else -1 for q2 in (e.spans or [-1] * len(e.pairs)))
+    extra: dict[str, Any] = {}
+    if any(e.partial for e in examples):
+        rows = [(b, p, q0, tids, sids) for b, e in enumerate(examples) for p, q0, tids, sids in (e.partial or [])]
+        K = max(len(r[3]) for r in rows)
+        extra = {"s_part": torch.tensor([b * Ls + p for b, p, *_ in rows], dtype=torch.long),
+                 "t_part": torch.tensor([b * Lt + q0 for b, _, q0, *_ in rows], dtype=torch.long),
+                 "part_tid": torch.tensor([r[3] + [-1] * (K - len(r[3])) for r in rows], dtype=torch.long),
+                 "part_sid": torch.tensor([r[4] + [-1] * (K - len(r[4])) for r in rows], dtype=torch.long)}
     return {
+        **extra,
         "s_ids": s_ids, "s_mask": s_mask, "labels": labels, "t_ids": t_ids, "t_mask": t_mask,
         "s_pos": torch.tensor(s_pos, dtype=torch.long), "t_pos": torch.tensor(t_pos, dtype=torch.long),
+        "t_span": torch.tensor(t_span, dtype=torch.long),  # flat teacher position ending the student's next token
         "n_bytes": sum(e.student.n_bytes for e in examples),
         "windows": [(e.index, [q for _, q in e.pairs]) for e in examples],  # for the offline cache
     }

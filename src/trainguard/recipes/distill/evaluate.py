@@ -52,6 +52,6 @@ def evaluate(student: Any, teacher: Any, projs: Any, batches: Iterable[dict[str,
     }
     if with_teacher:
         aligned = max(1.0, sums["aligned"])
-        result.update(kd_topk=sums["kd_sum"] / aligned, kl_full=sums["kl_full_sum"] / aligned,
+        result.update(kd_topk=sums["kd_sum"] / max(1.0, sums.get("kd_rows", aligned)), kl_full=sums["kl_full_sum"] / aligned,
                       hidden=sums["hidden_sum"] / aligned)
     return result

@@ -45,6 +45,8 @@ class KDSpec:
     correct_only: bool = False  # KD only where the teacher's top-1 (a student id) is the student's next token
     renormalize: bool = False  # kl: the teacher's mapped top-k renormalised to 1 (no tail term)
     t2s: Any = None  # xtok.TeacherToStudent when method is t2s
+    partial: bool = False  # also distil positions inside a teacher token (partial.py)
+    chain: bool = False  # kd.target_prob chain: the student's next token at the teacher's chain-rule probability
     merge: bool = False  # the vocabulary map is many-to-one (vocab_map mode merge): sum duplicate ids
 
 
@@ -71,6 +73,80 @@ def merge_duplicates(t: TeacherTargets, student_vocab: int) -> TeacherTargets:
     keep = first & mapped
     return TeacherTargets(torch.where(keep, sid, student_vocab).to(t.sid.dtype),
                           torch.where(keep, total.clamp(min=1e-30).log(), 0.0), keep, t.tail)
+
+
+@torch.no_grad()
+def next_token_logprobs(h: torch.Tensor, head: Any, ids: torch.Tensor, temperature: float, chunk: int) -> torch.Tensor:
+    """[B, L]: the teacher's tempered log-prob of its own next token at each position (0 at the last one)."""
+    B, L = ids.shape
+    flat = h.flatten(0, 1)
+    nxt = torch.cat([ids[:, 1:], ids.new_zeros((B, 1))], dim=1).flatten()
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=h.device)
+    for i in range(0, flat.shape[0], chunk):
+        z = head(flat[i: i + chunk]).float() / temperature
+        out[i: i + chunk] = z.gather(-1, nxt[i: i + chunk, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
+    out = out.view(B, L)
+    out[:, -1] = 0.0
+    return out
+
+
+def span_logprobs(lp: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """[N]: sum of lp [B, L] over flat positions start..end-1 of one row (prefix sums; garbage where end < 0)."""
+    L = lp.shape[1]
+    cum = torch.cat([lp.new_zeros((lp.shape[0], 1)), lp.cumsum(1)], dim=1).flatten()  # [B, L + 1]
+    end = end.clamp(min=0)
+    return cum[end + end // L] - cum[start + start // L]
+
+
+def chain_targets(t: TeacherTargets, star: torch.Tensor, chain: torch.Tensor, has_span: torch.Tensor,
+                  student_vocab: int) -> TeacherTargets:
+    """The student's actual next token given the teacher's chain-rule probability of it (kd.target_prob chain).
+
+    Through the map, the teacher's probability of the student's next token `star` is what one teacher
+    position puts on ids that map to it; where that token is spelled by several teacher tokens, the mass
+    is elsewhere (a teacher ' the' before 're' for a student ' there'), and the target understates the
+    right token. Where the student's next token ends on a teacher boundary (`has_span`), its probability
+    is set to exp(chain) (the product of the teacher's probabilities of the tokens spelling it), in an
+    extra column, and every other entry and the tail are scaled so the whole still sums to 1.
+    """
+    is_star = t.mapped & (t.sid.long() == star[:, None])
+    p = torch.where(t.mapped, t.logp.exp(), 0.0)
+    p_star = (p * is_star).sum(-1)
+    log_scale = (torch.log1p(-chain.exp().clamp(max=1 - 1e-6)) - torch.log1p(-p_star.clamp(max=1 - 1e-6)))
+    log_scale = torch.where(has_span, log_scale, 0.0)
+    mapped = t.mapped & ~(is_star & has_span[:, None])
+    logp = torch.where(mapped, t.logp + log_scale[:, None], 0.0)
+    tail = torch.where(torch.isfinite(t.tail), t.tail + log_scale, t.tail)
+    sid = torch.where(mapped, t.sid, student_vocab).to(t.sid.dtype)
+    extra_sid = torch.where(has_span, star, student_vocab).to(t.sid.dtype)
+    return TeacherTargets(torch.cat([sid, extra_sid[:, None]], -1),
+                          torch.cat([logp, torch.where(has_span, chain, 0.0)[:, None]], -1),
+                          torch.cat([mapped, has_span[:, None]], -1), tail)
+
+
+@torch.no_grad()
+def partial_targets(ht: torch.Tensor, head: Any, tid: torch.Tensor, sid: torch.Tensor, temperature: float,
+                    student_vocab: int) -> TeacherTargets:
+    """Targets at positions inside a teacher token (partial.py): the teacher's distribution at the last
+    boundary, conditioned on the ids consistent with the bytes read (tid, -1 padding), mapped through sid."""
+    z = head(ht).float() / temperature
+    real = tid >= 0
+    lz = torch.where(real, z.gather(-1, tid.clamp(min=0)), float("-inf"))
+    logp = lz - torch.logsumexp(lz, dim=-1, keepdim=True)
+    mapped = real & (sid >= 0)
+    un = torch.where(real & ~mapped, logp, float("-inf"))
+    return TeacherTargets(torch.where(mapped, sid, student_vocab).to(torch.int32), torch.where(mapped, logp, 0.0),
+                          mapped, torch.logsumexp(un, dim=-1))
+
+
+def _pad_k(t: TeacherTargets, k: int, student_vocab: int) -> TeacherTargets:
+    extra = k - t.sid.shape[1]
+    if extra <= 0:
+        return t
+    n = t.sid.shape[0]
+    return TeacherTargets(torch.cat([t.sid, t.sid.new_full((n, extra), student_vocab)], -1),
+                          torch.cat([t.logp, t.logp.new_zeros((n, extra))], -1),
+                          torch.cat([t.mapped, t.mapped.new_zeros((n, extra))], -1), t.tail)
 
 
 def mapped_top1(t: TeacherTargets) -> torch.Tensor:
@@ -128,6 +204,10 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
         with torch.no_grad():
             t_out = t_body(input_ids=batch["t_ids"], attention_mask=batch["t_mask"], output_hidden_states=need_hidden)
         ht = t_out.last_hidden_state.flatten(0, 1)[t_pos]
+        if with_kd and spec.chain and not xtok:
+            lp = next_token_logprobs(t_out.last_hidden_state, t_head, batch["t_ids"], spec.temperature, spec.chunk)
+            has_span = batch["t_span"] >= 0
+            chain_lp = span_logprobs(lp, t_pos, batch["t_span"])
         if xtok:
             s_al = hs[s_pos]
             kd_x, proj_x = zero, zero
@@ -161,8 +241,24 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
     kd_targets = targets if with_kd and not xtok else None
     if kd_targets is not None and spec.merge:
         kd_targets = merge_duplicates(kd_targets, V_s)
+    if kd_targets is not None and spec.chain:
+        kd_targets = chain_targets(kd_targets, labels[s_pos], chain_lp, has_span, V_s)
     if kd_targets is not None and spec.renormalize:
         kd_targets = renormalized(kd_targets)
+    s_kd = s_pos
+    if kd_targets is not None and spec.partial and "s_part" in batch and t_out is not None:
+        ht_part, t_head_ = t_out.last_hidden_state.flatten(0, 1)[batch["t_part"]], body_and_head(teacher)[1]
+        parts = [partial_targets(ht_part[i: i + spec.chunk], t_head_, batch["part_tid"][i: i + spec.chunk],
+                                 batch["part_sid"][i: i + spec.chunk], spec.temperature, V_s)
+                 for i in range(0, ht_part.shape[0], spec.chunk)]  # chunks: full teacher logits of `chunk` rows at most
+        pt = merge_duplicates(TeacherTargets(*(torch.cat(x) for x in zip(
+            *((t.sid, t.logp, t.mapped, t.tail) for t in parts)))), V_s)
+        k_all = max(kd_targets.sid.shape[1], pt.sid.shape[1])
+        a, b = _pad_k(kd_targets, k_all, V_s), _pad_k(pt, k_all, V_s)
+        kd_targets = TeacherTargets(*(torch.cat([x, y]) for x, y in
+                                      zip((a.sid, a.logp, a.mapped, a.tail), (b.sid, b.logp, b.mapped, b.tail))))
+        s_kd = torch.cat([s_pos, batch["s_part"]])
+    out["kd_rows"] = s_kd.new_tensor(s_kd.numel())
     use_kd = kd_targets is not None
     k = kd_targets.sid.shape[1] if kd_targets is not None else 1
     has_kd = torch.zeros(M, dtype=torch.bool, device=hs.device)
@@ -172,12 +268,12 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
     tail = torch.full((M,), float("-inf"), dtype=torch.float32, device=hs.device)
     if kd_targets is not None:  # index_copy_, not `x[idx] = v`: the latter waited for the device on every batch (profiled)
         if spec.correct_only:  # no device sync: the keep flags are copied, not used to select
-            has_kd.index_copy_(0, s_pos, mapped_top1(kd_targets) == labels[s_pos])
+            has_kd.index_copy_(0, s_kd, mapped_top1(kd_targets) == labels[s_kd])
         else:
-            has_kd.index_fill_(0, s_pos, True)
+            has_kd.index_fill_(0, s_kd, True)
         for dst, src in ((sid, kd_targets.sid), (logp, kd_targets.logp), (mapped, kd_targets.mapped),
                          (tail, kd_targets.tail)):
-            dst.index_copy_(0, s_pos, src)
+            dst.index_copy_(0, s_kd, src)
     targets = kd_targets = None  # the per-row copies above are the only ones kept for the head's backward
     lm_sum, kd_sum = head_losses(hs, s_head.weight, labels, has_kd, sid, logp, mapped, tail, spec.temperature,
                                  spec.chunk, use_kd)

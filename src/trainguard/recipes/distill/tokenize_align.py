@@ -67,3 +67,13 @@ def align(student: Encoded, teacher: Encoded, same_next: bool = False) -> list[t
     if same_next:
         pairs = [(p, q) for p, q in pairs if student.ends[p + 1] == teacher.ends[q + 1]]
     return pairs
+
+
+def span_ends(student: Encoded, teacher: Encoded, pairs: list[tuple[int, int]]) -> list[int]:
+    """Per pair (p, q): the teacher position q2 whose context ends where the student's next token ends, or -1.
+
+    When q2 exists, the teacher tokens q+1..q2 spell exactly the student's next token, so the teacher's
+    probability of that token is the product of its probabilities of those tokens (the chain rule).
+    """
+    t_at = {e: q for q, e in enumerate(teacher.ends)}
+    return [t_at.get(student.ends[p + 1], -1) for p, _ in pairs]

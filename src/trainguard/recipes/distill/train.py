@@ -37,6 +37,7 @@ from trainguard.recipes.distill.data import (
 from trainguard.recipes.distill.evaluate import evaluate
 from trainguard.recipes.distill.kd import GraphedTargets, TeacherTargets
 from trainguard.recipes.distill.losses import KDSpec, forward_losses, layer_pairs
+from trainguard.recipes.distill.partial import PartialMapper
 from trainguard.recipes.distill.routing import StudentRouter, TeacherRouting
 from trainguard.recipes.distill.vocab_map import build_vocab_map
 from trainguard.recipes.distill.xtok import TeacherToStudent
@@ -125,7 +126,8 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     kc = cfg.loss.kd
     spec = KDSpec(vocab_map=vocab_map.to(device), top_k=kc.top_k, temperature=kc.temperature,
                   chunk=kc.chunk, layer_pairs=pairs, hidden_norm=cfg.loss.hidden.norm, method=kc.method,
-                  correct_only=kc.correct_only, renormalize=kc.renormalize, merge=kc.vocab_map == "merge")
+                  correct_only=kc.correct_only, renormalize=kc.renormalize, merge=kc.vocab_map == "merge",
+                  chain=kc.target_prob == "chain", partial=kc.partial)
     xproj = torch.nn.ModuleList()
     if with_kd and kc.method == "t2s":  # teacher hidden -> student hidden, read out by the student's head
         assert teacher is not None  # config.py refuses t2s with a teacher cache
@@ -146,8 +148,9 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
                                       student.get_output_embeddings().weight.shape[0], spec.chunk)
 
     same_next = cfg.loss.kd.positions == "next_token"
-    train_ex = prepare(windows(train_text, cfg.data.window_chars), s_tok, t_tok, same_next)
-    eval_ex = prepare(windows(eval_text, cfg.data.window_chars), s_tok, t_tok, same_next)
+    mapper = PartialMapper(t_tok.token_bytes, s_tok.token_bytes) if with_kd and kc.partial else None
+    train_ex = prepare(windows(train_text, cfg.data.window_chars), s_tok, t_tok, same_next, mapper)
+    eval_ex = prepare(windows(eval_text, cfg.data.window_chars), s_tok, t_tok, same_next, mapper)
     if cfg.data.eval_windows:
         eval_ex = eval_ex[: cfg.data.eval_windows]
     pad_s, pad_t = s_tok.bos_id, t_tok.bos_id  # any id: padded positions are masked and carry no label
@@ -252,8 +255,9 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     evals: list[dict[str, float]] = []
     stopped_early = False
     micro, step_loss = 0, None
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     eval_seconds, tokens_seen = 0.0, []  # the loop's own speed: tokens per second outside evaluations
+    eval_cpu = 0.0  # and per CPU second of this process: a shared machine's load does not move it
     data = train_batches(train_ex, t.batch_size, cfg.seed, *position, pad_s, pad_t)
     with guard.phase("train"):
         for data_epoch, data_index, batch in guard.batches(data):
@@ -266,7 +270,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
                                      with_kd=with_kd, with_hidden=with_hidden)
             aligned = out["aligned"].clamp(min=1)
             lm = out["lm_sum"] / out["tokens"]
-            kd = out["kd_sum"] / aligned
+            kd = out["kd_sum"] / out["kd_rows"].clamp(min=1)  # aligned rows (+ partial ones when on)
             hid = out["hidden_sum"] / aligned
             loss = w["lm"] * lm + w["kd"] * kd + w["hidden"] * hid
             if len(xproj):  # the projection's CE trains only the projection; it rides on the KD weight
@@ -319,9 +323,10 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
                     f"kd {kd.item():.4f} (w {w['kd']:.3f}) | hidden {hid.item():.4f} (w {w['hidden']:.3f}) | "
                     f"lr {scheduler.get_last_lr()[0]:.2e} | {time.time() - t0:.1f}s")
             if guard.due("eval", every=t.eval_every) or step == t.max_steps:
-                te = time.time()
+                te, ce = time.time(), time.process_time()
                 metrics = run_eval()
                 eval_seconds += time.time() - te
+                eval_cpu += time.process_time() - ce
                 evals.append({"step": step, **metrics})
                 say(f"eval step {step}: ppl {metrics['perplexity']:.3f} bpb {metrics['bpb']:.4f}"
                     + (f" kd_topk {metrics['kd_topk']:.4f} kl_full {metrics['kl_full']:.4f}" if "kd_topk" in metrics else ""))
@@ -341,10 +346,12 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     if device.type == "cuda":
         torch.cuda.synchronize()
     train_seconds = time.time() - t0 - eval_seconds
+    train_cpu = time.process_time() - c0 - eval_cpu
     n_tokens = int(sum(int(x) for x in tokens_seen))
     guard.finish()
     return {
         "train_seconds": train_seconds, "train_tokens": n_tokens, "tokens_per_s": n_tokens / max(1e-9, train_seconds),
+        "train_cpu_seconds": train_cpu, "tokens_per_cpu_s": n_tokens / max(1e-9, train_cpu),
         "losses": [float(x) for x in losses], "evals": evals, "step": step, "stopped_early": stopped_early,
         "best_bpb": best_bpb, "run_dir": str(out_dir), "last": str(out_dir / "last.pt"),
         "vocab_overlap": n_mapped, "align_ratio_train": ratio,
