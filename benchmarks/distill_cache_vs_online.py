@@ -8,7 +8,8 @@ forward, so its speed-up is bounded by (student step + teacher forward) / studen
 when both models are large enough for their matrix products, not per-operation overheads, to set the
 time. Here (stated in the output, 2 x matmul parameters per token, attention scores left out):
 a Qwen2 teacher of hidden 256, 6 layers (its own 512-id BPE with digits split) and a Llama student of
-hidden 128, 2 layers (its own 400-id BPE): the teacher's forward is about 11x the student's. For scale,
+hidden 128, 2 layers (its own 400-id BPE): the teacher's forward is about 11x the student's (21x with
+--teacher-layers 12). For scale,
 the seeds' shapes (distill_topk_memory.py: a Qwen2-MoE teacher of hidden 1024, 24 layers, top-2 of 8
 experts plus a shared one, vocabulary 151,936, into SmolLM-135M) are about 2.7x, where no cache can
 reach 3x: (3 + 2.7) / 3 = 1.9x at most.
@@ -59,6 +60,8 @@ def main() -> None:
     ap.add_argument("--teacher-steps", type=int, default=120)
     ap.add_argument("--student-steps", type=int, default=120)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--teacher-layers", type=int, default=6, help="the teacher's depth (6: ~11x the student's "
+                    "forward; 12: ~21x)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--work", default=None, help="keep the teacher and the cache here (reused when present)")
     args = ap.parse_args()
@@ -71,6 +74,7 @@ def main() -> None:
     base["train"].update(max_steps=args.student_steps, eval_every=args.student_steps, save_every=args.student_steps,
                          log_every=10**9, batch_size=16, grad_accum=1)
     base["optim"]["warmup_steps"] = 20
+    TEACHER["build"]["num_hidden_layers"] = args.teacher_layers
     tb, sb = TEACHER["build"], STUDENT_BUILD
     t_flops = 2 * matmul_params(tb["hidden_size"], tb["intermediate_size"], tb["num_hidden_layers"],
                                 tb["num_attention_heads"], tb["num_key_value_heads"], TEACHER["vocab_size"])

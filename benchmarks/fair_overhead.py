@@ -65,13 +65,13 @@ from pathlib import Path
 ARMS: dict[str, dict] = {
     # TinyLM on the CPU, a step of tens of ms: the host is the bottleneck
     "cpu": dict(device="cpu", threads=4, vocab=256, dim=128, layers=2, heads=4, ctx=64, micro=16, accum=2,
-                amp=None, block=25, rounds=20, warmup=25, eval_every=25, gap=1.0),
+                amp=None, block=20, rounds=16, warmup=25, eval_every=25, gap=1.0),
     # GPT-2 small's shape on a GPU, bf16: the device is the bottleneck, the host runs ahead
     "gpu": dict(device="cuda", vocab=50304, dim=768, layers=12, heads=12, ctx=512, micro=16, accum=2,
-                amp="bf16", block=12, rounds=16, warmup=20, eval_every=20, gap=1.0),
+                amp="bf16", block=10, rounds=16, warmup=20, eval_every=20, gap=1.0),
     # a small model with micro-batch 1 on a GPU: the host's kernel launches are the bottleneck
     "launch": dict(device="cuda", vocab=50304, dim=256, layers=4, heads=4, ctx=256, micro=1, accum=4,
-                   amp="bf16", block=40, rounds=20, warmup=25, eval_every=25, gap=1.0),
+                   amp="bf16", block=20, rounds=16, warmup=25, eval_every=25, gap=1.0),
     # a tiny CPU loop of sub-millisecond steps, many of them: where stalls of the probe would show
     "tiny": dict(device="cpu", threads=1, vocab=64, dim=32, layers=1, heads=2, ctx=16, micro=4, accum=1,
                  amp=None, block=1000, rounds=12, warmup=500, eval_every=500, gap=1.0),
@@ -244,13 +244,15 @@ class HookSwitch:
 
     def __init__(self, model, opt) -> None:
         self.model, self.opt = model, opt
-        self.stashed: list = []  # (dict, key, hook, position)
+        self.stashed: list = []  # (dict, key, hook)
+        self.most = 0  # the most hooks taken out at once (0 would mean U and C ran with the probe)
 
     def off(self) -> None:
         for d in _hook_dicts(self.model, self.opt):
             for key, fn in list(d.items()):
                 if _owner(fn):
                     self.stashed.append((d, key, d.pop(key)))
+        self.most = max(self.most, len(self.stashed))
 
     def on(self) -> None:
         for d, key, fn in self.stashed:
@@ -498,9 +500,8 @@ def child(args: argparse.Namespace) -> dict:
     sync_mode = ["warn" if cuda else 0]
     loops = {name: training(side, sync_mode) for name, side in sides.items()}
     # warm-up, G first: with --mode auto its first optimizer step is the one the automatic probe takes
-    for name in SIDES:
-        for _ in range(cfg["warmup"]):
-            next(loops[name])
+    for _ in range(cfg["warmup"]):
+        next(loops["G"])
     if args.mode == "auto":
         from trainguard.probe import auto
 
@@ -510,7 +511,10 @@ def child(args: argparse.Namespace) -> dict:
     n_hooks = wrap_trainguard_hooks(G.model, G.opt, timer)
     switch = HookSwitch(G.model, G.opt) if args.layout == "same" else None
     if switch is not None:
-        switch.off()
+        switch.off()  # from here on the probe's hooks are in place only for G's blocks
+    for name in SIDES[1:]:
+        for _ in range(cfg["warmup"]):
+            next(loops[name])
     gcc = GcClock()
     if cuda:
         torch.cuda.set_sync_debug_mode(sync_mode[0])
@@ -558,7 +562,7 @@ def child(args: argparse.Namespace) -> dict:
         "torch": torch.__version__, "python": sys.version.split()[0],
         "threads": torch.get_num_threads(), "config": cfg, "wall_s": round(wall, 1),
         "step_ms": {n: round(1000 * sum(s.block_s) / steps, 3) for n, s in sides.items()},
-        "layout": args.layout, "pinned_cpus": pinned,
+        "layout": args.layout, "pinned_cpus": pinned, "hooks_switched_off": switch.most if switch else None,
         "guarded_vs_unguarded": ratio_figures(U.block_s, G.block_s),
         "control_vs_unguarded": ratio_figures(U.block_s, C.block_s),
         "guarded_vs_unguarded_paired": paired_figures(U.block_s, G.block_s),

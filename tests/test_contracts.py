@@ -327,3 +327,29 @@ def test_a_batch_of_one_squeezed_is_found_and_kept_or_always_unbatched_is_quiet(
     assert found["batch-dim-lost"]["input_shape"] == [8] and found["batch-dim-lost"]["usual_shape"] == [16, 8]
     assert run("kept", "kept") == {}
     assert run("unbatched", "unbatched") == {}
+
+
+def test_workers_alike_are_named_before_epochs_alike_even_when_a_worker_file_comes_late(workdir: Path) -> None:
+    """Under load one worker's file was still being written when the next epoch's were read: the two
+    epochs' worker 0 matched first and the same-workers bug was named same-epochs."""
+    import json
+
+    from trainguard.probe.workerrng import Reports
+
+    reports = Reports(workdir)
+    reports.epochs = 2
+    folder = workdir / "workers"
+    folder.mkdir()
+    same = {"dataset.rng": {"type": "Generator", "state": "abc", "draws": [0.6, 0.2]}}
+
+    def write(base: int, worker: int) -> None:
+        (folder / f"worker-{base}-{worker}.json").write_text(json.dumps(
+            {"worker": worker, "workers": 2, "base_seed": base, "pid": 1, "dataset": "D", "rngs": same}))
+
+    write(100, 0)
+    write(200, 0)  # epoch 2's first worker, while epoch 1's worker 1 is not written yet
+    assert reports.compare() is None
+    write(100, 1)
+    found = reports.compare()
+    assert found is not None and found["across"] == "workers"
+    assert {found["first"]["worker"], found["second"]["worker"]} == {0, 1}

@@ -340,7 +340,7 @@ def _diagnose_run_folder(run_dir: Any, as_json: bool, alive: bool) -> None:
     if as_json:
         echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
     else:
-        shown = dict(st) if st else {"state": "unknown (no status.json)"}
+        shown: dict[str, Any] = dict(st) if st else {"state": "unknown (no status.json)"}
         shown["findings"] = escalations_merged([f.to_dict() for f in findings])
         _print_status(run_dir, shown)
         for line in extra:

@@ -335,11 +335,12 @@ class Contracts:
             # without a reset, and is as wrong.
             w.reset, w.backward = False, 0
 
-    def _params_of(self, optimizer: Any) -> list[tuple[int, Any]]:
-        """The optimizer's parameters, flattened once and again only when its groups change."""
+    def _params_of(self, optimizer: Any, again: bool = False) -> list[tuple[int, Any]]:
+        """The optimizer's parameters, flattened again only when its groups change (a group added, a list
+        replaced or resized) or `again` (a whole scan found them changed in place, or a freeze)."""
         groups = optimizer.param_groups
         key = self.opt_key
-        if key is not None and len(key) == len(groups):
+        if not again and key is not None and len(key) == len(groups):
             for (lst, n), group in zip(key, groups):
                 params = group["params"]
                 if params is not lst or len(params) != n:
@@ -351,10 +352,23 @@ class Contracts:
         n = len(params)
         chosen = set(range(0, n, max(1, n // SENTINELS)))
         if n:
-            chosen |= {n - 1, max(range(n), key=lambda i: params[i][1].numel())}
+            # the last and the largest, and the largest trainable one: a sentinel that has a gradient where
+            # only part of the model trains (a frozen backbone) saves the whole scan on every step
+            trainable = [i for i in range(n) if params[i][1].requires_grad] or [0]
+            chosen |= {n - 1, max(range(n), key=lambda i: params[i][1].numel()),
+                       max(trainable, key=lambda i: params[i][1].numel())}
         self.sentinels = [params[i][1] for i in sorted(chosen)]
         self.sentinel_trainable = []  # (a new set: the next step scans whole)
         return params
+
+    def _same_params(self, optimizer: Any) -> bool:
+        """Whether the optimizer still holds the parameters flattened last, in order (identity only)."""
+        flat = iter(self.opt_params)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if next(flat, (0, None))[1] is not p:
+                    return False
+        return next(flat, None) is None
 
     def _scan_due(self, step: int) -> bool:
         """Whether this step scans every parameter: the first steps, a sampled step, the step after a scan
@@ -382,7 +396,12 @@ class Contracts:
         if not self._scan_due(step):
             self.no_grad_steps = []  # a sentinel has a gradient: the step updates something
             return
-        self.sentinel_trainable = [p.requires_grad for p in self.sentinels]
+        trainable = [p.requires_grad for p in self.sentinels]
+        if (self.sentinel_trainable and trainable != self.sentinel_trainable) or not self._same_params(optimizer):
+            # a freeze, an unfreeze or a parameter swapped inside a group: the sentinels are chosen again
+            params = self._params_of(optimizer, again=True)
+            trainable = [p.requires_grad for p in self.sentinels]
+        self.sentinel_trainable = trainable
         with_grad = [p for _, p in params if p.grad is not None]
         if StepUpdatesNothing.name not in self.off:
             if with_grad:

@@ -54,13 +54,14 @@ def is_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "detach")
 
 
-def resolve(pending: Any, weights: Any = None, weights_fresh: bool = False
+def resolve(pending: Any, weights: Any = None, weights_fresh: bool = False, extra: Any = ()
             ) -> tuple[list[tuple[str, Any]], dict[str, list[float]]]:
     """The values a step's calls gave, as named 0-d float32 tensors (detached) and named host numbers.
 
     `pending` holds (name, value) pairs, or (prefix, {key: value}) for a dict of parts or logged values;
     `weights` the last weights given (their numbers always, their tensors only when given during this
-    step, `weights_fresh`). A name repeats when several micro-batches gave it."""
+    step, `weights_fresh`); `extra` more (name, tensor) pairs (the optimizer's). A name repeats when
+    several micro-batches gave it. A 0-d CPU tensor is read here (nothing to wait for)."""
     named: list[tuple[str, Any]] = []
     floats: dict[str, list[float]] = {}
     for name, value in pending:
@@ -73,6 +74,8 @@ def resolve(pending: Any, weights: Any = None, weights_fresh: bool = False
         for key, v in weights.items():
             if weights_fresh or not is_tensor(v):
                 _one("weight:" + key, v, named, floats)
+    for name, value in extra:
+        _one(name, value, named, floats)
     return named, floats
 
 
@@ -85,8 +88,8 @@ def _one(name: str, value: Any, named: list[tuple[str, Any]], floats: dict[str, 
         kind = _KINDS[type(value)] = is_tensor(value)
     if not kind:
         floats.setdefault(name, []).append(float(value))
-    elif value.is_cpu and value.numel() == 1:
-        floats.setdefault(name, []).append(value.item())  # a CPU number: read where it is, nothing to wait for
+    elif value.is_cpu and value.dim() == 0:
+        floats.setdefault(name, []).append(value.detach().item())  # a CPU number: read where it is
     else:
         named.append((name, as_scalar(value)))
 
@@ -173,7 +176,8 @@ def stage_step(pending: Any, weights: Any, weights_fresh: bool, extra: Any) -> t
     """Training thread, once per optimizer step on a GPU: `resolve` and `stage` in one pass, for the common
     case of 0-d device tensors (the loss, its parts, the optimizer's statistics): one stack of the raw
     tensors under no_grad, no per-value detach or check. Anything else (a CPU tensor, a vector of
-    per-sample losses) takes the general path."""
+    per-sample losses) takes the general path. (On the CPU the background thread reads each value where
+    it is, `resolve`: cheaper than a stack of a dozen scalars.)"""
     import torch
 
     names: list[str] = []
@@ -213,7 +217,7 @@ def stage_step(pending: Any, weights: Any, weights_fresh: bool, extra: Any) -> t
         if vec.dtype != torch.float32:
             vec = vec.float()
         return [Staged(names, vec, current_stream(vec.get_device()))], floats
-    named, more = resolve(list(zip(names, tensors)))
+    named, more = resolve((), extra=list(zip(names, tensors)))
     for name, vs in more.items():
         floats.setdefault(name, []).extend(vs)
     return stage(named) if named else [], floats

@@ -68,15 +68,17 @@ def snapshot() -> dict[str, Any] | None:
             return None
         from torch._C import _distributed_c10d as c10d
 
-        active_dump = pickle.loads(c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=True,
-                                                       onlyActive=True))
-        window = json.loads(c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False))
+        # private and absent from torch's stubs; a torch without them raises here: "unavailable"
+        dump = c10d._dump_fr_trace  # type: ignore[attr-defined]
+        dump_json = c10d._dump_fr_trace_json  # type: ignore[attr-defined]
+        active_dump = pickle.loads(dump(includeCollectives=True, includeStackTraces=True, onlyActive=True))
+        window = json.loads(dump_json(includeCollectives=True, onlyActive=False))
         world = _world_name()
         groups = {}
         for pg, st in (active_dump.get("pg_status") or {}).items():
             groups[_name(str(pg), world)] = {"enqueued": int(st.get("last_enqueued_collective", -1)),
                                              "completed": int(st.get("last_completed_collective", -1))}
-        active = []
+        active: list[dict[str, Any]] = []
         for e in reversed(active_dump.get("entries") or []):
             if e.get("is_p2p") or e.get("retired") or len(active) >= MAX_ACTIVE:
                 continue

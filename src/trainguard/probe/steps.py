@@ -447,13 +447,12 @@ class StepRecorder:
             if packs is None:
                 try:
                     named, floats = devicestats.resolve(rec.pop("pending", ()), rec.pop("weights", None),
-                                                        rec.pop("weights_fresh", False))
-                    named += rec.pop("opt_tensors", ())
+                                                        rec.pop("weights_fresh", False), rec.pop("opt_tensors", ()))
+                    packs = devicestats.stage(named) if named else []
                 except Exception as exc:  # a value that is no number: the row goes without the step's values
                     self.fail("step values", exc)
-                    named, floats = [], {}
+                    packs, floats = [], {}
                 rec["floats"] = floats
-                packs = devicestats.stage(named) if named else []
                 snapshot[i] = self._inflight[i] = (rec, packs)
             for j, p in enumerate(packs):
                 if isinstance(p, devicestats.Staged):

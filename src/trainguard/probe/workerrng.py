@@ -89,8 +89,8 @@ def record(worker_id: int, folder: str) -> None:
     folder_path.mkdir(parents=True, exist_ok=True)
     out = folder_path / f"worker-{base}-{worker_id}.json"
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"worker": worker_id, "base_seed": base, "pid": os.getpid(),
-                               "dataset": type(dataset).__name__, "rngs": rngs}))
+    tmp.write_text(json.dumps({"worker": worker_id, "workers": int(info.num_workers), "base_seed": base,
+                               "pid": os.getpid(), "dataset": type(dataset).__name__, "rngs": rngs}))
     os.replace(tmp, out)
 
 
@@ -226,22 +226,33 @@ class Reports:
             except (OSError, ValueError):
                 continue  # being written: read at the next look
         epochs: dict[int, int] = {}
+        seen: dict[int, int] = {}  # files read per epoch
         for rec in self.records:
             epochs.setdefault(rec["base_seed"], len(epochs) + 1)
-        first: dict[tuple[str, str], dict[str, Any]] = {}
+            seen[rec["base_seed"]] = seen.get(rec["base_seed"], 0) + 1
+        first: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
+        across_epochs = None
         for rec in self.records:
             for gen_path, gen in rec["rngs"].items():
                 key = (gen_path, gen["state"])
                 who = {"worker": rec["worker"], "epoch": epochs[rec["base_seed"]], "draws": gen["draws"]}
                 if key not in first:
-                    first[key] = who
+                    first[key] = (who, rec)
                     continue
-                self.done = True
-                a = first[key]
-                same_epoch = a["epoch"] == who["epoch"]
-                return {
+                a, a_rec = first[key]
+                found = {
                     "generator": gen_path, "type": gen["type"], "dataset": rec.get("dataset"),
-                    "first": a, "second": who, "across": "workers" if same_epoch else "epochs",
+                    "first": a, "second": who, "across": "workers" if a["epoch"] == who["epoch"] else "epochs",
                     "workers_seen": len(self.records),
                 }
-        return None
+                if found["across"] == "workers":
+                    self.done = True
+                    return found
+                # Two epochs alike is said only once the first of them has been read whole: where its
+                # workers are alike too, that is the cause to name (a file still being written under load
+                # once made the same-workers bug read as same-epochs).
+                if across_epochs is None and seen[a_rec["base_seed"]] >= int(a_rec.get("workers") or 0):
+                    across_epochs = found
+        if across_epochs is not None:
+            self.done = True
+        return across_epochs

@@ -181,9 +181,10 @@ class StragglerRank(Rule):
     (where DDP's all-reduce begins): the work a rank does alone, data loading and forward included.
     In data-parallel training the step time is the same on every rank (they leave the all-reduce
     together), so a slow rank shows here: its time before the synchronisation is longer, the others
-    spend the difference waiting. The rule looks at windows of 20 steps and fires when one rank was the
-    slowest in at least 80% of them, by a median margin of at least 15% of the run's step time (and 5 ms).
-    The first 20 steps are not judged (warm-up; ranks of a shared host still starting).
+    spend the difference waiting. The rule looks at the last 20 steps, or the last 5 seconds of steps
+    where 20 steps are shorter, and fires when one rank was the slowest in at least 80% of them, by a
+    median margin of at least 15% of the run's step time (and 5 ms). The first 20 steps are not judged
+    (warm-up; ranks of a shared host still starting).
 
     ## Why it matters
     The whole job runs at the pace of its slowest rank. A rank that reads from a slower disk, has
@@ -201,7 +202,9 @@ class StragglerRank(Rule):
     thread), its device and host (another job on it, thermal throttling).
 
     ## Known false positives
-    None known for a sustained margin; a one-off (a checkpoint saved by rank 0) is not sustained.
+    None known for a sustained margin; a one-off (a checkpoint saved by rank 0) is not sustained, nor is
+    a burst of load on a shared host (another job took one rank's core for 20 steps of 22 ms, then the
+    other's: the 5-second span is there for it).
     Known misses: the times are host times. On a GPU the host runs ahead of the device, so a rank
     whose device is slow is seen only where the host waits for it; a model whose forward
     synchronises (FSDP's all-gather) hides part of the skew in the forward.
@@ -214,7 +217,11 @@ class StragglerRank(Rule):
     needs = (RANKS,)
     status = "preview"
     all_ranks = True
-    WINDOW = 20  # steps judged together
+    WINDOW = 20  # steps judged together, at least
+    # ...over at least this much step time: on two shared cores a healthy job's ranks took turns being
+    # 1.5x slower for 20 steps (0.45 s) each while other jobs ran; a rank that is slow for a reason of its
+    # own (its disk, its branch, its device) stays slow for far longer than this.
+    MIN_SPAN_S = 5.0
     SHARE_LAST = 0.8  # the same rank slowest in at least this share of the window
     MIN_MARGIN = 0.15  # ...by at least this share of the step time
     MIN_SECONDS = 0.005
@@ -226,12 +233,19 @@ class StragglerRank(Rule):
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
         self.steps = _ByStep(plan)
-        self.recent: collections.deque[tuple[int, int, float, float, float]] = collections.deque(maxlen=self.WINDOW)
+        self.recent: collections.deque[tuple[int, int, float, float, float]] = collections.deque()
+        self.slowest: collections.Counter[int] = collections.Counter()  # of the rows in `recent`
+        self.span = 0.0  # the step time `recent` covers
         self.reported: set[int] = set()
 
     def on_step(self, row: dict[str, Any]) -> list[Finding] | None:
         out = [f for s, got in self.steps.add(row) if (f := self._judge(s, got)) is not None]
         return out or None
+
+    def _forget(self) -> None:
+        self.recent.clear()
+        self.slowest.clear()
+        self.span = 0.0
 
     def _judge(self, step: int, got: dict[int, dict[str, Any]]) -> Finding | None:
         if step <= self.SKIP:
@@ -244,16 +258,22 @@ class StragglerRank(Rule):
         times = [row["step_time"] for row in got.values()
                  if isinstance(row.get("step_time"), (int, float)) and finite(row["step_time"])]
         if len(pre) < 2 or not times:
-            self.recent.clear()  # a gap (an evaluation, a step without the measure) breaks the streak
+            self._forget()  # a gap (an evaluation, a step without the measure) breaks the streak
             return None
         slow = max(pre, key=lambda r: pre[r])
         others = median([v for r, v in pre.items() if r != slow])
-        self.recent.append((step, slow, pre[slow], others, median(times)))
-        if len(self.recent) < self.WINDOW:
+        step_time = median(times)
+        self.recent.append((step, slow, pre[slow], others, step_time))
+        self.slowest[slow] += 1
+        self.span += step_time
+        while len(self.recent) > self.WINDOW and self.span - self.recent[0][4] >= self.MIN_SPAN_S:
+            old = self.recent.popleft()
+            self.slowest[old[1]] -= 1
+            self.span -= old[4]
+        if len(self.recent) < self.WINDOW or self.span < self.MIN_SPAN_S:
             return None
-        counts = collections.Counter(w[1] for w in self.recent)
-        rank, n = counts.most_common(1)[0]
-        if rank in self.reported or n < self.SHARE_LAST * self.WINDOW:
+        rank, n = self.slowest.most_common(1)[0]
+        if rank in self.reported or n < self.SHARE_LAST * len(self.recent):
             return None
         mine = [w for w in self.recent if w[1] == rank]
         own, rest, step_time = (median([w[i] for w in mine]) for i in (2, 3, 4))
@@ -274,7 +294,7 @@ class StragglerRank(Rule):
                     + (f", {share:.0%} of the step time ({fmt(step_time * 1000)} ms)" if share is not None else ""),
             fix=f"look at what rank {rank} does alone: its data (shard, storage, loader workers), work in "
                 "rank-dependent branches (move it off the training step), its device and host",
-            evidence={"rank": rank, "steps": [first, last], "slowest_in": f"{n} of {self.WINDOW} steps",
+            evidence={"rank": rank, "steps": [first, last], "slowest_in": f"{n} of {len(self.recent)} steps",
                       "presync_ms": round(own * 1000, 2), "others_presync_ms": round(rest * 1000, 2),
                       "wait_ms": round(margin * 1000, 2), "step_time_ms": round(step_time * 1000, 2),
                       "detected_step": last},

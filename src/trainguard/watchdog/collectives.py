@@ -175,9 +175,10 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
         mine = [a for a in flight[r].get("active") or [] if now[r] is not None and a.get("from") == now[r]
                 and (lines is None or _line_of(a.get("where")) in lines.get(r, set()))]
         # blocked in a call: its newest; inside backward: the oldest bucket it waits for
-        waits[r] = (mine[0] if now[r] == "python" else min(mine, key=lambda a: a.get("seq", 0))) if mine else None
-        if waits[r] is not None and isinstance(flight[r].get("step"), int):
-            waits[r] = {**waits[r], "step": flight[r]["step"]}
+        wait = (mine[0] if now[r] == "python" else min(mine, key=lambda a: a.get("seq", 0))) if mine else None
+        if wait is not None and isinstance(flight[r].get("step"), int):
+            wait = {**wait, "step": flight[r]["step"]}
+        waits[r] = wait
     if not any(waits.values()):
         return None
 
@@ -214,6 +215,8 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
 
     def novel(r: int) -> bool:  # a kind of collective the other members never made in that group
         w = waits[r]
+        if w is None:
+            return False
         kind = _kind(w)
         return all(not ((flight[x].get("kinds") or {}).get(w["group"]) or {}).get(kind)
                    for x in ranks if x != r and (w["group"] not in members or x in members[w["group"]]))
