@@ -290,9 +290,14 @@ def main() -> None:
     cfg = parse_config(copy.deepcopy(base))
     text = read_text(cfg.resolve_path(cfg.data.train))
     st, tt = load_tokenizer("student", cfg.student, text), load_tokenizer("teacher", cfg.teacher, text)
+    from trainguard.recipes.distill.partial import PartialMapper
+
+    # LM-only and cache students prepare without partial positions, online KD students with them (loss.kd.partial)
+    mappers = [None, PartialMapper(tt.token_bytes, st.token_bytes)] if cfg.loss.kd.partial else [None]
     for path in (cfg.data.train, cfg.data.eval):
-        train_mod.prepare(windows(read_text(cfg.resolve_path(path)), cfg.data.window_chars), st, tt,
-                          cfg.loss.kd.positions == "next_token")
+        for mapper in mappers:
+            train_mod.prepare(windows(read_text(cfg.resolve_path(path)), cfg.data.window_chars), st, tt,
+                              cfg.loss.kd.positions == "next_token", mapper)
     log(out, {"stage": "prepare", "seconds": time.time() - t0})
 
     # the three variants side by side, one process each (the host has cores to spare: these small
