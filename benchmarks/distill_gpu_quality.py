@@ -126,7 +126,8 @@ def train_teacher(cfg_dict: dict, seconds: float, folder: Path, batch: int) -> d
 def memoised_prepare(work: Path) -> None:
     """The recipe's `prepare` (tokenise both sides, align) done once per run and shared by every student.
 
-    Keyed by the texts, both tokenizers and the alignment mode; pickled under `work`, so the processes
+    Keyed by the texts, both tokenizers, the alignment mode and whether partial positions are resolved
+    (loss.kd.partial); pickled under `work`, so the processes
     of one run read what the first one made. Training itself is untouched: `train` gets the same
     examples it would have made.
     """
@@ -136,15 +137,15 @@ def memoised_prepare(work: Path) -> None:
     from trainguard.recipes.distill import train as train_mod
     from trainguard.recipes.distill.data import prepare
 
-    def cached(texts: list[str], s_tok, t_tok, same_next: bool = False):  # noqa: ANN001, ANN202
+    def cached(texts: list[str], s_tok, t_tok, same_next: bool = False, partial=None):  # noqa: ANN001, ANN202
         h = hashlib.sha256()
-        for part in (*texts, s_tok.backend.to_str(), t_tok.backend.to_str(), str(same_next)):
+        for part in (*texts, s_tok.backend.to_str(), t_tok.backend.to_str(), str(same_next), str(partial is not None)):
             h.update(part.encode("utf-8", "surrogatepass"))
             h.update(b"\0")
         path = work / f"prepared-{h.hexdigest()[:16]}.pkl"
         if path.is_file():
             return pickle.loads(path.read_bytes())
-        ex = prepare(texts, s_tok, t_tok, same_next)
+        ex = prepare(texts, s_tok, t_tok, same_next, partial)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(pickle.dumps(ex))
         os.replace(tmp, path)
@@ -289,9 +290,14 @@ def main() -> None:
     cfg = parse_config(copy.deepcopy(base))
     text = read_text(cfg.resolve_path(cfg.data.train))
     st, tt = load_tokenizer("student", cfg.student, text), load_tokenizer("teacher", cfg.teacher, text)
+    from trainguard.recipes.distill.partial import PartialMapper
+
+    # LM-only and cache students prepare without partial positions, online KD students with them (loss.kd.partial)
+    mappers = [None, PartialMapper(tt.token_bytes, st.token_bytes)] if cfg.loss.kd.partial else [None]
     for path in (cfg.data.train, cfg.data.eval):
-        train_mod.prepare(windows(read_text(cfg.resolve_path(path)), cfg.data.window_chars), st, tt,
-                          cfg.loss.kd.positions == "next_token")
+        for mapper in mappers:
+            train_mod.prepare(windows(read_text(cfg.resolve_path(path)), cfg.data.window_chars), st, tt,
+                              cfg.loss.kd.positions == "next_token", mapper)
     log(out, {"stage": "prepare", "seconds": time.time() - t0})
 
     # the three variants side by side, one process each (the host has cores to spare: these small

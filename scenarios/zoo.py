@@ -396,7 +396,9 @@ def _too_late(exp: dict[str, Any], first: dict[str, Any] | None, status: dict[st
     budget = latency_budget(first.get("name", ""), status.get("total_steps"))
     if budget is None or not isinstance(at, (int, float)):
         return None
-    late = at - exp["onset_step"]
+    # a rule that does not judge the run's first steps (memory-creep's warm-up, where a healthy process
+    # grows) starts its clock where it starts judging, the `judged_from` step in its evidence
+    late = at - max(exp["onset_step"], (first.get("evidence") or {}).get("judged_from") or 0)
     return f"{first.get('name')} detected {late} steps after onset, budget {budget}" if late > budget else None
 
 
@@ -433,6 +435,9 @@ def _detect(exp: dict[str, Any], first: dict[str, Any] | None, status: dict[str,
     if exp.get("onset_step") is not None and at is not None:
         budget = latency_budget(first.get("name", ""), status.get("total_steps"))
         within = f", budget {budget}" if budget is not None else ""
+        judged = ev.get("judged_from") or 0
+        if judged > exp["onset_step"]:
+            return f"step {at} (onset {exp['onset_step']}, judged from {judged}, +{at - judged}{within})"
         return f"step {at} (onset {exp['onset_step']}, +{at - exp['onset_step']}{within})"
     if first.get("t") and status.get("ended"):
         return f"{max(0.0, status['ended'] - first['t']):.1f} s"

@@ -86,6 +86,37 @@ def test_gpu_rows_match_on_a_stream_of_the_loops_own(tmp_path: Path) -> None:
     _check(*_gpu_loop(tmp_path / "run", stream=torch.cuda.Stream()))
 
 
+def _scaler_loop(run_dir: Path, steps: int = 20):
+    """fp16 with a GradScaler (whose own `step` reads found_inf: a sync of the loop's, not the guard's)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 1).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cuda")
+    guard = trainguard.watch(model, opt, total_steps=steps, run_dir=run_dir, scaler=scaler, stats_every=1)
+    kept = []
+    for _ in range(steps):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(torch.randn(16, 32, device="cuda")).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        guard.step(loss)
+        kept.append((loss.detach().clone(), scaler._scale.clone()))
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+    guard.finish()
+    with RunReader(guard.run_dir) as reader:
+        rows = list(reader.steps())
+    assert len(rows) == steps
+    for row, (loss, scale) in zip(rows, kept):
+        assert _near(row["loss"], loss.item(), 1e-5), (row, loss)
+        assert row["loss_scale"] == scale.item(), (row, scale)
+
+
+@needs_cuda
+def test_gpu_rows_carry_the_grad_scalers_scale(tmp_path: Path) -> None:
+    _scaler_loop(tmp_path / "run")
+
+
 if __name__ == "__main__":  # where pytest is not installed (a bare GPU host)
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
@@ -93,3 +124,6 @@ if __name__ == "__main__":  # where pytest is not installed (a bare GPU host)
         with tempfile.TemporaryDirectory() as d:
             _check(*_gpu_loop(Path(d) / "run", stream=stream))
         print(f"ok: {name}")
+    with tempfile.TemporaryDirectory() as d:
+        _scaler_loop(Path(d) / "run")
+    print("ok: GradScaler")

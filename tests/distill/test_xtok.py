@@ -216,3 +216,20 @@ def test_partial_targets_are_the_conditioned_teacher_distribution_with_the_rest_
     p = torch.where(t.mapped, t.logp.exp(), 0.0)
     assert torch.allclose(p, torch.tensor([[0.0, 0.2, 0.3, 0.4]]), atol=1e-6)
     assert t.tail.exp().item() == pytest.approx(0.1, abs=1e-6) and t.sid[0].tolist() == [6, 1, 3, 2]
+
+
+def test_the_cross_tokenizer_defaults_change_nothing_with_one_tokenizer(toks):
+    from trainguard.recipes.distill.data import prepare
+    from trainguard.recipes.distill.partial import PartialMapper
+    from trainguard.recipes.distill.vocab_map import build_vocab_map
+
+    t_tok, s_tok = toks
+    same = build_vocab_map(t_tok.token_bytes, t_tok.token_bytes, t_tok.vocab_size, mode="merge")
+    normal = [i for i, b in enumerate(t_tok.token_bytes) if b is not None]
+    assert same[normal].tolist() == normal  # merge is the identity
+    text = ["Zoë said: 12345 ¿qué? the theory of everything 2025"]
+    one = prepare(text, t_tok, t_tok, partial=PartialMapper(t_tok.token_bytes, t_tok.token_bytes))[0]
+    assert one.partial == [] and len(one.pairs) == len(one.student.ids) - 1  # every position aligned, none partial
+    two = prepare(text, s_tok, t_tok, partial=PartialMapper(t_tok.token_bytes, s_tok.token_bytes))[0]
+    # across tokenizers every student position with a target is either aligned or inside a teacher token
+    assert len(two.pairs) + len(two.partial) == len(two.student.ids) - 1 and two.partial

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import bisect
 import collections
 from typing import Any
 
@@ -262,22 +263,29 @@ class DataWaitDominant(Rule):
 
 
 class MemoryCreep(Rule):
-    """TG524 memory-creep: host or device memory that grows steadily while the run trains.
+    """TG524 memory-creep: host or device memory that keeps growing while the run trains.
 
     ## What it detects
     Memory samples the probe takes as steps complete (every 1-20 steps, at most 20 a second) and once a
-    second when no step does: host RSS and, on CUDA, allocated device memory. Samples from the first
-    1% of the planned run (at least 10 steps: the allocator and the optimizer state fill in) and from
-    evaluation or checkpoint phases (predictions gathered, state copied, then freed) are not judged.
-    The rule fires when a recent stretch of at least 6 samples spanning 2% of the plan (at least
-    20 steps, at most 100) rose in 80% of its intervals (a rise: more than 256 KiB) and grew by at
-    least 10% and 64 MiB even without its two largest increments, so a one-off allocation (a table
-    built once, a cache filled in a step or two) followed by a slow drift is not a leak. (10%, not
-    more: a process that has initialised CUDA starts near 1 GiB of RSS, and a leak must not have to
-    double it first.) The newest 32 samples are
-    kept as they are and the older history thinned (every other one dropped when 128 are held), so
-    the rule costs the same at step 100 and at step 1,000,000 and sees a late leak as quickly as an
-    early one.
+    second when no step does: host RSS and, on CUDA, allocated device memory. Not judged: the warm-up,
+    the first 100 steps or 1% of the planned run (where a healthy GPU process grows by hundreds of MiB:
+    the CUDA context, kernel modules loaded lazily on their first launch, cuBLAS workspaces, pinned
+    pools, compile caches, the allocator and Python's arenas filling in); evaluation or checkpoint
+    phases (predictions gathered, state copied, then freed); and what came before the end of the first
+    evaluation, whose new shapes load more kernels: the series starts again after it.
+    The rule fires when a recent stretch of at least 6 samples spanning 2.5% of the plan (50 to 100
+    steps) keeps growing:
+    - it rose in 60% of its intervals (a rise: more than 256 KiB), and in 3 of its 4 quarters by at
+      least an eighth of its growth, and its later half grew at least half as fast as its earlier
+      half (a step up that then levels off is not a leak, wherever in the stretch it falls);
+    - it grew, even without its two largest increments (a one-off allocation), by at least 5% of the
+      memory at its start and 32 MiB;
+    - at its rate now (its later half's growth a step, without its largest increment), the growth by the
+      end of the planned run (when the plan is known) would reach half of the memory at the stretch's
+      start: it may run out before the end; without a plan it has already grown by 10% and 64 MiB.
+    The newest 32 samples are kept as they are and the older history thinned (every other one dropped
+    when 128 are held), so the rule costs the same at step 100 and at step 1,000,000 and sees a late leak
+    as quickly as an early one.
 
     ## Why it matters
     A leak ends in an out-of-memory kill hours in, usually after the last checkpoint. The classic:
@@ -285,15 +293,15 @@ class MemoryCreep(Rule):
     batch, growing lists of metrics.
 
     ## Example
-    `TG524 memory-creep [warning] at step 20: host RSS grew from 352 MiB to 441 MiB over 16 samples
-    (steps 20-64), rising in 100% of them`
+    `TG524 memory-creep [warning] at step 100: host RSS grew from 551 MiB to 653 MiB over 18 samples
+    (steps 100-151), rising in 100% of them: 2.0 MiB a step, +3,698 MiB more by step 2,000`
 
     ## What to change
     Store `.item()` or `.detach()` of what you keep; clear caches; look for lists that grow per step.
 
     ## Known false positives
-    A run that grows a replay buffer or cache by design, when it grows by more than a fifth of the
-    process's memory over tens of steps before it levels off.
+    A run that grows a replay buffer or cache by design, for longer than the stretch it is judged on.
+    A leak present from the first step is found only after the warm-up.
 
     ## Options
     None.
@@ -305,13 +313,18 @@ class MemoryCreep(Rule):
     MIN_POINTS = 6
     RISE = 256 * 1024  # bytes: smaller changes are page-level noise, not a rise
     NOT_TRAINING = ("eval", "val", "test", "predict", "save", "checkpoint")
+    EVAL = ("eval", "val", "test", "predict")
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
         self.series: dict[str, _Thinned] = {}
-        self.warmup = max(10, int(0.01 * self.total_steps)) if self.total_steps else 10
-        # long enough to tell a leak from a cache filling up, short enough for 200 steps of latency
-        self.min_span = max(20, min(100, int(0.02 * self.total_steps))) if self.total_steps else 20
+        # a GPU process loads kernels, workspaces and pools over its first ~100 steps (hundreds of MiB)
+        self.warmup = max(100, int(0.01 * self.total_steps)) if self.total_steps else 100
+        # long enough to see growth continue past a step up, short enough for 200 steps of latency
+        self.min_span = max(50, min(100, int(0.025 * self.total_steps))) if self.total_steps else 50
+        self.in_first_eval = False
+        self.first_eval_done = False
+        self.found: set[str] = set()  # series already reported: one finding each, no more judging
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         if event.get("kind") != "sample":
@@ -319,26 +332,38 @@ class MemoryCreep(Rule):
         data = event.get("data") or {}
         step = event.get("step") or 0
         phase = str(data.get("phase") or "").lower()
-        if step < self.warmup or phase.startswith(self.NOT_TRAINING):
+        if phase.startswith(self.NOT_TRAINING):
+            if phase.startswith(self.EVAL) and not self.first_eval_done:
+                self.in_first_eval = True
+            return None
+        if self.in_first_eval:  # the first evaluation is over: what it loaded is the new baseline
+            self.in_first_eval, self.first_eval_done = False, True
+            self.series.clear()
+        if step < self.warmup:
             return None
         for key, label in self.SERIES:
             value = data.get(key)
-            if not finite(value):
+            if not finite(value) or key in self.found:
                 continue
             series = self.series.setdefault(key, _Thinned())
             series.add(step, float(value))
-            stretch = _rising_stretch(series.view(), self.MIN_POINTS, self.min_span, self.RISE)
-            if stretch is None:
+            leak = _leak(series.view(), self.MIN_POINTS, self.min_span, self.RISE, self.total_steps)
+            if leak is None:
                 continue
-            pts, rises = stretch
+            pts, rises, per_step, projected = leak
             (step0, first), (step1, last) = pts[0], pts[-1]
+            self.found.add(key)
+            ahead = (f", +{projected / MIB:,.0f} MiB more by step {self.total_steps:,}" if projected is not None
+                     else "")
             return self.finding(
                 step=step0,
                 summary=f"{label} grew from {first / MIB:.0f} MiB to {last / MIB:.0f} MiB over {len(pts)} samples "
-                        f"(steps {step0}-{step1}), rising in {rises / (len(pts) - 1):.0%} of them",
+                        f"(steps {step0}-{step1}), rising in {rises / (len(pts) - 1):.0%} of them: "
+                        f"{per_step / MIB:.2f} MiB a step{ahead}",
                 fix="keep .item() or .detach() of what you store per step; clear caches; find the list that grows",
                 evidence={"series": key, "first_bytes": first, "last_bytes": last, "samples": len(pts),
-                          "detected_step": event.get("step")},
+                          "bytes_per_step": per_step, "projected_growth_bytes": projected,
+                          "judged_from": self.warmup, "detected_step": event.get("step")},
                 cause=key,
             )
         return None
@@ -370,15 +395,18 @@ class _Thinned:
         return self.old + list(self.recent)
 
 
-def _rising_stretch(points: list[tuple[int, float]], min_points: int, min_span: int,
-                    rise: float) -> tuple[list, int] | None:
-    """The longest recent stretch (ending at the newest point) of at least `min_points` samples and
-    `min_span` steps that rose in 80% of its intervals and grew by 10% and 64 MiB without its two
-    largest increments; with the count of its rises. One pass from the end."""
-    best = None
+def _leak(points: list[tuple[int, float]], min_points: int, min_span: int, rise: float,
+          total_steps: int | None) -> tuple[list, int, float, float | None] | None:
+    """The longest recent stretch (ending at the newest point) that keeps growing, as MemoryCreep's
+    docstring says: with its count of rises, its growth a step now (`_keeps_growing`) and the growth that
+    rate projects to the end of the plan (None without a plan). The cheap tests run in one pass from the end; the quarters
+    only for the stretches that pass them, longest first."""
+    if len(points) < min_points:
+        return None
+    last_step, last = points[-1]
+    cheap = []  # (n, rises, steady) of the stretches that pass the one-pass tests, shortest first
     rises = 0
     top1 = top2 = 0.0  # the two largest increments so far
-    last_step, last = points[-1] if points else (0, 0.0)
     for n in range(2, len(points) + 1):
         (step0, a), b = points[-n], points[-n + 1][1]
         inc = b - a
@@ -387,11 +415,51 @@ def _rising_stretch(points: list[tuple[int, float]], min_points: int, min_span: 
             top1, top2 = inc, top1
         elif inc > top2:
             top2 = inc
-        steady = last - a - max(top1, 0.0) - max(top2, 0.0)
-        if (n >= min_points and last_step - step0 >= min_span and rises >= 0.8 * (n - 1)
-                and steady >= max(0.1 * a, 64 * MIB)):
-            best = (points[-n:], rises)
-    return best
+        steady = last - a - top1 - top2
+        if (n >= min_points and last_step - step0 >= min_span and rises >= 0.6 * (n - 1)
+                and steady >= max(0.05 * a, 32 * MIB)):
+            cheap.append((n, rises, steady))
+    for n, rises, steady in reversed(cheap):
+        pts = points[-n:]
+        first = pts[0][1]
+        per_step = _keeps_growing(pts, rise)
+        if not per_step:
+            continue
+        if total_steps:
+            projected = per_step * max(total_steps - last_step, 0)
+            if projected < 0.5 * first:
+                continue
+        else:
+            projected = None
+            if steady < max(0.1 * first, 64 * MIB):
+                continue
+        return pts, rises, per_step, projected
+    return None
+
+
+def _keeps_growing(pts: list[tuple[int, float]], rise: float) -> float | None:
+    """Growth that continues across the stretch: 3 of its 4 quarters (by step) grew by an eighth of the
+    whole and more than `rise`, and the later half grew at least half as much as the earlier half. Returns
+    the later half's growth a step without its largest increment (the rate now, one-offs aside), or None."""
+    steps = [s for s, _ in pts]
+    step0, step1 = steps[0], steps[-1]
+    mid = step0 + (step1 - step0) / 2
+
+    def at(step: float) -> float:  # the value of the last sample at or before `step`
+        return pts[max(bisect.bisect_right(steps, step) - 1, 0)][1]
+
+    marks = [at(step0 + (step1 - step0) * k / 4) for k in range(5)]
+    total = marks[4] - marks[0]
+    quarters = [marks[k + 1] - marks[k] for k in range(4)]
+    growing = sum(q >= max(total / 8, rise) for q in quarters)
+    if total <= 0 or growing < 3 or marks[4] - marks[2] < 0.5 * (marks[2] - marks[0]):
+        return None
+    later = [(b[1] - a[1], b[0] - a[0]) for a, b in zip(pts, pts[1:]) if a[0] >= mid]
+    if not later:
+        return None
+    largest = max(later)
+    grown, took = sum(g for g, _ in later) - largest[0], sum(d for _, d in later) - largest[1]
+    return max(grown, 0.0) / took if took > 0 else None
 
 
 class DeviceMemoryNearFull(Rule):

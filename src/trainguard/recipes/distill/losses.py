@@ -149,6 +149,22 @@ def _pad_k(t: TeacherTargets, k: int, student_vocab: int) -> TeacherTargets:
                           torch.cat([t.mapped, t.mapped.new_zeros((n, extra))], -1), t.tail)
 
 
+def with_partial_rows(t: TeacherTargets, s_pos: torch.Tensor, batch: dict[str, Any], t_hidden: torch.Tensor,
+                      t_head: Any, spec: KDSpec, student_vocab: int) -> tuple[TeacherTargets, torch.Tensor]:
+    """The aligned rows' targets followed by those of the positions inside a teacher token, and their positions."""
+    h = t_hidden[batch["t_part"]]
+    parts = [partial_targets(h[i: i + spec.chunk], t_head, batch["part_tid"][i: i + spec.chunk],
+                             batch["part_sid"][i: i + spec.chunk], spec.temperature, student_vocab)
+             for i in range(0, h.shape[0], spec.chunk)]  # full teacher logits of `chunk` rows at most
+    fields = list(zip(*((p.sid, p.logp, p.mapped, p.tail) for p in parts)))
+    pt = merge_duplicates(TeacherTargets(*(torch.cat(f) for f in fields)), student_vocab)
+    k = max(t.sid.shape[1], pt.sid.shape[1])
+    a, b = _pad_k(t, k, student_vocab), _pad_k(pt, k, student_vocab)
+    both = TeacherTargets(*(torch.cat([x, y]) for x, y in zip((a.sid, a.logp, a.mapped, a.tail),
+                                                              (b.sid, b.logp, b.mapped, b.tail))))
+    return both, torch.cat([s_pos, batch["s_part"]])
+
+
 def mapped_top1(t: TeacherTargets) -> torch.Tensor:
     """[N] the student id of the teacher's most likely mapped id (V_s where none is mapped)."""
     best = t.logp.masked_fill(~t.mapped, float("-inf")).argmax(-1, keepdim=True)
@@ -247,17 +263,8 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
         kd_targets = renormalized(kd_targets)
     s_kd = s_pos
     if kd_targets is not None and spec.partial and "s_part" in batch and t_out is not None:
-        ht_part, t_head_ = t_out.last_hidden_state.flatten(0, 1)[batch["t_part"]], body_and_head(teacher)[1]
-        parts = [partial_targets(ht_part[i: i + spec.chunk], t_head_, batch["part_tid"][i: i + spec.chunk],
-                                 batch["part_sid"][i: i + spec.chunk], spec.temperature, V_s)
-                 for i in range(0, ht_part.shape[0], spec.chunk)]  # chunks: full teacher logits of `chunk` rows at most
-        pt = merge_duplicates(TeacherTargets(*(torch.cat(x) for x in zip(
-            *((t.sid, t.logp, t.mapped, t.tail) for t in parts)))), V_s)
-        k_all = max(kd_targets.sid.shape[1], pt.sid.shape[1])
-        a, b = _pad_k(kd_targets, k_all, V_s), _pad_k(pt, k_all, V_s)
-        kd_targets = TeacherTargets(*(torch.cat([x, y]) for x, y in
-                                      zip((a.sid, a.logp, a.mapped, a.tail), (b.sid, b.logp, b.mapped, b.tail))))
-        s_kd = torch.cat([s_pos, batch["s_part"]])
+        kd_targets, s_kd = with_partial_rows(kd_targets, s_pos, batch, t_out.last_hidden_state.flatten(0, 1),
+                                             t_head, spec, V_s)
     out["kd_rows"] = s_kd.new_tensor(s_kd.numel())
     use_kd = kd_targets is not None
     k = kd_targets.sid.shape[1] if kd_targets is not None else 1
