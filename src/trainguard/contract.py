@@ -31,6 +31,7 @@ ENV_STACKS = "TRAINGUARD_STACKS"  # the folder a spawned child writes its stack 
 # recorder knows of its collectives (meta `flightrec.<rank>`, probe/flightrec.py)
 COLLECTIVES_REQUEST = "collectives.request"
 ENV_CONTRACTS = "TRAINGUARD_CONTRACTS"  # "0": no API-contract checks (their hooks are not even installed)
+ENV_CAPTURE_GATE = "TRAINGUARD_CAPTURE_GATE"  # "0": the probe leaves torch.cuda.CUDAGraph's capture alone
 ENV_SINKS = "TRAINGUARD_SINKS"  # sinks to feed, comma-separated NAME[=VALUE]
 ENV_PY_SPY = "TRAINGUARD_PY_SPY"  # "0": never run py-spy (no ptrace of the run's processes at all)
 ENV_OUTPUT_RULES = "TRAINGUARD_OUTPUT_RULES"  # "0": the printed-output rules are off

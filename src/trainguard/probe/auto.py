@@ -172,8 +172,8 @@ def _on_optimizer_module(module: Any) -> None:
 
 def _first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     """Global pre-hook: makes the probe for the first optimizer that steps (or steps aside), once."""
-    if _state["guard"] is not None or _state["aside"]:
-        return
+    if _state["guard"] is not None or _state["aside"] or _capturing_here():
+        return  # (an optimizer step captured into a CUDA graph is not taken: the probe starts at an eager one)
     with _lock:
         if _state["guard"] is not None or _state["aside"]:
             return
@@ -196,6 +196,16 @@ def _first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         except Exception as exc:
             _state["aside"] = True
             _note(f"automatic probe not started: {type(exc).__name__}: {exc}")
+
+
+def _capturing_here() -> bool:
+    """Whether this thread captures a CUDA graph now (asked only until the probe exists; no CUDA call
+    where CUDA was never initialised)."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    try:
+        return bool(cuda is not None and cuda.is_initialized() and cuda.is_current_stream_capturing())
+    except Exception:
+        return False
 
 
 def _after_first_step(optimizer: Any, args: Any, kwargs: Any) -> None:

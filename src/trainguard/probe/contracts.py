@@ -20,6 +20,7 @@ where a late trigger must not wait for a sample, on every step through a cheap e
 What a check sees becomes a "contract" event (name = the rule's name, data = the evidence). The rules in
 `rules/contracts.py` turn the events into findings, so `trainguard diagnose` reads the same thing later.
 Everything here is fail-open: a check that raises is switched off and logged once through the guard.
+While a CUDA graph capture is open in the process the hooks return at once (probe/capturegate.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 
 from trainguard.contract import ENV_CONTRACTS
 from trainguard.probe import devicestats, workerrng
+from trainguard.probe.capturegate import GATE
 from trainguard.probe.eager import eager_hook
 from trainguard.rules.contracts import (
     AutocastRunsFp32,
@@ -277,6 +279,8 @@ class Contracts:
 
     def _before_accumulate(self, watch: _GradWatch) -> Any:
         def hook(grad: Any) -> None:
+            if GATE.capturing:
+                return None  # a captured backward: its replays run no hook, this one is not a window's
             g = watch.param.grad
             if g is None or (id(g), g._version) != watch.last:
                 watch.reset = True
@@ -287,6 +291,8 @@ class Contracts:
 
     def _after_accumulate(self, watch: _GradWatch) -> Any:
         def hook(param: Any) -> None:
+            if GATE.capturing:
+                return
             g = param.grad
             watch.last = (id(g), g._version) if g is not None else None
             watch.backward += 1
@@ -296,7 +302,7 @@ class Contracts:
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         g = self.guard
-        if g._disabled or os.getpid() != g._pid:
+        if g._disabled or GATE.capturing or os.getpid() != g._pid:
             return
         step = g.opt_steps + 1
         if not self.step_compiled and self.sampled(step):
@@ -433,7 +439,7 @@ class Contracts:
 
     def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         g = self.guard
-        if g._disabled or os.getpid() != g._pid:
+        if g._disabled or GATE.capturing or os.getpid() != g._pid:
             return
         step = g.opt_steps  # the guard's own post-hook ran first (registered first): this step is counted
         follow = (GradsNeverReset.name not in self.sent and GradsNeverReset.name not in self.off
@@ -525,7 +531,7 @@ class Contracts:
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         g = self.guard
         self.post_due = False
-        if self.rerunning or g._disabled or os.getpid() != g._pid:
+        if self.rerunning or g._disabled or GATE.capturing or os.getpid() != g._pid:
             return
         training = module.training
         try:
@@ -737,6 +743,8 @@ class Contracts:
         """Called by `guard.step` with the micro-batch's loss (training thread)."""
         micro = self.guard.micro  # already counted by guard.step
         out = self.last_output
+        if GATE.capturing:
+            return  # (its pinned copy would invalidate a CUDA graph capture: probe/capturegate.py)
         if out is None or self.last_output_step != micro or self.loss_step == micro:
             return
         self.loss_step = micro

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract import ENV_ATTEMPT, ENV_RUN_DIR, ENV_WATCHDOG, EVENT_PROBE
-from trainguard.probe import collectives, contracts, crashhook, fastforward, stackdump, syncwait
+from trainguard.probe import capturegate, collectives, contracts, crashhook, fastforward, stackdump, syncwait
 from trainguard.probe.alone import Alone, Watched
 from trainguard.probe.flusher import Flusher
 from trainguard.probe.opthooks import OptimizerHooks
@@ -98,6 +98,8 @@ class Probe(StepRecorder):
         except Exception as exc:
             self._syncwait = None
             self.fail("sync-wait measure", exc)
+        # CUDA graph captures: the background thread and the hooks stay off the device during one (fail-open)
+        capturegate.install()
         self._flusher = Flusher(self, self._ending)
         self._flusher.start()
         crashhook.install(self)

@@ -1,7 +1,7 @@
 """The probe's background thread: resolves device copies into rows and commits them a few times a second.
 
 Every FLUSH_INTERVAL it drains the finished device copies (probe/steps.py), takes a memory sample when no
-step brought one, commits the store (so a SIGKILL loses at most that fraction of a second), notes store
+step brought one (both deferred while a CUDA graph capture is open: probe/capturegate.py), commits the store (so a SIGKILL loses at most that fraction of a second), notes store
 trouble in guard.log, and gives the standalone ending its turn (probe/alone.py: rules and status.json
 when no watchdog owns them). It never dies of an error: a dead flusher would silently stop recording.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from trainguard.probe.capturegate import GATE
 from trainguard.probe.steps import StepRecorder
 
 FLUSH_INTERVAL = 0.2  # seconds between commits: bounds what a SIGKILL can lose
@@ -50,6 +51,8 @@ class Flusher:
         w, log = self.steps._writer, self.steps._selflog
         if w.last_error and w.failed_flushes in (1, 10, 100, 1000):
             log.write(f"store not written ({w.failed_flushes} tries, rows kept for the next): {w.last_error}")
+        for line in GATE.errors:
+            log.once(line, line)
         if w.refused:
             log.once("store refused rows", f"store refused a row, dropped ({w.refused} so far; later "
                      f"ones only counted): {w.first_refusal}")

@@ -17,6 +17,7 @@ from typing import Any
 
 from trainguard.contract import EVENT_PARAMS_NOT_IN_OPTIMIZER
 from trainguard.probe import devicestats, planinfo
+from trainguard.probe.capturegate import GATE
 from trainguard.probe.eager import compile_watcher, eager_hook
 from trainguard.probe.steps import StepRecorder, is_tensor
 
@@ -79,8 +80,8 @@ class OptimizerHooks:
 
     def pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         s = self.steps
-        if s._disabled or os.getpid() != s._pid:
-            return
+        if s._disabled or os.getpid() != s._pid or GATE.capturing and GATE.here():
+            return  # (a step captured into a CUDA graph is recorded, not taken; its replays run no hook)
         try:
             s.fast_forward.before_opt_step()
             step = s.opt_steps + 1
@@ -106,7 +107,7 @@ class OptimizerHooks:
 
     def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         s = self.steps
-        if os.getpid() != s._pid:
+        if os.getpid() != s._pid or GATE.capturing and GATE.here():
             return
         s.opt_steps += 1  # counted even when switched off: `due()` depends on it
         if s._disabled:

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from trainguard.contract import EVENT_SAMPLE
+from trainguard.probe.capturegate import GATE
 
 SAMPLE_INTERVAL = 1.0  # seconds: the background thread samples when no step did for this long
 MIN_STEP_SAMPLE_GAP = 0.05  # seconds: at most 20 samples a second from the training thread (~10 us each)
@@ -53,8 +54,8 @@ class MemorySampler:
         # The gap is a share of the planned length; without one it grows with the run (step/1000), so an
         # open-ended run stores samples in proportion to the logarithm of its steps (~2,300 per tenfold).
         every = min(MAX_SAMPLE_EVERY, max(1, (self._total_steps or step) // SAMPLES_PER_RUN))
-        if not self._on or step - self._last_step < every or now - self._last < MIN_STEP_SAMPLE_GAP:
-            return
+        if not self._on or step - self._last_step < every or now - self._last < MIN_STEP_SAMPLE_GAP or GATE.capturing:
+            return  # (cudaMemGetInfo during a CUDA graph capture would invalidate it: probe/capturegate.py)
         self._last_step, self._last = step, now
         rec["memory"] = self._sample()
 
@@ -64,8 +65,11 @@ class MemorySampler:
         now = time.time()
         if not self._on or now - self._last < SAMPLE_INTERVAL:
             return
-        self._last = now
-        sample = self._sample()
+        with GATE.device_work() as free:
+            if not free:
+                return  # a CUDA graph capture is open: the next flush samples
+            self._last = now
+            sample = self._sample()
         if sample:
             self._writer.add_event(EVENT_SAMPLE, "memory", sample, step=step)
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from trainguard.contract import BEAT_FINISHED, BEAT_RUNNING, EVENT_EXPERTS, EVENT_PROBE, EVENT_SAMPLE
 from trainguard.probe import collectives, devicestats, flightrec
+from trainguard.probe.capturegate import GATE
 from trainguard.probe.fastforward import NO_FAST_FORWARD
 from trainguard.probe.pacing import paced
 from trainguard.probe.phases import Phases
@@ -132,6 +133,8 @@ class StepRecorder:
             return
         if threading.get_ident() != self._step_thread and not self._claim_thread():
             return
+        if GATE.capturing and GATE.here():
+            return self._in_capture("guard.step")
         # Counting goes on even when the guard switched itself off: the loop's `due()` depends on it.
         self.micro += 1
         closes = self.micro % self.grad_accum == 0
@@ -207,6 +210,12 @@ class StepRecorder:
                     pass
             return False
 
+    def _in_capture(self, what: str) -> None:
+        """A call made while this thread captures a CUDA graph: ignored (its values are the graph's, not yet
+        computed, and a replay runs no Python: the call belongs after each replay)."""
+        self._selflog.once(f"{what} in capture", f"{what} called inside a CUDA graph capture: ignored (a graph "
+                           f"replays without Python; call it after each replay)")
+
     def set_step(self, step: int) -> None:
         """Tells the guard the optimizer step a resumed run starts from (read from its checkpoint).
 
@@ -252,8 +261,8 @@ class StepRecorder:
         `guard.step`, which closes the step); it is recorded on the first `stats_every` steps and every
         `stats_every` steps after. A device tensor is copied to the host without a sync.
         """
-        if self._disabled or os.getpid() != self._pid:
-            return
+        if self._disabled or GATE.capturing or os.getpid() != self._pid:
+            return  # (a capture open: its pinned copy would invalidate the capture, probe/capturegate.py)
         try:
             step = self.step_count + 1  # the step in progress
             if step > self.stats_every and step % self.stats_every:
@@ -379,8 +388,11 @@ class StepRecorder:
 
     def drain(self, final: bool = False) -> None:
         """Finished device copies become step rows in the store (all of them, waited for, when `final`)."""
-        with self._drain_lock:  # the crash hook may drain from the main thread while the flusher runs
-            self._drain_locked(final)
+        # the crash hook may drain from the main thread while the flusher runs; none of it while a CUDA graph
+        # capture is open (any device call would invalidate it: probe/capturegate.py), the next pass catches up
+        with self._drain_lock, GATE.device_work() as free:
+            if free:
+                self._drain_locked(final)
 
     def _drain_locked(self, final: bool) -> None:
         # Device copies finish in launch order, so stop at the first one not yet done. Only this thread
@@ -396,8 +408,8 @@ class StepRecorder:
         done = 0
         for rec, packs in paced(snapshot, enabled=not final, stop=self.ending):
             try:
-                if not final and not all(p.ready() for p in packs):
-                    break
+                if not final and (GATE.capturing or not all(p.ready() for p in packs)):
+                    break  # not done yet, or a capture waits for this pass to end
                 if final and not all(p.wait() for p in packs):
                     raise RuntimeError("a device copy cannot be waited for")
             except Exception as exc:
