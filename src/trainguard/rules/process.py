@@ -268,9 +268,9 @@ class MemoryCreep(Rule):
     ## What it detects
     Memory samples the probe takes as steps complete (every 1-20 steps, at most 20 a second) and once a
     second when no step does: host RSS and, on CUDA, allocated device memory. Not judged: the warm-up,
-    the first 100 steps or 1% of the planned run (where a healthy GPU process grows by hundreds of MiB:
-    the CUDA context, kernel modules loaded lazily on their first launch, cuBLAS workspaces, pinned
-    pools, compile caches, the allocator and Python's arenas filling in); evaluation or checkpoint
+    the first 100 steps or 1% of the planned run, whichever is more (where a healthy GPU process grows
+    by hundreds of MiB: the CUDA context, kernel modules loaded lazily on their first launch, cuBLAS
+    workspaces, pinned pools, compile caches, the allocator and Python's arenas filling in); evaluation or checkpoint
     phases (predictions gathered, state copied, then freed); and what came before the end of the first
     evaluation, whose new shapes load more kernels: the series starts again after it.
     The rule fires when a recent stretch of at least 6 samples spanning 2.5% of the plan (50 to 100
@@ -293,15 +293,16 @@ class MemoryCreep(Rule):
     batch, growing lists of metrics.
 
     ## Example
-    `TG524 memory-creep [warning] at step 100: host RSS grew from 551 MiB to 653 MiB over 18 samples
-    (steps 100-151), rising in 100% of them: 2.0 MiB a step, +3,698 MiB more by step 2,000`
+    `TG524 memory-creep [warning] at step 100: host RSS grew from 594 MiB to 696 MiB over 25 samples
+    (steps 100-151), rising in 100% of them: 1.77 MiB a step, +3,269 MiB more by step 2,000`
 
     ## What to change
     Store `.item()` or `.detach()` of what you keep; clear caches; look for lists that grow per step.
 
     ## Known false positives
-    A run that grows a replay buffer or cache by design, for longer than the stretch it is judged on.
-    A leak present from the first step is found only after the warm-up.
+    A run that grows a replay buffer or cache by design, steadily for longer than the stretch it is
+    judged on (50-100 steps) after the warm-up. A leak present from the first step is found only after
+    the warm-up (the zoo times it from there: `judged_from` in the evidence).
 
     ## Options
     None.
@@ -399,8 +400,8 @@ def _leak(points: list[tuple[int, float]], min_points: int, min_span: int, rise:
           total_steps: int | None) -> tuple[list, int, float, float | None] | None:
     """The longest recent stretch (ending at the newest point) that keeps growing, as MemoryCreep's
     docstring says: with its count of rises, its growth a step now (`_keeps_growing`) and the growth that
-    rate projects to the end of the plan (None without a plan). The cheap tests run in one pass from the end; the quarters
-    only for the stretches that pass them, longest first."""
+    rate projects to the end of the plan (None without a plan). The cheap tests run in one pass from the
+    end; the quarters only for the stretches that pass them, longest first."""
     if len(points) < min_points:
         return None
     last_step, last = points[-1]
