@@ -315,3 +315,26 @@ def test_tensor_weights_do_not_need_a_sync(tmp_path: Path) -> None:
     guard.finish()
     with RunReader(tmp_path / "run") as reader:
         assert [r["weights"] for r in reader.steps()] == [{"a": 0.5, "b": 2.0}] * 3
+
+
+def test_rows_carry_the_scale_each_step_was_taken_at_not_the_one_update_wrote_later(tmp_path: Path) -> None:
+    """The GradScaler's scale is rewritten in place by update(); the values are read later, off the
+    training thread, so the probe keeps a copy (every row once read the final 32768)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu")
+    guard = trainguard.watch(model, opt, total_steps=12, run_dir=tmp_path / "run", scaler=scaler, stats_every=1)
+    for i in range(12):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        if i == 5:
+            loss = loss * float("inf")  # an overflow: the scaler skips this step and halves its scale
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        guard.step(loss)
+    guard.finish()
+    with RunReader(guard.run_dir) as reader:
+        scales = [row["loss_scale"] for row in reader.steps()]
+    assert scales[:5] == [65536.0] * 5 and scales[6:] == [32768.0] * 6

@@ -94,6 +94,14 @@ def _one(name: str, value: Any, named: list[tuple[str, Any]], floats: dict[str, 
         named.append((name, as_scalar(value)))
 
 
+def snapshot_scalar(tensor: Any) -> Any:
+    """`as_scalar` of state the loop keeps and rewrites in place (a GradScaler's scale, a tensor learning
+    rate): a copy, since the value is read later, off the training thread, after update() or the
+    scheduler has changed it (a row once said 32768 for a step taken at 65536). One small launch."""
+    t = as_scalar(tensor)
+    return t.clone()
+
+
 def as_scalar(tensor: Any) -> Any:
     """A 0-d float32 view or reduction of `tensor`, detached; launches at most a kernel or two."""
     t = tensor.detach()

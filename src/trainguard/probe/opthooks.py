@@ -89,7 +89,7 @@ class OptimizerHooks:
             groups = optimizer.param_groups
             lr = groups[0].get("lr") if groups else None
             if is_tensor(lr):
-                rec.setdefault("opt_tensors", []).append(("lr", devicestats.as_scalar(lr)))
+                rec.setdefault("opt_tensors", []).append(("lr", devicestats.snapshot_scalar(lr)))
             elif lr is not None:
                 rec["lr"] = float(lr)
             if len(groups) > 1:
@@ -99,7 +99,7 @@ class OptimizerHooks:
             if s.scaler is not None:
                 scale = getattr(s.scaler, "_scale", None)  # a device tensor; get_scale() would sync
                 if scale is not None:
-                    rec.setdefault("opt_tensors", []).append(("loss_scale", devicestats.as_scalar(scale)))
+                    rec.setdefault("opt_tensors", []).append(("loss_scale", devicestats.snapshot_scalar(scale)))
             if step <= s.stats_every or step % s.stats_every == 0:
                 self._grad_stats(optimizer, rec)
         except Exception as exc:

@@ -307,8 +307,8 @@ class StepRecorder:
         if self.scaler is not None:
             # read on the loss side too: a step the GradScaler skips never reaches the optimizer hooks
             scale = getattr(self.scaler, "_scale", None)
-            if scale is not None:  # shape (1,): as a 0-d view, it stacks with the step's other scalars
-                rec["pending"].append(("loss_scale", devicestats.as_scalar(scale)))
+            if scale is not None:
+                rec["pending"].append(("loss_scale", devicestats.snapshot_scalar(scale)))
         self._pending = []
         self._weights_fresh = False
         self._data_wait = 0.0
