@@ -16,6 +16,11 @@ of an eager twin (a copy of the model trained step by step on the same batches, 
 
 There is no separate healthy twin: this is the healthy case, and the failure it guards against would be
 a crash caused by the guard. Needs CUDA.
+
+On an H200 (torch 2.11+cu130), 2026-11-26: with the gate, completed and quiet under `trainguard run`
+(zoo, 11.3 s). The same run with the gate switched off (TRAINGUARD_CAPTURE_GATE=0) was not obtained in
+that device call (its command was wrong), so the failure without the gate is shown here only by the
+CPU test's control (tests/test_capturegate.py) and by the distillation recipe's original report.
 """
 import copy
 
