@@ -120,3 +120,33 @@ def test_a_launchers_dying_words_are_not_progress_but_training_lines_are() -> No
     moving = ["step 40 loss 1.2031", "[rank0]: iter 41: loss 1.19, time 80.1ms",
               " 45%|####5     | 45/100 [00:09<00:11,  4.8it/s]", "Evaluating on the validation set..."]
     assert [line for line in moving if lines.feed(line)] == moving
+
+
+# Stalls until trainguard has reported it, then takes a few quick steps and exits at once: the run ends
+# before the watchdog's next look, as a slow rank's last steps, eval and checkpoint did in a new user's run.
+RESUMES_THEN_ENDS = textwrap.dedent('''
+    import os, sys, time
+    from pathlib import Path
+    status = Path(os.environ["TRAINGUARD_RUN_DIR"]) / "status.json"
+    print("step 1 loss 0.52", flush=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and "run-stalled" not in (status.read_text() if status.exists() else ""):
+        time.sleep(0.1)  # a slow forward, past the stall timeout
+    sys.stdout.write("step 2 loss 0.50\\nstep 3 loss 0.48\\nstep 4 loss 0.47\\n")
+    sys.stdout.flush()
+    os._exit(0)
+''')
+
+
+def test_a_stall_that_resumed_just_before_the_run_ended_is_closed_at_the_end(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(RESUMES_THEN_ENDS)
+    run_dir = tmp_path / "run"
+    r = subprocess.run(trainguard_cmd("run", "--run-dir", str(run_dir), "--stall-timeout", "2", "--no-auto",
+                                      "--", sys.executable, "train.py"),
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "step 4 loss" in (run_dir / "output.log").read_text()
+    stalled = next(f for f in read_status(run_dir)["findings"] if f["name"] == "run-stalled")
+    assert stalled["severity"] == "info", stalled
+    assert stalled["evidence"]["stall_ended_by"] == "progress resumed", stalled
+    assert "slow, not hung" in stalled["summary"] and "the stall ended after" in r.stderr, r.stderr[-3000:]

@@ -298,6 +298,7 @@ class Supervisor:
             self._report(verdict.leftover_finding(members, step))
             self._terminate()
         self.capture.drain()
+        self._close_stall_at_end(returncode)
         keeper.stop(self._keeper)
         return returncode, hang, stopped
 
@@ -501,7 +502,7 @@ class Supervisor:
         self._report(hang)
         return hang
 
-    def _end_stall(self, seconds: float, how: str) -> None:
+    def _end_stall(self, seconds: float, how: str, *, ended: bool = False) -> None:
         """Progress came back: the stall was slow work, not a hang. Its finding stays, as info."""
         st, self._open = self._open, None
         if st is None:
@@ -509,7 +510,24 @@ class Supervisor:
         stall_ended(st.finding, seconds=seconds, how=how)
         self.writer.add_event("finding", st.finding.name, st.finding.to_dict(), step=st.finding.step)
         self.writer.flush()
-        self._note(f"trainguard: the stall ended after {seconds:.0f} s ({how}); the run goes on")
+        after = "the run went on to its end" if ended else "the run goes on"
+        self._note(f"trainguard: the stall ended after {seconds:.0f} s ({how}); {after}")
+
+    def _close_stall_at_end(self, returncode: int) -> None:
+        """The run ended with a stall still open. Progress after it (a later mark, steps past the stall's) or
+        a run that completed closes it as the next look would have: the run may end between two looks (a
+        slow rank's last quick steps, an eval and a save, then exit) and must not leave a stale warning.
+        After a signal (the user's, or our stop) nothing it did counts: the stall stays open."""
+        st = self._open
+        if st is None or self._signalled is not None:
+            return
+        state = self._observe()
+        mark = max(t for t in (state.t_progress, self._liveness, self.attempt_started) if t is not None)
+        stepped = state.step is not None and st.finding.step is not None and state.step > st.finding.step
+        if mark > st.mark or stepped:
+            self._end_stall((mark if mark > st.mark else time.time()) - st.since, "progress resumed", ended=True)
+        elif returncode == 0:
+            self._end_stall(time.time() - st.since, "the run completed", ended=True)
 
     def _limit(self, state: WatchState) -> tuple[float, str]:
         phase = state.phase
