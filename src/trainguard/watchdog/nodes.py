@@ -149,7 +149,22 @@ class NodeWatch:
 
     def _connect(self) -> Any:
         import datetime
+        import sys
 
+        if "torch" not in sys.modules:
+            # This process's own C++ warnings off, before torch reads the level: the rendezvous host ends
+            # with its job, often before this node's last beat, and c10d then printed a 20-frame
+            # "sendBytes failed ... Broken pipe" trace into the user's terminal at the end of a healthy
+            # run. The error still raises and is kept in `self.error`; the command's processes, started
+            # before this, never see the variable, which is taken away again at once.
+            ours = "TORCH_CPP_LOG_LEVEL" not in os.environ
+            if ours:
+                os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+            try:
+                import torch.distributed  # noqa: F401
+            finally:
+                if ours:
+                    os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
         from torch.distributed import TCPStore
 
         # a plain connect first: until the rendezvous host is up, TCPStore would print a C++ trace per try
