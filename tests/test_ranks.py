@@ -146,6 +146,26 @@ def test_a_rank_that_vanished_without_an_error_is_the_cause_of_the_others_lost_c
     assert f is not None and f.cause == "rank-vanished" and f.summary.startswith("rank 0 ended without a Python error")
 
 
+def test_a_rank_that_aborted_in_cpp_is_named_with_the_runtimes_last_words() -> None:
+    """gloo aborts a rank whose collective does not match (SIGABRT, no Python error); what it said is in
+    the output, and the finding quotes it instead of guessing a kill or a segfault."""
+    from trainguard.rules.crash import first_crash, native_abort
+
+    output = ["step 15 | loss 0.2272", "terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+              "  what():  [enforce fail at ../gloo/transport/tcp/pair.cc:456] op.preamble.length <= op.nbytes. "
+              "2180 vs 4. Received data size doesn't match expected size. Is there a distributed collective "
+              "mismatch in your code?", "[rank0]: Traceback (most recent call last):"]
+    abort = native_abort(output)
+    assert abort is not None and abort.startswith("gloo::EnforceNotMet: op.preamble.length <= op.nbytes")
+    assert native_abort(["step 1", "Traceback (most recent call last):"]) is None
+    reset = ("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:9111: Connection reset by peer. This is "
+             "typically caused by a remote worker hanging or bugs in the application. Check the logs.")
+    f = first_crash([_crash(0, 100.0, "RuntimeError", reset)], silent_ranks=[1], abort=abort)
+    assert f is not None and f.cause == "rank-vanished" and f.summary.startswith("rank 1 aborted in native code (gloo")
+    assert "collective" in f.fix and f.evidence["native_abort"] == abort
+    assert "remo)" not in f.summary  # cut at a word, not inside one
+
+
 def test_a_rank_done_with_its_shard_has_not_stopped() -> None:
     # uneven data under DDP's Join: rank 1 runs out of batches at step 90 and finishes its probe
     rows: list[dict[str, Any]] = [r for r in _rows(100) if not (r["rank"] == 1 and r["step"] > 90)]

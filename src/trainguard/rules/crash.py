@@ -220,7 +220,34 @@ def crash_finding(
 RUN_CRASHED = Code("TG501", "run-crashed", "error", needs=(PROCESS,), page=crash_finding)
 
 
-def first_crash(crashes: list[dict[str, Any]], silent_ranks: list[int] | None = None) -> Finding | None:
+_ABORT = re.compile(r"terminate called after throwing an instance of '([^']+)'")
+_WHAT = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?what\(\):\s*(.*)")
+
+
+def native_abort(lines: list[str]) -> str | None:
+    """"gloo::EnforceNotMet: ... Received data size doesn't match expected size ..." from the C++ runtime's
+    last words before abort() (`terminate called after throwing ...` and its `what():` line), if the
+    output has them: a process that aborts this way records no Python error."""
+    for i, line in enumerate(lines):
+        m = _ABORT.search(line)
+        if m is None:
+            continue
+        what = next((w.group(1) for w in map(_WHAT.match, lines[i + 1:i + 3]) if w), "")
+        # gloo prefixes "[enforce fail at <path>:<line>] <check>." before the sentence that explains it
+        what = re.sub(r"^\[enforce fail at [^\]]*\]\s*", "", what)
+        return f"{m.group(1)}: {what}" if what else m.group(1)
+    return None
+
+
+def _clip(text: str, n: int) -> str:
+    """At most n characters, cut at a word, with an ellipsis when cut (never "caused by a remo")."""
+    if len(text) <= n:
+        return text
+    return text[:n].rsplit(" ", 1)[0].rstrip(",;:") + "…"
+
+
+def first_crash(crashes: list[dict[str, Any]], silent_ranks: list[int] | None = None,
+                abort: str | None = None) -> Finding | None:
     """TG501 for a run whose processes recorded crashes (`crash` events): the first to fail is the cause.
 
     In a multi-process run one failure brings down the rest: rank 1 raises a ValueError, and rank 0 then
@@ -229,7 +256,8 @@ def first_crash(crashes: list[dict[str, Any]], silent_ranks: list[int] | None = 
     each saying why it is one (a connection lost to a rank that had failed, a collective that timed out).
 
     `silent_ranks`: ranks that recorded neither a crash nor a finish (killed, a segfault, `os._exit`).
-    When every recorded crash only says that a peer went away, such a rank is where to look: it is named.
+    When every recorded crash only says that a peer went away, such a rank is where to look: it is named,
+    with `abort` (`native_abort` of the output) when the C++ runtime said why it aborted.
     """
     if not crashes:
         return None
@@ -253,12 +281,20 @@ def first_crash(crashes: list[dict[str, Any]], silent_ranks: list[int] | None = 
         # Every error recorded is a lost peer: the cause is a rank that ended without a Python error.
         who = ", ".join(f"rank {r}" for r in silent)
         finding.evidence["silent_ranks"] = silent
-        finding.summary = (f"{who} ended without a Python error (killed by a signal, a segfault, os._exit) and "
-                           f"the others lost their connection to it: rank {first.get('rank')}'s error is a "
-                           f"consequence ({d.get('exception', first.get('name'))}: "
-                           f"{_first_line(d.get('message'))[:160]})")
-        finding.fix = (f"look at how {who} ended: its exit code in torchrun's summary (-9: the OOM killer or a "
-                       "kill; -11: a segfault in native code), dmesg, its last lines of output")
+        lost = (f"the others lost their connection to it: rank {first.get('rank')}'s error is a consequence "
+                f"({d.get('exception', first.get('name'))}: {_clip(_first_line(d.get('message')), 160)})")
+        if abort:
+            finding.evidence["native_abort"] = abort
+            finding.summary = f"{who} aborted in native code ({_clip(abort, 240)}) and {lost}"
+        else:
+            finding.summary = f"{who} ended without a Python error (killed by a signal, a segfault, os._exit) and {lost}"
+        if abort and "collective mismatch" in abort:
+            finding.fix = ("the ranks called different collectives (gloo received a message of another size than "
+                           "it expected): make every rank call the same collectives in the same order, with "
+                           "tensors of the same shape; look for a collective inside a rank-dependent branch")
+        else:
+            finding.fix = (f"look at how {who} ended: its exit code in torchrun's summary (-9: the OOM killer or a "
+                           "kill; -11: a segfault in native code; -6: an abort), dmesg, its last lines of output")
         finding.cause = "rank-vanished"
     return finding
 
@@ -276,7 +312,7 @@ def _consequence(crash: dict[str, Any], first: dict[str, Any]) -> str:
     why = (f"a consequence: it lost rank {first.get('rank')}, which had failed" if _lost_peer(crash)
            else "after the first failure, so most likely a consequence")
     return (f"rank {crash.get('rank')} (pid {crash.get('pid')}), {(crash.get('t') or t_first) - t_first:+.1f} s "
-            f"later: {d.get('exception', crash.get('name'))}: {_first_line(d.get('message'))[:200]} — {why}")
+            f"later: {d.get('exception', crash.get('name'))}: {_clip(_first_line(d.get('message')), 200)} — {why}")
 
 
 def _first_line(text: Any) -> str:

@@ -548,7 +548,8 @@ class Supervisor:
                    default=None)
         # the first process to fail is the cause; later crashes (other ranks) are its consequences
         crashes = [c for c in self.reader.events("crash") if c["attempt"] == self.attempt]
-        probe_crash = crash.first_crash(crashes, silent_ranks=_silent_ranks(probe_events, crashes))
+        probe_crash = crash.first_crash(crashes, silent_ranks=_silent_ranks(probe_events, crashes),
+                                        abort=crash.native_abort(list(self.capture.stderr_tail)))
         stderr_crash = None
         if probe_crash is None and returncode > 0:
             # no probe: the output says which process failed first (torchrun's summary, rank prefixes, order)
