@@ -205,3 +205,48 @@ def test_install_wraps_torch_once_and_can_be_switched_off() -> None:
             "sys.exit(0 if not c.install() and not hasattr(torch.cuda.CUDAGraph.capture_begin, '__wrapped__') else 1)")
     env = {**os.environ, "TRAINGUARD_CAPTURE_GATE": "0"}
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=120).returncode == 0
+
+
+def test_the_background_thread_defers_its_drain_while_a_capture_is_open(tmp_path: Path) -> None:
+    """Steps taken while another thread captures are drained only once the capture ended; none is lost."""
+    from trainguard.store.reader import RunReader
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    guard = trainguard.watch(model, opt, total_steps=40, run_dir=tmp_path / "run")
+    graph_class = _stand_in()
+    wrap(graph_class, GATE)
+    opened, release = threading.Event(), threading.Event()
+
+    def capturing() -> None:  # a capture on another thread: this thread's steps still count
+        g = graph_class()
+        g.capture_begin()
+        opened.set()
+        release.wait(10)
+        g.capture_end()
+
+    def rows() -> int:
+        with RunReader(guard.run_dir) as reader:
+            return len(list(reader.steps()))
+
+    thread = threading.Thread(target=capturing)
+    thread.start()
+    try:
+        assert opened.wait(5)
+        for _ in range(20):
+            opt.zero_grad()
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            guard.step(loss)
+        time.sleep(1.0)  # five flushes: each finds the capture open and defers
+        assert guard.step_count == 20 and rows() == 0
+    finally:
+        release.set()
+        thread.join()
+    deadline = time.time() + 10
+    while rows() < 19 and time.time() < deadline:  # the last step waits for the next one, or finish()
+        time.sleep(0.1)
+    assert rows() >= 19
+    guard.finish()
+    assert rows() == 20
