@@ -240,7 +240,25 @@ def _check_nodes(exp: dict[str, Any], run_dir: Path) -> list[str]:
     with RunReader(run_dir) as reader:
         ranks = {r["rank"] for r in reader.steps()}
     want = set(range(n * nproc))
-    return [] if ranks == want else [f"the merged run holds ranks {sorted(ranks)}, expected {sorted(want)}"]
+    if ranks != want:
+        return [f"the merged run holds ranks {sorted(ranks)}, expected {sorted(want)}"]
+    return _check_merged_report(run_dir)
+
+
+def _check_merged_report(run_dir: Path) -> list[str]:
+    """The merged report says what the nodes' parts checked: the cross-rank rules and TG711 (node-lost)
+    were checked (a new-user review found them 'not checked | needs more than one rank' on four ranks), and
+    every node's command and ending is shown, not only node 0's."""
+    from trainguard.report.build import build_report
+    from trainguard.store.nodes import node_dirs
+
+    report = build_report(run_dir)
+    unchecked = [f"{c.code} ({c.detail})" for c in report.checks
+                 if c.code in ("TG701", "TG705", "TG711") and c.result == "not checked"]
+    shown = {key for key, _ in report.environment}
+    missing = [f"node {i}" for i in range(len(node_dirs(run_dir))) if f"node {i}" not in shown]
+    return ([f"the merged report did not check {', '.join(unchecked)}"] if unchecked else []) + \
+        ([f"the merged report does not show {', '.join(missing)}"] if missing else [])
 
 
 def _kill_left_in(work: Path) -> None:

@@ -338,3 +338,26 @@ def test_rows_carry_the_scale_each_step_was_taken_at_not_the_one_update_wrote_la
     with RunReader(guard.run_dir) as reader:
         scales = [row["loss_scale"] for row in reader.steps()]
     assert scales[:5] == [65536.0] * 5 and scales[6:] == [32768.0] * 6
+
+
+def test_a_step_the_scaler_skipped_keeps_its_own_scale_in_its_row(tmp_path: Path) -> None:
+    """guard.step before scaler.step, fp16 on the CPU: the first step overflows and is skipped, so the
+    optimizer's first record is the second step's; the row still says the scale its loss was scaled by."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu")
+    guard = trainguard.watch(model, opt, total_steps=10, run_dir=tmp_path / "run", scaler=scaler, stats_every=1)
+    kept = []
+    for _ in range(10):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.randn(16, 32)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        guard.step(loss)
+        kept.append(scaler._scale.item())
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+    guard.finish()
+    with RunReader(guard.run_dir) as reader:
+        assert [row["loss_scale"] for row in reader.steps()] == kept

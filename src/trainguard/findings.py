@@ -117,6 +117,7 @@ SCHED_HORIZON = Data("sched_horizon", "the schedule's length (total_steps in wat
 PROBE = Data("probe", "the probe", "optimizer wiring (probe only)")
 STEPS = Data("steps", "probe steps")
 RANKS = Data("ranks", "more than one rank")
+NODES = Data("nodes", "more than one node (torchrun --nnodes)")
 # -- ... and what only the watchdog or preflight knows
 WATCHDOG = Data("watchdog", "the watchdog")
 PROCESS = Data("process", "the process's exit")

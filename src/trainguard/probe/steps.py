@@ -539,7 +539,9 @@ class StepRecorder:
             "nonfinite": (0 if math.isfinite(grad_norm) else 1) if grad_norm is not None else None,
             "step_time": rec.get("step_time"),
             "data_wait": rec.get("data_wait"),
-            "loss_scale": values.get("loss_scale"),
+            # the loss side's (read at guard.step, this row's own step) before the optimizer side's: after a
+            # step the GradScaler skipped, the next optimizer step's record is merged into this row
+            "loss_scale": collected["loss_scale"][0] if collected.get("loss_scale") else None,
             "sched_epoch": rec.get("sched_epoch"),
             "parts": parts,
             "weights": {**(rec.get("weights") or {}), **device_weights},

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
 from trainguard.report.checks import Check, build_checks
 from trainguard.report.load import RunData, load_run
@@ -166,6 +167,32 @@ def sentence(f: Finding) -> str:
     return text if text.endswith(".") else text + "."
 
 
+def _node_rows(data: RunData) -> list[tuple[str, str]]:
+    """One row per node part of a merged run folder: its state, last step, exit code and command."""
+    from trainguard.store.nodes import node_dirs, node_of
+    from trainguard.store.reader import RunReader
+
+    per_node = data.status.get("nodes") if isinstance(data.status.get("nodes"), dict) else {}
+    rows = []
+    for part in node_dirs(data.run_dir):
+        node = node_of(part)
+        st = per_node.get(str(node)) or {}
+        try:
+            with RunReader(part) as reader:
+                cmd = reader.meta().get("command")
+        except UserError:
+            cmd = None
+        said = [str(st.get("state") or "unknown")]
+        if st.get("step") is not None:
+            said.append(f"step {st['step']}")
+        if st.get("exit_code") is not None:
+            said.append(f"exit code {st['exit_code']}")
+        if isinstance(cmd, list):
+            said.append("command: " + " ".join(str(c) for c in cmd))
+        rows.append((f"node {node}", ", ".join(said)))
+    return rows
+
+
 def build_environment(data: RunData) -> list[tuple[str, str]]:
     m = data.meta
     env: list[tuple[str, str]] = []
@@ -176,7 +203,11 @@ def build_environment(data: RunData) -> list[tuple[str, str]]:
             env.append((key, text))
 
     cmd = m.get("command") or data.status.get("command")
-    add("command", " ".join(str(c) for c in cmd) if isinstance(cmd, list) else cmd)
+    nodes = _node_rows(data)
+    if nodes:  # a run over nodes: each node's own command and ending, not only the lowest node's
+        env.extend(nodes)
+    else:
+        add("command", " ".join(str(c) for c in cmd) if isinstance(cmd, list) else cmd)
     add("cwd", m.get("cwd"))
     add("run folder", str(data.run_dir))
     add("host", m.get("host"))

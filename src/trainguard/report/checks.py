@@ -23,6 +23,7 @@ from trainguard.findings import (
     LOSS_SCALE,
     LR,
     MEMORY,
+    NODES,
     OUTPUT,
     OUTPUT_SIZE,
     PARTS,
@@ -91,13 +92,48 @@ def available(data: RunData) -> set[Data]:
         have.add(OUTPUT_SIZE)
     if data.schedule or data.events_of("preflight") or data.meta.get("preflight"):
         have.add(PREFLIGHT)
+    if _over_nodes(data):
+        have.add(NODES)
+    return have
+
+
+def _over_nodes(data: RunData) -> bool:
+    """Whether the run spans nodes: a merged folder of several node parts, or one node's part of a job
+    whose torchrun said --nnodes above 1 (what TG711, a node going silent, needs)."""
+    from trainguard.store.nodes import node_dirs
+    from trainguard.watchdog.nodes import parse_launch
+
+    if len(node_dirs(data.run_dir)) > 1:
+        return True
+    cmd = data.meta.get("command") or data.status.get("command")
+    try:
+        return isinstance(cmd, list) and parse_launch([str(c) for c in cmd]) is not None
+    except (ValueError, TypeError):
+        return False
+
+
+def _available_over_nodes(data: RunData) -> set[Data]:
+    """What the run recorded; for a run over nodes, what any node's part recorded too. The merged folder
+    has no store of its own, and each node's watchdog checked its part: a rule checked on one node's part
+    was checked on the run (a cross-rank rule reads every rank of that node, and the merged ranks)."""
+    from trainguard.report.load import load_run
+    from trainguard.store.nodes import node_dirs
+
+    have = available(data)
+    for part in node_dirs(data.run_dir):
+        try:
+            have |= available(load_run(part))
+        except Exception:  # an unreadable part: the merged view says what it could read
+            continue
+    if len({r for r in data.ranks if r >= 0}) > 1 or len(node_dirs(data.run_dir)) > 1:
+        have.add(RANKS)
     return have
 
 
 def build_checks(data: RunData) -> list[Check]:
     from trainguard.catalog import CATALOG
 
-    have = available(data)
+    have = _available_over_nodes(data)
     found: dict[str, Any] = {}
     for f in data.findings:
         found.setdefault(f.code, f)

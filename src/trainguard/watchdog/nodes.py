@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.findings import RANKS, Code, Finding
+from trainguard.findings import NODES, Code, Finding
 
 BEAT = 2.0  # seconds between a watchdog's beats in the store
 LOST_AFTER = 20.0  # seconds without a new beat from a node that had beaten: it is lost
@@ -241,4 +241,4 @@ def node_lost_finding(node: int, beat: dict[str, Any], *, silent: float, this_no
     )
 
 
-NODE_LOST = Code("TG711", "node-lost", "error", needs=(RANKS,), page=node_lost_finding, status="preview")
+NODE_LOST = Code("TG711", "node-lost", "error", needs=(NODES,), page=node_lost_finding, status="preview")
