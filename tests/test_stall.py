@@ -300,3 +300,21 @@ def test_a_rank_its_flight_recorder_shows_in_ddps_all_reduce_is_in_a_collective(
     assert stop.proof(d) is None  # classify leaves the proof to the flight recorders' comparison
     d = classify.diagnose(snap)
     assert "pid 11 (rank 1) is not in a collective" in d.detail
+
+
+def test_torchruns_agent_in_its_exit_barrier_is_named_when_its_workers_are_done() -> None:
+    agent = "/venv/lib/python3.11/site-packages/torch/distributed/elastic/agent/server/api.py"
+    barrier = _thread(("/venv/bin/torchrun", 8, "<module>", "sys.exit(main())"),
+                      (agent, 938, "_invoke_run", "self._exit_barrier()"),
+                      (agent, 994, "_exit_barrier", "store_util.barrier("),
+                      ("/venv/lib/python3.11/site-packages/torch/distributed/elastic/utils/store.py", 201, "barrier",
+                       "store.wait([last_member_key])"))
+    d = _diagnose(ProcSample(pid=10, cpu_percent=0.0, status="sleeping", threads=[barrier]))
+    assert d.cause == "exit-barrier" and d.pid == 10 and "_exit_barrier" in (d.where or ""), d
+    assert "other nodes' agents" in d.detail and "workers here are done" in d.detail
+    assert stop.proof(d) is None  # it ends by itself (the other nodes arrive, or its timeout)
+    # while a worker still runs, the agent's wait is not the cause
+    worker = _thread(("/w/train.py", 40, "<module>", "loss.backward()"))
+    d = _diagnose(ProcSample(pid=10, cpu_percent=0.0, status="sleeping", threads=[barrier]),
+                  ProcSample(pid=11, cpu_percent=0.0, status="sleeping", threads=[worker]))
+    assert d.cause != "exit-barrier"

@@ -115,6 +115,14 @@ def test_a_launchers_dying_words_are_not_progress_but_training_lines_are() -> No
         "==========================================",
         "train.py FAILED",
         "  exitcode  : -15 (pid: 4250)  (SIGTERM)",
+        # torchrun's agent when its exit barrier times out (the other node's agent was lost)
+        "[W1126 19:11:23.692403231 socket.cpp:494] [c10d] waitForInput: socket SocketImpl(fd=13) timed out after"
+        " 300000ms",
+        "Exception raised from sendBytes at /__w/pytorch/pytorch/torch/csrc/distributed/c10d/Utils.hpp:758 (most"
+        " recent call first):",
+        "frame #6: c10d::TCPStore::check(std::vector<std::string> const&) + 0x35d (0x7feca1b41acd in"
+        " /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so)",
+        "<omitting python frames>",
     ]
     assert [line for line in dying if lines.feed(line)] == []
     moving = ["step 40 loss 1.2031", "[rank0]: iter 41: loss 1.19, time 80.1ms",

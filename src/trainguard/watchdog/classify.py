@@ -68,13 +68,33 @@ def diagnose(snap: Snapshot, waits: dict[int, str] | None = None) -> Diagnosis:
     trainers = [p for p in others if p.threads and not _waits_on_children(p)]
     if not trainers:
         trainers = [p for p in others if p.threads]
+    if len(trainers) == len(others):  # no process but launchers: the workers are gone
+        barrier = _exit_barrier(trainers)
+        if barrier is not None:
+            return barrier
     for check in (_collective, _dataloader, _busy, _blocked):
         diag = _collective(snap, trainers, workers, waits or {}) if check is _collective else check(snap, trainers, workers)
         if diag is not None:
             return diag
-    unread = "; ".join(f"pid {p.pid}: {p.error}" for p in procs if p.error) or "no process of the run was found"
+    unread = "; ".join(f"pid {p.pid}: {p.error}" for p in procs if p.error) or (
+        f"{len(procs)} process(es) looked at, their stacks are in stacks/" if procs else "no process of the run was found")
     return Diagnosis(cause="unknown", where=None, detail=f"no stack showed a known cause ({unread})",
                      fix=FIXES["unknown"])
+
+
+def _exit_barrier(launchers: list[ProcSample]) -> Diagnosis | None:
+    """torchrun's agent whose workers are done waits in its exit barrier for the other nodes' agents
+    (`_exit_barrier -> store.wait`, up to 300 s): not a hang of this node, a node that is late or lost."""
+    for p in launchers:
+        t = p.main_thread
+        frame = next((f for f in t.frames if f.function == "_exit_barrier" and "elastic/agent/" in f.file),
+                     None) if t is not None else None
+        if frame is not None:
+            return Diagnosis(
+                cause="exit-barrier", where=_where(frame), pid=p.pid, frames=_frames(t), fix=FIXES["exit-barrier"],
+                detail=f"torchrun's agent (pid {p.pid}) waits in its exit barrier for the other nodes' agents: "
+                       "the workers here are done")
+    return None
 
 
 def io_moving(snap: Snapshot) -> int:
@@ -455,6 +475,11 @@ FIXES = {
     "sleep": (
         "The process sleeps in a loop waiting for something that never comes (a file, a flag, a port). Give "
         "the wait a deadline and fail with a message naming what it waited for."),
+    "exit-barrier": (
+        "This node's workers are done; its torchrun agent waits (up to 300 s, then fails) for the agents of "
+        "the other nodes to reach the end too. Look at the other nodes: one that is still training is late, "
+        "one whose agent died (killed, out of memory, its host gone) is lost and the wait ends in an error. "
+        "Give every node the same number of steps (uneven data ends some nodes early)."),
     "unknown": (
         "trainguard could not name the cause. Read the stacks in the run folder (stacks/hang-*.txt); keep the "
         "automatic probe on (no --no-auto) so every Python process dumps its stacks on a signal, and run as a "

@@ -14,8 +14,8 @@ says nothing about the training loop.
 
 What is left out, line by line: a Python traceback from its header to its exception line (chained ones too),
 Python's `warnings` lines (`file.py:12: UserWarning: ...` and the source line under it), glog-style lines
-of level W, E or F (torch.distributed's launcher and c10d log this way), a C++ abort (`terminate called`,
-`what():`), and torchrun's failure summary. Torch's `[rank1]:` prefix is read through. Output that comes
+of level W, E or F (torch.distributed's launcher and c10d log this way, bracketed or not), a C++ abort
+(`terminate called`, `what():`) or exception trace (`Exception raised from ...`, `frame #4: ...`), and torchrun's failure summary. Torch's `[rank1]:` prefix is read through. Output that comes
 after a signal was sent is never progress whatever it says: the supervisor stops counting it (see
 `Supervisor._observe`).
 """
@@ -27,7 +27,8 @@ import re
 # torch prefixes each line of a rank's output (`[rank1]: ...`), torchrun's --tee `[default1]: ...`
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default|trainer|worker)\d+\]:\s?")
 # glog: `W1126 16:35:32.062000 32339 torch/distributed/...] text` (the level, then MMDD and the time)
-_GLOG_NOT_INFO = re.compile(r"^[WEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ ")
+# and c10d's C++ form `[W1126 19:11:23.692403231 socket.cpp:494] [c10d] ...` (a store's socket timing out)
+_GLOG_NOT_INFO = re.compile(r"^(?:[WEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ |\[[WEF]\d{4} \d\d:\d\d:\d\d\.\d+ \S+:\d+\])")
 # Python's warnings module: `path/file.py:12: UserWarning: text`
 _PY_WARNING = re.compile(r"^\S.*:\d+: [A-Z]\w*Warning: ")
 _PY_WARNING_SOURCE = re.compile(r"^\s+warnings\.warn\(")
@@ -36,7 +37,7 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 _DYING = re.compile(
     r"^(?:terminate called after throwing|\s+what\(\):|Aborted \(core dumped\)|Segmentation fault"
-    r"|Killed$|Terminated$|Fatal Python error:)"
+    r"|Killed$|Terminated$|Fatal Python error:|Exception raised from \S+ at |frame #\d+: |<omitting python frames>)"
     r"|Sending process \d+ closing signal|Received \d+ death signal|got signal: ?\d+")
 # torchrun's summary of the failure: a rule of `=` or `-`, the script "FAILED", the failures and their fields
 _SUMMARY = re.compile(r"^(?:={10,}|-{10,}|\S+ FAILED$|Failures:$|<NO_OTHER_FAILURES>$|Root Cause \(first observed"
