@@ -105,7 +105,7 @@ def install() -> bool:
     return True
 
 
-def wrap(graph_class: type, gate: CaptureGate = GATE) -> None:
+def wrap(graph_class: Any, gate: CaptureGate = GATE) -> None:
     """Replaces `graph_class`'s capture_begin and capture_end by versions that tell `gate`."""
     begin, end = graph_class.capture_begin, graph_class.capture_end
 
@@ -126,5 +126,5 @@ def wrap(graph_class: type, gate: CaptureGate = GATE) -> None:
     for new, old in ((capture_begin, begin), (capture_end, end)):
         new.__name__, new.__qualname__, new.__doc__ = old.__name__, old.__qualname__, old.__doc__
         new.__wrapped__ = old  # type: ignore[attr-defined]
-    graph_class.capture_begin = capture_begin  # type: ignore[method-assign]
-    graph_class.capture_end = capture_end  # type: ignore[method-assign]
+    graph_class.capture_begin = capture_begin
+    graph_class.capture_end = capture_end

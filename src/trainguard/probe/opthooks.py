@@ -117,7 +117,7 @@ class OptimizerHooks:
             if s.update_snapshot is not None:
                 before = s.update_snapshot
                 s.update_snapshot = None
-                after = self._sampler.take(self._update_sample)
+                after = self._sampler.take(self._update_sample or [])
                 import torch
 
                 delta = torch.linalg.vector_norm(after - before)

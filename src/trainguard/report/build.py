@@ -172,7 +172,8 @@ def _node_rows(data: RunData) -> list[tuple[str, str]]:
     from trainguard.store.nodes import node_dirs, node_of
     from trainguard.store.reader import RunReader
 
-    per_node = data.status.get("nodes") if isinstance(data.status.get("nodes"), dict) else {}
+    nodes = data.status.get("nodes")
+    per_node: dict[str, Any] = nodes if isinstance(nodes, dict) else {}
     rows = []
     for part in node_dirs(data.run_dir):
         node = node_of(part)

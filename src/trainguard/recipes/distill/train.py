@@ -112,7 +112,8 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     else:
         assert cache is not None  # no teacher is loaded only when the cache stands in for it
         V_t = cache.manifest["teacher_width"]
-    vocab_map = build_vocab_map(t_tok.token_bytes, s_tok.token_bytes, V_t, mode=cfg.loss.kd.vocab_map)
+    # parse_config resolves a null vocab_map/partial; a config built in code may leave them null: strict, off
+    vocab_map = build_vocab_map(t_tok.token_bytes, s_tok.token_bytes, V_t, mode=cfg.loss.kd.vocab_map or "strict")
     n_mapped = int((vocab_map >= 0).sum())
     if with_kd and cfg.loss.kd.top_k > V_t:
         raise UserError(f"config: loss.kd.top_k={cfg.loss.kd.top_k} exceeds the teacher vocabulary ({V_t})")
@@ -127,7 +128,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     spec = KDSpec(vocab_map=vocab_map.to(device), top_k=kc.top_k, temperature=kc.temperature,
                   chunk=kc.chunk, layer_pairs=pairs, hidden_norm=cfg.loss.hidden.norm, method=kc.method,
                   correct_only=kc.correct_only, renormalize=kc.renormalize, merge=kc.vocab_map == "merge",
-                  chain=kc.target_prob == "chain", partial=kc.partial)
+                  chain=kc.target_prob == "chain", partial=bool(kc.partial))
     xproj = torch.nn.ModuleList()
     if with_kd and kc.method == "t2s":  # teacher hidden -> student hidden, read out by the student's head
         assert teacher is not None  # config.py refuses t2s with a teacher cache
