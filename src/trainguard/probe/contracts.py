@@ -442,8 +442,10 @@ class Contracts:
         if g._disabled or GATE.capturing or os.getpid() != g._pid:
             return
         step = g.opt_steps  # the guard's own post-hook ran first (registered first): this step is counted
-        follow = (GradsNeverReset.name not in self.sent and GradsNeverReset.name not in self.off
-                  and (step < SCAN_WARMUP or (step + 1) % self.every < GRAD_BURST))  # the next step's window
+        # Every window is followed: following only bursts of them carried a window's state across the
+        # steps without hooks, and a healthy Lightning run (accumulation 2) read as "not reset between
+        # optimizer steps 13, 23" (CI). A few Python calls per backward pass.
+        follow = GradsNeverReset.name not in self.sent and GradsNeverReset.name not in self.off
         for w in self.grad_watch:
             # What the step (and clipping, unscaling before it) did to the gradient is not a reset: the
             # window's reset must come after this point.
