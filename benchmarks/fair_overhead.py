@@ -303,6 +303,69 @@ class GcClock:
             self.count[s] = self.count.get(s, 0) + 1
 
 
+class Profiles:
+    """`--profile`: cProfile of the training thread during G's blocks and of the probe's background
+    thread (its loop, from the start), summarised as trainguard's functions by cumulative time per
+    optimizer step. A diagnosis of where the time goes, not a figure: profiling slows Python ~2x."""
+
+    def __init__(self, on: bool) -> None:
+        import cProfile
+
+        self.main = cProfile.Profile() if on else None
+        self.background = background_profile
+        if on and self.background is None:
+            print("--profile: the background thread's profile needs --profile at start-up", file=sys.stderr)
+
+    def summary(self, steps: int) -> dict | None:
+        if self.main is None:
+            return None
+        out = {"main": _top(self.main, steps)}
+        if self.background is not None:
+            self.background.disable()
+            out["background"] = _top(self.background, steps)
+        return out
+
+
+background_profile = None
+
+
+def profile_background_thread() -> None:
+    """Wraps the probe's background loop in a profiler before any guard starts (`--profile`)."""
+    import cProfile
+
+    from trainguard.probe import flusher
+
+    loop = flusher.Flusher._loop
+
+    def profiled(self) -> None:
+        global background_profile
+        background_profile = cProfile.Profile()
+        background_profile.enable()
+        try:
+            loop(self)
+        finally:
+            background_profile.disable()
+
+    flusher.Flusher._loop = profiled
+
+
+def _top(prof, steps: int, n: int = 40) -> list:
+    """The heaviest functions by cumulative time (trainguard's, and what they call directly), in ms per
+    optimizer step: [function, calls per step, own ms, cumulative ms]."""
+    import pstats
+
+    st = pstats.Stats(prof)
+    rows = []
+    for (fname, line, func), (_cc, nc, tt, ct, callers) in st.stats.items():
+        ours = "trainguard" in fname
+        called_by_us = any("trainguard" in c[0] for c in callers)
+        if not (ours or called_by_us) or func in ("<genexpr>", "<listcomp>", "<lambda>") and not ours:
+            continue
+        where = f"{fname.rsplit('/src/', 1)[-1]}:{line}({func})" if ours else f"{func} <- trainguard"
+        rows.append([where, round(nc / steps, 2), round(1000 * tt / steps, 4), round(1000 * ct / steps, 4)])
+    return sorted(rows, key=lambda r: -r[3])[:n]
+
+
 # -------------------------------------------------------------------------------------------------
 # the loop
 
@@ -432,7 +495,7 @@ def training(side: Side, sync_mode: list):
             yield
 
 
-def run_block(side: Side, loop, n: int, cuda: bool, gcc: GcClock) -> None:
+def run_block(side: Side, loop, n: int, cuda: bool, gcc: GcClock, prof=None) -> None:
     import torch
 
     if cuda:
@@ -443,6 +506,8 @@ def run_block(side: Side, loop, n: int, cuda: bool, gcc: GcClock) -> None:
     times = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        if prof is not None:
+            prof.enable()
         t0 = time.perf_counter()
         last = t0
         for _ in range(n):
@@ -453,6 +518,8 @@ def run_block(side: Side, loop, n: int, cuda: bool, gcc: GcClock) -> None:
         if cuda:
             torch.cuda.synchronize()
         total = time.perf_counter() - t0
+        if prof is not None:
+            prof.disable()
     if side.timer is not None:
         side.timer.active = False
     gcc.side = None
@@ -516,6 +583,7 @@ def child(args: argparse.Namespace) -> dict:
         for _ in range(cfg["warmup"]):
             next(loops[name])
     gcc = GcClock()
+    profiles = Profiles(args.profile)
     if cuda:
         torch.cuda.set_sync_debug_mode(sync_mode[0])
     timer.reset()
@@ -529,7 +597,7 @@ def child(args: argparse.Namespace) -> dict:
                 switch.on()
                 n_hooks += wrap_trainguard_hooks(G.model, G.opt, timer)  # hooks the probe added since
             c0 = probe_thread_cpu() if name == "G" else 0.0
-            run_block(sides[name], loops[name], cfg["block"], cuda, gcc)
+            run_block(sides[name], loops[name], cfg["block"], cuda, gcc, profiles.main if name == "G" else None)
             if name == "G":
                 bg_in_blocks += probe_thread_cpu() - c0
                 if switch is not None:
@@ -588,6 +656,7 @@ def child(args: argparse.Namespace) -> dict:
         "sync_warnings": {n: s.syncs for n, s in sides.items()} if cuda else None,
         "rows_stored": rows,
         "guard_errors": log.read_text()[-1500:] if log.exists() else "",
+        "profile": profiles.summary(steps),
     }
 
 
@@ -611,6 +680,8 @@ def suite(args: argparse.Namespace) -> int:
         for key in ("block", "rounds", "warmup", "gap", "threads", "layout", "pin"):
             if getattr(args, key) is not None:
                 cmd += [f"--{key}", str(getattr(args, key))]
+        if args.profile:
+            cmd.append("--profile")
         if "auto" in flags:
             run_dir = tempfile.mkdtemp(prefix="tg-fair-auto-")
             cmd = [sys.executable, "-m", "trainguard", "run", "--run-dir", run_dir, "--",
@@ -657,9 +728,13 @@ def main() -> int:
     p.add_argument("--pin", help="cores to run on, e.g. 0-7 (sched_setaffinity; default: all)")
     p.add_argument("--run-dir", help="the guarded side's run folder (default: a temporary one)")
     p.add_argument("--out", help="also write the JSON result here")
+    p.add_argument("--profile", action="store_true",
+                   help="cProfile the training thread in G's blocks and the probe's thread (slows both): a diagnosis")
     args = p.parse_args()
     if args.suite:
         return suite(args)
+    if args.profile:
+        profile_background_thread()
     result = child(args)
     line = json.dumps(result)
     print(line)
