@@ -308,22 +308,19 @@ class Profiles:
     thread (its loop, from the start), summarised as trainguard's functions by cumulative time per
     optimizer step. A diagnosis of where the time goes, not a figure: profiling slows Python ~2x."""
 
-    def __init__(self, on: bool) -> None:
+    def __init__(self, which: str | None) -> None:
         import cProfile
 
-        self.main = cProfile.Profile() if on else None
-        self.background = background_profile
-        if on and self.background is None:
-            print("--profile: the background thread's profile needs --profile at start-up", file=sys.stderr)
+        self.main = cProfile.Profile() if which == "main" else None
+        self.which = which
 
     def summary(self, steps: int) -> dict | None:
-        if self.main is None:
-            return None
-        out = {"main": _top(self.main, steps)}
-        if self.background is not None:
-            self.background.disable()
-            out["background"] = _top(self.background, steps)
-        return out
+        if self.main is not None:
+            return {"main": _top(self.main, steps)}
+        if self.which == "background" and background_profile is not None:
+            background_profile.disable()
+            return {"background": _top(background_profile, steps)}
+        return None
 
 
 background_profile = None
@@ -390,6 +387,8 @@ class Side:
         self.step_ms: list[list[float]] = []
         self.block_s: list[float] = []
         self.syncs = 0
+        self.thread_cpu_s = 0.0  # the training thread's CPU time in this arm's blocks
+        self.process_cpu_s = 0.0  # the whole process's (torch's worker threads, the probe's thread)
 
     def get_batch(self, split_gen):
         """nanoGPT's get_batch: random windows of a token array, pinned and copied without blocking."""
@@ -508,6 +507,7 @@ def run_block(side: Side, loop, n: int, cuda: bool, gcc: GcClock, prof=None) -> 
         warnings.simplefilter("always")
         if prof is not None:
             prof.enable()
+        cpu0, proc0 = time.thread_time(), time.process_time()
         t0 = time.perf_counter()
         last = t0
         for _ in range(n):
@@ -518,6 +518,8 @@ def run_block(side: Side, loop, n: int, cuda: bool, gcc: GcClock, prof=None) -> 
         if cuda:
             torch.cuda.synchronize()
         total = time.perf_counter() - t0
+        side.thread_cpu_s += time.thread_time() - cpu0
+        side.process_cpu_s += time.process_time() - proc0
         if prof is not None:
             prof.disable()
     if side.timer is not None:
@@ -552,6 +554,7 @@ def child(args: argparse.Namespace) -> dict:
         for name in SIDES[1:]:
             arm = copy.copy(sides["G"])
             arm.name, arm.step_ms, arm.block_s, arm.syncs = name, [], [], 0
+            arm.thread_cpu_s = arm.process_cpu_s = 0.0
             sides[name] = arm
     G = sides["G"]
     timer = OnThread()
@@ -630,6 +633,10 @@ def child(args: argparse.Namespace) -> dict:
         "torch": torch.__version__, "python": sys.version.split()[0],
         "threads": torch.get_num_threads(), "config": cfg, "wall_s": round(wall, 1),
         "step_ms": {n: round(1000 * sum(s.block_s) / steps, 3) for n, s in sides.items()},
+        # CPU per optimizer step, inside each arm's blocks: where G's extra wall time is CPU work of the
+        # training thread (hooks, their calls from C++), or of other threads, or waiting
+        "thread_cpu_ms_per_step": {n: round(1000 * s.thread_cpu_s / steps, 3) for n, s in sides.items()},
+        "process_cpu_ms_per_step": {n: round(1000 * s.process_cpu_s / steps, 3) for n, s in sides.items()},
         "layout": args.layout, "pinned_cpus": pinned, "hooks_switched_off": switch.most if switch else None,
         "guarded_vs_unguarded": ratio_figures(U.block_s, G.block_s),
         "control_vs_unguarded": ratio_figures(U.block_s, C.block_s),
@@ -681,7 +688,7 @@ def suite(args: argparse.Namespace) -> int:
             if getattr(args, key) is not None:
                 cmd += [f"--{key}", str(getattr(args, key))]
         if args.profile:
-            cmd.append("--profile")
+            cmd += ["--profile", args.profile]
         if "auto" in flags:
             run_dir = tempfile.mkdtemp(prefix="tg-fair-auto-")
             cmd = [sys.executable, "-m", "trainguard", "run", "--run-dir", run_dir, "--",
@@ -728,12 +735,13 @@ def main() -> int:
     p.add_argument("--pin", help="cores to run on, e.g. 0-7 (sched_setaffinity; default: all)")
     p.add_argument("--run-dir", help="the guarded side's run folder (default: a temporary one)")
     p.add_argument("--out", help="also write the JSON result here")
-    p.add_argument("--profile", action="store_true",
-                   help="cProfile the training thread in G's blocks and the probe's thread (slows both): a diagnosis")
+    p.add_argument("--profile", choices=["main", "background"],
+                   help="cProfile the training thread in G's blocks, or the probe's background thread (one at a "
+                        "time: Python 3.12's profilers are process-wide); slows what it profiles: a diagnosis")
     args = p.parse_args()
     if args.suite:
         return suite(args)
-    if args.profile:
+    if args.profile == "background":
         profile_background_thread()
     result = child(args)
     line = json.dumps(result)

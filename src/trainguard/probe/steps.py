@@ -155,7 +155,10 @@ class StepRecorder:
             if type(loss) not in ok:
                 self._check_value(loss)
             pending = self._pending
-            pending.append(("loss", loss))
+            # Detached (~1 us): a reference to the loss itself would keep the micro-batch's autograd graph
+            # alive until the step is resolved, and free it inside the guard's call (or on its background
+            # thread, holding the interpreter lock) instead of in the loop, where it is freed unguarded.
+            pending.append(("loss", loss.detach() if getattr(loss, "requires_grad", False) else loss))
             if self._cuda_index is None and getattr(loss, "is_cuda", False):
                 # the device this process trains on: its steps are stacked on it (`_emit`), and the memory
                 # samples of the background thread (whose own "current device" is always 0) read it
@@ -166,7 +169,9 @@ class StepRecorder:
                 for value in parts.values():
                     if type(value) not in ok:
                         self._check_value(value)
-                pending.append(("part:", dict(parts)))  # a copy: a loop may refill one dict every call
+                # a copy (a loop may refill one dict every call), its tensors detached as the loss is
+                pending.append(("part:", {k: v.detach() if getattr(v, "requires_grad", False) else v
+                                          for k, v in parts.items()}))
             if weights:
                 for value in weights.values():
                     if type(value) not in ok:
