@@ -65,13 +65,13 @@ from pathlib import Path
 ARMS: dict[str, dict] = {
     # TinyLM on the CPU, a step of tens of ms: the host is the bottleneck
     "cpu": dict(device="cpu", threads=4, vocab=256, dim=128, layers=2, heads=4, ctx=64, micro=16, accum=2,
-                amp=None, block=20, rounds=16, warmup=25, eval_every=25, gap=1.0),
+                amp=None, block=6, rounds=150, warmup=25, eval_every=25, gap=0.3),
     # GPT-2 small's shape on a GPU, bf16: the device is the bottleneck, the host runs ahead
     "gpu": dict(device="cuda", vocab=50304, dim=768, layers=12, heads=12, ctx=512, micro=16, accum=2,
-                amp="bf16", block=10, rounds=16, warmup=20, eval_every=20, gap=1.0),
+                amp="bf16", block=6, rounds=120, warmup=20, eval_every=20, gap=0.3),
     # a small model with micro-batch 1 on a GPU: the host's kernel launches are the bottleneck
     "launch": dict(device="cuda", vocab=50304, dim=256, layers=4, heads=4, ctx=256, micro=1, accum=4,
-                   amp="bf16", block=20, rounds=16, warmup=25, eval_every=25, gap=1.0),
+                   amp="bf16", block=6, rounds=150, warmup=25, eval_every=25, gap=0.3),
     # a tiny CPU loop of sub-millisecond steps, many of them: where stalls of the probe would show
     "tiny": dict(device="cpu", threads=1, vocab=64, dim=32, layers=1, heads=2, ctx=16, micro=4, accum=1,
                  amp=None, block=1000, rounds=12, warmup=500, eval_every=500, gap=1.0),
@@ -637,7 +637,8 @@ def child(args: argparse.Namespace) -> dict:
         # training thread (hooks, their calls from C++), or of other threads, or waiting
         "thread_cpu_ms_per_step": {n: round(1000 * s.thread_cpu_s / steps, 3) for n, s in sides.items()},
         "process_cpu_ms_per_step": {n: round(1000 * s.process_cpu_s / steps, 3) for n, s in sides.items()},
-        "layout": args.layout, "pinned_cpus": pinned, "hooks_switched_off": switch.most if switch else None,
+        "layout": args.layout, "pinned_cpus": pinned, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "hooks_switched_off": switch.most if switch else None,
         "guarded_vs_unguarded": ratio_figures(U.block_s, G.block_s),
         "control_vs_unguarded": ratio_figures(U.block_s, C.block_s),
         "guarded_vs_unguarded_paired": paired_figures(U.block_s, G.block_s),
@@ -741,6 +742,10 @@ def main() -> int:
     args = p.parse_args()
     if args.suite:
         return suite(args)
+    if ARMS[args.arm]["device"] == "cpu":
+        # torch's OpenMP workers spin between parallel regions instead of sleeping: a sleeping team's
+        # wake-up jitter was most of the CPU arm's block-to-block noise. Read when torch loads, so here.
+        os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
     if args.profile == "background":
         profile_background_thread()
     result = child(args)
