@@ -65,13 +65,13 @@ from pathlib import Path
 ARMS: dict[str, dict] = {
     # TinyLM on the CPU, a step of tens of ms: the host is the bottleneck
     "cpu": dict(device="cpu", threads=4, vocab=256, dim=128, layers=2, heads=4, ctx=64, micro=16, accum=2,
-                amp=None, block=20, rounds=16, warmup=25, eval_every=25, gap=1.0),
+                amp=None, block=6, rounds=150, warmup=25, eval_every=25, gap=0.3),
     # GPT-2 small's shape on a GPU, bf16: the device is the bottleneck, the host runs ahead
     "gpu": dict(device="cuda", vocab=50304, dim=768, layers=12, heads=12, ctx=512, micro=16, accum=2,
-                amp="bf16", block=10, rounds=16, warmup=20, eval_every=20, gap=1.0),
+                amp="bf16", block=6, rounds=120, warmup=20, eval_every=20, gap=0.3),
     # a small model with micro-batch 1 on a GPU: the host's kernel launches are the bottleneck
     "launch": dict(device="cuda", vocab=50304, dim=256, layers=4, heads=4, ctx=256, micro=1, accum=4,
-                   amp="bf16", block=20, rounds=16, warmup=25, eval_every=25, gap=1.0),
+                   amp="bf16", block=6, rounds=150, warmup=25, eval_every=25, gap=0.3),
     # a tiny CPU loop of sub-millisecond steps, many of them: where stalls of the probe would show
     "tiny": dict(device="cpu", threads=1, vocab=64, dim=32, layers=1, heads=2, ctx=16, micro=4, accum=1,
                  amp=None, block=1000, rounds=12, warmup=500, eval_every=500, gap=1.0),
@@ -166,37 +166,41 @@ def twin_figures(test: list[list[float]], base: list[list[float]]) -> dict:
 
 
 class OnThread:
-    """Seconds spent in trainguard on the training thread, by where; counts only while `active`."""
+    """Seconds spent in trainguard on the training thread, by where; counts only while `active`. Wall time
+    (what the loop waits for: the probe's own work, and the interpreter lock when the probe's background
+    thread holds it) and the training thread's CPU time (the probe's own work only)."""
 
     def __init__(self) -> None:
         self.active = False
         self.spent: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
         self.calls: dict[str, int] = {}
 
-    def add(self, where: str, dt: float) -> None:
+    def add(self, where: str, dt: float, dcpu: float = 0.0) -> None:
         if self.active:
             self.spent[where] = self.spent.get(where, 0.0) + dt
+            self.cpu[where] = self.cpu.get(where, 0.0) + dcpu
             self.calls[where] = self.calls.get(where, 0) + 1
 
     def call(self, where: str, fn, *a, **k):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return fn(*a, **k)
         finally:
-            self.add(where, time.perf_counter() - t0)
+            self.add(where, time.perf_counter() - t0, time.thread_time() - c0)
 
     def wrap(self, where: str, fn):
         @functools.wraps(fn)
         def timed(*a, **k):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*a, **k)
             finally:
-                self.add(where, time.perf_counter() - t0)
+                self.add(where, time.perf_counter() - t0, time.thread_time() - c0)
         return timed
 
     def reset(self) -> None:
-        self.spent, self.calls = {}, {}
+        self.spent, self.cpu, self.calls = {}, {}, {}
 
 
 def _owner(fn) -> str:
@@ -432,9 +436,9 @@ def training(side: Side, sync_mode: list):
     def timed_source():  # the loader's own time, to take out of guard.batches' time
         it = side.loader()
         while True:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             item = next(it)
-            tm.add("batches:loader", -(time.perf_counter() - t0))
+            tm.add("batches:loader", -(time.perf_counter() - t0), -(time.thread_time() - c0))
             yield item
 
     def batches():
@@ -443,9 +447,9 @@ def training(side: Side, sync_mode: list):
             return
         it = g.batches(timed_source())
         while True:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             item = next(it)
-            tm.add("batches", time.perf_counter() - t0)
+            tm.add("batches", time.perf_counter() - t0, time.thread_time() - c0)
             yield item
 
     def evaluate():
@@ -637,7 +641,8 @@ def child(args: argparse.Namespace) -> dict:
         # training thread (hooks, their calls from C++), or of other threads, or waiting
         "thread_cpu_ms_per_step": {n: round(1000 * s.thread_cpu_s / steps, 3) for n, s in sides.items()},
         "process_cpu_ms_per_step": {n: round(1000 * s.process_cpu_s / steps, 3) for n, s in sides.items()},
-        "layout": args.layout, "pinned_cpus": pinned, "hooks_switched_off": switch.most if switch else None,
+        "layout": args.layout, "pinned_cpus": pinned, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "hooks_switched_off": switch.most if switch else None,
         "guarded_vs_unguarded": ratio_figures(U.block_s, G.block_s),
         "control_vs_unguarded": ratio_figures(U.block_s, C.block_s),
         "guarded_vs_unguarded_paired": paired_figures(U.block_s, G.block_s),
@@ -648,6 +653,10 @@ def child(args: argparse.Namespace) -> dict:
         "probe_thread_cpu_outside_blocks_ms_per_step": round(1000 * max(0.0, bg_cpu - bg_in_blocks) / steps, 4),
         "on_thread_ms_per_step": round(1000 * on_thread_total / steps, 4),
         "on_thread_breakdown_ms_per_step": on_thread,
+        # the same calls' CPU time on the training thread: the probe's own work, without the waits for the
+        # interpreter lock (the background thread's share, in probe_thread_cpu_ms_per_step)
+        "on_thread_cpu_ms_per_step": round(1000 * sum(timer.cpu.values()) / steps, 4),
+        "on_thread_cpu_breakdown_ms_per_step": {k: round(1000 * v / steps, 4) for k, v in sorted(timer.cpu.items())},
         "on_thread_calls": dict(sorted(timer.calls.items())),
         "hooks_timed": n_hooks,
         "probe_thread_cpu_ms_per_step": round(1000 * bg_cpu / steps, 4),
@@ -709,7 +718,8 @@ def suite(args: argparse.Namespace) -> int:
                           "G/U trimmed": [gp["trimmed_mean"], gp["trimmed_ci95"]],
                           "C/U trimmed": [cp["trimmed_mean"], cp["trimmed_ci95"]],
                           "G/U bound": got["guarded_vs_unguarded_bound"],
-                          "on_thread_ms": got["on_thread_ms_per_step"], "bg_cpu_ms": got["probe_thread_cpu_ms_per_step"],
+                          "on_thread_ms": got["on_thread_ms_per_step"], "on_thread_cpu_ms": got["on_thread_cpu_ms_per_step"],
+                          "bg_cpu_ms": got["probe_thread_cpu_ms_per_step"],
                           "twin_p999_ms": got["twins_guarded_vs_unguarded"]["diff_p99.9_ms"],
                           "control_twin_p999_ms": got["twins_control_vs_unguarded"]["diff_p99.9_ms"],
                           "syncs": got["sync_warnings"], "rows": got["rows_stored"],
@@ -741,6 +751,10 @@ def main() -> int:
     args = p.parse_args()
     if args.suite:
         return suite(args)
+    if ARMS[args.arm]["device"] == "cpu":
+        # torch's OpenMP workers spin between parallel regions instead of sleeping: a sleeping team's
+        # wake-up jitter was most of the CPU arm's block-to-block noise. Read when torch loads, so here.
+        os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
     if args.profile == "background":
         profile_background_thread()
     result = child(args)
