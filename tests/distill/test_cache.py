@@ -217,6 +217,8 @@ def test_cache_cli_info_reports_the_build(built):
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["complete"] and info["k"] == 32 and info["shards_done"] == info["shards"]
+    assert info["format"] == 2 and info["partial"]["rows"] == info["partial_rows"] > 0  # the default: partial on
+    assert 0 < info["partial_bytes_per_row"] and 0 < info["aligned_bytes_per_position"] < info["bytes_per_position"]
 
 
 @pytest.fixture(scope="module")
