@@ -50,7 +50,7 @@ class LiveRules:
 
 class InboxRules:
     """The probe's rules: rows and events arrive in memory (`take`, from any thread) and are fed to the
-    engine in time order at each `poll` (the probe's background thread, once a second)."""
+    engine in time order at each `poll` (the probe's background thread, every two seconds)."""
 
     MAX_WAITING = 200_000  # items between two polls; past this the oldest go (counted), memory stays bounded
 
