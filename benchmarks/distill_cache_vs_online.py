@@ -18,6 +18,10 @@ Steps: the teacher is trained with LM loss (distill_quality.train_teacher), the 
 (`build_cache`, k = the KD top-k), then per seed the same student (same init and data order) is trained
 by the recipe twice: KD online and KD from the cache. Held-out bits per byte (the whole eval file) and
 the loop's tokens/s (outside evaluation) of each, as one JSON line.
+
+Under the recipe's default (`loss.kd.vocab_map: merge`, `loss.kd.partial: true`) both students distil the
+aligned positions and those inside a teacher token; the cache (format 2) stores the latter's conditioned
+teacher log-probs too, and `--verify-shards` of it are recomputed with the teacher (`verify_cache`).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--teacher-layers", type=int, default=6, help="the teacher's depth (6: ~11x the student's "
                     "forward; 12: ~21x)")
+    ap.add_argument("--verify-shards", type=int, default=1, help="cache shards recomputed with the teacher (0: none)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--work", default=None, help="keep the teacher and the cache here (reused when present)")
     args = ap.parse_args()
@@ -105,7 +110,17 @@ def main() -> None:
         built = build_cache(parse_config(copy.deepcopy(base)), Path(tmp) / "cache", k=base["loss"]["kd"]["top_k"],
                             shard_windows=512, run_dir=str(Path(tmp) / "cache-run"), verbose=False)
         result["cache_build"] = {"shards": built["shards"], "seconds": round(time.time() - tc, 1),
-                                 **{k: built[k] for k in ("bytes_per_position", "positions_per_s") if k in built}}
+                                 **{k: v for k, v in built.items() if k in ("bytes_per_position", "positions_per_s")
+                                    or k.startswith(("partial_", "aligned_"))}}
+        cfg0 = parse_config(copy.deepcopy(base))
+        result["kd"] = {"vocab_map": cfg0.loss.kd.vocab_map, "partial": cfg0.loss.kd.partial, "top_k": cfg0.loss.kd.top_k}
+        if args.verify_shards:
+            from trainguard.recipes.distill.cache_build import verify_cache
+
+            tv = time.time()
+            result["cache_verify"] = {**verify_cache(cfg0, Path(tmp) / "cache", shards=args.verify_shards),
+                                      "seconds": round(time.time() - tv, 1)}
+        print(json.dumps({k: result[k] for k in ("cache_build", "kd", "cache_verify") if k in result}), flush=True)
         for seed in args.seeds:
             for name in ("online", "cache"):
                 d = copy.deepcopy(base)

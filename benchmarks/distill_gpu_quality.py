@@ -2,7 +2,7 @@
 cache) against an LM-only student, in bits per byte; and the cache's size, speed and verification.
 
     python benchmarks/distill_gpu_quality.py --out-dir OUT [--teacher-seconds 100] [--student-steps 300] \
-        [--seeds 0 1 2]
+        [--seeds 0 1 2] [--variants lm_only,kd_online,kd_cache] [--verify-shards 2]
 
 Offline: the corpus is the text that ships with Python itself (the standard library's .py files,
 sorted by path, the first --corpus-mb MB; the last 3% held out). Steps, all under the recipe's code:
@@ -17,6 +17,9 @@ sorted by path, the first --corpus-mb MB; the last 3% held out). Steps, all unde
    windows, k = --k, then `verify_cache`); held-out bits per byte and the loop's tokens/s (outside
    evaluation) of each. The processes share the device and the host, so tokens/s here are under that
    contention (alike for the three variants): the cache's speed is measured by distill_cache_vs_online.py.
+   `--variants kd_online,kd_cache` (or `online,cache`) runs only those processes.
+Under the recipe's default (`loss.kd.partial: true`) the cache holds the partial rows too (format 2), so
+online and cache students distil the same positions with the same targets.
 One JSON object per stage is appended to OUT/quality.jsonl; the summary (per variant: bpb per seed, mean,
 spread) is printed last. Students still running at --deadline are stopped; what finished is kept.
 """
@@ -41,6 +44,7 @@ TEACHER_BUILD = {"hidden_size": 384, "intermediate_size": 1024, "moe_intermediat
                  "shared_expert_intermediate_size": 768, "num_experts": 8, "num_experts_per_tok": 2,
                  "num_hidden_layers": 6, "num_attention_heads": 6, "num_key_value_heads": 2,
                  "max_position_embeddings": 1024, "experts_implementation": "grouped_mm"}
+VARIANTS = ("lm_only", "kd_online", "kd_cache")
 STUDENT_BUILD = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
                  "num_key_value_heads": 2, "max_position_embeddings": 1024}
 
@@ -152,9 +156,12 @@ def memoised_prepare(work: Path) -> None:
         return ex
 
     train_mod.prepare = cached
+    from trainguard.recipes.distill import cache_build
+
+    cache_build.prepare = cached  # the build's partial rows: the same examples the students use
 
 
-def run_students(variant: str, seeds: list[int], work: Path, out: Path, k: int) -> None:
+def run_students(variant: str, seeds: list[int], work: Path, out: Path, k: int, verify_shards: int = 2) -> None:
     """One process per variant: its students one after another (the cache variant builds the cache first)."""
     torch.set_num_threads(4)  # three of these share the host's cores
     memoised_prepare(work)
@@ -172,8 +179,11 @@ def run_students(variant: str, seeds: list[int], work: Path, out: Path, k: int) 
                             run_dir=str(work / "cache-run"), verbose=False)
         built.update(stage="cache_build", seconds=time.time() - t0)
         log(out, built, record)
-        log(out, {"stage": "cache_verify", **verify_cache(parse_config(copy.deepcopy(base)), cache_dir, shards=2)},
-            record)
+        if verify_shards:
+            t0 = time.time()
+            log(out, {"stage": "cache_verify", **verify_cache(parse_config(copy.deepcopy(base)), cache_dir,
+                                                              shards=verify_shards), "seconds": time.time() - t0},
+                record)
         with RunReader(built["run_dir"]) as reader:
             log(out, {"stage": "cache_guard", "state": reader.status()["state"],
                       "findings": [f"{f.code} {f.name}" for f in reader.findings()],
@@ -237,13 +247,21 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cuda (the benchmark) or cpu (a smoke test of the script)")
     ap.add_argument("--deadline", type=float, default=520, help="seconds from the start after which the "
                     "student processes are stopped (what they finished is kept and summarised)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="which students to train, comma-separated: lm_only (lm), kd_online (online), kd_cache (cache)")
+    ap.add_argument("--verify-shards", type=int, default=2, help="cache shards recomputed with the teacher (0: none)")
     ap.add_argument("--variant", default=None, help=argparse.SUPPRESS)  # child: one variant's students
     ap.add_argument("--work", default="/tmp/distill_quality", help=argparse.SUPPRESS)
     args = ap.parse_args()
     out, work = Path(args.out_dir), Path(args.work)
     if args.variant:
-        run_students(args.variant, args.seeds, work, out, args.k)
+        run_students(args.variant, args.seeds, work, out, args.k, args.verify_shards)
         return
+    aliases = {"lm": "lm_only", "online": "kd_online", "cache": "kd_cache"}
+    variants = [aliases.get(v.strip(), v.strip()) for v in args.variants.split(",") if v.strip()]
+    if not variants or any(v not in VARIANTS for v in variants):
+        sys.exit(f"distill_gpu_quality: --variants takes {', '.join(VARIANTS)} (or lm, online, cache), "
+                 f"got {args.variants!r}")
     t_start = time.time()
     out.mkdir(parents=True, exist_ok=True)
     import shutil
@@ -266,9 +284,9 @@ def main() -> None:
                     "bos": "<|bos|>"},
         "data": {"train": str(work / "train.txt"), "eval": str(work / "eval.txt"), "window_chars": 512,
                  "eval_windows": 0},
-        # KD settings not named here (which positions, which remedy) are the recipe's defaults. Since
-        # loss.kd.partial (on by default with the teacher in memory, impossible from the cache), the online
-        # and cache students no longer distil the same positions: runs 3 and 4 predate it
+        # KD settings not named here (which positions, which remedy) are the recipe's defaults. Runs 3 and 4
+        # predate loss.kd.partial; in run 5 the cache held aligned positions only (format 1); since format 2
+        # the cache students distil the partial positions too, as the online ones do
         "loss": {"lm": 1.0, "kd": {"start": 0.1, "end": 0.7, "ramp": [0.0, 0.2], "top_k": args.k, "temperature": 1.0,
                                    "chunk": 1024},
                  "hidden": {"start": 0.0, "end": 0.0}},
@@ -292,8 +310,9 @@ def main() -> None:
     st, tt = load_tokenizer("student", cfg.student, text), load_tokenizer("teacher", cfg.teacher, text)
     from trainguard.recipes.distill.partial import PartialMapper
 
-    # LM-only and cache students prepare without partial positions, online KD students with them (loss.kd.partial)
-    mappers = [None, PartialMapper(tt.token_bytes, st.token_bytes)] if cfg.loss.kd.partial else [None]
+    # LM-only students prepare without partial positions, KD students (online and cache) with them (loss.kd.partial)
+    mappers = ([None] if "lm_only" in variants or not cfg.loss.kd.partial else []) + \
+        ([PartialMapper(tt.token_bytes, st.token_bytes)] if cfg.loss.kd.partial else [])
     for path in (cfg.data.train, cfg.data.eval):
         for mapper in mappers:
             train_mod.prepare(windows(read_text(cfg.resolve_path(path)), cfg.data.window_chars), st, tt,
@@ -303,8 +322,9 @@ def main() -> None:
     # the three variants side by side, one process each (the host has cores to spare: these small
     # students are bound by the host, not the device); each variant's seeds run one after another
     procs = [subprocess.Popen([sys.executable, __file__, "--out-dir", str(out), "--work", str(work), "--variant", v,
-                               "--k", str(args.k), "--seeds", *map(str, args.seeds)])
-             for v in ("lm_only", "kd_online", "kd_cache")]
+                               "--k", str(args.k), "--verify-shards", str(args.verify_shards),
+                               "--seeds", *map(str, args.seeds)])
+             for v in variants]
     for p in procs:
         try:
             p.wait(timeout=max(1.0, args.deadline - (time.time() - t_start)))
@@ -312,7 +332,7 @@ def main() -> None:
             p.kill()
             p.wait()
     with (out / "quality.jsonl").open("a") as f:
-        for v in ("lm_only", "kd_online", "kd_cache"):
+        for v in variants:
             part = out / f"quality-{v}.jsonl"
             if part.is_file():
                 f.write(part.read_text())

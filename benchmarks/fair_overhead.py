@@ -65,13 +65,13 @@ from pathlib import Path
 ARMS: dict[str, dict] = {
     # TinyLM on the CPU, a step of tens of ms: the host is the bottleneck
     "cpu": dict(device="cpu", threads=4, vocab=256, dim=128, layers=2, heads=4, ctx=64, micro=16, accum=2,
-                amp=None, block=20, rounds=16, warmup=25, eval_every=25, gap=1.0),
+                amp=None, block=6, rounds=150, warmup=25, eval_every=25, gap=0.3),
     # GPT-2 small's shape on a GPU, bf16: the device is the bottleneck, the host runs ahead
     "gpu": dict(device="cuda", vocab=50304, dim=768, layers=12, heads=12, ctx=512, micro=16, accum=2,
-                amp="bf16", block=10, rounds=16, warmup=20, eval_every=20, gap=1.0),
+                amp="bf16", block=6, rounds=120, warmup=20, eval_every=20, gap=0.3),
     # a small model with micro-batch 1 on a GPU: the host's kernel launches are the bottleneck
     "launch": dict(device="cuda", vocab=50304, dim=256, layers=4, heads=4, ctx=256, micro=1, accum=4,
-                   amp="bf16", block=20, rounds=16, warmup=25, eval_every=25, gap=1.0),
+                   amp="bf16", block=6, rounds=150, warmup=25, eval_every=25, gap=0.3),
     # a tiny CPU loop of sub-millisecond steps, many of them: where stalls of the probe would show
     "tiny": dict(device="cpu", threads=1, vocab=64, dim=32, layers=1, heads=2, ctx=16, micro=4, accum=1,
                  amp=None, block=1000, rounds=12, warmup=500, eval_every=500, gap=1.0),
@@ -166,37 +166,41 @@ def twin_figures(test: list[list[float]], base: list[list[float]]) -> dict:
 
 
 class OnThread:
-    """Seconds spent in trainguard on the training thread, by where; counts only while `active`."""
+    """Seconds spent in trainguard on the training thread, by where; counts only while `active`. Wall time
+    (what the loop waits for: the probe's own work, and the interpreter lock when the probe's background
+    thread holds it) and the training thread's CPU time (the probe's own work only)."""
 
     def __init__(self) -> None:
         self.active = False
         self.spent: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
         self.calls: dict[str, int] = {}
 
-    def add(self, where: str, dt: float) -> None:
+    def add(self, where: str, dt: float, dcpu: float = 0.0) -> None:
         if self.active:
             self.spent[where] = self.spent.get(where, 0.0) + dt
+            self.cpu[where] = self.cpu.get(where, 0.0) + dcpu
             self.calls[where] = self.calls.get(where, 0) + 1
 
     def call(self, where: str, fn, *a, **k):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return fn(*a, **k)
         finally:
-            self.add(where, time.perf_counter() - t0)
+            self.add(where, time.perf_counter() - t0, time.thread_time() - c0)
 
     def wrap(self, where: str, fn):
         @functools.wraps(fn)
         def timed(*a, **k):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*a, **k)
             finally:
-                self.add(where, time.perf_counter() - t0)
+                self.add(where, time.perf_counter() - t0, time.thread_time() - c0)
         return timed
 
     def reset(self) -> None:
-        self.spent, self.calls = {}, {}
+        self.spent, self.cpu, self.calls = {}, {}, {}
 
 
 def _owner(fn) -> str:
@@ -308,22 +312,19 @@ class Profiles:
     thread (its loop, from the start), summarised as trainguard's functions by cumulative time per
     optimizer step. A diagnosis of where the time goes, not a figure: profiling slows Python ~2x."""
 
-    def __init__(self, on: bool) -> None:
+    def __init__(self, which: str | None) -> None:
         import cProfile
 
-        self.main = cProfile.Profile() if on else None
-        self.background = background_profile
-        if on and self.background is None:
-            print("--profile: the background thread's profile needs --profile at start-up", file=sys.stderr)
+        self.main = cProfile.Profile() if which == "main" else None
+        self.which = which
 
     def summary(self, steps: int) -> dict | None:
-        if self.main is None:
-            return None
-        out = {"main": _top(self.main, steps)}
-        if self.background is not None:
-            self.background.disable()
-            out["background"] = _top(self.background, steps)
-        return out
+        if self.main is not None:
+            return {"main": _top(self.main, steps)}
+        if self.which == "background" and background_profile is not None:
+            background_profile.disable()
+            return {"background": _top(background_profile, steps)}
+        return None
 
 
 background_profile = None
@@ -390,6 +391,8 @@ class Side:
         self.step_ms: list[list[float]] = []
         self.block_s: list[float] = []
         self.syncs = 0
+        self.thread_cpu_s = 0.0  # the training thread's CPU time in this arm's blocks
+        self.process_cpu_s = 0.0  # the whole process's (torch's worker threads, the probe's thread)
 
     def get_batch(self, split_gen):
         """nanoGPT's get_batch: random windows of a token array, pinned and copied without blocking."""
@@ -433,9 +436,9 @@ def training(side: Side, sync_mode: list):
     def timed_source():  # the loader's own time, to take out of guard.batches' time
         it = side.loader()
         while True:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             item = next(it)
-            tm.add("batches:loader", -(time.perf_counter() - t0))
+            tm.add("batches:loader", -(time.perf_counter() - t0), -(time.thread_time() - c0))
             yield item
 
     def batches():
@@ -444,9 +447,9 @@ def training(side: Side, sync_mode: list):
             return
         it = g.batches(timed_source())
         while True:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             item = next(it)
-            tm.add("batches", time.perf_counter() - t0)
+            tm.add("batches", time.perf_counter() - t0, time.thread_time() - c0)
             yield item
 
     def evaluate():
@@ -508,6 +511,7 @@ def run_block(side: Side, loop, n: int, cuda: bool, gcc: GcClock, prof=None) -> 
         warnings.simplefilter("always")
         if prof is not None:
             prof.enable()
+        cpu0, proc0 = time.thread_time(), time.process_time()
         t0 = time.perf_counter()
         last = t0
         for _ in range(n):
@@ -518,6 +522,8 @@ def run_block(side: Side, loop, n: int, cuda: bool, gcc: GcClock, prof=None) -> 
         if cuda:
             torch.cuda.synchronize()
         total = time.perf_counter() - t0
+        side.thread_cpu_s += time.thread_time() - cpu0
+        side.process_cpu_s += time.process_time() - proc0
         if prof is not None:
             prof.disable()
     if side.timer is not None:
@@ -552,6 +558,7 @@ def child(args: argparse.Namespace) -> dict:
         for name in SIDES[1:]:
             arm = copy.copy(sides["G"])
             arm.name, arm.step_ms, arm.block_s, arm.syncs = name, [], [], 0
+            arm.thread_cpu_s = arm.process_cpu_s = 0.0
             sides[name] = arm
     G = sides["G"]
     timer = OnThread()
@@ -630,7 +637,12 @@ def child(args: argparse.Namespace) -> dict:
         "torch": torch.__version__, "python": sys.version.split()[0],
         "threads": torch.get_num_threads(), "config": cfg, "wall_s": round(wall, 1),
         "step_ms": {n: round(1000 * sum(s.block_s) / steps, 3) for n, s in sides.items()},
-        "layout": args.layout, "pinned_cpus": pinned, "hooks_switched_off": switch.most if switch else None,
+        # CPU per optimizer step, inside each arm's blocks: where G's extra wall time is CPU work of the
+        # training thread (hooks, their calls from C++), or of other threads, or waiting
+        "thread_cpu_ms_per_step": {n: round(1000 * s.thread_cpu_s / steps, 3) for n, s in sides.items()},
+        "process_cpu_ms_per_step": {n: round(1000 * s.process_cpu_s / steps, 3) for n, s in sides.items()},
+        "layout": args.layout, "pinned_cpus": pinned, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "hooks_switched_off": switch.most if switch else None,
         "guarded_vs_unguarded": ratio_figures(U.block_s, G.block_s),
         "control_vs_unguarded": ratio_figures(U.block_s, C.block_s),
         "guarded_vs_unguarded_paired": paired_figures(U.block_s, G.block_s),
@@ -641,6 +653,10 @@ def child(args: argparse.Namespace) -> dict:
         "probe_thread_cpu_outside_blocks_ms_per_step": round(1000 * max(0.0, bg_cpu - bg_in_blocks) / steps, 4),
         "on_thread_ms_per_step": round(1000 * on_thread_total / steps, 4),
         "on_thread_breakdown_ms_per_step": on_thread,
+        # the same calls' CPU time on the training thread: the probe's own work, without the waits for the
+        # interpreter lock (the background thread's share, in probe_thread_cpu_ms_per_step)
+        "on_thread_cpu_ms_per_step": round(1000 * sum(timer.cpu.values()) / steps, 4),
+        "on_thread_cpu_breakdown_ms_per_step": {k: round(1000 * v / steps, 4) for k, v in sorted(timer.cpu.items())},
         "on_thread_calls": dict(sorted(timer.calls.items())),
         "hooks_timed": n_hooks,
         "probe_thread_cpu_ms_per_step": round(1000 * bg_cpu / steps, 4),
@@ -681,7 +697,7 @@ def suite(args: argparse.Namespace) -> int:
             if getattr(args, key) is not None:
                 cmd += [f"--{key}", str(getattr(args, key))]
         if args.profile:
-            cmd.append("--profile")
+            cmd += ["--profile", args.profile]
         if "auto" in flags:
             run_dir = tempfile.mkdtemp(prefix="tg-fair-auto-")
             cmd = [sys.executable, "-m", "trainguard", "run", "--run-dir", run_dir, "--",
@@ -702,7 +718,8 @@ def suite(args: argparse.Namespace) -> int:
                           "G/U trimmed": [gp["trimmed_mean"], gp["trimmed_ci95"]],
                           "C/U trimmed": [cp["trimmed_mean"], cp["trimmed_ci95"]],
                           "G/U bound": got["guarded_vs_unguarded_bound"],
-                          "on_thread_ms": got["on_thread_ms_per_step"], "bg_cpu_ms": got["probe_thread_cpu_ms_per_step"],
+                          "on_thread_ms": got["on_thread_ms_per_step"], "on_thread_cpu_ms": got["on_thread_cpu_ms_per_step"],
+                          "bg_cpu_ms": got["probe_thread_cpu_ms_per_step"],
                           "twin_p999_ms": got["twins_guarded_vs_unguarded"]["diff_p99.9_ms"],
                           "control_twin_p999_ms": got["twins_control_vs_unguarded"]["diff_p99.9_ms"],
                           "syncs": got["sync_warnings"], "rows": got["rows_stored"],
@@ -728,12 +745,17 @@ def main() -> int:
     p.add_argument("--pin", help="cores to run on, e.g. 0-7 (sched_setaffinity; default: all)")
     p.add_argument("--run-dir", help="the guarded side's run folder (default: a temporary one)")
     p.add_argument("--out", help="also write the JSON result here")
-    p.add_argument("--profile", action="store_true",
-                   help="cProfile the training thread in G's blocks and the probe's thread (slows both): a diagnosis")
+    p.add_argument("--profile", choices=["main", "background"],
+                   help="cProfile the training thread in G's blocks, or the probe's background thread (one at a "
+                        "time: Python 3.12's profilers are process-wide); slows what it profiles: a diagnosis")
     args = p.parse_args()
     if args.suite:
         return suite(args)
-    if args.profile:
+    if ARMS[args.arm]["device"] == "cpu":
+        # torch's OpenMP workers spin between parallel regions instead of sleeping: a sleeping team's
+        # wake-up jitter was most of the CPU arm's block-to-block noise. Read when torch loads, so here.
+        os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
+    if args.profile == "background":
         profile_background_thread()
     result = child(args)
     line = json.dumps(result)

@@ -383,6 +383,57 @@ def test_the_batch_of_a_nonfinite_loss_is_saved_for_replay(tmp_path: Path) -> No
     assert f["step"] == 40 and "nonfinite-step40.pt" in f["summary"]
 
 
+# A run alone (no watchdog): a NaN loss at step 20, then training goes on; the script itself reads its
+# status.json after each step and records how long the finding took to appear there.
+LIVE_NAN_SCRIPT = textwrap.dedent('''
+    import json, time, torch, trainguard
+    torch.manual_seed(0); torch.set_num_threads(1)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = trainguard.watch(model, opt, total_steps=2000, run_dir="run")
+    t_nan = seen = None
+    for step in range(1, 2001):
+        loss = torch.nn.functional.cross_entropy(model(torch.randn(16, 8)), torch.randint(4, (16,)))
+        if step == 20:
+            loss = loss * float("nan")
+            t_nan = time.time()
+        guard.step(loss)
+        if torch.isfinite(loss):
+            loss.backward(); opt.step()
+        opt.zero_grad()
+        time.sleep(0.01)
+        if t_nan is not None:
+            try:
+                status = json.load(open("run/status.json"))
+            except (OSError, ValueError):
+                continue
+            if any(f["name"] == "nonfinite-loss" for f in status["findings"]):
+                seen = {"after_s": time.time() - t_nan, "state": status["state"], "step": status["step"]}
+                break
+    json.dump(seen, open("seen.json", "w"))
+    guard.finish()
+''')
+
+
+def test_a_run_alone_shows_a_nan_in_its_status_within_seconds(tmp_path: Path) -> None:
+    """The probe's own rules (no watchdog) run off the training thread at a slow cadence; a NaN must still
+    reach status.json while the run goes on, within seconds, and the final status must hold it too."""
+    (tmp_path / "train.py").write_text(LIVE_NAN_SCRIPT)
+    env = dict(os.environ, TRAINGUARD_RULES="1")
+    env.pop("TRAINGUARD_RUN_DIR", None)
+    proc = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen is not None, "the NaN never reached status.json while the run went on"
+    assert seen["state"] == "running" and seen["step"] >= 20, seen
+    assert seen["after_s"] < 6.0, seen  # ~1-2 s: a flush (0.5 s), a rules pass (1 s), the status rewrite
+    final = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert final["state"] == "completed" and final["step"] > 20
+    f = next(f for f in final["findings"] if f["name"] == "nonfinite-loss")
+    assert f["step"] == 20 and f["source"] == "probe"
+
+
 def test_stop_on_a_health_finding_ends_the_run_early(tmp_path: Path) -> None:
     # the LR schedule ends at step 20 of 400 planned; each step sleeps so the run would take 8 s
     script = LR_ZERO_SCRIPT.replace("range(1, 101)", "range(1, 401)").replace("total_steps=100", "total_steps=400")

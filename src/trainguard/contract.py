@@ -74,7 +74,7 @@ INTERNAL_EVENT_KINDS = frozenset({
     EVENT_STEP, EVENT_SAMPLE, EVENT_EXPERTS, EVENT_CONTRACT, EVENT_OUTPUT, EVENT_PARAMS_NOT_IN_OPTIMIZER,
 })
 
-# -- the heartbeat: one row per writing process, upserted at every flush --------------------------------
+# -- the heartbeat: one row per writing process, upserted at the flush after it changes ------------
 
 HEARTBEAT_FIELDS = ("pid", "rank", "attempt", "t_progress", "t_flush", "micro", "step", "phase", "state")
 BEAT_RUNNING = "running"

@@ -94,17 +94,79 @@ def test_cached_targets_equal_the_online_teacher_targets(built):
     torch.testing.assert_close(cached.tail, online.tail, atol=2e-3, rtol=1e-3)
 
 
+def test_cached_partial_targets_equal_the_online_teacher_targets(built):
+    """Positions inside a teacher token (the default loss.kd.partial): the cache gives the targets the online
+    teacher gives, through the same mapping: same student ids, values within half a quantisation step."""
+    from trainguard.recipes.distill.build import body_and_head, load_model, load_tokenizer
+    from trainguard.recipes.distill.cache import partial_logp_for
+    from trainguard.recipes.distill.data import collate, prepare, read_text, windows
+    from trainguard.recipes.distill.losses import partial_from_logprobs, partial_targets
+    from trainguard.recipes.distill.partial import PartialMapper
+
+    cfg, folder, _, _ = built
+    assert cfg.loss.kd.partial  # the default
+    cache = TeacherCache(folder)
+    assert cache.format == 2 and cache.partial["rows"] > 0
+    text = read_text(cfg.resolve_path(cfg.data.train))
+    t_tok = load_tokenizer("teacher", cfg.teacher, text, cache.manifest["teacher_tokenizer"])
+    s_tok = load_tokenizer("student", cfg.student, text)
+    torch.manual_seed(cfg.seed)
+    teacher = load_model("teacher", cfg.teacher, t_tok).eval()
+    ex = prepare(windows(text, cfg.data.window_chars), s_tok, t_tok, partial=PartialMapper(t_tok.token_bytes,
+                                                                                           s_tok.token_bytes))
+    batch = collate([ex[3], ex[50], ex[7]], s_tok.bos_id, t_tok.bos_id)
+    n = len(batch["s_part"])
+    assert n > 10
+    cached = partial_from_logprobs(partial_logp_for(cache, batch["partial_windows"], batch["part_tid"]),
+                                   batch["part_tid"], batch["part_sid"], s_tok.vocab_size)
+    body, head = body_and_head(teacher)
+    with torch.no_grad():
+        h = body(input_ids=batch["t_ids"], attention_mask=batch["t_mask"]).last_hidden_state.flatten(0, 1)[batch["t_part"]]
+    online = partial_targets(h, head, batch["part_tid"], batch["part_sid"], cfg.loss.kd.temperature, s_tok.vocab_size)
+    assert torch.equal(cached.sid, online.sid) and torch.equal(cached.mapped, online.mapped)
+    assert cached.mapped.sum() > n  # real targets, several ids per row
+    err = (cached.logp - online.logp).abs()[online.mapped & (online.logp > -60)]
+    assert err.max() <= 0.5 / 1024 + 1e-5
+    torch.testing.assert_close(cached.tail, online.tail, atol=2e-3, rtol=1e-3)
+    # a batch laid out for another tokenisation (rows shifted by one) is refused, not misread
+    with pytest.raises(Exception, match="another student tokenisation"):
+        partial_logp_for(cache, batch["partial_windows"], batch["part_tid"].roll(1, 0))
+
+
+def test_verify_recomputes_the_partial_rows_and_catches_a_changed_value(built, tmp_path):
+    import shutil
+
+    cfg, folder, _, _ = built
+    report = verify_cache(cfg, folder, shards=1)
+    assert report["ok"] and report["partial_rows"] > 0 and report["partial_ids_identical"]
+    assert report["partial_max_abs_logp_error"] <= 1 / 1024 + 1e-3
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    for shard in bad.glob("shard-*.npz"):  # one partial value moved by 0.1 nat in every shard
+        with np.load(shard) as z:
+            data = {k: z[k] for k in z.files}
+        data["p_q"][len(data["p_q"]) // 2] += 100
+        np.savez_compressed(shard, **data)
+    report = verify_cache(cfg, bad, shards=1)
+    assert not report["ok"] and report["partial_max_abs_logp_error"] > 0.09
+
+
 def test_student_trains_from_the_cache_without_the_teacher(built, make_cfg, tmp_path, monkeypatch):
     from trainguard.recipes.distill import train as train_mod
 
     cfg, folder, _, _ = built
     cache_cfg = make_cfg(data__window_chars=160, data__teacher_cache=str(folder), loss__hidden__start=0.0,
                          loss__hidden__end=0.0, loss__kd__top_k=16)
-    loaded = []
+    assert cache_cfg.loss.kd.partial  # the default: positions inside a teacher token from the cache too
+    loaded, partial_rows = [], []
     real = train_mod.load_model
     monkeypatch.setattr(train_mod, "load_model", lambda side, *a: loaded.append(side) or real(side, *a))
+    real_partial = train_mod.partial_logp_for
+    monkeypatch.setattr(train_mod, "partial_logp_for",
+                        lambda *a: partial_rows.append(int(np.isfinite(real_partial(*a).numpy()).sum())) or real_partial(*a))
     r = train_mod.train(cache_cfg, run_dir=tmp_path / "student", verbose=False)
     assert loaded == ["student"]  # the teacher was never built
+    assert len(partial_rows) == cache_cfg.train.max_steps * cache_cfg.train.grad_accum and min(partial_rows) > 0
     assert r["step"] == cache_cfg.train.max_steps and all(np.isfinite(r["losses"]))
     with RunReader(r["run_dir"]) as reader:
         rows = list(reader.steps())
@@ -155,3 +217,57 @@ def test_cache_cli_info_reports_the_build(built):
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["complete"] and info["k"] == 32 and info["shards_done"] == info["shards"]
+    assert info["format"] == 2 and info["partial"]["rows"] == info["partial_rows"] > 0  # the default: partial on
+    assert 0 < info["partial_bytes_per_row"] and 0 < info["aligned_bytes_per_position"] < info["bytes_per_position"]
+
+
+@pytest.fixture(scope="module")
+def aligned_only(base_dict, tmp_path_factory):
+    """A cache as the format-1 builder wrote it (aligned entries only): built with loss.kd.partial off, its
+    manifest then marked format 1 (the shards of both are the same arrays)."""
+    import copy
+
+    from trainguard.recipes.distill.config import parse_config
+
+    d = copy.deepcopy(base_dict)
+    d["data"]["window_chars"] = 160
+    d["loss"]["kd"]["partial"] = False
+    folder = tmp_path_factory.mktemp("old") / "c"
+    build_cache(parse_config(d), folder, k=16, shard_windows=200, run_dir=str(folder.parent / "run"),
+                verbose=False)
+    with np.load(folder / "shard-00000.npz") as z:
+        assert not any(name.startswith("p_") for name in z.files)
+    m = json.loads((folder / "manifest.json").read_text())
+    assert m["partial"] is None
+    m["format"] = 1
+    del m["partial"]
+    (folder / "manifest.json").write_text(json.dumps(m))
+    return folder
+
+
+def test_an_aligned_only_cache_with_partial_on_is_refused_in_one_line_exit_2(aligned_only, base_dict, tmp_path):
+    import copy
+
+    import yaml
+
+    d = copy.deepcopy(base_dict)
+    d["data"].update(window_chars=160, teacher_cache=str(aligned_only))
+    d["loss"]["hidden"].update(start=0.0, end=0.0)
+    d["loss"]["kd"]["top_k"] = 16
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(d))
+    proc = subprocess.run([sys.executable, "-m", "trainguard.recipes.distill", str(path), "--run-dir",
+                           str(tmp_path / "run")], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and "aligned positions only (format 1)" in proc.stderr
+    assert "loss.kd.partial: false" in proc.stderr
+
+
+def test_an_aligned_only_cache_still_serves_a_student_with_partial_off(aligned_only, make_cfg, tmp_path):
+    from trainguard.recipes.distill.train import train
+
+    cfg = make_cfg(data__window_chars=160, data__teacher_cache=str(aligned_only), loss__hidden__start=0.0,
+                   loss__hidden__end=0.0, loss__kd__top_k=16, loss__kd__partial=False, train__max_steps=2,
+                   train__eval_every=2, train__save_every=2, optim__warmup_steps=1)
+    r = train(cfg, run_dir=tmp_path / "s", verbose=False)
+    assert r["step"] == 2 and all(np.isfinite(r["losses"]))

@@ -21,8 +21,11 @@ from trainguard.store.ending import Ending, ending_status, live_status
 from trainguard.store.status import reserve_space, write_status
 from trainguard.untrusted import printable
 
-STATUS_INTERVAL = 1.0  # seconds between status.json rewrites when no watchdog owns it
-RULES_INTERVAL = 1.0  # seconds between runs of the health rules when no watchdog runs them
+STATUS_INTERVAL = 1.0  # seconds: status.json is rewritten at most this often when what it says changed
+# ... and when only the progress changed (step, loss, LR), at most this often: each rewrite (JSON, a temp
+# file renamed over the old) was the background thread's longest stretch of a second's work
+PROGRESS_INTERVAL = 5.0
+RULES_INTERVAL = 1.0  # seconds between runs of the health rules when no watchdog runs them (and rows came)
 
 
 class Watched:
@@ -57,6 +60,9 @@ class Alone:
         self._rules_on = environ.get(ENV_RULES, "1") != "0"
         self._owner = owner_record(steps._pid)  # status.json names its writer, so readers can tell it is gone
         self._last_status = 0.0
+        self._written: tuple[Any, ...] | None = None  # what the last status.json said that readers act on
+        self._said_progress: tuple[Any, ...] | None = None  # ... and the progress it showed
+        self._findings_seen = 0  # findings added since the start (status.json's list changed)
         # The findings status.json lists, as the store's reader would give them: read from the store once
         # (a resumed run folder may hold some already), then kept up to date by the rules pass that adds
         # them. Why not read them back at every status write: opening the store and parsing every finding,
@@ -86,18 +92,28 @@ class Alone:
     def _found(self, f: Any) -> None:
         if self._status_findings is not None:
             self._status_findings[(f.code, f.name, f.step, f.cause)] = f
+        self._findings_seen += 1
 
     def tick(self) -> None:
-        """The background thread's pass: the rules once a second, status.json once a second."""
-        if self.rules is not None and time.time() - self.rules.last > RULES_INTERVAL:
+        """The background thread's pass: the rules once a second when rows came, status.json when it
+        would say something new (a finding, the phase: within a second; the progress: every few)."""
+        now = time.time()
+        if self.rules is not None and now - self.rules.last > RULES_INTERVAL and self.rules.pending():
             self.rules.run()
-        if time.time() - self._last_status > STATUS_INTERVAL:
-            try:
-                self._write(live_status("running", **self._fields()), final=False)
-            except Exception as exc:
-                # Why not the guard's fail: status.json is a summary beside the store; a folder that refuses
-                # it (replaced by a directory, full) must not switch the recording off.
-                self.steps._selflog.error("status.json", exc)
+        if now - self._last_status <= STATUS_INTERVAL:
+            return
+        s = self.steps
+        news = (self._findings_seen, s.phases.current, s.total_steps)
+        progress = (s.summary.get("step", s.step_count), s.summary.get("loss"), s.summary.get("lr"))
+        if news == self._written and (progress == self._said_progress or now - self._last_status < PROGRESS_INTERVAL):
+            return
+        try:
+            self._write(live_status("running", **self._fields()), final=False)
+            self._written, self._said_progress = news, progress
+        except Exception as exc:
+            # Why not the guard's fail: status.json is a summary beside the store; a folder that refuses
+            # it (replaced by a directory, full) must not switch the recording off.
+            s._selflog.error("status.json", exc)
 
     def finished(self) -> None:
         if self.rules is not None and not self.steps._disabled:
@@ -164,6 +180,11 @@ class ProbeRules:
         self._lock = threading.Lock()  # the background thread and an exit path may both run them
         self.last = 0.0
         self.cpu = 0.0  # CPU seconds the probe's thread spent in the health rules
+
+    def pending(self) -> bool:
+        """Rows or events came since the last pass (a pass over nothing is skipped)."""
+        inbox = self.inbox
+        return inbox is not None and bool(inbox.inbox)
 
     def run(self, final: bool = False) -> None:
         """The health rules over what was queued since the last time; new findings become events."""

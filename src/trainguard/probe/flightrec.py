@@ -33,12 +33,17 @@ MAX_ACTIVE = 8  # in-flight entries kept, newest first (a rank waits in one; DDP
 DEFAULT_GROUP = "default"  # as probe/collectives.py names the world group
 
 _answered = {"t": 0.0}  # the request time last answered, in this process
+_request_paths: dict[str | os.PathLike, str] = {}  # run folder -> its request file, as a plain string
 
 
 def asked(run_dir: str | os.PathLike) -> float | None:
     """The time of the watchdog's latest request when it is newer than the last one answered, else None."""
+    path = _request_paths.get(run_dir)
+    if path is None:
+        # built once: a Path joined at every flush cost more of the background thread than the stat
+        path = _request_paths[run_dir] = str(Path(run_dir) / "stacks" / COLLECTIVES_REQUEST)
     try:
-        t = (Path(run_dir) / "stacks" / COLLECTIVES_REQUEST).stat().st_mtime
+        t = os.stat(path).st_mtime
     except OSError:
         return None
     if t <= _answered["t"]:

@@ -39,6 +39,7 @@ from trainguard.store.selflog import GuardLog
 from trainguard.store.writer import StoreWriter
 
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
+BEAT_REFRESH = 5.0  # seconds: an unchanged heartbeat is written again after this long (its t_flush)
 
 
 is_tensor = devicestats.is_tensor
@@ -78,6 +79,8 @@ class StepRecorder:
         self._t_last_close: float | None = None
         self._sched = SchedClock()  # the training thread's CPU time and run-queue wait, every 8th step
         self._t_progress: float | None = None
+        self._last_beat: tuple[Any, ...] | None = None  # the heartbeat last queued (without its flush time), and when
+        self._last_beat_t = 0.0
         self.phases = Phases()
         self._device_broken = False
         self.update_snapshot: Any = None  # the optimizer hooks' parameter sample before an update (device)
@@ -153,7 +156,10 @@ class StepRecorder:
             if type(loss) not in ok:
                 self._check_value(loss)
             pending = self._pending
-            pending.append(("loss", loss))
+            # Detached (~1 us): a reference to the loss itself would keep the micro-batch's autograd graph
+            # alive until the step is resolved, and free it inside the guard's call (or on its background
+            # thread, holding the interpreter lock) instead of in the loop, where it is freed unguarded.
+            pending.append(("loss", loss.detach() if getattr(loss, "requires_grad", False) else loss))
             if self._cuda_index is None and getattr(loss, "is_cuda", False):
                 # the device this process trains on: its steps are stacked on it (`_emit`), and the memory
                 # samples of the background thread (whose own "current device" is always 0) read it
@@ -166,7 +172,9 @@ class StepRecorder:
                     for value in parts.values():
                         if type(value) not in ok:
                             self._check_value(value)
-                pending.append(("part:", dict(parts)))  # a copy: a loop may refill one dict every call
+                # a copy (a loop may refill one dict every call), its tensors detached as the loss is
+                pending.append(("part:", {k: v.detach() if getattr(v, "requires_grad", False) else v
+                                          for k, v in parts.items()}))
             if weights:
                 if not ok.issuperset(map(type, weights.values())):
                     for value in weights.values():
@@ -449,10 +457,16 @@ class StepRecorder:
         asked = flightrec.asked(self.run_dir)  # a stall: the watchdog asks what the flight recorder knows
         if asked is not None:
             self._writer.set_meta(f"flightrec.{self.rank}", flightrec.answer(asked, step=self.step_count + 1))
-        self._writer.set_heartbeat(
-            t_progress=self._t_progress, micro=self.micro, step=self.step_count, phase=self.phases.current,
-            state=BEAT_FINISHED if self.finished else BEAT_RUNNING,
-        )
+        beat = (self._t_progress, self.micro, self.step_count, self.phases.current,
+                BEAT_FINISHED if self.finished else BEAT_RUNNING)
+        now = time.time()
+        if beat != self._last_beat or now - self._last_beat_t >= BEAT_REFRESH:
+            # Only when it says something new (or to refresh its flush time now and then): an unchanged
+            # heartbeat cost a commit at every flush of a run that waits (an evaluation, the pause between
+            # two blocks of a benchmark), and nobody reads more from it than progress.
+            self._last_beat, self._last_beat_t = beat, now
+            t_progress, micro, step, phase, state = beat
+            self._writer.set_heartbeat(t_progress=t_progress, micro=micro, step=step, phase=phase, state=state)
 
     def _prepare(self, snapshot: list[tuple[dict[str, Any], Any]]) -> None:
         """Background thread: the values of steps handed over since the last pass become DevicePacks.

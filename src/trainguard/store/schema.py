@@ -5,9 +5,9 @@ Why these tables:
   loss parts, weights and rarely used numbers ride in JSON columns.
 - `events` holds everything that is not a step: phases, evaluations, checkpoints, crashes, findings,
   samples of memory, lines counted. `kind` says which; `data` is JSON.
-- `heartbeat` is one row per writing process, upserted at every flush: the watchdog reads progress
-  from it (the time of the last *training* progress, not of the flush, so a stuck loop with a live
-  background thread still looks stuck).
+- `heartbeat` is one row per writing process, upserted at the flush after it changed (and every few
+  seconds regardless, refreshing `t_flush`): the watchdog reads progress from it (the time of the last
+  *training* progress, not of the flush, so a stuck loop with a live background thread still looks stuck).
 - `meta` is key → JSON value: command, host, versions, the plan.
 - `ranks` is one row per rank and attempt: the node and host it runs on (store/ranks.py). Steps, events
   and heartbeats carry the rank alone; this table says where that rank was.

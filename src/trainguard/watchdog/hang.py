@@ -115,7 +115,7 @@ FLIGHT_WAIT = 1.0  # seconds to wait, past the sampling, for ranks whose answer 
 
 
 def _flight_answers(run_dir: Path, asked: float | None, snap: stacks.Snapshot) -> dict[int, dict[str, Any]]:
-    """The ranks' flight-recorder answers (probe/flightrec.py). A probe answers within a flush (0.2 s) of
+    """The ranks' flight-recorder answers (probe/flightrec.py). A probe answers within a flush (0.5 s) of
     the request and the sampling takes seconds, so they are in; a rank without a probe never answers:
     wait at most FLIGHT_WAIT for stragglers, then judge without them."""
     if asked is None:

@@ -13,6 +13,17 @@ top-k ids and tempered log-probs. Per shard of `shard_windows` windows, one `.np
 - `q` [R, k] uint16: -log p in steps of 1/`QSCALE` nat (resolution 0.001 nat, floor at -64 nats),
   delta-coded along k (the sequence is monotone, so the deltas are small and zlib squeezes them);
 - `nll` [W]: the teacher's LM cross-entropy per window, in nats (what the guard watched).
+
+Format 2 adds, when the build's config has `loss.kd.partial` on (the default), what an online student
+distils at its positions inside a teacher token (`partial.py`, `losses.consistent_logprobs`): for each such
+student position, in `data.prepare`'s order, the teacher's distribution at the last boundary conditioned
+on the bytes read, over every consistent teacher id (up to `PartialMapper.max_ids`), not a top-k:
+- `p_offsets` [W+1]: the partial rows of each window; `p_pos` [Rp]: each row's student position;
+- `p_len` [Rp]: consistent ids per row; `p_ids` [E] uint32 and `p_q` [E] uint16 (-log p in steps of
+  1/`QSCALE` nat, absolute: the ids keep the mapper's order, which the reader lays them out in).
+Which student positions fall inside a teacher token depends on the student's tokenizer, so these rows
+serve only the student tokenizer they were built with (its SHA-256 is in the manifest, checked).
+A format-1 cache (aligned entries only) still serves students with `loss.kd.partial: false`.
 `manifest.json` holds what makes a cache valid for a run (teacher fingerprint and tokenizer, k,
 temperature, window size, the training text's SHA-256); a build refuses to extend a cache made with
 anything else. Each shard is written to a temporary name and renamed, so a killed build resumes at the
@@ -37,7 +48,8 @@ from trainguard.errors import UserError
 QSCALE = 1024.0
 MEMORY = 2 << 30  # bytes of decompressed shards kept in memory by a reader
 QMAX = 65535
-FORMAT = 1
+FORMAT = 2  # 2: partial rows beside the aligned entries
+READABLE = (1, 2)  # format 1 still serves students with loss.kd.partial off (check_partial refuses it otherwise)
 
 
 def quantize(logp: np.ndarray) -> np.ndarray:
@@ -50,6 +62,15 @@ def quantize(logp: np.ndarray) -> np.ndarray:
 
 def dequantize(d: np.ndarray) -> np.ndarray:
     return -(np.cumsum(d.astype(np.int64), axis=1).astype(np.float32) / QSCALE)
+
+
+def quantize_flat(logp: np.ndarray) -> np.ndarray:
+    """Log-probs in any order -> uint16 -logp * QSCALE (absolute, floor at -64 nats)."""
+    return np.clip(np.rint(-logp.astype(np.float64) * QSCALE), 0, QMAX).astype(np.uint16)
+
+
+def dequantize_flat(q: np.ndarray) -> np.ndarray:
+    return -(q.astype(np.float32) / QSCALE)
 
 
 def text_digest(text: str) -> str:
@@ -68,8 +89,11 @@ class TeacherCache:
             self.manifest = json.loads(mf.read_text())
         except json.JSONDecodeError as exc:
             raise UserError(f"teacher cache: {mf} is not valid JSON ({exc.msg})") from None
-        if self.manifest.get("format") != FORMAT:
-            raise UserError(f"teacher cache: {self.folder} has format {self.manifest.get('format')!r}, expected {FORMAT}")
+        if self.manifest.get("format") not in READABLE:
+            raise UserError(f"teacher cache: {self.folder} has format {self.manifest.get('format')!r}, "
+                            f"this version reads {' or '.join(map(str, READABLE))}")
+        self.format = int(self.manifest["format"])
+        self.partial: dict[str, Any] | None = self.manifest.get("partial")  # None: aligned entries only
         self.k = int(self.manifest["k"])
         self.shard_windows = int(self.manifest["shard_windows"])
         self.n_windows = int(self.manifest["n_windows"])
@@ -88,7 +112,10 @@ class TeacherCache:
             if not p.is_file():
                 raise UserError(f"teacher cache: {p} is missing; finish the build with `trainguard distill cache build`")
             with np.load(p) as z:
-                self._shards[i] = {k: z[k] for k in z.files}
+                d = {k: z[k] for k in z.files}
+            if "p_len" in d:  # where each partial row's entries start
+                d["p_start"] = np.concatenate([[0], np.cumsum(d["p_len"], dtype=np.int64)])
+            self._shards[i] = d
             # Shuffled batches touch every shard: re-reading one per batch made cache students 2.8x slower
             # than online ones (measured). Keep decompressed shards up to a memory budget, oldest out first.
             while len(self._shards) > 1 and sum(a.nbytes for d in self._shards.values() for a in d.values()) > MEMORY:
@@ -113,6 +140,29 @@ class TeacherCache:
         j = w % self.shard_windows
         a, b = s["offsets"][j], s["offsets"][j + 1]
         return s["ids"][a:b], dequantize(s["q"][a:b])
+
+    def partial_window(self, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(student positions [r], ids per row [r], teacher ids [e], conditioned log-probs [e]) of window w's
+        partial rows, in `data.prepare`'s order."""
+        s = self._shard(w // self.shard_windows)
+        if "p_len" not in s:
+            raise UserError(f"teacher cache: {self.folder} holds no partial rows")
+        j = w % self.shard_windows
+        a, b = s["p_offsets"][j], s["p_offsets"][j + 1]
+        e0, e1 = s["p_start"][a], s["p_start"][b]
+        return s["p_pos"][a:b], s["p_len"][a:b], s["p_ids"][e0:e1], dequantize_flat(s["p_q"][e0:e1])
+
+    def member_bytes(self) -> dict[str, int]:
+        """Compressed bytes on disk per stored array, summed over the shards (a .npz is a zip)."""
+        import zipfile
+
+        out: dict[str, int] = {}
+        for p in self.folder.glob("shard-*.npz"):
+            with zipfile.ZipFile(p) as z:
+                for info in z.infolist():
+                    name = info.filename.removesuffix(".npy")
+                    out[name] = out.get(name, 0) + info.compress_size
+        return out
 
     def bytes_per_position(self) -> float:
         size = sum(p.stat().st_size for p in self.folder.glob("shard-*.npz"))
@@ -143,6 +193,56 @@ def targets_for(cache: TeacherCache, picks: list[tuple[int, list[int]]], vocab_m
         tail = np.log1p(-np.minimum(inside, 1.0)).astype(np.float32)
     return TeacherTargets(torch.from_numpy(np.where(mapped, sid, student_vocab).astype(np.int32)),
                           torch.from_numpy(lp), torch.from_numpy(mapped), torch.from_numpy(tail))
+
+
+def partial_logp_for(cache: TeacherCache, picks: list[tuple[int, int]], tid: Any) -> Any:
+    """[R, K] float32 conditioned log-probs of a batch's partial rows, laid out like its `part_tid` [R, K]
+    (-1 padding; -inf there): picks are (window, partial rows) per example, in collate's order."""
+    import torch
+
+    tid_np = tid.numpy()
+    R, K = tid_np.shape
+    lens, ids, logp = [], [], []
+    for w, n in picks:
+        if not n:
+            continue
+        pos, ln, pi, pv = cache.partial_window(w)
+        if len(pos) != n:
+            raise UserError(f"data.teacher_cache: window {w} has {len(pos)} partial rows in the cache, {n} here: "
+                            "it was built for another student tokenisation; rebuild it with this config")
+        lens.append(ln)
+        ids.append(pi)
+        logp.append(pv)
+    out = np.full((R, K), -np.inf, dtype=np.float32)
+    if lens:
+        ln_all = np.concatenate(lens).astype(np.int64)
+        ids_all = np.concatenate(ids)
+        rows = np.repeat(np.arange(len(ln_all)), ln_all)
+        cols = np.arange(len(ids_all)) - np.repeat(np.cumsum(ln_all) - ln_all, ln_all)
+        if len(ln_all) != R or ln_all.max(initial=0) > K or not np.array_equal(tid_np[rows, cols], ids_all) \
+                or int((tid_np >= 0).sum()) != len(ids_all):
+            raise UserError("data.teacher_cache: its partial rows name other teacher ids than this run's: it was "
+                            "built for another student tokenisation; rebuild it with this config")
+        out[rows, cols] = np.concatenate(logp)
+    return torch.from_numpy(out)
+
+
+def check_partial(cache: TeacherCache, cfg: Any, student_tokenizer: str) -> None:
+    """With loss.kd.partial on, the cache must hold partial rows, built for this student's tokenizer.
+
+    Refused rather than switched off: a cache student without them distils fewer positions than an online
+    one and came out measurably worse (benchmarks/distill.md, run 5); the fix is one command or one line."""
+    p = cache.partial
+    if p is None:
+        why = "format 1" if cache.format == 1 else "built with loss.kd.partial off"
+        raise UserError(f"data.teacher_cache: {cache.folder} holds aligned positions only ({why}) and loss.kd.partial "
+                        "is on: rebuild it with `trainguard distill cache build` or set loss.kd.partial: false")
+    if p["student_tokenizer_sha256"] != text_digest(student_tokenizer):
+        raise UserError(f"data.teacher_cache: {cache.folder}'s partial rows were built for another student tokenizer: "
+                        "rebuild it with this config or set loss.kd.partial: false")
+    if p["kd_positions"] != cfg.loss.kd.positions:
+        raise UserError(f"data.teacher_cache: partial rows built with loss.kd.positions={p['kd_positions']}, "
+                        f"the config says {cfg.loss.kd.positions}")
 
 
 def check_cache(cache: TeacherCache, cfg: Any, train_text: str) -> None:

@@ -20,10 +20,12 @@ import trainguard
 from trainguard.errors import UserError
 from trainguard.recipes.distill import checkpoint as ckpt
 from trainguard.recipes.distill.build import body_and_head, load_model, load_tokenizer
-from trainguard.recipes.distill.cache import FORMAT, TeacherCache, quantize, text_digest
+from trainguard.recipes.distill.cache import FORMAT, TeacherCache, quantize, quantize_flat, text_digest
 from trainguard.recipes.distill.config import DistillConfig
-from trainguard.recipes.distill.data import read_text, windows
+from trainguard.recipes.distill.data import prepare, read_text, windows
 from trainguard.recipes.distill.kd import teacher_targets
+from trainguard.recipes.distill.losses import consistent_logprobs
+from trainguard.recipes.distill.partial import PartialMapper
 from trainguard.recipes.distill.tokenize_align import encode, token_lengths
 from trainguard.recipes.distill.train import amp_policy
 
@@ -44,10 +46,55 @@ def _setup(cfg: DistillConfig) -> tuple[Any, Any, list[list[int]], str, Any, Any
     return device, teacher, encoded, text, t_tok, amp_policy(device, cfg.precision)
 
 
+# One window's partial rows (partial.py), in data.prepare's order: student positions, the teacher position
+# of the last boundary before each, and the teacher ids consistent with the bytes read there.
+Part = tuple[list[int], list[int], list[list[int]]]
+
+
+def _partial_plan(cfg: DistillConfig, text: str, t_tok: Any, encoded: list[list[int]], on: bool
+                  ) -> tuple[list[Part] | None, dict[str, Any] | None]:
+    """The partial rows of every window for the config's student, as training prepares them, and their manifest
+    entry; (None, None) when not `on`."""
+    if not on:
+        return None, None
+    s_tok = load_tokenizer("student", cfg.student, text)
+    mapper = PartialMapper(t_tok.token_bytes, s_tok.token_bytes)
+    exs = prepare(windows(text, cfg.data.window_chars)[: len(encoded)], s_tok, t_tok,
+                  cfg.loss.kd.positions == "next_token", mapper)
+    if [e.teacher.ids for e in exs] != encoded:  # one tokenisation of the teacher's, or the rows would not line up
+        raise UserError("cache: the teacher's tokenisation differs between the aligned and partial passes")
+    plan = [([r[0] for r in e.partial or []], [r[1] for r in e.partial or []], [r[2] for r in e.partial or []])
+            for e in exs]
+    meta = {"student_tokenizer_sha256": text_digest(s_tok.backend.to_str()), "kd_positions": cfg.loss.kd.positions,
+            "max_ids": mapper.max_ids, "rows": sum(len(p[0]) for p in plan),
+            "entries": sum(len(t) for p in plan for t in p[2])}
+    return plan, meta
+
+
+@torch.no_grad()
+def _partial_logprobs(h: torch.Tensor, head: Any, part: Part, temperature: float, chunk: int,
+                      device: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids per row, teacher ids, conditioned log-probs) of one window's partial rows, from its hidden states h:
+    `losses.consistent_logprobs`, the function the online student's targets come from."""
+    _, q0, tids = part
+    lens = np.array([len(t) for t in tids], dtype=np.uint16)
+    if not tids:
+        return lens, np.zeros(0, np.uint32), np.zeros(0, np.float32)
+    K = int(lens.max())
+    tid = torch.tensor([t + [-1] * (K - len(t)) for t in tids], dtype=torch.long, device=device)
+    q = torch.tensor(q0, dtype=torch.long, device=device)
+    lp = torch.cat([consistent_logprobs(h[q[i: i + chunk]], head, tid[i: i + chunk], temperature)
+                    for i in range(0, len(q0), chunk)])
+    real = tid >= 0  # row-major: each row's ids in the mapper's order
+    return lens, tid[real].cpu().numpy().astype(np.uint32), lp[real].cpu().numpy()
+
+
 @torch.no_grad()
 def _teacher_rows(teacher: Any, seqs: list[list[int]], k: int, temperature: float, device: Any, amp: Any,
-                  chunk: int, pad: int) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
-    """Top-k ids and tempered log-probs at every position with a next token, and each window's NLL."""
+                  chunk: int, pad: int, parts: list[Part] | None = None
+                  ) -> tuple[list[np.ndarray], list[np.ndarray], list[float], list[tuple[np.ndarray, ...]]]:
+    """Top-k ids and tempered log-probs at every position with a next token, each window's NLL, and (with
+    `parts`) each window's partial rows as `_partial_logprobs` gives them."""
     body, head = body_and_head(teacher)
     width = head.weight.shape[0]
     identity = torch.arange(width, device=device)
@@ -61,6 +108,7 @@ def _teacher_rows(teacher: Any, seqs: list[list[int]], k: int, temperature: floa
     with amp():
         h = body(input_ids=ids, attention_mask=mask).last_hidden_state
         out_ids, out_lp, nll = [], [], []
+        out_part: list[tuple[np.ndarray, ...]] = []
         for b, s in enumerate(seqs):
             n = len(s) - 1
             # identity map: "student" ids are teacher ids, so sid is the teacher's top-k in probability order
@@ -70,7 +118,9 @@ def _teacher_rows(teacher: Any, seqs: list[list[int]], k: int, temperature: floa
             out_lp.append(t.logp.gather(-1, order).cpu().numpy())
             logits = head(h[b, :n]).float()
             nll.append(float(torch.nn.functional.cross_entropy(logits, ids[b, 1: n + 1], reduction="sum")))
-    return out_ids, out_lp, nll
+            if parts is not None:
+                out_part.append(_partial_logprobs(h[b], head, parts[b], temperature, chunk, device))
+    return out_ids, out_lp, nll, out_part
 
 
 def build_cache(cfg: DistillConfig, out: str | os.PathLike, *, shard_windows: int = 256, k: int | None = None,
@@ -83,6 +133,7 @@ def build_cache(cfg: DistillConfig, out: str | os.PathLike, *, shard_windows: in
     device, teacher, encoded, text, t_tok, amp = _setup(cfg)
     if max_windows:
         encoded = encoded[:max_windows]
+    plan, partial_meta = _partial_plan(cfg, text, t_tok, encoded, bool(cfg.loss.kd.partial) and cfg.loss.kd.method == "kl")
     width = teacher.get_output_embeddings().weight.shape[0]
     if k >= width:
         raise UserError(f"cache: k={k} must be smaller than the teacher vocabulary ({width})")
@@ -90,7 +141,7 @@ def build_cache(cfg: DistillConfig, out: str | os.PathLike, *, shard_windows: in
         "format": FORMAT, "k": k, "temperature": cfg.loss.kd.temperature, "window_chars": cfg.data.window_chars,
         "text_sha256": text_digest(text), "n_windows": len(encoded), "shard_windows": shard_windows,
         "teacher_fingerprint": ckpt.fingerprint(teacher), "teacher_width": width,
-        "teacher_tokenizer": t_tok.backend.to_str(), "precision": cfg.precision,
+        "teacher_tokenizer": t_tok.backend.to_str(), "precision": cfg.precision, "partial": partial_meta,
     }
     mf = folder / "manifest.json"
     if mf.is_file():
@@ -116,18 +167,29 @@ def build_cache(cfg: DistillConfig, out: str | os.PathLike, *, shard_windows: in
                 guard.step(0.0)  # an existing shard counts as progress; its loss is not re-measured
                 continue
             seqs = encoded[i * shard_windows: (i + 1) * shard_windows]
-            ids, lps, nll = [], [], []
+            ids, lps, nll, part = [], [], [], []
             for j in range(0, len(seqs), batch):
-                a, b_, c = _teacher_rows(teacher, seqs[j: j + batch], k, cfg.loss.kd.temperature, device, amp,
-                                         cfg.loss.kd.chunk, t_tok.bos_id)
+                w0 = i * shard_windows + j
+                a, b_, c, d = _teacher_rows(teacher, seqs[j: j + batch], k, cfg.loss.kd.temperature, device, amp,
+                                            cfg.loss.kd.chunk, t_tok.bos_id,
+                                            None if plan is None else plan[w0: w0 + batch])
                 ids += a
                 lps += b_
                 nll += c
+                part += d
             rows = [len(x) for x in ids]
             offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+            arrays = {"offsets": offsets, "ids": np.concatenate(ids), "q": quantize(np.concatenate(lps)),
+                      "nll": np.asarray(nll, dtype=np.float32)}
+            if plan is not None:  # format 2: the partial rows (cache.py)
+                mine = plan[i * shard_windows: i * shard_windows + len(seqs)]
+                arrays.update(p_offsets=np.concatenate([[0], np.cumsum([len(p[0]) for p in mine])]).astype(np.int64),
+                              p_pos=np.array([x for p in mine for x in p[0]], dtype=np.int32),
+                              p_len=np.concatenate([x[0] for x in part]),
+                              p_ids=np.concatenate([x[1] for x in part]),
+                              p_q=quantize_flat(np.concatenate([x[2] for x in part])))
             tmp = cache.shard_path(i).with_suffix(".tmp.npz")
-            np.savez_compressed(tmp, offsets=offsets, ids=np.concatenate(ids), q=quantize(np.concatenate(lps)),
-                                nll=np.asarray(nll, dtype=np.float32))
+            np.savez_compressed(tmp, **arrays)  # type: ignore[arg-type]  # numpy stubs: allow_pickle in **kwds
             os.replace(tmp, cache.shard_path(i))
             written += 1
             positions += sum(rows)
@@ -139,7 +201,19 @@ def build_cache(cfg: DistillConfig, out: str | os.PathLike, *, shard_windows: in
     guard.finish()
     return {"folder": str(folder), "shards": n_shards, "written": written, "kept": done,
             "complete": cache.complete(), "bytes_per_position": round(cache.bytes_per_position(), 1),
+            **_partial_sizes(cache),
             "positions_per_s": positions / max(1e-9, time.time() - t0), "run_dir": str(guard.run_dir)}
+
+
+def _partial_sizes(cache: TeacherCache) -> dict[str, Any]:
+    """Compressed bytes of the aligned entries per position and of the partial rows per row (format 2)."""
+    if not cache.partial:
+        return {}
+    sizes = cache.member_bytes()
+    part = sum(v for key, v in sizes.items() if key.startswith("p_"))
+    return {"partial_rows": cache.partial["rows"], "partial_entries": cache.partial["entries"],
+            "aligned_bytes_per_position": round((sum(sizes.values()) - part) / max(1, cache.manifest["positions"]), 1),
+            "partial_bytes_per_row": round(part / max(1, cache.partial["rows"]), 1)}
 
 
 def verify_cache(cfg: DistillConfig, folder: str | os.PathLike, shards: int = 2, seed: int = 0) -> dict[str, Any]:
@@ -152,13 +226,27 @@ def verify_cache(cfg: DistillConfig, folder: str | os.PathLike, shards: int = 2,
         raise UserError("cache verify: the config's training text is not the one the cache was built from")
     if abs(m["teacher_fingerprint"] - ckpt.fingerprint(teacher)) > 1e-6 * max(1.0, abs(m["teacher_fingerprint"])):
         raise UserError("cache verify: the config's teacher is not the one the cache was built from")
+    encoded = encoded[: cache.n_windows]
+    plan, meta = _partial_plan(cfg, text, t_tok, encoded, cache.partial is not None)
+    if cache.partial is not None and meta is not None and meta["student_tokenizer_sha256"] != cache.partial["student_tokenizer_sha256"]:
+        raise UserError("cache verify: the config's student tokenizer is not the one the partial rows were built for")
     n_shards = -(-cache.n_windows // cache.shard_windows)
     rng = np.random.default_rng(seed)
     picks = sorted(rng.choice(n_shards, size=min(shards, n_shards), replace=False).tolist())
     worst, id_agree, rows = 0.0, 0, 0
+    p_worst, p_rows, p_same = 0.0, 0, True
     for i in picks:
-        seqs = encoded[i * cache.shard_windows: (i + 1) * cache.shard_windows]
-        ids, lps, _ = _teacher_rows(teacher, seqs, cache.k, m["temperature"], device, amp, cfg.loss.kd.chunk, t_tok.bos_id)
+        w0 = i * cache.shard_windows
+        seqs = encoded[w0: w0 + cache.shard_windows]
+        ids, lps, _, part = _teacher_rows(teacher, seqs, cache.k, m["temperature"], device, amp, cfg.loss.kd.chunk,
+                                          t_tok.bos_id, None if plan is None else plan[w0: w0 + len(seqs)])
+        for w, (lens, pi, pv) in enumerate(part):  # partial rows: the same ids in the same order, values in the quantum
+            _, c_len, c_ids, c_lp = cache.partial_window(w0 + w)
+            same = np.array_equal(c_len, lens) and np.array_equal(c_ids, pi)
+            p_same &= same
+            p_rows += len(lens)
+            if same:
+                p_worst = max(p_worst, float(np.abs(c_lp - np.maximum(pv, -65535 / 1024)).max(initial=0.0)))
         for w, (fi, fl) in enumerate(zip(ids, lps)):
             ci, cl = cache.window(i * cache.shard_windows + w)
             if ci.shape != fi.shape:
@@ -168,9 +256,12 @@ def verify_cache(cfg: DistillConfig, folder: str | os.PathLike, shards: int = 2,
             id_agree += int(same.sum())
             rows += len(same)
             worst = max(worst, float(np.abs(cl[same] - np.maximum(fl[same], -65535 / 1024)).max(initial=0.0)))
-    ok = worst <= 1.0 / 1024 + 1e-3 and id_agree >= 0.98 * rows
-    return {"shards_checked": picks, "positions": rows, "ids_identical_share": id_agree / max(1, rows),
-            "max_abs_logp_error": worst, "ok": ok}
+    ok = worst <= 1.0 / 1024 + 1e-3 and id_agree >= 0.98 * rows and p_same and p_worst <= 1.0 / 1024 + 1e-3
+    out = {"shards_checked": picks, "positions": rows, "ids_identical_share": id_agree / max(1, rows),
+           "max_abs_logp_error": worst, "ok": ok}
+    if plan is not None:
+        out.update(partial_rows=p_rows, partial_ids_identical=p_same, partial_max_abs_logp_error=p_worst)
+    return out
 
 
 def cache_info(folder: str | os.PathLike) -> dict[str, Any]:
@@ -179,6 +270,7 @@ def cache_info(folder: str | os.PathLike) -> dict[str, Any]:
     m.pop("teacher_tokenizer", None)
     n_shards = -(-cache.n_windows // cache.shard_windows)
     m.update(shards=n_shards, shards_done=sum(cache.shard_path(i).is_file() for i in range(n_shards)),
-             complete=cache.complete(), bytes_per_position=round(cache.bytes_per_position(), 1))
+             complete=cache.complete(), bytes_per_position=round(cache.bytes_per_position(), 1),
+             **_partial_sizes(cache))
     return m
 

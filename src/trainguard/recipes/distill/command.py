@@ -117,7 +117,10 @@ def cache_group() -> None:
 @click.option("--device", default=None, help="Override device: cpu, cuda or auto.")
 def cache_build_command(config: str, out: str, k: int | None, shard_windows: int, max_windows: int | None,
                         run_dir: str | None, device: str | None) -> None:
-    """Runs the teacher of CONFIG once over its training text and writes the top-k cache to --out."""
+    """Runs the teacher of CONFIG once over its training text and writes the top-k cache to --out.
+
+    With loss.kd.partial on (the default) it also writes, for CONFIG's student tokenizer, the teacher's
+    targets at the student positions inside a teacher token, which such a student needs from a cache."""
     def go() -> object:
         from trainguard.recipes.distill.cache_build import build_cache
 

@@ -98,8 +98,9 @@ class KDConfig(TermConfig):
     the teacher's probabilities of those tokens (the chain rule), the other entries scaled to sum to 1."""
     partial: bool | None = None
     """Also distil student positions that end inside a teacher token, from the teacher's distribution at the
-    last boundary conditioned on the bytes read since (partial.py). Method kl only. null: on for method kl
-    unless data.teacher_cache is set (the cache holds aligned positions only). With one tokenizer on both
+    last boundary conditioned on the bytes read since (partial.py). Method kl only. null: on for method kl.
+    A data.teacher_cache then needs partial rows (format 2, built with partial on for this student's
+    tokenizer); one without them is refused: rebuild it or set partial: false. With one tokenizer on both
     sides there are no such positions."""
     correct_only: bool = False
     """Distil only rows where the teacher's top-1, as a student id, is the student's next token."""
@@ -305,8 +306,6 @@ def _check(cfg: DistillConfig) -> None:
     need(not (lo.kd.target_prob == "chain" and cfg.data.teacher_cache),
          "loss.kd.target_prob chain needs the teacher's log-probs at every position; data.teacher_cache has top-k at aligned ones")
     need(not (lo.kd.partial and lo.kd.method != "kl"), f"loss.kd.partial applies to method kl only, got {lo.kd.method}")
-    need(not (lo.kd.partial and cfg.data.teacher_cache),
-         "loss.kd.partial needs the teacher at positions inside its tokens; data.teacher_cache has aligned ones only")
     need(not (lo.kd.renormalize and lo.kd.method != "kl"),
          f"loss.kd.renormalize applies to method kl only (method {lo.kd.method} has no tail term)")
     need(not (cfg.data.teacher_cache and lo.kd.method != "kl"),
@@ -343,7 +342,7 @@ def parse_config(data: Any, config_dir: str | Path = ".") -> DistillConfig:
     if kd.vocab_map is None:
         kd.vocab_map = "merge" if kd.method == "kl" else "strict"
     if kd.partial is None:
-        kd.partial = kd.method == "kl" and not cfg.data.teacher_cache
+        kd.partial = kd.method == "kl"  # a teacher cache holds partial rows too (format 2; cache.py)
     return cfg
 
 

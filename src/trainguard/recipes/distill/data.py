@@ -109,6 +109,7 @@ def collate(examples: list[Example], pad_s: int, pad_t: int) -> dict[str, Any]:
         "t_span": torch.tensor(t_span, dtype=torch.long),  # flat teacher position ending the student's next token
         "n_bytes": sum(e.student.n_bytes for e in examples),
         "windows": [(e.index, [q for _, q in e.pairs]) for e in examples],  # for the offline cache
+        "partial_windows": [(e.index, len(e.partial or [])) for e in examples],  # its partial rows, in s_part order
     }
 
 

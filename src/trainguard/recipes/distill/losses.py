@@ -125,18 +125,32 @@ def chain_targets(t: TeacherTargets, star: torch.Tensor, chain: torch.Tensor, ha
 
 
 @torch.no_grad()
-def partial_targets(ht: torch.Tensor, head: Any, tid: torch.Tensor, sid: torch.Tensor, temperature: float,
-                    student_vocab: int) -> TeacherTargets:
-    """Targets at positions inside a teacher token (partial.py): the teacher's distribution at the last
-    boundary, conditioned on the ids consistent with the bytes read (tid, -1 padding), mapped through sid."""
+def consistent_logprobs(ht: torch.Tensor, head: Any, tid: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[R, K]: the teacher's tempered distribution at the last boundary (hidden ht [R, H_t]) conditioned on
+    the ids consistent with the bytes read (tid, -1 padding): log-probs over those ids, -inf at padding.
+    What a partial position distils; the offline cache stores exactly these values (cache_build.py)."""
     z = head(ht).float() / temperature
     real = tid >= 0
     lz = torch.where(real, z.gather(-1, tid.clamp(min=0)), float("-inf"))
-    logp = lz - torch.logsumexp(lz, dim=-1, keepdim=True)
+    return lz - torch.logsumexp(lz, dim=-1, keepdim=True)
+
+
+def partial_from_logprobs(logp: torch.Tensor, tid: torch.Tensor, sid: torch.Tensor, student_vocab: int) -> TeacherTargets:
+    """Conditioned log-probs over consistent teacher ids (tid, -1 padding) as targets in student ids (sid, -1:
+    the tail). The one mapping both the online teacher and the offline cache go through."""
+    real = tid >= 0
     mapped = real & (sid >= 0)
     un = torch.where(real & ~mapped, logp, float("-inf"))
     return TeacherTargets(torch.where(mapped, sid, student_vocab).to(torch.int32), torch.where(mapped, logp, 0.0),
                           mapped, torch.logsumexp(un, dim=-1))
+
+
+@torch.no_grad()
+def partial_targets(ht: torch.Tensor, head: Any, tid: torch.Tensor, sid: torch.Tensor, temperature: float,
+                    student_vocab: int) -> TeacherTargets:
+    """Targets at positions inside a teacher token (partial.py): the teacher's distribution at the last
+    boundary, conditioned on the ids consistent with the bytes read (tid, -1 padding), mapped through sid."""
+    return partial_from_logprobs(consistent_logprobs(ht, head, tid, temperature), tid, sid, student_vocab)
 
 
 def _pad_k(t: TeacherTargets, k: int, student_vocab: int) -> TeacherTargets:
@@ -149,13 +163,20 @@ def _pad_k(t: TeacherTargets, k: int, student_vocab: int) -> TeacherTargets:
                           torch.cat([t.mapped, t.mapped.new_zeros((n, extra))], -1), t.tail)
 
 
-def with_partial_rows(t: TeacherTargets, s_pos: torch.Tensor, batch: dict[str, Any], t_hidden: torch.Tensor,
+def with_partial_rows(t: TeacherTargets, s_pos: torch.Tensor, batch: dict[str, Any], t_hidden: torch.Tensor | None,
                       t_head: Any, spec: KDSpec, student_vocab: int) -> tuple[TeacherTargets, torch.Tensor]:
-    """The aligned rows' targets followed by those of the positions inside a teacher token, and their positions."""
-    h = t_hidden[batch["t_part"]]
-    parts = [partial_targets(h[i: i + spec.chunk], t_head, batch["part_tid"][i: i + spec.chunk],
-                             batch["part_sid"][i: i + spec.chunk], spec.temperature, student_vocab)
-             for i in range(0, h.shape[0], spec.chunk)]  # full teacher logits of `chunk` rows at most
+    """The aligned rows' targets followed by those of the positions inside a teacher token, and their positions.
+
+    The conditioned log-probs come from the offline cache (`part_logp` in the batch) or, online, from the
+    teacher's hidden states `t_hidden` and head; either way they go through the same mapping."""
+    if "part_logp" in batch:
+        parts = [partial_from_logprobs(batch["part_logp"], batch["part_tid"], batch["part_sid"], student_vocab)]
+    else:
+        assert t_hidden is not None
+        h = t_hidden[batch["t_part"]]
+        parts = [partial_targets(h[i: i + spec.chunk], t_head, batch["part_tid"][i: i + spec.chunk],
+                                 batch["part_sid"][i: i + spec.chunk], spec.temperature, student_vocab)
+                 for i in range(0, h.shape[0], spec.chunk)]  # full teacher logits of `chunk` rows at most
     fields = list(zip(*((p.sid, p.logp, p.mapped, p.tail) for p in parts)))
     pt = merge_duplicates(TeacherTargets(*(torch.cat(f) for f in fields)), student_vocab)
     k = max(t.sid.shape[1], pt.sid.shape[1])
@@ -262,9 +283,10 @@ def forward_losses(student: Any, teacher: Any, projs: Any, batch: dict[str, Any]
     if kd_targets is not None and spec.renormalize:
         kd_targets = renormalized(kd_targets)
     s_kd = s_pos
-    if kd_targets is not None and spec.partial and "s_part" in batch and t_out is not None:
-        kd_targets, s_kd = with_partial_rows(kd_targets, s_pos, batch, t_out.last_hidden_state.flatten(0, 1),
-                                             t_head, spec, V_s)
+    if kd_targets is not None and spec.partial and "s_part" in batch and ("part_logp" in batch or t_out is not None):
+        kd_targets, s_kd = with_partial_rows(kd_targets, s_pos, batch,
+                                             None if t_out is None else t_out.last_hidden_state.flatten(0, 1),
+                                             None if t_out is None else t_head, spec, V_s)
     out["kd_rows"] = s_kd.new_tensor(s_kd.numel())
     use_kd = kd_targets is not None
     k = kd_targets.sid.shape[1] if kd_targets is not None else 1

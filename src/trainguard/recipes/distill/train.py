@@ -23,7 +23,13 @@ import trainguard
 from trainguard.errors import UserError
 from trainguard.recipes.distill import checkpoint as ckpt
 from trainguard.recipes.distill.build import load_model, load_tokenizer, num_layers
-from trainguard.recipes.distill.cache import TeacherCache, check_cache, targets_for
+from trainguard.recipes.distill.cache import (
+    TeacherCache,
+    check_cache,
+    check_partial,
+    partial_logp_for,
+    targets_for,
+)
 from trainguard.recipes.distill.config import DistillConfig
 from trainguard.recipes.distill.curriculum import Curriculum
 from trainguard.recipes.distill.data import (
@@ -107,6 +113,8 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     curriculum = Curriculum.from_config(cfg.loss, t.max_steps)
     with_kd, with_hidden = curriculum.ever_on("kd"), curriculum.ever_on("hidden")
     with_routing, with_balance = curriculum.ever_on("routing"), curriculum.ever_on("balance")
+    if cache is not None and with_kd and cfg.loss.kd.partial:
+        check_partial(cache, cfg, s_tok.backend.to_str())
     if teacher is not None:
         V_t = teacher.get_output_embeddings().weight.shape[0]
     else:
@@ -188,6 +196,9 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
         if cache is not None and with_kd:
             tt = targets_for(cache, batch["windows"], vmap_np, cfg.loss.kd.top_k, V_s)
             b["targets"] = TeacherTargets(*(x.to(device, non_blocking=True) for x in (tt.sid, tt.logp, tt.mapped, tt.tail)))
+            if spec.partial and "part_tid" in batch:  # the partial rows' conditioned log-probs, as online
+                b["part_logp"] = partial_logp_for(cache, batch["partial_windows"], batch["part_tid"]).to(
+                    device, non_blocking=True)
         return b
 
     guard = trainguard.watch(trainable, optimizer, scheduler, total_steps=t.max_steps, grad_accum=t.grad_accum,
