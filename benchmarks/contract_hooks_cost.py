@@ -46,7 +46,7 @@ def measure(shape: str, passes: int = 7, steps: int = 100) -> dict:
     grad_hooks = [(w, checks._before_accumulate(w), checks._after_accumulate(w)) for w in checks.grad_watch]
 
     def one_step() -> None:
-        checks._opt_post(opt, (), {})  # the previous step's end (it decides whether the next window is followed)
+        checks.opt_post(opt)  # the previous step's end (it decides whether the next window is followed)
         for w, _, _ in grad_hooks:
             w.param.grad[:1].zero_()  # zero_grad(set_to_none=False): the version counter moves
         for _ in range(cfg["accum"]):
@@ -57,9 +57,10 @@ def measure(shape: str, passes: int = 7, steps: int = 100) -> dict:
                     before(w.param.grad)
                     after(w.param)
             guard.micro += 1
-            checks.on_loss(loss)
+            if checks.last_output is not None:  # as guard.step calls it: only after a sampled forward
+                checks.on_loss(loss)
         guard.opt_steps += 1
-        checks._opt_pre(opt, (), {})
+        checks.opt_pre(opt)
 
     autocast = torch.autocast("cpu", dtype=torch.bfloat16)  # as the arms run (bf16): the autocast check runs
     best = float("inf")

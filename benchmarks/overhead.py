@@ -120,8 +120,8 @@ def _time_contracts(guard, model, opt) -> dict[str, float]:
 
     for handle in c.handles:
         handle.remove()
-    opt.register_step_pre_hook(timed(c._opt_pre))
-    opt.register_step_post_hook(timed(c._opt_post))
+    c.opt_pre = timed(c.opt_pre)  # called from the guard's own optimizer hooks (probe/opthooks.py)
+    c.opt_post = timed(c.opt_post)
     if c.module is not None:
         model.register_forward_pre_hook(timed(c._forward_pre), with_kwargs=True)
         model.register_forward_hook(timed(c._forward_post), with_kwargs=True)

@@ -132,6 +132,40 @@ def test_the_guard_never_raises_into_the_loop(tmp_path: Path) -> None:
     assert log.count("error in step: ValueError") == 1  # the same error is written once, then counted
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_leaves_the_parents_guard_alone(tmp_path: Path) -> None:
+    # The hot path knows its process by an id read once and refreshed at each fork (probe/thisprocess.py),
+    # not by a getpid() per call: a child that runs the loop's code must still count and record nothing.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = trainguard.watch(model, opt, run_dir=tmp_path / "run")
+
+    def one_step() -> None:
+        loss = model(torch.randn(2, 4)).pow(2).mean()
+        loss.backward()
+        guard.step(loss)
+        opt.step()
+        opt.zero_grad()
+
+    one_step()
+    pid = os.fork()
+    if pid == 0:  # the child (a forked DataLoader worker, say) runs a step: the guard's calls and hooks
+        code = 1
+        try:
+            before = (guard.micro, guard.opt_steps, len(guard._pending))
+            one_step()
+            code = 0 if (guard.micro, guard.opt_steps, len(guard._pending)) == before else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    one_step()
+    guard.finish()
+    with RunReader(guard.run_dir) as reader:
+        assert [r["step"] for r in reader.steps()] == [1, 2]
+
+
 def test_disabled_guard_still_counts_steps_for_due(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINGUARD_DISABLE", "1")
     guard = trainguard.watch(None, None, grad_accum=2)

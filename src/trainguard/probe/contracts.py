@@ -25,6 +25,7 @@ While a CUDA graph capture is open in the process the hooks return at once (prob
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import time
@@ -33,9 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.contract import ENV_CONTRACTS
-from trainguard.probe import devicestats, workerrng
+from trainguard.probe import devicestats, thisprocess, workerrng
 from trainguard.probe.capturegate import GATE
-from trainguard.probe.eager import eager_hook
 from trainguard.rules.contracts import (
     AutocastRunsFp32,
     BatchDimLost,
@@ -62,6 +62,8 @@ BATCH_SHAPES_LEARNED = 3  # training forwards whose first input has one rank bef
 SCAN_WARMUP = 10  # optimizer steps whose parameters are all scanned before the scan thins out
 SENTINELS = 8  # evenly spaced parameters read every step (plus the first, last and largest)
 GRAD_BURST = 3  # consecutive gradient windows followed from each sampled step on, once past SCAN_WARMUP
+
+_requires_grad = operator.attrgetter("requires_grad")
 
 
 @dataclass
@@ -143,8 +145,8 @@ class Contracts:
         self.sentinel_trainable: list[bool] = []  # their requires_grad at the last whole scan
         self.rescan = False  # the last whole scan found frozen parameters with gradients: scan the next step too
         if opt is not None:
-            self.handles += [opt.register_step_pre_hook(eager_hook(self._opt_pre)),
-                             opt.register_step_post_hook(eager_hook(self._opt_post))]
+            # (the optimizer's side, `opt_pre` and `opt_post`, is called from the guard's own step hooks,
+            # probe/opthooks.py: one pair of hooks and compile checks a step for the whole probe)
             self._watch_grads(opt)
         # -- forward contracts
         self.mode_modules: list[tuple[str, Any]] = []
@@ -300,9 +302,10 @@ class Contracts:
 
         return hook
 
-    def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def opt_pre(self, optimizer: Any) -> None:
+        """The optimizer is about to step (called at the end of the guard's pre-hook, probe/opthooks.py)."""
         g = self.guard
-        if g._disabled or GATE.capturing or os.getpid() != g._pid:
+        if g._disabled or GATE.capturing or thisprocess.pid != g._pid:
             return
         step = g.opt_steps + 1
         if not self.step_compiled and self.sampled(step):
@@ -310,7 +313,7 @@ class Contracts:
             # changes nothing: knowing it runs under torch.compile names the cause. A few frames up, once
             # per sampled step until found.
             try:
-                self.step_compiled = _under_compile(sys._getframe(1))
+                self.step_compiled = _under_compile(sys._getframe(2))  # above the guard's hook
                 if self.step_compiled:
                     self.report("optimizer-step-compiled", {"optimizer": type(optimizer).__name__}, step=step)
             except Exception as exc:
@@ -382,26 +385,22 @@ class Contracts:
         an unfreeze) or a step where no sentinel has a gradient (it may be that none has)."""
         if step <= SCAN_WARMUP or step % self.every == 0 or self.rescan:
             return True
-        trainable = self.sentinel_trainable
-        if len(trainable) != len(self.sentinels):
-            return True
-        for p, was in zip(self.sentinels, trainable):
-            if p.requires_grad is not was:
-                return True
+        if list(map(_requires_grad, self.sentinels)) != self.sentinel_trainable:
+            return True  # (read in C: every step, a dozen tensors)
         for p in self.sentinels:
             if p.grad is not None:
                 return False
         return True
 
     def _before_step(self, optimizer: Any, step: int) -> None:
-        import torch
-
         params = self._params_of(optimizer)
         if not params:
             return
         if not self._scan_due(step):
             self.no_grad_steps = []  # a sentinel has a gradient: the step updates something
             return
+        import torch
+
         trainable = [p.requires_grad for p in self.sentinels]
         if (self.sentinel_trainable and trainable != self.sentinel_trainable) or not self._same_params(optimizer):
             # a freeze, an unfreeze or a parameter swapped inside a group: the sentinels are chosen again
@@ -437,11 +436,12 @@ class Contracts:
                                          [(self.name(params[0][1]), params[0][1]), *by_size[:CHECKSUM_TENSORS - 1]]
                                          }.values())
 
-    def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def opt_post(self, optimizer: Any) -> None:
+        """The optimizer stepped (called from the guard's post-hook, after it counted the step)."""
         g = self.guard
-        if g._disabled or GATE.capturing or os.getpid() != g._pid:
+        if g._disabled or GATE.capturing or thisprocess.pid != g._pid:
             return
-        step = g.opt_steps  # the guard's own post-hook ran first (registered first): this step is counted
+        step = g.opt_steps  # the guard's post-hook counted this step before calling
         # Every window is followed: following only bursts of them carried a window's state across the
         # steps without hooks, and a healthy Lightning run (accumulation 2) read as "not reset between
         # optimizer steps 13, 23" (CI). A few Python calls per backward pass.
@@ -533,23 +533,30 @@ class Contracts:
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         g = self.guard
         self.post_due = False
-        if self.rerunning or g._disabled or GATE.capturing or os.getpid() != g._pid:
+        if self.rerunning or g._disabled or GATE.capturing or thisprocess.pid != g._pid:
             return
         training = module.training
+        done = g.opt_steps if g.opt_steps > g._loss_steps else g._loss_steps  # g.step_count, without its call
         try:
             if training and self.grad_enabled():
                 self.train_forward_seen = True
                 self.no_grad_streak = 0
                 if BatchDimLost.name not in self.sent and BatchDimLost.name not in self.off:
-                    self._batch_dim(args, kwargs)
+                    # the usual forward (an input of the learned rank) without a call: its shape remembered
+                    x = args[0] if args else None
+                    ndim = self.batch_ndim
+                    if ndim is not None and isinstance(x, self.tensor_type) and len(shape := x.shape) == ndim:
+                        self.batch_shapes[-1] = shape
+                    else:
+                        self._batch_dim(args, kwargs)
             elif training:
                 self._train_mode_without_grad(module)
-            elif not self.train_forward_seen and g.step_count > 0 and not self.eval_init_checked:
+            elif not self.train_forward_seen and done > 0 and not self.eval_init_checked:
                 self.eval_init_checked = True  # once: it reads a device counter (a sync on a GPU)
                 self._eval_before_train()
         except Exception as exc:
             self.failed("train/eval mode", exc)
-        step = g.step_count + 1
+        step = done + 1
         sampled = training and (step <= 3 or step % self.every == 0)
         if (sampled and self.autocast_step != step
                 and AutocastRunsFp32.name not in self.off and AutocastRunsFp32.name not in self.sent):
@@ -704,7 +711,7 @@ class Contracts:
             return
         self.post_due = False
         g = self.guard
-        if g._disabled or os.getpid() != g._pid:
+        if g._disabled or thisprocess.pid != g._pid:
             return
         if self.autocast_hooks:
             try:

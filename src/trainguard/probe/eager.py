@@ -18,10 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 
-def compile_watcher() -> Callable[[], bool] | None:
-    """A cheap test of whether torch.compile is tracing or running around the caller (~0.1 us), or None
-    where torch has no compiler. Without dynamo's frame-callback getter (private, so it may go), every
-    call is taken as compiled: slower, never wrong."""
+def compile_checks() -> tuple[Callable[[], bool], Callable[[], Any]] | None:
+    """torch's two tests, asked as `tracing() or callback() is not None` (~0.1 us, written out in the
+    hooks that run at every step rather than called through a function of their own): is dynamo tracing
+    the caller, and dynamo's frame callback (set while a compiled function runs). None where torch has no
+    compiler. Without the callback's getter (private, so it may go) the callback never answers None:
+    every call is taken as compiled, slower, never wrong."""
     try:
         import torch
 
@@ -31,24 +33,21 @@ def compile_watcher() -> Callable[[], bool] | None:
     try:
         from torch._C._dynamo.eval_frame import get_eval_frame_callback
     except Exception:
-        return lambda: True
-
-    def compiled() -> bool:
-        return tracing() or get_eval_frame_callback() is not None
-
-    return compiled
+        return tracing, lambda: True
+    return tracing, get_eval_frame_callback
 
 
 def eager_hook(fn: Callable[..., None]) -> Callable[..., None]:
-    compiled = compile_watcher()
-    if compiled is None:
+    checks = compile_checks()
+    if checks is None:
         return fn
     import torch
 
     disabled = torch.compiler.disable(fn)
+    tracing, callback = checks
 
     def hook(*args: Any, **kwargs: Any) -> None:
-        if compiled():
+        if tracing() or callback() is not None:
             disabled(*args, **kwargs)
         else:
             fn(*args, **kwargs)

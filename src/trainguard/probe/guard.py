@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trainguard.contract import ENV_RESUME_FROM, EVENT_CHECKPOINT, EVENT_EVAL, EVENT_PHASE
+from trainguard.probe import thisprocess
 from trainguard.probe.core import Probe
 from trainguard.probe.crashhook import active_guard
 from trainguard.probe.steps import is_tensor
@@ -64,17 +65,18 @@ class Guard(Probe):
         if self._contracts is not None and not self._disabled:
             self._contracts.loader(iterable)  # fingerprints DataLoader workers' generators (fail-open)
         iterator = iter(self.fast_forward.batches(iterable))
+        perf_counter, wall_clock, keep = time.perf_counter, time.time, self._ring.keep
         while True:
-            t0 = time.perf_counter()
+            t0 = perf_counter()
             try:
                 item = next(iterator)
             except StopIteration:
                 return
             if not self._disabled:
-                self._data_wait += time.perf_counter() - t0
-                self._t_progress = time.time()
+                self._data_wait += perf_counter() - t0
+                self._t_progress = wall_clock()
                 try:
-                    self._ring.keep(self.micro + 1, item)  # consumed by the next guard.step
+                    keep(self.micro + 1, item)  # consumed by the next guard.step
                 except Exception as exc:
                     self.fail("batches", exc)
             yield item
@@ -95,7 +97,7 @@ class Guard(Probe):
             self._phase_event("end", name, seconds=time.time() - t0)
 
     def _phase_event(self, edge: str, name: str, **data: Any) -> None:
-        if self._disabled or os.getpid() != self._pid:
+        if self._disabled or thisprocess.pid != self._pid:
             return
         try:
             self._t_progress = time.time()
@@ -110,8 +112,9 @@ class Guard(Probe):
     def due(self, name: str, every: int) -> bool:
         """True once at every `every`-th optimizer step (e.g. `if guard.due("eval", every=2000): ...`)."""
         try:
-            step = self.step_count
-            if self.fast_forward.due(name, every):
+            opt_steps, loss_steps = self.opt_steps, self._loss_steps
+            step = opt_steps if opt_steps > loss_steps else loss_steps  # step_count, without the property's call
+            if self.fast_forward.active and self.fast_forward.due(name, every):
                 self._due_last[name] = step
                 return True
             if every <= 0 or step <= 0 or step % every != 0:
@@ -126,7 +129,7 @@ class Guard(Probe):
 
     def eval(self, **metrics: Any) -> None:
         """Records evaluation results, e.g. `guard.eval(loss=val_loss, accuracy=acc)`."""
-        if self._disabled or os.getpid() != self._pid:
+        if self._disabled or thisprocess.pid != self._pid:
             return
         try:
             # Evaluation is rare and off the hot path: reading a tensor here may synchronise, once.
@@ -138,7 +141,7 @@ class Guard(Probe):
 
     def checkpoint_saved(self, path: str | os.PathLike[str]) -> None:
         """Tells trainguard a checkpoint was written; restarts and preflight resume from the newest one."""
-        if self._disabled or os.getpid() != self._pid:
+        if self._disabled or thisprocess.pid != self._pid:
             return
         try:
             p = Path(path)

@@ -10,15 +10,14 @@ step's optimizer half (probe/steps.py). All values stay on the device. The autom
 
 from __future__ import annotations
 
-import os
 import time
 import weakref
 from typing import Any
 
 from trainguard.contract import EVENT_PARAMS_NOT_IN_OPTIMIZER
-from trainguard.probe import devicestats, planinfo
+from trainguard.probe import devicestats, planinfo, thisprocess
 from trainguard.probe.capturegate import GATE
-from trainguard.probe.eager import compile_watcher, eager_hook
+from trainguard.probe.eager import compile_checks, eager_hook
 from trainguard.probe.steps import StepRecorder, is_tensor
 
 
@@ -80,34 +79,48 @@ class OptimizerHooks:
 
     def pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         s = self.steps
-        if s._disabled or os.getpid() != s._pid or GATE.capturing and GATE.here():
+        if s._disabled or thisprocess.pid != s._pid or GATE.capturing and GATE.here():
             return  # (a step captured into a CUDA graph is recorded, not taken; its replays run no hook)
         try:
-            s.fast_forward.before_opt_step()
+            if s.fast_forward.active:
+                s.fast_forward.before_opt_step()
             step = s.opt_steps + 1
-            rec = s.opt_record(step)
+            rec = s._records.get(step)
+            if rec is None:
+                rec = s._records[step] = {"step": step}
             groups = optimizer.param_groups
             lr = groups[0].get("lr") if groups else None
-            if is_tensor(lr):
+            if type(lr) is float:
+                rec["lr"] = lr  # the common case, asked first
+            elif is_tensor(lr):
                 rec.setdefault("opt_tensors", []).append(("lr", devicestats.snapshot_scalar(lr)))
             elif lr is not None:
                 rec["lr"] = float(lr)
             if len(groups) > 1:
                 rec["lrs"] = [float(g["lr"]) if not is_tensor(g["lr"]) else None for g in groups]
-            if self.scheduler is not None:
-                rec["sched_epoch"] = planinfo.sched_epoch(self.scheduler)
+            scheduler = self.scheduler
+            if scheduler is not None:
+                epoch = getattr(scheduler, "last_epoch", None)
+                rec["sched_epoch"] = epoch if type(epoch) is int else planinfo.sched_epoch(scheduler)
             if s.scaler is not None:
                 scale = getattr(s.scaler, "_scale", None)  # a device tensor; get_scale() would sync
                 if scale is not None:
                     rec.setdefault("opt_tensors", []).append(("loss_scale", devicestats.snapshot_scalar(scale)))
-            if step <= s.stats_every or step % s.stats_every == 0:
+            every = s.stats_every
+            if step <= every or step % every == 0:
                 self._grad_stats(optimizer, rec)
         except Exception as exc:
             s.fail("optimizer pre-hook", exc)
+        contracts = s._contracts
+        if contracts is not None:
+            try:
+                contracts.opt_pre(optimizer)  # (fail-open inside, check by check)
+            except Exception as exc:
+                s.fail("contract checks", exc)
 
     def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         s = self.steps
-        if os.getpid() != s._pid or GATE.capturing and GATE.here():
+        if thisprocess.pid != s._pid or GATE.capturing and GATE.here():
             return
         s.opt_steps += 1  # counted even when switched off: `due()` depends on it
         if s._disabled:
@@ -125,14 +138,20 @@ class OptimizerHooks:
             s.opt_step_done(ratio)
         except Exception as exc:
             s.fail("optimizer post-hook", exc)
-        if not s._uses_step:
+        contracts = s._contracts
+        if contracts is not None:
+            try:
+                contracts.opt_post(optimizer)
+            except Exception as exc:
+                s.fail("contract checks", exc)
+        if not s._uses_step and s.fast_forward.active:
             s.fast_forward.after_step()  # a loop without guard.step is stopped here (preflight only)
 
     def _grad_stats(self, optimizer: Any, rec: dict[str, Any]) -> None:
         import torch
 
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-        grads = [p.grad for p in params if p.grad is not None and not p.grad.is_sparse]
+        grads = [grad for grad in (p.grad for p in params) if grad is not None and not grad.is_sparse]
         if grads:
             if self.steps._cuda_index is None and grads[0].is_cuda:
                 self.steps._cuda_index = self.steps.memory.cuda_index = grads[0].device.index
@@ -162,14 +181,14 @@ class ForwardMarker:
 
     def __init__(self, steps: StepRecorder) -> None:
         self._ref = weakref.ref(steps)
-        self._compiling: Any = None
+        self._checks: Any = None
         try:
             import torch
 
             self._mark = torch.compiler.disable(self._mark_now)
             # Why ask first: a call through the disabled wrapper costs ~8 us even when nothing compiles
-            # (it switches dynamo's frame handling off and on); asking costs ~1 us.
-            self._compiling = compile_watcher()
+            # (it switches dynamo's frame handling off and on); asking costs ~0.1 us.
+            self._checks = compile_checks()
         except Exception:
             self._mark = self._mark_now
 
@@ -179,8 +198,11 @@ class ForwardMarker:
             s._t_progress = time.time()
 
     def __call__(self, module: Any, args: Any, output: Any) -> None:
-        if self._compiling is not None and not self._compiling():
-            self._mark_now()  # eager: the plain call is the same as the disabled one
+        checks = self._checks
+        if checks is not None and not (checks[0]() or checks[1]() is not None):
+            s = self._ref()  # eager: `_mark_now` written out (the plain call is the same as the disabled one)
+            if s is not None:
+                s._t_progress = time.time()
         else:
             self._mark()
 

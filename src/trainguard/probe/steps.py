@@ -23,10 +23,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from threading import get_ident
 from typing import Any
 
 from trainguard.contract import BEAT_FINISHED, BEAT_RUNNING, EVENT_EXPERTS, EVENT_PROBE, EVENT_SAMPLE
-from trainguard.probe import collectives, devicestats, flightrec
+from trainguard.probe import collectives, devicestats, flightrec, thisprocess
 from trainguard.probe.capturegate import GATE
 from trainguard.probe.fastforward import NO_FAST_FORWARD
 from trainguard.probe.pacing import paced
@@ -119,7 +120,7 @@ class StepRecorder:
 
     def watching(self) -> bool:
         """Recording in this process (not switched off, not a forked child)."""
-        return not self._disabled and os.getpid() == self._pid
+        return not self._disabled and thisprocess.pid == self._pid
 
     def mark_progress(self) -> None:
         self._t_progress = time.time()
@@ -132,15 +133,15 @@ class StepRecorder:
         `loss` is the total loss (tensor or float); `parts` are its named components, `weights` the
         (scheduled) weight each part carries in the total. Nothing is read back from the device here.
         """
-        if os.getpid() != self._pid:
+        if thisprocess.pid != self._pid:
             return
-        if threading.get_ident() != self._step_thread and not self._claim_thread():
+        if get_ident() != self._step_thread and not self._claim_thread():
             return
         if GATE.capturing and GATE.here():
             return self._in_capture("guard.step")
         # Counting goes on even when the guard switched itself off: the loop's `due()` depends on it.
-        self.micro += 1
-        closes = self.micro % self.grad_accum == 0
+        self.micro = micro = self.micro + 1
+        closes = micro % self.grad_accum == 0
         if closes:
             self._loss_steps += 1
         if self._disabled:
@@ -163,27 +164,31 @@ class StepRecorder:
                 # the device this process trains on: its steps are stacked on it (`_emit`), and the memory
                 # samples of the background thread (whose own "current device" is always 0) read it
                 self._cuda_index = self.memory.cuda_index = loss.device.index
-            if self._contracts is not None:
-                self._contracts.on_loss(loss)
+            contracts = self._contracts
+            if contracts is not None and contracts.last_output is not None:
+                contracts.on_loss(loss)  # (only a sampled forward keeps an output for the loss check)
             if parts:
-                for value in parts.values():
-                    if type(value) not in ok:
-                        self._check_value(value)
+                if not ok.issuperset(map(type, parts.values())):  # (every value's type known: one C call)
+                    for value in parts.values():
+                        if type(value) not in ok:
+                            self._check_value(value)
                 # a copy (a loop may refill one dict every call), its tensors detached as the loss is
                 pending.append(("part:", {k: v.detach() if getattr(v, "requires_grad", False) else v
                                           for k, v in parts.items()}))
             if weights:
-                for value in weights.values():
-                    if type(value) not in ok:
-                        self._check_value(value)
+                if not ok.issuperset(map(type, weights.values())):
+                    for value in weights.values():
+                        if type(value) not in ok:
+                            self._check_value(value)
                 # the last call's weights are the step's; a weight given as a tensor goes through the device
                 # copy like a part (float(tensor) would sync)
-                self._weights, self._weights_fresh = dict(weights), True
+                self._weights = dict(weights)
+                self._weights_fresh = True
             if closes:
                 self._close_loss_side(self._loss_steps, now)
         except Exception as exc:  # the guard never becomes the failure
             self.fail("step", exc)
-        if closes:
+        if closes and self.fast_forward.active:
             self.fast_forward.after_step()  # may end the script (preflight only, on purpose)
 
     def _check_value(self, value: Any) -> None:
@@ -230,7 +235,7 @@ class StepRecorder:
         Steps, `due()` and findings then continue from there instead of from 0. Call it once, after
         loading the checkpoint and before the first `guard.step` of the resumed run.
         """
-        if os.getpid() != self._pid:
+        if thisprocess.pid != self._pid:
             return
         try:
             step = int(step)
@@ -252,7 +257,7 @@ class StepRecorder:
 
         Called after the step's last `guard.step`, they go with the next step.
         """
-        if self._disabled or os.getpid() != self._pid:
+        if self._disabled or thisprocess.pid != self._pid:
             return
         try:
             for value in values.values():
@@ -269,7 +274,7 @@ class StepRecorder:
         `guard.step`, which closes the step); it is recorded on the first `stats_every` steps and every
         `stats_every` steps after. A device tensor is copied to the host without a sync.
         """
-        if self._disabled or GATE.capturing or os.getpid() != self._pid:
+        if self._disabled or GATE.capturing or thisprocess.pid != self._pid:
             return  # (a capture open: its pinned copy would invalidate the capture, probe/capturegate.py)
         try:
             step = self.step_count + 1  # the step in progress
@@ -297,21 +302,19 @@ class StepRecorder:
         self._pending.append((name, value))
 
     def _close_loss_side(self, step: int, now: float) -> None:
+        last = self._t_last_close
+        side = {"t": now, "micro": self.micro, "pending": self._pending, "weights": self._weights,
+                "weights_fresh": self._weights_fresh, "data_wait": self._data_wait,
+                "step_time": (now - last) if last is not None else None, "loss_done": True}
         rec = self._records.get(step)
         if rec is None:
-            rec = self._records[step] = {"step": step}
-        rec["t"] = now
-        rec["micro"] = self.micro
-        rec["pending"] = self._pending
-        rec["weights"] = self._weights
-        rec["weights_fresh"] = self._weights_fresh
-        rec["data_wait"] = self._data_wait
-        rec["step_time"] = (now - self._t_last_close) if self._t_last_close is not None else None
+            rec = self._records[step] = {"step": step, **side}
+        else:
+            rec.update(side)
         if step % 8 == 0:  # one pread, no device sync: for throughput-drop to tell whose slowdown it is
             clock = self._sched.per_step(step)
             if clock is not None:
                 rec["cpu_s"], rec["run_wait_s"] = clock
-        rec["loss_done"] = True
         if self.scaler is not None:
             # read on the loss side too: a step the GradScaler skips never reaches the optimizer hooks
             scale = getattr(self.scaler, "_scale", None)
@@ -335,7 +338,10 @@ class StepRecorder:
     def opt_step_done(self, update_ratio: Any = None) -> None:
         """The optimizer stepped (its post-hook): the step's optimizer half is in."""
         self._t_progress = time.time()
-        rec = self.opt_record(self.opt_steps)
+        step = self.opt_steps
+        rec = self._records.get(step)
+        if rec is None:
+            rec = self._records[step] = {"step": step}
         if update_ratio is not None:
             rec.setdefault("opt_tensors", []).append(("update_ratio", update_ratio))
         rec["opt_done"] = True
@@ -345,23 +351,24 @@ class StepRecorder:
                 # a loop that never calls guard.step: what guard.log() gathered belongs to this step
                 rec["pending"] = self._pending
                 self._pending = []
-        self._maybe_emit(self.opt_steps)
+        self._maybe_emit(step)
 
     def _maybe_emit(self, step: int) -> None:
-        rec = self._records.get(step)
+        records = self._records
+        rec = records.get(step)
         if rec is None:
             return
         # Whether the loop calls `guard.step` is unknown until it first does (it may step the optimizer
         # first), so the loss half is always awaited; the optimizer half only when there is an optimizer.
-        need_opt = self.optimizer is not None
-        if rec.get("loss_done") and (not need_opt or rec.get("opt_done")):
-            self._emit(self._records.pop(step))
+        if rec.get("loss_done") and (self.optimizer is None or rec.get("opt_done")):
+            self._emit(records.pop(step))
         # A step whose other half never came (an optimizer step skipped by the GradScaler, a loop that
         # steps the optimizer without `guard.step`) is emitted once two newer steps exist.
-        for old in [k for k in self._records if k < step - 1]:
-            rec = self._records.pop(old)
-            rec["incomplete"] = self._uses_step
-            self._emit(rec)
+        if records and (len(records) > 1 or step not in records):
+            for old in [k for k in records if k < step - 1]:
+                rec = records.pop(old)
+                rec["incomplete"] = self._uses_step
+                self._emit(rec)
 
     def _emit(self, rec: dict[str, Any]) -> None:
         """The step is complete: its values go to the background thread.
