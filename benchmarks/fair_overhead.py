@@ -277,11 +277,16 @@ def pin_threads(spec: str | None) -> list[int] | None:
 
 
 def probe_thread_cpu() -> float:
-    """CPU seconds (user + system) of the probe's background thread(s), from the OS."""
-    import psutil
+    """CPU seconds (user + system) of the probe's background thread(s), from the OS: each thread's own CPU
+    clock (nanoseconds; psutil's per-thread times count 10 ms ticks, coarser than a short run's total)."""
+    threads = [t for t in threading.enumerate() if t.name.startswith("trainguard")]
+    try:
+        return sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in threads if t.ident)
+    except (AttributeError, OSError):  # no per-thread clocks here (or a thread just ended)
+        import psutil
 
-    ids = {t.native_id for t in threading.enumerate() if t.name.startswith("trainguard")}
-    return sum(th.user_time + th.system_time for th in psutil.Process().threads() if th.id in ids)
+        ids = {t.native_id for t in threads}
+        return sum(th.user_time + th.system_time for th in psutil.Process().threads() if th.id in ids)
 
 
 class GcClock:
@@ -660,6 +665,9 @@ def child(args: argparse.Namespace) -> dict:
         "on_thread_calls": dict(sorted(timer.calls.items())),
         "hooks_timed": n_hooks,
         "probe_thread_cpu_ms_per_step": round(1000 * bg_cpu / steps, 4),
+        "probe_thread_cpu_ms_per_s": round(1000 * bg_cpu / wall, 4),  # per second of the timed rounds
+        # ... and per second of G's blocks (while the guarded loop trains)
+        "probe_thread_cpu_in_blocks_ms_per_s": round(1000 * bg_in_blocks / sum(G.block_s), 4),
         "per_step_ms": {n: step_figures(v) for n, v in flat.items()},
         "twins_guarded_vs_unguarded": twin_figures(G.step_ms, U.step_ms),
         "twins_control_vs_unguarded": twin_figures(C.step_ms, U.step_ms),
