@@ -16,6 +16,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 from tgtest import trainguard_cmd
 
 from trainguard.store.status import read_status
@@ -59,9 +60,12 @@ def _env() -> dict[str, str]:
 def test_what_a_stalled_run_prints_after_ctrl_c_does_not_end_its_stall(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(INTERRUPTED)
     run_dir = tmp_path / "run"
+    # Ctrl-C as a terminal delivers it: a process started with SIGINT ignored (pytest-xdist's workers are)
+    # passes that on to what it starts, and a script that ignores SIGINT is never interrupted, guarded or not
     watchdog = subprocess.Popen(trainguard_cmd("run", "--run-dir", str(run_dir), "--stall-timeout", "2", "--no-auto",
                                                "--", sys.executable, "train.py"),
-                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert watchdog.stderr is not None
     seen = []
     deadline = time.time() + 90
@@ -73,12 +77,12 @@ def test_what_a_stalled_run_prints_after_ctrl_c_does_not_end_its_stall(tmp_path:
     assert "run-stalled" in seen[-1], "".join(seen)[-2000:]
     watchdog.send_signal(signal.SIGINT)
     try:
-        # the script takes 3 s over its interrupt, then the watchdog writes its ending; 150 s because CI
-        # runs two tests at once on two cores (60 s ran out there once)
+        # the script takes 3 s over its interrupt, then the watchdog writes its ending
         _, err = watchdog.communicate(timeout=150)
     except subprocess.TimeoutExpired:
-        watchdog.kill()
-        _, err = watchdog.communicate()
+        for proc in [*psutil.Process(watchdog.pid).children(recursive=True), watchdog]:
+            proc.kill()
+        _, err = watchdog.communicate(timeout=30)
         raise AssertionError("the watchdog did not end 150 s after Ctrl-C:\n" + ("".join(seen) + err)[-3000:]) from None
     err = "".join(seen) + err
     assert "KeyboardInterrupt" in err and "interrupted, saving" in (run_dir / "output.log").read_text()

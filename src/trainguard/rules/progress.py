@@ -354,6 +354,10 @@ class LossNotDecreasing(Rule):
     steps (up to a quarter of the run) before it decides; if it is still that noisy then, it fires
     only when the loss did not go down at all. It decides once.
 
+    When the loop reports the weights of its loss parts and they changed over the rows compared (a
+    curriculum: a distillation weight ramping up), the weighted total moves by design, so the same test
+    is made on the total at fixed weights (each row's parts at the latest weights).
+
     ## Why it matters
     A run that does not learn in its first few percent rarely learns later: the data do not match the
     labels, the loss is computed on the wrong tensors, gradients do not reach the model, or the LR is
@@ -385,6 +389,10 @@ class LossNotDecreasing(Rule):
         self.w = self.window(0.05, 50, 200)
         self.patience = max(self.w, int(0.25 * self.total_steps)) if self.total_steps else 1000
         self.losses: list[float] = []
+        self.parts: list[dict[str, Any] | None] = []  # each row's parts, beside its loss
+        self.first_weights: dict[str, float] = {}
+        self.weights: dict[str, float] = {}  # the latest reported weights
+        self.weighted = False  # the reported weights changed: the total is judged at fixed weights
         self.first_step: int | None = None
         self.n = 0
         self.next_check = self.w
@@ -397,9 +405,16 @@ class LossNotDecreasing(Rule):
         self.n += 1
         if self.first_step is None:
             self.first_step = row["step"]
+        for name, w in (row.get("weights") or {}).items():
+            if finite(w):
+                self.weights[name] = w
+                if abs(self.first_weights.setdefault(name, w) - w) > 1e-9 * max(1.0, abs(w)):
+                    self.weighted = True
         self.losses.append(loss)
+        self.parts.append(row.get("parts") or None)
         if len(self.losses) > self.MAX_KEEP:
             del self.losses[self.MAX_KEEP // 2 : self.MAX_KEEP // 2 + 1]  # keep the start, thin the middle
+            del self.parts[self.MAX_KEEP // 2 : self.MAX_KEEP // 2 + 1]
         # steps covered, whatever the logging interval; without a plan the window has no length to be a
         # share of, and a row stands for a step (the 200-step window and 1000-step patience are rows)
         span = row["step"] - self.first_step + 1 if self.total_steps else self.n
@@ -407,7 +422,8 @@ class LossNotDecreasing(Rule):
             return None
         k = len(self.losses) // 2
         self.next_check = span + max(5, k // 4) * max(1, span // self.n)  # a quarter of a half again, in steps
-        first, recent = self.losses[:k], self.losses[-k:]
+        series, judged = self._series()
+        first, recent = series[:k], series[-k:]
         start, now = median(first), median(recent)
         noise = robust_std(recent)
         se = 1.25 * noise * math.sqrt(2.0 / k)
@@ -424,12 +440,32 @@ class LossNotDecreasing(Rule):
             return None
         return self.finding(
             step=self.first_step,
-            summary=f"after {self.n} logged steps (to step {row['step']}) the loss is {fmt(now)} (median of the last "
+            summary=f"after {self.n} logged steps (to step {row['step']}) {judged} is {fmt(now)} (median of the last "
                     f"{k}), against {fmt(start)} over its first {k}; its step-to-step noise is {fmt(noise)}",
             fix="check that inputs and targets line up, the LR suits the optimizer, and gradients reach the model",
             evidence={"start_median": start, "recent_median": now, "noise": noise, "needed_drop": need,
-                      "window": k, "detected_step": row["step"]},
+                      "window": k, "detected_step": row["step"],
+                      "fixed_weights": dict(self.weights) if judged != "the loss" else None},
         )
+
+    def _series(self) -> tuple[list[float], str]:
+        """The losses to compare, and what they are: the reported total, or, when the reported weights of
+        its parts changed (a curriculum), every row's parts at the latest weights, where each row has them."""
+        if not self.weighted:
+            return self.losses, "the loss"
+        fixed: list[float] = []
+        for parts in self.parts:
+            total = 0.0
+            for name, w in self.weights.items():
+                value = (parts or {}).get(name)
+                if not finite(value):
+                    break
+                total += w * value
+            else:
+                fixed.append(total)
+        if len(fixed) < len(self.losses):  # a row without every weighted part: the total it is
+            return self.losses, "the loss"
+        return fixed, "the loss at fixed weights (" + ", ".join(f"{n} x {fmt(w)}" for n, w in self.weights.items()) + ")"
 
 
 class InitialLossOff(Rule):
