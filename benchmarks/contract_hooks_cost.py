@@ -51,7 +51,7 @@ def measure(shape: str, passes: int = 7, steps: int = 100) -> dict:
             w.param.grad[:1].zero_()  # zero_grad(set_to_none=False): the version counter moves
         for _ in range(cfg["accum"]):
             checks._forward_pre(model, (x,), {})
-            checks._forward_post(model, (x,), {}, out)
+            checks.forward_post(model, (x,), {}, out)
             for w, before, after in grad_hooks:
                 if getattr(w, "handles", True):  # registered now (always, where the hooks never come off)
                     before(w.param.grad)

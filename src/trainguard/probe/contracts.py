@@ -172,10 +172,15 @@ class Contracts:
         self.batch_ndim: int | None = None  # their common rank, once BATCH_SHAPES_LEARNED of them agree
         if self.module is not None:
             self._survey(self.module)
-            self.handles += [
-                self.module.register_forward_pre_hook(self._forward_pre, with_kwargs=True),
-                self.module.register_forward_hook(self._forward_post, with_kwargs=True),
-            ]
+            self.handles.append(self.module.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
+            hooks = getattr(guard, "_hooks", None)
+            marker = getattr(hooks, "marker", None)
+            if marker is not None and getattr(hooks, "model", None) is self.module:
+                # the guard's forward mark, registered just before, calls the post-hook when it is due
+                # (probe/opthooks.py)
+                marker.contracts = self
+            else:
+                self.handles.append(self.module.register_forward_hook(self.forward_post, with_kwargs=True))
         # -- loader contracts
         self.workers = workerrng.Reports(guard.run_dir)
         self.last_worker_look = 0.0
@@ -706,7 +711,7 @@ class Contracts:
                 "layers_checked": len(seen), "step": self.autocast_step,
             }, step=self.autocast_step)
 
-    def _forward_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+    def forward_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
         if not self.post_due or self.rerunning:
             return
         self.post_due = False

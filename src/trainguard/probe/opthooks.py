@@ -32,6 +32,7 @@ class OptimizerHooks:
         self.model_params: list[Any] | None = None
         self._update_sample: list[Any] | None = None
         self._sampler = ParamSample()
+        self.marker: ForwardMarker | None = None  # the forward mark on the model, when registered with kwargs
 
     def __deepcopy__(self, memo: dict) -> OptimizerHooks:
         return self  # an optimizer copied with its hooks shares them, as it shares the guard (probe/guard.py)
@@ -50,8 +51,13 @@ class OptimizerHooks:
             if cuda:
                 s._cuda_index = s.memory.cuda_index = cuda[0]
         if model is not None and hasattr(model, "register_forward_hook"):
+            marker = ForwardMarker(s)
             try:
-                model.register_forward_hook(ForwardMarker(s))
+                try:
+                    model.register_forward_hook(marker, with_kwargs=True)
+                    self.marker = marker  # (the contract checks' forward post-hook rides on it: probe/contracts.py)
+                except TypeError:  # a model whose forward hooks take no keyword arguments
+                    model.register_forward_hook(marker)
             except Exception as exc:
                 s.fail("forward hook", exc)
         optimizer = s.optimizer
@@ -182,6 +188,10 @@ class ForwardMarker:
     def __init__(self, steps: StepRecorder) -> None:
         self._ref = weakref.ref(steps)
         self._checks: Any = None
+        # The contract checks (probe/contracts.py), whose forward post-hook is called from here when their
+        # pre-hook asked for it (`post_due`: sampled forwards): it would be the next hook anyway, and one
+        # hook a forward instead of two saves an entry into Python per micro-batch.
+        self.contracts: Any = None
         try:
             import torch
 
@@ -197,7 +207,8 @@ class ForwardMarker:
         if s is not None:
             s._t_progress = time.time()
 
-    def __call__(self, module: Any, args: Any, output: Any) -> None:
+    def __call__(self, module: Any, args: Any, *rest: Any) -> None:
+        # (module, args, kwargs, output) as registered with kwargs, else (module, args, output)
         checks = self._checks
         if checks is not None and not (checks[0]() or checks[1]() is not None):
             s = self._ref()  # eager: `_mark_now` written out (the plain call is the same as the disabled one)
@@ -205,6 +216,14 @@ class ForwardMarker:
                 s._t_progress = time.time()
         else:
             self._mark()
+        contracts = self.contracts
+        if contracts is not None and contracts.post_due:
+            try:
+                contracts.forward_post(module, args, *rest)
+            except Exception as exc:  # the guard never becomes the failure
+                s = self._ref()
+                if s is not None:
+                    s.fail("contract checks (forward)", exc)
 
     def __deepcopy__(self, memo: dict) -> ForwardMarker:
         return self
