@@ -395,3 +395,43 @@ def test_a_step_the_scaler_skipped_keeps_its_own_scale_in_its_row(tmp_path: Path
     guard.finish()
     with RunReader(guard.run_dir) as reader:
         assert [row["loss_scale"] for row in reader.steps()] == kept
+
+
+def test_a_waiting_run_does_not_rewrite_its_heartbeat_at_every_flush(tmp_path: Path) -> None:
+    """The background thread queues the heartbeat only when it changed (issue 21: an unchanged one cost a
+    commit at every flush of a run that waits, an evaluation, a checkpoint); progress shows at once."""
+    import time
+
+    from trainguard.probe.flusher import FLUSH_INTERVAL
+    from trainguard.probe.steps import BEAT_REFRESH
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = trainguard.watch(model, opt, total_steps=100, run_dir=tmp_path / "run")
+
+    def step() -> None:
+        loss = model(torch.randn(2, 4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        guard.step(loss)
+
+    def beat() -> tuple[float, int]:
+        with RunReader(tmp_path / "run") as reader:
+            (b,) = reader.heartbeats()
+        return b["t_flush"], b["step"]
+
+    try:
+        for _ in range(3):
+            step()
+        time.sleep(3 * FLUSH_INTERVAL)
+        first = beat()
+        assert first[1] == 3
+        time.sleep(min(4 * FLUSH_INTERVAL, BEAT_REFRESH - 1.0))  # several flushes, nothing new to say
+        assert beat() == first
+        step()
+        time.sleep(3 * FLUSH_INTERVAL)
+        t_flush, at = beat()
+        assert at == 4 and t_flush > first[0]
+    finally:
+        guard.finish()
