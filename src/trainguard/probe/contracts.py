@@ -61,7 +61,6 @@ MAX_NAMES = 10
 BATCH_SHAPES_LEARNED = 3  # training forwards whose first input has one rank before a rank one less is judged
 SCAN_WARMUP = 10  # optimizer steps whose parameters are all scanned before the scan thins out
 SENTINELS = 8  # evenly spaced parameters read every step (plus the first, last and largest)
-GRAD_BURST = 3  # consecutive gradient windows followed from each sampled step on, once past SCAN_WARMUP
 
 _requires_grad = operator.attrgetter("requires_grad")
 
@@ -259,10 +258,10 @@ class Contracts:
         A tensor hook sees `.grad` just before a backward pass adds to it; the post-accumulate hook
         records its identity and version counter just after. Between an optimizer step and the next
         backward, anything that resets the gradient (set to None, a new tensor, `zero_()`) changes one of
-        them. No device work, a few Python calls per backward pass, on the windows followed: every window
-        of the first `SCAN_WARMUP` steps, then `GRAD_BURST` consecutive ones from every sampled step (a
-        zero_grad every other step leaves one of them without a reset; the hooks, called from the autograd
-        engine's thread, each take the interpreter lock back in the middle of a backward pass).
+        them. No device work, a few Python calls per backward pass, on every window (following only
+        bursts of windows carried a window's state across the steps without hooks: see `opt_post`); the
+        hooks, called from the autograd engine's thread, each take the interpreter lock back in the middle
+        of a backward pass.
         """
         params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
         if not params or not hasattr(params[0], "register_post_accumulate_grad_hook"):
