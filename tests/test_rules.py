@@ -393,15 +393,20 @@ NAN_BATCH_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def test_the_batch_of_a_nonfinite_loss_is_saved_for_replay(tmp_path: Path) -> None:
-    import torch
-
-    (tmp_path / "train.py").write_text(NAN_BATCH_SCRIPT)
+def _run_alone(tmp_path: Path, script: str) -> None:
+    """`script` as train.py, run with no watchdog (the probe runs the rules itself); it must exit 0."""
+    (tmp_path / "train.py").write_text(script)
     env = dict(os.environ, TRAINGUARD_RULES="1")
     env.pop("TRAINGUARD_RUN_DIR", None)
     proc = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_batch_of_a_nonfinite_loss_is_saved_for_replay(tmp_path: Path) -> None:
+    import torch
+
+    _run_alone(tmp_path, NAN_BATCH_SCRIPT)
     saved = torch.load(tmp_path / "run" / "nonfinite-step40.pt")
     (x, _), = saved["batches"]
     assert saved["step"] == 40 and torch.isnan(x[2, 3]) and torch.isfinite(x[0]).all()
@@ -446,12 +451,7 @@ LIVE_NAN_SCRIPT = textwrap.dedent('''
 def test_a_run_alone_shows_a_nan_in_its_status_within_seconds(tmp_path: Path) -> None:
     """The probe's own rules (no watchdog) run off the training thread at a slow cadence; a NaN must still
     reach status.json while the run goes on, within seconds, and the final status must hold it too."""
-    (tmp_path / "train.py").write_text(LIVE_NAN_SCRIPT)
-    env = dict(os.environ, TRAINGUARD_RULES="1")
-    env.pop("TRAINGUARD_RUN_DIR", None)
-    proc = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    _run_alone(tmp_path, LIVE_NAN_SCRIPT)
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert seen is not None, "the NaN never reached status.json while the run went on"
     assert seen["state"] == "running" and seen["step"] >= 300, seen
