@@ -271,3 +271,32 @@ def test_an_aligned_only_cache_still_serves_a_student_with_partial_off(aligned_o
                    train__eval_every=2, train__save_every=2, optim__warmup_steps=1)
     r = train(cfg, run_dir=tmp_path / "s", verbose=False)
     assert r["step"] == 2 and all(np.isfinite(r["losses"]))
+
+
+def test_a_damaged_shard_is_one_line_exit_2_and_the_build_makes_it_again(built, tmp_path):
+    """A shard cut short (a full disk, an interrupted copy): reading it is one line and exit 2 naming the fix;
+    the build run again makes that shard anew, byte for byte what it was, and the guard says completed."""
+    import shutil
+
+    cfg, folder, _, again = built
+    cut = tmp_path / "cut"
+    shutil.copytree(folder, cut)
+    shard = cut / "shard-00001.npz"
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[:1000])
+    proc = subprocess.run([sys.executable, "-m", "trainguard.recipes.distill", "cache", "info", str(cut)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is damaged" in proc.stderr, proc.stderr
+    fixed = build_cache(cfg, cut, k=32, shard_windows=40, run_dir=str(tmp_path / "run"), verbose=False)
+    assert fixed["written"] == 1 and fixed["kept"] == again["shards"] - 1 and fixed["complete"]
+    assert shard.read_bytes() == whole
+    with RunReader(fixed["run_dir"]) as reader:
+        assert reader.status()["state"] == "completed"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without a CUDA device")
+def test_device_cuda_without_cuda_is_one_line_and_exit_2(built, tmp_path):
+    _, folder, _, _ = built
+    proc = subprocess.run([sys.executable, "-m", "trainguard.recipes.distill", "bundled", "--device", "cuda",
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no CUDA device" in proc.stderr, proc.stderr

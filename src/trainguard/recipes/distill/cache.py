@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +112,11 @@ class TeacherCache:
             p = self.shard_path(i)
             if not p.is_file():
                 raise UserError(f"teacher cache: {p} is missing; finish the build with `trainguard distill cache build`")
-            with np.load(p) as z:
-                d = {k: z[k] for k in z.files}
+            try:
+                with np.load(p) as z:
+                    d = {k: z[k] for k in z.files}
+            except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+                raise UserError(damaged(p, exc)) from None
             if "p_len" in d:  # where each partial row's entries start
                 d["p_start"] = np.concatenate([[0], np.cumsum(d["p_len"], dtype=np.int64)])
             self._shards[i] = d
@@ -152,21 +156,35 @@ class TeacherCache:
         e0, e1 = s["p_start"][a], s["p_start"][b]
         return s["p_pos"][a:b], s["p_len"][a:b], s["p_ids"][e0:e1], dequantize_flat(s["p_q"][e0:e1])
 
+    def shard_readable(self, i: int) -> bool:
+        """Whether shard i's file opens as a whole archive (a copy cut short, a full disk: it does not)."""
+        try:
+            with zipfile.ZipFile(self.shard_path(i)) as z:
+                return z.testzip() is None
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+            return False
+
     def member_bytes(self) -> dict[str, int]:
         """Compressed bytes on disk per stored array, summed over the shards (a .npz is a zip)."""
-        import zipfile
-
         out: dict[str, int] = {}
         for p in self.folder.glob("shard-*.npz"):
-            with zipfile.ZipFile(p) as z:
-                for info in z.infolist():
-                    name = info.filename.removesuffix(".npy")
-                    out[name] = out.get(name, 0) + info.compress_size
+            try:
+                with zipfile.ZipFile(p) as z:
+                    for info in z.infolist():
+                        name = info.filename.removesuffix(".npy")
+                        out[name] = out.get(name, 0) + info.compress_size
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+                raise UserError(damaged(p, exc)) from None
         return out
 
     def bytes_per_position(self) -> float:
         size = sum(p.stat().st_size for p in self.folder.glob("shard-*.npz"))
         return size / max(1, int(self.manifest.get("positions", 0)))
+
+
+def damaged(path: Path, exc: BaseException) -> str:
+    return (f"teacher cache: {path} is damaged ({type(exc).__name__}: {exc}); run `trainguard distill cache build` "
+            "with the same arguments again: it rebuilds damaged shards")
 
 
 def targets_for(cache: TeacherCache, picks: list[tuple[int, list[int]]], vocab_map: np.ndarray, top_k: int,

@@ -27,12 +27,11 @@ from trainguard.recipes.distill.kd import teacher_targets
 from trainguard.recipes.distill.losses import consistent_logprobs
 from trainguard.recipes.distill.partial import PartialMapper
 from trainguard.recipes.distill.tokenize_align import encode, token_lengths
-from trainguard.recipes.distill.train import amp_policy
+from trainguard.recipes.distill.train import amp_policy, torch_device
 
 
 def _setup(cfg: DistillConfig) -> tuple[Any, Any, list[list[int]], str, Any, Any]:
-    device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-                          else "cpu")
+    device = torch_device(cfg.device)
     if cfg.cpu_threads:
         torch.set_num_threads(cfg.cpu_threads)
     text = read_text(cfg.resolve_path(cfg.data.train))
@@ -162,6 +161,10 @@ def build_cache(cfg: DistillConfig, out: str | os.PathLike, *, shard_windows: in
     positions = 0
     with guard.phase("cache"):
         for i in range(n_shards):
+            if cache.shard_path(i).is_file() and not cache.shard_readable(i):
+                # cut short (a full disk, a copy interrupted): built again rather than read as done
+                say(f"cache shard {i + 1}/{n_shards} is damaged: building it again")
+                cache.shard_path(i).unlink()
             if cache.shard_path(i).is_file():
                 done += 1
                 guard.step(0.0)  # an existing shard counts as progress; its loss is not re-measured
@@ -198,11 +201,13 @@ def build_cache(cfg: DistillConfig, out: str | os.PathLike, *, shard_windows: in
                 say(f"cache shard {i + 1}/{n_shards} | {positions / max(1e-9, time.time() - t0):.0f} positions/s")
             if stop_after_shards is not None and written >= stop_after_shards:
                 break
+    # summed before the guard hears the job is done: a failure here is the job's failure, not after it
+    summary = {"folder": str(folder), "shards": n_shards, "written": written, "kept": done,
+               "complete": cache.complete(), "bytes_per_position": round(cache.bytes_per_position(), 1),
+               **_partial_sizes(cache),
+               "positions_per_s": positions / max(1e-9, time.time() - t0), "run_dir": str(guard.run_dir)}
     guard.finish()
-    return {"folder": str(folder), "shards": n_shards, "written": written, "kept": done,
-            "complete": cache.complete(), "bytes_per_position": round(cache.bytes_per_position(), 1),
-            **_partial_sizes(cache),
-            "positions_per_s": positions / max(1e-9, time.time() - t0), "run_dir": str(guard.run_dir)}
+    return summary
 
 
 def _partial_sizes(cache: TeacherCache) -> dict[str, Any]:

@@ -60,6 +60,14 @@ def lr_lambda(warmup: int, total: int, min_ratio: float) -> Any:
     return f
 
 
+def torch_device(asked: str) -> torch.device:
+    """The config's `device` (cpu, cuda, auto) as a torch device; cuda where torch has none is bad input."""
+    if asked == "cuda" and not torch.cuda.is_available():
+        raise UserError("device cuda: this torch sees no CUDA device (torch.cuda.is_available() is False); "
+                        "use device: cpu or auto")
+    return torch.device("cuda" if asked == "cuda" or (asked == "auto" and torch.cuda.is_available()) else "cpu")
+
+
 def amp_policy(device: torch.device, precision: str) -> Any:
     """The one autocast context used for every forward, training and evaluation alike."""
     if precision == "fp32":
@@ -79,8 +87,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     t = cfg.train
     # ---------------------------------------------------------------------------------------------
     # setup
-    device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-                          else "cpu")
+    device = torch_device(cfg.device)
     amp = amp_policy(device, cfg.precision)
     if cfg.cpu_threads:
         torch.set_num_threads(cfg.cpu_threads)
