@@ -146,6 +146,15 @@ def test_plateau_window_is_counted_in_steps_not_rows() -> None:
     assert "loss-not-decreasing" not in [f.name for f in run_rules(falling, {"total_steps": 3140})]
 
 
+def test_a_job_that_does_not_train_is_not_judged_for_learning() -> None:
+    """`watch(learning=False)` (a teacher writing its cache, an evaluation): a flat per-batch NLL is what such a
+    job reports; the same rows from a training run are loss-not-decreasing."""
+    rows = [{"kind": "step", "step": i, "t": float(i), "loss": 9.0 + 0.05 * ((i * 7919) % 13 - 6) / 6}
+            for i in range(1, 301)]
+    assert "loss-not-decreasing" in [f.name for f in run_rules(rows, {"total_steps": 300})]
+    assert run_rules(rows, {"total_steps": 300, "learning": False}) == []
+
+
 def _curriculum(lm_end: float, kd_end: float, n: int = 300) -> list[dict]:
     """A distillation student as the recipe reports it: parts lm and kd, the kd weight ramping 0.1 -> 0.7 over
     the first 20% of the run, the total their weighted sum, step-to-step noise from a fixed pattern."""

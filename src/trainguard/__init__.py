@@ -35,6 +35,7 @@ def watch(
     name: str | None = None,
     config: dict[str, Any] | None = None,
     stats_every: int = 10,
+    learning: bool = True,
 ) -> Guard | NullGuard:
     """Starts watching this training process and returns its guard.
 
@@ -42,7 +43,9 @@ def watch(
     optimizer step; `scaler` is an AMP GradScaler, if any (its loss scale is watched). Alone, the run
     folder goes under ./trainguard-runs/; under `trainguard run` the probe joins that run's folder.
     `stats_every`: gradient norm and update ratio are measured every N optimizer steps (and on each
-    of the first N). With TRAINGUARD_DISABLE=1 this returns a `NullGuard` that does nothing.
+    of the first N). `learning=False`: the job runs a model without training it (an evaluation, a teacher
+    writing its outputs): its "loss" is a measure that need not fall, so the rules that expect learning
+    (TG204 loss-not-decreasing, TG206 loss-diverging) leave it alone. With TRAINGUARD_DISABLE=1 this returns a `NullGuard` that does nothing.
     """
     if os.environ.get(ENV_DISABLE):
         return NullGuard(grad_accum)
@@ -66,7 +69,8 @@ def watch(
                          f"(got grad_accum={grad_accum}, total_steps={total_steps})")
     try:
         return Guard(model, optimizer, scheduler, total_steps=total_steps, grad_accum=grad_accum, scaler=scaler,
-                     run_dir=run_dir, name=name, config=config, stats_every=stats_every)
+                     run_dir=run_dir, name=name, config=config, stats_every=stats_every,
+                     learning=learning)
     except Exception as exc:
         # The guard never becomes the failure: a run folder that cannot be made or written (a full disk,
         # a read-only mount) costs the watching, not the training.

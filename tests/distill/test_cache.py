@@ -16,6 +16,11 @@ from trainguard.recipes.distill.cache_build import build_cache, verify_cache
 from trainguard.store.reader import RunReader
 
 
+def reader_plan(run_dir: str) -> dict:
+    with RunReader(run_dir) as reader:
+        return reader.meta().get("plan") or {}
+
+
 @pytest.fixture(scope="module")
 def built(base_dict, tmp_path_factory):
     import copy
@@ -41,6 +46,7 @@ def test_build_resumes_by_shard_and_the_guard_watched_it(built):
         status, steps = reader.status(), list(reader.steps())
         findings = reader.findings()
     assert status["state"] == "completed" and findings == []
+    assert reader_plan(again["run_dir"])["learning"] is False  # the teacher is not trained: no learning rules
     assert len(steps) == again["shards"]  # one step per shard
     # the written shards' loss is the teacher's own LM cross-entropy, a real positive number
     assert all(r["loss"] > 0 for r in steps[1:])

@@ -53,6 +53,7 @@ class Probe(StepRecorder):
         config: dict | None = None,
         stats_every: int = 10,
         auto: bool = False,
+        learning: bool = True,
     ) -> None:
         if grad_accum < 1:
             raise ValueError(f"trainguard.watch: grad_accum must be >= 1, got {grad_accum}")
@@ -60,6 +61,7 @@ class Probe(StepRecorder):
             raise ValueError(f"trainguard.watch: total_steps must be >= 1 or None, got {total_steps}")
         self.model = model
         self.scheduler = scheduler
+        self.learning = learning  # False: a job that runs a model without training it (the plan says so)
         self.auto = auto  # made by the automatic probe (probe/auto.py) at the first optimizer step
         self.place = rank_info()  # rank, node and host from torchrun's (or Slurm's) environment
         self.attempt = int(os.environ.get(ENV_ATTEMPT, "0") or 0)

@@ -36,6 +36,7 @@ def record_start(writer: Any, guard: Any, *, pid: int, label: str, config: dict 
         # TG102 measures scheduler steps per optimizer step from this count (timm's schedulers keep none)
         "sched_counted": _safe(lambda: planinfo.sched_epoch(scheduler) is not None),
         "output_size": _safe(lambda: planinfo.output_size(model, config)),
+        "learning": guard.learning,
     }
     if guard.rank == 0:
         w.set_meta("plan", plan)

@@ -376,7 +376,8 @@ class LossNotDecreasing(Rule):
     than the window that keeps the LR near zero.
 
     ## Options
-    None.
+    Not judged for a job watched with `trainguard.watch(..., learning=False)` (a model run without
+    training: an evaluation, a teacher writing its cache).
     """
 
     code, name, severity = "TG204", "loss-not-decreasing", "warning"
@@ -400,7 +401,7 @@ class LossNotDecreasing(Rule):
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         loss = row.get("loss")
-        if self.decided or not finite(loss):
+        if self.decided or not finite(loss) or not self.learning:
             return None
         self.n += 1
         if self.first_step is None:
@@ -614,7 +615,7 @@ class LossDiverging(Rule):
     whose weights are applied but not reported.
 
     ## Options
-    None.
+    Not judged for a job watched with `trainguard.watch(..., learning=False)`.
     """
 
     code, name, severity = "TG206", "loss-diverging", "error"
@@ -629,6 +630,8 @@ class LossDiverging(Rule):
         self.weighted = False  # the reported weights changed: the total is judged through its parts
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
+        if not self.learning:
+            return None
         weights = row.get("weights") or {}
         for name, w in weights.items():
             if finite(w) and abs(self.first_weights.setdefault(name, w) - w) > 1e-9 * max(1.0, abs(w)):

@@ -35,6 +35,8 @@ class Rule:
         self.plan = plan
         self.total_steps: int | None = _pos_int(plan.get("total_steps"))
         self.grad_accum: int = _pos_int(plan.get("grad_accum")) or 1
+        # `watch(learning=False)`: a model run without training (an evaluation, a teacher's cache job)
+        self.learning: bool = plan.get("learning") is not False
 
     def on_step(self, row: dict[str, Any]) -> Finding | list[Finding] | None:
         """Called with each optimizer step's row, in order."""

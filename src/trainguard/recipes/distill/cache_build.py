@@ -153,7 +153,8 @@ def build_cache(cfg: DistillConfig, out: str | os.PathLike, *, shard_windows: in
         manifest["positions"] = sum(len(s) - 1 for s in encoded)
         mf.write_text(json.dumps(manifest))
     n_shards = -(-len(encoded) // shard_windows)
-    guard = trainguard.watch(teacher, total_steps=n_shards, run_dir=run_dir, name="distill-cache",
+    # the teacher is not trained here: its per-shard NLL is a measure of the text, flat by nature
+    guard = trainguard.watch(teacher, total_steps=n_shards, run_dir=run_dir, name="distill-cache", learning=False,
                              config={"cache": str(folder), "k": k, "windows": len(encoded)})
     cache = TeacherCache(folder)
     done = written = 0
