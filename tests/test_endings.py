@@ -68,3 +68,42 @@ def test_an_unfinished_guard_in_a_script_run_alone(tmp_path: Path, env: dict, st
     status = read_status(run)
     assert status["state"] == state, status
     assert [(f["name"], f["severity"]) for f in status["findings"]] == [("probe-not-finished", severity)]
+
+
+INTERRUPTED_ALONE = """
+import sys, time, torch, trainguard
+m = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+guard = trainguard.watch(m, opt, total_steps=1000, run_dir="run")
+for i in range(1000):
+    loss = m(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()
+    guard.step(loss)
+    opt.step()
+    opt.zero_grad()
+    if i == 20:
+        print("step 20", flush=True)
+    time.sleep(0.01)
+guard.finish()
+"""
+
+
+def test_ctrl_c_in_a_script_run_alone_is_an_interrupt_not_an_unfinished_guard(tmp_path: Path) -> None:
+    """A real SIGINT to a script watching itself: killed by SIGINT (TG503, cause interrupted), its steps kept;
+    not "failed: call guard.finish()" (TG506), which is what it said before."""
+    import signal
+
+    (tmp_path / "train.py").write_text(INTERRUPTED_ALONE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    proc = subprocess.Popen([sys.executable, "train.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                                                signal.SIG_DFL))
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("step 20")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "KeyboardInterrupt" in err
+    status = read_status(tmp_path / "run")
+    names = {f["name"]: f for f in status["findings"]}
+    assert status["state"] == "killed" and "probe-not-finished" not in names, status
+    assert names["run-killed"]["cause"] == "interrupted" and status["step"] >= 20, status

@@ -41,7 +41,7 @@ from trainguard.preflight.judge import (
 )
 from trainguard.preflight.schedule import SCHEDULE_ENDS_EARLY, SCHEDULE_ENDS_LATE
 from trainguard.rules.crash import RUN_CRASHED
-from trainguard.rules.ending import PROBE_NOT_FINISHED
+from trainguard.rules.ending import PROBE_NOT_FINISHED, RUN_KILLED
 from trainguard.rules.health import HEALTH_RULES
 from trainguard.watchdog.nodes import NODE_LOST
 from trainguard.watchdog.restart import HANG_REPEATS
@@ -50,7 +50,6 @@ from trainguard.watchdog.verdict import (
     ARTIFACT_MISSING,
     ARTIFACT_STALE,
     LEFTOVER_PROCESSES,
-    RUN_KILLED,
 )
 
 FAMILIES = {

@@ -33,6 +33,15 @@ def echo(message: Any = "", err: bool = False) -> None:
     click.echo(printable(message), err=err)
 
 
+def _interrupted_guards() -> None:
+    crashhook = sys.modules.get("trainguard.probe.crashhook")  # only where a guard was made in this process
+    if crashhook is None:
+        return
+    for guard in list(crashhook._HOOKED):
+        if not guard.finished:
+            guard.record_interrupt()
+
+
 class _Group(click.Group):
     """Turns UserError into one line and exit 2; an internal error into one line and exit 70."""
 
@@ -58,6 +67,7 @@ class _Group(click.Group):
                 pass
             ctx.exit(0)
         except KeyboardInterrupt:
+            _interrupted_guards()  # a guard of this process (the distillation recipe's) says it was interrupted
             echo("trainguard: interrupted", err=True)
             ctx.exit(130)
         except Exception as exc:

@@ -48,6 +48,9 @@ class Watched:
     def crashed(self, crash: dict[str, Any], frames: list[dict[str, Any]]) -> None:
         pass
 
+    def interrupted(self) -> None:
+        pass
+
     def exited(self) -> None:
         pass
 
@@ -133,6 +136,21 @@ class Alone:
         )
         self._write(ending_status(Ending(crashed=True, exit_code=1, probe_used=True),
                                   **self._fields(findings=[finding.to_dict()])))
+
+    def interrupted(self) -> None:
+        """A KeyboardInterrupt (Ctrl-C) ended the script: killed by SIGINT, as the watchdog says of it, not a
+        guard left unfinished."""
+        import signal
+
+        from trainguard.rules.ending import killed_finding
+
+        s = self.steps
+        if self.rules is not None and not s._disabled:
+            self.rules.run(final=True)
+        fields = self._fields()
+        found = killed_finding(signal.SIGINT, step=s.step_count, oom={})
+        fields["findings"].append({**found.to_dict(), "source": "probe"})
+        self._write(ending_status(Ending(signal="SIGINT", probe_used=True), **fields))
 
     def exited(self) -> None:
         """Interpreter exit: a script that neither finished nor crashed left early (probe-not-finished)."""

@@ -148,6 +148,20 @@ class Probe(StepRecorder):
         except Exception as exc2:
             self.fail("crash record", exc2)
 
+    def record_interrupt(self) -> None:
+        """Called by the crash hook (and the CLI) on a KeyboardInterrupt: the run was interrupted, it did not
+        forget `finish()`; what it recorded is flushed and the ending says so."""
+        if self.finished or self.crashed or os.getpid() != self._pid:
+            return
+        self.crashed = True  # the ending is written here: interpreter exit adds no probe-not-finished
+        try:
+            self.emit_all()
+            self.drain(final=True)
+            self._writer.flush()
+            self._ending.interrupted()
+        except Exception as exc:
+            self.fail("interrupt record", exc)
+
     def retire(self) -> None:
         """The automatic probe steps aside for the script's own guard: its hooks come off, it stops recording."""
         self._hooks.remove_optimizer_hooks()

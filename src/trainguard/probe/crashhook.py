@@ -45,9 +45,11 @@ def install(guard: Any) -> None:
     previous = sys.excepthook
 
     def hook(exc_type: type, exc: BaseException, tb: Any) -> None:
-        if not issubclass(exc_type, KeyboardInterrupt):
-            for g in list(_HOOKED):
-                if not g.finished:
+        for g in list(_HOOKED):
+            if not g.finished:
+                if issubclass(exc_type, KeyboardInterrupt):
+                    g.record_interrupt()  # Ctrl-C: an interrupt, not a crash
+                else:
                     g.record_crash(exc_type, exc, tb)
         previous(exc_type, exc, tb)
 

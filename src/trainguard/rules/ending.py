@@ -6,7 +6,10 @@ The watchdog's verdict (watchdog/verdict.py) and the probe's own ending (a scrip
 
 from __future__ import annotations
 
-from trainguard.findings import PROBE, Code, Finding
+import signal
+from typing import Any
+
+from trainguard.findings import PROBE, PROCESS, Code, Finding
 
 
 def early_end(step: int | None, *, total_steps: int | None, exited_normally: bool) -> str | None:
@@ -62,3 +65,59 @@ def probe_not_finished(step: int | None, *, total_steps: int | None = None, exit
 
 
 PROBE_NOT_FINISHED = Code("TG506", "probe-not-finished", "error", needs=(PROBE,), page=probe_not_finished)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def killed_finding(signum: int, *, step: int | None, oom: dict[str, Any]) -> Finding:
+    """TG503 run-killed: the process was ended by a signal that trainguard did not send.
+
+    What it detects: death by signal (SIGKILL, SIGTERM, SIGSEGV, ...), with what likely sent it. A SIGKILL
+    that nobody in trainguard asked for is usually the kernel's OOM killer; the kernel log and the
+    cgroup's oom_kill counter are read where they are readable.
+    Why it matters: a killed process leaves no traceback; without this the run simply "went quiet".
+    Example: SIGKILL at step 812; cgroup memory.events oom_kill went 0 → 1.
+    What to change: for the OOM killer, reduce host memory (DataLoader workers × prefetch, caching, a
+    memory leak: see memory-creep); otherwise find who sent the signal (scheduler preemption, a timeout).
+    """
+    name = signal_name(signum)
+    cause = None
+    likely = ""
+    if signum == signal.SIGKILL:
+        if oom.get("oom_kills_delta") or oom.get("kernel_lines"):
+            cause = "oom-killer"
+            likely = "the kernel's OOM killer (confirmed by the kernel)"
+        else:
+            cause = "oom-killer?"
+            likely = ("most often the kernel's OOM killer when nobody in trainguard asked for it (the kernel log and"
+                      " cgroup counters could not confirm it)")
+    elif signum == signal.SIGTERM:
+        cause, likely = "terminated", "a SIGTERM: a job scheduler's preemption or time limit, or a person"
+    elif signum == signal.SIGSEGV:
+        cause, likely = "segfault", "a segmentation fault in native code (a CUDA/C++ extension, a driver)"
+    elif signum == signal.SIGINT:
+        cause, likely = "interrupted", "an interrupt (Ctrl-C)"
+    else:
+        cause, likely = name.lower(), f"{name}"
+    at = f" at step {step}" if step is not None else ""
+    fix = {
+        "oom-killer": "Reduce host memory: fewer DataLoader workers or prefetch, no caching of the dataset in RAM,"
+                      " look for a leak (host memory growing step by step); give the job more memory.",
+        "oom-killer?": "Check `dmesg` (as root) for 'Killed process'; if it was the OOM killer, reduce host memory"
+                       " (DataLoader workers × prefetch, dataset caching, leaks).",
+        "segfault": "Run with `PYTHONFAULTHANDLER=1` to get the Python frames; update or pin the native extension.",
+    }.get(cause or "", "Find who sent the signal; resume from the last checkpoint.")
+    return Finding.of(
+        RUN_KILLED, step=step,
+        summary=f"the process was killed by {name}{at}: {likely}",
+        evidence={"signal": name, **{k: v for k, v in oom.items() if v not in (None, [], 0)}},
+        fix=fix, cause=cause, source="watchdog",
+    )
+
+
+RUN_KILLED = Code("TG503", "run-killed", "error", needs=(PROCESS,), page=killed_finding)

@@ -15,14 +15,13 @@ as shells do), and with these codes otherwise:
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainguard.findings import EXPECTS, PROCESS, WATCHDOG, Code, Finding
+from trainguard.findings import EXPECTS, WATCHDOG, Code, Finding
 from trainguard.rules.crash import RUN_CRASHED
-from trainguard.rules.ending import probe_not_finished
+from trainguard.rules.ending import killed_finding, probe_not_finished, signal_name
 from trainguard.store.ending import Ending, state_of
 
 if TYPE_CHECKING:
@@ -41,13 +40,6 @@ class Verdict:
     findings: list[Finding] = field(default_factory=list)
     trainguard_exit: int = 0
     ending: Ending = field(default_factory=Ending)  # the facts the state was named from (for status.json)
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def check_artifacts(expects: list[str], started: float, cwd: str | None = None) -> list[Finding]:
@@ -109,53 +101,6 @@ ARTIFACT_STALE = Code("TG505", "artifact-stale", "error", needs=(EXPECTS,), page
 ARTIFACT_MISSING = Code("TG504", "artifact-missing", "error", needs=(EXPECTS,), page=check_artifacts)
 
 
-def killed_finding(signum: int, *, step: int | None, oom: dict[str, Any]) -> Finding:
-    """TG503 run-killed: the process was ended by a signal that trainguard did not send.
-
-    What it detects: death by signal (SIGKILL, SIGTERM, SIGSEGV, ...), with what likely sent it. A SIGKILL
-    that nobody in trainguard asked for is usually the kernel's OOM killer; the kernel log and the
-    cgroup's oom_kill counter are read where they are readable.
-    Why it matters: a killed process leaves no traceback; without this the run simply "went quiet".
-    Example: SIGKILL at step 812; cgroup memory.events oom_kill went 0 → 1.
-    What to change: for the OOM killer, reduce host memory (DataLoader workers × prefetch, caching, a
-    memory leak: see memory-creep); otherwise find who sent the signal (scheduler preemption, a timeout).
-    """
-    name = signal_name(signum)
-    cause = None
-    likely = ""
-    if signum == signal.SIGKILL:
-        if oom.get("oom_kills_delta") or oom.get("kernel_lines"):
-            cause = "oom-killer"
-            likely = "the kernel's OOM killer (confirmed by the kernel)"
-        else:
-            cause = "oom-killer?"
-            likely = ("most often the kernel's OOM killer when nobody in trainguard asked for it (the kernel log and"
-                      " cgroup counters could not confirm it)")
-    elif signum == signal.SIGTERM:
-        cause, likely = "terminated", "a SIGTERM: a job scheduler's preemption or time limit, or a person"
-    elif signum == signal.SIGSEGV:
-        cause, likely = "segfault", "a segmentation fault in native code (a CUDA/C++ extension, a driver)"
-    elif signum == signal.SIGINT:
-        cause, likely = "interrupted", "an interrupt (Ctrl-C)"
-    else:
-        cause, likely = name.lower(), f"{name}"
-    at = f" at step {step}" if step is not None else ""
-    fix = {
-        "oom-killer": "Reduce host memory: fewer DataLoader workers or prefetch, no caching of the dataset in RAM,"
-                      " look for a leak (host memory growing step by step); give the job more memory.",
-        "oom-killer?": "Check `dmesg` (as root) for 'Killed process'; if it was the OOM killer, reduce host memory"
-                       " (DataLoader workers × prefetch, dataset caching, leaks).",
-        "segfault": "Run with `PYTHONFAULTHANDLER=1` to get the Python frames; update or pin the native extension.",
-    }.get(cause or "", "Find who sent the signal; resume from the last checkpoint.")
-    return Finding.of(
-        RUN_KILLED, step=step,
-        summary=f"the process was killed by {name}{at}: {likely}",
-        evidence={"signal": name, **{k: v for k, v in oom.items() if v not in (None, [], 0)}},
-        fix=fix, cause=cause, source="watchdog",
-    )
-
-
-RUN_KILLED = Code("TG503", "run-killed", "error", needs=(PROCESS,), page=killed_finding)
 
 
 def leftover_finding(members: list[dict[str, Any]], step: int | None) -> Finding:
