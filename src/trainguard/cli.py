@@ -35,11 +35,8 @@ def echo(message: Any = "", err: bool = False) -> None:
 
 def _interrupted_guards() -> None:
     crashhook = sys.modules.get("trainguard.probe.crashhook")  # only where a guard was made in this process
-    if crashhook is None:
-        return
-    for guard in list(crashhook._HOOKED):
-        if not guard.finished:
-            guard.record_interrupt()
+    if crashhook is not None:
+        crashhook.interrupted()
 
 
 class _Group(click.Group):

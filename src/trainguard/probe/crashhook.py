@@ -37,6 +37,14 @@ def forget(guard: Any) -> None:
         _HOOKED.remove(guard)
 
 
+def interrupted() -> None:
+    """A KeyboardInterrupt ended the script (uncaught, or caught by trainguard's own CLI): every guard still
+    watching records an interrupt."""
+    for g in list(_HOOKED):
+        if not g.finished:
+            g.record_interrupt()
+
+
 def install(guard: Any) -> None:
     """Chains sys.excepthook so an uncaught exception is recorded with its step and phase."""
     _HOOKED.append(guard)
@@ -45,11 +53,11 @@ def install(guard: Any) -> None:
     previous = sys.excepthook
 
     def hook(exc_type: type, exc: BaseException, tb: Any) -> None:
-        for g in list(_HOOKED):
-            if not g.finished:
-                if issubclass(exc_type, KeyboardInterrupt):
-                    g.record_interrupt()  # Ctrl-C: an interrupt, not a crash
-                else:
+        if issubclass(exc_type, KeyboardInterrupt):
+            interrupted()  # Ctrl-C: an interrupt, not a crash
+        else:
+            for g in list(_HOOKED):
+                if not g.finished:
                     g.record_crash(exc_type, exc, tb)
         previous(exc_type, exc, tb)
 
