@@ -289,6 +289,21 @@ def probe_thread_cpu() -> float:
         return sum(th.user_time + th.system_time for th in psutil.Process().threads() if th.id in ids)
 
 
+def background_stretches(reset: bool = False) -> dict | None:
+    """The probe's background thread's stretches of work between two pauses (probe/pacing.py), in CPU ms:
+    how long it may have kept the interpreter lock from the training thread in one go. `reset` starts
+    the count (before the timed rounds)."""
+    try:
+        from trainguard.probe.pacing import STRETCHES
+    except ImportError:  # a trainguard without pacing figures
+        return None
+    if reset:
+        STRETCHES.__init__()
+        return None
+    return {"count": STRETCHES.count, "longest_ms": round(1000 * STRETCHES.longest, 3),
+            "over_1ms": STRETCHES.over_1ms}
+
+
 class GcClock:
     """The garbage collector's pauses, attributed to the side whose block is running."""
 
@@ -600,6 +615,7 @@ def child(args: argparse.Namespace) -> dict:
         torch.cuda.set_sync_debug_mode(sync_mode[0])
     timer.reset()
     cpu0 = probe_thread_cpu()
+    background_stretches(reset=True)
     bg_in_blocks = 0.0  # the background thread's CPU during G's blocks; the rest fell in pauses or other blocks
     orders = list(itertools.permutations(SIDES))
     t_start = time.time()
@@ -621,6 +637,7 @@ def child(args: argparse.Namespace) -> dict:
     if cuda:
         torch.cuda.set_sync_debug_mode(0)
     bg_cpu = probe_thread_cpu() - cpu0
+    stretches = background_stretches()
     steps = cfg["rounds"] * cfg["block"]
     if guard is not None and args.mode == "watch":
         guard.finish()
@@ -668,6 +685,8 @@ def child(args: argparse.Namespace) -> dict:
         "probe_thread_cpu_ms_per_s": round(1000 * bg_cpu / wall, 4),  # per second of the timed rounds
         # ... and per second of G's blocks (while the guarded loop trains)
         "probe_thread_cpu_in_blocks_ms_per_s": round(1000 * bg_in_blocks / sum(G.block_s), 4),
+        # its longest stretch of work between two pauses (the interpreter lock held from the loop in one go)
+        "probe_thread_stretches": stretches,
         "per_step_ms": {n: step_figures(v) for n, v in flat.items()},
         "twins_guarded_vs_unguarded": twin_figures(G.step_ms, U.step_ms),
         "twins_control_vs_unguarded": twin_figures(C.step_ms, U.step_ms),
@@ -728,6 +747,7 @@ def suite(args: argparse.Namespace) -> int:
                           "G/U bound": got["guarded_vs_unguarded_bound"],
                           "on_thread_ms": got["on_thread_ms_per_step"], "on_thread_cpu_ms": got["on_thread_cpu_ms_per_step"],
                           "bg_cpu_ms": got["probe_thread_cpu_ms_per_step"],
+                          "bg_stretch_ms": (got.get("probe_thread_stretches") or {}).get("longest_ms"),
                           "twin_p999_ms": got["twins_guarded_vs_unguarded"]["diff_p99.9_ms"],
                           "control_twin_p999_ms": got["twins_control_vs_unguarded"]["diff_p99.9_ms"],
                           "syncs": got["sync_warnings"], "rows": got["rows_stored"],
