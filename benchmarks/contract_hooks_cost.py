@@ -72,6 +72,7 @@ def measure(shape: str, passes: int = 7, steps: int = 100) -> dict:
     loss = torch.tensor(1.0)
     pc = time.perf_counter
     spent: dict[str, float] = {}  # this step's seconds by kind of call
+    watched: set[int] = set()  # parameters whose gradient the checks followed
     calls: dict[str, int] = {}
 
     def timed(kind: str, fn, *args) -> None:
@@ -82,8 +83,9 @@ def measure(shape: str, passes: int = 7, steps: int = 100) -> dict:
 
     def one_step() -> None:
         timed("opt_post", checks.opt_post, opt)  # the previous step's end (the next window starts here)
-        hooks = contract_hooks(model)  # (read anew each step: the checks may move or drop their hooks)
+        hooks = contract_hooks(model)  # (read anew: the checks may move, drop or take out their hooks)
         grads = {id(p): p for p, _ in hooks["grad_before"] + hooks["grad_after"]}.values()
+        watched.update(id(p) for p in grads)
         for p in grads:
             p.grad[:1].zero_()  # zero_grad(set_to_none=False): the version counter moves
         for _ in range(cfg["accum"]):
@@ -93,11 +95,12 @@ def measure(shape: str, passes: int = 7, steps: int = 100) -> dict:
                 timed("forward_post", checks.forward_post, model, (x,), {}, out)
             for m, fn in hooks["forward"]:
                 timed("forward", fn, m, (x,), {}, out)
-            for p, fn in hooks["grad_before"]:
+            now = contract_hooks(model)  # (a gradient hook may take itself out for the rest of the window)
+            for p, fn in now["grad_before"]:
                 timed("grad_before", fn, p.grad)
             for p in grads:
                 p.grad[:1].add_(0)  # the backward pass adds to the gradient in place (untimed)
-            for p, fn in hooks["grad_after"]:
+            for p, fn in now["grad_after"]:
                 timed("grad_after", fn, p)
             guard.micro += 1
             if checks.last_output is not None:  # as guard.step calls it: only after a sampled forward
@@ -120,9 +123,8 @@ def measure(shape: str, passes: int = 7, steps: int = 100) -> dict:
     for (_, kind), dt in best.items():
         by_kind[kind] = by_kind.get(kind, 0.0) + dt / steps
     guard._disabled = True  # the replayed counters are not a run to record
-    hooks = contract_hooks(model)
     return {"shape": shape, "tensors": len(list(model.parameters())), "micro_batches": cfg["accum"],
-            "grad_watched": len({id(p) for p, _ in hooks["grad_before"] + hooks["grad_after"]}),
+            "grad_watched": len(watched),
             "hooks_us_per_step": round(1e6 * sum(by_kind.values()), 1),
             "us_per_step": {k: round(1e6 * v, 2) for k, v in sorted(by_kind.items())},
             "calls_per_step": {k: round(v / steps, 2) for k, v in sorted(calls.items())},

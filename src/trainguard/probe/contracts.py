@@ -92,47 +92,74 @@ class _Launched:
 class _GradWatch:
     """One parameter whose gradient is followed from an optimizer step to the next (grads-never-reset).
 
-    One tensor hook, run on the autograd engine's thread before each backward pass adds to `.grad`. The
+    One tensor hook, run on the autograd engine's thread before a backward pass adds to `.grad`. The
     optimizer's post-hook records the gradient the step left (held weakly: a freed gradient whose id a
-    new one reuses cannot pass for it) and its version counter: what the window's first backward pass
-    finds if nothing reset it. A pass that finds them adds to that gradient in place, so the next pass
-    expects the version one higher. The first pass that finds anything else (no gradient, another
-    tensor, another version: set to None, replaced, zeroed) marks the window reset, and every later pass
-    of the window returns after one attribute read. The window is judged at the next optimizer step.
+    new one reuses cannot pass for it) and its version counter, what the window's first backward pass
+    finds if nothing reset it, and puts the hook in place. A pass that finds them adds to that gradient in
+    place, so the next pass expects the version one higher. The first pass that finds anything else (no
+    gradient, another tensor, another version: set to None, replaced, zeroed) marks the window reset and
+    takes the hook out of the parameter's hook dictionary until the next step: in the usual loop one
+    call a window (each call takes the interpreter lock back in the middle of a backward pass). The
+    window is judged at the next optimizer step.
     """
 
     __slots__ = ("name", "param", "ref", "version", "passes", "start", "reset_at", "idle", "windows",
-                 "handle", "error")
+                 "handle", "hooks", "key", "fn", "armed", "error")
 
     def __init__(self, name: str, param: Any) -> None:
         self.name = name
         self.param = param
         self.ref: Any = None  # weakref to the gradient the next pass must find; None: a reset was seen
         self.version = 0  # ... and its version counter
-        self.passes = 0  # backward passes that reached the parameter (hook calls)
+        self.passes = 0  # backward passes the hook saw
         self.start = 0  # `passes` at the window's start (the last optimizer step)
         self.reset_at = 0  # `passes` before the last reset seen
         self.idle = 0  # windows in a row that no backward pass reached
         self.windows: list[int] = []  # optimizer steps whose window had no reset
         self.handle: Any = None
+        self.hooks: Any = None  # the parameter's tensor-hook dictionary, where the hook is put and taken out
+        self.key: Any = None
+        self.fn: Any = None  # the hook as it stood in the dictionary (a benchmark may have wrapped it)
+        self.armed = False
         self.error: BaseException | None = None  # what the hook raised (it never raises into backward)
+
+    def install(self) -> None:
+        self.handle = self.param.register_hook(self.hook())
+        self.hooks, self.key = self.param._backward_hooks, self.handle.id
+        self.fn, self.armed = self.hooks[self.key], True
+
+    def arm(self) -> None:
+        if not self.armed:
+            self.armed = True
+            self.hooks[self.key] = self.fn
+
+    def disarm(self) -> None:
+        # (torch calls the hooks of a pass from a snapshot of the dictionary: taking one out is safe)
+        if self.armed:
+            self.armed = False
+            self.fn = self.hooks.pop(self.key, self.fn)
+
+    def remove(self) -> None:
+        self.disarm()
+        self.handle.remove()
 
     def hook(self) -> Any:
         # a closure, not a bound method: a deep-copied model shares it instead of copying the parameter
         def before_accumulate(grad: Any) -> None:
             self.passes += 1
-            ref = self.ref
-            if ref is None or GATE.capturing:
-                return None  # a reset seen already (the usual case past the first pass), or a captured pass
+            if GATE.capturing:
+                return None  # a captured pass: its replays run no hook
             try:
-                g = self.param.grad
-                if g is None or ref() is not g or g._version != self.version:
+                ref, g = self.ref, self.param.grad
+                if ref is None or g is None or ref() is not g or g._version != self.version:
                     self.ref = None
                     self.reset_at = self.passes - 1
+                    self.disarm()  # the window is decided: its later passes do not call in
                 elif _accumulates(self.param):
                     self.version += 1  # this pass adds to it in place
             except Exception as exc:
                 self.ref, self.error = None, exc
+                self.disarm()
             return None
 
         return before_accumulate
@@ -310,13 +337,13 @@ class Contracts:
 
     def _watch(self, p: Any) -> None:
         watch = _GradWatch(self.name(p, "param_groups[..]"), p)
-        watch.handle = p.register_hook(watch.hook())
+        watch.install()
         self.grad_watch.append(watch)
 
     def _unwatch(self) -> None:
         """The gradient hooks come off (the contract reported, or its check switched off)."""
         for w in self.grad_watch:
-            w.handle.remove()
+            w.remove()
         self.grad_watch = []
 
     def _close_grad_window(self, step: int) -> None:
@@ -350,7 +377,7 @@ class Contracts:
             return  # (its backward passes run inside the step: an LBFGS closure)
         others = [q for _, q in self.opt_params if q is not p and q.requires_grad and q.grad is not None]
         if others:
-            w.handle.remove()
+            w.remove()
             self.grad_watch.remove(w)
             self._watch(max(others, key=lambda q: q.numel()))
 
@@ -360,10 +387,10 @@ class Contracts:
         if g._disabled or GATE.capturing or thisprocess.pid != g._pid:
             return
         step = g.opt_steps + 1
-        if not self.step_compiled and (step <= 3 or step % self.every == 0):
+        if not self.step_compiled and (step <= SCAN_WARMUP or step % (self.every * AUTOCAST_SAMPLES) == 0):
             # A compiled step that replays a no-op (pytorch/pytorch#115607) looks like any step that
-            # changes nothing: knowing it runs under torch.compile names the cause. A few frames up, once
-            # per sampled step until found.
+            # changes nothing: knowing it runs under torch.compile names the cause. A few frames up, on
+            # the first steps and every tenth sample until found (a loop compiles its step from the start).
             try:
                 self.step_compiled = _under_compile(sys._getframe(2))  # above the guard's hook
                 if self.step_compiled:
@@ -400,6 +427,11 @@ class Contracts:
         groups = optimizer.param_groups
         key = self.opt_key
         if not again and key is not None and len(key) == len(groups):
+            if len(key) == 1:  # one group, the usual case: asked without a loop
+                lst, n = key[0]
+                params = groups[0]["params"]
+                if params is lst and len(params) == n:
+                    return self.opt_params
             for (lst, n), group in zip(key, groups):
                 params = group["params"]
                 if params is not lst or len(params) != n:
@@ -500,6 +532,7 @@ class Contracts:
             else:
                 w.ref, w.version = weakref.ref(gr), gr._version
             w.start = w.passes
+            w.arm()
         if self.frozen_before:
             try:
                 self._frozen_after(step)

@@ -163,7 +163,7 @@ class GradsNeverReset(_ContractRule):
 
     ## Example
     `TG213 grads-never-reset [error] at step 2: the gradient of fc.weight was not reset between optimizer
-    steps 2, 3 (grad_accum 1): it holds the sum of 3 backward passes`
+    steps 2, 3 (grad_accum 1): it holds the sum of at least 3 backward passes`
 
     ## What to change
     Call `optimizer.zero_grad()` (on the optimizer that holds these parameters) once per optimizer step,
@@ -186,7 +186,7 @@ class GradsNeverReset(_ContractRule):
             step=steps[0],
             summary=f"the gradient of {data.get('param')} was not reset between optimizer steps "
                     f"{', '.join(str(s) for s in steps[:5])} (grad_accum {data.get('grad_accum')}): it holds the sum "
-                    f"of {data.get('backward_passes')} backward passes",
+                    f"of at least {data.get('backward_passes')} backward passes",
             fix="call optimizer.zero_grad() on the optimizer that holds these parameters once per optimizer step "
                 "(after step(), or before the step's first backward())",
             evidence={**data, "detected_step": steps[-1]}, cause="no-zero-grad",
