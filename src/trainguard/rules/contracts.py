@@ -145,11 +145,12 @@ class GradsNeverReset(_ContractRule):
     """TG213 grads-never-reset: gradients keep accumulating across optimizer steps.
 
     ## What it detects
-    The probe follows the gradient of one or two parameters: a tensor hook sees `.grad` just before each
-    backward pass adds to it, a post-accumulate hook records its identity and version counter just after,
-    and each optimizer step records them again. If between two optimizer steps backward passes added to
-    a gradient that nothing reset (not set to None, not replaced, not zeroed), the step used the sum of
-    this window's gradients and every earlier one. Two such windows make the finding. No device work.
+    The probe follows the gradient of one parameter (the largest trainable one; another once backward
+    passes stop reaching it): each optimizer step records the gradient it leaves and its version counter,
+    and a tensor hook sees `.grad` just before each backward pass adds to it. If between two optimizer
+    steps backward passes added to a gradient that nothing reset (not set to None, not replaced, not
+    zeroed), the step used the sum of this window's gradients and every earlier one. Two such windows
+    make the finding. No device work.
 
     ## Why it matters
     `loss.backward()` adds to `.grad`; only `zero_grad()` on the optimizer (or model) that holds these
