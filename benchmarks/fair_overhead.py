@@ -72,6 +72,10 @@ ARMS: dict[str, dict] = {
     # a small model with micro-batch 1 on a GPU: the host's kernel launches are the bottleneck
     "launch": dict(device="cuda", vocab=50304, dim=256, layers=4, heads=4, ctx=256, micro=1, accum=4,
                    amp="bf16", block=6, rounds=150, warmup=25, eval_every=25, gap=0.3),
+    # the launch-bound arm's loop on the CPU (micro-batch 1, 4 micro-batches a step, 1 thread): the probe's
+    # per-micro-batch calls as often as there, for a machine without a GPU (no device copies, of course)
+    "launch-cpu": dict(device="cpu", threads=1, vocab=256, dim=64, layers=4, heads=4, ctx=32, micro=1, accum=4,
+                       amp=None, block=6, rounds=60, warmup=25, eval_every=25, gap=0.3),
     # a tiny CPU loop of sub-millisecond steps, many of them: where stalls of the probe would show
     "tiny": dict(device="cpu", threads=1, vocab=64, dim=32, layers=1, heads=2, ctx=16, micro=4, accum=1,
                  amp=None, block=1000, rounds=12, warmup=500, eval_every=500, gap=1.0),
@@ -201,6 +205,26 @@ class OnThread:
 
     def reset(self) -> None:
         self.spent, self.cpu, self.calls = {}, {}, {}
+
+    def calibrate(self, n: int = 20000) -> tuple[float, float]:
+        """What timing one call costs by itself (wall, thread CPU seconds), inside the interval it measures:
+        the median of 15 runs of `n` timed calls of a function that does nothing, through `wrap` (the hooks'
+        path, one wrapper frame more than `call`). Subtracted per timed call for the net figures; a call of
+        the probe that did nothing would still cost its own call, which is not subtracted."""
+        def noop(*a, **k):
+            return None
+
+        timed, was = self.wrap("calibration", noop), self.active
+        walls, cpus = [], []
+        for _ in range(15):
+            self.active, self.spent, self.cpu, self.calls = True, {}, {}, {}
+            for _ in range(n):
+                timed(None, None, None)
+            walls.append(self.spent["calibration"] / n)
+            cpus.append(self.cpu["calibration"] / n)
+        self.active = was
+        self.reset()
+        return statistics.median(walls), statistics.median(cpus)
 
 
 def _owner(fn) -> str:
@@ -582,6 +606,7 @@ def child(args: argparse.Namespace) -> dict:
             sides[name] = arm
     G = sides["G"]
     timer = OnThread()
+    timer_wall, timer_cpu = timer.calibrate()
     G.timer = timer
     guard = None
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="tg-fair-"))
@@ -650,6 +675,8 @@ def child(args: argparse.Namespace) -> dict:
     log = run_dir / "guard.log"
     on_thread = {k: round(1000 * v / steps, 4) for k, v in sorted(timer.spent.items())}
     on_thread_total = sum(timer.spent.values())  # "batches:loader" is negative: the loader's own time
+    # "batches:loader" is timed inside "batches" (twice the clocks, once its negative share): count both
+    probe_calls = sum(timer.calls.values())
     U, C = sides["U"], sides["C"]
     flat = {n: [x for b in s.step_ms for x in b] for n, s in sides.items()}
     return {
@@ -680,6 +707,11 @@ def child(args: argparse.Namespace) -> dict:
         "on_thread_cpu_ms_per_step": round(1000 * sum(timer.cpu.values()) / steps, 4),
         "on_thread_cpu_breakdown_ms_per_step": {k: round(1000 * v / steps, 4) for k, v in sorted(timer.cpu.items())},
         "on_thread_calls": dict(sorted(timer.calls.items())),
+        # the same less what timing each call costs by itself (`OnThread.calibrate`, times the calls timed;
+        # "batches:loader" is a correction, not a call)
+        "timer_cost_us_per_call": {"wall": round(1e6 * timer_wall, 3), "cpu": round(1e6 * timer_cpu, 3)},
+        "on_thread_net_ms_per_step": round(1000 * (on_thread_total - timer_wall * probe_calls) / steps, 4),
+        "on_thread_cpu_net_ms_per_step": round(1000 * (sum(timer.cpu.values()) - timer_cpu * probe_calls) / steps, 4),
         "hooks_timed": n_hooks,
         "probe_thread_cpu_ms_per_step": round(1000 * bg_cpu / steps, 4),
         "probe_thread_cpu_ms_per_s": round(1000 * bg_cpu / wall, 4),  # per second of the timed rounds

@@ -129,9 +129,10 @@ def _time_contracts(guard, model, opt) -> dict[str, float]:
             c.forward_post = timed(c.forward_post)  # called by the forward mark when due (probe/opthooks.py)
         else:
             model.register_forward_hook(timed(c.forward_post), with_kwargs=True)
-    for w in c.grad_watch:
-        w.param.register_hook(timed(c._before_accumulate(w)))
-        w.param.register_post_accumulate_grad_hook(timed(c._after_accumulate(w)))
+    for w in c.grad_watch:  # the gradient watch's tensor hook (put in place and taken out by the checks)
+        w.fn = timed(w.fn)
+        if w.armed:
+            w.hooks[w.key] = w.fn
     c.on_loss = timed(c.on_loss, also="in_step")
     return spent
 

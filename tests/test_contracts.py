@@ -138,6 +138,120 @@ def test_lbfgs_closure_and_gan_with_two_optimizers_are_quiet(workdir: Path) -> N
     assert _contracts(workdir / "gan") == {}
 
 
+def test_a_gradient_freed_or_replaced_by_one_that_reuses_its_id_is_a_reset(workdir: Path) -> None:
+    # Freed on even steps, replaced by new zeros on odd ones (both resets): the new zeros reuse the freed
+    # tensor's id (CPython hands its memory straight back) and, after a freed window whose gradient was
+    # stolen from backward, its version counter too. Only the object itself tells them apart.
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    guard = trainguard.watch(model, opt, total_steps=12, run_dir=workdir / "run")
+    reused = 0
+    for step in range(12):
+        for p in model.parameters():
+            if step % 2:
+                old = id(p.grad)
+                p.grad = None
+                p.grad = torch.zeros_like(p)
+                reused += id(p.grad) == old
+            else:
+                p.grad = None
+        x, y = _batch()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        guard.step(torch.tensor(1.0))
+    guard.finish()
+    assert reused  # the case is the one meant: ids were reused
+    assert _contracts(workdir / "run") == {}
+
+
+def test_accumulation_without_zero_grad_counts_every_backward_pass(workdir: Path) -> None:
+    model, accum = _net(), 3
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    guard = trainguard.watch(model, opt, total_steps=5, grad_accum=accum, run_dir=workdir / "run")
+    for _ in range(5):
+        for _ in range(accum):
+            x, y = _batch()
+            (nn.functional.mse_loss(model(x), y) / accum).backward()
+            guard.step(torch.tensor(1.0))
+        opt.step()
+    guard.finish()
+    found = _contracts(workdir / "run")["grads-never-reset"]
+    assert found["steps"] == [2, 3] and found["backward_passes"] >= 2 * accum + 1 and found["grad_accum"] == accum
+
+
+def test_gradients_of_the_parameters_taken_with_autograd_grad_add_nothing(workdir: Path) -> None:
+    # A gradient-norm penalty: torch.autograd.grad(loss, params) runs the parameters' tensor hooks but adds
+    # nothing to .grad. Zeroed in place after it, before backward(): a reset, quiet; never zeroed: found.
+    for zeroed in (True, False):
+        model = _net()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        run = workdir / f"run-{zeroed}"
+        guard = trainguard.watch(model, opt, total_steps=6, run_dir=run)
+        for _ in range(6):
+            x, y = _batch()
+            loss = nn.functional.mse_loss(model(x), y)
+            grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
+            penalty = sum(g.pow(2).sum() for g in grads)
+            if zeroed:
+                opt.zero_grad(set_to_none=False)
+            (loss + 0.1 * penalty).backward()
+            opt.step()
+            guard.step(loss)
+        guard.finish()
+        found = _contracts(run)
+        assert (found == {}) if zeroed else (set(found) == {"grads-never-reset"})
+
+
+def test_the_watched_gradient_moves_on_when_its_parameter_is_frozen(workdir: Path) -> None:
+    # The largest parameter is followed; frozen at step 4 (its gradient freed), it gets no backward pass
+    # again: another parameter is followed from then on, and a zero_grad dropped at step 10 is found.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    guard = trainguard.watch(model, opt, total_steps=16, run_dir=workdir / "run")
+    for step in range(1, 17):
+        if step == 4:
+            model[0].weight.requires_grad_(False)
+            model[0].weight.grad = None
+        if step < 10:
+            opt.zero_grad()
+        x, y = _batch()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        guard.step(torch.tensor(1.0))
+    guard.finish()
+    found = _contracts(workdir / "run")
+    assert set(found) == {"grads-never-reset"} and found["grads-never-reset"]["param"] != "0.weight"
+    assert min(found["grads-never-reset"]["steps"]) >= 10
+
+
+def test_the_automatic_probe_finds_gradients_never_reset(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from trainguard.probe.auto import bootstrap_env
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    env.update(bootstrap_env(env))
+    env.update(TRAINGUARD_RUN_DIR=str(tmp_path / "run"), TRAINGUARD_WATCHDOG="1")
+    code = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+for step in range(8):
+    for _ in range(2):  # accumulation, without guard.step: the probe counts the backward passes itself
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step()  # and no zero_grad
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    found = _contracts(tmp_path / "run")["grads-never-reset"]
+    assert found["backward_passes"] >= 4 and len(found["steps"]) == 2
+
+
 def test_frozen_backbone_with_grads_freed_is_quiet_and_zeroed_is_found(workdir: Path) -> None:
     for set_to_none in (True, False):
         model = _net()

@@ -435,3 +435,21 @@ def test_a_waiting_run_does_not_rewrite_its_heartbeat_at_every_flush(tmp_path: P
         assert at == 4 and t_flush > first[0]
     finally:
         guard.finish()
+
+
+def test_a_loaders_batches_never_kept_are_no_longer_offered_to_the_ring(tmp_path: Path) -> None:
+    # batches on a device are never kept (the ring holds host data only); after NOT_KEPT_IN_A_ROW of them
+    # the loader's batches are not offered again, which saves two calls a micro-batch
+    from trainguard.probe.guard import NOT_KEPT_IN_A_ROW
+
+    guard = trainguard.watch(run_dir=tmp_path / "device")
+    on_device = [(torch.empty(2, device="meta"), torch.empty(2, device="meta"))] * (NOT_KEPT_IN_A_ROW + 4)
+    then_host = [(torch.zeros(2), torch.ones(2))] * 3
+    assert len(list(guard.batches(on_device + then_host))) == NOT_KEPT_IN_A_ROW + 7
+    assert len(guard._ring.items) == 0
+    guard.finish()
+    # a loader of host batches keeps its batches (for the NaN batch's replay), as does one that starts on a device
+    guard = trainguard.watch(run_dir=tmp_path / "host")
+    list(guard.batches(on_device[:3] + then_host))
+    assert len(guard._ring.items) == 3
+    guard.finish()

@@ -11,6 +11,10 @@ where a late trigger must not wait for a sample, on every step through a cheap e
 - the optimizer's parameters are scanned whole (`requires_grad`, `.grad`: ~0.4 us a tensor) on the
   first `SCAN_WARMUP` steps, every `stats_every` steps, and on any step where one of a few evenly spaced
   sentinel parameters changed `requires_grad` or has no gradient; otherwise the sentinels alone are read;
+- the gradient of one parameter is followed through every backward pass by one tensor hook, which
+  returns after one attribute read once the window's gradient was seen reset (the usual case past the
+  window's first backward pass); the autocast check, which registers hooks on the largest layers for one
+  forward, runs on the first three steps and every tenth sample after;
 - most checks read metadata only (`requires_grad`, a gradient's identity and version counter,
   `module.training`, the autocast state, dtypes and shapes): no device work at all;
 - the few that need numbers (did a frozen tensor change? a parameter checksum for DDP; the loss against
@@ -25,10 +29,12 @@ While a CUDA graph capture is open in the process the hooks return at once (prob
 
 from __future__ import annotations
 
+import itertools
 import operator
 import os
 import sys
 import time
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +59,7 @@ from trainguard.rules.contracts import (
 EVAL_PHASES = frozenset({"eval", "evaluate", "evaluation", "val", "valid", "validate", "validation", "test"})
 NO_GRAD_STREAK = 3  # forwards in a row under no_grad in training mode, outside an eval phase: an eval loop
 AUTOCAST_FP32_SHARE = 0.5  # of the largest layers' weights computing in fp32 inside autocast
+AUTOCAST_SAMPLES = 10  # sampled steps per autocast check past the first three steps
 AUTOCAST_LAYERS = 8  # the largest layers whose output dtype is read on a sampled forward
 CHECKSUM_TENSORS = 8  # parameter tensors in the DDP checksum
 CHECKSUM_ELEMENTS = 1 << 16  # elements per tensor at most (strided sample)
@@ -60,9 +67,12 @@ FROZEN_TENSORS = 16  # frozen tensors compared around a sampled optimizer step
 MAX_NAMES = 10
 BATCH_SHAPES_LEARNED = 3  # training forwards whose first input has one rank before a rank one less is judged
 SCAN_WARMUP = 10  # optimizer steps whose parameters are all scanned before the scan thins out
+REWATCH_IDLE = 50  # windows without a backward pass into the watched parameter: look for another at 2, 52, ...
 SENTINELS = 8  # evenly spaced parameters read every step (plus the first, last and largest)
 
+_BATCH_DIM = BatchDimLost.name
 _requires_grad = operator.attrgetter("requires_grad")
+_grad = operator.attrgetter("grad")
 
 
 @dataclass
@@ -79,18 +89,80 @@ class _Launched:
         return self.event is None or self.event.query()
 
 
-@dataclass
 class _GradWatch:
-    """One parameter whose gradient is followed through backward passes and optimizer steps."""
+    """One parameter whose gradient is followed from an optimizer step to the next (grads-never-reset).
 
-    name: str
-    param: Any
-    last: tuple[int, int] | None = None  # (id, version) of .grad as last seen by the probe
-    reset: bool = False  # the gradient was reset (set to None, replaced or zeroed) in this window
-    backward: int = 0  # backward passes accumulated into it in this window
-    since_reset: int = 0  # backward passes accumulated since the last reset
-    windows: list[int] = field(default_factory=list)  # optimizer steps whose window had no reset
-    handles: list[Any] = field(default_factory=list)  # its two gradient hooks, while its windows are followed
+    One tensor hook, run on the autograd engine's thread before a backward pass adds to `.grad`. The
+    optimizer's post-hook records the gradient the step left (held weakly: a freed gradient whose id a
+    new one reuses cannot pass for it) and its version counter, what the window's first backward pass
+    finds if nothing reset it, and puts the hook in place. A pass that finds them adds to that gradient in
+    place, so the next pass expects the version one higher. The first pass that finds anything else (no
+    gradient, another tensor, another version: set to None, replaced, zeroed) marks the window reset and
+    takes the hook out of the parameter's hook dictionary until the next step: in the usual loop one
+    call a window (each call takes the interpreter lock back in the middle of a backward pass). The
+    window is judged at the next optimizer step.
+    """
+
+    __slots__ = ("name", "param", "ref", "version", "passes", "start", "reset_at", "idle", "windows",
+                 "handle", "hooks", "key", "fn", "armed", "error")
+
+    def __init__(self, name: str, param: Any) -> None:
+        self.name = name
+        self.param = param
+        self.ref: Any = None  # weakref to the gradient the next pass must find; None: a reset was seen
+        self.version = 0  # ... and its version counter
+        self.passes = 0  # backward passes the hook saw
+        self.start = 0  # `passes` at the window's start (the last optimizer step)
+        self.reset_at = 0  # `passes` before the last reset seen
+        self.idle = 0  # windows in a row that no backward pass reached
+        self.windows: list[int] = []  # optimizer steps whose window had no reset
+        self.handle: Any = None
+        self.hooks: Any = None  # the parameter's tensor-hook dictionary, where the hook is put and taken out
+        self.key: Any = None
+        self.fn: Any = None  # the hook as it stood in the dictionary (a benchmark may have wrapped it)
+        self.armed = False
+        self.error: BaseException | None = None  # what the hook raised (it never raises into backward)
+
+    def install(self) -> None:
+        self.handle = self.param.register_hook(self.hook())
+        self.hooks, self.key = self.param._backward_hooks, self.handle.id
+        self.fn, self.armed = self.hooks[self.key], True
+
+    def arm(self) -> None:
+        if not self.armed:
+            self.armed = True
+            self.hooks[self.key] = self.fn
+
+    def disarm(self) -> None:
+        # (torch calls the hooks of a pass from a snapshot of the dictionary: taking one out is safe)
+        if self.armed:
+            self.armed = False
+            self.fn = self.hooks.pop(self.key, self.fn)
+
+    def remove(self) -> None:
+        self.disarm()
+        self.handle.remove()
+
+    def hook(self) -> Any:
+        # a closure, not a bound method: a deep-copied model shares it instead of copying the parameter
+        def before_accumulate(grad: Any) -> None:
+            self.passes += 1
+            if GATE.capturing:
+                return None  # a captured pass: its replays run no hook
+            try:
+                ref, g = self.ref, self.param.grad
+                if ref is None or g is None or ref() is not g or g._version != self.version:
+                    self.ref = None
+                    self.reset_at = self.passes - 1
+                    self.disarm()  # the window is decided: its later passes do not call in
+                elif _accumulates(self.param):
+                    self.version += 1  # this pass adds to it in place
+            except Exception as exc:
+                self.ref, self.error = None, exc
+                self.disarm()
+            return None
+
+        return before_accumulate
 
 
 def attach(guard: Any) -> Contracts | None:
@@ -140,6 +212,7 @@ class Contracts:
         self.checksum_params: list[tuple[str, Any]] = []
         self.opt_key: list[tuple[Any, int]] | None = None  # each group's params list and its length, as scanned
         self.opt_params: list[tuple[int, Any]] = []  # (group index, parameter) of the optimizer
+        self.opt_flat: list[Any] = []  # the same parameters alone
         self.sentinels: list[Any] = []
         self.sentinel_trainable: list[bool] = []  # their requires_grad at the last whole scan
         self.rescan = False  # the last whole scan found frozen parameters with gradients: scan the next step too
@@ -253,58 +326,60 @@ class Contracts:
     # the optimizer: a step that updates nothing, or updates what is frozen; gradients never reset
 
     def _watch_grads(self, opt: Any) -> None:
-        """Follows the gradient of one or two parameters (the first, the largest) through backward passes.
-
-        A tensor hook sees `.grad` just before a backward pass adds to it; the post-accumulate hook
-        records its identity and version counter just after. Between an optimizer step and the next
-        backward, anything that resets the gradient (set to None, a new tensor, `zero_()`) changes one of
-        them. No device work, a few Python calls per backward pass, on every window (following only
-        bursts of windows carried a window's state across the steps without hooks: see `opt_post`); the
-        hooks, called from the autograd engine's thread, each take the interpreter lock back in the middle
-        of a backward pass.
-        """
+        """Follows the gradient of one parameter, the largest trainable one, through the backward passes
+        between optimizer steps (`_GradWatch`): no device work, one hook call a backward pass, which
+        returns at once once the window's gradient was seen reset (each call takes the interpreter lock
+        back in the middle of a backward pass, on the autograd engine's thread on a GPU). A parameter
+        that backward passes stop reaching (frozen, unused) is exchanged for another (`_rewatch`)."""
         params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
-        if not params or not hasattr(params[0], "register_post_accumulate_grad_hook"):
-            return
-        chosen = {id(p): p for p in [params[0], max(params, key=lambda p: p.numel())]}
-        for i, p in enumerate(chosen.values()):
-            watch = _GradWatch(self.name(p, f"param_groups[..][{i}]"), p)
-            self.grad_watch.append(watch)
-            self._follow(watch, True)
+        if params:
+            self._watch(max(params, key=lambda p: p.numel()))
 
-    def _follow(self, watch: _GradWatch, on: bool) -> None:
-        """Registers (on) or removes the gradient hooks of one watched parameter."""
-        if on and not watch.handles:
-            p = watch.param
-            watch.handles = [p.register_hook(self._before_accumulate(watch)),
-                             p.register_post_accumulate_grad_hook(self._after_accumulate(watch))]
-        elif not on and watch.handles:
-            for handle in watch.handles:
-                handle.remove()
-            watch.handles = []
+    def _watch(self, p: Any) -> None:
+        watch = _GradWatch(self.name(p, "param_groups[..]"), p)
+        watch.install()
+        self.grad_watch.append(watch)
 
-    def _before_accumulate(self, watch: _GradWatch) -> Any:
-        def hook(grad: Any) -> None:
-            if GATE.capturing:
-                return None  # a captured backward: its replays run no hook, this one is not a window's
-            g = watch.param.grad
-            if g is None or (id(g), g._version) != watch.last:
-                watch.reset = True
-                watch.since_reset = 0
-            return None
+    def _unwatch(self) -> None:
+        """The gradient hooks come off (the contract reported, or its check switched off)."""
+        for w in self.grad_watch:
+            w.remove()
+        self.grad_watch = []
 
-        return hook
-
-    def _after_accumulate(self, watch: _GradWatch) -> Any:
-        def hook(param: Any) -> None:
-            if GATE.capturing:
+    def _close_grad_window(self, step: int) -> None:
+        for w in list(self.grad_watch):
+            if w.error is not None:
+                raise w.error
+            if w.passes == w.start:  # no backward pass reached it since the last step
+                w.idle += 1
+                if w.idle % REWATCH_IDLE == 2:
+                    self._rewatch(w)
+                continue
+            w.idle = 0
+            if w.ref is None:
+                continue  # reset in this window (or no step before it to compare with)
+            # Not a streak: `zero_grad()` every other step (a misplaced `if`) leaves every second window
+            # without a reset, and is as wrong.
+            w.windows.append(step)
+            if len(w.windows) >= 2:
+                self.report(GradsNeverReset.name, {
+                    "param": w.name, "steps": w.windows[:10], "backward_passes": w.passes - w.reset_at,
+                    "grad_accum": self.guard.grad_accum,
+                }, step=w.windows[0])
+                self._unwatch()  # one event per run: nothing more to follow
                 return
-            g = param.grad
-            watch.last = (id(g), g._version) if g is not None else None
-            watch.backward += 1
-            watch.since_reset += 1
 
-        return hook
+    def _rewatch(self, w: _GradWatch) -> None:
+        """Two windows in a row without a backward pass into the watched parameter: if it is frozen or has
+        no gradient, the largest trainable parameter that has one is watched instead."""
+        p = w.param
+        if p.requires_grad and p.grad is not None:
+            return  # (its backward passes run inside the step: an LBFGS closure)
+        others = [q for _, q in self.opt_params if q is not p and q.requires_grad and q.grad is not None]
+        if others:
+            w.remove()
+            self.grad_watch.remove(w)
+            self._watch(max(others, key=lambda q: q.numel()))
 
     def opt_pre(self, optimizer: Any) -> None:
         """The optimizer is about to step (called at the end of the guard's pre-hook, probe/opthooks.py)."""
@@ -312,41 +387,39 @@ class Contracts:
         if g._disabled or GATE.capturing or thisprocess.pid != g._pid:
             return
         step = g.opt_steps + 1
-        if not self.step_compiled and self.sampled(step):
+        if not self.step_compiled and (step <= SCAN_WARMUP or step % (self.every * AUTOCAST_SAMPLES) == 0):
             # A compiled step that replays a no-op (pytorch/pytorch#115607) looks like any step that
-            # changes nothing: knowing it runs under torch.compile names the cause. A few frames up, once
-            # per sampled step until found.
+            # changes nothing: knowing it runs under torch.compile names the cause. A few frames up, on
+            # the first steps and every tenth sample until found (a loop compiles its step from the start).
             try:
                 self.step_compiled = _under_compile(sys._getframe(2))  # above the guard's hook
                 if self.step_compiled:
                     self.report("optimizer-step-compiled", {"optimizer": type(optimizer).__name__}, step=step)
             except Exception as exc:
                 self.failed("optimizer-step-compiled", exc)
-        if GradsNeverReset.name not in self.off:
-            try:
-                self._close_grad_window(step)
-            except Exception as exc:
-                self.failed(GradsNeverReset.name, exc)
+        for w in self.grad_watch:  # (one)
+            if w.ref is None and w.passes != w.start and w.error is None:
+                w.idle = 0  # the usual window: backward passes reached it and the first saw a reset
+            else:
+                try:
+                    self._close_grad_window(step)
+                except Exception as exc:
+                    self._unwatch()
+                    self.failed(GradsNeverReset.name, exc)
+                break
         try:
             # Every step, cheaply: the sentinels' `requires_grad` and `.grad`, so a freeze mid-run that
             # touches one of them is seen at its first step; the whole scan on a sample of steps. Device
             # work only when the scan finds a frozen parameter with a gradient.
-            self._before_step(optimizer, step)
+            params = self._params_of(optimizer)
+            if params and not self._scan_due(step):
+                if self.no_grad_steps:
+                    self.no_grad_steps = []  # a sentinel has a gradient: the step updates something
+                return
+            if params:
+                self._scan(optimizer, step, params)
         except Exception as exc:
             self.failed("optimizer step", exc)
-
-    def _close_grad_window(self, step: int) -> None:
-        for w in self.grad_watch:
-            if w.backward and not w.reset:
-                w.windows.append(step)
-                if len(w.windows) >= 2:
-                    self.report(GradsNeverReset.name, {
-                        "param": w.name, "steps": w.windows[:10], "backward_passes": w.since_reset,
-                        "grad_accum": self.guard.grad_accum,
-                    }, step=w.windows[0])
-            # Not a streak: `zero_grad()` every other step (a misplaced `if`) leaves every second window
-            # without a reset, and is as wrong.
-            w.reset, w.backward = False, 0
 
     def _params_of(self, optimizer: Any, again: bool = False) -> list[tuple[int, Any]]:
         """The optimizer's parameters, flattened again only when its groups change (a group added, a list
@@ -354,6 +427,11 @@ class Contracts:
         groups = optimizer.param_groups
         key = self.opt_key
         if not again and key is not None and len(key) == len(groups):
+            if len(key) == 1:  # one group, the usual case: asked without a loop
+                lst, n = key[0]
+                params = groups[0]["params"]
+                if params is lst and len(params) == n:
+                    return self.opt_params
             for (lst, n), group in zip(key, groups):
                 params = group["params"]
                 if params is not lst or len(params) != n:
@@ -362,6 +440,7 @@ class Contracts:
                 return self.opt_params
         self.opt_key = [(group["params"], len(group["params"])) for group in groups]
         self.opt_params = params = [(gi, p) for gi, group in enumerate(groups) for p in group["params"]]
+        self.opt_flat = [p for _, p in params]
         n = len(params)
         chosen = set(range(0, n, max(1, n // SENTINELS)))
         if n:
@@ -376,12 +455,9 @@ class Contracts:
 
     def _same_params(self, optimizer: Any) -> bool:
         """Whether the optimizer still holds the parameters flattened last, in order (identity only)."""
-        flat = iter(self.opt_params)
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if next(flat, (0, None))[1] is not p:
-                    return False
-        return next(flat, None) is None
+        lists = [group["params"] for group in optimizer.param_groups]
+        flat = self.opt_flat
+        return sum(map(len, lists)) == len(flat) and all(map(operator.is_, itertools.chain.from_iterable(lists), flat))
 
     def _scan_due(self, step: int) -> bool:
         """Whether this step scans every parameter: the first steps, a sampled step, the step after a scan
@@ -396,13 +472,8 @@ class Contracts:
                 return False
         return True
 
-    def _before_step(self, optimizer: Any, step: int) -> None:
-        params = self._params_of(optimizer)
-        if not params:
-            return
-        if not self._scan_due(step):
-            self.no_grad_steps = []  # a sentinel has a gradient: the step updates something
-            return
+    def _scan(self, optimizer: Any, step: int, params: list[tuple[int, Any]]) -> None:
+        """The whole scan of the optimizer's parameters (`_scan_due` says when)."""
         import torch
 
         trainable = [p.requires_grad for p in self.sentinels]
@@ -411,9 +482,13 @@ class Contracts:
             params = self._params_of(optimizer, again=True)
             trainable = [p.requires_grad for p in self.sentinels]
         self.sentinel_trainable = trainable
-        with_grad = [p for _, p in params if p.grad is not None]
+        # (read in C, a map a question: ~0.1 us a tensor; `.grad` of the frozen ones alone, and of the
+        # others up to the first that has one)
+        flat = self.opt_flat
+        frozen = list(itertools.compress(flat, map(operator.not_, map(_requires_grad, flat))))
+        frozen_with_grad = [p for p in frozen if p.grad is not None]
         if StepUpdatesNothing.name not in self.off:
-            if with_grad:
+            if frozen_with_grad or any(map(operator.is_not, map(_grad, flat), itertools.repeat(None))):
                 self.no_grad_steps = []
             else:
                 self.no_grad_steps.append(step)
@@ -427,7 +502,7 @@ class Contracts:
                                             if self.module is not None else None),
                     }, step=self.no_grad_steps[0])
         if FrozenParamsUpdated.name not in self.off and FrozenParamsUpdated.name not in self.sent:
-            frozen_params = [p for p in with_grad if not p.requires_grad][:FROZEN_TENSORS]
+            frozen_params = frozen_with_grad[:FROZEN_TENSORS]
             self.rescan = bool(frozen_params)
             self.frozen_before = []
             with torch.no_grad():
@@ -446,20 +521,18 @@ class Contracts:
         if g._disabled or GATE.capturing or thisprocess.pid != g._pid:
             return
         step = g.opt_steps  # the guard's post-hook counted this step before calling
-        # Every window is followed: following only bursts of them carried a window's state across the
-        # steps without hooks, and a healthy Lightning run (accumulation 2) read as "not reset between
-        # optimizer steps 13, 23" (CI). A few Python calls per backward pass.
-        follow = GradsNeverReset.name not in self.sent and GradsNeverReset.name not in self.off
         for w in self.grad_watch:
-            # What the step (and clipping, unscaling before it) did to the gradient is not a reset: the
-            # window's reset must come after this point.
+            # The next window starts here: what the step (and clipping, unscaling before it) did to the
+            # gradient is not a reset. Every window is followed (following only bursts of them carried a
+            # window's state across the steps without hooks: a healthy Lightning run with accumulation 2
+            # read as "not reset between optimizer steps 13, 23").
             gr = w.param.grad
-            w.last = (id(gr), gr._version) if gr is not None else None
-            if follow is not bool(w.handles):
-                try:
-                    self._follow(w, follow)
-                except Exception as exc:
-                    self.failed(GradsNeverReset.name, exc)
+            if gr is None:
+                w.ref = None  # the next pass creates it: a reset
+            else:
+                w.ref, w.version = weakref.ref(gr), gr._version
+            w.start = w.passes
+            w.arm()
         if self.frozen_before:
             try:
                 self._frozen_after(step)
@@ -536,42 +609,56 @@ class Contracts:
 
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         g = self.guard
-        self.post_due = False
         if self.rerunning or g._disabled or GATE.capturing or thisprocess.pid != g._pid:
+            self.post_due = False
             return
         training = module.training
         done = g.opt_steps if g.opt_steps > g._loss_steps else g._loss_steps  # g.step_count, without its call
-        try:
-            if training and self.grad_enabled():
-                self.train_forward_seen = True
-                self.no_grad_streak = 0
-                if BatchDimLost.name not in self.sent and BatchDimLost.name not in self.off:
-                    # the usual forward (an input of the learned rank) without a call: its shape remembered
-                    x = args[0] if args else None
-                    ndim = self.batch_ndim
-                    if ndim is not None and isinstance(x, self.tensor_type) and len(shape := x.shape) == ndim:
-                        self.batch_shapes[-1] = shape
-                    else:
+        if training and self.grad_enabled():  # the usual forward: a few attribute reads
+            self.train_forward_seen = True
+            self.no_grad_streak = 0
+            if _BATCH_DIM not in self.sent and _BATCH_DIM not in self.off:
+                # an input of the learned rank: its shape remembered, without a call
+                x = args[0] if args else None
+                ndim = self.batch_ndim
+                if ndim is not None and isinstance(x, self.tensor_type) and len(shape := x.shape) == ndim:
+                    self.batch_shapes[-1] = shape
+                else:
+                    try:
                         self._batch_dim(args, kwargs)
-            elif training:
-                self._train_mode_without_grad(module)
-            elif not self.train_forward_seen and done > 0 and not self.eval_init_checked:
-                self.eval_init_checked = True  # once: it reads a device counter (a sync on a GPU)
-                self._eval_before_train()
-        except Exception as exc:
-            self.failed("train/eval mode", exc)
-        step = done + 1
-        sampled = training and (step <= 3 or step % self.every == 0)
-        if (sampled and self.autocast_step != step
-                and AutocastRunsFp32.name not in self.off and AutocastRunsFp32.name not in self.sent):
-            self.autocast_step = step
+                    except Exception as exc:
+                        self.failed(_BATCH_DIM, exc)
+        else:
             try:
-                self._autocast_pre(step)
+                if training:
+                    self._train_mode_without_grad(module)
+                elif not self.train_forward_seen and done > 0 and not self.eval_init_checked:
+                    self.eval_init_checked = True  # once: it reads a device counter (a sync on a GPU)
+                    self._eval_before_train()
             except Exception as exc:
-                self.failed(AutocastRunsFp32.name, exc)
-        # The post-hook returns at once unless this forward needs it: the autocast layers' dtypes and the
-        # output kept for the loss check (sampled training forwards), preflight's second evaluation.
-        self.post_due = sampled or bool(self.autocast_hooks) or (not training and g.fast_forward.active)
+                self.failed("train/eval mode", exc)
+        step = done + 1
+        if training and (step <= 3 or step % self.every == 0):  # a sampled step's training forward
+            if self.autocast_step != step:
+                self.autocast_step = step  # (its first forward only)
+                if self._autocast_due(step):
+                    try:
+                        self._autocast_pre(step)
+                    except Exception as exc:
+                        self.failed(AutocastRunsFp32.name, exc)
+            # The post-hook (called by the guard's forward mark) keeps the output for the loss check and
+            # reads the autocast layers' dtypes.
+            self.post_due = True
+        else:
+            # ... and otherwise returns at once, unless the autocast layers' hooks are still on (a sampled
+            # forward that raised) or preflight evaluates (its second evaluation)
+            self.post_due = bool(self.autocast_hooks) or (not training and g.fast_forward.active)
+
+    def _autocast_due(self, step: int) -> bool:
+        """Whether this sampled step checks autocast: the first three, then every AUTOCAST_SAMPLES-th
+        sample (its layer hooks, registered and removed, cost ~30 us; a loop's autocast rarely changes)."""
+        name = AutocastRunsFp32.name
+        return (step <= 3 or step % (self.every * AUTOCAST_SAMPLES) == 0) and name not in self.off and name not in self.sent
 
     def _batch_dim(self, args: Any, kwargs: Any) -> None:
         """A training forward whose first input lost its batch dimension (a batch of 1 squeezed).
@@ -820,6 +907,23 @@ class Contracts:
 
 # ----------------------------------------------------------------------------------------------------
 # plain helpers
+
+
+def _accumulates(param: Any) -> bool:
+    """Whether the backward pass under way adds to `param.grad`: a `backward()` does, while
+    `torch.autograd.grad(..., inputs=[param])`, which runs the parameter's tensor hooks too, does not.
+    (Asked only when the gradient was found as the last optimizer step left it.)"""
+    import torch
+
+    will_run = getattr(torch._C, "_will_engine_execute_node", None)
+    if will_run is None:
+        return True  # (torch without it: a backward() is what runs in training loops)
+    with torch.enable_grad():
+        node = param.view_as(param).grad_fn.next_functions[0][0]  # its AccumulateGrad node
+    try:
+        return bool(will_run(node))
+    except RuntimeError:  # "a leaf node ... while running autograd.grad()": nothing accumulates
+        return False
 
 
 def _under_compile(frame: Any, depth: int = 6) -> bool:

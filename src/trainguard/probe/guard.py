@@ -45,6 +45,7 @@ from trainguard.probe.steps import is_tensor
 
 __all__ = ["Guard", "active_guard"]
 
+NOT_KEPT_IN_A_ROW = 16  # batches not kept by the ring in a row, after which a loader's are no longer offered
 _Batch = TypeVar("_Batch")  # what the loader yields: guard.batches(loader) yields the same
 
 
@@ -66,6 +67,9 @@ class Guard(Probe):
             self._contracts.loader(iterable)  # fingerprints DataLoader workers' generators (fail-open)
         iterator = iter(self.fast_forward.batches(iterable))
         perf_counter, wall_clock, keep = time.perf_counter, time.time, self._ring.keep
+        # A loader whose batches are never kept (they come on the device, or larger than the ring) is not
+        # asked again after a few: two calls a micro-batch saved where the loop is launch-bound
+        not_kept = 0
         while True:
             t0 = perf_counter()
             try:
@@ -75,10 +79,11 @@ class Guard(Probe):
             if not self._disabled:
                 self._data_wait += perf_counter() - t0
                 self._t_progress = wall_clock()
-                try:
-                    keep(self.micro + 1, item)  # consumed by the next guard.step
-                except Exception as exc:
-                    self.fail("batches", exc)
+                if not_kept < NOT_KEPT_IN_A_ROW:
+                    try:
+                        not_kept = 0 if keep(self.micro + 1, item) else not_kept + 1  # (for the next guard.step)
+                    except Exception as exc:
+                        self.fail("batches", exc)
             yield item
 
     @contextlib.contextmanager

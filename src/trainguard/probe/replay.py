@@ -64,11 +64,12 @@ class BatchRing:
         self.bytes = 0
         self.saved = 0
 
-    def keep(self, micro: int, item: Any) -> None:
-        """Called on the training thread with the micro-batch index that will consume `item`."""
+    def keep(self, micro: int, item: Any) -> bool:
+        """Called on the training thread with the micro-batch index that will consume `item`; False when it
+        is not kept (on a device, or larger than the ring)."""
         size = host_bytes(item)
         if size is None or size > MAX_BYTES:
-            return
+            return False
         items = self.items
         if len(items) >= MAX_ITEMS:  # the ring is full (the usual case): the oldest goes
             self.bytes -= items.popleft()[2]
@@ -76,6 +77,7 @@ class BatchRing:
         self.bytes += size
         while self.bytes > MAX_BYTES and items:
             self.bytes -= items.popleft()[2]
+        return True
 
     def save(self, run_dir: Path, step: int, first_micro: int, last_micro: int) -> str:
         """Saves the step's micro-batches; returns the path, or why they could not be saved."""

@@ -4,10 +4,11 @@ A step's record is filled from two sides: `step()` (the loss side: each micro-ba
 weights, the data wait) and the optimizer hooks (probe/opthooks.py: LR, gradient norm, update ratio, loss
 scale). `step()` keeps references to what it is given (a list append, a clock read, a set lookup per
 value's type) and nothing else. When both halves are in, or the other half is clearly never coming, the
-record is queued; on a GPU its device values are first stacked into one vector on the training thread's
-stream (`devicestats.stage`, one launch). The background thread (probe/flusher.py) calls `drain()`: it
-resolves the values of CPU runs, copies the stacked vectors of several steps to the host at once
-(`devicestats.copy_staged`), and turns the finished copies into step rows for the store.
+record is queued with its values' version counters and, on a GPU, the training thread's stream. The
+background thread (probe/flusher.py) calls `drain()`: it reads the values of CPU runs, stacks each GPU
+step's values into one vector on the stream they were made on (`devicestats.stage_step`) and copies the
+vectors of several steps to the host at once (`devicestats.copy_staged`), checks that no value changed in
+place since it was given, and turns the finished copies into step rows for the store.
 
 `Guard` is a StepRecorder: the hot path (`step`, `log`) is this class's own code, reached by the
 training loop without a delegating call. Nothing here reads a number back from the device; counting goes
@@ -38,6 +39,9 @@ from trainguard.probe.schedclock import SchedClock
 from trainguard.store.selflog import GuardLog
 from trainguard.store.writer import StoreWriter
 
+# GPU steps whose values wait, unstacked, for the background thread (each holds a dozen small device tensors);
+# past this many (a loop of thousands of steps a second, a background thread held up) steps are stacked as they close
+MAX_DEFERRED_STEPS = 256
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
 BEAT_REFRESH = 5.0  # seconds: an unchanged heartbeat is written again after this long (its t_flush)
 
@@ -83,6 +87,9 @@ class StepRecorder:
         self._last_beat_t = 0.0
         self.phases = Phases()
         self._device_broken = False
+        # steps' values read (CPU) or stacked (GPU) as each step closes (`_emit`), not by the background thread:
+        # once a value was seen changed in place after it was given
+        self._stage_here = False
         self.update_snapshot: Any = None  # the optimizer hooks' parameter sample before an update (device)
         self._cuda_index: int | None = None
         self._errors = 0
@@ -371,17 +378,31 @@ class StepRecorder:
                 self._emit(rec)
 
     def _emit(self, rec: dict[str, Any]) -> None:
-        """The step is complete: its values go to the background thread.
-
-        On a GPU its device values are stacked into one vector here, on the training thread and its
-        stream, so the row holds what the step computed even if a tensor is reused later; the copy to the
-        host (of several steps' vectors at once) is the background thread's. Elsewhere nothing is done
-        here: the background thread reads the values where they are."""
+        """The step is complete: its values go to the background thread, which reads them (CPU) or stacks
+        them on this thread's stream and copies them to the host (GPU). The stack used to be launched here,
+        ~a third of the probe's time on this thread in a launch-bound loop (issue 21). Read or stacked here
+        only once a value was seen changed in place after it was given, or when the background thread is
+        far behind."""
         self.memory.on_step(rec)
         packs: Any = None
-        if self._cuda_index is not None:
-            packs, rec["floats"] = devicestats.stage_step(rec.pop("pending", ()), rec.pop("weights", None),
-                                                          rec.pop("weights_fresh", False), rec.pop("opt_tensors", ()))
+        cuda = self._cuda_index is not None
+        if self._stage_here or (cuda and len(self._inflight) >= MAX_DEFERRED_STEPS):
+            pending, weights = rec.pop("pending", ()), rec.pop("weights", None)
+            fresh, opt_tensors = rec.pop("weights_fresh", False), rec.pop("opt_tensors", ())
+            if cuda:
+                packs, rec["floats"] = devicestats.stage_step(pending, weights, fresh, opt_tensors)
+            else:  # read now: a CPU number costs ~1 us to read, and nothing waits
+                named, rec["floats"] = devicestats.resolve(pending, weights, fresh, opt_tensors)
+                packs = devicestats.stage(named) if named else []
+        else:
+            # The values are read (CPU) or stacked (GPU, on this stream) by the background thread: here only
+            # each one's version counter (~0.1 us), so that a value the loop changes in place after giving
+            # it (an accumulator zeroed for the next window) is seen changed instead of read wrong.
+            rec["versions"] = devicestats.versions(rec.get("pending", ()), rec.get("weights"),
+                                                   rec.get("weights_fresh", False))
+            if cuda:
+                rec["stream"] = devicestats.current_stream(self._cuda_index)
+                packs = devicestats.DEFERRED
         self._inflight.append((rec, packs))
 
     def emit_all(self) -> None:
@@ -476,12 +497,22 @@ class StepRecorder:
         stream. Entries are replaced in place: the training thread only appends to `_inflight`."""
         staged: list[tuple[int, int]] = []  # (entry, position in its packs) of each Staged
         vectors: list[devicestats.Staged] = []
-        # paced: a CPU run's half second of steps is ~1,000 values read one by one (probe/pacing.py)
+        deferred: dict[Any, list[int]] = {}  # GPU steps left for this thread to stack, by stream
+        # paced, as the stacking below: a CPU run's half second of steps is ~1,000 values read one by one
+        # (probe/pacing.py)
         for i, (rec, packs) in paced(enumerate(snapshot), enabled=not final, stop=self.ending):
+            if packs is devicestats.DEFERRED:
+                deferred.setdefault(rec.pop("stream"), []).append(i)
+                continue
             if packs is None:
+                pending, weights = rec.pop("pending", ()), rec.pop("weights", None)
+                fresh, opt_tensors = rec.pop("weights_fresh", False), rec.pop("opt_tensors", ())
                 try:
-                    named, floats = devicestats.resolve(rec.pop("pending", ()), rec.pop("weights", None),
-                                                        rec.pop("weights_fresh", False), rec.pop("opt_tensors", ()))
+                    named, floats = devicestats.resolve(pending, weights, fresh, opt_tensors)
+                    # read after the values: a change made before they were read moved the counter by now
+                    if "versions" in rec and devicestats.versions(pending, weights, fresh) != rec.pop("versions"):
+                        self._changed_in_place(rec["step"])
+                        named, floats = devicestats.resolve((), None, False, opt_tensors)
                     packs = devicestats.stage(named) if named else []
                 except Exception as exc:  # a value that is no number: the row goes without the step's values
                     self.fail("step values", exc)
@@ -492,9 +523,39 @@ class StepRecorder:
                 if isinstance(p, devicestats.Staged):
                     staged.append((i, j))
                     vectors.append(p)
+        for stream, entries in deferred.items():
+            with devicestats.on_stream(stream):
+                for i in paced(entries, enabled=not final, stop=self.ending):
+                    rec = snapshot[i][0]
+                    pending, weights, fresh = rec.pop("pending", ()), rec.pop("weights", None), rec.pop("weights_fresh", False)
+                    opt_tensors = rec.pop("opt_tensors", ())
+                    try:
+                        packs, rec["floats"] = devicestats.stage_step(pending, weights, fresh, opt_tensors)
+                        # read after the stack's launch: a change launched before it moved the counter by now
+                        if devicestats.versions(pending, weights, fresh) != rec.pop("versions"):
+                            self._changed_in_place(rec["step"])
+                            packs, rec["floats"] = devicestats.stage_step((), None, False, opt_tensors)
+                    except Exception as exc:  # as on the CPU: the row goes without the step's values
+                        self.fail("step values", exc)
+                        packs, rec["floats"] = [], {}
+                    snapshot[i] = self._inflight[i] = (rec, packs)
+                    for j, p in enumerate(packs):
+                        if isinstance(p, devicestats.Staged):
+                            staged.append((i, j))
+                            vectors.append(p)
         if vectors:
             for (i, j), p in zip(staged, devicestats.copy_staged(vectors)):
                 snapshot[i][1][j] = p
+
+    def _changed_in_place(self, step: int) -> None:
+        """A value the loop gave for `step` changed in place before this thread read it (CPU) or stacked it
+        (GPU): the step's values are dropped (a row without its loss, never a wrong number), and from now on
+        the values are read or stacked on the training thread as each step closes."""
+        if not self._stage_here:
+            self._stage_here = True
+            self._selflog.write(f"a value given to guard.step for step {step} was changed in place before it was "
+                                f"read (an accumulator reused?): that step's losses are not recorded, and later "
+                                f"steps are read as they close")
 
     def abandon_device(self, exc: BaseException) -> None:
         """The device is in a sticky error state (a device-side assert, an illegal access): every copy still

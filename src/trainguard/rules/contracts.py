@@ -145,11 +145,12 @@ class GradsNeverReset(_ContractRule):
     """TG213 grads-never-reset: gradients keep accumulating across optimizer steps.
 
     ## What it detects
-    The probe follows the gradient of one or two parameters: a tensor hook sees `.grad` just before each
-    backward pass adds to it, a post-accumulate hook records its identity and version counter just after,
-    and each optimizer step records them again. If between two optimizer steps backward passes added to
-    a gradient that nothing reset (not set to None, not replaced, not zeroed), the step used the sum of
-    this window's gradients and every earlier one. Two such windows make the finding. No device work.
+    The probe follows the gradient of one parameter (the largest trainable one; another once backward
+    passes stop reaching it): each optimizer step records the gradient it leaves and its version counter,
+    and a tensor hook sees `.grad` just before each backward pass adds to it. If between two optimizer
+    steps backward passes added to a gradient that nothing reset (not set to None, not replaced, not
+    zeroed), the step used the sum of this window's gradients and every earlier one. Two such windows
+    make the finding. No device work.
 
     ## Why it matters
     `loss.backward()` adds to `.grad`; only `zero_grad()` on the optimizer (or model) that holds these
@@ -162,7 +163,7 @@ class GradsNeverReset(_ContractRule):
 
     ## Example
     `TG213 grads-never-reset [error] at step 2: the gradient of fc.weight was not reset between optimizer
-    steps 2, 3 (grad_accum 1): it holds the sum of 3 backward passes`
+    steps 2, 3 (grad_accum 1): it holds the sum of at least 3 backward passes`
 
     ## What to change
     Call `optimizer.zero_grad()` (on the optimizer that holds these parameters) once per optimizer step,
@@ -185,7 +186,7 @@ class GradsNeverReset(_ContractRule):
             step=steps[0],
             summary=f"the gradient of {data.get('param')} was not reset between optimizer steps "
                     f"{', '.join(str(s) for s in steps[:5])} (grad_accum {data.get('grad_accum')}): it holds the sum "
-                    f"of {data.get('backward_passes')} backward passes",
+                    f"of at least {data.get('backward_passes')} backward passes",
             fix="call optimizer.zero_grad() on the optimizer that holds these parameters once per optimizer step "
                 "(after step(), or before the step's first backward())",
             evidence={**data, "detected_step": steps[-1]}, cause="no-zero-grad",
