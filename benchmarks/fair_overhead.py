@@ -471,6 +471,10 @@ def training(side: Side, sync_mode: list):
             yield
             return
         cm = g.phase(name)
+        if tm is None:  # --timing off: the calls as a user makes them
+            with cm:
+                yield
+            return
         tm.call("phase", cm.__enter__)
         try:
             yield
@@ -488,6 +492,9 @@ def training(side: Side, sync_mode: list):
     def batches():
         if g is None:
             yield from side.loader()
+            return
+        if tm is None:
+            yield from g.batches(side.loader())
             return
         it = g.batches(timed_source())
         while True:
@@ -519,7 +526,10 @@ def training(side: Side, sync_mode: list):
             loss = 0.9 * nll + 0.1 * smooth
             (loss / accum).backward()
             if g is not None:
-                tm.call("step", g.step, loss, parts={"nll": nll, "smooth": smooth}, weights=WEIGHTS)
+                if tm is None:
+                    g.step(loss, parts={"nll": nll, "smooth": smooth}, weights=WEIGHTS)
+                else:
+                    tm.call("step", g.step, loss, parts={"nll": nll, "smooth": smooth}, weights=WEIGHTS)
             if micro % accum:
                 continue
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -527,13 +537,18 @@ def training(side: Side, sync_mode: list):
             sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
-            due = tm.call("due", g.due, "eval", cfg["eval_every"]) if g is not None else step % cfg["eval_every"] == 0
+            if g is None:
+                due = step % cfg["eval_every"] == 0
+            else:
+                due = g.due("eval", cfg["eval_every"]) if tm is None else tm.call("due", g.due, "eval", cfg["eval_every"])
             if due:
                 if cuda:
                     torch.cuda.set_sync_debug_mode(0)  # the eval loss is read on purpose
                 with phase("eval"):
                     val = evaluate()
-                    if g is not None:
+                    if g is not None and tm is None:
+                        g.eval(loss=val)
+                    elif g is not None:
                         tm.call("eval", g.eval, loss=val)
                     else:
                         float(val)
@@ -607,7 +622,8 @@ def child(args: argparse.Namespace) -> dict:
     G = sides["G"]
     timer = OnThread()
     timer_wall, timer_cpu = timer.calibrate()
-    G.timer = timer
+    timing = args.timing == "on"
+    G.timer = timer if timing else None
     guard = None
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="tg-fair-"))
     if args.mode == "watch":
@@ -627,7 +643,7 @@ def child(args: argparse.Namespace) -> dict:
         guard = auto._state["guard"]
         if guard is None or guard.optimizer is not G.opt:
             raise SystemExit("the automatic probe did not take G's optimizer (run this under `trainguard run`)")
-    n_hooks = wrap_trainguard_hooks(G.model, G.opt, timer)
+    n_hooks = wrap_trainguard_hooks(G.model, G.opt, timer) if timing else 0
     switch = HookSwitch(G.model, G.opt) if args.layout == "same" else None
     if switch is not None:
         switch.off()  # from here on the probe's hooks are in place only for G's blocks
@@ -648,7 +664,8 @@ def child(args: argparse.Namespace) -> dict:
         for name in orders[r % len(orders)]:
             if name == "G" and switch is not None:
                 switch.on()
-                n_hooks += wrap_trainguard_hooks(G.model, G.opt, timer)  # hooks the probe added since
+                if timing:
+                    n_hooks += wrap_trainguard_hooks(G.model, G.opt, timer)  # hooks the probe added since
             c0 = probe_thread_cpu() if name == "G" else 0.0
             run_block(sides[name], loops[name], cfg["block"], cuda, gcc, profiles.main if name == "G" else None)
             if name == "G":
@@ -680,7 +697,7 @@ def child(args: argparse.Namespace) -> dict:
     U, C = sides["U"], sides["C"]
     flat = {n: [x for b in s.step_ms for x in b] for n, s in sides.items()}
     return {
-        "benchmark": "fair_overhead", "arm": args.arm, "mode": args.mode,
+        "benchmark": "fair_overhead", "arm": args.arm, "mode": args.mode, "timing": args.timing,
         "contracts": os.environ.get("TRAINGUARD_CONTRACTS", "1") != "0",
         "device": torch.cuda.get_device_name() if cuda else f"cpu x{os.cpu_count()}",
         "torch": torch.__version__, "python": sys.version.split()[0],
@@ -752,7 +769,7 @@ def suite(args: argparse.Namespace) -> int:
             env["TRAINGUARD_CONTRACTS"] = "0"
         out = out_dir / f"fair_{spec.replace('+', '_')}.json"
         cmd = [sys.executable, __file__, "--arm", arm, "--out", str(out)]
-        for key in ("block", "rounds", "warmup", "gap", "threads", "layout", "pin"):
+        for key in ("block", "rounds", "warmup", "gap", "threads", "layout", "pin", "timing"):
             if getattr(args, key) is not None:
                 cmd += [f"--{key}", str(getattr(args, key))]
         if args.profile:
@@ -805,6 +822,9 @@ def main() -> int:
     p.add_argument("--pin", help="cores to run on, e.g. 0-7 (sched_setaffinity; default: all)")
     p.add_argument("--run-dir", help="the guarded side's run folder (default: a temporary one)")
     p.add_argument("--out", help="also write the JSON result here")
+    p.add_argument("--timing", choices=["on", "off"], default="on",
+                   help="off: G's calls and hooks are not timed (no on-thread figures): the timers' own cost, "
+                        "a Python frame or two around each call, is then not in G's blocks")
     p.add_argument("--profile", choices=["main", "background"],
                    help="cProfile the training thread in G's blocks, or the probe's background thread (one at a "
                         "time: Python 3.12's profilers are process-wide); slows what it profiles: a diagnosis")
