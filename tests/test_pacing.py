@@ -18,6 +18,7 @@ def _busy(seconds: float) -> None:
 def test_paced_yields_every_item_in_order_and_pauses_between_stretches() -> None:
     items = list(range(12))
     seen = []
+    pacing.begin_pass()
     t0 = time.perf_counter()
     for item in pacing.paced(items):
         _busy(2 * pacing.CHUNK_S)  # each item is longer than a stretch: a pause after each
@@ -32,6 +33,7 @@ def test_paced_never_pauses_when_disabled_or_once_stop_is_set(monkeypatch) -> No
     pauses: list[float] = []
     monkeypatch.setattr(pacing.time, "sleep", pauses.append)
     stop = threading.Event()
+    pacing.begin_pass()
     for _ in pacing.paced(range(5), stop=stop):
         _busy(2 * pacing.CHUNK_S)
     assert len(pauses) == 5
@@ -49,7 +51,7 @@ def test_the_budget_runs_across_the_parts_of_a_pass_and_its_stretches_are_counte
     pauses: list[float] = []
     monkeypatch.setattr(pacing.time, "sleep", pauses.append)
     monkeypatch.setattr(pacing, "STRETCHES", pacing.Stretches())
-    pacing.rested()
+    pacing.begin_pass()
     _busy(4 * pacing.CHUNK_S)  # one part, not paced itself
     pacing.breathe()
     assert len(pauses) == 1
@@ -61,3 +63,24 @@ def test_the_budget_runs_across_the_parts_of_a_pass_and_its_stretches_are_counte
     assert pacing.STRETCHES.count == 2
     pacing.resting()  # nothing began since: nothing counted
     assert pacing.STRETCHES.count == 2
+
+
+def test_a_pass_pauses_only_in_its_window_so_the_thread_never_falls_behind(monkeypatch) -> None:
+    # Paced, the thread does at most a third of a core's work: a pass with more than its window's worth
+    # finishes the rest in one go (rows committed and judged on time), and the next pass's window opens anew.
+    pauses: list[float] = []
+    monkeypatch.setattr(pacing.time, "sleep", pauses.append)  # (the pause itself then takes no time)
+    monkeypatch.setattr(pacing, "PACE_WINDOW_S", 0.02)
+    pacing.begin_pass()
+    for _ in pacing.paced(range(10)):
+        _busy(2 * pacing.CHUNK_S)
+    assert len(pauses) == 10
+    _busy(0.02)  # the window is over
+    for _ in pacing.paced(range(10)):
+        _busy(2 * pacing.CHUNK_S)
+    assert len(pauses) == 10
+    assert pacing.pass_elapsed() >= 0.02
+    pacing.begin_pass()
+    for _ in pacing.paced(range(3)):
+        _busy(2 * pacing.CHUNK_S)
+    assert len(pauses) == 13

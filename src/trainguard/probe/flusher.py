@@ -12,13 +12,14 @@ import threading
 from typing import Any
 
 from trainguard.probe.capturegate import GATE
-from trainguard.probe.pacing import breathe, rested, resting
+from trainguard.probe.pacing import begin_pass, breathe, pass_elapsed, resting
 from trainguard.probe.steps import StepRecorder
 
 # Seconds between commits: bounds what a SIGKILL can lose. Every wake of this thread has a fixed cost
 # beside its rows (taking the interpreter lock back from the training thread, cold caches, a commit): at
 # 0.2 s it was a third of the thread's CPU in a CPU-bound loop (issue 21); the watchdog looks every 0.5 s.
 FLUSH_INTERVAL = 0.5
+MIN_WAIT = 0.05  # seconds between the end of a pass and the next, however long the pass took
 
 
 class Flusher:
@@ -44,11 +45,14 @@ class Flusher:
         def pause() -> None:
             breathe(stop)
 
-        while not stop.wait(FLUSH_INTERVAL):
+        wait = FLUSH_INTERVAL
+        while not stop.wait(wait):
             # One pass, paced (probe/pacing.py): a pause may come between its parts and inside the long
             # ones, so no stretch of it holds the interpreter lock from the training thread for long.
+            # The next pass begins FLUSH_INTERVAL after this one began (the pauses do not stretch the
+            # commit interval, what a SIGKILL can lose), at least MIN_WAIT after this one ends.
             try:
-                rested()
+                begin_pass()
                 s.drain()
                 pause()
                 s.memory.background(s.step_count)
@@ -60,6 +64,7 @@ class Flusher:
             except Exception as exc:
                 # Why not let it die: a dead flusher would silently stop recording the run.
                 s.fail("background flush", exc)
+            wait = max(MIN_WAIT, FLUSH_INTERVAL - pass_elapsed())
 
     def _log_store_trouble(self) -> None:
         w, log = self.steps._writer, self.steps._selflog

@@ -25,6 +25,11 @@ from typing import Any, TypeVar
 
 CHUNK_S = 0.0005  # the longest stretch of background work between two pauses
 PAUSE_S = 0.001  # the pause: the training thread has the interpreter to itself meanwhile
+# A pass pauses only during its first PACE_WINDOW_S: paced, the thread does at most a third of a core's
+# work, and a loop whose rows need more than that (a fast loop on a slow core) would see its rows
+# committed ever later (what a SIGKILL loses) and its findings ever later. Past the window, the pass
+# finishes its work in one go, as it did before pacing.
+PACE_WINDOW_S = 0.5
 
 T = TypeVar("T")
 
@@ -53,8 +58,19 @@ class Stretches:
 STRETCHES = Stretches()
 
 
+def begin_pass() -> None:
+    """This thread's pass begins (after its wait between passes): its pauses' window opens now."""
+    rested()
+    _stretch.pass_t0 = _stretch.t0
+
+
+def pass_elapsed() -> float:
+    """Seconds since this thread's pass began (`begin_pass`)."""
+    return time.perf_counter() - getattr(_stretch, "pass_t0", 0.0)
+
+
 def rested() -> None:
-    """This thread just waited (between two passes): its stretch of work begins now."""
+    """This thread just paused or waited: its stretch of work begins now."""
     _stretch.t0 = time.perf_counter()
     _stretch.cpu0 = time.thread_time()
 
@@ -69,11 +85,15 @@ def resting() -> None:
 
 def breathe(stop: Any = None) -> None:
     """A point where a pass may pause: sleeps `PAUSE_S` when `CHUNK_S` of work has passed since this
-    thread's last pause. Never once `stop` (a threading.Event) is set: the run is ending and waits."""
+    thread's last pause. Never once `stop` (a threading.Event) is set: the run is ending and waits; nor
+    past the pass's first PACE_WINDOW_S (`begin_pass`)."""
     t0 = getattr(_stretch, "t0", None)
     if t0 is None:
         rested()
-    elif time.perf_counter() - t0 > CHUNK_S and not (stop is not None and stop.is_set()):
+        return
+    now = time.perf_counter()
+    if (now - t0 > CHUNK_S and now - getattr(_stretch, "pass_t0", now) < PACE_WINDOW_S
+            and not (stop is not None and stop.is_set())):
         resting()
         time.sleep(PAUSE_S)
         rested()
