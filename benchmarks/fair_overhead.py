@@ -313,6 +313,21 @@ def probe_thread_cpu() -> float:
         return sum(th.user_time + th.system_time for th in psutil.Process().threads() if th.id in ids)
 
 
+def background_stretches(reset: bool = False) -> dict | None:
+    """The probe's background thread's stretches of work between two pauses (probe/pacing.py), in CPU ms:
+    how long it may have kept the interpreter lock from the training thread in one go. `reset` starts
+    the count (before the timed rounds)."""
+    try:
+        from trainguard.probe.pacing import STRETCHES
+    except ImportError:  # a trainguard without pacing figures
+        return None
+    if reset:
+        STRETCHES.__init__()
+        return None
+    return {"count": STRETCHES.count, "longest_ms": round(1000 * STRETCHES.longest, 3),
+            "over_1ms": STRETCHES.over_1ms}
+
+
 class GcClock:
     """The garbage collector's pauses, attributed to the side whose block is running."""
 
@@ -456,6 +471,10 @@ def training(side: Side, sync_mode: list):
             yield
             return
         cm = g.phase(name)
+        if tm is None:  # --timing off: the calls as a user makes them
+            with cm:
+                yield
+            return
         tm.call("phase", cm.__enter__)
         try:
             yield
@@ -473,6 +492,9 @@ def training(side: Side, sync_mode: list):
     def batches():
         if g is None:
             yield from side.loader()
+            return
+        if tm is None:
+            yield from g.batches(side.loader())
             return
         it = g.batches(timed_source())
         while True:
@@ -504,7 +526,10 @@ def training(side: Side, sync_mode: list):
             loss = 0.9 * nll + 0.1 * smooth
             (loss / accum).backward()
             if g is not None:
-                tm.call("step", g.step, loss, parts={"nll": nll, "smooth": smooth}, weights=WEIGHTS)
+                if tm is None:
+                    g.step(loss, parts={"nll": nll, "smooth": smooth}, weights=WEIGHTS)
+                else:
+                    tm.call("step", g.step, loss, parts={"nll": nll, "smooth": smooth}, weights=WEIGHTS)
             if micro % accum:
                 continue
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -512,13 +537,18 @@ def training(side: Side, sync_mode: list):
             sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
-            due = tm.call("due", g.due, "eval", cfg["eval_every"]) if g is not None else step % cfg["eval_every"] == 0
+            if g is None:
+                due = step % cfg["eval_every"] == 0
+            else:
+                due = g.due("eval", cfg["eval_every"]) if tm is None else tm.call("due", g.due, "eval", cfg["eval_every"])
             if due:
                 if cuda:
                     torch.cuda.set_sync_debug_mode(0)  # the eval loss is read on purpose
                 with phase("eval"):
                     val = evaluate()
-                    if g is not None:
+                    if g is not None and tm is None:
+                        g.eval(loss=val)
+                    elif g is not None:
                         tm.call("eval", g.eval, loss=val)
                     else:
                         float(val)
@@ -592,7 +622,8 @@ def child(args: argparse.Namespace) -> dict:
     G = sides["G"]
     timer = OnThread()
     timer_wall, timer_cpu = timer.calibrate()
-    G.timer = timer
+    timing = args.timing == "on"
+    G.timer = timer if timing else None
     guard = None
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="tg-fair-"))
     if args.mode == "watch":
@@ -612,7 +643,7 @@ def child(args: argparse.Namespace) -> dict:
         guard = auto._state["guard"]
         if guard is None or guard.optimizer is not G.opt:
             raise SystemExit("the automatic probe did not take G's optimizer (run this under `trainguard run`)")
-    n_hooks = wrap_trainguard_hooks(G.model, G.opt, timer)
+    n_hooks = wrap_trainguard_hooks(G.model, G.opt, timer) if timing else 0
     switch = HookSwitch(G.model, G.opt) if args.layout == "same" else None
     if switch is not None:
         switch.off()  # from here on the probe's hooks are in place only for G's blocks
@@ -625,6 +656,7 @@ def child(args: argparse.Namespace) -> dict:
         torch.cuda.set_sync_debug_mode(sync_mode[0])
     timer.reset()
     cpu0 = probe_thread_cpu()
+    background_stretches(reset=True)
     bg_in_blocks = 0.0  # the background thread's CPU during G's blocks; the rest fell in pauses or other blocks
     orders = list(itertools.permutations(SIDES))
     t_start = time.time()
@@ -632,7 +664,8 @@ def child(args: argparse.Namespace) -> dict:
         for name in orders[r % len(orders)]:
             if name == "G" and switch is not None:
                 switch.on()
-                n_hooks += wrap_trainguard_hooks(G.model, G.opt, timer)  # hooks the probe added since
+                if timing:
+                    n_hooks += wrap_trainguard_hooks(G.model, G.opt, timer)  # hooks the probe added since
             c0 = probe_thread_cpu() if name == "G" else 0.0
             run_block(sides[name], loops[name], cfg["block"], cuda, gcc, profiles.main if name == "G" else None)
             if name == "G":
@@ -646,6 +679,7 @@ def child(args: argparse.Namespace) -> dict:
     if cuda:
         torch.cuda.set_sync_debug_mode(0)
     bg_cpu = probe_thread_cpu() - cpu0
+    stretches = background_stretches()
     steps = cfg["rounds"] * cfg["block"]
     if guard is not None and args.mode == "watch":
         guard.finish()
@@ -663,7 +697,7 @@ def child(args: argparse.Namespace) -> dict:
     U, C = sides["U"], sides["C"]
     flat = {n: [x for b in s.step_ms for x in b] for n, s in sides.items()}
     return {
-        "benchmark": "fair_overhead", "arm": args.arm, "mode": args.mode,
+        "benchmark": "fair_overhead", "arm": args.arm, "mode": args.mode, "timing": args.timing,
         "contracts": os.environ.get("TRAINGUARD_CONTRACTS", "1") != "0",
         "device": torch.cuda.get_device_name() if cuda else f"cpu x{os.cpu_count()}",
         "torch": torch.__version__, "python": sys.version.split()[0],
@@ -700,6 +734,8 @@ def child(args: argparse.Namespace) -> dict:
         "probe_thread_cpu_ms_per_s": round(1000 * bg_cpu / wall, 4),  # per second of the timed rounds
         # ... and per second of G's blocks (while the guarded loop trains)
         "probe_thread_cpu_in_blocks_ms_per_s": round(1000 * bg_in_blocks / sum(G.block_s), 4),
+        # its longest stretch of work between two pauses (the interpreter lock held from the loop in one go)
+        "probe_thread_stretches": stretches,
         "per_step_ms": {n: step_figures(v) for n, v in flat.items()},
         "twins_guarded_vs_unguarded": twin_figures(G.step_ms, U.step_ms),
         "twins_control_vs_unguarded": twin_figures(C.step_ms, U.step_ms),
@@ -733,7 +769,7 @@ def suite(args: argparse.Namespace) -> int:
             env["TRAINGUARD_CONTRACTS"] = "0"
         out = out_dir / f"fair_{spec.replace('+', '_')}.json"
         cmd = [sys.executable, __file__, "--arm", arm, "--out", str(out)]
-        for key in ("block", "rounds", "warmup", "gap", "threads", "layout", "pin"):
+        for key in ("block", "rounds", "warmup", "gap", "threads", "layout", "pin", "timing"):
             if getattr(args, key) is not None:
                 cmd += [f"--{key}", str(getattr(args, key))]
         if args.profile:
@@ -760,6 +796,7 @@ def suite(args: argparse.Namespace) -> int:
                           "G/U bound": got["guarded_vs_unguarded_bound"],
                           "on_thread_ms": got["on_thread_ms_per_step"], "on_thread_cpu_ms": got["on_thread_cpu_ms_per_step"],
                           "bg_cpu_ms": got["probe_thread_cpu_ms_per_step"],
+                          "bg_stretch_ms": (got.get("probe_thread_stretches") or {}).get("longest_ms"),
                           "twin_p999_ms": got["twins_guarded_vs_unguarded"]["diff_p99.9_ms"],
                           "control_twin_p999_ms": got["twins_control_vs_unguarded"]["diff_p99.9_ms"],
                           "syncs": got["sync_warnings"], "rows": got["rows_stored"],
@@ -785,6 +822,9 @@ def main() -> int:
     p.add_argument("--pin", help="cores to run on, e.g. 0-7 (sched_setaffinity; default: all)")
     p.add_argument("--run-dir", help="the guarded side's run folder (default: a temporary one)")
     p.add_argument("--out", help="also write the JSON result here")
+    p.add_argument("--timing", choices=["on", "off"], default="on",
+                   help="off: G's calls and hooks are not timed (no on-thread figures): the timers' own cost, "
+                        "a Python frame or two around each call, is then not in G's blocks")
     p.add_argument("--profile", choices=["main", "background"],
                    help="cProfile the training thread in G's blocks, or the probe's background thread (one at a "
                         "time: Python 3.12's profilers are process-wide); slows what it profiles: a diagnosis")

@@ -41,3 +41,23 @@ def test_paced_never_pauses_when_disabled_or_once_stop_is_set(monkeypatch) -> No
     for _ in pacing.paced(range(5), enabled=False):
         _busy(2 * pacing.CHUNK_S)
     assert len(pauses) == 5
+
+
+def test_the_budget_runs_across_the_parts_of_a_pass_and_its_stretches_are_counted(monkeypatch) -> None:
+    # A pass is several parts in a row: work done before a paced loop counts toward its first pause, and
+    # the stretch ends in STRETCHES (the benchmark's figure of the longest hold of the interpreter lock).
+    pauses: list[float] = []
+    monkeypatch.setattr(pacing.time, "sleep", pauses.append)
+    monkeypatch.setattr(pacing, "STRETCHES", pacing.Stretches())
+    pacing.rested()
+    _busy(4 * pacing.CHUNK_S)  # one part, not paced itself
+    pacing.breathe()
+    assert len(pauses) == 1
+    assert pacing.STRETCHES.count == 1 and pacing.STRETCHES.longest >= 3 * pacing.CHUNK_S
+    for _ in pacing.paced(range(3)):
+        pass  # short items: no pause
+    assert len(pauses) == 1
+    pacing.resting()
+    assert pacing.STRETCHES.count == 2
+    pacing.resting()  # nothing began since: nothing counted
+    assert pacing.STRETCHES.count == 2

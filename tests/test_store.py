@@ -119,3 +119,40 @@ def test_each_rank_records_its_node_and_host_and_an_old_store_reads_without_them
     conn.executescript("CREATE TABLE steps (rank INTEGER, step INTEGER, t REAL); CREATE TABLE events (id INTEGER);")
     conn.close()
     assert RunReader(old).ranks() == {}
+
+
+def test_a_paced_flush_is_one_transaction_that_a_reader_never_sees_half_of(tmp_path: Path) -> None:
+    # The probe's background thread flushes with pauses between slices of rows (store/writer.py
+    # COMMIT_SLICE): the rows still land in one transaction, so a reader looking during a pause sees none.
+    from trainguard.store.writer import COMMIT_SLICE
+
+    w = StoreWriter(tmp_path)
+    n = 3 * COMMIT_SLICE + 5
+    for step in range(1, n + 1):
+        w.add_step({"step": step, "t": 1000.0 + step, "loss": 1.0 / step, "weights": {"a": 0.5}, "parts": {"x": 1.0}})
+    seen_during: list[int] = []
+
+    def pause() -> None:
+        with sqlite3.connect(tmp_path / "run.db", timeout=5) as db:
+            seen_during.append(db.execute("select count(*) from steps").fetchone()[0])
+
+    assert w.flush(pause=pause) == n
+    assert seen_during == [0, 0, 0, 0]  # a chance to pause after each slice, the rows not committed yet
+    w.close()
+    with RunReader(tmp_path) as reader:
+        rows = list(reader.steps())
+    assert [r["step"] for r in rows] == list(range(1, n + 1))
+    assert rows[-1]["weights"] == {"a": 0.5} and rows[-1]["parts"] == {"x": 1.0}
+
+
+def test_each_step_row_keeps_its_own_weights_when_they_change(tmp_path: Path) -> None:
+    # (the writer encodes a run's weights once while they stay the same)
+    w = StoreWriter(tmp_path)
+    given = [{"a": 0.5}, {"a": 0.5}, None, {"a": 0.25, "b": 1.0}, {"a": 0.25, "b": 1.0}, {"a": float("nan")}]
+    for step, weights in enumerate(given, start=1):
+        w.add_step({"step": step, "t": float(step), "loss": 1.0, "weights": weights})
+    w.close()
+    with RunReader(tmp_path) as reader:
+        stored = [r["weights"] for r in reader.steps()]
+    assert stored[:5] == [{"a": 0.5}, {"a": 0.5}, {}, {"a": 0.25, "b": 1.0}, {"a": 0.25, "b": 1.0}]
+    assert str(stored[5]["a"]) == "nan"

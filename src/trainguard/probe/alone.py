@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from trainguard.contract import ENV_RULES, EVENT_FINDING
-from trainguard.probe.pacing import paced
+from trainguard.probe.pacing import breathe, paced
 from trainguard.probe.steps import StepRecorder
 from trainguard.store.ending import Ending, ending_status, live_status
 from trainguard.store.status import reserve_space, write_status
@@ -94,6 +94,10 @@ class Alone:
         """The run's plan is known: the health rules start (before the hooks: they may queue an event)."""
         if self._rules_on:
             self.rules = ProbeRules(self.steps, plan, on_found=self._found)
+        try:
+            self._fields()  # reads the findings a resumed run folder holds now, not in the first status write
+        except Exception as exc:
+            self.steps._selflog.error("status.json", exc)
 
     def _found(self, f: Any) -> None:
         if self._status_findings is not None:
@@ -113,8 +117,9 @@ class Alone:
         progress = (s.summary.get("step", s.step_count), s.summary.get("loss"), s.summary.get("lr"))
         if news == self._written and (progress == self._said_progress or now - self._last_status < PROGRESS_INTERVAL):
             return
+        breathe(s.ending)  # (after the rules pass: the write is a stretch of its own)
         try:
-            self._write(live_status("running", **self._fields()), final=False)
+            self._write(live_status("running", **self._fields()), final=False, pause=lambda: breathe(s.ending))
             self._written, self._said_progress = news, progress
         except Exception as exc:
             # Why not the guard's fail: status.json is a summary beside the store; a folder that refuses
@@ -183,9 +188,9 @@ class Alone:
                 "pid": s._pid, "updated": time.time(), "watched_by": "probe", "owner": self._owner,
                 "findings": findings}
 
-    def _write(self, status: Any, final: bool = True) -> None:
+    def _write(self, status: Any, final: bool = True, pause: Any = None) -> None:
         self._last_status = time.time()
-        write_status(self.steps.run_dir, status, final=final)
+        write_status(self.steps.run_dir, status, final=final, pause=pause)
 
 
 class ProbeRules:

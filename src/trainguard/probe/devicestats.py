@@ -92,7 +92,7 @@ def _one(name: str, value: Any, named: list[tuple[str, Any]], floats: dict[str, 
     if not kind:
         floats.setdefault(name, []).append(float(value))
     elif value.is_cpu and value.dim() == 0:
-        floats.setdefault(name, []).append(value.detach().item())  # a CPU number: read where it is
+        floats.setdefault(name, []).append(value.item())  # a CPU number: read where it is (no detach: item reads it)
     else:
         named.append((name, as_scalar(value)))
 

@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from trainguard.probe.capturegate import GATE
+from trainguard.probe.pacing import breathe, rested, resting
 from trainguard.probe.steps import StepRecorder
 
 # Seconds between commits: bounds what a SIGKILL can lose. Every wake of this thread has a fixed cost
@@ -38,14 +39,24 @@ class Flusher:
             self._thread.join(timeout=timeout)
 
     def _loop(self) -> None:
-        s, w = self.steps, self.steps._writer
-        while not self.stopping.wait(FLUSH_INTERVAL):
+        s, w, stop = self.steps, self.steps._writer, self.stopping
+
+        def pause() -> None:
+            breathe(stop)
+
+        while not stop.wait(FLUSH_INTERVAL):
+            # One pass, paced (probe/pacing.py): a pause may come between its parts and inside the long
+            # ones, so no stretch of it holds the interpreter lock from the training thread for long.
             try:
+                rested()
                 s.drain()
+                pause()
                 s.memory.background(s.step_count)
-                w.flush()
+                w.flush(pause=pause)
+                pause()
                 self._log_store_trouble()
                 self.ending.tick()
+                resting()
             except Exception as exc:
                 # Why not let it die: a dead flusher would silently stop recording the run.
                 s.fail("background flush", exc)

@@ -437,14 +437,14 @@ class StepRecorder:
             return
         snapshot = list(self._inflight)
         try:
-            self._prepare(snapshot)
+            self._prepare(snapshot, final)
         except Exception as exc:
             self.abandon_device(exc)
             return
         done = 0
         for rec, packs in paced(snapshot, enabled=not final, stop=self.ending):
             try:
-                if not final and (GATE.capturing or not all(p.ready() for p in packs)):
+                if not final and (GATE.capturing or (packs and not all(p.ready() for p in packs))):
                     break  # not done yet, or a capture waits for this pass to end
                 if final and not all(p.wait() for p in packs):
                     raise RuntimeError("a device copy cannot be waited for")
@@ -489,7 +489,7 @@ class StepRecorder:
             t_progress, micro, step, phase, state = beat
             self._writer.set_heartbeat(t_progress=t_progress, micro=micro, step=step, phase=phase, state=state)
 
-    def _prepare(self, snapshot: list[tuple[dict[str, Any], Any]]) -> None:
+    def _prepare(self, snapshot: list[tuple[dict[str, Any], Any]], final: bool = False) -> None:
         """Background thread: the values of steps handed over since the last pass become DevicePacks.
 
         A step kept as references (`packs` None: no GPU) is resolved here, its CPU tensors read where they
@@ -498,7 +498,9 @@ class StepRecorder:
         staged: list[tuple[int, int]] = []  # (entry, position in its packs) of each Staged
         vectors: list[devicestats.Staged] = []
         deferred: dict[Any, list[int]] = {}  # GPU steps left for this thread to stack, by stream
-        for i, (rec, packs) in enumerate(snapshot):
+        # paced, as the stacking below: a CPU run's half second of steps is ~1,000 values read one by one
+        # (probe/pacing.py)
+        for i, (rec, packs) in paced(enumerate(snapshot), enabled=not final, stop=self.ending):
             if packs is devicestats.DEFERRED:
                 deferred.setdefault(rec.pop("stream"), []).append(i)
                 continue
@@ -523,7 +525,7 @@ class StepRecorder:
                     vectors.append(p)
         for stream, entries in deferred.items():
             with devicestats.on_stream(stream):
-                for i in entries:
+                for i in paced(entries, enabled=not final, stop=self.ending):
                     rec = snapshot[i][0]
                     pending, weights, fresh = rec.pop("pending", ()), rec.pop("weights", None), rec.pop("weights_fresh", False)
                     opt_tensors = rec.pop("opt_tensors", ())

@@ -68,9 +68,8 @@ class InboxRules:
     def poll(self, through: Callable[[list[dict[str, Any]]], Iterable[dict[str, Any]]] | None = None) -> list[Finding]:
         """Feeds what arrived since the last poll, in time order; `through` wraps the ordered items (the
         probe passes its pacing, so a long pass does not hold the training thread back)."""
-        batch = []
-        while self.inbox:
-            batch.append(self.inbox.popleft())
+        take = self.inbox.popleft  # (only this thread takes; others only append)
+        batch = [take() for _ in range(len(self.inbox))]
         batch.sort(key=lambda e: e.get("t") or 0)
         return self.engine.feed_all(through(batch) if through is not None else batch)
 

@@ -26,7 +26,7 @@ import errno
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +103,12 @@ def strict_json(value: Any) -> Any:
     return value
 
 
-def write_status(run_dir: str | Path, status: Mapping[str, Any], *, final: bool = False) -> None:
+def write_status(run_dir: str | Path, status: Mapping[str, Any], *, final: bool = False,
+                 pause: Callable[[], None] | None = None) -> None:
     """Writes status.json (strict JSON: see `strict_json`); with `final`, a full disk gives up the run's
-    reserve (see `reserve_space`). A state outside the contract is refused (ValueError)."""
+    reserve (see `reserve_space`). A state outside the contract is refused (ValueError). `pause`, when
+    given, is called between making the text and writing the file (the probe's background thread passes
+    its pacing: the two are its longest stretches of Python while the run trains)."""
     data: dict[str, Any] = dict(status)
     checked_status(data)
     if isinstance(data.get("findings"), list):  # a rule's warning and its later error: one entry
@@ -113,6 +116,8 @@ def write_status(run_dir: str | Path, status: Mapping[str, Any], *, final: bool 
     data["health"] = health_of(data)
     plain = json.loads(json.dumps(data, default=str))  # what json makes of it, NaN still a float
     text = json.dumps(strict_json(plain), indent=2, allow_nan=False) + "\n"
+    if pause is not None:
+        pause()
     path = Path(run_dir) / STATUS_NAME
     try:
         write_atomic(path, text)

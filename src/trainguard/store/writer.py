@@ -24,7 +24,11 @@ from trainguard.store.ranks import RankInfo
 from trainguard.store.schema import RANK_COLUMNS, STEP_COLUMNS, connect
 from trainguard.store.status import release_space
 
+COMMIT_SLICE = 32  # rows bound between two chances to pause (`flush(pause=...)`): ~0.1-0.3 ms of Python
 MAX_QUEUED = 200_000  # rows kept per queue while the database cannot be written; older ones are dropped
+# the steps table's columns between (attempt, rank) and (parts, weights, extra), in order (`add_step`)
+_PLAIN_COLUMNS = STEP_COLUMNS[2:-3]
+assert STEP_COLUMNS[:2] == ("attempt", "rank") and STEP_COLUMNS[-3:] == ("parts", "weights", "extra")
 _STEP_SQL = f"INSERT INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
 _META_SQL = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
 _BEAT_SQL = (f"INSERT OR REPLACE INTO heartbeat ({', '.join(HEARTBEAT_FIELDS)})"
@@ -71,6 +75,8 @@ class StoreWriter:
         self._meta: dict[str, str] = {}
         self._beat: tuple | None = None
         self._place: tuple | None = None  # this process's row of the `ranks` table, until committed
+        self._last_weights: Any = None  # the last step row's weights and their JSON (`add_step`)
+        self._last_weights_json: str | None = None
         self._lock = threading.Lock()  # one flush at a time; queueing needs no lock (deque is atomic)
         # Called with each step row and event as it is queued (the probe's in-memory feed to its rules)
         self.tap: Callable[[dict[str, Any]], None] | None = None
@@ -87,16 +93,17 @@ class StoreWriter:
     # -- queueing: cheap, any thread ------------------------------------------------------------
 
     def add_step(self, row: dict[str, Any]) -> None:
-        values: list[Any] = []  # one per column: numbers, text, JSON
-        for col in STEP_COLUMNS:
-            if col == "attempt":
-                values.append(self.attempt)
-            elif col == "rank":
-                values.append(self.rank)
-            elif col in ("parts", "weights", "extra"):
-                values.append(to_json(row.get(col) or None))
-            else:
-                values.append(_finite_or_text(row.get(col)))
+        get = row.get
+        # one value per column (STEP_COLUMNS' order): numbers, text, JSON
+        values: list[Any] = [self.attempt, self.rank]
+        values.extend([_finite_or_text(get(col)) for col in _PLAIN_COLUMNS])
+        values.append(to_json(get("parts") or None))
+        weights = get("weights") or None
+        if weights != self._last_weights or weights is None:
+            # a run's weights rarely change from one step to the next: encoded once while they stay
+            self._last_weights, self._last_weights_json = weights, to_json(weights)
+        values.append(self._last_weights_json)
+        values.append(to_json(get("extra") or None))
         self._steps.append(tuple(values))
         if self.tap is not None:
             self.tap(dict(row))  # a copy: what the rules see is what was stored, whatever the caller does next
@@ -123,8 +130,12 @@ class StoreWriter:
 
     # -- committing ---------------------------------------------------------------------------------
 
-    def flush(self) -> int:
+    def flush(self, pause: Callable[[], None] | None = None) -> int:
         """Commit everything queued so far; returns the number of rows written.
+
+        `pause`, when given, is called between slices of COMMIT_SLICE rows (the probe's background thread
+        passes its pacing: binding a half second's rows is a millisecond of Python that would otherwise
+        hold the interpreter lock from the training thread in one go); the commit stays one transaction.
 
         Never raises: when the database cannot be written now (locked past the busy timeout, disk full),
         the rows go back to the head of their queues for the next flush (up to MAX_QUEUED, oldest dropped
@@ -143,7 +154,7 @@ class StoreWriter:
             if not (steps or events or meta or beat or place):
                 return 0
             try:
-                self._commit(meta, steps, events, beat, place)
+                self._commit(meta, steps, events, beat, place, pause)
             except (sqlite3.InterfaceError, sqlite3.ProgrammingError, sqlite3.IntegrityError, sqlite3.DataError):
                 steps, events = self._without_refused(steps, _STEP_SQL), self._without_refused(events, _EVENT_SQL)
                 meta = {k: v for k, v in meta.items() if self._accepts(_META_SQL, (k, v))}
@@ -158,17 +169,21 @@ class StoreWriter:
             return len(steps) + len(events)
 
     def _commit(self, meta: dict[str, str], steps: list[tuple], events: list[tuple], beat: tuple | None,
-                place: tuple | None = None) -> None:
+                place: tuple | None = None, pause: Callable[[], None] | None = None) -> None:
         """One transaction: all of it or nothing."""
         conn = self._conn
         assert conn is not None
         with conn:
             if meta:
                 conn.executemany(_META_SQL, list(meta.items()))
-            if steps:
-                conn.executemany(_STEP_SQL, steps)
-            if events:
-                conn.executemany(_EVENT_SQL, events)
+            for sql, rows in ((_STEP_SQL, steps), (_EVENT_SQL, events)):
+                if pause is None or len(rows) <= COMMIT_SLICE:
+                    if rows:
+                        conn.executemany(sql, rows)
+                    continue
+                for i in range(0, len(rows), COMMIT_SLICE):
+                    conn.executemany(sql, rows[i:i + COMMIT_SLICE])
+                    pause()
             if beat:
                 conn.execute(_BEAT_SQL, beat)
             if place:
