@@ -5,9 +5,10 @@
 
 The model and the guard are real (fair_overhead.py's TinyLM shapes, `trainguard.watch`); what is timed
 is the hooks alone, called in the order one optimizer step calls them: per micro-batch the forward pre-
-hooks, the forward post-hook when the pre-hook asked for it, the gradient hooks (tensor hooks before the
-gradient is added to, post-accumulate hooks after), the loss check after a sampled forward; then the
-optimizer's pre- and post-hook halves (`opt_pre`, `opt_post`, called from the guard's optimizer hooks).
+hooks, the layers' forward hooks, the forward post-hook (called by the guard's forward mark while
+`post_due`), the gradient hooks (tensor hooks before the gradient is added to, post-accumulate hooks
+after), the loss check after a sampled forward; then the optimizer's pre- and post-hook halves
+(`opt_pre`, `opt_post`, called from the guard's optimizer hooks).
 Which hooks there are is read from torch's own hook dictionaries (every hook a function of
 probe/contracts.py registered on the model, its modules or its parameters), so no hook is missed
 whatever the checks register. Steps 11-110 are timed, so that the sampled steps (every `stats_every`)
@@ -43,8 +44,9 @@ def contract_hooks(model) -> dict[str, list]:
     """The hooks probe/contracts.py registered, by kind: [(module or parameter, hook), ...]."""
     found: dict[str, list] = {"forward_pre": [], "forward": [], "grad_before": [], "grad_after": []}
     for m in model.modules():
-        found["forward_pre"] += [(m, fn) for fn in m._forward_pre_hooks.values() if _ours(fn)]
-        found["forward"] += [(m, fn) for fn in m._forward_hooks.values() if _ours(fn)]
+        found["forward_pre"] += [(m, fn, k in m._forward_pre_hooks_with_kwargs)
+                                 for k, fn in m._forward_pre_hooks.items() if _ours(fn)]
+        found["forward"] += [(m, fn, k in m._forward_hooks_with_kwargs) for k, fn in m._forward_hooks.items() if _ours(fn)]
     for p in model.parameters():
         found["grad_before"] += [(p, fn) for fn in (getattr(p, "_backward_hooks", None) or {}).values() if _ours(fn)]
         found["grad_after"] += [(p, fn) for fn in (getattr(p, "_post_accumulate_grad_hooks", None) or {}).values()
@@ -70,6 +72,7 @@ def measure(shape: str, passes: int = 7, steps: int = 100) -> dict:
     out = model(x)
     out.float().sum().backward()  # every parameter has a gradient, as in training
     loss = torch.tensor(1.0)
+    layer_out = out.to(torch.bfloat16)  # what a layer returns under the arms' autocast
     pc = time.perf_counter
     spent: dict[str, float] = {}  # this step's seconds by kind of call
     watched: set[int] = set()  # parameters whose gradient the checks followed
@@ -89,13 +92,19 @@ def measure(shape: str, passes: int = 7, steps: int = 100) -> dict:
         for p in grads:
             p.grad[:1].zero_()  # zero_grad(set_to_none=False): the version counter moves
         for _ in range(cfg["accum"]):
-            for m, fn in hooks["forward_pre"]:
-                timed("forward_pre", fn, m, (x,), {})
+            now = contract_hooks(model)  # (a hook may take itself out for the rest of the step)
+            for m, fn, kw in now["forward_pre"]:
+                timed("forward_pre", fn, *((m, (x,), {}) if kw else (m, (x,))))
+            now = contract_hooks(model)  # (a pre-hook may have put hooks on the layers for this forward)
+            inner = [(m, fn, kw) for m, fn, kw in now["forward"] if m is not model]  # (a layer's run first)
+            for m, fn, kw in inner:
+                timed("forward_layers", fn, *((m, (x,), {}, layer_out) if kw else (m, (x,), layer_out)))
             if checks.post_due:  # called by the guard's forward mark (probe/opthooks.py) when due
                 timed("forward_post", checks.forward_post, model, (x,), {}, out)
-            for m, fn in hooks["forward"]:
-                timed("forward", fn, m, (x,), {}, out)
-            now = contract_hooks(model)  # (a gradient hook may take itself out for the rest of the window)
+            for m, fn, kw in now["forward"]:
+                if m is model:
+                    timed("forward", fn, *((m, (x,), {}, out) if kw else (m, (x,), out)))
+            now = contract_hooks(model)
             for p, fn in now["grad_before"]:
                 timed("grad_before", fn, p.grad)
             for p in grads:

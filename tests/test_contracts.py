@@ -443,6 +443,31 @@ def test_a_batch_of_one_squeezed_is_found_and_kept_or_always_unbatched_is_quiet(
     assert run("unbatched", "unbatched") == {}
 
 
+def test_a_batch_of_one_squeezed_that_makes_the_forward_raise_is_named(workdir: Path) -> None:
+    # Batch norm refuses the unbatched input: the forward raises, and the check (in the forward mark's
+    # post-hook, called for raising forwards too) still names the lost dimension behind the error.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    guard = trainguard.watch(model, opt, total_steps=6, run_dir=workdir / "run")
+    raised = None
+    for step in range(6):
+        x = torch.randn(1 if step == 5 else 16, 1, 8).squeeze()
+        try:
+            loss = model(x).pow(2).mean()
+        except (ValueError, RuntimeError) as exc:
+            raised = exc
+            break
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        guard.step(loss)
+    guard.finish()
+    assert raised is not None
+    found = _contracts(workdir / "run")["batch-dim-lost"]
+    assert found["input_shape"] == [8] and found["usual_shape"] == [16, 8]
+
+
 def test_workers_alike_are_named_before_epochs_alike_even_when_a_worker_file_comes_late(workdir: Path) -> None:
     """Under load one worker's file was still being written when the next epoch's were read: the two
     epochs' worker 0 matched first and the same-workers bug was named same-epochs."""
