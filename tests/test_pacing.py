@@ -84,3 +84,47 @@ def test_a_pass_pauses_only_in_its_window_so_the_thread_never_falls_behind(monke
     for _ in pacing.paced(range(3)):
         _busy(2 * pacing.CHUNK_S)
     assert len(pauses) == 13
+
+
+def test_a_pass_over_a_real_loops_steps_is_cut_into_short_stretches(tmp_path, monkeypatch) -> None:
+    # A real guard on a real CPU loop: 800 steps left for one background pass (a fast loop's half second).
+    # Resolving their values, building and storing the rows and committing them is tens of ms of Python;
+    # paced, it is many short stretches (thread CPU, so a loaded machine does not inflate them).
+    import torch
+
+    import trainguard
+    from trainguard.probe import flusher
+
+    monkeypatch.setattr(flusher, "FLUSH_INTERVAL", 3600.0)  # the guard's own thread stays out of the way
+    monkeypatch.setattr(pacing, "STRETCHES", pacing.Stretches())
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    guard = trainguard.watch(model, opt, total_steps=1000, run_dir=tmp_path)
+    try:
+        x = torch.randn(4, 8)
+        for _ in range(800):
+            out = model(x)
+            nll, smooth = out.pow(2).mean(), out.abs().mean()
+            loss = 0.9 * nll + 0.1 * smooth
+            loss.backward()
+            guard.step(loss, parts={"nll": nll, "smooth": smooth}, weights={"nll": 0.9, "smooth": 0.1})
+            opt.step()
+            opt.zero_grad()
+        cpu0 = time.thread_time()
+        pacing.begin_pass()
+        guard.drain()
+        pacing.breathe()
+        guard._writer.flush(pause=pacing.breathe)
+        pacing.resting()
+        cpu = time.thread_time() - cpu0
+        stretches = pacing.STRETCHES
+        # (a ratio, so a slower machine does not matter: ~1/20 here; ~1/5 with the values read in one go)
+        assert stretches.count >= 8
+        assert stretches.longest < cpu / 10, f"longest stretch {1000 * stretches.longest:.2f} ms of {1000 * cpu:.1f} ms"
+    finally:
+        guard.finish()
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "run.db") as db:
+        assert db.execute("select count(*) from steps").fetchone()[0] == 800
