@@ -179,6 +179,34 @@ def test_accumulation_without_zero_grad_counts_every_backward_pass(workdir: Path
     assert found["steps"] == [2, 3] and found["backward_passes"] >= 2 * accum + 1 and found["grad_accum"] == accum
 
 
+def test_a_reset_is_seen_wherever_the_loop_puts_zero_grad(workdir: Path) -> None:
+    # Before the forward (decided by the forward's pre-hook: no call from backward), between the forward
+    # and backward() (decided by the first backward pass), or after the step; dropped from step 8 on,
+    # found whichever it was.
+    for place in ("before-forward", "before-backward", "after-step"):
+        model, accum = _net(), 2
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        run = workdir / place
+        guard = trainguard.watch(model, opt, total_steps=14, grad_accum=accum, run_dir=run)
+        for step in range(1, 15):
+            for micro in range(accum):
+                x, y = _batch()
+                if step < 8 and micro == 0 and place == "before-forward":
+                    opt.zero_grad(set_to_none=step % 2 == 0)
+                loss = nn.functional.mse_loss(model(x), y) / accum
+                if step < 8 and micro == 0 and place == "before-backward":
+                    opt.zero_grad(set_to_none=step % 2 == 0)
+                loss.backward()
+                guard.step(loss)
+            opt.step()
+            if step < 8 and place == "after-step":
+                opt.zero_grad(set_to_none=step % 2 == 0)
+        guard.finish()
+        found = _contracts(run)
+        assert set(found) == {"grads-never-reset"}, place
+        assert min(found["grads-never-reset"]["steps"]) >= 8, place
+
+
 def test_gradients_of_the_parameters_taken_with_autograd_grad_add_nothing(workdir: Path) -> None:
     # A gradient-norm penalty: torch.autograd.grad(loss, params) runs the parameters' tensor hooks but adds
     # nothing to .grad. Zeroed in place after it, before backward(): a reset, quiet; never zeroed: found.

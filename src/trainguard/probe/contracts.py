@@ -104,7 +104,7 @@ class _GradWatch:
     """
 
     __slots__ = ("name", "param", "ref", "version", "passes", "start", "reset_at", "idle", "windows",
-                 "handle", "hooks", "key", "fn", "armed", "error")
+                 "handle", "hooks", "key", "fn", "armed", "decided", "error")
 
     def __init__(self, name: str, param: Any) -> None:
         self.name = name
@@ -121,6 +121,7 @@ class _GradWatch:
         self.key: Any = None
         self.fn: Any = None  # the hook as it stood in the dictionary (a benchmark may have wrapped it)
         self.armed = False
+        self.decided = False  # the window's reset was seen before its first forward (`before_forward`)
         self.error: BaseException | None = None  # what the hook raised (it never raises into backward)
 
     def install(self) -> None:
@@ -142,6 +143,20 @@ class _GradWatch:
     def remove(self) -> None:
         self.disarm()
         self.handle.remove()
+
+    def before_forward(self) -> None:
+        """A training forward, while the hook is in place: a reset already done (`zero_grad()` right after
+        the step, the usual place) decides the window here, on the training thread, and the backward
+        passes make no call at all. (A reset after the forward, before `backward()`, is left to them.)"""
+        ref = self.ref
+        if ref is None:
+            return  # no gradient at the step: the first backward pass creates one (or none reaches it)
+        g = self.param.grad
+        if g is None or ref() is not g or g._version != self.version:
+            self.ref = None
+            self.reset_at = self.passes
+            self.decided = True
+            self.disarm()
 
     def hook(self) -> Any:
         # a closure, not a bound method: a deep-copied model shares it instead of copying the parameter
@@ -350,7 +365,7 @@ class Contracts:
         for w in list(self.grad_watch):
             if w.error is not None:
                 raise w.error
-            if w.passes == w.start:  # no backward pass reached it since the last step
+            if w.passes == w.start and not w.decided:  # no backward pass reached it since the last step
                 w.idle += 1
                 if w.idle % REWATCH_IDLE == 2:
                     self._rewatch(w)
@@ -398,8 +413,8 @@ class Contracts:
             except Exception as exc:
                 self.failed("optimizer-step-compiled", exc)
         for w in self.grad_watch:  # (one)
-            if w.ref is None and w.passes != w.start and w.error is None:
-                w.idle = 0  # the usual window: backward passes reached it and the first saw a reset
+            if w.ref is None and (w.decided or w.passes != w.start) and w.error is None:
+                w.idle = 0  # the usual window: reset before its forward, or seen so by its first backward pass
             else:
                 try:
                     self._close_grad_window(step)
@@ -531,7 +546,7 @@ class Contracts:
                 w.ref = None  # the next pass creates it: a reset
             else:
                 w.ref, w.version = weakref.ref(gr), gr._version
-            w.start = w.passes
+            w.start, w.decided = w.passes, False
             w.arm()
         if self.frozen_before:
             try:
@@ -617,6 +632,12 @@ class Contracts:
         if training and self.grad_enabled():  # the usual forward: a few attribute reads
             self.train_forward_seen = True
             self.no_grad_streak = 0
+            for w in self.grad_watch:
+                if w.armed:  # (the window's first forward)
+                    try:
+                        w.before_forward()
+                    except Exception as exc:
+                        w.ref, w.error = None, exc
             if _BATCH_DIM not in self.sent and _BATCH_DIM not in self.off:
                 # an input of the learned rank: its shape remembered, without a call
                 x = args[0] if args else None
