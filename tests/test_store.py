@@ -137,7 +137,7 @@ def test_a_paced_flush_is_one_transaction_that_a_reader_never_sees_half_of(tmp_p
             seen_during.append(db.execute("select count(*) from steps").fetchone()[0])
 
     assert w.flush(pause=pause) == n
-    assert seen_during == [0, 0, 0, 0]  # a chance to pause after each slice, the rows not committed yet
+    assert seen_during == [0, 0, 0, 0]  # a chance to pause before each slice, the rows not committed yet
     w.close()
     with RunReader(tmp_path) as reader:
         rows = list(reader.steps())

@@ -31,7 +31,7 @@ from trainguard.contract import BEAT_FINISHED, BEAT_RUNNING, EVENT_EXPERTS, EVEN
 from trainguard.probe import collectives, devicestats, flightrec, thisprocess
 from trainguard.probe.capturegate import GATE
 from trainguard.probe.fastforward import NO_FAST_FORWARD
-from trainguard.probe.pacing import paced
+from trainguard.probe.pacing import breathe, paced
 from trainguard.probe.phases import Phases
 from trainguard.probe.replay import BatchRing
 from trainguard.probe.samples import MemorySampler
@@ -469,6 +469,8 @@ class StepRecorder:
                 except Exception as exc:
                     self.fail("observer", exc)
         del self._inflight[:done]
+        if not final:
+            breathe(self.ending)  # (the rest is a stretch of its own)
         self._drain_experts(final)
         if self._contracts is not None:
             self._contracts.drain(final)

@@ -177,13 +177,13 @@ class StoreWriter:
             if meta:
                 conn.executemany(_META_SQL, list(meta.items()))
             for sql, rows in ((_STEP_SQL, steps), (_EVENT_SQL, events)):
-                if pause is None or len(rows) <= COMMIT_SLICE:
+                if pause is None:
                     if rows:
                         conn.executemany(sql, rows)
                     continue
                 for i in range(0, len(rows), COMMIT_SLICE):
-                    conn.executemany(sql, rows[i:i + COMMIT_SLICE])
                     pause()
+                    conn.executemany(sql, rows[i:i + COMMIT_SLICE])
             if beat:
                 conn.execute(_BEAT_SQL, beat)
             if place:
