@@ -11,9 +11,10 @@ where a late trigger must not wait for a sample, on every step through a cheap e
 - the optimizer's parameters are scanned whole (`requires_grad`, `.grad`: ~0.4 us a tensor) on the
   first `SCAN_WARMUP` steps, every `stats_every` steps, and on any step where one of a few evenly spaced
   sentinel parameters changed `requires_grad` or has no gradient; otherwise the sentinels alone are read;
-- the gradient of one parameter is followed through every backward pass by one tensor hook, which
-  returns after one attribute read once the window's gradient was seen reset (the usual case past the
-  window's first backward pass); the autocast check, which registers hooks on the largest layers for one
+- the gradient of one parameter is followed from each optimizer step by one tensor hook, taken out of
+  the parameter's hook dictionary as soon as the window's reset is seen (by the forward pre-hook when
+  `zero_grad()` comes before the forward, else by the first backward pass): in the usual loop no call
+  or one from backward a step; the autocast check, which registers hooks on the largest layers for one
   forward, runs on the first three steps and every tenth sample after;
 - most checks read metadata only (`requires_grad`, a gradient's identity and version counter,
   `module.training`, the autocast state, dtypes and shapes): no device work at all;
@@ -342,10 +343,11 @@ class Contracts:
 
     def _watch_grads(self, opt: Any) -> None:
         """Follows the gradient of one parameter, the largest trainable one, through the backward passes
-        between optimizer steps (`_GradWatch`): no device work, one hook call a backward pass, which
-        returns at once once the window's gradient was seen reset (each call takes the interpreter lock
-        back in the middle of a backward pass, on the autograd engine's thread on a GPU). A parameter
-        that backward passes stop reaching (frozen, unused) is exchanged for another (`_rewatch`)."""
+        between optimizer steps (`_GradWatch`): no device work; a tensor hook called by backward passes
+        only until the window's reset is seen, by the forward pre-hook or the first pass (each call takes
+        the interpreter lock back in the middle of a backward pass, on the autograd engine's thread on a
+        GPU). A parameter that backward passes stop reaching (frozen, unused) is exchanged for another
+        (`_rewatch`)."""
         params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
         if params:
             self._watch(max(params, key=lambda p: p.numel()))
