@@ -1,10 +1,13 @@
-"""A value given to `guard.step` and changed in place afterwards is never recorded wrong.
+"""A value given to `guard.step` and changed in place after its step closed is never recorded wrong.
 
 The probe reads a step's values off the training thread, after the step (probe/steps.py: a CPU number
 where it is, a GPU step's values stacked by the background thread). A loop that reuses one tensor, an
 accumulator zeroed and refilled every step, changes a value after giving it: read later, it would say
 the next step's number. Such a step is recorded without its loss instead, said once in guard.log, and the
-values of later steps are read as each step closes. (Its GPU twin is below, skipped without CUDA.)
+values of later steps are read as each step closes. (Its GPU twin is below, skipped without CUDA.) A
+change made before the step closes (between `guard.step` and `optimizer.step`) is read as the step's,
+as it always was. Values that cannot wait are read at once: a tensor made under inference mode (it has no
+version counter) and a whole vector (a per-sample loss, reduced at once rather than held).
 """
 
 from __future__ import annotations
@@ -95,3 +98,32 @@ def test_an_accumulator_reused_in_place_on_a_gpu_is_never_recorded_wrong(tmp_pat
     # the background thread stacks a GPU step's values on the training thread's stream; the version
     # counters are read after that launch, so a change launched before it is seen
     check(*accumulator_loop(tmp_path / "run", device="cuda"))
+
+
+def test_values_without_a_version_counter_or_whole_vectors_are_read_at_once(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    guard = trainguard.watch(model, opt, total_steps=30, run_dir=tmp_path / "run")
+    given = []
+    for _ in range(30):
+        x = torch.randn(16, 8)
+        per_sample = model(x).pow(2).squeeze(1)  # a vector: reduced when its step closes
+        loss = per_sample.mean()
+        loss.backward()
+        with torch.inference_mode():
+            val = model(x).pow(2).mean()  # no version counter
+        guard.step(per_sample)
+        guard.log(val_loss=val)
+        given.append((loss.item(), val.item()))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    guard.finish()
+    with RunReader(guard.run_dir) as reader:
+        rows = list(reader.steps())
+    assert len(rows) == 30, rows
+    for row, (loss, val) in zip(rows, given):
+        assert math.isclose(row["loss"], loss, rel_tol=1e-5), (row, loss)
+    assert any(r["extra"].get("val_loss") is not None for r in rows), rows
+    log = Path(guard.run_dir) / "guard.log"
+    assert not log.exists() or "rror" not in log.read_text(), log.read_text()

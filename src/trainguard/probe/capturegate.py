@@ -41,6 +41,9 @@ class CaptureGate:
 
     def __init__(self) -> None:
         self.capturing = 0  # captures open now (read without a lock on the hot path)
+        # a capture was ever begun in this process: a graph's replays rewrite its outputs without moving their
+        # version counters, so the probe reads a step's values as the step closes (probe/steps.py `_emit`)
+        self.captured = False
         self.lock = threading.Lock()  # held by the background thread around its device work
         self.errors: list[str] = []  # the gate's own troubles, for the probe's log
         self._open: dict[int, int] = {}  # id(graph) -> the thread capturing it
@@ -48,6 +51,7 @@ class CaptureGate:
     def begin(self, graph: Any) -> None:
         """A capture starts: counted in first, then wait for the background thread's device work to end."""
         try:
+            self.captured = True
             self._open[id(graph)] = threading.get_ident()
             self.capturing = len(self._open)
             if self.lock.acquire(timeout=LOCK_WAIT_S):

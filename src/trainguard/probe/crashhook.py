@@ -14,6 +14,7 @@ import traceback
 from typing import Any
 
 from trainguard.contract import EVENT_CRASH
+from trainguard.probe import devicestats
 
 _HOOKED: list[Any] = []  # the guards made in this process, oldest first, until they finish or retire
 
@@ -86,7 +87,7 @@ def record(steps: Any, ending: Any, t0: float, exc_type: type, exc: BaseExceptio
     # them back from a device in an error state can fail.
     steps._writer.add_event(EVENT_CRASH, exc_type.__name__, data, step=steps.step_count)
     steps._writer.flush()
-    if _device_error(exc):
+    if devicestats.is_device_error(exc):
         steps.abandon_device(exc)
     try:
         steps.emit_all()
@@ -96,7 +97,3 @@ def record(steps: Any, ending: Any, t0: float, exc_type: type, exc: BaseExceptio
         steps.fail("crash record (last steps)", exc3)
     ending.crashed(data, frames)
 
-
-def _device_error(exc: BaseException) -> bool:
-    text = f"{type(exc).__name__}: {exc}"
-    return "AcceleratorError" in text or "CUDA error" in text or "device-side assert" in text

@@ -237,21 +237,44 @@ def stage_step(pending: Any, weights: Any, weights_fresh: bool, extra: Any) -> t
 DEFERRED: Any = object()  # a GPU step's values, unstacked: the background thread stacks them (probe/steps.py)
 
 
-def versions(pending: Any, weights: Any, weights_fresh: bool) -> list[int | None]:
+def versions(pending: Any, weights: Any, weights_fresh: bool) -> list[int | None] | None:
     """The version counter of each tensor among a step's values (None for a number), in order: one that
-    moved was changed in place (`add_`, `zero_`, `copy_`) after it was given. ~0.1 us a tensor."""
+    moved was changed in place (`add_`, `zero_`, `copy_`) after it was given. ~0.1 us a tensor.
+
+    None when the step's values are to be read or stacked at once: a tensor of more than one element (a
+    vector of per-sample losses, reduced at once rather than held whole), or one without a version
+    counter (made under `torch.inference_mode()`)."""
     out: list[int | None] = []
     kinds = _KINDS
-    for _, value in pending:
-        for v in (value.values() if type(value) is dict else (value,)):
-            kind = kinds.get(type(v))
-            if kind is None:
-                kind = kinds[type(v)] = is_tensor(v)
-            out.append(v._version if kind else None)
-    if weights and weights_fresh:
-        for v in weights.values():
-            out.append(v._version if is_tensor(v) else None)
+    try:
+        for _, value in pending:
+            for v in (value.values() if type(value) is dict else (value,)):
+                kind = kinds.get(type(v))
+                if kind is None:
+                    kind = kinds[type(v)] = is_tensor(v)
+                if not kind:
+                    out.append(None)
+                elif v.ndim:
+                    return None
+                else:
+                    out.append(v._version)
+        if weights and weights_fresh:
+            for v in weights.values():
+                if not is_tensor(v):
+                    out.append(None)
+                elif v.ndim:
+                    return None
+                else:
+                    out.append(v._version)
+    except RuntimeError:  # "Inference tensors do not track version counter"
+        return None
     return out
+
+
+def is_device_error(exc: BaseException) -> bool:
+    """A sticky device error (a device-side assert, an illegal access): every later call on the device fails."""
+    text = f"{type(exc).__name__}: {exc}"
+    return "AcceleratorError" in text or "CUDA error" in text or "device-side assert" in text
 
 
 @contextlib.contextmanager

@@ -386,7 +386,16 @@ class StepRecorder:
         self.memory.on_step(rec)
         packs: Any = None
         cuda = self._cuda_index is not None
-        if self._stage_here or (cuda and len(self._inflight) >= MAX_DEFERRED_STEPS):
+        versions = None
+        if not (self._stage_here or GATE.captured or (cuda and len(self._inflight) >= MAX_DEFERRED_STEPS)):
+            # The values are read (CPU) or stacked (GPU, on this stream) by the background thread: here only
+            # each one's version counter (~0.1 us), so that a value the loop changes in place after giving
+            # it (an accumulator zeroed for the next window) is seen changed instead of read wrong.
+            versions = devicestats.versions(rec.get("pending", ()), rec.get("weights"), rec.get("weights_fresh", False))
+        if versions is None:
+            # ...unless they cannot wait: a value was seen changed in place, a CUDA graph replays into them
+            # without moving their counters, one has no counter or is a whole vector, or the background
+            # thread is far behind
             pending, weights = rec.pop("pending", ()), rec.pop("weights", None)
             fresh, opt_tensors = rec.pop("weights_fresh", False), rec.pop("opt_tensors", ())
             if cuda:
@@ -395,11 +404,7 @@ class StepRecorder:
                 named, rec["floats"] = devicestats.resolve(pending, weights, fresh, opt_tensors)
                 packs = devicestats.stage(named) if named else []
         else:
-            # The values are read (CPU) or stacked (GPU, on this stream) by the background thread: here only
-            # each one's version counter (~0.1 us), so that a value the loop changes in place after giving
-            # it (an accumulator zeroed for the next window) is seen changed instead of read wrong.
-            rec["versions"] = devicestats.versions(rec.get("pending", ()), rec.get("weights"),
-                                                   rec.get("weights_fresh", False))
+            rec["versions"] = versions
             if cuda:
                 rec["stream"] = devicestats.current_stream(self._cuda_index)
                 packs = devicestats.DEFERRED
@@ -538,6 +543,8 @@ class StepRecorder:
                             self._changed_in_place(rec["step"])
                             packs, rec["floats"] = devicestats.stage_step((), None, False, opt_tensors)
                     except Exception as exc:  # as on the CPU: the row goes without the step's values
+                        if devicestats.is_device_error(exc):
+                            raise  # a sticky device error: every copy in flight is abandoned, once (`_drain_locked`)
                         self.fail("step values", exc)
                         packs, rec["floats"] = [], {}
                     snapshot[i] = self._inflight[i] = (rec, packs)
