@@ -25,14 +25,19 @@ from trainguard.store.reader import RunReader
 LINE = "changed in place"
 
 
+def linear_run(run_dir: Path, steps: int, device: str = "cpu"):
+    """A one-layer model, its optimizer and a guard watching them."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    return model, opt, trainguard.watch(model, opt, total_steps=steps, run_dir=run_dir)
+
+
 def accumulator_loop(run_dir: Path, device: str = "cpu", steps: int = 30, settle_after: int = 5):
     """One accumulator tensor, zeroed and refilled in place at every step and given to guard.step; returns
     the guard and the number each step gave. After `settle_after` steps it waits (at most 20 s) until the
     background thread has read them and seen the change."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 1).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    guard = trainguard.watch(model, opt, total_steps=steps, run_dir=run_dir)
+    model, opt, guard = linear_run(run_dir, steps, device)
     acc = torch.zeros((), device=device)
     given = []
     for i in range(steps):
@@ -72,10 +77,7 @@ def test_an_accumulator_reused_in_place_is_never_recorded_wrong(tmp_path: Path) 
 
 
 def test_values_left_alone_are_read_after_the_step_as_before(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    guard = trainguard.watch(model, opt, total_steps=20, run_dir=tmp_path / "run")
+    model, opt, guard = linear_run(tmp_path / "run", 20)
     given = []
     for _ in range(20):
         loss = model(torch.randn(16, 8)).pow(2).mean()
@@ -101,10 +103,7 @@ def test_an_accumulator_reused_in_place_on_a_gpu_is_never_recorded_wrong(tmp_pat
 
 
 def test_values_without_a_version_counter_or_whole_vectors_are_read_at_once(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    guard = trainguard.watch(model, opt, total_steps=30, run_dir=tmp_path / "run")
+    model, opt, guard = linear_run(tmp_path / "run", 30)
     given = []
     for _ in range(30):
         x = torch.randn(16, 8)
