@@ -40,6 +40,10 @@ def accumulator_loop(run_dir: Path, device: str = "cpu", steps: int = 30, settle
     model, opt, guard = linear_run(run_dir, steps, device)
     acc = torch.zeros((), device=device)
     given = []
+    # The background thread is kept from reading the first steps until the loop has zeroed and refilled
+    # the accumulator past them: otherwise, on a loaded machine, it may read each step before the next
+    # zero_() and see no change at all (the change must come before the read, not race it).
+    guard._drain_lock.acquire()
     for i in range(steps):
         loss = model(torch.randn(16, 8, device=device)).pow(2).mean()
         loss.backward()
@@ -50,6 +54,7 @@ def accumulator_loop(run_dir: Path, device: str = "cpu", steps: int = 30, settle
         opt.step()
         opt.zero_grad(set_to_none=True)
         if i + 1 == settle_after:
+            guard._drain_lock.release()
             log = Path(guard.run_dir) / "guard.log"
             deadline = time.time() + 20
             while time.time() < deadline and not (log.exists() and LINE in log.read_text()):

@@ -10,6 +10,8 @@ improving, which is how the seed's run went on for hours.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 import trainguard
@@ -35,6 +37,9 @@ for micro in range(steps * grad_accum):
     if (micro + 1) % grad_accum == 0:
         optimizer.step()
         optimizer.zero_grad()
+        # A real run's step takes a while; this toy's takes a millisecond, and its 120 steps would be over
+        # before the watchdog (polling every half second, later on a loaded machine) could stop it.
+        time.sleep(0.08)
     scheduler.step()  # the bug: once per micro-batch, while the schedule counts optimizer steps
     if guard.due("eval", every=20):
         with torch.no_grad():
