@@ -839,6 +839,7 @@ class Contracts:
             if out is not None and out.requires_grad and (out.dim() == 1 or out.dim() == 2 and out.shape[1] == 1):
                 # kept for this micro-batch's `guard.step` (which counts it as micro + 1)
                 self.last_output, self.last_output_step = out.detach(), g.micro + 1
+                g._output_kept = True  # (guard.step asks this one attribute, not the checks, every micro-batch)
         if g.fast_forward.active and not module.training and self.det_checks < 2 and EvalNotDeterministic.name not in self.off:
             if not self.grad_enabled():
                 self.det_checks += 1
@@ -869,9 +870,13 @@ class Contracts:
         if GATE.capturing:
             return  # (its pinned copy would invalidate a CUDA graph capture: probe/capturegate.py)
         if out is None or self.last_output_step != micro or self.loss_step == micro:
+            if out is None or self.last_output_step < micro:  # (kept for a micro-batch that passed)
+                self.last_output = None
+                self.guard._output_kept = False
             return
         self.loss_step = micro
         self.last_output = None
+        self.guard._output_kept = False
         step = self.guard.step_count
         if LossBroadcastsBatch.name in self.off or LossBroadcastsBatch.name in self.sent:
             return

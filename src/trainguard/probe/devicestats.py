@@ -1,15 +1,13 @@
 """Getting numbers off the device without making the training thread wait for them.
 
-The training thread only keeps references (`guard.step` appends the loss and its parts as given) and, once
-per optimizer step, their version counters (`versions`) and its current stream. The background thread
-stacks each step's scalars into one small device vector on that stream (`stage_step`: one launch, after
-everything that made them), reads the counters again (a value changed in place since is dropped, never
-read wrong), copies the vectors of several steps at once into pinned host memory (`copy_staged`: one
-concatenation, one non-blocking copy, one event, on that same stream), later asks the event whether the
-copy is done (`query()` never blocks) and only then reads the values. So the hot path never synchronises
-host and device; this is the whole trick, and why a per-step `loss.item()` (7.7% on an H200
-GPT-2-sized step) is never called here. On the CPU there is nothing to copy: the background thread
-reads the values where they are.
+The training thread keeps references to what the loop gives (`guard.step` appends the loss and its parts
+as given) and, once per optimizer step, as the step is emitted, reads the CPU numbers (`resolve`: nothing to
+wait for) or stacks a GPU step's scalars into one small device vector on its current stream (`stage_step`:
+one launch, under no_grad, after everything that made them). The background thread copies the vectors of
+several steps at once into pinned host memory (`copy_staged`: one concatenation, one non-blocking copy, one
+event, on that same stream), later asks the event whether the copy is done (`query()` never blocks) and only
+then reads the values. So the hot path never synchronises host and device; this is the whole trick, and
+why a per-step `loss.item()` (7.7% on an H200 GPT-2-sized step) is never called here.
 """
 
 from __future__ import annotations
@@ -59,42 +57,62 @@ def is_tensor(value: Any) -> bool:
 
 def resolve(pending: Any, weights: Any = None, weights_fresh: bool = False, extra: Any = ()
             ) -> tuple[list[tuple[str, Any]], dict[str, list[float]]]:
-    """The values a step's calls gave, as named 0-d float32 tensors (detached) and named host numbers.
+    """The values a step's calls gave, as named host numbers and named 0-d float32 tensors (detached).
 
     `pending` holds (name, value) pairs, or (prefix, {key: value}) for a dict of parts or logged values;
     `weights` the last weights given (their numbers always, their tensors only when given during this
     step, `weights_fresh`); `extra` more (name, tensor) pairs (the optimizer's). A name repeats when
-    several micro-batches gave it. A 0-d CPU tensor is read here (nothing to wait for)."""
+    several micro-batches gave it. A 0-d CPU tensor is read here (nothing to wait for): once per optimizer
+    step on the training thread in a CPU run, so the loop is written out (a dozen values, no call each)."""
     named: list[tuple[str, Any]] = []
     floats: dict[str, list[float]] = {}
-    for name, value in pending:
-        if type(value) is dict:
-            for key, v in value.items():
-                _one(name + key, v, named, floats)
-        else:
-            _one(name, value, named, floats)
+    kinds = _KINDS
+    for prefix, value in pending:
+        for key, v in (value.items() if type(value) is dict else ((None, value),)):
+            kind = kinds.get(type(v))
+            if kind is None:
+                kind = kinds[type(v)] = is_tensor(v)
+            name = prefix if key is None else prefix + key
+            if not kind:
+                number = float(v)
+            elif v.is_cpu and v.dim() == 0:
+                number = v.item()  # a CPU number: read where it is (no detach: item reads it)
+            else:
+                named.append((name, as_scalar(v)))
+                continue
+            got = floats.get(name)
+            if got is None:
+                floats[name] = [number]
+            else:
+                got.append(number)
     if weights:
         for key, v in weights.items():
-            if weights_fresh or not is_tensor(v):
-                _one("weight:" + key, v, named, floats)
-    for name, value in extra:
-        _one(name, value, named, floats)
+            kind = kinds.get(type(v))
+            if kind is None:
+                kind = kinds[type(v)] = is_tensor(v)
+            if not kind:
+                floats["weight:" + key] = [float(v)]  # (a name once: the last call's weights are the step's)
+            elif weights_fresh:
+                _read("weight:" + key, v, named, floats)
+    for name, v in extra:
+        _read(name, v, named, floats)
     return named, floats
 
 
-_KINDS: dict[type, bool] = {}  # type -> is it a tensor (asked once per type)
-
-
-def _one(name: str, value: Any, named: list[tuple[str, Any]], floats: dict[str, list[float]]) -> None:
-    kind = _KINDS.get(type(value))
+def _read(name: str, v: Any, named: list[tuple[str, Any]], floats: dict[str, list[float]]) -> None:
+    """One value of `resolve` outside its loop (weights, the optimizer's tensors: a few a step)."""
+    kind = _KINDS.get(type(v))
     if kind is None:
-        kind = _KINDS[type(value)] = is_tensor(value)
+        kind = _KINDS[type(v)] = is_tensor(v)
     if not kind:
-        floats.setdefault(name, []).append(float(value))
-    elif value.is_cpu and value.dim() == 0:
-        floats.setdefault(name, []).append(value.item())  # a CPU number: read where it is (no detach: item reads it)
+        floats.setdefault(name, []).append(float(v))
+    elif v.is_cpu and v.dim() == 0:
+        floats.setdefault(name, []).append(v.item())
     else:
-        named.append((name, as_scalar(value)))
+        named.append((name, as_scalar(v)))
+
+
+_KINDS: dict[type, bool] = {}  # type -> is it a tensor (asked once per type)
 
 
 def snapshot_scalar(tensor: Any) -> Any:
@@ -232,43 +250,6 @@ def stage_step(pending: Any, weights: Any, weights_fresh: bool, extra: Any) -> t
     for name, vs in more.items():
         floats.setdefault(name, []).extend(vs)
     return stage(named) if named else [], floats
-
-
-DEFERRED: Any = object()  # a GPU step's values, unstacked: the background thread stacks them (probe/steps.py)
-
-
-def versions(pending: Any, weights: Any, weights_fresh: bool) -> list[int | None] | None:
-    """The version counter of each tensor among a step's values (None for a number), in order: one that
-    moved was changed in place (`add_`, `zero_`, `copy_`) after it was given. ~0.1 us a tensor.
-
-    None when the step's values are to be read or stacked at once: a tensor of more than one element (a
-    vector of per-sample losses, reduced at once rather than held whole), or one without a version
-    counter (made under `torch.inference_mode()`)."""
-    out: list[int | None] = []
-    kinds = _KINDS
-    try:
-        for _, value in pending:
-            for v in (value.values() if type(value) is dict else (value,)):
-                kind = kinds.get(type(v))
-                if kind is None:
-                    kind = kinds[type(v)] = is_tensor(v)
-                if not kind:
-                    out.append(None)
-                elif v.ndim:
-                    return None
-                else:
-                    out.append(v._version)
-        if weights and weights_fresh:
-            for v in weights.values():
-                if not is_tensor(v):
-                    out.append(None)
-                elif v.ndim:
-                    return None
-                else:
-                    out.append(v._version)
-    except RuntimeError:  # "Inference tensors do not track version counter"
-        return None
-    return out
 
 
 def is_device_error(exc: BaseException) -> bool:

@@ -33,8 +33,13 @@ def compile_checks() -> tuple[Callable[[], bool], Callable[[], Any]] | None:
     try:
         from torch._C._dynamo.eval_frame import get_eval_frame_callback
     except Exception:
-        return tracing, lambda: True
+        return tracing, always_compiled
     return tracing, get_eval_frame_callback
+
+
+def always_compiled() -> bool:
+    """The frame callback's stand-in where torch has no getter for it: every call taken as compiled."""
+    return True
 
 
 def eager_hook(fn: Callable[..., None]) -> Callable[..., None]:

@@ -66,7 +66,7 @@ class Guard(Probe):
         if self._contracts is not None and not self._disabled:
             self._contracts.loader(iterable)  # fingerprints DataLoader workers' generators (fail-open)
         iterator = iter(self.fast_forward.batches(iterable))
-        perf_counter, wall_clock, keep = time.perf_counter, time.time, self._ring.keep
+        perf_counter, keep = time.perf_counter, self._ring.keep
         # A loader whose batches are never kept (they come on the device, or larger than the ring) is not
         # asked again after a few: two calls a micro-batch saved where the loop is launch-bound
         not_kept = 0
@@ -78,7 +78,7 @@ class Guard(Probe):
                 return
             if not self._disabled:
                 self._data_wait += perf_counter() - t0
-                self._t_progress = wall_clock()
+                self._ticks += 1  # a batch is progress (counted: probe/steps.py says why not a clock read)
                 if not_kept < NOT_KEPT_IN_A_ROW:
                     try:
                         not_kept = 0 if keep(self.micro + 1, item) else not_kept + 1  # (for the next guard.step)

@@ -10,14 +10,13 @@ step's optimizer half (probe/steps.py). All values stay on the device. The autom
 
 from __future__ import annotations
 
-import time
 import weakref
 from typing import Any
 
 from trainguard.contract import EVENT_PARAMS_NOT_IN_OPTIMIZER
 from trainguard.probe import devicestats, planinfo, thisprocess
 from trainguard.probe.capturegate import GATE
-from trainguard.probe.eager import compile_checks, eager_hook
+from trainguard.probe.eager import always_compiled, compile_checks, eager_hook
 from trainguard.probe.steps import StepRecorder, is_tensor
 
 
@@ -33,6 +32,16 @@ class OptimizerHooks:
         self._update_sample: list[Any] | None = None
         self._sampler = ParamSample()
         self.marker: ForwardMarker | None = None  # the forward mark on the model, when registered with kwargs
+        # torch.compile's two tests, asked first in each optimizer hook, and the hooks through
+        # `torch.compiler.disable` for when one is true (probe/eager.py)
+        self._checks = compile_checks()
+        self._off_compile: tuple[Any, Any] = (self.pre, self.post)
+        if self._checks is not None and self._checks[1] is always_compiled:
+            self._checks = None  # (no getter for the callback: the hooks are registered through eager_hook)
+        elif self._checks is not None:
+            import torch
+
+            self._off_compile = (torch.compiler.disable(self.pre), torch.compiler.disable(self.post))
 
     def __deepcopy__(self, memo: dict) -> OptimizerHooks:
         return self  # an optimizer copied with its hooks shares them, as it shares the guard (probe/guard.py)
@@ -64,8 +73,8 @@ class OptimizerHooks:
         if optimizer is None:
             return
         try:
-            self.handles = [optimizer.register_step_pre_hook(eager_hook(self.pre)),
-                            optimizer.register_step_post_hook(eager_hook(self.post))]
+            pre, post = (self.pre, self.post) if self._checks is not None else (eager_hook(self.pre), eager_hook(self.post))
+            self.handles = [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
         except AttributeError:
             s._selflog.write("optimizer has no step hooks (torch < 2.0?): optimizer steps counted from guard.step")
             s.optimizer = None
@@ -84,6 +93,11 @@ class OptimizerHooks:
             handle.remove()
 
     def pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        checks = self._checks
+        if checks is not None and (checks[0]() or checks[1]() is not None):
+            # under torch.compile: this same method again, through `torch.compiler.disable` (probe/eager.py
+            # says why). Eagerly the tests are all it costs: no wrapper's frame.
+            return self._compiled(0, optimizer, args, kwargs)
         s = self.steps
         if s._disabled or thisprocess.pid != s._pid or GATE.capturing and GATE.here():
             return  # (a step captured into a CUDA graph is recorded, not taken; its replays run no hook)
@@ -125,6 +139,9 @@ class OptimizerHooks:
                 s.fail("contract checks", exc)
 
     def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        checks = self._checks
+        if checks is not None and (checks[0]() or checks[1]() is not None):
+            return self._compiled(1, optimizer, args, kwargs)  # (as in `pre`)
         s = self.steps
         if thisprocess.pid != s._pid or GATE.capturing and GATE.here():
             return
@@ -153,6 +170,15 @@ class OptimizerHooks:
         if not s._uses_step and s.fast_forward.active:
             s.fast_forward.after_step()  # a loop without guard.step is stopped here (preflight only)
 
+    def _compiled(self, which: int, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """A hook called under torch.compile: called again through `torch.compiler.disable`, its tests
+        switched off meanwhile (they could stay true there, under torch.export's flag: no recursion)."""
+        checks, self._checks = self._checks, None
+        try:
+            self._off_compile[which](optimizer, args, kwargs)
+        finally:
+            self._checks = checks
+
     def _grad_stats(self, optimizer: Any, rec: dict[str, Any]) -> None:
         import torch
 
@@ -179,7 +205,7 @@ class OptimizerHooks:
 
 class ForwardMarker:
     """A forward hook on the watched model's top module: every forward is progress for the watchdog (an
-    evaluation over the same model included), at the cost of one clock read. It holds the recorder weakly,
+    evaluation over the same model included), at the cost of a counter. It holds the recorder weakly,
     and is kept out of `torch.compile` graphs (a clock read traced into a graph would be a constant).
 
     An object, not a closure, so that a model saved with its hooks pickles (as an inert `Detached`) and a
@@ -205,7 +231,7 @@ class ForwardMarker:
     def _mark_now(self) -> None:
         s = self._ref()
         if s is not None:
-            s._t_progress = time.time()
+            s._ticks += 1
 
     def __call__(self, module: Any, args: Any, *rest: Any) -> None:
         # (module, args, kwargs, output) as registered with kwargs, else (module, args, output)
@@ -213,7 +239,7 @@ class ForwardMarker:
         if checks is not None and not (checks[0]() or checks[1]() is not None):
             s = self._ref()  # eager: `_mark_now` written out (the plain call is the same as the disabled one)
             if s is not None:
-                s._t_progress = time.time()
+                s._ticks += 1  # (progress counted: probe/steps.py says why not a clock read)
         else:
             self._mark()
         contracts = self.contracts

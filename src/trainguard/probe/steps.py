@@ -2,13 +2,13 @@
 
 A step's record is filled from two sides: `step()` (the loss side: each micro-batch's loss, parts and
 weights, the data wait) and the optimizer hooks (probe/opthooks.py: LR, gradient norm, update ratio, loss
-scale). `step()` keeps references to what it is given (a list append, a clock read, a set lookup per
-value's type) and nothing else. When both halves are in, or the other half is clearly never coming, the
-record is queued with its values' version counters and, on a GPU, the training thread's stream. The
-background thread (probe/flusher.py) calls `drain()`: it reads the values of CPU runs, stacks each GPU
-step's values into one vector on the stream they were made on (`devicestats.stage_step`) and copies the
-vectors of several steps to the host at once (`devicestats.copy_staged`), checks that no value changed in
-place since it was given, and turns the finished copies into step rows for the store.
+scale). `step()` keeps references to what it is given (a list append, a set lookup per value's type, a
+counter) and nothing else: no clock read, no call into torch. When both halves are in, or the other half is
+clearly never coming, the step is emitted on the training thread (`_emit`): its CPU numbers read, or its
+GPU values stacked into one vector on the stream they were made on (`devicestats.stage_step`, one launch),
+and the loop's references dropped. The background thread (probe/flusher.py) calls `drain()`: it copies the
+stacked vectors of several steps to the host at once (`devicestats.copy_staged`), waits for no copy, and
+turns the finished ones into step rows for the store.
 
 `Guard` is a StepRecorder: the hot path (`step`, `log`) is this class's own code, reached by the
 training loop without a delegating call. Nothing here reads a number back from the device; counting goes
@@ -39,9 +39,6 @@ from trainguard.probe.schedclock import SchedClock
 from trainguard.store.selflog import GuardLog
 from trainguard.store.writer import StoreWriter
 
-# GPU steps whose values wait, unstacked, for the background thread (each holds a dozen small device tensors);
-# past this many (a loop of thousands of steps a second, a background thread held up) steps are stacked as they close
-MAX_DEFERRED_STEPS = 256
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
 BEAT_REFRESH = 5.0  # seconds: an unchanged heartbeat is written again after this long (its t_flush)
 
@@ -78,20 +75,27 @@ class StepRecorder:
         self._pending: list[tuple[str, Any]] = []
         self._weights: dict[str, Any] = {}  # the last weights given (numbers or tensors)
         self._weights_fresh = False  # given during the current step (tensor weights are recorded only then)
-        self._value_types: set[type] = set()
+        self._value_types: set[type] = set()  # types seen among the values given, tensors or numbers
+        self._tensor_types: set[type] = set()  # ... those of them that are tensors
         self._data_wait = 0.0
         self._t_last_close: float | None = None
         self._sched = SchedClock()  # the training thread's CPU time and run-queue wait, every 8th step
+        # Progress. The hot calls (`step`, each batch, each forward, each optimizer step) count it in
+        # `_ticks` rather than read a clock (a clock read costs ~2 us in a real loop's cold cache, and there
+        # are a dozen of them a step); the background thread turns a count that moved into the time of its
+        # pass (at most a flush interval late: a stall then looks shorter, never longer). Rare calls (phases,
+        # evaluations, checkpoints) set `_t_progress` themselves.
+        self._ticks = 0
+        self._ticks_seen = 0
         self._t_progress: float | None = None
         self._last_beat: tuple[Any, ...] | None = None  # the heartbeat last queued (without its flush time), and when
         self._last_beat_t = 0.0
         self.phases = Phases()
         self._device_broken = False
-        # steps' values read (CPU) or stacked (GPU) as each step closes (`_emit`), not by the background thread:
-        # once a value was seen changed in place after it was given
-        self._stage_here = False
         self.update_snapshot: Any = None  # the optimizer hooks' parameter sample before an update (device)
         self._cuda_index: int | None = None
+        self._device_looked = False  # the first closed step's loss was asked where it lives
+        self._output_kept = False  # the contract checks hold a sampled forward's output for this micro-batch's loss
         self._errors = 0
         self._disabled = False
         self._step_thread: int | None = None  # the training thread: the first to call `step`
@@ -132,6 +136,15 @@ class StepRecorder:
     def mark_progress(self) -> None:
         self._t_progress = time.time()
 
+    def progress_time(self) -> float | None:
+        """The time of the last progress: the rare calls' own times, or this pass's if the count moved
+        (background thread)."""
+        ticks = self._ticks
+        if ticks != self._ticks_seen:
+            self._ticks_seen = ticks
+            self._t_progress = max(self._t_progress or 0.0, time.time())
+        return self._t_progress
+
     # -- the hot path ------------------------------------------------------------------------------
 
     def step(self, loss: Any, parts: dict[str, Any] | None = None, weights: dict[str, float] | None = None) -> None:
@@ -140,71 +153,71 @@ class StepRecorder:
         `loss` is the total loss (tensor or float); `parts` are its named components, `weights` the
         (scheduled) weight each part carries in the total. Nothing is read back from the device here.
         """
+        # Every line here runs in a cache the model's forward and backward just emptied: each attribute
+        # touched costs, so the checks are few and the work (the values' reading, the step's record) waits
+        # for the step's close, the optimizer's hooks or the background thread (issue 21).
         if thisprocess.pid != self._pid:
-            return
+            return  # a forked child (a DataLoader worker running the loop's code) counts nothing
         if get_ident() != self._step_thread and not self._claim_thread():
             return
         if GATE.capturing and GATE.here():
             return self._in_capture("guard.step")
         # Counting goes on even when the guard switched itself off: the loop's `due()` depends on it.
         self.micro = micro = self.micro + 1
-        closes = micro % self.grad_accum == 0
+        closes = not micro % self.grad_accum
         if closes:
             self._loss_steps += 1
         if self._disabled:
             return
         try:
-            # The hot path keeps references only: which values are tensors, their detaching and packing
-            # happen once per optimizer step (`_emit`) or on the background thread (`drain`).
-            now = time.time()
-            self._t_progress = now
+            self._ticks += 1
             self._uses_step = True
-            ok = self._value_types  # types seen to be tensors or numbers: a set lookup per value, not a check
-            if type(loss) not in ok:
-                self._check_value(loss)
-            pending = self._pending
+            known = self._value_types  # types seen to be tensors or numbers: a set lookup, not a check
+            tensor = self._tensor_types
+            if type(loss) not in known:
+                self._kind_of(loss)
             # Detached (~1 us): a reference to the loss itself would keep the micro-batch's autograd graph
-            # alive until the step is resolved, and free it inside the guard's call (or on its background
-            # thread, holding the interpreter lock) instead of in the loop, where it is freed unguarded.
-            pending.append(("loss", loss.detach() if getattr(loss, "requires_grad", False) else loss))
-            if self._cuda_index is None and getattr(loss, "is_cuda", False):
-                # the device this process trains on: its steps are stacked on it (`_emit`), and the memory
-                # samples of the background thread (whose own "current device" is always 0) read it
-                self._cuda_index = self.memory.cuda_index = loss.device.index
-            contracts = self._contracts
-            if contracts is not None and contracts.last_output is not None:
-                contracts.on_loss(loss)  # (only a sampled forward keeps an output for the loss check)
+            # alive until the step is emitted, and free it inside the guard's call instead of in the loop,
+            # where it is freed unguarded (~30 us a micro-batch of a small transformer's graph). The values
+            # are read (CPU) or stacked (GPU) once, as the step is emitted (`_emit`).
+            self._pending.append(("loss", loss.detach() if type(loss) in tensor else loss))
+            if self._output_kept:
+                self._contracts.on_loss(loss)  # (only a sampled forward keeps an output for the loss check)
             if parts:
-                if not ok.issuperset(map(type, parts.values())):  # (every value's type known: one C call)
+                if not known.issuperset(map(type, parts.values())):  # (every value's type known: one C call)
                     for value in parts.values():
-                        if type(value) not in ok:
-                            self._check_value(value)
-                # a copy (a loop may refill one dict every call), its tensors detached as the loss is
-                pending.append(("part:", {k: v.detach() if getattr(v, "requires_grad", False) else v
-                                          for k, v in parts.items()}))
+                        if type(value) not in known:
+                            self._kind_of(value)
+                kept = {}  # a copy (a loop may refill one dict every call), its tensors detached as the loss is
+                for key, value in parts.items():
+                    kept[key] = value.detach() if type(value) in tensor else value
+                self._pending.append(("part:", kept))
             if weights:
-                if not ok.issuperset(map(type, weights.values())):
+                if not known.issuperset(map(type, weights.values())):
                     for value in weights.values():
-                        if type(value) not in ok:
-                            self._check_value(value)
+                        if type(value) not in known:
+                            self._kind_of(value)
                 # the last call's weights are the step's; a weight given as a tensor goes through the device
                 # copy like a part (float(tensor) would sync)
                 self._weights = dict(weights)
                 self._weights_fresh = True
             if closes:
-                self._close_loss_side(self._loss_steps, now)
+                self._close_loss_side(self._loss_steps)
         except Exception as exc:  # the guard never becomes the failure
             self.fail("step", exc)
         if closes and self.fast_forward.active:
             self.fast_forward.after_step()  # may end the script (preflight only, on purpose)
 
-    def _check_value(self, value: Any) -> None:
+    def _kind_of(self, value: Any) -> None:
         """A value of a type not seen before: a tensor or a number is fine (and its type remembered);
         anything else raises here, on the call that gave it, as `float(value)` does."""
-        if is_tensor(value) or isinstance(value, numbers.Real):
+        if is_tensor(value):
+            self._tensor_types.add(type(value))
+            self._value_types.add(type(value))
+        elif isinstance(value, numbers.Real):
             self._value_types.add(type(value))
         else:
-            float(value)  # a numeric string is taken (as before); "abc" or an object raises
+            float(value)  # a numeric string is taken (as before, and read later); "abc" or an object raises
 
     def _claim_thread(self) -> bool:
         """`step` from a thread that is not the training thread: the first thread to call it owns the guard.
@@ -253,7 +266,7 @@ class StepRecorder:
             self._records.clear()
             self._pending = []
             self._t_last_close = None
-            self._t_progress = time.time()
+            self._ticks += 1
             if not self._disabled:
                 self._writer.add_event(EVENT_PROBE, "set_step", {"step": step}, step=step)
         except Exception as exc:
@@ -269,7 +282,7 @@ class StepRecorder:
         try:
             for value in values.values():
                 if type(value) not in self._value_types:
-                    self._check_value(value)
+                    self._kind_of(value)
             self._pending.append(("x:", dict(values)))
         except Exception as exc:
             self.fail("log", exc)
@@ -308,7 +321,11 @@ class StepRecorder:
         """One named value (a tensor or a number) for the step being accumulated."""
         self._pending.append((name, value))
 
-    def _close_loss_side(self, step: int, now: float) -> None:
+    def _close_loss_side(self, step: int, now: float | None = None) -> None:
+        if now is None:
+            now = time.time()
+        if not self._device_looked:
+            self._look_for_device()
         last = self._t_last_close
         side = {"t": now, "micro": self.micro, "pending": self._pending, "weights": self._weights,
                 "weights_fresh": self._weights_fresh, "data_wait": self._data_wait,
@@ -333,6 +350,18 @@ class StepRecorder:
         self._t_last_close = now
         self._maybe_emit(step)
 
+    def _look_for_device(self) -> None:
+        """Once, at the first closed step: the device the loss lives on. Its steps are stacked on it
+        (`_emit`), and the memory samples of the background thread (whose own "current device" is always 0)
+        read it."""
+        self._device_looked = True
+        if self._cuda_index is not None:
+            return
+        for name, value in self._pending:
+            if name == "loss" and getattr(value, "is_cuda", False):
+                self._cuda_index = self.memory.cuda_index = value.device.index
+                return
+
     # -- the optimizer's side (called by probe/opthooks.py) ----------------------------------------------
 
     def opt_record(self, step: int) -> dict[str, Any]:
@@ -344,7 +373,7 @@ class StepRecorder:
 
     def opt_step_done(self, update_ratio: Any = None) -> None:
         """The optimizer stepped (its post-hook): the step's optimizer half is in."""
-        self._t_progress = time.time()
+        self._ticks += 1
         step = self.opt_steps
         rec = self._records.get(step)
         if rec is None:
@@ -378,36 +407,36 @@ class StepRecorder:
                 self._emit(rec)
 
     def _emit(self, rec: dict[str, Any]) -> None:
-        """The step is complete: its values go to the background thread, which reads them (CPU) or stacks
-        them on this thread's stream and copies them to the host (GPU). The stack used to be launched here,
-        ~a third of the probe's time on this thread in a launch-bound loop (issue 21). Read or stacked here
-        only once a value was seen changed in place after it was given, or when the background thread is
-        far behind."""
-        self.memory.on_step(rec)
-        packs: Any = None
-        cuda = self._cuda_index is not None
-        versions = None
-        if not (self._stage_here or GATE.captured or (cuda and len(self._inflight) >= MAX_DEFERRED_STEPS)):
-            # The values are read (CPU) or stacked (GPU, on this stream) by the background thread: here only
-            # each one's version counter (~0.1 us), so that a value the loop changes in place after giving
-            # it (an accumulator zeroed for the next window) is seen changed instead of read wrong.
-            versions = devicestats.versions(rec.get("pending", ()), rec.get("weights"), rec.get("weights_fresh", False))
-        if versions is None:
-            # ...unless they cannot wait: a value was seen changed in place, a CUDA graph replays into them
-            # without moving their counters, one has no counter or is a whole vector, or the background
-            # thread is far behind
-            pending, weights = rec.pop("pending", ()), rec.pop("weights", None)
-            fresh, opt_tensors = rec.pop("weights_fresh", False), rec.pop("opt_tensors", ())
-            if cuda:
+        """The step is complete (its loss side closed and its optimizer side in): its values are read
+        (numbers on the CPU, nothing to wait for) or stacked into one vector on this thread's stream (GPU:
+        one launch, under no_grad), and the references the loop gave are dropped. The background thread
+        copies the stacked vectors of several steps to the host at once and turns them into rows.
+
+        Why here and not on the background thread, as before (issue 21): there, a value the loop changed in
+        place after giving it (an accumulator zeroed for the next window) would be read wrong, so every
+        value was detached as it was given and its version counter read here, to be compared there: a call
+        into torch for each value on the hot path, where the first costs several microseconds of cold cache.
+        Reading or stacking once here costs less than that, and what is read is the step's own number."""
+        step = rec["step"]
+        memory = self.memory
+        if step >= memory.next_step:  # (a memory sample is due every few steps: asked here, without a call)
+            memory.on_step(rec)
+        pending, weights = rec.pop("pending", ()), rec.pop("weights", None)
+        fresh, opt_tensors = rec.pop("weights_fresh", False), rec.pop("opt_tensors", ())
+        if self._device_broken:
+            return
+        try:
+            if self._cuda_index is not None:
                 packs, rec["floats"] = devicestats.stage_step(pending, weights, fresh, opt_tensors)
-            else:  # read now: a CPU number costs ~1 us to read, and nothing waits
+            else:
                 named, rec["floats"] = devicestats.resolve(pending, weights, fresh, opt_tensors)
-                packs = devicestats.stage(named) if named else []
-        else:
-            rec["versions"] = versions
-            if cuda:
-                rec["stream"] = devicestats.current_stream(self._cuda_index)
-                packs = devicestats.DEFERRED
+                packs = devicestats.stage(named) if named else []  # (tensors of another device: read off this thread)
+        except Exception as exc:
+            if devicestats.is_device_error(exc):
+                self.abandon_device(exc)  # a sticky device error: every later launch fails too (once, said)
+                return
+            self.fail("step values", exc)  # a value that is no number: the row goes without the step's values
+            packs, rec["floats"] = [], {}
         self._inflight.append((rec, packs))
 
     def emit_all(self) -> None:
@@ -485,7 +514,7 @@ class StepRecorder:
         asked = flightrec.asked(self.run_dir)  # a stall: the watchdog asks what the flight recorder knows
         if asked is not None:
             self._writer.set_meta(f"flightrec.{self.rank}", flightrec.answer(asked, step=self.step_count + 1))
-        beat = (self._t_progress, self.micro, self.step_count, self.phases.current,
+        beat = (self.progress_time(), self.micro, self.step_count, self.phases.current,
                 BEAT_FINISHED if self.finished else BEAT_RUNNING)
         now = time.time()
         if beat != self._last_beat or now - self._last_beat_t >= BEAT_REFRESH:
@@ -497,74 +526,19 @@ class StepRecorder:
             self._writer.set_heartbeat(t_progress=t_progress, micro=micro, step=step, phase=phase, state=state)
 
     def _prepare(self, snapshot: list[tuple[dict[str, Any], Any]], final: bool = False) -> None:
-        """Background thread: the values of steps handed over since the last pass become DevicePacks.
-
-        A step kept as references (`packs` None: no GPU) is resolved here, its CPU tensors read where they
-        are; steps stacked on a GPU (`Staged`) are copied to the host together, one copy per device and
-        stream. Entries are replaced in place: the training thread only appends to `_inflight`."""
+        """Background thread: the vectors stacked on a GPU (`Staged`) by steps handed over since the last
+        pass are copied to the host together, one copy per device and stream. Entries are replaced in place:
+        the training thread only appends to `_inflight`."""
         staged: list[tuple[int, int]] = []  # (entry, position in its packs) of each Staged
         vectors: list[devicestats.Staged] = []
-        deferred: dict[Any, list[int]] = {}  # GPU steps left for this thread to stack, by stream
-        # paced, as the stacking below: a CPU run's half second of steps is ~1,000 values read one by one
-        # (probe/pacing.py)
-        for i, (rec, packs) in paced(enumerate(snapshot), enabled=not final, stop=self.ending):
-            if packs is devicestats.DEFERRED:
-                deferred.setdefault(rec.pop("stream"), []).append(i)
-                continue
-            if packs is None:
-                pending, weights = rec.pop("pending", ()), rec.pop("weights", None)
-                fresh, opt_tensors = rec.pop("weights_fresh", False), rec.pop("opt_tensors", ())
-                try:
-                    named, floats = devicestats.resolve(pending, weights, fresh, opt_tensors)
-                    # read after the values: a change made before they were read moved the counter by now
-                    if "versions" in rec and devicestats.versions(pending, weights, fresh) != rec.pop("versions"):
-                        self._changed_in_place(rec["step"])
-                        named, floats = devicestats.resolve((), None, False, opt_tensors)
-                    packs = devicestats.stage(named) if named else []
-                except Exception as exc:  # a value that is no number: the row goes without the step's values
-                    self.fail("step values", exc)
-                    packs, floats = [], {}
-                rec["floats"] = floats
-                snapshot[i] = self._inflight[i] = (rec, packs)
+        for i, (_, packs) in enumerate(snapshot):
             for j, p in enumerate(packs):
                 if isinstance(p, devicestats.Staged):
                     staged.append((i, j))
                     vectors.append(p)
-        for stream, entries in deferred.items():
-            with devicestats.on_stream(stream):
-                for i in paced(entries, enabled=not final, stop=self.ending):
-                    rec = snapshot[i][0]
-                    pending, weights, fresh = rec.pop("pending", ()), rec.pop("weights", None), rec.pop("weights_fresh", False)
-                    opt_tensors = rec.pop("opt_tensors", ())
-                    try:
-                        packs, rec["floats"] = devicestats.stage_step(pending, weights, fresh, opt_tensors)
-                        # read after the stack's launch: a change launched before it moved the counter by now
-                        if devicestats.versions(pending, weights, fresh) != rec.pop("versions"):
-                            self._changed_in_place(rec["step"])
-                            packs, rec["floats"] = devicestats.stage_step((), None, False, opt_tensors)
-                    except Exception as exc:  # as on the CPU: the row goes without the step's values
-                        if devicestats.is_device_error(exc):
-                            raise  # a sticky device error: every copy in flight is abandoned, once (`_drain_locked`)
-                        self.fail("step values", exc)
-                        packs, rec["floats"] = [], {}
-                    snapshot[i] = self._inflight[i] = (rec, packs)
-                    for j, p in enumerate(packs):
-                        if isinstance(p, devicestats.Staged):
-                            staged.append((i, j))
-                            vectors.append(p)
         if vectors:
             for (i, j), p in zip(staged, devicestats.copy_staged(vectors)):
                 snapshot[i][1][j] = p
-
-    def _changed_in_place(self, step: int) -> None:
-        """A value the loop gave for `step` changed in place before this thread read it (CPU) or stacked it
-        (GPU): the step's values are dropped (a row without its loss, never a wrong number), and from now on
-        the values are read or stacked on the training thread as each step closes."""
-        if not self._stage_here:
-            self._stage_here = True
-            self._selflog.write(f"a value given to guard.step for step {step} was changed in place before it was "
-                                f"read (an accumulator reused?): that step's losses are not recorded, and later "
-                                f"steps are read as they close")
 
     def abandon_device(self, exc: BaseException) -> None:
         """The device is in a sticky error state (a device-side assert, an illegal access): every copy still
