@@ -5,8 +5,8 @@
 
 The model and the guard are real (fair_overhead.py's TinyLM shapes, `trainguard.watch`); what is timed
 is the hooks alone, called in the order one optimizer step calls them: per micro-batch the forward pre-
-hooks, the layers' forward hooks, the forward post-hook (called by the guard's forward mark while
-`post_due`), the gradient hooks (tensor hooks before the gradient is added to, post-accumulate hooks
+hooks, the layers' forward hooks, the forward post-hook (there only for a forward whose pre-hook put
+it on: `post_due`), the gradient hooks (tensor hooks before the gradient is added to, post-accumulate hooks
 after), the loss check after a sampled forward; then the optimizer's pre- and post-hook halves
 (`opt_pre`, `opt_post`, called from the guard's optimizer hooks).
 Which hooks there are is read from torch's own hook dictionaries (every hook a function of
@@ -99,8 +99,7 @@ def measure(shape: str, passes: int = 7, steps: int = 100) -> dict:
             inner = [(m, fn, kw) for m, fn, kw in now["forward"] if m is not model]  # (a layer's run first)
             for m, fn, kw in inner:
                 timed("forward_layers", fn, *((m, (x,), {}, layer_out) if kw else (m, (x,), layer_out)))
-            if checks.post_due:  # called by the guard's forward mark (probe/opthooks.py) when due
-                timed("forward_post", checks.forward_post, model, (x,), {}, out)
+            # (the post-hook on the model is there only for a forward that needs it: the pre-hook put it on)
             for m, fn, kw in now["forward"]:
                 if m is model:
                     timed("forward", fn, *((m, (x,), {}, out) if kw else (m, (x,), out)))

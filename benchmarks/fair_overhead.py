@@ -245,6 +245,14 @@ def wrap_trainguard_hooks(model, opt, timer: OnThread) -> int:
         for key, fn in list(d.items()):
             where = _owner(fn)
             if where and not getattr(fn, "_tg_timed", False):
+                # A hook that registers a one-shot hook of its own object for the forward under way (the
+                # contract checks' post-hook on sampled forwards) registers it from an attribute: timed there,
+                # since it comes and goes inside a block
+                owner = getattr(fn, "__self__", None)
+                once = getattr(owner, "_post_once", None)
+                if once is not None and not getattr(once, "_tg_timed", False):
+                    owner._post_once = timer.wrap(where, once)
+                    owner._post_once._tg_timed = True
                 w = timer.wrap(where, fn)
                 w._tg_timed = True
                 d[key] = w

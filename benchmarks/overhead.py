@@ -124,11 +124,7 @@ def _time_contracts(guard, model, opt) -> dict[str, float]:
     c.opt_post = timed(c.opt_post)
     if c.module is not None:
         model.register_forward_pre_hook(timed(c._forward_pre), with_kwargs=True)
-        marker = getattr(guard._hooks, "marker", None)
-        if marker is not None and marker.contracts is not None:
-            c.forward_post = timed(c.forward_post)  # called by the forward mark when due (probe/opthooks.py)
-        else:
-            model.register_forward_hook(timed(c.forward_post), with_kwargs=True)
+        c._post_once = timed(c._post_once)  # the post-hook, put on by the pre-hook for a forward that needs it
     for w in c.grad_watch:  # the gradient watch's tensor hook (put in place and taken out by the checks)
         w.fn = timed(w.fn)
         if w.armed:

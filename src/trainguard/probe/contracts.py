@@ -43,6 +43,7 @@ from typing import Any
 from trainguard.contract import ENV_CONTRACTS
 from trainguard.probe import devicestats, thisprocess, workerrng
 from trainguard.probe.capturegate import GATE
+from trainguard.probe.eager import compile_checks
 from trainguard.rules.contracts import (
     AutocastRunsFp32,
     BatchDimLost,
@@ -258,17 +259,18 @@ class Contracts:
         self.post_due = False  # the forward post-hook has something to do for the forward under way
         self.batch_shapes: list[tuple[int, ...]] = []  # the model's first input on the first training forwards
         self.batch_ndim: int | None = None  # their common rank, once BATCH_SHAPES_LEARNED of them agree
+        # One hook a forward: the pre-hook, which also counts the forward as the guard's progress (an
+        # evaluation's forwards included). The post-hook is put on only for a forward that needs it (a sampled
+        # step's, about one in ten: `post_due`) and takes itself off (`_post_once`), since a hook on the model
+        # costs every forward its call (and torch's slow path through `Module._call_impl`).
+        self.post_handle: Any = None
+        self._checks = compile_checks()
+        self._compiled_pre: Any = None
+        if self._checks is not None:
+            self._compiled_pre = torch.compiler.disable(self._forward_pre)
         if self.module is not None:
             self._survey(self.module)
             self.handles.append(self.module.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
-            hooks = getattr(guard, "_hooks", None)
-            marker = getattr(hooks, "marker", None)
-            if marker is not None and getattr(hooks, "model", None) is self.module:
-                # the guard's forward mark, registered just before, calls the post-hook when it is due
-                # (probe/opthooks.py)
-                marker.contracts = self
-            else:
-                self.handles.append(self.module.register_forward_hook(self.forward_post, with_kwargs=True))
         # -- loader contracts
         self.workers = workerrng.Reports(guard.run_dir)
         self.last_worker_look = 0.0
@@ -625,7 +627,17 @@ class Contracts:
         self.device_type = first.device.type if first is not None else None
 
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
+        checks = self._checks
+        if checks is not None and (checks[0]() or checks[1]() is not None):
+            # Under torch.compile: this same method through `torch.compiler.disable` (a graph break before
+            # the forward; traced, its counters would become guarded constants), its tests off meanwhile
+            self._checks = None
+            try:
+                return self._compiled_pre(module, args, kwargs)
+            finally:
+                self._checks = checks
         g = self.guard
+        g._ticks += 1  # every forward of the watched model is progress (probe/steps.py: counted, not timed)
         if self.rerunning or g._disabled or GATE.capturing or thisprocess.pid != g._pid:
             self.post_due = False
             return
@@ -669,13 +681,32 @@ class Contracts:
                         self._autocast_pre(step)
                     except Exception as exc:
                         self.failed(AutocastRunsFp32.name, exc)
-            # The post-hook (called by the guard's forward mark) keeps the output for the loss check and
-            # reads the autocast layers' dtypes.
+            # The post-hook keeps the output for the loss check and reads the autocast layers' dtypes.
             self.post_due = True
         else:
-            # ... and otherwise returns at once, unless the autocast layers' hooks are still on (a sampled
-            # forward that raised) or preflight evaluates (its second evaluation)
+            # ... and is not needed, unless the autocast layers' hooks are still on (a sampled forward that
+            # raised) or preflight evaluates (its second evaluation)
             self.post_due = bool(self.autocast_hooks) or (not training and g.fast_forward.active)
+        if self.post_due and self.post_handle is None:
+            try:
+                self.post_handle = module.register_forward_hook(self._post_once, with_kwargs=True)
+            except Exception as exc:
+                self.failed("forward post-hook", exc)
+
+    def _post_once(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        """The post-hook of one forward: takes itself off, then does what the pre-hook said was due."""
+        checks = self._checks
+        if checks is not None and (checks[0]() or checks[1]() is not None):
+            # (under torch.compile, as the pre-hook: through `torch.compiler.disable`, tests off meanwhile)
+            self._checks = None
+            try:
+                return torch_disable(self._post_once)(module, args, kwargs, output)
+            finally:
+                self._checks = checks
+        handle, self.post_handle = self.post_handle, None
+        if handle is not None:
+            handle.remove()
+        self.forward_post(module, args, kwargs, output)
 
     def _autocast_due(self, step: int) -> bool:
         """Whether this sampled step checks autocast: the first three, then every AUTOCAST_SAMPLES-th
@@ -935,6 +966,12 @@ class Contracts:
 
 # ----------------------------------------------------------------------------------------------------
 # plain helpers
+
+
+def torch_disable(fn: Any) -> Any:
+    import torch
+
+    return torch.compiler.disable(fn)
 
 
 def _accumulates(param: Any) -> bool:

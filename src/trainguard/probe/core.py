@@ -95,6 +95,8 @@ class Probe(StepRecorder):
         except Exception as exc:
             self._contracts = None
             self.fail("contract checks", exc)
+        if self._contracts is None or self._contracts.module is None or self._contracts.module is not model:
+            self._hooks.install_marker()  # (else the checks' forward pre-hook counts each forward as progress)
         try:  # per rank, the time a step works before it synchronises (TG703 straggler-rank), fail-open
             self._syncwait = syncwait.attach(self)
         except Exception as exc:

@@ -3,7 +3,7 @@
 The training thread keeps references to what the loop gives (`guard.step` appends the loss and its parts
 as given) and, once per optimizer step, as the step is emitted, reads the CPU numbers (`resolve`: nothing to
 wait for) or stacks a GPU step's scalars into one small device vector on its current stream (`stage_step`:
-one launch, under no_grad, after everything that made them). The background thread copies the vectors of
+one launch, after everything that made them). The background thread copies the vectors of
 several steps at once into pinned host memory (`copy_staged`: one concatenation, one non-blocking copy, one
 event, on that same stream), later asks the event whether the copy is done (`query()` never blocks) and only
 then reads the values. So the hot path never synchronises host and device; this is the whole trick, and
@@ -203,10 +203,10 @@ def stage(named: list[tuple[str, Any]]) -> list[Any]:
 
 def stage_step(pending: Any, weights: Any, weights_fresh: bool, extra: Any) -> tuple[list[Any], dict[str, list[float]]]:
     """Training thread, once per optimizer step on a GPU: `resolve` and `stage` in one pass, for the common
-    case of 0-d device tensors (the loss, its parts, the optimizer's statistics): one stack of the raw
-    tensors under no_grad, no per-value detach or check. Anything else (a CPU tensor, a vector of
-    per-sample losses) takes the general path. (On the CPU the background thread reads each value where
-    it is, `resolve`: cheaper than a stack of a dozen scalars.)"""
+    case of 0-d device tensors (the loss, its parts, the optimizer's statistics): one stack of the
+    tensors, no per-value check. Anything else (a CPU tensor, a vector of per-sample losses) takes the
+    general path. (A CPU run reads each value where it is, `resolve`: cheaper than a stack of a dozen
+    scalars.)"""
     import torch
 
     names: list[str] = []
@@ -225,12 +225,14 @@ def stage_step(pending: Any, weights: Any, weights_fresh: bool, extra: Any) -> t
                 floats.setdefault(name if key is None else name + key, []).append(float(v))
     if weights:
         for key, v in weights.items():
-            if is_tensor(v):
-                if weights_fresh:
-                    names.append("weight:" + key)
-                    tensors.append(v)
-            else:
-                floats.setdefault("weight:" + key, []).append(float(v))
+            kind = kinds.get(type(v))
+            if kind is None:
+                kind = kinds[type(v)] = is_tensor(v)
+            if not kind:
+                floats["weight:" + key] = [float(v)]  # (a name once: the last call's weights are the step's)
+            elif weights_fresh:
+                names.append("weight:" + key)
+                tensors.append(v)
     for name, t in extra:
         names.append(name)
         tensors.append(t)
@@ -238,8 +240,11 @@ def stage_step(pending: Any, weights: Any, weights_fresh: bool, extra: Any) -> t
         return [], floats
     vec = None
     try:
-        with torch.no_grad():
-            vec = torch.stack(tensors)
+        # (no `torch.no_grad()`: its context costs as much as the stack, and the values come detached; one
+        # that does not, a logged value with its graph, makes a vector that is detached at once)
+        vec = torch.stack(tensors)
+        if vec.requires_grad:
+            vec = vec.detach()
     except (RuntimeError, TypeError):  # mixed devices or shapes: the general path below
         pass
     if vec is not None and vec.dim() == 1 and vec.is_cuda:

@@ -59,16 +59,6 @@ class OptimizerHooks:
             cuda = [p.device.index for p in self.model_params[:1] if p.device.type == "cuda"]
             if cuda:
                 s._cuda_index = s.memory.cuda_index = cuda[0]
-        if model is not None and hasattr(model, "register_forward_hook"):
-            marker = ForwardMarker(s)
-            try:
-                try:
-                    model.register_forward_hook(marker, with_kwargs=True)
-                    self.marker = marker  # (the contract checks' forward post-hook rides on it: probe/contracts.py)
-                except TypeError:  # a model whose forward hooks take no keyword arguments
-                    model.register_forward_hook(marker)
-            except Exception as exc:
-                s.fail("forward hook", exc)
         optimizer = s.optimizer
         if optimizer is None:
             return
@@ -86,6 +76,22 @@ class OptimizerHooks:
                     "count": len(missing), "names": missing[:20],
                     "total_trainable": sum(1 for p in self.model_params if p.requires_grad),
                 })
+
+    def install_marker(self) -> None:
+        """The forward mark on the model, where the contract checks' forward pre-hook does not count its
+        forwards already (they are off, or could not attach): one hook a forward either way."""
+        s, model = self.steps, self.model
+        if model is None or not hasattr(model, "register_forward_hook"):
+            return
+        marker = ForwardMarker(s)
+        try:
+            try:
+                model.register_forward_hook(marker, with_kwargs=True)
+                self.marker = marker
+            except TypeError:  # a model whose forward hooks take no keyword arguments
+                model.register_forward_hook(marker)
+        except Exception as exc:
+            s.fail("forward hook", exc)
 
     def remove_optimizer_hooks(self) -> None:
         """The optimizer's hooks come off (the automatic probe retiring)."""
@@ -205,8 +211,10 @@ class OptimizerHooks:
 
 class ForwardMarker:
     """A forward hook on the watched model's top module: every forward is progress for the watchdog (an
-    evaluation over the same model included), at the cost of a counter. It holds the recorder weakly,
-    and is kept out of `torch.compile` graphs (a clock read traced into a graph would be a constant).
+    evaluation over the same model included), at the cost of a counter. Registered only where the contract
+    checks' forward pre-hook, which counts the same, is not on the model (probe/contracts.py). It holds the
+    recorder weakly, and is kept out of `torch.compile` graphs (a counter traced into a graph would be read
+    as a constant and guarded on).
 
     An object, not a closure, so that a model saved with its hooks pickles (as an inert `Detached`) and a
     deep-copied model shares it."""
@@ -214,10 +222,6 @@ class ForwardMarker:
     def __init__(self, steps: StepRecorder) -> None:
         self._ref = weakref.ref(steps)
         self._checks: Any = None
-        # The contract checks (probe/contracts.py), whose forward post-hook is called from here when their
-        # pre-hook asked for it (`post_due`: sampled forwards): it would be the next hook anyway, and one
-        # hook a forward instead of two saves an entry into Python per micro-batch.
-        self.contracts: Any = None
         try:
             import torch
 
@@ -242,14 +246,6 @@ class ForwardMarker:
                 s._ticks += 1  # (progress counted: probe/steps.py says why not a clock read)
         else:
             self._mark()
-        contracts = self.contracts
-        if contracts is not None and contracts.post_due:
-            try:
-                contracts.forward_post(module, args, *rest)
-            except Exception as exc:  # the guard never becomes the failure
-                s = self._ref()
-                if s is not None:
-                    s.fail("contract checks (forward)", exc)
 
     def __deepcopy__(self, memo: dict) -> ForwardMarker:
         return self

@@ -75,6 +75,7 @@ class StepRecorder:
         self._pending: list[tuple[str, Any]] = []
         self._weights: dict[str, Any] = {}  # the last weights given (numbers or tensors)
         self._weights_fresh = False  # given during the current step (tensor weights are recorded only then)
+        self._weights_given: dict[str, Any] | None = None  # the weights the last call gave, as given
         self._value_types: set[type] = set()  # types seen among the values given, tensors or numbers
         self._tensor_types: set[type] = set()  # ... those of them that are tensors
         self._data_wait = 0.0
@@ -193,14 +194,7 @@ class StepRecorder:
                     kept[key] = value.detach() if type(value) in tensor else value
                 self._pending.append(("part:", kept))
             if weights:
-                if not known.issuperset(map(type, weights.values())):
-                    for value in weights.values():
-                        if type(value) not in known:
-                            self._kind_of(value)
-                # the last call's weights are the step's; a weight given as a tensor goes through the device
-                # copy like a part (float(tensor) would sync)
-                self._weights = dict(weights)
-                self._weights_fresh = True
+                self._weights_given = weights  # (the last call's weights are the step's: taken at the close)
             if closes:
                 self._close_loss_side(self._loss_steps)
         except Exception as exc:  # the guard never becomes the failure
@@ -326,6 +320,21 @@ class StepRecorder:
             now = time.time()
         if not self._device_looked:
             self._look_for_device()
+        given = self._weights_given
+        if given is not None:
+            self._weights_given = None
+            known = self._value_types
+            try:
+                if not known.issuperset(map(type, given.values())):
+                    for value in given.values():
+                        if type(value) not in known:
+                            self._kind_of(value)
+                # a copy (a loop may refill one dict every call); a weight given as a tensor goes through the
+                # device copy like a part (float(tensor) would sync)
+                self._weights = dict(given)
+                self._weights_fresh = True
+            except Exception as exc:  # a weight that is no number: said, and the step closes without it
+                self.fail("step weights", exc)
         last = self._t_last_close
         side = {"t": now, "micro": self.micro, "pending": self._pending, "weights": self._weights,
                 "weights_fresh": self._weights_fresh, "data_wait": self._data_wait,
