@@ -1,18 +1,21 @@
-"""A value given to `guard.step` is recorded as it was at its step, and not held past the step.
+"""A value given to `guard.step` is never recorded wrong, and the guard never holds the loop's graphs.
 
-The probe keeps references to what the loop gives and reads them (CPU) or stacks them on the device (GPU)
-once, as the step is emitted at its optimizer step (probe/steps.py `_emit`); the background thread only
-copies finished vectors. So a loop that reuses one tensor, an accumulator zeroed and refilled in place every
-step, has each step recorded with its own number, however late the background thread runs (it is held off
-here on purpose); and the loop's tensors (and their autograd graphs) are let go at the step, never kept
-for the background thread. (The GPU twin is below, skipped without CUDA.) Values that are no plain
-scalars are read as well: a tensor made under inference mode and a whole vector (a per-sample loss, its mean).
+On the CPU the probe reads a step's values as the step is emitted at its optimizer step (probe/steps.py
+`_emit`), so a loop that reuses one tensor, an accumulator zeroed and refilled in place every step, has each
+step recorded with its own number however late the background thread runs (it is held off here on
+purpose). On a GPU the background thread stacks a step's values later, on the training thread's stream,
+after comparing their version counters with those read at the step: an accumulator changed in place since
+is seen changed, that step is recorded without its loss (never with the next step's number), said once in
+guard.log, and later steps are stacked as they close (the GPU twin below, skipped without CUDA). The loop's
+tensors (and their autograd graphs) are never kept: the guard holds detached values. Values that are no
+plain scalars are read as well: a tensor made under inference mode and a whole vector (its mean).
 """
 
 from __future__ import annotations
 
 import gc
 import math
+import time
 import weakref
 from pathlib import Path
 
@@ -67,9 +70,36 @@ def test_an_accumulator_reused_in_place_is_recorded_with_each_steps_own_number(t
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_an_accumulator_reused_in_place_on_a_gpu_is_recorded_with_each_steps_own_number(tmp_path: Path) -> None:
-    # stacked on the training thread's stream at the optimizer step, before the next zero_() is launched
-    check(*accumulator_loop(tmp_path / "run", device="cuda"))
+def test_an_accumulator_reused_in_place_on_a_gpu_is_never_recorded_wrong(tmp_path: Path) -> None:
+    model, opt, guard = linear_run(tmp_path / "run", 30, device="cuda")
+    acc = torch.zeros((), device="cuda")
+    given = []
+    settle = 5
+    guard._drain_lock.acquire()  # the first steps wait for the background thread until the loop changed them
+    for i in range(30):
+        loss = model(torch.randn(16, 8, device="cuda")).pow(2).mean()
+        loss.backward()
+        acc.zero_()
+        acc += loss.detach()
+        guard.step(acc)
+        given.append(acc.item())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i + 1 == settle:
+            guard._drain_lock.release()
+            log = Path(guard.run_dir) / "guard.log"
+            deadline = time.time() + 20
+            while time.time() < deadline and not (log.exists() and "changed in place" in log.read_text()):
+                time.sleep(0.05)
+    guard.finish()
+    with RunReader(guard.run_dir) as reader:
+        rows = list(reader.steps())
+    assert [r["step"] for r in rows] == list(range(1, 31))
+    for row, value in zip(rows, given):  # never the wrong number: the step's own, or none
+        assert row["loss"] is None or math.isclose(row["loss"], value, rel_tol=1e-6), (row, value)
+    assert any(r["loss"] is None for r in rows[:settle]), "the change was never seen"
+    assert all(r["loss"] is not None for r in rows[settle + 1:]), rows  # stacked as they closed, from then on
+    assert (Path(guard.run_dir) / "guard.log").read_text().count("changed in place") == 1
 
 
 def test_the_loops_tensors_are_let_go_at_their_optimizer_step(tmp_path: Path) -> None:

@@ -1,13 +1,15 @@
 """Getting numbers off the device without making the training thread wait for them.
 
-The training thread keeps references to what the loop gives (`guard.step` appends the loss and its parts
-as given) and, once per optimizer step, as the step is emitted, reads the CPU numbers (`resolve`: nothing to
-wait for) or stacks a GPU step's scalars into one small device vector on its current stream (`stage_step`:
-one launch, after everything that made them). The background thread copies the vectors of
-several steps at once into pinned host memory (`copy_staged`: one concatenation, one non-blocking copy, one
-event, on that same stream), later asks the event whether the copy is done (`query()` never blocks) and only
-then reads the values. So the hot path never synchronises host and device; this is the whole trick, and
-why a per-step `loss.item()` (7.7% on an H200 GPT-2-sized step) is never called here.
+The training thread keeps detached references to what the loop gives (`guard.step`) and, once per
+optimizer step, as the step is emitted: on the CPU, reads the numbers (`resolve`: nothing to wait for); on a
+GPU, reads their version counters only (`versions`). The background thread stacks each GPU step's scalars
+into one small device vector on the stream they were made on (`stage_step`: one launch, after everything
+that made them), reads the counters again (a value changed in place since is dropped, never read wrong),
+copies the vectors of several steps at once into pinned host memory (`copy_staged`: one concatenation, one
+non-blocking copy, one event, on that same stream), later asks the event whether the copy is done
+(`query()` never blocks) and only then reads the values. So the hot path never synchronises host and
+device; this is the whole trick, and why a per-step `loss.item()` (7.7% on an H200 GPT-2-sized step) is
+never called here.
 """
 
 from __future__ import annotations
@@ -255,6 +257,47 @@ def stage_step(pending: Any, weights: Any, weights_fresh: bool, extra: Any) -> t
     for name, vs in more.items():
         floats.setdefault(name, []).extend(vs)
     return stage(named) if named else [], floats
+
+
+DEFERRED: Any = object()  # a GPU step's values, unstacked: the background thread stacks them (probe/steps.py)
+
+
+def versions(pending: Any, weights: Any, weights_fresh: bool, dims: bool = True) -> list[int | None] | None:
+    """The version counter of each tensor among a step's values (None for a number), in order: one that
+    moved was changed in place (`add_`, `zero_`, `copy_`) after it was given. ~0.1 us a tensor.
+
+    None when the step's values are to be stacked at once: one without a version counter (made under
+    `torch.inference_mode()`), or, when `dims`, a tensor of more than one element (a vector of per-sample
+    losses, reduced at once rather than held whole)."""
+    out: list[int | None] = []
+    add = out.append
+    kinds = _KINDS
+    try:
+        for _, value in pending:
+            for v in (value.values() if type(value) is dict else (value,)):
+                kind = kinds.get(type(v))
+                if kind is None:
+                    kind = kinds[type(v)] = is_tensor(v)
+                if not kind:
+                    add(None)
+                elif dims and v.ndim:
+                    return None
+                else:
+                    add(v._version)
+        if weights and weights_fresh:
+            for v in weights.values():
+                kind = kinds.get(type(v))
+                if kind is None:
+                    kind = kinds[type(v)] = is_tensor(v)
+                if not kind:
+                    add(None)
+                elif dims and v.ndim:
+                    return None
+                else:
+                    add(v._version)
+    except RuntimeError:  # "Inference tensors do not track version counter"
+        return None
+    return out
 
 
 def is_device_error(exc: BaseException) -> bool:

@@ -39,6 +39,13 @@ from trainguard.probe.schedclock import SchedClock
 from trainguard.store.selflog import GuardLog
 from trainguard.store.writer import StoreWriter
 
+# GPU steps whose values wait, unstacked, for the background thread (each holds a dozen small device tensors);
+# past this many (a loop of thousands of steps a second, a background thread held up) steps are stacked as they close
+MAX_DEFERRED_STEPS = 256
+# The steps whose values are asked whether one is a whole vector (a per-sample loss, reduced at once rather
+# than held): the first DIMS_WARMUP, then every DIMS_EVERY-th
+DIMS_WARMUP = 16
+DIMS_EVERY = 64
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
 BEAT_REFRESH = 5.0  # seconds: an unchanged heartbeat is written again after this long (its t_flush)
 
@@ -93,6 +100,9 @@ class StepRecorder:
         self._last_beat_t = 0.0
         self.phases = Phases()
         self._device_broken = False
+        # a GPU run's values stacked as each step closes (`_emit`), not by the background thread: once a value
+        # was seen changed in place after it was given
+        self._stage_here = False
         self.update_snapshot: Any = None  # the optimizer hooks' parameter sample before an update (device)
         self._cuda_index: int | None = None
         self._device_looked = False  # the first closed step's loss was asked where it lives
@@ -416,26 +426,38 @@ class StepRecorder:
                 self._emit(rec)
 
     def _emit(self, rec: dict[str, Any]) -> None:
-        """The step is complete (its loss side closed and its optimizer side in): its values are read
-        (numbers on the CPU, nothing to wait for) or stacked into one vector on this thread's stream (GPU:
-        one launch, under no_grad), and the references the loop gave are dropped. The background thread
-        copies the stacked vectors of several steps to the host at once and turns them into rows.
-
-        Why here and not on the background thread, as before (issue 21): there, a value the loop changed in
-        place after giving it (an accumulator zeroed for the next window) would be read wrong, so every
-        value was detached as it was given and its version counter read here, to be compared there: a call
-        into torch for each value on the hot path, where the first costs several microseconds of cold cache.
-        Reading or stacking once here costs less than that, and what is read is the step's own number."""
+        """The step is complete (its loss side closed and its optimizer side in). On the CPU its values are
+        read here (numbers where they are: nothing to wait for) and the loop's references dropped, so what
+        is recorded is the step's own number however late the background thread runs. On a GPU they go to
+        the background thread, which stacks them on this thread's stream and copies them to the host."""
         step = rec["step"]
         memory = self.memory
         if step >= memory.next_step:  # (a memory sample is due every few steps: asked here, without a call)
             memory.on_step(rec)
-        pending, weights = rec.pop("pending", ()), rec.pop("weights", None)
-        fresh, opt_tensors = rec.pop("weights_fresh", False), rec.pop("opt_tensors", ())
         if self._device_broken:
             return
+        cuda = self._cuda_index is not None
+        if cuda and not (self._stage_here or GATE.captured or len(self._inflight) >= MAX_DEFERRED_STEPS):
+            # On a GPU the stack is left to the background thread (on this thread's stream): here, one launch
+            # and a dozen values gathered cost more than reading their version counters (~0.1 us each), which
+            # is all that is done, so that a value the loop changes in place after giving it (an accumulator
+            # zeroed for the next window) is seen changed there instead of read wrong. Whether one is a whole
+            # vector (held, not reduced) is asked on a sample of steps: a loop gives the same kind each step.
+            versions = devicestats.versions(rec.get("pending", ()), rec.get("weights"), rec.get("weights_fresh", False),
+                                            dims=step <= DIMS_WARMUP or not step % DIMS_EVERY)
+            if versions is not None:
+                rec["versions"] = versions
+                rec["stream"] = devicestats.current_stream(self._cuda_index)
+                self._inflight.append((rec, devicestats.DEFERRED))
+                return
+        # ...unless they cannot wait (a value was seen changed in place, a CUDA graph replays into them without
+        # moving their counters, one has no counter or is a whole vector, the background thread is far behind),
+        # or they live on the CPU: read here (about what reading their version counters would cost, and the
+        # background thread is left nothing to read)
+        pending, weights = rec.pop("pending", ()), rec.pop("weights", None)
+        fresh, opt_tensors = rec.pop("weights_fresh", False), rec.pop("opt_tensors", ())
         try:
-            if self._cuda_index is not None:
+            if cuda:
                 packs, rec["floats"] = devicestats.stage_step(pending, weights, fresh, opt_tensors)
             else:
                 named, rec["floats"] = devicestats.resolve(pending, weights, fresh, opt_tensors)
@@ -535,19 +557,57 @@ class StepRecorder:
             self._writer.set_heartbeat(t_progress=t_progress, micro=micro, step=step, phase=phase, state=state)
 
     def _prepare(self, snapshot: list[tuple[dict[str, Any], Any]], final: bool = False) -> None:
-        """Background thread: the vectors stacked on a GPU (`Staged`) by steps handed over since the last
-        pass are copied to the host together, one copy per device and stream. Entries are replaced in place:
-        the training thread only appends to `_inflight`."""
+        """Background thread: GPU steps handed over since the last pass are stacked on the stream they were
+        made on (each step's values, one launch), their version counters read again (a value changed in
+        place since the step is dropped, never read wrong), and the vectors stacked here or by the training
+        thread (`Staged`) copied to the host together, one copy per device and stream. Entries are replaced
+        in place: the training thread only appends to `_inflight`."""
         staged: list[tuple[int, int]] = []  # (entry, position in its packs) of each Staged
         vectors: list[devicestats.Staged] = []
-        for i, (_, packs) in enumerate(snapshot):
+        deferred: dict[Any, list[int]] = {}  # GPU steps left for this thread to stack, by stream
+        for i, (rec, packs) in enumerate(snapshot):
+            if packs is devicestats.DEFERRED:
+                deferred.setdefault(rec.pop("stream"), []).append(i)
+                continue
             for j, p in enumerate(packs):
                 if isinstance(p, devicestats.Staged):
                     staged.append((i, j))
                     vectors.append(p)
+        for stream, entries in deferred.items():
+            with devicestats.on_stream(stream):
+                for i in paced(entries, enabled=not final, stop=self.ending):
+                    rec = snapshot[i][0]
+                    pending, weights, fresh = rec.pop("pending", ()), rec.pop("weights", None), rec.pop("weights_fresh", False)
+                    opt_tensors = rec.pop("opt_tensors", ())
+                    try:
+                        packs, rec["floats"] = devicestats.stage_step(pending, weights, fresh, opt_tensors)
+                        # read after the stack's launch: a change launched before it moved the counter by now
+                        if devicestats.versions(pending, weights, fresh, dims=False) != rec.pop("versions"):
+                            self._changed_in_place(rec["step"])
+                            packs, rec["floats"] = devicestats.stage_step((), None, False, opt_tensors)
+                    except Exception as exc:  # the row goes without the step's values
+                        if devicestats.is_device_error(exc):
+                            raise  # a sticky device error: every copy in flight is abandoned, once (`_drain_locked`)
+                        self.fail("step values", exc)
+                        packs, rec["floats"] = [], {}
+                    snapshot[i] = self._inflight[i] = (rec, packs)
+                    for j, p in enumerate(packs):
+                        if isinstance(p, devicestats.Staged):
+                            staged.append((i, j))
+                            vectors.append(p)
         if vectors:
             for (i, j), p in zip(staged, devicestats.copy_staged(vectors)):
                 snapshot[i][1][j] = p
+
+    def _changed_in_place(self, step: int) -> None:
+        """A value the loop gave for GPU step `step` changed in place before this thread stacked it: the
+        step's values are dropped (a row without its loss, never a wrong number), and from now on the values
+        are stacked on the training thread as each step closes."""
+        if not self._stage_here:
+            self._stage_here = True
+            self._selflog.write(f"a value given to guard.step for step {step} was changed in place before it was "
+                                f"read (an accumulator reused?): that step's losses are not recorded, and later "
+                                f"steps are read as they close")
 
     def abandon_device(self, exc: BaseException) -> None:
         """The device is in a sticky error state (a device-side assert, an illegal access): every copy still
