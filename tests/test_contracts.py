@@ -520,3 +520,101 @@ def test_workers_alike_are_named_before_epochs_alike_even_when_a_worker_file_com
     found = reports.compare()
     assert found is not None and found["across"] == "workers"
     assert {found["first"]["worker"], found["second"]["worker"]} == {0, 1}
+
+
+def _loader(batches: int, rows: int = 16, last_rows: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A loader's batches as guard.batches sees them: (x, y) of `rows` rows, the last of `last_rows`."""
+    torch.manual_seed(1)
+    out = []
+    for i in range(batches):
+        n = last_rows if last_rows is not None and i == batches - 1 else rows
+        x = torch.randn(n, 1, 8)
+        out.append((x, x.sum((1, 2)).unsqueeze(1)))
+    return out
+
+
+def _counted_pre_hook(model: nn.Module, guard) -> list[bool]:
+    """Wraps the contract checks' forward pre-hook in the model's hook dictionary (where the checks take
+    it out and put it back) and returns the list each call appends the model's mode to."""
+    key = guard._contracts.pre_key
+    hooks = model._forward_pre_hooks
+    hook = hooks[key]
+    calls: list[bool] = []
+
+    def counted(*args):
+        calls.append(args[0].training)
+        return hook(*args)
+
+    hooks[key] = counted
+    return calls
+
+
+def test_with_guard_batches_a_windows_later_forwards_are_not_looked_at(workdir: Path) -> None:
+    # issue 21: in steady training the checks' pre-hook sees one forward an accumulation window (its
+    # first), all of a sampled step's, and none of the others; the rows and the quiet verdict are the same
+    model, accum = _net(), 4
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = trainguard.watch(model, opt, total_steps=30, grad_accum=accum, run_dir=workdir / "run")
+    calls = _counted_pre_hook(model, guard)
+    per_step = []
+    data = guard.batches(_loader(30 * accum))
+    for _ in range(30):
+        before = len(calls)
+        for _ in range(accum):
+            x, y = next(data)
+            loss = nn.functional.mse_loss(model(x.squeeze(1)), y)
+            (loss / accum).backward()
+            guard.step(loss)
+        opt.step()
+        opt.zero_grad()
+        per_step.append(len(calls) - before)
+    guard.finish()
+    sampled = {s for s in range(1, 31) if s <= 3 or s % 10 == 0}
+    assert [n for s, n in enumerate(per_step, 1) if s in sampled] == [accum] * len(sampled), per_step
+    assert {n for s, n in enumerate(per_step, 1) if s not in sampled and s > 3} == {1}, per_step
+    assert _contracts(workdir / "run") == {}
+    with RunReader(workdir / "run") as reader:
+        assert [r["step"] for r in reader.steps()] == list(range(1, 31))
+
+
+def test_with_guard_batches_a_batch_of_one_mid_window_is_still_looked_at(workdir: Path) -> None:
+    # the epoch's last batch has one row and comes third in its window: guard.batches puts the pre-hook
+    # back for it, and the squeeze that strips its batch dimension is found
+    model, accum = _net(), 4
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    guard = trainguard.watch(model, opt, total_steps=12, grad_accum=accum, run_dir=workdir / "run")
+    for i, (x, _) in enumerate(guard.batches(_loader(47, last_rows=1)), start=1):
+        loss = model(x.squeeze()).pow(2).mean()  # the bug: squeeze() takes the batch dimension of one row
+        (loss / accum).backward()
+        guard.step(loss)
+        if i % accum == 0:
+            opt.step()
+            opt.zero_grad()
+    guard.finish()
+    found = _contracts(workdir / "run")["batch-dim-lost"]
+    assert found["input_shape"] == [8] and found["usual_shape"] == [16, 8]
+
+
+def test_with_guard_batches_an_evaluation_after_a_step_is_looked_at(workdir: Path) -> None:
+    # no phase, no due(): an evaluation in training mode right after an optimizer step is found, and its
+    # forwards are progress
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.1), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    guard = trainguard.watch(model, opt, total_steps=20, grad_accum=2, run_dir=workdir / "run")
+    calls = _counted_pre_hook(model, guard)
+    for i, (x, y) in enumerate(guard.batches(_loader(40)), start=1):
+        (nn.functional.mse_loss(model(x.squeeze(1)), y) / 2).backward()
+        guard.step(torch.tensor(1.0))
+        if i % 2:
+            continue
+        opt.step()
+        opt.zero_grad()
+        if i == 30:  # step 15, not a sampled one
+            seen, ticks = len(calls), guard._ticks
+            with torch.no_grad():  # the model left in training mode: the bug
+                for _ in range(5):
+                    model(torch.randn(32, 8))
+            assert len(calls) - seen == 5 and guard._ticks - ticks == 5
+    guard.finish()
+    assert _contracts(workdir / "run")["eval-in-train-mode"]["modules"] == ["1 (Dropout)"]

@@ -268,9 +268,13 @@ class Contracts:
         self._compiled_pre: Any = None
         if self._checks is not None:
             self._compiled_pre = torch.compiler.disable(self._forward_pre)
+        self.parked: tuple[Any, Any] | None = None  # (module, hook) while the pre-hook is out (`_park`)
+        self.pre_key: Any = None
         if self.module is not None:
             self._survey(self.module)
-            self.handles.append(self.module.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
+            handle = self.module.register_forward_pre_hook(self._forward_pre, with_kwargs=True)
+            self.handles.append(handle)
+            self.pre_key = handle.id
         # -- loader contracts
         self.workers = workerrng.Reports(guard.run_dir)
         self.last_worker_look = 0.0
@@ -536,6 +540,8 @@ class Contracts:
 
     def opt_post(self, optimizer: Any) -> None:
         """The optimizer stepped (called from the guard's post-hook, after it counted the step)."""
+        if self.parked is not None:
+            self.unpark()  # the next window's first forward is looked at (and an evaluation after this step)
         g = self.guard
         if g._disabled or GATE.capturing or thisprocess.pid != g._pid:
             return
@@ -692,6 +698,32 @@ class Contracts:
                 self.post_handle = module.register_forward_hook(self._post_once, with_kwargs=True)
             except Exception as exc:
                 self.failed("forward post-hook", exc)
+        elif (training and g._batch_leads_known and self.batch_ndim is not None and not self.post_due
+              and self.grad_enabled() and not g.fast_forward.active):
+            self._park(module)  # a plain training forward: the rest of the window needs no look (`_park`)
+
+    def _park(self, module: Any) -> None:
+        """Takes this pre-hook out of the model's hook dictionary until the next optimizer step, phase,
+        `due()` that says yes, or batch of one from `guard.batches` (`unpark`): within an accumulation
+        window a training forward has nothing more to show it once the window's first forward was seen
+        (the gradient watch armed, the batch rank learned) and the loader's batches are known not to be
+        batches of one (the only ones a squeeze can strip of their batch dimension). Each hook on the
+        model costs every forward its call and torch's slow path through `Module._call_impl`: three
+        calls of four in a loop with accumulation 4. Only eagerly, where `guard.batches` reads the
+        loader's batches; under torch.compile it stays (a graph traced without it would never call it)."""
+        hooks = module._forward_pre_hooks
+        fn = hooks.pop(self.pre_key, None)
+        if fn is not None:
+            self.parked = (module, fn)
+
+    def unpark(self) -> None:
+        """The pre-hook back in the model's hook dictionary (training thread only; torch copies the
+        dictionary's items before it calls them, so this never changes a loop over it)."""
+        parked = self.parked
+        if parked is not None:
+            self.parked = None
+            module, fn = parked
+            module._forward_pre_hooks[self.pre_key] = fn
 
     def _post_once(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
         """The post-hook of one forward: takes itself off, then does what the pre-hook said was due."""

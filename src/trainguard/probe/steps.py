@@ -107,6 +107,9 @@ class StepRecorder:
         self._cuda_index: int | None = None
         self._device_looked = False  # the first closed step's loss was asked where it lives
         self._output_kept = False  # the contract checks hold a sampled forward's output for this micro-batch's loss
+        # `guard.batches` reads each batch's leading size, and none was a batch of one where the usual is
+        # larger: the contract checks may skip looking at a window's later forwards (probe/contracts.py `_park`)
+        self._batch_leads_known = False
         self._errors = 0
         self._disabled = False
         self._step_thread: int | None = None  # the training thread: the first to call `step`
