@@ -40,19 +40,22 @@ def accumulator_loop(run_dir: Path, device: str = "cpu", steps: int = 30):
     guard and the number each step gave."""
     model, opt, guard = linear_run(run_dir, steps, device)
     acc = torch.zeros((), device=device)
-    given = []
     with guard._drain_lock:  # the background thread drains nothing until the loop is over
-        for _ in range(steps):
-            loss = model(torch.randn(16, 8, device=device)).pow(2).mean()
-            loss.backward()
-            acc.zero_()
-            acc += loss.detach()
-            guard.step(acc)
-            given.append(acc.item())
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        given = [accumulator_step(model, opt, guard, acc) for _ in range(steps)]
     guard.finish()
     return guard, given
+
+
+def accumulator_step(model, opt, guard, acc: torch.Tensor) -> float:
+    """One step that gives `acc`, zeroed and refilled in place with the loss, to guard.step; returns its value."""
+    loss = model(torch.randn(16, 8, device=acc.device)).pow(2).mean()
+    loss.backward()
+    acc.zero_()
+    acc += loss.detach()
+    guard.step(acc)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return acc.item()
 
 
 def check(guard, given) -> None:
@@ -77,14 +80,7 @@ def test_an_accumulator_reused_in_place_on_a_gpu_is_never_recorded_wrong(tmp_pat
     settle = 5
     guard._drain_lock.acquire()  # the first steps wait for the background thread until the loop changed them
     for i in range(30):
-        loss = model(torch.randn(16, 8, device="cuda")).pow(2).mean()
-        loss.backward()
-        acc.zero_()
-        acc += loss.detach()
-        guard.step(acc)
-        given.append(acc.item())
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        given.append(accumulator_step(model, opt, guard, acc))
         if i + 1 == settle:
             guard._drain_lock.release()
             log = Path(guard.run_dir) / "guard.log"

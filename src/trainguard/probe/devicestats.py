@@ -87,26 +87,36 @@ def resolve(pending: Any, weights: Any = None, weights_fresh: bool = False, extr
                 floats[name] = [number]
             else:
                 got.append(number)
-    if weights:
-        for key, v in weights.items():
-            kind = kinds.get(type(v))
-            if kind is None:
-                kind = kinds[type(v)] = is_tensor(v)
-            if not kind:
-                floats["weight:" + key] = [float(v)]  # (a name once: the last call's weights are the step's)
-            elif weights_fresh:
-                _read("weight:" + key, v, named, floats)
+    for name, v in _weight_tensors(weights, weights_fresh, floats):
+        _read(name, v, named, floats)
     for name, v in extra:
         _read(name, v, named, floats)
     return named, floats
 
 
-def _read(name: str, v: Any, named: list[tuple[str, Any]], floats: dict[str, list[float]]) -> None:
-    """One value of `resolve` outside its loop (weights, the optimizer's tensors: a few a step)."""
+def _weight_tensors(weights: Any, fresh: bool, floats: dict[str, list[float]]) -> list[tuple[str, Any]]:
+    """A step's weights: the numbers go into `floats` (one each: the last call's weights are the step's);
+    the tensors are returned, named, when given during this step (`fresh`)."""
+    tensors: list[tuple[str, Any]] = []
+    for key, v in (weights or {}).items():
+        if not _kind(v):
+            floats["weight:" + key] = [float(v)]
+        elif fresh:
+            tensors.append(("weight:" + key, v))
+    return tensors
+
+
+def _kind(v: Any) -> bool:
+    """Whether `v` is a tensor, asked once per type."""
     kind = _KINDS.get(type(v))
     if kind is None:
         kind = _KINDS[type(v)] = is_tensor(v)
-    if not kind:
+    return kind
+
+
+def _read(name: str, v: Any, named: list[tuple[str, Any]], floats: dict[str, list[float]]) -> None:
+    """One value of `resolve` outside its loop (weights, the optimizer's tensors: a few a step)."""
+    if not _kind(v):
         floats.setdefault(name, []).append(float(v))
     elif v.is_cpu and v.dim() == 0:
         floats.setdefault(name, []).append(v.item())
@@ -225,17 +235,7 @@ def stage_step(pending: Any, weights: Any, weights_fresh: bool, extra: Any) -> t
                 tensors.append(v)
             else:
                 floats.setdefault(name if key is None else name + key, []).append(float(v))
-    if weights:
-        for key, v in weights.items():
-            kind = kinds.get(type(v))
-            if kind is None:
-                kind = kinds[type(v)] = is_tensor(v)
-            if not kind:
-                floats["weight:" + key] = [float(v)]  # (a name once: the last call's weights are the step's)
-            elif weights_fresh:
-                names.append("weight:" + key)
-                tensors.append(v)
-    for name, t in extra:
+    for name, t in (*_weight_tensors(weights, weights_fresh, floats), *extra):
         names.append(name)
         tensors.append(t)
     if not tensors:
@@ -286,10 +286,7 @@ def versions(pending: Any, weights: Any, weights_fresh: bool, dims: bool = True)
                     add(v._version)
         if weights and weights_fresh:
             for v in weights.values():
-                kind = kinds.get(type(v))
-                if kind is None:
-                    kind = kinds[type(v)] = is_tensor(v)
-                if not kind:
+                if not _kind(v):
                     add(None)
                 elif dims and v.ndim:
                     return None
