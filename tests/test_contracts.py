@@ -534,10 +534,10 @@ def _loader(batches: int, rows: int = 16, last_rows: int | None = None) -> list[
 
 
 def _counted_pre_hook(model: nn.Module, guard) -> list[bool]:
-    """Wraps the contract checks' forward pre-hook in the model's hook dictionary (where the checks take
-    it out and put it back) and returns the list each call appends the model's mode to."""
-    key = guard._contracts.pre_key
+    """Wraps the contract checks' forward pre-hook in the model's hook dictionary and returns the list
+    each call appends the model's mode to."""
     hooks = model._forward_pre_hooks
+    key = next(k for k, fn in hooks.items() if getattr(fn, "__self__", None) is guard._contracts)
     hook = hooks[key]
     calls: list[bool] = []
 
@@ -549,37 +549,10 @@ def _counted_pre_hook(model: nn.Module, guard) -> list[bool]:
     return calls
 
 
-def test_with_guard_batches_a_windows_later_forwards_are_not_looked_at(workdir: Path) -> None:
-    # issue 21: in steady training the checks' pre-hook sees one forward an accumulation window (its
-    # first), all of a sampled step's, and none of the others; the rows and the quiet verdict are the same
-    model, accum = _net(), 4
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    guard = trainguard.watch(model, opt, total_steps=30, grad_accum=accum, run_dir=workdir / "run")
-    calls = _counted_pre_hook(model, guard)
-    per_step = []
-    data = guard.batches(_loader(30 * accum))
-    for _ in range(30):
-        before = len(calls)
-        for _ in range(accum):
-            x, y = next(data)
-            loss = nn.functional.mse_loss(model(x.squeeze(1)), y)
-            (loss / accum).backward()
-            guard.step(loss)
-        opt.step()
-        opt.zero_grad()
-        per_step.append(len(calls) - before)
-    guard.finish()
-    sampled = {s for s in range(1, 31) if s <= 3 or s % 10 == 0}
-    assert [n for s, n in enumerate(per_step, 1) if s in sampled] == [accum] * len(sampled), per_step
-    assert {n for s, n in enumerate(per_step, 1) if s not in sampled and s > 3} == {1}, per_step
-    assert _contracts(workdir / "run") == {}
-    with RunReader(workdir / "run") as reader:
-        assert [r["step"] for r in reader.steps()] == list(range(1, 31))
-
-
 def test_with_guard_batches_a_batch_of_one_mid_window_is_still_looked_at(workdir: Path) -> None:
-    # the epoch's last batch has one row and comes third in its window: guard.batches puts the pre-hook
-    # back for it, and the squeeze that strips its batch dimension is found
+    # the epoch's last batch has one row and comes third in its accumulation window: every training
+    # forward is looked at (taking the pre-hook out for a window's later forwards was tried for issue 21
+    # and left: a batch of one a prefetcher, a squeezing collate or a split hides from the loader is missed)
     model, accum = _net(), 4
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     guard = trainguard.watch(model, opt, total_steps=12, grad_accum=accum, run_dir=workdir / "run")
@@ -596,8 +569,8 @@ def test_with_guard_batches_a_batch_of_one_mid_window_is_still_looked_at(workdir
 
 
 def test_with_guard_batches_an_evaluation_after_a_step_is_looked_at(workdir: Path) -> None:
-    # no phase, no due(): an evaluation in training mode right after an optimizer step is found, and its
-    # forwards are progress
+    # no phase, no due(): an evaluation in training mode after an optimizer step is found, and each of its
+    # forwards is progress
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.1), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
@@ -618,3 +591,30 @@ def test_with_guard_batches_an_evaluation_after_a_step_is_looked_at(workdir: Pat
             assert len(calls) - seen == 5 and guard._ticks - ticks == 5
     guard.finish()
     assert _contracts(workdir / "run")["eval-in-train-mode"]["modules"] == ["1 (Dropout)"]
+
+
+def test_outputs_and_batches_the_checks_cannot_read_leave_the_loop_alone(workdir: Path) -> None:
+    # a nested tensor as a batch (no sizes) and as the model's output on sampled steps: the checks that
+    # read shapes give up, said in guard.log, and the loop trains as it would unguarded
+    class Scorer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 1)
+
+        def forward(self, x):  # a nested batch in, a nested tensor of per-sample scores out
+            return torch.nested.as_nested_tensor([self.lin(t).squeeze(-1) for t in x.unbind()])
+
+    torch.manual_seed(0)
+    model = Scorer()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = trainguard.watch(model, opt, total_steps=12, run_dir=workdir / "run")
+    data = [torch.nested.nested_tensor([torch.randn(3, 4), torch.randn(2, 4)]) for _ in range(12)]
+    for x in guard.batches(data):
+        loss = sum(t.sum() for t in model(x).unbind())
+        loss.backward()
+        guard.step(loss)
+        opt.step()
+        opt.zero_grad()
+    guard.finish()
+    with RunReader(workdir / "run") as reader:
+        assert [r["step"] for r in reader.steps()] == list(range(1, 13))

@@ -268,13 +268,9 @@ class Contracts:
         self._compiled_pre: Any = None
         if self._checks is not None:
             self._compiled_pre = torch.compiler.disable(self._forward_pre)
-        self.parked: tuple[Any, Any] | None = None  # (module, hook) while the pre-hook is out (`_park`)
-        self.pre_key: Any = None
         if self.module is not None:
             self._survey(self.module)
-            handle = self.module.register_forward_pre_hook(self._forward_pre, with_kwargs=True)
-            self.handles.append(handle)
-            self.pre_key = handle.id
+            self.handles.append(self.module.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
         # -- loader contracts
         self.workers = workerrng.Reports(guard.run_dir)
         self.last_worker_look = 0.0
@@ -540,8 +536,6 @@ class Contracts:
 
     def opt_post(self, optimizer: Any) -> None:
         """The optimizer stepped (called from the guard's post-hook, after it counted the step)."""
-        if self.parked is not None:
-            self.unpark()  # the next window's first forward is looked at (and an evaluation after this step)
         g = self.guard
         if g._disabled or GATE.capturing or thisprocess.pid != g._pid:
             return
@@ -642,88 +636,65 @@ class Contracts:
                 return self._compiled_pre(module, args, kwargs)
             finally:
                 self._checks = checks
-        g = self.guard
-        g._ticks += 1  # every forward of the watched model is progress (probe/steps.py: counted, not timed)
-        if self.rerunning or g._disabled or GATE.capturing or thisprocess.pid != g._pid:
-            self.post_due = False
-            return
-        training = module.training
-        done = g.opt_steps if g.opt_steps > g._loss_steps else g._loss_steps  # g.step_count, without its call
-        if training and self.grad_enabled():  # the usual forward: a few attribute reads
-            self.train_forward_seen = True
-            self.no_grad_streak = 0
-            for w in self.grad_watch:
-                if w.armed:  # (the window's first forward)
-                    try:
-                        w.before_forward()
-                    except Exception as exc:
-                        w.ref, w.error = None, exc
-            if _BATCH_DIM not in self.sent and _BATCH_DIM not in self.off:
-                # an input of the learned rank: its shape remembered, without a call
-                x = args[0] if args else None
-                ndim = self.batch_ndim
-                if ndim is not None and isinstance(x, self.tensor_type) and len(shape := x.shape) == ndim:
-                    self.batch_shapes[-1] = shape
-                else:
-                    try:
-                        self._batch_dim(args, kwargs)
-                    except Exception as exc:
-                        self.failed(_BATCH_DIM, exc)
-        else:
-            try:
-                if training:
-                    self._train_mode_without_grad(module)
-                elif not self.train_forward_seen and done > 0 and not self.eval_init_checked:
-                    self.eval_init_checked = True  # once: it reads a device counter (a sync on a GPU)
-                    self._eval_before_train()
-            except Exception as exc:
-                self.failed("train/eval mode", exc)
-        step = done + 1
-        if training and (step <= 3 or step % self.every == 0):  # a sampled step's training forward
-            if self.autocast_step != step:
-                self.autocast_step = step  # (its first forward only)
-                if self._autocast_due(step):
-                    try:
-                        self._autocast_pre(step)
-                    except Exception as exc:
-                        self.failed(AutocastRunsFp32.name, exc)
-            # The post-hook keeps the output for the loss check and reads the autocast layers' dtypes.
-            self.post_due = True
-        else:
-            # ... and is not needed, unless the autocast layers' hooks are still on (a sampled forward that
-            # raised) or preflight evaluates (its second evaluation)
-            self.post_due = bool(self.autocast_hooks) or (not training and g.fast_forward.active)
-        if self.post_due and self.post_handle is None:
-            try:
-                self.post_handle = module.register_forward_hook(self._post_once, with_kwargs=True)
-            except Exception as exc:
-                self.failed("forward post-hook", exc)
-        elif (training and g._batch_leads_known and self.batch_ndim is not None and not self.post_due
-              and self.grad_enabled() and not g.fast_forward.active):
-            self._park(module)  # a plain training forward: the rest of the window needs no look (`_park`)
-
-    def _park(self, module: Any) -> None:
-        """Takes this pre-hook out of the model's hook dictionary until the next optimizer step, phase,
-        `due()` that says yes, or batch of one from `guard.batches` (`unpark`): within an accumulation
-        window a training forward has nothing more to show it once the window's first forward was seen
-        (the gradient watch armed, the batch rank learned) and the loader's batches are known not to be
-        batches of one (the only ones a squeeze can strip of their batch dimension). Each hook on the
-        model costs every forward its call and torch's slow path through `Module._call_impl`: three
-        calls of four in a loop with accumulation 4. Only eagerly, where `guard.batches` reads the
-        loader's batches; under torch.compile it stays (a graph traced without it would never call it)."""
-        hooks = module._forward_pre_hooks
-        fn = hooks.pop(self.pre_key, None)
-        if fn is not None:
-            self.parked = (module, fn)
-
-    def unpark(self) -> None:
-        """The pre-hook back in the model's hook dictionary (training thread only; torch copies the
-        dictionary's items before it calls them, so this never changes a loop over it)."""
-        parked = self.parked
-        if parked is not None:
-            self.parked = None
-            module, fn = parked
-            module._forward_pre_hooks[self.pre_key] = fn
+        try:
+            g = self.guard
+            g._ticks += 1  # every forward of the watched model is progress (probe/steps.py: counted, not timed)
+            if self.rerunning or g._disabled or GATE.capturing or thisprocess.pid != g._pid:
+                self.post_due = False
+                return
+            training = module.training
+            done = g.opt_steps if g.opt_steps > g._loss_steps else g._loss_steps  # g.step_count, without its call
+            if training and self.grad_enabled():  # the usual forward: a few attribute reads
+                self.train_forward_seen = True
+                self.no_grad_streak = 0
+                for w in self.grad_watch:
+                    if w.armed:  # (the window's first forward)
+                        try:
+                            w.before_forward()
+                        except Exception as exc:
+                            w.ref, w.error = None, exc
+                if _BATCH_DIM not in self.sent and _BATCH_DIM not in self.off:
+                    # an input of the learned rank: its shape remembered, without a call
+                    x = args[0] if args else None
+                    ndim = self.batch_ndim
+                    if ndim is not None and isinstance(x, self.tensor_type) and len(shape := x.shape) == ndim:
+                        self.batch_shapes[-1] = shape
+                    else:
+                        try:
+                            self._batch_dim(args, kwargs)
+                        except Exception as exc:
+                            self.failed(_BATCH_DIM, exc)
+            else:
+                try:
+                    if training:
+                        self._train_mode_without_grad(module)
+                    elif not self.train_forward_seen and done > 0 and not self.eval_init_checked:
+                        self.eval_init_checked = True  # once: it reads a device counter (a sync on a GPU)
+                        self._eval_before_train()
+                except Exception as exc:
+                    self.failed("train/eval mode", exc)
+            step = done + 1
+            if training and (step <= 3 or step % self.every == 0):  # a sampled step's training forward
+                if self.autocast_step != step:
+                    self.autocast_step = step  # (its first forward only)
+                    if self._autocast_due(step):
+                        try:
+                            self._autocast_pre(step)
+                        except Exception as exc:
+                            self.failed(AutocastRunsFp32.name, exc)
+                # The post-hook keeps the output for the loss check and reads the autocast layers' dtypes.
+                self.post_due = True
+            else:
+                # ... and is not needed, unless the autocast layers' hooks are still on (a sampled forward that
+                # raised) or preflight evaluates (its second evaluation)
+                self.post_due = bool(self.autocast_hooks) or (not training and g.fast_forward.active)
+            if self.post_due and self.post_handle is None:
+                try:
+                    self.post_handle = module.register_forward_hook(self._post_once, with_kwargs=True)
+                except Exception as exc:
+                    self.failed("forward post-hook", exc)
+        except Exception as exc:  # the guard never becomes the failure (a hook's error is the forward's)
+            self.guard.fail("contract checks (forward)", exc)
 
     def _post_once(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
         """The post-hook of one forward: takes itself off, then does what the pre-hook said was due."""
@@ -736,9 +707,12 @@ class Contracts:
             finally:
                 self._checks = checks
         handle, self.post_handle = self.post_handle, None
-        if handle is not None:
-            handle.remove()
-        self.forward_post(module, args, kwargs, output)
+        try:
+            if handle is not None:
+                handle.remove()
+            self.forward_post(module, args, kwargs, output)
+        except Exception as exc:  # the guard never becomes the failure (a hook's error is the forward's)
+            self.guard.fail("contract checks (forward)", exc)
 
     def _autocast_due(self, step: int) -> bool:
         """Whether this sampled step checks autocast: the first three, then every AUTOCAST_SAMPLES-th

@@ -45,7 +45,6 @@ from trainguard.probe.steps import is_tensor
 
 __all__ = ["Guard", "active_guard"]
 
-LEADS_OF_ONE = 64  # micro-batches of one row after which a loader's batches are no longer read for their size
 NOT_KEPT_IN_A_ROW = 16  # batches not kept by the ring in a row, after which a loader's are no longer offered
 _Batch = TypeVar("_Batch")  # what the loader yields: guard.batches(loader) yields the same
 
@@ -71,43 +70,21 @@ class Guard(Probe):
         # A loader whose batches are never kept (they come on the device, or larger than the ring) is not
         # asked again after a few: two calls a micro-batch saved where the loop is launch-bound
         not_kept = 0
-        contracts = self._contracts
-        usual = 0  # the batches' leading size, the largest seen (0: not known, or no checks to tell)
-        if contracts is not None and contracts.pre_key is not None:
-            usual = -1
-        try:
-            while True:
-                t0 = perf_counter()
-                try:
-                    item = next(iterator)
-                except StopIteration:
-                    return
-                if not self._disabled:
-                    self._data_wait += perf_counter() - t0
-                    self._ticks += 1  # a batch is progress (counted: probe/steps.py says why not a clock read)
-                    if not_kept < NOT_KEPT_IN_A_ROW:
-                        try:
-                            not_kept = 0 if keep(self.micro + 1, item) else not_kept + 1  # (for the next guard.step)
-                        except Exception as exc:
-                            self.fail("batches", exc)
-                    if usual:
-                        # The contract checks look at a window's later forwards only for a batch of one (a
-                        # squeeze strips only its batch dimension): each batch's leading size, where known
-                        lead = leading_size(item)
-                        if lead is None:
-                            usual = 0  # batches of a shape not read here: every forward looked at, as before
-                            self._batch_leads_known = False
-                            contracts.unpark()
-                        elif lead == 1 and usual > 1:
-                            contracts.unpark()  # a batch of one where they are larger: its forward looked at
-                        elif lead > usual:
-                            usual = lead
-                            self._batch_leads_known = True
-                        elif usual == 1 and self.micro >= LEADS_OF_ONE:
-                            usual = 0  # batches of one throughout: nothing a squeeze would single out, no more to read
-                yield item
-        finally:
-            self._batch_leads_known = False  # (another loop, or none: the checks look at every forward again)
+        while True:
+            t0 = perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            if not self._disabled:
+                self._data_wait += perf_counter() - t0
+                self._ticks += 1  # a batch is progress (counted: probe/steps.py says why not a clock read)
+                if not_kept < NOT_KEPT_IN_A_ROW:
+                    try:
+                        not_kept = 0 if keep(self.micro + 1, item) else not_kept + 1  # (for the next guard.step)
+                    except Exception as exc:
+                        self.fail("batches", exc)
+            yield item
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -131,8 +108,6 @@ class Guard(Probe):
             self._t_progress = time.time()
             if edge == "begin":
                 data["nth"] = self.phases.begin(name)
-                if self._contracts is not None:
-                    self._contracts.unpark()  # (a phase's forwards are looked at: an evaluation's mode)
             else:
                 self.phases.end(name)
             self._writer.add_event(EVENT_PHASE, name, {"edge": edge, **data}, step=self.step_count)
@@ -152,8 +127,6 @@ class Guard(Probe):
             if self._due_last.get(name) == step:
                 return False  # already answered for this step (the loop may ask once per micro-batch)
             self._due_last[name] = step
-            if self._contracts is not None:
-                self._contracts.unpark()  # (what is due, an evaluation most often, has its forwards looked at)
             return True
         except Exception as exc:
             self.fail("due", exc)
@@ -190,23 +163,6 @@ class Guard(Probe):
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
             self.finish()
-
-
-def leading_size(item: Any) -> int | None:
-    """The leading size of a batch's first tensor (a tensor, a tuple or list of them, a dict of them), or
-    None when there is none to read."""
-    first = item[0] if (type(item) is tuple or type(item) is list) and item else item
-    if type(first) is dict:
-        first = next(iter(first.values()), None)
-    if type(first) not in _TENSOR_TYPES:
-        if not is_tensor(first):
-            return None
-        _TENSOR_TYPES.add(type(first))  # (asked once per type)
-    shape = first.shape
-    return shape[0] if shape else None
-
-
-_TENSOR_TYPES: set[type] = set()
 
 
 def _to_float(value: Any) -> Any:

@@ -158,3 +158,9 @@ class StatmReader:
 
     def rss(self) -> int:
         return int(os.pread(self._fd, 256, 0).split()[1]) * self._page
+
+    def __del__(self) -> None:
+        try:
+            os.close(self._fd)
+        except Exception:
+            pass

@@ -46,6 +46,7 @@ MAX_DEFERRED_STEPS = 256
 # than held): the first DIMS_WARMUP, then every DIMS_EVERY-th
 DIMS_WARMUP = 16
 DIMS_EVERY = 64
+DEVICE_LOOKS = 16  # closed steps whose loss is asked where it lives, until one is on a GPU
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
 BEAT_REFRESH = 5.0  # seconds: an unchanged heartbeat is written again after this long (its t_flush)
 
@@ -105,11 +106,8 @@ class StepRecorder:
         self._stage_here = False
         self.update_snapshot: Any = None  # the optimizer hooks' parameter sample before an update (device)
         self._cuda_index: int | None = None
-        self._device_looked = False  # the first closed step's loss was asked where it lives
+        self._device_looked = 0  # closed steps whose loss was asked where it lives (until one on a GPU)
         self._output_kept = False  # the contract checks hold a sampled forward's output for this micro-batch's loss
-        # `guard.batches` reads each batch's leading size, and none was a batch of one where the usual is
-        # larger: the contract checks may skip looking at a window's later forwards (probe/contracts.py `_park`)
-        self._batch_leads_known = False
         self._errors = 0
         self._disabled = False
         self._step_thread: int | None = None  # the training thread: the first to call `step`
@@ -331,7 +329,7 @@ class StepRecorder:
     def _close_loss_side(self, step: int, now: float | None = None) -> None:
         if now is None:
             now = time.time()
-        if not self._device_looked:
+        if self._device_looked < DEVICE_LOOKS:
             self._look_for_device()
         given = self._weights_given
         if given is not None:
@@ -373,15 +371,17 @@ class StepRecorder:
         self._maybe_emit(step)
 
     def _look_for_device(self) -> None:
-        """Once, at the first closed step: the device the loss lives on. Its steps are stacked on it
-        (`_emit`), and the memory samples of the background thread (whose own "current device" is always 0)
-        read it."""
-        self._device_looked = True
+        """At the first closed steps: the device the loss lives on. Its steps are stacked on it (`_emit`),
+        and the memory samples of the background thread (whose own "current device" is always 0) read it.
+        Asked until a loss is on a GPU or DEVICE_LOOKS steps closed (a first loss given as a number)."""
+        self._device_looked += 1
         if self._cuda_index is not None:
+            self._device_looked = DEVICE_LOOKS
             return
         for name, value in self._pending:
             if name == "loss" and getattr(value, "is_cuda", False):
                 self._cuda_index = self.memory.cuda_index = value.device.index
+                self._device_looked = DEVICE_LOOKS
                 return
 
     # -- the optimizer's side (called by probe/opthooks.py) ----------------------------------------------
