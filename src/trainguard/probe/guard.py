@@ -16,7 +16,8 @@ Definitions used everywhere in trainguard:
 - probe/steps.py: step assembly, the hot path (`step`, `log`, `set_step`, `experts`). A Guard is a
   StepRecorder, so the training loop reaches the hot path without a delegating call. It appends to lists
   and launches a few tiny kernels; it never reads a number back from the device;
-- probe/opthooks.py: the optimizer's hooks (LR, gradient norm, update ratio) and a progress mark per forward;
+- probe/opthooks.py: the optimizer's hooks (LR, gradient norm, update ratio) and, where the contract
+  checks' forward pre-hook (probe/contracts.py) does not count each forward as progress, a mark that does;
 - probe/flusher.py: the background thread that turns finished device copies into rows and commits them;
 - probe/crashhook.py: the uncaught exception, recorded with its step and phase;
 - probe/alone.py: the standalone ending (status.json and the health rules when no watchdog owns them),

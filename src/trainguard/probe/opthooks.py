@@ -1,4 +1,5 @@
-"""The probe's hooks: the optimizer's half of each step, and a mark of progress at every forward.
+"""The probe's hooks: the optimizer's half of each step, and a mark of progress at every forward where the
+contract checks' forward pre-hook is not on the model (it counts the forwards itself: one hook a forward).
 
 `OptimizerHooks.install` registers a pre- and a post-hook on the optimizer's `step` (torch >= 2.0). The
 pre-hook reads what the step is about to use (the LR of each group, the scheduler's count, AMP's loss
