@@ -265,9 +265,9 @@ class Contracts:
         # costs every forward its call (and torch's slow path through `Module._call_impl`).
         self.post_handle: Any = None
         self._checks = compile_checks()
-        self._compiled_pre: Any = None
-        if self._checks is not None:
-            self._compiled_pre = torch.compiler.disable(self._forward_pre)
+        self._disabled_hooks: tuple[Any, Any] = (self._forward_pre, self._post_once)
+        if self._checks is not None:  # the two hooks through `torch.compiler.disable`, for `_rerun_disabled`
+            self._disabled_hooks = (torch.compiler.disable(self._forward_pre), torch.compiler.disable(self._post_once))
         if self.module is not None:
             self._survey(self.module)
             self.handles.append(self.module.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
@@ -629,13 +629,7 @@ class Contracts:
     def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
         checks = self._checks
         if checks is not None and (checks[0]() or checks[1]() is not None):
-            # Under torch.compile: this same method through `torch.compiler.disable` (a graph break before
-            # the forward; traced, its counters would become guarded constants), its tests off meanwhile
-            self._checks = None
-            try:
-                return self._compiled_pre(module, args, kwargs)
-            finally:
-                self._checks = checks
+            return self._rerun_disabled(0, module, args, kwargs)
         try:
             g = self.guard
             g._ticks += 1  # every forward of the watched model is progress (probe/steps.py: counted, not timed)
@@ -700,12 +694,7 @@ class Contracts:
         """The post-hook of one forward: takes itself off, then does what the pre-hook said was due."""
         checks = self._checks
         if checks is not None and (checks[0]() or checks[1]() is not None):
-            # (under torch.compile, as the pre-hook: through `torch.compiler.disable`, tests off meanwhile)
-            self._checks = None
-            try:
-                return torch_disable(self._post_once)(module, args, kwargs, output)
-            finally:
-                self._checks = checks
+            return self._rerun_disabled(1, module, args, kwargs, output)
         handle, self.post_handle = self.post_handle, None
         try:
             if handle is not None:
@@ -713,6 +702,16 @@ class Contracts:
             self.forward_post(module, args, kwargs, output)
         except Exception as exc:  # the guard never becomes the failure (a hook's error is the forward's)
             self.guard.fail("contract checks (forward)", exc)
+
+    def _rerun_disabled(self, which: int, *args: Any) -> None:
+        """A forward hook called under torch.compile: called again through `torch.compiler.disable` (a graph
+        break before or after the forward; traced, the guard's counters would become guarded constants),
+        its tests switched off meanwhile (no recursion)."""
+        checks, self._checks = self._checks, None
+        try:
+            self._disabled_hooks[which](*args)
+        finally:
+            self._checks = checks
 
     def _autocast_due(self, step: int) -> bool:
         """Whether this sampled step checks autocast: the first three, then every AUTOCAST_SAMPLES-th
@@ -972,12 +971,6 @@ class Contracts:
 
 # ----------------------------------------------------------------------------------------------------
 # plain helpers
-
-
-def torch_disable(fn: Any) -> Any:
-    import torch
-
-    return torch.compiler.disable(fn)
 
 
 def _accumulates(param: Any) -> bool:

@@ -2,12 +2,13 @@
 
 A step's record is filled from two sides: `step()` (the loss side: each micro-batch's loss, parts and
 weights, the data wait) and the optimizer hooks (probe/opthooks.py: LR, gradient norm, update ratio, loss
-scale). `step()` keeps references to what it is given (a list append, a set lookup per value's type, a
-counter) and nothing else: no clock read, no call into torch. When both halves are in, or the other half is
-clearly never coming, the step is emitted on the training thread (`_emit`): its CPU numbers read, or its
-GPU values stacked into one vector on the stream they were made on (`devicestats.stage_step`, one launch),
-and the loop's references dropped. The background thread (probe/flusher.py) calls `drain()`: it copies the
-stacked vectors of several steps to the host at once (`devicestats.copy_staged`), waits for no copy, and
+scale). `step()` keeps detached references to what it is given (a list append, a set lookup per value's
+type, a counter) and nothing else: no clock read. When both halves are in, or the other half is clearly
+never coming, the step is emitted on the training thread (`_emit`). On the CPU its numbers are read there
+and the references dropped. On a GPU only their version counters are read and the training thread's
+stream noted; the background thread (probe/flusher.py, `drain()`) stacks each step's values into one vector
+on that stream (`devicestats.stage_step`), checks that no value changed in place since it was given, copies
+the vectors of several steps to the host at once (`devicestats.copy_staged`) and, waiting for no copy,
 turns the finished ones into step rows for the store.
 
 `Guard` is a StepRecorder: the hot path (`step`, `log`) is this class's own code, reached by the
@@ -187,7 +188,7 @@ class StepRecorder:
             known = self._value_types  # types seen to be tensors or numbers: a set lookup, not a check
             tensor = self._tensor_types
             if type(loss) not in known:
-                self._kind_of(loss)
+                self._check_value(loss)
             # Detached (~1 us): a reference to the loss itself would keep the micro-batch's autograd graph
             # alive until the step is emitted, and free it inside the guard's call instead of in the loop,
             # where it is freed unguarded (~30 us a micro-batch of a small transformer's graph). The values
@@ -197,9 +198,7 @@ class StepRecorder:
                 self._contracts.on_loss(loss)  # (only a sampled forward keeps an output for the loss check)
             if parts:
                 if not known.issuperset(map(type, parts.values())):  # (every value's type known: one C call)
-                    for value in parts.values():
-                        if type(value) not in known:
-                            self._kind_of(value)
+                    self._check_values(parts.values())
                 kept = {}  # a copy (a loop may refill one dict every call), its tensors detached as the loss is
                 for key, value in parts.items():
                     kept[key] = value.detach() if type(value) in tensor else value
@@ -213,7 +212,14 @@ class StepRecorder:
         if closes and self.fast_forward.active:
             self.fast_forward.after_step()  # may end the script (preflight only, on purpose)
 
-    def _kind_of(self, value: Any) -> None:
+    def _check_values(self, values: Any) -> None:
+        """`_check_value` of each value whose type is not known yet."""
+        known = self._value_types
+        for value in values:
+            if type(value) not in known:
+                self._check_value(value)
+
+    def _check_value(self, value: Any) -> None:
         """A value of a type not seen before: a tensor or a number is fine (and its type remembered);
         anything else raises here, on the call that gave it, as `float(value)` does."""
         if is_tensor(value):
@@ -285,9 +291,7 @@ class StepRecorder:
         if self._disabled or thisprocess.pid != self._pid:
             return
         try:
-            for value in values.values():
-                if type(value) not in self._value_types:
-                    self._kind_of(value)
+            self._check_values(values.values())
             self._pending.append(("x:", dict(values)))
         except Exception as exc:
             self.fail("log", exc)
@@ -337,9 +341,7 @@ class StepRecorder:
             known = self._value_types
             try:
                 if not known.issuperset(map(type, given.values())):
-                    for value in given.values():
-                        if type(value) not in known:
-                            self._kind_of(value)
+                    self._check_values(given.values())
                 # a copy (a loop may refill one dict every call); a weight given as a tensor goes through the
                 # device copy like a part (float(tensor) would sync)
                 self._weights = dict(given)
