@@ -20,29 +20,60 @@ def _weight(row: dict[str, Any], name: str) -> float:
 
 
 class LossPartsImbalanced(Rule):
-    """TG401 loss-parts-imbalanced: named loss parts whose weighted sizes differ by more than 100x.
+    """TG401 loss-parts-imbalanced: named loss parts whose sizes differ by more than 100x, beyond what their weights chose.
 
     ## What it detects
     Over the last 20 steps (2.5% of a shorter run, at least 5), the median of |weight x part| for each
-    reported part; the rule fires when the largest is more than 100x the smallest. Parts whose weight is still changing (a curriculum
-    ramp) wait until it settles; parts at exactly zero belong to `loss-part-vanished`.
+    reported part, and the gap between the largest and each of the others. A gap over 100x has two
+    factors, and the rule looks at both: the weights the run reported (`weights=` in `guard.step`) and
+    the parts' own values.
+
+    - A warning when the parts' own values are out of scale: the small part has no reported weight, or
+      one within 10x of the large part's (weight 1 is assumed for a part without one); or its weight is
+      10x or more below, but the raw parts still differ by more than 100x, and did from the first
+      window (a part summed instead of averaged, an unnormalised feature loss beside a regulariser).
+    - A note (severity info), not a warning, when the run reported a weight 10x or more below the large
+      part's for the small part and the raw parts are within 100x of each other (or drifted apart only
+      later): the run made that part small on purpose. PaLM's z-loss (1e-4), a router z-loss (1e-3),
+      a router balance loss (0.001-0.02), an entropy bonus (0.01) all look like this.
+
+    Parts whose weight is still changing (a curriculum ramp) wait until it settles; parts at exactly zero
+    belong to `loss-part-vanished`.
 
     ## Why it matters
-    The gradient follows the largest term. A part 100x smaller than another contributes nothing the
-    optimizer can notice: it is in the loss only on paper. Seed 004 had a feature loss of 150-200
-    beside a KD loss of 4 and a load-balance loss of 0.0001.
+    The gradient follows the largest term. A part 100x smaller than another at comparable weight
+    contributes nothing the optimizer can notice: it is in the loss only on paper, or the large one is
+    wrong (a sum over elements where a mean was meant). Seed 004 had a feature loss of 150-200 and an
+    attention loss of 90-140 beside a KD loss of 30-40 and a load-balance loss of 0.0001.
 
     ## Example
-    `TG401 loss-parts-imbalanced [warning] at step 1: weighted loss parts differ by 1.75e+06x over the
-    last 20 steps: feature 175, kd 4.02, balance 0.0001`
+    Seed 004's numbers, reported without weights:
+    `TG401 loss-parts-imbalanced [warning] at step 1: weighted loss parts differ by 5.77e+05x over the
+    last 20 steps: feature 173, attention 115, kd 34.6, balance 3.00e-04`
+
+    An MoE LM whose LM loss is summed over its 256 tokens (scenarios/moe_lm_loss_summed):
+    `TG401 loss-parts-imbalanced [warning] at step 1: weighted loss parts differ by 4.85e+05x over the
+    last 7 steps: lm 1.28e+03, balance 0.0105 = 0.01 x 1.05, z 0.00303 = 1.00e-04 x 30.3, router_z
+    0.00263 = 0.001 x 2.63; the weights put router_z 1e+03x below lm, the parts themselves differ by 485x`
+
+    The same model trained the standard way (scenarios/quiet_moe_lm_regularisers), a note:
+    `TG401 loss-parts-imbalanced [info] at step 1: router_z enters the loss 1.94e+03x below lm over the
+    last 7 steps (lm 4.99, balance 0.0105 = 0.01 x 1.05, z 0.00303 = 1.00e-04 x 30.3, router_z 0.00257 =
+    0.001 x 2.57); its reported weight puts it 1e+03x below, and unweighted the two are within 1.94x of
+    each other. A regulariser small by design (...) looks like this; so does a weight mis-set by orders
+    of magnitude`
 
     ## What to change
-    Normalise each part (mean over elements, not sum), then set weights so the weighted parts are of
-    the same order at the start of the run; or drop the part that cannot matter.
+    Normalise each part (mean over elements, not sum), then set weights so the parts meant to matter are
+    of the same order at the start of the run; or drop the part that cannot matter. Report a regulariser
+    raw, with its coefficient in `weights=`, so the rule can tell its small weight from a small value.
 
     ## Known false positives
-    A part that is meant to be a small regulariser (weight decay written as a loss, a tiny entropy
-    bonus) and is known to be tiny.
+    A regulariser reported already multiplied by its coefficient, without `weights=`: the rule cannot
+    tell it from seed 004's balance term and warns (report the raw part and its weight instead). A part
+    centred on zero by construction (a policy-gradient loss with normalised advantages), whose median
+    size says little about its gradient. The other way round, a weight mis-set by orders of magnitude
+    looks like a regulariser small by design: it gets the note, not a warning.
 
     ## Options
     None.
@@ -51,15 +82,21 @@ class LossPartsImbalanced(Rule):
     code, name, severity = "TG401", "loss-parts-imbalanced", "warning"
     needs = (PARTS,)
     RATIO = 100.0
+    CHOSEN = 10.0  # a reported weight this many times below another's made its part small on purpose
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
         self.mags: dict[str, collections.deque[float]] = {}
         self.weights: dict[str, collections.deque[float]] = {}
+        self.declared: dict[str, bool] = {}  # the last row reported a weight for the part
+        self.first_raw: dict[str, float] = {}  # median |part| at the part's first judgement
+        self.first_size: dict[str, float] = {}  # median |weight x part| then
         self.first_step: int | None = None
         self.n = 0
+        self.noted = False
         # 20 steps, or 2.5% of a short run (at least 5): a 100x gap needs no long look
         self.w = self.window(0.025, 5, WINDOW)
+        self.steps: collections.deque[int] = collections.deque(maxlen=self.w)
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         parts = row.get("parts") or {}
@@ -68,12 +105,15 @@ class LossPartsImbalanced(Rule):
         self.n += 1
         if self.first_step is None:
             self.first_step = row["step"]
+        self.steps.append(row["step"])
+        reported = row.get("weights") or {}
         for name, value in parts.items():
             if not finite(value):
                 continue
             w = _weight(row, name)
             self.mags.setdefault(name, collections.deque(maxlen=self.w)).append(abs(w * value))
             self.weights.setdefault(name, collections.deque(maxlen=self.w)).append(w)
+            self.declared[name] = finite(reported.get(name))
         if self.n < self.w or self.n % min(5, self.w):
             return None
         sizes = {}
@@ -84,20 +124,96 @@ class LossPartsImbalanced(Rule):
             size = median(list(mags))
             if size > 1e-12:
                 sizes[name] = size
+                self.first_size.setdefault(name, size)
+                self.first_raw.setdefault(name, size / abs(ws[-1]))  # a settled weight, not 0 (size > 0)
         if len(sizes) < 2:
             return None
-        big, small = max(sizes, key=sizes.__getitem__), min(sizes, key=sizes.__getitem__)
-        ratio = sizes[big] / sizes[small]
-        if ratio <= self.RATIO:
-            return None
-        listing = ", ".join(f"{k} {fmt(v)}" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1]))
+        big = max(sizes, key=sizes.__getitem__)
+        found: dict[bool, tuple[float, str]] = {}  # warning? -> (gap, small part) of the widest gap of that kind
+        for small, size in sizes.items():
+            ratio = sizes[big] / size
+            if ratio > self.RATIO:
+                warn = self._values_out_of_scale(big, small, ratio)
+                if ratio > found.get(warn, (0.0, ""))[0]:
+                    found[warn] = (ratio, small)
+        if True in found:
+            return self._warning(row, sizes, big, found[True][1])
+        if False in found and not self.noted:
+            self.noted = True
+            return self._note(row, sizes, big, found[False][1])
+        return None
+
+    def _chosen(self, big: str, small: str) -> float:
+        """How many times below `big` the reported weights put `small`."""
+        return abs(self.weights[big][-1]) / abs(self.weights[small][-1])
+
+    def _values_out_of_scale(self, big: str, small: str, ratio: float) -> bool:
+        """Whether a gap over 100x is the parts' own doing, not the reported weights'."""
+        chosen = self._chosen(big, small)
+        if not (self.declared.get(small) and chosen >= self.CHOSEN):
+            return True  # nothing the run reported says `small` is meant to be small
+        raw_first = self.first_raw[big] / self.first_raw[small]
+        # the weights made the part small on purpose; the values are out of scale only if they are by
+        # themselves, and were from the first window (a regulariser that has since pulled its own value
+        # down, as a z-loss does, is doing its job)
+        return ratio / chosen > self.RATIO and raw_first > self.RATIO
+
+    def _onset(self, big: str, small: str) -> int:
+        """The first step if the gap was there at the parts' first judgement, else the window's first."""
+        assert self.first_step is not None
+        if self.first_size[big] / self.first_size[small] > self.RATIO:
+            return self.first_step
+        return self.steps[0]
+
+    def _listing(self, sizes: dict[str, float]) -> str:
+        def one(k: str, v: float) -> str:
+            w = self.weights[k][-1]
+            return f"{k} {fmt(v)}" if w == 1.0 else f"{k} {fmt(v)} = {fmt(w)} x {fmt(v / abs(w))}"
+        return ", ".join(one(k, v) for k, v in sorted(sizes.items(), key=lambda kv: -kv[1]))
+
+    def _evidence(self, row: dict[str, Any], sizes: dict[str, float], big: str, small: str) -> dict[str, Any]:
+        chosen, ratio = self._chosen(big, small), sizes[big] / sizes[small]
+        return {"weighted_medians": sizes, "raw_medians": {k: v / abs(self.weights[k][-1]) for k, v in sizes.items()},
+                "weights": {k: self.weights[k][-1] for k in sizes},
+                "weights_reported": {k: self.declared.get(k, False) for k in sizes},
+                "largest": big, "smallest": small, "ratio": ratio, "weight_ratio": chosen,
+                "raw_ratio": ratio / chosen, "raw_ratio_first": self.first_raw[big] / self.first_raw[small],
+                "window": self.w, "detected_step": row["step"]}
+
+    def _warning(self, row: dict[str, Any], sizes: dict[str, float], big: str, small: str) -> Finding:
+        ratio, chosen = sizes[big] / sizes[small], self._chosen(big, small)
+        summary = f"weighted loss parts differ by {fmt(ratio)}x over the last {self.w} steps: {self._listing(sizes)}"
+        fix = (f"normalise each part (mean, not sum) and set weights so weighted parts are of one order; "
+               f"{small} cannot move the gradient beside {big}")
+        if self.declared.get(small) and chosen >= self.CHOSEN:
+            summary += (f"; the weights put {small} {fmt(chosen)}x below {big}, the parts themselves differ by "
+                        f"{fmt(ratio / chosen)}x")
+            fix = (f"the weights explain {fmt(chosen)}x of the gap, the values {fmt(ratio / chosen)}x: look for a part "
+                   f"summed instead of averaged or left unnormalised ({big} {fmt(self.first_raw[big])} at first), "
+                   "then set the weights")
+        elif not self.declared.get(small):
+            fix += (f"; if {small} is a regulariser meant to be this small (a z-loss, a router balance loss), "
+                    f"report it raw with its coefficient in weights= and the rule judges it by its weight")
+        return self.finding(step=self._onset(big, small), summary=summary, fix=fix,
+                            evidence=self._evidence(row, sizes, big, small))
+
+    def _note(self, row: dict[str, Any], sizes: dict[str, float], big: str, small: str) -> Finding:
+        ratio, chosen = sizes[big] / sizes[small], self._chosen(big, small)
+        raw, raw_first = ratio / chosen, self.first_raw[big] / self.first_raw[small]
+        if raw <= self.RATIO:
+            unweighted = f"unweighted the two are within {fmt(max(raw, 1 / raw))}x of each other"
+        else:
+            unweighted = f"unweighted they were within {fmt(max(raw_first, 1 / raw_first))}x at first ({fmt(raw)}x now)"
         return self.finding(
-            step=self.first_step,
-            summary=f"weighted loss parts differ by {fmt(ratio)}x over the last {self.w} steps: {listing}",
-            fix=f"normalise each part (mean, not sum) and set weights so weighted parts are of one order; "
-                f"{small} cannot move the gradient beside {big}",
-            evidence={"weighted_medians": sizes, "largest": big, "smallest": small, "ratio": ratio,
-                      "weights": {k: self.weights[k][-1] for k in sizes}, "detected_step": row["step"]},
+            step=self._onset(big, small), severity="info", cause="weighted",
+            summary=f"{small} enters the loss {fmt(ratio)}x below {big} over the last {self.w} steps "
+                    f"({self._listing(sizes)}); its reported weight puts it {fmt(chosen)}x below, and {unweighted}. "
+                    "A regulariser small by design (a z-loss, a router balance loss, an entropy bonus) looks like "
+                    "this; so does a weight mis-set by orders of magnitude",
+            fix=f"nothing to change if {small} is meant to be a light regulariser; if it is meant to steer "
+                f"training as much as {big}, raise its weight (about {fmt(abs(self.weights[small][-1]) * ratio / 10)} "
+                f"puts it within 10x of {big})",
+            evidence=self._evidence(row, sizes, big, small),
         )
 
 
