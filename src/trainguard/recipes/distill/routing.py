@@ -11,7 +11,9 @@ guard like every other part:
   E * sum_e f_e * P_e (f_e the share of top-k assignments, P_e the mean probability), 1 when even.
   DISTILL.md's 1e-3 to 1e-2 is for a router that the LM loss also trains; this router is trained only
   by the routing term, so its balance weight is set against that one (the tested example: 0.1 beside
-  routing 0.5). At 0.01 beside an LM loss of ~6 the guard's TG401 says the term cannot matter (seen).
+  routing 0.5). At 0.01 beside an LM loss of ~6 the term sits ~570x below it: TG401 warned of that when
+  this was built (seen); it now takes a weight reported that small as chosen and leaves an info note, since
+  the numbers alone look like a router the LM loss also trains.
 
 The router's expert loads (top-k assignments per expert) go to `guard.experts` every step, so a router
 that collapses onto one expert is the guard's TG811 expert-collapse, not a silent constant.
