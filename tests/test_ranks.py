@@ -317,3 +317,18 @@ def test_a_device_side_assert_is_the_ranks_own_fault_even_when_nccls_watchdog_re
     assert f is not None and f.cause == "cuda-device-assert" and f.evidence["rank"] == 1
     assert f.evidence["native_abort"].startswith("c10::DistBackendError: [PG ID 0")
 
+
+def test_on_a_gpu_the_devices_time_before_the_all_reduce_names_the_straggler_the_hosts_hide() -> None:
+    # over NCCL rank 0's host waits for rank 1 in the `loss.item()` after its step, so both hosts' times
+    # before the all-reduce read ~40 ms; the devices' say who sat idle for its host (rank 1: slow data)
+    def nccl(s: int, r: int, row: dict) -> None:
+        row["extra"]["presync_s"] += 0.030
+        row["extra"]["presync_device_s"] = 0.002 + (0.030 if r == 1 else 0.0) + 0.0001 * (s % 3)
+    (f,) = [f for f in run_rules(_rows(240, change=nccl), DDP) if f.name == "straggler-rank"]
+    assert f.evidence["rank"] == 1 and f.evidence["wait_ms"] > 25
+    # the device's times only where every rank has them: a rank without falls back to the hosts' (no finding)
+    def one_rank_only(s: int, r: int, row: dict) -> None:
+        nccl(s, r, row)
+        if r == 0:
+            del row["extra"]["presync_device_s"]
+    assert "straggler-rank" not in _names(run_rules(_rows(240, change=one_rank_only), DDP))

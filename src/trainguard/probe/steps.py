@@ -85,6 +85,7 @@ class StepRecorder:
         # the current step's values as the loop gave them: (name, tensor or number), or (prefix, {key: value})
         # for a dict of parts; resolved by `devicestats.resolve`, off the hot path
         self._pending: list[tuple[str, Any]] = []
+        self._intervals: list[tuple[str, Any, Any]] = []  # the current step's device intervals (`_add_interval`)
         self._weights: dict[str, Any] = {}  # the last weights given (numbers or tensors)
         self._weights_fresh = False  # given during the current step (tensor weights are recorded only then)
         self._weights_given: dict[str, Any] | None = None  # the weights the last call gave, as given
@@ -333,6 +334,11 @@ class StepRecorder:
         """One named value (a tensor or a number) for the step being accumulated."""
         self._pending.append((name, value))
 
+    def _add_interval(self, name: str, start: Any, end: Any) -> None:
+        """The device time between two CUDA events (timing on) for the step being accumulated, in seconds
+        under `name` (`x:...`: extra). Read only once the step's row is made, when its copies are done and
+        so are the events before them: asking earlier would wait for the device."""
+        self._intervals.append((name, start, end))
 
     def _close_loss_side(self, step: int, now: float | None = None) -> None:
         if now is None:
@@ -356,6 +362,8 @@ class StepRecorder:
         side = {"t": now, "micro": self.micro, "pending": self._pending, "weights": self._weights,
                 "weights_fresh": self._weights_fresh, "data_wait": self._data_wait,
                 "step_time": (now - last) if last is not None else None, "loss_done": True}
+        if self._intervals:  # (only a distributed run on a GPU has them: probe/syncwait.py)
+            side["intervals"], self._intervals = self._intervals, []
         rec = self._records.get(step)
         if rec is None:
             rec = self._records[step] = {"step": step, **side}
@@ -686,6 +694,10 @@ class StepRecorder:
         parts = {n[5:]: _mean(vs) for n, vs in collected.items() if n.startswith("part:")}
         device_weights = {n[7:]: vs[-1] for n, vs in collected.items() if n.startswith("weight:")}
         extra: dict[str, Any] = {n[2:]: vs[-1] for n, vs in collected.items() if n.startswith("x:")}
+        for name, start, end in rec.get("intervals", ()):
+            seconds = devicestats.elapsed(start, end)
+            if seconds is not None:
+                extra[name[2:]] = seconds
         if rec.get("lrs"):
             extra["lrs"] = rec["lrs"]
         if rec.get("no_grad"):
