@@ -111,8 +111,8 @@ def _read(dump: Any, dump_json: Any, device: bool, world: str | None, groups: di
     import json
     import pickle
 
-    active_dump = pickle.loads(dump(includeCollectives=True, includeStackTraces=True, onlyActive=True))
-    window = json.loads(dump_json(includeCollectives=True, onlyActive=False))
+    active_dump = pickle.loads(_call(dump, includeCollectives=True, includeStackTraces=True, onlyActive=True))
+    window = json.loads(_call(dump_json, includeCollectives=True, onlyActive=False))
     for pg, st in (active_dump.get("pg_status") or {}).items():
         mine = {"enqueued": int(st.get("last_enqueued_collective", -1)),
                 "completed": int(st.get("last_completed_collective", -1))}
@@ -128,6 +128,14 @@ def _read(dump: Any, dump_json: Any, device: bool, world: str | None, groups: di
         kind = kind_of(_op(e.get("profiling_name")), e.get("input_sizes"))
         kinds.setdefault(group, {})
         kinds[group][kind] = kinds[group].get(kind, 0) + 1
+
+
+def _call(fn: Any, **flags: bool) -> Any:
+    """A dump with its flags by name, or in that order where a build names them otherwise."""
+    try:
+        return fn(**flags)
+    except TypeError:
+        return fn(*flags.values())
 
 
 def _kept(entries: list[tuple[dict[str, Any], bool]], world: str | None) -> list[tuple[dict[str, Any], bool]]:
