@@ -390,3 +390,15 @@ def test_the_last_drain_answers_the_watchdog_while_it_waits_for_a_device_that_ne
     assert StepRecorder._wait_for_device_copies(rec, [Copy(3), Copy(0)]) is True  # type: ignore[arg-type]
     assert answered == [True] * 3
     assert StepRecorder._wait_for_device_copies(rec, [Copy(0, broken=True)]) is False  # type: ignore[arg-type]
+
+
+def test_nccl_a_rank_blocked_setting_up_a_groups_communicator_waits_where_its_counter_says() -> None:
+    # no device_id bound: rank 0's first all-reduce on the metrics group waits inside the communicator's
+    # set-up for rank 1, before NCCL records it; its counter has it (group "1", #1, inside)
+    fr = {0: _fr({"default": (18, 18)}, [], {"default": {"all_reduce [161]": 18}}),
+          1: NCCL_EXTRA[1]}
+    positions = {0: _at("all_reduce", 1, all_reduce=1) | {"group": "1"}}
+    v = judge_flight(fr, {0: "python", 1: "device"}, None, positions)
+    assert v["blame"] == 0 and v["unrecoverable"]
+    assert v["sentence"].startswith("rank 0 waits in all_reduce #1 of group 1, which rank 1 never called")
+    assert judge_flight(fr, {0: "python", 1: "device"})["unrecoverable"] is None  # without it: no proof

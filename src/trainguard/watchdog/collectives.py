@@ -145,7 +145,8 @@ def judge(positions: dict[int, dict[str, Any]], in_stack: dict[int, str | None],
 
 
 def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
-                 lines: dict[int, set[str]] | None = None) -> dict[str, Any] | None:
+                 lines: dict[int, set[str]] | None = None,
+                 positions: dict[int, dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """Compare the ranks by what their flight recorders hold (every collective, DDP's and FSDP's too).
 
     `flight`: rank -> the probe's answer (probe/flightrec.py); `now`: rank -> where its main thread is:
@@ -168,6 +169,11 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
     the host runs on until it needs a result. Such a rank waits in its oldest collective still in flight
     on the device (the device runs them in order), and reaches nothing queued behind it: its host, waiting
     for the device, issues nothing more.
+
+    `positions`: the probe's counters (`read_positions`). A rank blocked in a torch.distributed call that
+    its recorder does not hold yet waits where its counter says: NCCL records a collective only once the
+    group's communicator exists, and the first call on a group made lazily (no `device_id` bound) waits
+    for the other ranks inside that communicator's set-up.
     """
     ranks = sorted(now)
     if len(ranks) < 2 or any(r not in flight for r in ranks):
@@ -185,6 +191,10 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
                     and (lines is None or _line_of(a.get("where")) in lines.get(r, set()))]
             # blocked in a call: its newest; inside backward: the oldest bucket it waits for
             wait = (mine[0] if now[r] == "python" else min(mine, key=lambda a: a.get("seq", 0))) if mine else None
+            counted = (positions or {}).get(r) or {}
+            if wait is None and now[r] == "python" and counted.get("inside") and counted.get("seq") is not None:
+                wait = {"group": counted.get("group"), "seq": int(counted["seq"]), "op": counted.get("op"),
+                        "from": "python", "where": None, "sizes": None}
         if wait is not None and isinstance(flight[r].get("step"), int):
             wait = {**wait, "step": flight[r]["step"]}
         waits[r] = wait
@@ -341,7 +351,7 @@ def refine(diagnosis: Any, snap: Any, positions: dict[int, dict[str, Any]],
     in_stack = {r: classify._collective_op(p.main_thread) if classify._in(p.main_thread, classify._COLLECTIVE_FILES)
                 else None for r, p in by_rank.items()}
     verdict = judge_flight(flight or {}, {r: where_now(p.main_thread) for r, p in by_rank.items()},
-                           {r: user_lines(p.main_thread) for r, p in by_rank.items()})
+                           {r: user_lines(p.main_thread) for r, p in by_rank.items()}, positions)
     if verdict is None:
         verdict = judge(positions, in_stack, {r for r, p in by_rank.items() if where_now(p.main_thread) == "backward"})
     if verdict is None:
