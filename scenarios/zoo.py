@@ -3,6 +3,7 @@
     python scenarios/zoo.py                 # run them all, print the table
     python scenarios/zoo.py seed001_eval_typeerror healthy_instrumented
     python scenarios/zoo.py --list
+    python scenarios/zoo.py --backend nccl  # the scenarios that also run over NCCL, one GPU a rank
 
 Each scenario is a folder `scenarios/<name>/` holding the script(s) and `expect.yaml`:
 
@@ -30,6 +31,10 @@ Each scenario is a folder `scenarios/<name>/` holding the script(s) and `expect.
                                      this many seconds after the last progress (optional: latency in time)
     requires: cuda                   run only where CUDA is available (reported as skipped elsewhere)
     timeout: 120                     seconds the scenario may take
+    nccl:                            the scenario also runs over NCCL (`--backend nccl`: its scripts read
+      cause: cuda-device-assert        TRAINGUARD_ZOO_BACKEND=nccl, one GPU a rank); the keys given here
+                                       replace those above for that run, written down, never loosened
+                                       silently (`nccl: {}`: the same expectations)
 
 The scenario runs in a scratch copy of its folder, so whatever it writes never lands in the repository.
 """
@@ -77,6 +82,33 @@ def load_expect(name: str) -> dict[str, Any]:
     return yaml.safe_load((HERE / name / "expect.yaml").read_text()) or {}
 
 
+BACKENDS = ("gloo", "nccl")  # gloo: as the scripts are written (CPU); nccl: TRAINGUARD_ZOO_BACKEND=nccl
+ENV_BACKEND = "TRAINGUARD_ZOO_BACKEND"
+# what a backend's block may replace: the expectations and how the scenario is run, not what it is
+OVERRIDABLE = {"state", "exit_code", "findings", "absent", "quiet", "cause", "where", "says", "step", "rank",
+               "onset_step", "found_within", "timeout", "args", "command"}
+
+
+def expectations(name: str, backend: str = "gloo") -> dict[str, Any]:
+    """A scenario's expect.yaml as it holds for `backend`: over gloo as written, over NCCL with its `nccl:`
+    block's keys in place of the ones they name. A scenario without that block does not run over NCCL."""
+    exp = {k: v for k, v in load_expect(name).items() if k not in BACKENDS}
+    if backend == "gloo":
+        return exp
+    over = load_expect(name).get(backend)
+    if not isinstance(over, dict):
+        raise ValueError(f"{name} does not run over {backend}: its expect.yaml has no `{backend}:` block")
+    unknown = sorted(set(over) - OVERRIDABLE)
+    if unknown:
+        raise ValueError(f"{name}: `{backend}:` may replace {', '.join(sorted(OVERRIDABLE))}; not {', '.join(unknown)}")
+    return {**exp, **over}
+
+
+def backend_names(backend: str) -> list[str]:
+    """The scenarios that run over `backend` (every one over gloo)."""
+    return [n for n in scenario_names() if backend == "gloo" or isinstance(load_expect(n).get(backend), dict)]
+
+
 def _trainguard() -> list[str]:
     return [sys.executable, "-m", "trainguard.cli"]
 
@@ -86,11 +118,17 @@ def _command(exp: dict[str, Any]) -> list[str]:
     return [sys.executable if c == "python" else str(c) for c in cmd]
 
 
-def run_scenario(name: str, keep: str | None = None) -> Result:
-    exp = load_expect(name)
+def run_scenario(name: str, keep: str | None = None, backend: str = "gloo", timeout: float | None = None) -> Result:
+    """Runs one scenario in a scratch copy and judges it; `timeout` (seconds) shortens its expect.yaml's."""
+    exp = expectations(name, backend)
+    if timeout is not None:
+        exp["timeout"] = min(float(exp.get("timeout", 120)), timeout)
     mode = exp.get("mode", "run")
-    if exp.get("requires") == "cuda" and not _has_cuda():
+    if exp.get("requires") == "cuda" and not _cuda_devices():
         return Result(name, "needs CUDA", "skipped (no CUDA here)", True, 0.0, skipped=True)
+    if backend == "nccl" and _cuda_devices() < 2:
+        return Result(name, "needs 2 CUDA devices (nccl)", f"skipped ({_cuda_devices()} here)", True, 0.0,
+                      skipped=True)
     work = Path(tempfile.mkdtemp(prefix=f"zoo-{name}-"))
     shutil.copytree(HERE / name, work, dirs_exist_ok=True)
     run_dir = work / "run"
@@ -118,6 +156,9 @@ def run_scenario(name: str, keep: str | None = None) -> Result:
     env = dict(os.environ)
     env.pop("TRAINGUARD_RUN_DIR", None)
     env["TRAINGUARD_RUNS_ROOT"] = str(work / "runs")
+    env.pop(ENV_BACKEND, None)
+    if backend != "gloo":
+        env[ENV_BACKEND] = backend
     # torchrun's static rendezvous listens on 29500 unless told otherwise: two torchrun scenarios side by
     # side (pytest -n 2) would take the same port. PET_MASTER_PORT is torchrun's own default for it.
     env.setdefault("PET_MASTER_PORT", str(_free_port()))
@@ -138,7 +179,7 @@ def run_scenario(name: str, keep: str | None = None) -> Result:
         result.problems += check_report(run_dir, status, quiet=bool(exp.get("quiet")))
         result.ok = not result.problems
     if keep:
-        dest = Path(keep) / name
+        dest = Path(keep) / (name if backend == "gloo" else f"{name}.{backend}")
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(work, dest, ignore=shutil.ignore_patterns("*.pt", "*.bin", "*.safetensors"))
     shutil.rmtree(work, ignore_errors=True)
@@ -275,13 +316,20 @@ def _kill_left_in(work: Path) -> None:
             continue
 
 
-def _has_cuda() -> bool:
-    """Scenarios with `requires: cuda` run only where a GPU is (checked in a child: torch is heavy)."""
-    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
-    try:
-        return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+_devices: list[int] = []
+
+
+def _cuda_devices() -> int:
+    """CUDA devices here, asked once (in a child: torch is heavy). Scenarios with `requires: cuda` need one,
+    a run over NCCL two."""
+    if not _devices:
+        probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+        try:
+            out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+            _devices.append(int(out.stdout.strip() or 0) if out.returncode == 0 else 0)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            _devices.append(0)
+    return _devices[0]
 
 
 def check_report(run_dir: Path, status: dict[str, Any], quiet: bool = False) -> list[str]:
@@ -487,16 +535,22 @@ def main() -> int:
     parser.add_argument("--json", help="also write the results as JSON to this file")
     parser.add_argument("--table", metavar="FILE",
                         help="print the table from a results file the tests wrote (TRAINGUARD_ZOO_RESULTS)")
+    parser.add_argument("--backend", choices=BACKENDS, default="gloo",
+                        help="nccl: the scenarios whose expect.yaml has a `nccl:` block, over NCCL, one GPU a rank")
     args = parser.parse_args()
     if args.table:
         rows = [json.loads(line) for line in Path(args.table).read_text().splitlines() if line.strip()]
         print_table([Result(r["name"], r["expected"], r["got"], r["ok"], r["seconds"], r["detect"],
                             skipped=r.get("skipped", False)) for r in sorted(rows, key=lambda r: r["name"])])
         return 0 if all(r["ok"] for r in rows) else 1
-    names = args.names or scenario_names()
+    names = args.names or backend_names(args.backend)
     unknown = [n for n in names if n not in scenario_names()]
     if unknown:
         print(f"zoo: unknown scenario(s): {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    elsewhere = [n for n in names if n not in backend_names(args.backend)]
+    if elsewhere:
+        print(f"zoo: not run over {args.backend} (no `{args.backend}:` block): {', '.join(elsewhere)}", file=sys.stderr)
         return 2
     if args.list:
         for n in names:
@@ -506,10 +560,10 @@ def main() -> int:
     gpu = threading.Lock()
 
     def run_one(name: str) -> Result:
-        if load_expect(name).get("requires") != "cuda":
+        if load_expect(name).get("requires") != "cuda" and args.backend == "gloo":
             return run_scenario(name, args.keep)
         with gpu:
-            return run_scenario(name, args.keep)
+            return run_scenario(name, args.keep, args.backend)
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = list(pool.map(run_one, names))

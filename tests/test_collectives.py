@@ -248,3 +248,157 @@ def test_without_the_flight_recorder_a_rank_inside_backward_is_not_blamed_as_nev
     assert v["blame"] is None and v["unrecoverable"] is None
     assert v["sentence"].startswith("rank 1 is inside backward, where DDP's gradient all-reduce is not seen")
     assert v["sentence"].endswith("while rank 0 waits in all_reduce #1")
+
+
+# -- NCCL: the host runs on, the device waits (probe/flightrec.py marks the entries the device runs) --
+
+
+def _dev(group: str, seq: int, t: float, where: str | None = None, sizes: list | None = None) -> dict:
+    origin = "python" if where else "other"  # DDP's buckets on a GPU come from autograd's thread: no stack
+    return {"group": group, "seq": seq, "op": "all_reduce", "sizes": sizes or [[161]], "from": origin,
+            "where": where, "t": t, "device": True, "state": "scheduled"}
+
+
+# torchrun_ddp_extra_collective over NCCL: rank 0's metrics all-reduce (group "1", #1) returned at once and
+# its host ran on, queuing steps 13-16's gradient all-reduces behind it, then waited in `.item()`; rank 1
+# never called it, ran on to the end and waits in guard.finish() for its device, stuck in step 13's bucket
+NCCL_EXTRA = {
+    0: _fr({"default": (22, 18), "1": (1, 0)},
+           [_dev("default", 22, 104.0), _dev("default", 21, 103.0), _dev("default", 20, 102.0),
+            _dev("default", 19, 101.0), _dev("1", 1, 100.0, "train.py:63 (<module>)", sizes=[[]])],
+           {"default": {"all_reduce [161]": 22}, "1": {"all_reduce []": 1}}),
+    1: _fr({"default": (22, 18)}, [_dev("default", 22, 103.5), _dev("default", 19, 100.5)],
+           {"default": {"all_reduce [161]": 22}}, {"default": [0, 1], "1": [0, 1]}),
+}
+
+
+def test_nccl_a_rank_whose_device_is_stuck_in_an_extra_collective_is_blamed_with_proof() -> None:
+    v = judge_flight(NCCL_EXTRA, {0: "device", 1: "device"})
+    assert v["blame"] == 0 and v["unrecoverable"]
+    assert v["sentence"] == (
+        "rank 0 waits in all_reduce #1 of group 1 at train.py:63 (<module>) on the device, which rank 1 never "
+        "called; rank 1 waits in all_reduce #19 on the device, issued from C++ (DDP's gradient all-reduce, or the "
+        "like), which rank 0 has not reached")
+    assert v["waits"][0]["where"] == "train.py:63 (<module>)"  # refine puts the collective's line in `where`
+
+
+def test_nccl_a_collective_queued_behind_the_devices_own_wait_is_not_reached() -> None:
+    # rank 0 has enqueued #19 (its host ran ahead) but its device sits in group 1's #1 before it: without
+    # that, rank 1's wait would look reachable and nothing would be proven
+    v = judge_flight(NCCL_EXTRA, {0: "device", 1: "device"})
+    assert "which rank 0 has not reached" in v["sentence"]
+
+
+def test_nccl_a_host_still_computing_is_no_proof_and_is_the_one_to_look_at() -> None:
+    # the healthy twin over NCCL: rank 1's host is inside a slow backward (nothing issued yet), rank 0's device
+    # waits in the gradient all-reduce it will join
+    fr = {0: _fr({"default": (19, 18)}, [_dev("default", 19, 100.0)], {"default": {"all_reduce [161]": 19}}),
+          1: _fr({"default": (18, 18)}, [], {"default": {"all_reduce [161]": 18}})}
+    v = judge_flight(fr, {0: "device", 1: "backward"})
+    assert v["unrecoverable"] is None and v["blame"] == 1 and v["straggling"] == [1]
+
+
+def test_nccl_devices_stuck_in_the_same_collective_name_nobody() -> None:
+    # both devices in all-reduce #19, both hosts waiting: something outside the job (a peer's link) holds it
+    fr = {r: _fr({"default": (19, 18)}, [_dev("default", 19, 100.0 + r)], {}) for r in (0, 1)}
+    v = judge_flight(fr, {0: "device", 1: "device"})
+    assert v["unrecoverable"] is None and v["blame"] is None
+
+
+def test_nccl_device_waits_make_a_collective_cause_out_of_a_device_sync() -> None:
+    from trainguard.watchdog import classify
+    from trainguard.watchdog.collectives import flight_waits, where_now
+    from trainguard.watchdog.stacks import Frame, ProcSample, Snapshot, ThreadStack
+
+    def proc(pid: int, rank: int, frames: list[Frame]) -> ProcSample:
+        return ProcSample(pid=pid, rank=str(rank), threads=[ThreadStack("1", "MainThread", True, frames)],
+                          cpu_percent=0.0, status="sleeping")
+
+    item = [Frame("/tmp/z/train.py", 70, "<module>", 'print(f"step {step} loss {loss.item():.4f}")')]
+    finish = [Frame("/tmp/z/train.py", 75, "<module>", "guard.finish()"),
+              Frame("/x/src/trainguard/probe/core.py", 133, "finish", "self.drain(final=True)"),
+              Frame("/x/src/trainguard/probe/steps.py", 520, "_drain_locked", None),
+              Frame("/x/src/trainguard/probe/steps.py", 590, "_wait_for_device_copies", "time.sleep(pause)")]
+    snap = Snapshot(root_pid=1, samples=[{10: proc(10, 0, item), 11: proc(11, 1, finish)}], interval=2.0, taken_at=0.0,
+                    gpu={"gpus": [{"index": 0}]})
+    assert where_now(snap.samples[0][10].main_thread) == "device" == where_now(snap.samples[0][11].main_thread)
+    waits = flight_waits(snap, NCCL_EXTRA)
+    assert waits[0].startswith("all_reduce #1 of group 1") and waits[1].startswith("all_reduce #19")
+    diag = classify.diagnose(snap, waits)
+    assert diag.cause == "collective"
+    assert classify.diagnose(snap, {}).cause == "device-sync"  # without the recorders: the host's wait alone
+
+
+def test_the_probe_keeps_each_groups_oldest_collective_in_flight_however_many_are_queued_behind() -> None:
+    def entry(group: str, seq: int, t: int) -> dict:
+        return {"process_group": (group, ""), "collective_seq_id": seq, "time_created_ns": t,
+                "profiling_name": "nccl:all_reduce", "input_sizes": [[4]], "frames": []}
+
+    world = "0"
+    queued = [(entry("0", s, 1000 + s), True) for s in range(19, 40)] + [(entry("1", 1, 500), True)]
+    kept = flightrec._kept(queued, world)
+    seqs = [(flightrec._group(e, world), e["collective_seq_id"]) for e, _ in kept]
+    assert len(kept) == flightrec.MAX_ACTIVE
+    assert ("1", 1) in seqs and ("default", 19) in seqs and ("default", 39) == seqs[0]  # newest first
+    assert flightrec._entry(kept[0][0], True, world)["device"] is True
+
+
+def test_the_probe_reads_both_recorders_and_keeps_the_further_position_of_a_group_in_both() -> None:
+    import json
+    import pickle
+
+    def dumps(status: dict, entries: list) -> tuple:
+        def dump(**kw: bool) -> bytes:
+            return pickle.dumps({"pg_status": status, "entries": entries})
+
+        def dump_json(**kw: bool) -> str:
+            return json.dumps({"entries": entries})
+        return dump, dump_json
+
+    groups: dict = {}
+    entries: list = []
+    kinds: dict = {}
+    e = {"process_group": ("0", ""), "collective_seq_id": 7, "profiling_name": "nccl:all_reduce",
+         "input_sizes": [[4]], "time_created_ns": 5}
+    flightrec._read(*dumps({"0": {"last_enqueued_collective": 7, "last_completed_collective": 6}}, [e]), True, "0",
+                    groups, entries, kinds)
+    flightrec._read(*dumps({"0": {"last_enqueued_collective": 3, "last_completed_collective": 3}}, []), False, "0",
+                    groups, entries, kinds)
+    assert groups == {"default": {"enqueued": 7, "completed": 6}}
+    assert kinds == {"default": {"all_reduce [4]": 1}} and entries == [(e, True)]
+
+
+def test_the_last_drain_answers_the_watchdog_while_it_waits_for_a_device_that_never_finishes(tmp_path) -> None:
+    # under NCCL a hung collective shows in guard.finish(): the background thread has stopped, so the wait
+    # itself must answer the flight-recorder request (and commit it), and give up on a sticky device error
+    from types import SimpleNamespace
+
+    from trainguard.probe.steps import StepRecorder
+
+    class Copy:
+        def __init__(self, polls: int, broken: bool = False) -> None:
+            self.polls, self.broken = polls, broken
+
+        def ready(self) -> bool:
+            if self.broken:
+                raise RuntimeError("CUDA error: device-side assert triggered")
+            self.polls -= 1
+            return self.polls < 0
+
+    answered: list[bool] = []
+    rec = SimpleNamespace(_answer_flight=lambda commit=False: answered.append(commit))
+    assert StepRecorder._wait_for_device_copies(rec, [Copy(3), Copy(0)]) is True  # type: ignore[arg-type]
+    assert answered == [True] * 3
+    assert StepRecorder._wait_for_device_copies(rec, [Copy(0, broken=True)]) is False  # type: ignore[arg-type]
+
+
+def test_nccl_a_rank_blocked_setting_up_a_groups_communicator_waits_where_its_counter_says() -> None:
+    # no device_id bound: rank 0's first all-reduce on the metrics group waits inside the communicator's
+    # set-up for rank 1, before NCCL records it; its counter has it (group "1", #1, inside)
+    fr = {0: _fr({"default": (18, 18)}, [], {"default": {"all_reduce [161]": 18}}),
+          1: NCCL_EXTRA[1]}
+    positions = {0: _at("all_reduce", 1, all_reduce=1) | {"group": "1"}}
+    v = judge_flight(fr, {0: "python", 1: "device"}, None, positions)
+    assert v["blame"] == 0 and v["unrecoverable"]
+    assert v["sentence"].startswith("rank 0 waits in all_reduce #1 of group 1, which rank 1 never called")
+    assert judge_flight(fr, {0: "python", 1: "device"})["unrecoverable"] is None  # without it: no proof

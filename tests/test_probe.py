@@ -453,3 +453,24 @@ def test_a_loaders_batches_never_kept_are_no_longer_offered_to_the_ring(tmp_path
     list(guard.batches(on_device[:3] + then_host))
     assert len(guard._ring.items) == 3
     guard.finish()
+
+
+def test_a_device_interval_is_read_only_once_its_events_completed_and_never_waited_for() -> None:
+    from trainguard.probe import devicestats
+
+    class Event:
+        def __init__(self, done: bool, ms: float = 0.0, fails: bool = False) -> None:
+            self.done, self.ms, self.fails = done, ms, fails
+
+        def query(self) -> bool:
+            return self.done
+
+        def elapsed_time(self, end: Event) -> float:
+            if self.fails or end.fails:
+                raise RuntimeError("CUDA error: device not ready")
+            return end.ms - self.ms
+
+    assert devicestats.elapsed(Event(True, 10.0), Event(True, 42.0)) == pytest.approx(0.032)
+    assert devicestats.elapsed(Event(True), Event(False)) is None  # not done: asked again never, left out
+    assert devicestats.elapsed(Event(True, fails=True), Event(True)) is None  # another device, a lost context
+    assert devicestats.elapsed(Event(True, 5.0), Event(True, 1.0)) is None  # recorded on another stream

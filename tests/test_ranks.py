@@ -286,3 +286,49 @@ def test_ranks_rows_arriving_in_flush_batches_are_still_compared() -> None:
     (f,) = [f for f in run_rules(by_rank, {**DDP, "total_steps": 40}) if f.name == "grad-norms-differ"]
     assert f.step == 1 and f.evidence["steps"] == [1, 2, 3]
     assert _names(run_rules(sorted(_rows(40), key=lambda row: row["rank"]), {**DDP, "total_steps": 40})) == []
+
+
+def test_a_device_side_assert_is_the_ranks_own_fault_even_when_nccls_watchdog_reports_it() -> None:
+    """Over NCCL a label out of range is a device-side assert: rank 1 raises it (or NCCL's watchdog aborts
+    rank 1 with it, SIGABRT, no Python error); rank 0 only lost its peer. Rank 1 and the assert are named."""
+    from trainguard.rules.crash import classify_crash, first_crash, is_consequence
+    from trainguard.rules.firstfailure import first_failure_finding
+
+    watchdog = ("[PG ID 0 PG GUID 0(default_pg) Rank 1] Process group watchdog thread terminated with exception: "
+                "CUDA error: device-side assert triggered")
+    assert classify_crash("DistBackendError", watchdog)[0] == "cuda-device-assert"
+    assert not is_consequence(f"DistBackendError: {watchdog}") and is_consequence("DistBackendError: NCCL timeout")
+    f = first_crash([_crash(1, 100.0, "AcceleratorError", "CUDA error: device-side assert triggered"),
+                     _crash(0, 100.5, "DistBackendError", watchdog.replace("Rank 1", "Rank 0")
+                            .replace("CUDA error: device-side assert triggered", "NCCL communicator was aborted"))])
+    assert f is not None and f.cause == "cuda-device-assert" and f.evidence["rank"] == 1
+    lost = ("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:9111: Connection reset by peer.")
+    abort = f"c10::DistBackendError: {watchdog}"
+    f = first_crash([_crash(0, 100.0, "RuntimeError", lost)], silent_ranks=[1], abort=abort)
+    assert f is not None and f.cause == "cuda-device-assert" and f.evidence["rank"] == 1
+    # no probe: torchrun's summary names rank 1 (exit -6) without a traceback; the runtime's last words say why
+    output = ["/pytorch/aten/src/ATen/native/cuda/Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: block: "
+              "[0,0,0], thread: [3,0,0] Assertion `t >= 0 && t < n_classes` failed.",
+              "terminate called after throwing an instance of 'c10::DistBackendError'", f"  what():  {watchdog}",
+              "Root Cause (first observed failure):", "[0]:", "  time      : 2026-01-01_00:00:00",
+              "  host      : h", "  rank      : 1 (local_rank: 1)", "  exitcode  : -6 (pid: 42)",
+              "  error_file: <N/A>", "  traceback : Signal 6 (SIGABRT) received by PID 42", "=" * 20]
+    f = first_failure_finding(output, step=12, elapsed=3.0)
+    assert f is not None and f.cause == "cuda-device-assert" and f.evidence["rank"] == 1
+    assert f.evidence["native_abort"].startswith("c10::DistBackendError: [PG ID 0")
+
+
+def test_on_a_gpu_the_devices_time_before_the_all_reduce_names_the_straggler_the_hosts_hide() -> None:
+    # over NCCL rank 0's host waits for rank 1 in the `loss.item()` after its step, so both hosts' times
+    # before the all-reduce read ~40 ms; the devices' say who sat idle for its host (rank 1: slow data)
+    def nccl(s: int, r: int, row: dict) -> None:
+        row["extra"]["presync_s"] += 0.030
+        row["extra"]["presync_device_s"] = 0.002 + (0.030 if r == 1 else 0.0) + 0.0001 * (s % 3)
+    (f,) = [f for f in run_rules(_rows(240, change=nccl), DDP) if f.name == "straggler-rank"]
+    assert f.evidence["rank"] == 1 and f.evidence["wait_ms"] > 25
+    # the device's times only where every rank has them: a rank without falls back to the hosts' (no finding)
+    def one_rank_only(s: int, r: int, row: dict) -> None:
+        nccl(s, r, row)
+        if r == 0:
+            del row["extra"]["presync_device_s"]
+    assert "straggler-rank" not in _names(run_rules(_rows(240, change=one_rank_only), DDP))

@@ -42,3 +42,19 @@ def test_found_within_fails_a_stall_found_later_than_its_timeout_plus_the_budget
     assert zoo.judge("twin", exp, 124, status(74.0), 80.0, "").ok
     late = zoo.judge("twin", exp, 124, status(76.0), 80.0, "")
     assert not late.ok and "found 76.0 s after the last progress" in late.problems[0]
+
+
+def test_a_backends_block_replaces_only_the_expectations_it_names_and_only_those_may_be_replaced(tmp_path,
+                                                                                               monkeypatch) -> None:
+    # over NCCL the crash is a device-side assert: written down in its `nccl:` block, the rest unchanged
+    crash = zoo.expectations("torchrun_ddp_crash", "nccl")
+    assert crash["cause"] == "cuda-device-assert" and crash["rank"] == 1 and "nccl" not in crash
+    assert "cause" not in zoo.expectations("torchrun_ddp_crash") and "nccl" not in zoo.expectations("torchrun_ddp_crash")
+    assert "torchrun_ddp_healthy" in zoo.backend_names("nccl") and "seed001_eval_typeerror" not in zoo.backend_names("nccl")
+    with pytest.raises(ValueError, match="does not run over nccl"):
+        zoo.expectations("seed001_eval_typeerror", "nccl")
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "expect.yaml").write_text("state: completed\nnccl: {summary: looser}\n")
+    monkeypatch.setattr(zoo, "HERE", tmp_path)
+    with pytest.raises(ValueError, match="not summary"):
+        zoo.expectations("odd", "nccl")

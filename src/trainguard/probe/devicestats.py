@@ -53,6 +53,18 @@ class DevicePack:
         return list(zip(self.names, self.host.tolist()))
 
 
+def elapsed(start: Any, end: Any) -> float | None:
+    """Seconds of device time from CUDA event `start` to `end` once both have completed, else None (asking
+    never waits: `query()` first; an event of another device or never recorded is None too)."""
+    try:
+        if not end.query():
+            return None
+        seconds = start.elapsed_time(end) / 1000.0
+    except Exception:
+        return None
+    return seconds if seconds >= 0 else None
+
+
 def is_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "detach")
 

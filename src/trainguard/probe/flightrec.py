@@ -6,17 +6,22 @@
 Why: the probe's counters (probe/collectives.py) see only the collectives the user's Python code calls.
 DDP's gradient all-reduce is issued by its C++ Reducer inside `loss.backward()` (FSDP's all-gathers
 likewise), so a rank waiting in it looks, to the counters and in its Python stack, like a rank still
-computing its backward. PyTorch's flight recorder (on by default for gloo and NCCL: `TORCH_FR_BUFFER_SIZE`
-entries, 2000 unless set, 0 turns it off) records every collective of every process group with its
-sequence number in the group, whether it finished, and the Python stack that issued it.
+computing its backward. PyTorch's flight recorders (on by default for gloo and NCCL: `TORCH_FR_BUFFER_SIZE`
+entries, 2000 unless set, 0 turns them off) record every collective of every process group with its
+sequence number in the group, whether it finished, and the Python stack that issued it. There are two:
+the generic one (gloo) and NCCL's, dumped by a function of its own that only a CUDA build has; both are
+read, and each entry says whether the device runs it (NCCL's). That matters: a NCCL collective returns
+at once and runs on the GPU, so a rank's host goes on and waits for its device later (`.item()`, a
+synchronize, `guard.finish()`), and what the device waits in is the oldest entry still in flight.
 
 When: only on the watchdog's request, never on the hot path. The watchdog touches
 `stacks/collectives.request` before it takes the stacks of a stall; the probe's background thread sees
 the newer time (one stat per flush) and writes the answer to the store (`meta` key `flightrec.<rank>`).
-That thread runs while the main thread waits in a collective (gloo and NCCL release the GIL there).
-Bounded: the in-flight entries (a handful) with their stacks, and the kinds of collective of the
-recorder's window without stacks (a millisecond or two). Fail-open: an older torch without the dump, a
-recorder switched off, anything unexpected gives None.
+That thread runs while the main thread waits in a collective or for the device (gloo, NCCL and the
+device waits release the GIL there); once it has stopped, the last drain's wait answers instead
+(probe/steps.py). Bounded: a few in-flight entries with their stacks (each group's oldest and the
+newest), and the kinds of collective of the recorders' window without stacks (a millisecond or two).
+Fail-open: an older torch without the dump, a recorder switched off, anything unexpected gives None.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 from trainguard.contract import COLLECTIVES_REQUEST
 from trainguard.rules.crash import is_user_frame
 
-MAX_ACTIVE = 8  # in-flight entries kept, newest first (a rank waits in one; DDP may have a few buckets out)
+MAX_ACTIVE = 8  # in-flight entries kept (a rank waits in one; DDP may have a few buckets out): see `_kept`
 DEFAULT_GROUP = "default"  # as probe/collectives.py names the world group
 
 _answered = {"t": 0.0}  # the request time last answered, in this process
@@ -60,51 +65,104 @@ def answer(when: float, step: int | None = None) -> dict[str, Any]:
 
 
 def snapshot() -> dict[str, Any] | None:
-    """This process's collectives as the flight recorder has them: per group the last sequence number
-    enqueued and completed, the in-flight entries (group, seq, op, who issued it, the user's line), and
-    the kinds of collective (op and sizes) each group made in the recorder's window. None without one."""
+    """This process's collectives as the flight recorders have them: per group the last sequence number
+    enqueued and completed, the in-flight entries (group, seq, op, who issued it, the user's line, whether
+    the device runs it), and the kinds of collective (op and sizes) each group made in the recorders'
+    window. None without one."""
     try:
-        import json
-        import pickle
-
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
             return None
         from torch._C import _distributed_c10d as c10d
-
-        # private and absent from torch's stubs; a torch without them raises here: "unavailable"
-        dump = c10d._dump_fr_trace  # type: ignore[attr-defined]
-        dump_json = c10d._dump_fr_trace_json  # type: ignore[attr-defined]
-        active_dump = pickle.loads(dump(includeCollectives=True, includeStackTraces=True, onlyActive=True))
-        window = json.loads(dump_json(includeCollectives=True, onlyActive=False))
-        world = _world_name()
-        groups = {}
-        for pg, st in (active_dump.get("pg_status") or {}).items():
-            groups[_name(str(pg), world)] = {"enqueued": int(st.get("last_enqueued_collective", -1)),
-                                             "completed": int(st.get("last_completed_collective", -1))}
-        active: list[dict[str, Any]] = []
-        for e in reversed(active_dump.get("entries") or []):
-            if e.get("is_p2p") or e.get("retired") or len(active) >= MAX_ACTIVE:
-                continue
-            frames = e.get("frames") or []
-            active.append({"group": _name(str((e.get("process_group") or ("?",))[0]), world),
-                           "seq": int(e.get("collective_seq_id", -1)), "op": _op(e.get("profiling_name")),
-                           "sizes": e.get("input_sizes"), "from": origin(frames), "where": _user_where(frames),
-                           "t": (e.get("time_created_ns") or 0) / 1e9})
-        kinds: dict[str, dict[str, int]] = {}
-        for e in window.get("entries") or []:
-            if e.get("is_p2p"):
-                continue
-            group = _name(str((e.get("process_group") or ("?",))[0]), world)
-            kind = kind_of(_op(e.get("profiling_name")), e.get("input_sizes"))
-            kinds.setdefault(group, {})
-            kinds[group][kind] = kinds[group].get(kind, 0) + 1
     except Exception:
-        return None  # the guard never becomes the failure: the counters and the stacks still answer
-    if not groups and not active:
         return None
-    return {"groups": groups, "active": active, "kinds": kinds, "members": _members(world)}
+    world = _world_name()
+    groups: dict[str, dict[str, int]] = {}
+    entries: list[tuple[dict[str, Any], bool]] = []
+    kinds: dict[str, dict[str, int]] = {}
+    read = []
+    for name, dump_name, json_name, device in RECORDERS:
+        # private and absent from torch's stubs (NCCL's only in a CUDA build): a recorder that is not
+        # there, or fails, is left out; the other may still answer
+        dump, dump_json = getattr(c10d, dump_name, None), getattr(c10d, json_name, None)
+        if dump is None or dump_json is None:
+            continue
+        try:
+            _read(dump, dump_json, device, world, groups, entries, kinds)
+        except Exception:
+            continue  # the guard never becomes the failure: the counters and the stacks still answer
+        read.append(name)
+    if not groups and not entries:
+        return None
+    active = [_entry(e, device, world) for e, device in _kept(entries, world)]
+    return {"groups": groups, "active": active, "kinds": kinds, "members": _members(world), "recorders": read}
+
+
+# PyTorch keeps two flight recorders: the generic one (gloo, CPU collectives) and NCCL's (every collective
+# of a NCCL process group; its dump exists only in a CUDA build). Both dump the same format.
+RECORDERS = (("generic", "_dump_fr_trace", "_dump_fr_trace_json", False),
+             ("nccl", "_dump_nccl_trace", "_dump_nccl_trace_json", True))
+
+
+def _read(dump: Any, dump_json: Any, device: bool, world: str | None, groups: dict[str, dict[str, int]],
+          entries: list[tuple[dict[str, Any], bool]], kinds: dict[str, dict[str, int]]) -> None:
+    """One recorder's groups, in-flight entries and window, added to what the others gave."""
+    import json
+    import pickle
+
+    active_dump = pickle.loads(_call(dump, includeCollectives=True, includeStackTraces=True, onlyActive=True))
+    window = json.loads(_call(dump_json, includeCollectives=True, onlyActive=False))
+    for pg, st in (active_dump.get("pg_status") or {}).items():
+        mine = {"enqueued": int(st.get("last_enqueued_collective", -1)),
+                "completed": int(st.get("last_completed_collective", -1))}
+        seen = groups.setdefault(_name(str(pg), world), mine)
+        for key in ("enqueued", "completed"):  # a group in both recorders: the further one
+            seen[key] = max(seen[key], mine[key])
+    entries.extend((e, device) for e in active_dump.get("entries") or []
+                   if not e.get("is_p2p") and not e.get("retired"))
+    for e in window.get("entries") or []:
+        if e.get("is_p2p"):
+            continue
+        group = _group(e, world)
+        kind = kind_of(_op(e.get("profiling_name")), e.get("input_sizes"))
+        kinds.setdefault(group, {})
+        kinds[group][kind] = kinds[group].get(kind, 0) + 1
+
+
+def _call(fn: Any, **flags: bool) -> Any:
+    """A dump with its flags by name, or in that order where a build names them otherwise."""
+    try:
+        return fn(**flags)
+    except TypeError:
+        return fn(*flags.values())
+
+
+def _kept(entries: list[tuple[dict[str, Any], bool]], world: str | None) -> list[tuple[dict[str, Any], bool]]:
+    """At most MAX_ACTIVE in-flight entries, newest first: each group's oldest, where a device that runs
+    collectives in order is stuck (a NCCL rank's host runs on and may have dozens queued behind it), and
+    the newest, where a host blocked in a call waits."""
+    by_age = sorted(entries, key=lambda ed: (ed[0].get("time_created_ns") or 0, ed[0].get("collective_seq_id", 0)))
+    oldest: dict[str, int] = {}
+    for i, (e, _) in enumerate(by_age):
+        oldest.setdefault(_group(e, world), i)
+    keep = set(list(oldest.values())[:MAX_ACTIVE])
+    for i in range(len(by_age) - 1, -1, -1):
+        if len(keep) >= MAX_ACTIVE:
+            break
+        keep.add(i)
+    return [by_age[i] for i in sorted(keep, reverse=True)]
+
+
+def _entry(e: dict[str, Any], device: bool, world: str | None) -> dict[str, Any]:
+    frames = e.get("frames") or []
+    return {"group": _group(e, world), "seq": int(e.get("collective_seq_id", -1)), "op": _op(e.get("profiling_name")),
+            "sizes": e.get("input_sizes"), "from": origin(frames), "where": _user_where(frames),
+            "t": (e.get("time_created_ns") or 0) / 1e9, "device": device, "state": e.get("state")}
+
+
+def _group(e: dict[str, Any], world: str | None) -> str:
+    return _name(str((e.get("process_group") or ("?",))[0]), world)
 
 
 def kind_of(op: str, sizes: Any) -> str:

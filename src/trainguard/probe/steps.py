@@ -50,6 +50,9 @@ DIMS_EVERY = 64
 DEVICE_LOOKS = 16  # closed steps whose loss is asked where it lives, until one is on a GPU
 MAX_GUARD_ERRORS = 20  # past this many of its own errors the guard switches itself off
 BEAT_REFRESH = 5.0  # seconds: an unchanged heartbeat is written again after this long (its t_flush)
+# seconds between looks at a device copy the last drain waits for: at once, then doubling up to 50 ms
+DEVICE_POLL_FIRST = 0.0005
+DEVICE_POLL_MAX = 0.05
 
 
 is_tensor = devicestats.is_tensor
@@ -82,6 +85,7 @@ class StepRecorder:
         # the current step's values as the loop gave them: (name, tensor or number), or (prefix, {key: value})
         # for a dict of parts; resolved by `devicestats.resolve`, off the hot path
         self._pending: list[tuple[str, Any]] = []
+        self._intervals: list[tuple[str, Any, Any]] = []  # the current step's device intervals (`_add_interval`)
         self._weights: dict[str, Any] = {}  # the last weights given (numbers or tensors)
         self._weights_fresh = False  # given during the current step (tensor weights are recorded only then)
         self._weights_given: dict[str, Any] | None = None  # the weights the last call gave, as given
@@ -330,6 +334,12 @@ class StepRecorder:
         """One named value (a tensor or a number) for the step being accumulated."""
         self._pending.append((name, value))
 
+    def _add_interval(self, name: str, start: Any, end: Any) -> None:
+        """The device time between two CUDA events (timing on) for the step being accumulated, in seconds
+        under `name` (`x:...`: extra). Read only once the step's row is made, when its copies are done and
+        so are the events before them: asking earlier would wait for the device."""
+        self._intervals.append((name, start, end))
+
     def _close_loss_side(self, step: int, now: float | None = None) -> None:
         if now is None:
             now = time.time()
@@ -352,6 +362,8 @@ class StepRecorder:
         side = {"t": now, "micro": self.micro, "pending": self._pending, "weights": self._weights,
                 "weights_fresh": self._weights_fresh, "data_wait": self._data_wait,
                 "step_time": (now - last) if last is not None else None, "loss_done": True}
+        if self._intervals:  # (only a distributed run on a GPU has them: probe/syncwait.py)
+            side["intervals"], self._intervals = self._intervals, []
         rec = self._records.get(step)
         if rec is None:
             rec = self._records[step] = {"step": step, **side}
@@ -516,7 +528,7 @@ class StepRecorder:
             try:
                 if not final and (GATE.capturing or (packs and not all(p.ready() for p in packs))):
                     break  # not done yet, or a capture waits for this pass to end
-                if final and not all(p.wait() for p in packs):
+                if final and not self._wait_for_device_copies(packs):
                     raise RuntimeError("a device copy cannot be waited for")
             except Exception as exc:
                 self.abandon_device(exc)
@@ -547,9 +559,7 @@ class StepRecorder:
         moved = collectives.changed()
         if moved is not None:
             self._writer.set_meta(f"collectives.{self.rank}", moved)
-        asked = flightrec.asked(self.run_dir)  # a stall: the watchdog asks what the flight recorder knows
-        if asked is not None:
-            self._writer.set_meta(f"flightrec.{self.rank}", flightrec.answer(asked, step=self.step_count + 1))
+        self._answer_flight()
         beat = (self.progress_time(), self.micro, self.step_count, self.phases.current,
                 BEAT_FINISHED if self.finished else BEAT_RUNNING)
         now = time.time()
@@ -560,6 +570,34 @@ class StepRecorder:
             self._last_beat, self._last_beat_t = beat, now
             t_progress, micro, step, phase, state = beat
             self._writer.set_heartbeat(t_progress=t_progress, micro=micro, step=step, phase=phase, state=state)
+
+    def _answer_flight(self, commit: bool = False) -> None:
+        """A stall: the watchdog asks what the flight recorder knows (one stat when it has not asked).
+        `commit`: written to the store at once (the background thread, which commits, has stopped)."""
+        asked = flightrec.asked(self.run_dir)
+        if asked is not None:
+            self._writer.set_meta(f"flightrec.{self.rank}", flightrec.answer(asked, step=self.step_count + 1))
+            if commit:
+                self._writer.flush()
+
+    def _wait_for_device_copies(self, packs: list[Any]) -> bool:
+        """The last drain's wait for copies still in flight; False when one cannot be waited for (a sticky
+        device error). It polls, never blocks: under NCCL a collective that cannot complete shows up here,
+        since every rank's host runs on to `guard.finish()` and waits for its device, and the watchdog then
+        asks each rank's flight recorder where its device waits, which the stopped background thread no
+        longer answers. The watchdog knows this function by its name (contract.PROBE_DEVICE_WAIT)."""
+        pause = DEVICE_POLL_FIRST
+        for p in packs:
+            while True:
+                try:
+                    if p.ready():
+                        break
+                except Exception:
+                    return False
+                self._answer_flight(commit=True)
+                time.sleep(pause)
+                pause = min(DEVICE_POLL_MAX, 2 * pause)
+        return True
 
     def _prepare(self, snapshot: list[tuple[dict[str, Any], Any]], final: bool = False) -> None:
         """Background thread: GPU steps handed over since the last pass are stacked on the stream they were
@@ -656,6 +694,10 @@ class StepRecorder:
         parts = {n[5:]: _mean(vs) for n, vs in collected.items() if n.startswith("part:")}
         device_weights = {n[7:]: vs[-1] for n, vs in collected.items() if n.startswith("weight:")}
         extra: dict[str, Any] = {n[2:]: vs[-1] for n, vs in collected.items() if n.startswith("x:")}
+        for name, start, end in rec.get("intervals", ()):
+            seconds = devicestats.elapsed(start, end)
+            if seconds is not None:
+                extra[name[2:]] = seconds
         if rec.get("lrs"):
             extra["lrs"] = rec["lrs"]
         if rec.get("no_grad"):

@@ -11,6 +11,15 @@ the synchronised part, and a gradient hook on the model's output (registered by 
 the start of the backward. A DDP model that broadcasts its buffers at each forward (BatchNorm) syncs
 there instead, so for it the forward's start is the mark. The value goes into the step's row as
 `extra["presync_s"]` (the last micro-batch's, under gradient accumulation). Only in a distributed run.
+
+On a GPU the host's times blur: a NCCL all-reduce returns at once, so a rank that waits for a slower one
+waits wherever its host next needs the device (a `loss.item()` after the step counts as its own work
+before the next synchronisation), or not at all while its host runs ahead. So the same two marks are
+also CUDA events (timing on) recorded on the model's stream, and the device time between them goes into
+`extra["presync_device_s"]`: the first completes when the gradient all-reduce has (the device runs in
+order), the second when the device has run the optimizer step and the forward, so between them is the
+device's own work plus the time it sat idle for its host (a straggler's slow data). Two event records
+a step, read by the background thread once the step's row is made (probe/steps.py), never waited for.
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ from __future__ import annotations
 import os
 import time
 from typing import Any
+
+from trainguard.probe.capturegate import GATE
 
 
 def attach(guard: Any) -> SyncWait | None:
@@ -47,6 +58,8 @@ class SyncWait:
         self.synced_at: float | None = None  # when the last optimizer step began (after the all-reduce)
         self.failed = False
         model = guard.model
+        self.device = _cuda_device(model)  # its device's events time the device's side (None: host only)
+        self.synced_event: Any = None  # recorded when the last optimizer step began, on the model's stream
         forward_syncs = bool(getattr(model, "will_sync_module_buffers", lambda: False)())
         self.handles = [guard.optimizer.register_step_pre_hook(self._synced)]
         if forward_syncs:
@@ -56,6 +69,8 @@ class SyncWait:
 
     def _synced(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.synced_at = time.perf_counter()
+        if self.device is not None:
+            self.synced_event = self._record()
 
     def _forward_starts(self, module: Any, args: Any) -> None:
         if module.training:
@@ -80,14 +95,39 @@ class SyncWait:
             return
         try:
             g._add_value("x:presync_s", time.perf_counter() - self.synced_at)
+            start = self.synced_event
+            if start is not None:  # (each micro-batch's mark adds one; the row keeps the last, as for the host's)
+                end = self._record()
+                if end is not None:
+                    g._add_interval("x:presync_device_s", start, end)
         except Exception as exc:
             self._fail(exc)
+
+    def _record(self) -> Any:
+        """A timing event recorded now on the current stream of the model's device (no wait, no sync);
+        None while a CUDA graph is captured (an event with timing cannot be recorded into one)."""
+        import torch
+
+        if GATE.capturing:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
 
     def _fail(self, exc: Exception) -> None:
         self.failed = True
         for h in self.handles:
             h.remove()
         self.guard.fail("sync-wait measure", exc)
+
+
+def _cuda_device(model: Any) -> Any:
+    """The CUDA device of the model's first parameter, or None (CPU, meta, no parameters)."""
+    try:
+        param = next(model.parameters())
+    except (StopIteration, AttributeError, TypeError):
+        return None
+    return param.device if getattr(param, "is_cuda", False) else None
 
 
 def _first_grad_tensor(output: Any) -> Any:

@@ -112,8 +112,29 @@ CONSEQUENCE = re.compile(
     r"|SignalException|[Gg]ot signal: ?\d+|KeyboardInterrupt")
 
 
+# A process's own device fault: it failed first even where its message also says its collective broke
+# (NCCL's process-group watchdog finds the fault in its next collective and aborts with DistBackendError)
+DEVICE_FAULT = re.compile(r"device-side assert|cudaErrorAssert|an illegal memory access|misaligned address"
+                          r"|unspecified launch failure")
+
+
+def is_consequence(text: str) -> bool:
+    """`Type: message` of a failure that another process's failure explains (CONSEQUENCE), unless it is
+    this process's own device fault."""
+    return bool(CONSEQUENCE.search(text)) and not DEVICE_FAULT.search(text)
+
+
 SIGNATURES: list[tuple[str, re.Pattern[str], str]] = [
     # first match wins: the specific (a worker killed, a timeout) before the general (a TypeError)
+    ("cuda-device-assert", re.compile(r"device-side assert|cudaErrorAssert"),
+     "A CUDA kernel's own check failed on the device (a device-side assert), most often an index out of "
+     "range: a class label outside [0, classes) in cross_entropy or nll_loss, a token id past the embedding's "
+     "vocabulary, an index past the end in gather, scatter or index_select. Kernels run asynchronously, so the "
+     "Python line shown is where the error surfaced, not the operation that failed: the kernel's own line "
+     "above the traceback (`Assertion ... failed`, with the kernel's file, e.g. Loss.cu) names it. Check the "
+     "inputs where they are made (`assert 0 <= y.min() and y.max() < classes` on the CPU), or rerun with "
+     "CUDA_LAUNCH_BLOCKING=1 to stop at the failing call. The process cannot go on after it (the CUDA "
+     "context is lost; under NCCL the process group's watchdog aborts it)."),
     ("collective-timeout", re.compile(
         r"(Watchdog caught collective operation timeout|NCCL (error|timeout)|nccl\w*Error|ProcessGroupNCCL.*[Tt]ime"
         r"|[Gg]loo.*[Tt]imed? ?out|Timed out waiting|Connection closed by peer|DistBackendError|DistNetworkError)"),
@@ -281,6 +302,9 @@ def first_crash(crashes: list[dict[str, Any]], silent_ranks: list[int] | None = 
         # Every error recorded is a lost peer: the cause is a rank that ended without a Python error.
         who = ", ".join(f"rank {r}" for r in silent)
         finding.evidence["silent_ranks"] = silent
+        if len(silent) == 1:  # the origin is the silent rank; the first recorded error only lost it
+            finding.evidence["first_error_rank"] = finding.evidence.get("rank")
+            finding.evidence["rank"] = silent[0]
         lost = (f"the others lost their connection to it: rank {first.get('rank')}'s error is a consequence "
                 f"({d.get('exception', first.get('name'))}: {_clip(_first_line(d.get('message')), 160)})")
         if abort:
@@ -288,6 +312,10 @@ def first_crash(crashes: list[dict[str, Any]], silent_ranks: list[int] | None = 
             finding.summary = f"{who} aborted in native code ({_clip(abort, 240)}) and {lost}"
         else:
             finding.summary = f"{who} ended without a Python error (killed by a signal, a segfault, os._exit) and {lost}"
+        cause, fix = classify_crash(*abort.split(": ", 1)) if abort and ": " in abort else (None, "")
+        if cause == "cuda-device-assert":
+            finding.fix, finding.cause = fix, cause  # its own device fault, which NCCL's watchdog turned into an abort
+            return finding
         if abort and "collective mismatch" in abort:
             finding.fix = ("the ranks called different collectives (gloo received a message of another size than "
                            "it expected): make every rank call the same collectives in the same order, with "
@@ -303,7 +331,9 @@ def _lost_peer(crash: dict[str, Any]) -> bool:
     d = crash.get("data") or {}
     exception, message = str(d.get("exception", crash.get("name"))), str(d.get("message") or "")
     # gloo's "Read error ...: Connection reset by peer" is a lost peer too, though no collective timed out
-    return classify_crash(exception, message)[0] == "collective-timeout" or bool(CONSEQUENCE.search(message))
+    text = f"{exception}: {message}"
+    return not DEVICE_FAULT.search(text) and (classify_crash(exception, message)[0] == "collective-timeout"
+                                              or bool(CONSEQUENCE.search(message)))
 
 
 def _consequence(crash: dict[str, Any], first: dict[str, Any]) -> str:

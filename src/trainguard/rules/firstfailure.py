@@ -29,7 +29,13 @@ import textwrap
 from dataclasses import dataclass, field
 
 from trainguard.findings import Finding
-from trainguard.rules.crash import CONSEQUENCE, ParsedTraceback, crash_finding, parse_traceback
+from trainguard.rules.crash import (
+    ParsedTraceback,
+    crash_finding,
+    is_consequence,
+    native_abort,
+    parse_traceback,
+)
 
 _PREFIX = re.compile(r"^\[(?:rank|default|trainer|worker)(\d+)\]:\s?(.*)$")
 _SPAWN_HEADER = re.compile(r"^-- Process (\d+) terminated with the following error:")
@@ -50,7 +56,7 @@ class ProcessFailure:
 
     @property
     def consequence(self) -> bool:
-        return bool(CONSEQUENCE.search(f"{self.traceback.exception}: {self.traceback.message}"))
+        return is_consequence(f"{self.traceback.exception}: {self.traceback.message}")
 
 
 @dataclass
@@ -210,12 +216,21 @@ def first_failure_finding(lines: list[str], *, step: int | None, elapsed: float 
     root = failures.root
     if first is None:
         assert root is not None
-        finding = crash_finding(
-            exception="ChildFailedError",
-            message=f"exit code {root.exit_code}; its traceback is not in the output (its output went to a log "
-                    "file, or was cut): decorate the entry point with "
-                    "torch.distributed.elastic.multiprocessing.errors.record to have it in torchrun's summary",
-            frames=[], step=step, elapsed=elapsed, source=source)
+        abort = native_abort(lines) if root.exit_code == -6 else None  # -6: SIGABRT, the rank aborted
+        if abort is not None:
+            # no Python error: the C++ runtime's last words (NCCL's watchdog aborting after a device fault)
+            kind, _, what = abort.partition(": ")
+            finding = crash_finding(exception=kind.rsplit("::", 1)[-1], message=what or kind, frames=[], step=step,
+                                    elapsed=elapsed, source=source)
+            finding.evidence["native_abort"] = abort
+            finding.evidence["rank_exit_code"] = root.exit_code
+        else:
+            finding = crash_finding(
+                exception="ChildFailedError",
+                message=f"exit code {root.exit_code}; its traceback is not in the output (its output went to a "
+                        "log file, or was cut): decorate the entry point with "
+                        "torch.distributed.elastic.multiprocessing.errors.record to have it in torchrun's summary",
+                frames=[], step=step, elapsed=elapsed, source=source)
         rank: int | None = root.rank
     else:
         tb = first.traceback

@@ -176,9 +176,12 @@ class StragglerRank(Rule):
     """TG703 straggler-rank: one rank works longer than the others before each synchronisation.
 
     ## What it detects
-    Each rank's probe measures, per step, the host time from the end of the previous step's
+    Each rank's probe measures, per step, the time from the end of the previous step's
     synchronisation (the optimizer step, after DDP's all-reduce) to the start of this step's backward
-    (where DDP's all-reduce begins): the work a rank does alone, data loading and forward included.
+    (where DDP's all-reduce begins): the work a rank does alone, data loading and forward included. On
+    a GPU it is the device's time between those two marks (CUDA events, `presync_device_s`): the host
+    runs ahead of its device, and under NCCL waits for a slower rank wherever it next reads a result
+    (a `loss.item()` after the step would count as its own work); elsewhere the host's (`presync_s`).
     In data-parallel training the step time is the same on every rank (they leave the all-reduce
     together), so a slow rank shows here: its time before the synchronisation is longer, the others
     spend the difference waiting. The rule looks at the last 20 steps, or the last 5 seconds of steps
@@ -205,9 +208,9 @@ class StragglerRank(Rule):
     None known for a sustained margin; a one-off (a checkpoint saved by rank 0) is not sustained, nor is
     a burst of load on a shared host (another job took one rank's core for 20 steps of 22 ms, then the
     other's: the 5-second span is there for it).
-    Known misses: the times are host times. On a GPU the host runs ahead of the device, so a rank
-    whose device is slow is seen only where the host waits for it; a model whose forward
-    synchronises (FSDP's all-gather) hides part of the skew in the forward.
+    Known misses: a model whose forward synchronises (FSDP's all-gather) hides part of the skew in
+    the forward; on a GPU, a rank whose device is slower at the same work is seen only where it shows
+    before the backward (its forward), not in the backward itself.
 
     ## Options
     Runs where every rank writes the run folder and the probe watches the model (`trainguard.watch`).
@@ -242,6 +245,15 @@ class StragglerRank(Rule):
         out = [f for s, got in self.steps.add(row) if (f := self._judge(s, got)) is not None]
         return out or None
 
+    @staticmethod
+    def _presync(got: dict[int, dict[str, Any]], key: str) -> dict[int, float]:
+        pre: dict[int, float] = {}
+        for r, row in got.items():
+            v = (row.get("extra") or {}).get(key)
+            if isinstance(v, (int, float)) and finite(v) and v >= 0:
+                pre[r] = float(v)
+        return pre
+
     def _forget(self) -> None:
         self.recent.clear()
         self.slowest.clear()
@@ -250,11 +262,9 @@ class StragglerRank(Rule):
     def _judge(self, step: int, got: dict[int, dict[str, Any]]) -> Finding | None:
         if step <= self.SKIP:
             return None
-        pre: dict[int, float] = {}
-        for r, row in got.items():
-            v = (row.get("extra") or {}).get("presync_s")
-            if isinstance(v, (int, float)) and finite(v) and v >= 0:
-                pre[r] = float(v)
+        pre = self._presync(got, "presync_device_s")
+        if len(pre) < len(got):  # the device's times where every rank has them, else the host's
+            pre = self._presync(got, "presync_s")
         times = [row["step_time"] for row in got.values()
                  if isinstance(row.get("step_time"), (int, float)) and finite(row["step_time"])]
         if len(pre) < 2 or not times:

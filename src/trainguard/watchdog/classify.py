@@ -5,7 +5,10 @@
 
 Causes, tried in this order (the first that fits wins, because the later ones are symptoms of the
 earlier: a rank waiting in an all-reduce is also "idle in a futex"):
-- collective:        a training process waits inside a torch.distributed collective;
+- collective:        a training process waits inside a torch.distributed collective, or in one its stack
+                     does not show, known from its flight recorder (watchdog/collectives.py): DDP's
+                     all-reduce inside backward, or under NCCL a collective its GPU waits in while the host
+                     waits for the GPU (`.item()`, `guard.finish()`);
 - dataloader-worker: the training process waits for a batch; the worker's stack names the dataset frame;
 - busy-loop:         the training process burns CPU and its stack stays in the same user code;
 - device-sync:       it waits for the GPU (.item(), .cpu(), synchronize) on a machine with a GPU;
@@ -25,6 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.contract import PROBE_DEVICE_WAIT
 from trainguard.rules.crash import is_user_frame
 from trainguard.watchdog.stacks import Frame, ProcSample, Snapshot, ThreadStack
 
@@ -321,7 +325,7 @@ def _wait_kind(t: ThreadStack, p: ProcSample, gpu: bool) -> str | None:
     code = (fr.code or "") if fr else ""
     if any(f.endswith(_IO_FILES) for f in files):
         return "io"
-    if gpu and (any("torch/cuda" in f for f in files) or _SYNC_CODE.search(code)):
+    if gpu and waits_for_device(t):
         return "device-sync"
     if any(f.endswith("threading.py") or f.endswith("queue.py") or "multiprocessing/" in f for f in files):
         if below and below[-1].function == "acquire" and not any(f.function == "wait" for f in below):
@@ -337,6 +341,21 @@ def _wait_kind(t: ThreadStack, p: ProcSample, gpu: bool) -> str | None:
     if (p.wchan or "").startswith("futex"):
         return "wait"
     return None
+
+
+def waits_for_device(t: ThreadStack | None) -> bool:
+    """The thread waits for its GPU: inside torch.cuda (a synchronize, an event's or a stream's), on a line
+    that reads a tensor back (`.item()`, `.cpu()`, `.tolist()`), or in the probe's last drain, which waits
+    for its own device copies (contract.PROBE_DEVICE_WAIT)."""
+    if t is None:
+        return False
+    fr = _innermost_user(t)
+    below = t.frames[t.frames.index(fr) + 1:] if fr in t.frames else t.frames
+    if any("torch/cuda" in f.file for f in below):
+        return True
+    if any(f.file.endswith(PROBE_DEVICE_WAIT[0]) and f.function == PROBE_DEVICE_WAIT[1] for f in below):
+        return True
+    return bool(fr is not None and _SYNC_CODE.search(fr.code or ""))
 
 
 def _innermost_user(t: ThreadStack | None) -> Frame | None:

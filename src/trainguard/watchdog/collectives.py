@@ -145,7 +145,8 @@ def judge(positions: dict[int, dict[str, Any]], in_stack: dict[int, str | None],
 
 
 def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
-                 lines: dict[int, set[str]] | None = None) -> dict[str, Any] | None:
+                 lines: dict[int, set[str]] | None = None,
+                 positions: dict[int, dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """Compare the ranks by what their flight recorders hold (every collective, DDP's and FSDP's too).
 
     `flight`: rank -> the probe's answer (probe/flightrec.py); `now`: rank -> where its main thread is:
@@ -162,6 +163,17 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
     collective is the one the rank waits in only when it was issued from one of them (a rank inside
     `new_group()` or `destroy_process_group()` with an earlier async all-reduce still in flight waits in
     neither as far as this can tell).
+
+    `now` may also say "device": the host waits for its GPU (`.item()`, a synchronize, the probe's last
+    drain). Under NCCL that is where a hang shows: a collective returns at once and runs on the device,
+    the host runs on until it needs a result. Such a rank waits in its oldest collective still in flight
+    on the device (the device runs them in order), and reaches nothing queued behind it: its host, waiting
+    for the device, issues nothing more.
+
+    `positions`: the probe's counters (`read_positions`). A rank blocked in a torch.distributed call that
+    its recorder does not hold yet waits where its counter says: NCCL records a collective only once the
+    group's communicator exists, and the first call on a group made lazily (no `device_id` bound) waits
+    for the other ranks inside that communicator's set-up.
     """
     ranks = sorted(now)
     if len(ranks) < 2 or any(r not in flight for r in ranks):
@@ -172,10 +184,17 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
             members.setdefault(g, rs)
     waits: dict[int, dict[str, Any] | None] = {}
     for r in ranks:
-        mine = [a for a in flight[r].get("active") or [] if now[r] is not None and a.get("from") == now[r]
-                and (lines is None or _line_of(a.get("where")) in lines.get(r, set()))]
-        # blocked in a call: its newest; inside backward: the oldest bucket it waits for
-        wait = (mine[0] if now[r] == "python" else min(mine, key=lambda a: a.get("seq", 0))) if mine else None
+        if now[r] == "device":
+            wait = device_wait(flight[r])
+        else:
+            mine = [a for a in flight[r].get("active") or [] if now[r] is not None and a.get("from") == now[r]
+                    and (lines is None or _line_of(a.get("where")) in lines.get(r, set()))]
+            # blocked in a call: its newest; inside backward: the oldest bucket it waits for
+            wait = (mine[0] if now[r] == "python" else min(mine, key=lambda a: a.get("seq", 0))) if mine else None
+            counted = (positions or {}).get(r) or {}
+            if wait is None and now[r] == "python" and counted.get("inside") and counted.get("seq") is not None:
+                wait = {"group": counted.get("group"), "seq": int(counted["seq"]), "op": counted.get("op"),
+                        "from": "python", "where": None, "sizes": None}
         if wait is not None and isinstance(flight[r].get("step"), int):
             wait = {**wait, "step": flight[r]["step"]}
         waits[r] = wait
@@ -185,13 +204,20 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
     def enqueued(r: int, g: str) -> int:
         return int(((flight[r].get("groups") or {}).get(g) or {}).get("enqueued", 0) or 0)
 
+    def completed(r: int, g: str) -> int:
+        return int(((flight[r].get("groups") or {}).get(g) or {}).get("completed", 0) or 0)
+
     def reaches(x: int, w: dict[str, Any]) -> bool | None:
         g, seq = w["group"], int(w["seq"])
         if g in members and x not in members[g]:
             return True  # not its group
+        mine = waits.get(x)
+        if now[x] == "device" and mine is not None:
+            # its device is stuck in `mine`: it reaches that one and what it completed, not what is queued
+            # behind it nor what its host (waiting for the device) would issue next
+            return (mine["group"], int(mine["seq"])) == (g, seq) or completed(x, g) >= seq
         if enqueued(x, g) >= seq:
             return True
-        mine = waits.get(x)
         if mine is None:
             return None  # outside any collective: it may still get there
         if now[x] == "backward" and any(a.get("group") == g for a in flight[x].get("active") or []
@@ -235,7 +261,15 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
     sentence = _flight_sentence(ranks, waits, outside, blame, missing, behind, flight)
     return {"sentence": sentence, "blame": blame[0] if len(blame) == 1 else None, "blamed": blame,
             "unrecoverable": unrecoverable, "straggling": outside if not unrecoverable and outside else [],
-            "positions": {str(r): _flight_label(w) if w else "in no collective" for r, w in waits.items()}}
+            "positions": {str(r): _flight_label(w) if w else "in no collective" for r, w in waits.items()},
+            "waits": waits}
+
+
+def device_wait(answer: dict[str, Any]) -> dict[str, Any] | None:
+    """The collective a rank's device waits in: its oldest one run by the device and still in flight (the
+    device runs them in order, so the others are queued behind it), or None."""
+    mine = [a for a in answer.get("active") or [] if a.get("device")]
+    return min(mine, key=lambda a: (a.get("t") or 0.0, a.get("seq", 0))) if mine else None
 
 
 def _line_of(where: Any) -> str | None:
@@ -266,11 +300,16 @@ def _flight_label(w: dict[str, Any]) -> str:
     g = "" if w.get("group") == "default" else f" of group {w.get('group')}"
     number = f"{w.get('op')} #{w.get('seq')}{g}"
     at = f" at {w['where']}" if w.get("where") else ""
+    on = " on the device" if w.get("device") else ""
     if w.get("from") == "backward":
         what = "DDP's gradient all-reduce" if w.get("op") == "all_reduce" else f"a {w.get('op')} of the backward"
         whose = f"step {w['step']}'s backward" if isinstance(w.get("step"), int) else "backward"
-        return f"{what} ({number}, in {whose}{at})"
-    return number + at
+        return f"{what} ({number}{on}, in {whose}{at})"
+    if w.get("device") and not w.get("where"):
+        # issued without a Python stack: from C++, as DDP's Reducer issues its gradient buckets on a GPU
+        # (autograd runs a CUDA backward on a thread of its own; no step is named: the host ran on past it)
+        return f"{number} on the device, issued from C++ (DDP's gradient all-reduce, or the like)"
+    return number + at + on
 
 
 def _flight_sentence(ranks: list[int], waits: dict[int, dict[str, Any] | None], outside: list[int],
@@ -312,7 +351,7 @@ def refine(diagnosis: Any, snap: Any, positions: dict[int, dict[str, Any]],
     in_stack = {r: classify._collective_op(p.main_thread) if classify._in(p.main_thread, classify._COLLECTIVE_FILES)
                 else None for r, p in by_rank.items()}
     verdict = judge_flight(flight or {}, {r: where_now(p.main_thread) for r, p in by_rank.items()},
-                           {r: user_lines(p.main_thread) for r, p in by_rank.items()})
+                           {r: user_lines(p.main_thread) for r, p in by_rank.items()}, positions)
     if verdict is None:
         verdict = judge(positions, in_stack, {r for r, p in by_rank.items() if where_now(p.main_thread) == "backward"})
     if verdict is None:
@@ -332,15 +371,28 @@ def refine(diagnosis: Any, snap: Any, positions: dict[int, dict[str, Any]],
             diagnosis.where = classify._where(frame) or diagnosis.where
             diagnosis.frames = classify._frames(proc.main_thread)
             diagnosis.pid = proc.pid
+        issued = (verdict.get("waits") or {}).get(verdict["blame"]) or {}
+        if issued.get("device") and issued.get("where"):
+            # its host waits elsewhere (its stack, kept in `frames`); the collective's own line is the place
+            diagnosis.where = issued["where"]
+            diagnosis.extra["host_waits_at"] = classify._where(classify._innermost_user(
+                proc.main_thread if proc is not None else None))
 
 
-def backward_waits(snap: Any, flight: dict[int, dict[str, Any]]) -> dict[int, str]:
-    """Ranks whose main thread is inside backward while their flight recorder holds a collective that
-    the backward issued and that has not completed: they wait in DDP's gradient all-reduce (rank -> what),
-    for classify, which sees only a thread inside `loss.backward()`."""
+def flight_waits(snap: Any, flight: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """Ranks that wait in a collective their Python stack does not show, known from their flight recorder
+    (rank -> what), for classify: a main thread inside backward while a collective the backward issued has
+    not completed (DDP's gradient all-reduce), or one that waits for its device while a collective the
+    device runs has not (NCCL: the host waits in `.item()` or `guard.finish()`, the device in the collective)."""
     out = {}
     for r, p in trainers_by_rank(snap).items():
-        if where_now(p.main_thread) != "backward":
+        now = where_now(p.main_thread)
+        if now == "device":
+            w = device_wait(flight.get(r) or {})
+            if w is not None:
+                out[r] = _flight_label(w)
+            continue
+        if now != "backward":
             continue
         lines = user_lines(p.main_thread)
         mine = [a for a in (flight.get(r) or {}).get("active") or []
@@ -353,7 +405,8 @@ def backward_waits(snap: Any, flight: dict[int, dict[str, Any]]) -> dict[int, st
 
 def where_now(t: Any) -> str | None:
     """Where a rank's main thread is, for comparing with its flight recorder: "python" (inside a
-    torch.distributed collective), "backward" (inside autograd's backward), None (elsewhere)."""
+    torch.distributed collective), "backward" (inside autograd's backward), "device" (waiting for its GPU:
+    classify.waits_for_device), None (elsewhere)."""
     from trainguard.watchdog import classify
 
     if t is None:
@@ -362,6 +415,8 @@ def where_now(t: Any) -> str | None:
         return "python"
     if any("torch/autograd/" in f.file for f in t.frames):
         return "backward"
+    if classify.waits_for_device(t):
+        return "device"
     return None
 
 

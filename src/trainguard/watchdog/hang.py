@@ -98,7 +98,7 @@ def diagnose_stall(run_dir: Path, pid: int, *, attempt: int | str = 0, samples: 
     except OSError:
         stacks_file = None
     flight = _flight_answers(run_dir, asked, snap)
-    diag = classify.diagnose(snap, collectives.backward_waits(snap, flight))
+    diag = classify.diagnose(snap, collectives.flight_waits(snap, flight))
     if diag.cause == "collective":  # which call of the sequence each rank is in, and the rank to blame
         collectives.refine(diag, snap, collectives.read_positions(run_dir), flight)
     if diag.cause == "dataloader-worker" and diag.extra.get("sample_index") is None and diag.pid:
