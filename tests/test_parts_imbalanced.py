@@ -181,3 +181,14 @@ def test_parts_of_one_order_and_two_parts_100x_apart_at_most_are_quiet() -> None
     def parts(s: int) -> dict[str, float]:
         return {"ce": 2.3 * wobble(s, 1, 0.1), "kd": 1.1 * wobble(s, 2, 0.1), "feature": 0.05 * wobble(s, 3, 0.1)}
     assert feed(400, parts, {"ce": 1.0, "kd": 0.5, "feature": 0.5}) == []
+
+
+
+def test_a_part_that_first_comes_later_is_dated_where_it_came_and_a_weight_annealed_to_zero_is_left_out() -> None:
+    # a tiny unweighted part that joins the loss at step 150: the gap begins there, not at step 1
+    (f,) = feed(300, lambda s: {"feature": 5.0, "kd": 3.0, **({"balance": 1e-4} if s >= 150 else {})})
+    assert f.severity == "warning" and f.step >= 150
+    # a weight that settles within the tolerance and ends at exactly 0 (annealed out): no division by it
+    engine_errors_free = feed(100, lambda s: {"lm": 5.0, "aux": 1e4},
+                              lambda s: {"lm": 1.0, "aux": 5e-10 if s < 100 else 0.0})
+    assert severities(engine_errors_free) == ["info"]

@@ -474,3 +474,47 @@ def test_a_device_interval_is_read_only_once_its_events_completed_and_never_wait
     assert devicestats.elapsed(Event(True), Event(False)) is None  # not done: asked again never, left out
     assert devicestats.elapsed(Event(True, fails=True), Event(True)) is None  # another device, a lost context
     assert devicestats.elapsed(Event(True, 5.0), Event(True, 1.0)) is None  # recorded on another stream
+
+
+def test_the_straggler_measures_optimizer_hook_fails_open(tmp_path: Path) -> None:
+    """In a distributed GPU run the straggler measure records a CUDA event in the optimizer's pre-hook;
+    whatever that raises (here: this CPU build has no CUDA, as a sticky device error would) goes to the
+    guard's log and takes the measure off, never out of `optimizer.step()`."""
+    from trainguard.probe import syncwait
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = trainguard.watch(model, opt, run_dir=tmp_path / "run")
+    measure = syncwait.SyncWait(guard)  # (attach() takes it only with 2+ ranks)
+    measure.device = torch.device("cuda", 0)  # as for a model on a GPU
+    for _ in range(3):
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()  # must not raise
+        opt.zero_grad()
+    guard.finish()
+    assert measure.failed and guard.opt_steps == 3
+    assert "sync-wait measure" in (tmp_path / "run" / "guard.log").read_text()
+
+
+def test_device_intervals_go_with_steps_also_without_guard_step(tmp_path: Path) -> None:
+    """A loop driven by the optimizer hooks alone (no `guard.step`) hands each step's device intervals to
+    that step, as it does `guard.log()`'s values: none is held past its step."""
+    class Done:  # a completed pair of timing events: 2 ms apart
+        def query(self) -> bool:
+            return True
+
+        def elapsed_time(self, other: object) -> float:
+            return 2.0
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = trainguard.watch(model, opt, run_dir=tmp_path / "run")
+    opt.register_step_pre_hook(lambda *a: guard._add_interval("x:presync_device_s", Done(), Done()))
+    for _ in range(50):
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        assert len(guard._intervals) == 0
+    guard.finish()
+    rows = list(RunReader(tmp_path / "run").steps())
+    assert len(rows) == 50 and all((r.get("extra") or {}).get("presync_device_s") == 0.002 for r in rows), rows[:2]

@@ -109,6 +109,26 @@ def test_a_rank_that_stops_while_the_others_go_on_is_found() -> None:
     assert _names(run_rules(late, DDP)) == []
 
 
+def test_a_rank_waiting_at_a_barrier_while_rank_0_evaluates_has_not_stopped() -> None:
+    """The usual DDP evaluation: at step 100 rank 0 evaluates alone for 13 s while rank 1 waits at a barrier;
+    then both go on in step. Rank 1's rows after the barrier reach the store a few steps later than rank 0's
+    (its own flush): rank 0's first steps after its evaluation are no sign that rank 1 stopped."""
+    def evaluation(s: int, r: int, row: dict) -> None:
+        if s > 100:
+            row["t"] += 13.0
+    rows = _rows(400, change=evaluation)
+    # the store's order: rank 1's rows of steps 100-105 come after rank 0's of steps 100-108
+    held = [r for r in rows if r["rank"] == 1 and 100 <= r["step"] <= 105]
+    order = [r for r in rows if r not in held]
+    at = next(i for i, r in enumerate(order) if r["rank"] == 0 and r["step"] == 108) + 1
+    order[at:at] = held
+    assert _names(run_rules(order, DDP)) == []
+    # ... while a rank 1 that never comes back is found, a few steps and 2 s into rank 0's going on
+    gone = [r for r in rows if not (r["rank"] == 1 and r["step"] >= 100)]
+    (f,) = [f for f in run_rules(gone, DDP) if f.name == "rank-stopped"]
+    assert f.evidence["rank"] == 1 and f.step == 99
+
+
 def _crash(rank: int, t: float, exception: str, message: str) -> dict[str, Any]:
     return {"kind": "crash", "rank": rank, "pid": 100 + rank, "t": t, "step": 14, "name": exception,
             "data": {"exception": exception, "message": message, "frames": []}}
@@ -316,6 +336,22 @@ def test_a_device_side_assert_is_the_ranks_own_fault_even_when_nccls_watchdog_re
     f = first_failure_finding(output, step=12, elapsed=3.0)
     assert f is not None and f.cause == "cuda-device-assert" and f.evidence["rank"] == 1
     assert f.evidence["native_abort"].startswith("c10::DistBackendError: [PG ID 0")
+
+
+def test_other_cuda_errors_are_not_device_side_asserts() -> None:
+    """Every CUDA error torch raises ends with the same hint about device-side assertions: an out-of-memory,
+    a missing kernel image or an illegal access is not named an assert (nor given its label-out-of-range fix),
+    and an out-of-memory reported with a lost peer's message stays a consequence."""
+    from trainguard.rules.crash import classify_crash, is_consequence
+
+    hint = ("\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
+            "might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\nCompile with "
+            "`TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
+    assert classify_crash("AcceleratorError", "CUDA error: device-side assert triggered" + hint)[0] == "cuda-device-assert"
+    for message in ("CUDA error: out of memory", "CUDA error: no kernel image is available for execution on the device",
+                    "CUDA error: an illegal memory access was encountered", "CUDA error: invalid resource handle"):
+        assert classify_crash("AcceleratorError", message + hint)[0] != "cuda-device-assert", message
+    assert is_consequence("DistBackendError: NCCL communicator was aborted; CUDA error: out of memory" + hint)
 
 
 def test_on_a_gpu_the_devices_time_before_the_all_reduce_names_the_straggler_the_hosts_hide() -> None:

@@ -31,19 +31,6 @@ class DevicePack:
     def ready(self) -> bool:
         return self.event is None or self.event.query()
 
-    def wait(self) -> bool:
-        """Blocks until the copy is done: only for the last drain, when the run is ending anyway.
-
-        False when it cannot be waited for (a sticky CUDA error after a device-side assert): the values
-        are then unreadable and must be dropped, not read.
-        """
-        if self.event is not None:
-            try:
-                self.event.synchronize()
-            except Exception:
-                return False
-        return True
-
     def pairs(self) -> list[tuple[str, float]]:
         """(name, value) in packing order; a name repeats when several micro-batches reported it."""
         # Off the training thread. On CUDA the event has completed, so this reads finished host memory;

@@ -85,7 +85,8 @@ class StepRecorder:
         # the current step's values as the loop gave them: (name, tensor or number), or (prefix, {key: value})
         # for a dict of parts; resolved by `devicestats.resolve`, off the hot path
         self._pending: list[tuple[str, Any]] = []
-        self._intervals: list[tuple[str, Any, Any]] = []  # the current step's device intervals (`_add_interval`)
+        # the current step's device intervals by name (`_add_interval`): the last of each, as a row keeps it
+        self._intervals: dict[str, tuple[Any, Any]] = {}
         self._weights: dict[str, Any] = {}  # the last weights given (numbers or tensors)
         self._weights_fresh = False  # given during the current step (tensor weights are recorded only then)
         self._weights_given: dict[str, Any] | None = None  # the weights the last call gave, as given
@@ -280,6 +281,7 @@ class StepRecorder:
             self.micro = step * self.grad_accum
             self._records.clear()
             self._pending = []
+            self._intervals = {}
             self._t_last_close = None
             self._ticks += 1
             if not self._disabled:
@@ -338,7 +340,7 @@ class StepRecorder:
         """The device time between two CUDA events (timing on) for the step being accumulated, in seconds
         under `name` (`x:...`: extra). Read only once the step's row is made, when its copies are done and
         so are the events before them: asking earlier would wait for the device."""
-        self._intervals.append((name, start, end))
+        self._intervals[name] = (start, end)  # (one a micro-batch: the last one's is the step's)
 
     def _close_loss_side(self, step: int, now: float | None = None) -> None:
         if now is None:
@@ -363,7 +365,7 @@ class StepRecorder:
                 "weights_fresh": self._weights_fresh, "data_wait": self._data_wait,
                 "step_time": (now - last) if last is not None else None, "loss_done": True}
         if self._intervals:  # (only a distributed run on a GPU has them: probe/syncwait.py)
-            side["intervals"], self._intervals = self._intervals, []
+            side["intervals"], self._intervals = self._intervals, {}
         rec = self._records.get(step)
         if rec is None:
             rec = self._records[step] = {"step": step, **side}
@@ -423,6 +425,8 @@ class StepRecorder:
                 # a loop that never calls guard.step: what guard.log() gathered belongs to this step
                 rec["pending"] = self._pending
                 self._pending = []
+            if self._intervals:  # ... and so do its device intervals (else they are held, never read)
+                rec["intervals"], self._intervals = self._intervals, {}
         self._maybe_emit(step)
 
     def _maybe_emit(self, step: int) -> None:
@@ -587,6 +591,7 @@ class StepRecorder:
         asks each rank's flight recorder where its device waits, which the stopped background thread no
         longer answers. The watchdog knows this function by its name (contract.PROBE_DEVICE_WAIT)."""
         pause = DEVICE_POLL_FIRST
+        answering = True
         for p in packs:
             while True:
                 try:
@@ -594,7 +599,12 @@ class StepRecorder:
                         break
                 except Exception:
                     return False
-                self._answer_flight(commit=True)
+                if answering:
+                    try:
+                        self._answer_flight(commit=True)
+                    except Exception as exc:  # (the store's, not the device's: the copies' rows still count)
+                        answering = False
+                        self.fail("flight recorder's answer", exc)
                 time.sleep(pause)
                 pause = min(DEVICE_POLL_MAX, 2 * pause)
         return True
@@ -694,7 +704,7 @@ class StepRecorder:
         parts = {n[5:]: _mean(vs) for n, vs in collected.items() if n.startswith("part:")}
         device_weights = {n[7:]: vs[-1] for n, vs in collected.items() if n.startswith("weight:")}
         extra: dict[str, Any] = {n[2:]: vs[-1] for n, vs in collected.items() if n.startswith("x:")}
-        for name, start, end in rec.get("intervals", ()):
+        for name, (start, end) in rec.get("intervals", {}).items():
             seconds = devicestats.elapsed(start, end)
             if seconds is not None:
                 extra[name[2:]] = seconds

@@ -68,9 +68,15 @@ class SyncWait:
             self.handles.append(model.register_forward_hook(self._forward_ends))
 
     def _synced(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.failed:
+            return
         self.synced_at = time.perf_counter()
         if self.device is not None:
-            self.synced_event = self._record()
+            try:
+                self.synced_event = self._record()
+            except Exception as exc:  # the guard never becomes the failure: not an error of optimizer.step()
+                self.synced_event = None
+                self._fail(exc)
 
     def _forward_starts(self, module: Any, args: Any) -> None:
         if module.training:
@@ -108,7 +114,7 @@ class SyncWait:
         None while a CUDA graph is captured (an event with timing cannot be recorded into one)."""
         import torch
 
-        if GATE.capturing:
+        if GATE.capturing or torch.cuda.is_current_stream_capturing():  # (the second: the gate switched off)
             return None
         event = torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(self.device))

@@ -91,7 +91,7 @@ class LossPartsImbalanced(Rule):
         self.declared: dict[str, bool] = {}  # the last row reported a weight for the part
         self.first_raw: dict[str, float] = {}  # median |part| at the part's first judgement
         self.first_size: dict[str, float] = {}  # median |weight x part| then
-        self.first_step: int | None = None
+        self.first_seen: dict[str, int] = {}  # the step each part was first reported at
         self.n = 0
         self.noted = False
         # 20 steps, or 2.5% of a short run (at least 5): a 100x gap needs no long look
@@ -103,8 +103,6 @@ class LossPartsImbalanced(Rule):
         if len(parts) < 2:
             return None
         self.n += 1
-        if self.first_step is None:
-            self.first_step = row["step"]
         self.steps.append(row["step"])
         reported = row.get("weights") or {}
         for name, value in parts.items():
@@ -114,13 +112,14 @@ class LossPartsImbalanced(Rule):
             self.mags.setdefault(name, collections.deque(maxlen=self.w)).append(abs(w * value))
             self.weights.setdefault(name, collections.deque(maxlen=self.w)).append(w)
             self.declared[name] = finite(reported.get(name))
+            self.first_seen.setdefault(name, row["step"])
         if self.n < self.w or self.n % min(5, self.w):
             return None
         sizes = {}
         for name, mags in self.mags.items():
             ws = self.weights[name]
-            if len(mags) < self.w or max(ws) - min(ws) > 1e-9 * max(1.0, abs(max(ws))):
-                continue  # too few reports, or a weight still on its schedule
+            if len(mags) < self.w or not ws[-1] or max(ws) - min(ws) > 1e-9 * max(abs(max(ws)), abs(min(ws))):
+                continue  # too few reports, a weight now 0 (out of the loss), or one still on its schedule
             size = median(list(mags))
             if size > 1e-12:
                 sizes[name] = size
@@ -159,10 +158,10 @@ class LossPartsImbalanced(Rule):
         return ratio / chosen > self.RATIO and raw_first > self.RATIO
 
     def _onset(self, big: str, small: str) -> int:
-        """The first step if the gap was there at the parts' first judgement, else the window's first."""
-        assert self.first_step is not None
+        """Where the gap began: the later of the two parts' first reports if the gap was there at their first
+        judgement (a part that first came at step 150 is not dated to step 1), else the window's first step."""
         if self.first_size[big] / self.first_size[small] > self.RATIO:
-            return self.first_step
+            return max(self.first_seen[big], self.first_seen[small])
         return self.steps[0]
 
     def _listing(self, sizes: dict[str, float]) -> str:

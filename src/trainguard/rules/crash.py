@@ -113,8 +113,10 @@ CONSEQUENCE = re.compile(
 
 
 # A process's own device fault: it failed first even where its message also says its collective broke
-# (NCCL's process-group watchdog finds the fault in its next collective and aborts with DistBackendError)
-DEVICE_FAULT = re.compile(r"device-side assert|cudaErrorAssert|an illegal memory access|misaligned address"
+# (NCCL's process-group watchdog finds the fault in its next collective and aborts with DistBackendError).
+# "device-side assert triggered", not "device-side assert": every CUDA error torch raises ends with "Compile
+# with `TORCH_USE_CUDA_DSA` to enable device-side assertions", an out-of-memory or a missing kernel image too.
+DEVICE_FAULT = re.compile(r"device-side assert triggered|cudaErrorAssert|an illegal memory access|misaligned address"
                           r"|unspecified launch failure")
 
 
@@ -126,7 +128,7 @@ def is_consequence(text: str) -> bool:
 
 SIGNATURES: list[tuple[str, re.Pattern[str], str]] = [
     # first match wins: the specific (a worker killed, a timeout) before the general (a TypeError)
-    ("cuda-device-assert", re.compile(r"device-side assert|cudaErrorAssert"),
+    ("cuda-device-assert", re.compile(r"device-side assert triggered|cudaErrorAssert"),  # (DEVICE_FAULT says why)
      "A CUDA kernel's own check failed on the device (a device-side assert), most often an index out of "
      "range: a class label outside [0, classes) in cross_entropy or nll_loss, a token id past the embedding's "
      "vocabulary, an index past the end in gather, scatter or index_select. Kernels run asynchronously, so the "

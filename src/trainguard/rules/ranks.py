@@ -399,9 +399,12 @@ class RankStopped(Rule):
     """TG705 rank-stopped: one rank stopped writing steps while the others went on.
 
     ## What it detects
-    A rank whose last step lags the newest step of the other ranks by at least 3 steps, and whose last
-    row is older than the others' newest by 20 times the run's median step time (and 5 s): the others
-    kept training (or recording) and this rank did not. At the end of a run, a rank whose rows end at
+    A rank whose last row is older than the others' newest by 20 times the run's median step time (and
+    5 s), while the others went on past that: at least 3 more steps over at least 2 s after the silence
+    began to count. The others kept training (or recording) and this rank did not. Why not a lag alone: a
+    rank waiting at a barrier while rank 0 evaluates (the usual DDP evaluation) is silent as long as rank 0,
+    and its rows after the barrier reach the store up to a flush later than rank 0's; rank 0's first
+    steps after its evaluation say nothing yet. At the end of a run, a rank whose rows end at
     least 3 steps (and 5% of the run) before the others'. A rank whose probe finished (`guard.finish()`:
     uneven data under DDP's `Join`, a rank done with its shard) has not stopped.
 
@@ -434,6 +437,7 @@ class RankStopped(Rule):
     BEHIND = 3
     PACE_TIMES = 20
     MIN_SECONDS = 5.0
+    GONE_ON_SECONDS = 2.0  # how long the others must have kept stepping past the silence's limit
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -441,6 +445,8 @@ class RankStopped(Rule):
         self.pace: collections.deque[float] = collections.deque(maxlen=200)
         self.reported: set[int] = set()
         self.finished: set[int] = set()  # ranks whose probe finished: done, not stopped
+        # (silent rank, its last step) -> the others' first (step, time) past the silence's limit
+        self.beyond: dict[tuple[int, int], tuple[int, float]] = {}
 
     def on_event(self, event: dict[str, Any]) -> None:
         if event.get("kind") == "probe" and event.get("name") == "finish" and isinstance(event.get("rank"), int):
@@ -451,6 +457,8 @@ class RankStopped(Rule):
         if not isinstance(step, int) or not isinstance(rank, int) or rank < 0 or not isinstance(t, (int, float)):
             return None
         self.last[rank] = (step, t)
+        if any(k[0] == rank for k in self.beyond):  # this rank is heard from again: not silent
+            self.beyond = {k: v for k, v in self.beyond.items() if k[0] != rank}
         if isinstance(row.get("step_time"), (int, float)) and finite(row["step_time"]):
             self.pace.append(row["step_time"])
         if len(self.last) < 2:
@@ -459,7 +467,9 @@ class RankStopped(Rule):
         for other, (o_step, o_t) in self.last.items():
             if other in self.reported or other in self.finished or step - o_step < self.BEHIND or t - o_t < limit:
                 continue
-            return self._stopped(other, o_step, t - o_t, rank, step)
+            first_step, first_t = self.beyond.setdefault((other, o_step), (step, t))
+            if step - first_step >= self.BEHIND and t - first_t >= self.GONE_ON_SECONDS:
+                return self._stopped(other, o_step, t - o_t, rank, step)
         return None
 
     def end(self) -> Finding | None:

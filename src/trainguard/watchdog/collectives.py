@@ -168,7 +168,13 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
     drain). Under NCCL that is where a hang shows: a collective returns at once and runs on the device,
     the host runs on until it needs a result. Such a rank waits in its oldest collective still in flight
     on the device (the device runs them in order), and reaches nothing queued behind it: its host, waiting
-    for the device, issues nothing more.
+    for the device, issues nothing more. The assumption: a collective issued from Python and still in flight
+    holds up the device's later work, as a call without `async_op=True` does (the compute stream waits for
+    it). An `async_op=True` collective on another group that nothing has waited on yet holds up nothing (each
+    group has a stream of its own); the recorder does not say which kind an entry was, so a rank with one in
+    flight while its device runs slowly through another group's collective for longer than the stall
+    timeout would read as proof. Left so: that is rare, and the kind it would cost (the metric all-reduce
+    under `if rank == 0`, once its group's communicator exists) is the common hang over NCCL.
 
     `positions`: the probe's counters (`read_positions`). A rank blocked in a torch.distributed call that
     its recorder does not hold yet waits where its counter says: NCCL records a collective only once the
