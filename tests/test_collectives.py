@@ -402,3 +402,111 @@ def test_nccl_a_rank_blocked_setting_up_a_groups_communicator_waits_where_its_co
     assert v["blame"] == 0 and v["unrecoverable"]
     assert v["sentence"].startswith("rank 0 waits in all_reduce #1 of group 1, which rank 1 never called")
     assert judge_flight(fr, {0: "python", 1: "device"})["unrecoverable"] is None  # without it: no proof
+
+
+def _backward_stall(ranks: list[int | None]):
+    """The stacks of a new user's DDP job over NCCL hung by a `dist.barrier()` under `if rank == 0:`: every
+    rank's main thread in `loss.backward()` on a futex, its probe's background thread in `torch.stack`
+    behind the wedged device, no flight-recorder answer."""
+    from trainguard.watchdog.stacks import Frame, ProcSample, Snapshot, ThreadStack
+
+    main = [Frame("/w/bug.py", 152, "<module>", "main()"), Frame("/w/bug.py", 117, "main", "loss.backward()"),
+            Frame("/v/site-packages/torch/_tensor.py", 631, "backward", "torch.autograd.backward("),
+            Frame("/v/site-packages/torch/autograd/__init__.py", 381, "backward", "_engine_run_backward("),
+            Frame("/v/site-packages/torch/autograd/graph.py", 869, "_engine_run_backward",
+                  "return Variable._execution_engine.run_backward(")]
+    flusher = [Frame("/usr/lib/python3.12/threading.py", 1010, "run", "self._target(*self._args, **self._kwargs)"),
+               Frame("/x/src/trainguard/probe/flusher.py", 56, "_loop", "s.drain()"),
+               Frame("/x/src/trainguard/probe/devicestats.py", 259, "stage_step", "vec = torch.stack(tensors)")]
+
+    def proc(pid: int, rank: int | None) -> ProcSample:
+        return ProcSample(pid=pid, rank=None if rank is None else str(rank), cpu_percent=99.0, status="sleeping",
+                          wchan="futex_do_wait", threads=[ThreadStack("2", "trainguard-probe", False, flusher),
+                                                          ThreadStack("1", "MainThread", True, main)])
+
+    sample = {880 + i: proc(880 + i, r) for i, r in enumerate(ranks)}
+    return Snapshot(root_pid=1, samples=[sample, sample], interval=2.0, taken_at=0.0, gpu={"gpus": [{"index": 0}]})
+
+
+def test_ranks_held_in_backward_without_an_answer_wait_in_a_collective_not_in_a_deadlock() -> None:
+    from trainguard.watchdog import classify
+    from trainguard.watchdog.collectives import UNSEEN_BACKWARD, flight_waits
+
+    snap = _backward_stall([0, 1])
+    waits = flight_waits(snap, {})
+    assert waits == {0: UNSEEN_BACKWARD, 1: UNSEEN_BACKWARD}
+    diag = classify.diagnose(snap, waits)
+    assert diag.cause == "collective", diag
+    assert "rank 0" in diag.detail and "rank 1" in diag.detail and "/w/bug.py:117" in diag.detail
+    assert diag.extra["unrecoverable"] is None  # the stack alone is never proof: nothing is stopped on it
+    assert "lock" not in diag.fix.split(";")[0]
+    # before: "the main thread waits on an event/condition/queue ... no other thread ... could set it"
+    assert classify.diagnose(snap, {}).cause == "deadlock"
+
+
+def test_one_process_held_in_backward_is_not_taken_for_a_collective() -> None:
+    from trainguard.watchdog.collectives import flight_waits
+
+    assert flight_waits(_backward_stall([None]), {}) == {}
+    assert flight_waits(_backward_stall([0]), {}) == {}  # one rank of this node: nothing to compare it with
+
+
+HELD_CHILD = r"""
+import json, os, sys, threading, time
+import torch, torch.distributed as dist
+import trainguard
+from trainguard.store.reader import RunReader
+rank, port, run_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+dist.all_reduce(torch.ones(1))  # one collective in the recorders
+out = {}
+if rank == 0:
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = trainguard.watch(model, opt, run_dir=run_dir)
+    for _ in range(5):
+        loss = model(torch.randn(2, 4)).pow(2).mean()
+        loss.backward(); opt.step(); opt.zero_grad(); g.step(loss)
+    time.sleep(1.5)  # a flush or two: the process is one of two ranks, its answering thread starts
+    out["threads"] = sorted(t.name for t in threading.enumerate() if t.name.startswith("trainguard"))
+    wedged = threading.Event()
+    g.drain = lambda final=False: wedged.wait()  # the background thread's next pass never returns (a wedged GPU)
+    time.sleep(1.0)
+    os.makedirs(os.path.join(run_dir, "stacks"), exist_ok=True)
+    asked = time.time()
+    open(os.path.join(run_dir, "stacks", "collectives.request"), "w").close()
+    deadline = time.time() + 10
+    answer = None
+    while time.time() < deadline and answer is None:
+        time.sleep(0.1)
+        reader = RunReader(run_dir)
+        try:
+            answer = reader.meta().get("flightrec.0")
+        finally:
+            reader.close()
+    out["answer"], out["seconds"] = answer, round(time.time() - asked, 2)
+    wedged.set()
+    g.finish()
+dist.barrier()
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+def test_a_rank_answers_the_flight_recorders_request_while_its_background_thread_is_held(tmp_path) -> None:
+    # Over NCCL a collective that cannot complete wedges the GPU and the probe's background thread blocks in
+    # its next device call: the answer comes from a thread that never touches the device.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = [subprocess.Popen([sys.executable, "-c", HELD_CHILD, str(r), port, str(tmp_path / "run")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    got = json.loads(outs[0][0].strip().splitlines()[-1])
+    assert "trainguard-flightrec" in got["threads"]
+    answer = got["answer"]
+    assert answer is not None and got["seconds"] < 3.0, got
+    assert not answer.get("unavailable") and "default" in answer["groups"]

@@ -133,6 +133,19 @@ def nanogpt(nan_from: int | None) -> str:
     return "\n".join(out) + "\n"
 
 
+def pipe_table(nan_from: int | None) -> str:
+    """A hand-written DDP script's prints, cells between bars with no `=` or `:` anywhere:
+    `step 50 | loss 4.75 | lr 5.1e-04 | grad_norm 0.51 | 34.7 ms/step`, and an evaluation line of its own,
+    `eval step 500 | val_loss 0.0556 | val_exact 0.994 | 12.9 s` (a new user's; its evaluations were missed)."""
+    out = []
+    for _, _, s in _steps():
+        out.append(f"step {s} | loss {loss_at(s, nan_from):.4f} | lr {lr_at(s):.2e} | grad_norm 0.513 | 34.7 ms/step")
+        if s % PER_EPOCH == 0:
+            out.append(f"eval step {s} | val_loss {loss_at(s, nan_from) + 0.1:.4f} | val_exact 0.994 | 12.9 s")
+    out.append("training done")
+    return "\n".join(out) + "\n"
+
+
 def ms_swift_stdout(nan_from: int | None) -> str:
     """ms-swift prints the Trainer's logs with its step as `'global_step/max_steps': '10/800'`."""
     total = EPOCHS * PER_EPOCH
@@ -152,6 +165,7 @@ WRITERS: dict[str, tuple[Callable[[int | None], str], str]] = {
     "paddleocr": (paddleocr, "train.log"),
     "nanogpt": (nanogpt, "train.log"),
     "ms-swift": (ms_swift_stdout, "train.log"),
+    "pipe-table": (pipe_table, "train.log"),
 }
 
 
@@ -171,7 +185,8 @@ def test_framework_console_format_reads_healthy_and_names_nan(tmp_path: Path, fm
 
 
 def test_evaluations_of_the_formats_that_print_them(tmp_path: Path) -> None:
-    for fmt, evals in (("mmengine-epoch", EPOCHS), ("fairseq", EPOCHS), ("nanogpt", EPOCHS), ("timm", EPOCHS)):
+    for fmt, evals in (("mmengine-epoch", EPOCHS), ("fairseq", EPOCHS), ("nanogpt", EPOCHS), ("timm", EPOCHS),
+                        ("pipe-table", EPOCHS)):
         write, name = WRITERS[fmt]
         (tmp_path / name).write_text(write(None))
         assert diagnose_path(tmp_path / name).evals == evals, fmt

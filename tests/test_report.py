@@ -379,3 +379,23 @@ def test_the_timeline_tells_the_run_not_the_rules_bookkeeping(tmp_path: Path) ->
     assert "param-checksum" not in timeline and "contract" not in timeline, timeline
     assert "probe start (rank 0)" in timeline and "probe start (rank 1)" in timeline, timeline
     assert "run ended: completed" in timeline
+
+
+def test_the_loss_mean_says_which_steps_it_spans_when_values_come_every_few_steps(tmp_path: Path) -> None:
+    """A log printed every 50 steps: "the mean of the last 10 steps" was the mean over 450 steps (a new
+    user read a loss of 0.88 for a run at 0.09)."""
+    from trainguard.report.build import key_numbers
+    from trainguard.store.writer import StoreWriter
+
+    for every, run in ((50, "sparse"), (1, "dense")):
+        run_dir = tmp_path / run
+        run_dir.mkdir()
+        w = StoreWriter(run_dir)
+        for s in range(every, 500 * every // 50 + 1, every):
+            w.add_step({"step": s, "t": float(s), "loss": 5.0 / s})
+        w.close()
+        loss = dict(key_numbers(load_run(run_dir)))["loss"]
+        if every == 50:
+            assert "mean of the last 10 values, steps 50-500 " in loss, loss
+        else:
+            assert re.search(r"mean of the last 10 steps \d", loss), loss

@@ -207,8 +207,8 @@ class _LineParser:
             for name, pattern in TORCH_WARNINGS:
                 if pattern.search(line) and len(facts.warnings) < 20:
                     facts.warnings.append((lineno, name))
-        if "=" not in line and ":" not in line and not _SPACED.search(line):
-            return []
+        if "=" not in line and ":" not in line and line.count("|") < 2 and not _SPACED.search(line):
+            return []  # (a `| name value |` table's cells are read by `_pairs`: `eval step 500 | val_loss 0.05 |`)
         return self._metrics(stripped)
 
     def _traceback_line(self, line: str) -> None:
@@ -237,7 +237,8 @@ class _LineParser:
         epoch = _epoch_of(line)
         train = {k: v for k, v in pairs.items() if not is_eval_name(k) and k not in _NOT_METRICS
                  and not k.startswith(_SUMMARY)}
-        evals = {_eval_key(k): v for k, v in pairs.items() if is_eval_name(k) and not _eval_key(k).startswith("best")}
+        evals = {_eval_key(k): v for k, v in pairs.items() if is_eval_name(k) and not _eval_key(k).startswith("best")
+                 and _eval_key(k) not in _NOT_METRICS}  # (`eval step 500 | ...`: the step, no metric)
         # `[Eval] loss: 22.3`, `eval step 100 loss=2.1`: a line marked as evaluation is one as a whole
         if not evals and _eval_line(line):
             evals, train = train, {}

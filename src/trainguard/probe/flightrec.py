@@ -17,9 +17,11 @@ synchronize, `guard.finish()`), and what the device waits in is the oldest entry
 When: only on the watchdog's request, never on the hot path. The watchdog touches
 `stacks/collectives.request` before it takes the stacks of a stall; the probe's background thread sees
 the newer time (one stat per flush) and writes the answer to the store (`meta` key `flightrec.<rank>`).
-That thread runs while the main thread waits in a collective or for the device (gloo, NCCL and the
-device waits release the GIL there); once it has stopped, the last drain's wait answers instead
-(probe/steps.py). Bounded: a few in-flight entries with their stacks (each group's oldest and the
+Once the process is one rank of several, a thread of its own does that instead, every half second: the
+background thread may be blocked in a device call behind a GPU a NCCL collective has wedged
+(probe/steps.py, `_flight_answers`). These threads run while the main thread waits in a collective or
+for the device (gloo, NCCL and the device waits release the GIL there); once they have stopped, the
+last drain's wait answers instead (probe/steps.py). Bounded: a few in-flight entries with their stacks (each group's oldest and the
 newest), and the kinds of collective of the recorders' window without stacks (a millisecond or two).
 Fail-open: an older torch without the dump, a recorder switched off, anything unexpected gives None.
 """
@@ -27,6 +29,7 @@ Fail-open: an older torch without the dump, a recorder switched off, anything un
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -55,6 +58,16 @@ def asked(run_dir: str | os.PathLike) -> float | None:
         return None
     _answered["t"] = t
     return t
+
+
+def distributed() -> bool:
+    """Whether this process is one rank of several: torch.distributed imported (never imported here) and
+    its default group up with more than one rank. Fail-open: False."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+    except Exception:
+        return False
 
 
 def answer(when: float, step: int | None = None) -> dict[str, Any]:

@@ -53,6 +53,7 @@ BEAT_REFRESH = 5.0  # seconds: an unchanged heartbeat is written again after thi
 # seconds between looks at a device copy the last drain waits for: at once, then doubling up to 50 ms
 DEVICE_POLL_FIRST = 0.0005
 DEVICE_POLL_MAX = 0.05
+FLIGHT_POLL_S = 0.5  # seconds between looks for the watchdog's flight-recorder request, distributed runs
 
 
 is_tensor = devicestats.is_tensor
@@ -129,6 +130,7 @@ class StepRecorder:
         self.memory = MemorySampler(writer, selflog, self.phases, total_steps)
         self._drain_lock = threading.Lock()
         self.ending: threading.Event | None = None  # set once the run is ending (the flusher's; see probe/pacing.py)
+        self._flight_thread: threading.Thread | None = None  # answers the flight-recorder requests (distributed)
         # set by the guard once its parts exist: the preflight mode (a do-nothing default) and the contracts
         self.fast_forward: Any = NO_FAST_FORWARD
         self._contracts: Any = None
@@ -563,7 +565,7 @@ class StepRecorder:
         moved = collectives.changed()
         if moved is not None:
             self._writer.set_meta(f"collectives.{self.rank}", moved)
-        self._answer_flight()
+        self._flight_answers()
         beat = (self.progress_time(), self.micro, self.step_count, self.phases.current,
                 BEAT_FINISHED if self.finished else BEAT_RUNNING)
         now = time.time()
@@ -574,6 +576,37 @@ class StepRecorder:
             self._last_beat, self._last_beat_t = beat, now
             t_progress, micro, step, phase, state = beat
             self._writer.set_heartbeat(t_progress=t_progress, micro=micro, step=step, phase=phase, state=state)
+
+    def _flight_answers(self) -> None:
+        """The watchdog's flight-recorder requests: answered here until the run is distributed, then by a
+        thread of their own (`_answer_flight_loop`), started once. Why a thread: this one stacks and copies
+        device values, and under NCCL a collective that cannot complete wedges the GPU; the launches queued
+        behind it fill the device's queue and the next launch blocks. A new user's DDP job with a
+        `dist.barrier()` under `if rank == 0:` hung so, both ranks' background threads in `torch.stack`,
+        and no rank answered: the watchdog named no rank and no collective. The answer never touches the
+        device (the recorders are host memory)."""
+        if self._flight_thread is not None:
+            return
+        if flightrec.distributed():
+            thread = threading.Thread(target=self._answer_flight_loop, name="trainguard-flightrec", daemon=True)
+            self._flight_thread = thread
+            thread.start()
+            return
+        self._answer_flight()
+
+    def _answer_flight_loop(self) -> None:
+        """The flight-recorder thread: one stat every FLIGHT_POLL_S, an answer committed when asked; ends
+        with the run (the last drain's wait answers after that). Its errors are logged once, never counted
+        toward switching the guard off (a store it cannot write would otherwise do so in seconds)."""
+        stop = self.ending
+        while stop is None or not stop.wait(FLIGHT_POLL_S):
+            if stop is None:
+                time.sleep(FLIGHT_POLL_S)
+                stop = self.ending
+            try:
+                self._answer_flight(commit=True)
+            except Exception as exc:
+                self._selflog.once("flight recorder thread", f"flight recorder's answer failed: {exc!r}")
 
     def _answer_flight(self, commit: bool = False) -> None:
         """A stall: the watchdog asks what the flight recorder knows (one stat when it has not asked).

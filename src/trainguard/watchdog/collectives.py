@@ -37,6 +37,8 @@ from trainguard.contract import COLLECTIVES_REQUEST
 
 META_PREFIX = "collectives."
 FLIGHT_PREFIX = "flightrec."
+# what a rank inside backward without a flight-recorder answer waits in, as far as its stack can tell
+UNSEEN_BACKWARD = "DDP's gradient all-reduce inside backward (by its stack: its flight recorder gave no answer)"
 
 
 def read_positions(run_dir: str | Path) -> dict[int, dict[str, Any]]:
@@ -389,9 +391,12 @@ def flight_waits(snap: Any, flight: dict[int, dict[str, Any]]) -> dict[int, str]
     """Ranks that wait in a collective their Python stack does not show, known from their flight recorder
     (rank -> what), for classify: a main thread inside backward while a collective the backward issued has
     not completed (DDP's gradient all-reduce), or one that waits for its device while a collective the
-    device runs has not (NCCL: the host waits in `.item()` or `guard.finish()`, the device in the collective)."""
+    device runs has not (NCCL: the host waits in `.item()` or `guard.finish()`, the device in the collective).
+    A rank of several inside backward that gave no answer is taken at its stack's word (UNSEEN_BACKWARD):
+    never proof, since nothing says which all-reduce it waits in."""
     out = {}
-    for r, p in trainers_by_rank(snap).items():
+    ranks = trainers_by_rank(snap)
+    for r, p in ranks.items():
         now = where_now(p.main_thread)
         if now == "device":
             w = device_wait(flight.get(r) or {})
@@ -399,6 +404,14 @@ def flight_waits(snap: Any, flight: dict[int, dict[str, Any]]) -> dict[int, str]
                 out[r] = _flight_label(w)
             continue
         if now != "backward":
+            continue
+        if r not in flight:
+            if len(ranks) > 1:
+                # No answer (its probe's threads are held, or its recorder is off): a rank of several whose
+                # backward lasts the whole stall waits in what DDP issues there, its gradient all-reduce, or
+                # for a device such a collective has wedged. Not an event, a lock or a queue of its own: a
+                # new user's DDP job over NCCL was told "deadlock" with advice on lock order.
+                out[r] = UNSEEN_BACKWARD
             continue
         lines = user_lines(p.main_thread)
         mine = [a for a in (flight.get(r) or {}).get("active") or []
