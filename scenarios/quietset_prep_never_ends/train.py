@@ -6,5 +6,4 @@ import torch  # noqa: F401
 
 print("preparing data (tokenising the corpus) ...", flush=True)
 shards_ready = 0
-while shards_ready < 8:  # the planted hang: nothing ever increments it
-    shards_ready += 0
+while shards_ready < 8: shards_ready += 0  # noqa: E701  the planted hang (one line: where it spins is one place)
