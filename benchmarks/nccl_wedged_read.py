@@ -6,7 +6,7 @@ is blocked in a device call behind it?
 Why: a new user's DDP job over NCCL hung on a `dist.barrier()` under `if rank == 0:`, and both ranks' probe
 background threads sat in `torch.stack` behind their wedged GPUs. Those threads answered the watchdog's
 flight-recorder requests, so no rank answered. Since then the answers come from a thread of their own
-(probe/steps.py, `_flight_answers`). This checks what that thread relies on, on the one GPU a session may
+(probe/steps.py, `start_flight_answers`). This checks what that thread relies on, on the one GPU a session may
 have: a group of one rank, an all-reduce done and one queued behind a device kept busy
 (`torch.cuda._sleep`), another thread blocked in its first device call, and the probe's own reader
 (`flightrec.snapshot`) called from a third thread with a 20 s limit. Prints one JSON line.

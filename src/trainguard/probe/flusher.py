@@ -53,6 +53,7 @@ class Flusher:
             # commit interval, what a SIGKILL can lose), at least MIN_WAIT after this one ends.
             try:
                 begin_pass()
+                s.start_flight_answers()  # (before the drain, which a wedged GPU can hold)
                 s.drain()
                 pause()
                 s.memory.background(s.step_count)

@@ -565,7 +565,8 @@ class StepRecorder:
         moved = collectives.changed()
         if moved is not None:
             self._writer.set_meta(f"collectives.{self.rank}", moved)
-        self._flight_answers()
+        if self._flight_thread is None:
+            self._answer_flight()  # (a process that is one rank of several answers from its own thread)
         beat = (self.progress_time(), self.micro, self.step_count, self.phases.current,
                 BEAT_FINISHED if self.finished else BEAT_RUNNING)
         now = time.time()
@@ -577,22 +578,20 @@ class StepRecorder:
             t_progress, micro, step, phase, state = beat
             self._writer.set_heartbeat(t_progress=t_progress, micro=micro, step=step, phase=phase, state=state)
 
-    def _flight_answers(self) -> None:
-        """The watchdog's flight-recorder requests: answered here until the run is distributed, then by a
-        thread of their own (`_answer_flight_loop`), started once. Why a thread: this one stacks and copies
-        device values, and under NCCL a collective that cannot complete wedges the GPU; the launches queued
-        behind it fill the device's queue and the next launch blocks. A new user's DDP job with a
-        `dist.barrier()` under `if rank == 0:` hung so, both ranks' background threads in `torch.stack`,
-        and no rank answered: the watchdog named no rank and no collective. The answer never touches the
-        device (the recorders are host memory)."""
-        if self._flight_thread is not None:
+    def start_flight_answers(self) -> None:
+        """Once this process is one rank of several, the watchdog's flight-recorder requests are answered by a
+        thread of their own (`_answer_flight_loop`), started here (the flusher asks before each pass's
+        drain); until then the drain answers them. Why a thread: the drain stacks and copies device values,
+        and under NCCL a collective that cannot complete wedges the GPU; the launches queued behind it fill
+        the device's queue and the next launch blocks. A new user's DDP job with a `dist.barrier()` under
+        `if rank == 0:` hung so, both ranks' background threads in `torch.stack`, and no rank answered: the
+        watchdog named no rank and no collective. The answer never touches the device (the recorders are
+        host memory: benchmarks/nccl_wedged_read.py)."""
+        if self._flight_thread is not None or not flightrec.distributed():
             return
-        if flightrec.distributed():
-            thread = threading.Thread(target=self._answer_flight_loop, name="trainguard-flightrec", daemon=True)
-            self._flight_thread = thread
-            thread.start()
-            return
-        self._answer_flight()
+        thread = threading.Thread(target=self._answer_flight_loop, name="trainguard-flightrec", daemon=True)
+        self._flight_thread = thread
+        thread.start()
 
     def _answer_flight_loop(self) -> None:
         """The flight-recorder thread: one stat every FLIGHT_POLL_S, an answer committed when asked; ends
