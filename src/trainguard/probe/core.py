@@ -132,6 +132,7 @@ class Probe(StepRecorder):
             self._flusher.stop(timeout=5.0)
             if not self._disabled:
                 self.drain(final=True)
+            self.flight_done.set()
             self._writer.flush()
             self._ending.finished()
         except Exception as exc:
@@ -171,6 +172,7 @@ class Probe(StepRecorder):
         self._writer.flush()
         self._disabled = True
         self._flusher.stop()
+        self.flight_done.set()
         crashhook.forget(self)
 
     def _after_fork_in_child(self) -> None:
@@ -188,6 +190,7 @@ class Probe(StepRecorder):
             if not self._disabled:
                 self.drain(final=True)
             self._writer.add_event(EVENT_PROBE, "exit", {"finished": self.finished, "crashed": self.crashed})
+            self.flight_done.set()
             self._writer.flush()
             self._ending.exited()
             self._writer.close()

@@ -131,6 +131,7 @@ class StepRecorder:
         self._drain_lock = threading.Lock()
         self.ending: threading.Event | None = None  # set once the run is ending (the flusher's; see probe/pacing.py)
         self._flight_thread: threading.Thread | None = None  # answers the flight-recorder requests (distributed)
+        self.flight_done = threading.Event()  # set once the last drain is over: that thread ends
         # set by the guard once its parts exist: the preflight mode (a do-nothing default) and the contracts
         self.fast_forward: Any = NO_FAST_FORWARD
         self._contracts: Any = None
@@ -585,8 +586,9 @@ class StepRecorder:
         and under NCCL a collective that cannot complete wedges the GPU; the launches queued behind it fill
         the device's queue and the next launch blocks. A new user's DDP job with a `dist.barrier()` under
         `if rank == 0:` hung so, both ranks' background threads in `torch.stack`, and no rank answered: the
-        watchdog named no rank and no collective. The answer never touches the device (the recorders are
-        host memory: benchmarks/nccl_wedged_read.py)."""
+        watchdog named no rank and no collective. The answer launches nothing and waits for nothing on the
+        device: NCCL's recorder queries its CUDA events, which returns at once on a wedged GPU
+        (benchmarks/nccl_wedged_read.py)."""
         if self._flight_thread is not None or not flightrec.distributed():
             return
         thread = threading.Thread(target=self._answer_flight_loop, name="trainguard-flightrec", daemon=True)
@@ -594,14 +596,14 @@ class StepRecorder:
         thread.start()
 
     def _answer_flight_loop(self) -> None:
-        """The flight-recorder thread: one stat every FLIGHT_POLL_S, an answer committed when asked; ends
-        with the run (the last drain's wait answers after that). Its errors are logged once, never counted
-        toward switching the guard off (a store it cannot write would otherwise do so in seconds)."""
-        stop = self.ending
-        while stop is None or not stop.wait(FLIGHT_POLL_S):
-            if stop is None:
-                time.sleep(FLIGHT_POLL_S)
-                stop = self.ending
+        """The flight-recorder thread: one stat every FLIGHT_POLL_S, an answer committed when asked. It goes on
+        past the flusher's end, until the last drain is over (`flight_done`): that drain waits for the lock
+        a flusher held up by a wedged GPU never gives back, and then only this thread answers. None while a
+        CUDA graph capture is open (the recorder's event queries could invalidate it). Its errors are logged
+        once, never counted toward switching the guard off (a store it cannot write would do so in seconds)."""
+        while not self.flight_done.wait(FLIGHT_POLL_S):
+            if GATE.capturing:
+                continue
             try:
                 self._answer_flight(commit=True)
             except Exception as exc:
