@@ -38,7 +38,8 @@ from trainguard.contract import COLLECTIVES_REQUEST
 META_PREFIX = "collectives."
 FLIGHT_PREFIX = "flightrec."
 # what a rank inside backward without a flight-recorder answer waits in, as far as its stack can tell
-UNSEEN_BACKWARD = "DDP's gradient all-reduce inside backward (by its stack: its flight recorder gave no answer)"
+UNSEEN_BACKWARD = ("the gradient collectives issued inside backward (DDP's all-reduce, FSDP's reduce-scatter; by its "
+                   "stack: its flight recorder gave no answer)")
 
 
 def read_positions(run_dir: str | Path) -> dict[int, dict[str, Any]]:
@@ -406,7 +407,10 @@ def flight_waits(snap: Any, flight: dict[int, dict[str, Any]]) -> dict[int, str]
         if now != "backward":
             continue
         if r not in flight:
-            if len(ranks) > 1:
+            innermost = p.main_thread.frames[-1].file if p.main_thread and p.main_thread.frames else ""
+            if len(ranks) > 1 and "torch/autograd/" in innermost:
+                # (innermost: autograd's engine itself; a user's own backward or hook that waits on an Event
+                # or a lock inside it is that wait, read as such by classify)
                 # No answer (its probe's threads are held, or its recorder is off): a rank of several whose
                 # backward lasts the whole stall waits in what DDP issues there, its gradient all-reduce, or
                 # for a device such a collective has wedged. Not an event, a lock or a queue of its own: a
