@@ -207,3 +207,17 @@ def test_ms_swift_logging_jsonl_and_wandb_history_export(tmp_path: Path) -> None
         for _, _, s in _steps()))
     d = diagnose_path(csv)
     assert d.steps == 80 and d.evals == EPOCHS and [f for f in d.findings if f.severity != "info"] == []
+
+
+def test_lines_of_cells_without_a_metric_are_no_metrics(tmp_path: Path) -> None:
+    """Bars around numbers are not enough (a test summary, a shell pipeline, a table of settings): only
+    cells named as a metric make a table line a metrics line."""
+    from trainguard.ingest.events import Facts
+    from trainguard.ingest.textlog import _LineParser
+
+    parser = _LineParser(Facts())
+    for line in ("| test 5 | passed 12 | failed 0 |", "| Top 5 | dev 3 | val 2 |",
+                 "python eval.py --n 3 | tee log | head -5", "| layer 12 | heads 16 | dim 1024 |"):
+        assert parser.feed(1, line) == [], line
+    got = parser.feed(2, "eval step 500 | val_loss 0.0556 | val_exact 0.994 | 12.9 s")
+    assert [(e["kind"], e["step"], e["data"]) for e in got] == [("eval", 500, {"loss": 0.0556, "exact": 0.994})]

@@ -50,6 +50,10 @@ _SPACED = re.compile(r"\b(" + _QUALIFIER + r"(?:loss|lr|learning_rate|grad_norm)
                      re.IGNORECASE)
 # one cell of a `| lr 20.0000 | loss   nan |` table (pytorch/examples, fairseq): a name, then its number
 _CELL = re.compile(r"((?:[A-Za-z][\w/.\-]*\s+){0,3}?[A-Za-z][\w/.\-]*)\s*[:=]?\s*(" + _NUM + r")", re.IGNORECASE)
+# a table's cell named as a metric (`| val_loss 0.05 |`): a line of cells with none is no metrics line
+# (`| test 5 | passed 12 |`, `cmd | tee log | head -5`)
+_CELL_METRIC = re.compile(r"(?:^|[\s|_/])(?:loss|ppl|perplexity|acc|accuracy|lr|grad_norm|bleu|rouge\w*|f1|wer|cer|"
+                          r"exact\w*|em)\s+" + _NUM, re.IGNORECASE)
 # `BLEU-1 73.98, BLEU-2 68.28` on a line that says it is an evaluation
 _LOOSE = re.compile(r"(?<![\w/.\-])([A-Za-z][\w\-]*)\s+(" + _NUM + r")(?![\w.])", re.IGNORECASE)
 # Hugging Face 5 prints its values quoted ('loss': '1.181'), older versions bare ('loss': 1.181)
@@ -207,8 +211,9 @@ class _LineParser:
             for name, pattern in TORCH_WARNINGS:
                 if pattern.search(line) and len(facts.warnings) < 20:
                     facts.warnings.append((lineno, name))
-        if "=" not in line and ":" not in line and line.count("|") < 2 and not _SPACED.search(line):
-            return []  # (a `| name value |` table's cells are read by `_pairs`: `eval step 500 | val_loss 0.05 |`)
+        if "=" not in line and ":" not in line and not _SPACED.search(line) \
+                and not (line.count("|") >= 2 and _CELL_METRIC.search(line)):
+            return []  # (cells of a metrics table, `eval step 500 | val_loss 0.05 |`, are read by `_pairs`)
         return self._metrics(stripped)
 
     def _traceback_line(self, line: str) -> None:
