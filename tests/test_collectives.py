@@ -485,8 +485,25 @@ if rank == 0:
         finally:
             reader.close()
     out["answer"], out["seconds"] = answer, round(time.time() - asked, 2)
+    # the script ends: finish() stops the flusher and its last drain waits for the held one; only the
+    # answering thread is left to answer
+    ending = threading.Thread(target=g.finish, daemon=True)
+    ending.start()
+    time.sleep(1.0)
+    asked = time.time()
+    open(os.path.join(run_dir, "stacks", "collectives.request"), "w").close()
+    deadline, late = time.time() + 10, None
+    while time.time() < deadline and late is None:
+        time.sleep(0.1)
+        reader = RunReader(run_dir)
+        try:
+            got = reader.meta().get("flightrec.0")
+        finally:
+            reader.close()
+        late = got if got and got["request"] >= asked - 0.01 else None
+    out["answer_in_finish"] = late is not None
     wedged.set()
-    g.finish()
+    ending.join(10)
 dist.barrier()
 dist.destroy_process_group()
 print(json.dumps(out))
@@ -510,3 +527,18 @@ def test_a_rank_answers_the_flight_recorders_request_while_its_background_thread
     answer = got["answer"]
     assert answer is not None and got["seconds"] < 3.0, got
     assert not answer.get("unavailable") and "default" in answer["groups"]
+    assert got["answer_in_finish"]
+
+
+def test_a_ranks_own_wait_inside_its_backward_is_not_taken_for_a_collective() -> None:
+    # a custom autograd Function (or a hook) that waits on an Event inside backward: its own wait, which
+    # classify reads as such; only a stack whose innermost frame is autograd's engine reads as a collective
+    from trainguard.watchdog.collectives import flight_waits
+    from trainguard.watchdog.stacks import Frame
+
+    snap = _backward_stall([0, 1])
+    for p in snap.samples[0].values():
+        p.main_thread.frames += [Frame("/w/bug.py", 17, "backward", "ready.wait()"),
+                                 Frame("/usr/lib/python3.12/threading.py", 655, "wait", "signaled = self._cond.wait(timeout)"),
+                                 Frame("/usr/lib/python3.12/threading.py", 355, "wait", "waiter.acquire()")]
+    assert flight_waits(snap, {}) == {}

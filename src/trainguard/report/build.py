@@ -93,11 +93,14 @@ def key_numbers(data: RunData) -> list[tuple[str, str]]:
                         f" {vals[-1]:.4g} at step {int(at[-1])}; mean of the {len(tail)} finite steps before it"
                         f" {tail.mean():.4g})")
             else:
-                span = int(at[-1] - at[-len(tail)]) + 1
+                first = int(at[-len(tail)])
+                span = int(at[-1]) - first + 1
                 # values recorded every N steps (a printed log): the mean is of the last values, spanning more
-                # steps than there are values (a new user read "the last 10 steps" of a log printed every 50)
+                # steps than there are values (a new user read "the last 10 steps" of a log printed every 50);
+                # steps that went back (a resumed log) get no range
                 which = (f"the last {len(tail)} steps" if span == len(tail) else
-                         f"the last {len(tail)} values, steps {int(at[-len(tail)])}-{int(at[-1])}")
+                         f"the last {len(tail)} values, steps {first}-{int(at[-1])}" if span > len(tail) else
+                         f"the last {len(tail)} values")
                 last = f"last {vals[-1]:.4g} (mean of {which} {tail.mean():.4g})"
             out.append((label, f"{last}; lowest {vals[i]:.4g} at step {int(at[i])}" +
                         (f"; {bad} non-finite" if bad else "")))
