@@ -457,6 +457,24 @@ import torch, torch.distributed as dist
 import trainguard
 from trainguard.store.reader import RunReader
 rank, port, run_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+
+
+def ask_and_wait() -> tuple:  # the watchdog's request; the answer in the store (None after 10 s), seconds
+    os.makedirs(os.path.join(run_dir, "stacks"), exist_ok=True)
+    asked = time.time()
+    open(os.path.join(run_dir, "stacks", "collectives.request"), "w").close()
+    while time.time() < asked + 10:
+        time.sleep(0.1)
+        reader = RunReader(run_dir)
+        try:
+            got = reader.meta().get("flightrec.0")
+        finally:
+            reader.close()
+        if got and got["request"] >= asked - 0.01:
+            return got, round(time.time() - asked, 2)
+    return None, None
+
+
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 dist.all_reduce(torch.ones(1))  # one collective in the recorders
 out = {}
@@ -472,36 +490,13 @@ if rank == 0:
     wedged = threading.Event()
     g.drain = lambda final=False: wedged.wait()  # the background thread's next pass never returns (a wedged GPU)
     time.sleep(1.0)
-    os.makedirs(os.path.join(run_dir, "stacks"), exist_ok=True)
-    asked = time.time()
-    open(os.path.join(run_dir, "stacks", "collectives.request"), "w").close()
-    deadline = time.time() + 10
-    answer = None
-    while time.time() < deadline and answer is None:
-        time.sleep(0.1)
-        reader = RunReader(run_dir)
-        try:
-            answer = reader.meta().get("flightrec.0")
-        finally:
-            reader.close()
-    out["answer"], out["seconds"] = answer, round(time.time() - asked, 2)
+    out["answer"], out["seconds"] = ask_and_wait()
     # the script ends: finish() stops the flusher and its last drain waits for the held one; only the
     # answering thread is left to answer
     ending = threading.Thread(target=g.finish, daemon=True)
     ending.start()
     time.sleep(1.0)
-    asked = time.time()
-    open(os.path.join(run_dir, "stacks", "collectives.request"), "w").close()
-    deadline, late = time.time() + 10, None
-    while time.time() < deadline and late is None:
-        time.sleep(0.1)
-        reader = RunReader(run_dir)
-        try:
-            got = reader.meta().get("flightrec.0")
-        finally:
-            reader.close()
-        late = got if got and got["request"] >= asked - 0.01 else None
-    out["answer_in_finish"] = late is not None
+    out["answer_in_finish"] = ask_and_wait()[0] is not None
     wedged.set()
     ending.join(10)
 dist.barrier()
