@@ -409,12 +409,11 @@ def flight_waits(snap: Any, flight: dict[int, dict[str, Any]]) -> dict[int, str]
         if r not in flight:
             innermost = p.main_thread.frames[-1].file if p.main_thread and p.main_thread.frames else ""
             if len(ranks) > 1 and "torch/autograd/" in innermost:
-                # (innermost: autograd's engine itself; a user's own backward or hook that waits on an Event
-                # or a lock inside it is that wait, read as such by classify)
-                # No answer (its probe's threads are held, or its recorder is off): a rank of several whose
-                # backward lasts the whole stall waits in what DDP issues there, its gradient all-reduce, or
-                # for a device such a collective has wedged. Not an event, a lock or a queue of its own: a
-                # new user's DDP job over NCCL was told "deadlock" with advice on lock order.
+                # No answer (its probe's threads are held, or its recorder is off): a rank of several held in
+                # autograd's engine for the whole stall waits in what DDP (or FSDP) issues there, or for a
+                # device such a collective has wedged; not on an event, a lock or a queue of its own (a new
+                # user's DDP job over NCCL was told "deadlock" with advice on lock order). A user's own
+                # backward or hook waiting inside it (innermost frame not autograd's) is that wait, for classify.
                 out[r] = UNSEEN_BACKWARD
             continue
         lines = user_lines(p.main_thread)
