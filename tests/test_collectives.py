@@ -537,3 +537,27 @@ def test_a_ranks_own_wait_inside_its_backward_is_not_taken_for_a_collective() ->
                                  Frame("/usr/lib/python3.12/threading.py", 655, "wait", "signaled = self._cond.wait(timeout)"),
                                  Frame("/usr/lib/python3.12/threading.py", 355, "wait", "waiter.acquire()")]
     assert flight_waits(snap, {}) == {}
+
+
+def test_nccl_hosts_held_in_backward_are_read_by_what_their_devices_wait_in_named_never_proof() -> None:
+    # The new user's job over NCCL, with its recorders answering: rank 0's barrier (all_reduce #501, from
+    # bug.py:139) took rank 1's first bucket of step 501 as its partner; both hosts sit in the next
+    # backward, launching behind devices stuck in DDP's buckets (issued from C++: no line). Before: no wait
+    # was seen (nothing from a line of backward) and the two ranks read as a deadlock.
+    from trainguard.watchdog import classify
+    from trainguard.watchdog.collectives import flight_waits, refine
+
+    snap = _backward_stall([0, 1])
+    flight = {
+        0: _fr({"default": (504, 501)}, [_dev("default", 502, 10.0), _dev("default", 503, 10.1),
+                                         _dev("default", 504, 10.2)], {"default": {"all_reduce [161]": 503}}),
+        1: _fr({"default": (503, 500)}, [_dev("default", 501, 10.0), _dev("default", 502, 10.1),
+                                         _dev("default", 503, 10.2)], {"default": {"all_reduce [161]": 503}}),
+    }
+    waits = flight_waits(snap, flight)
+    assert waits[0].startswith("all_reduce #502") and waits[1].startswith("all_reduce #501"), waits
+    diag = classify.diagnose(snap, waits)
+    assert diag.cause == "collective"
+    refine(diag, snap, {}, flight)
+    assert "rank 0 waits in all_reduce #502" in diag.detail and "rank 1 waits in all_reduce #501" in diag.detail
+    assert not diag.extra.get("unrecoverable")  # hosts inside backward may still be launching: never proof

@@ -359,8 +359,13 @@ def refine(diagnosis: Any, snap: Any, positions: dict[int, dict[str, Any]],
     by_rank = trainers_by_rank(snap)
     in_stack = {r: classify._collective_op(p.main_thread) if classify._in(p.main_thread, classify._COLLECTIVE_FILES)
                 else None for r, p in by_rank.items()}
-    verdict = judge_flight(flight or {}, {r: where_now(p.main_thread) for r, p in by_rank.items()},
-                           {r: user_lines(p.main_thread) for r, p in by_rank.items()}, positions)
+    flight = flight or {}
+    now = {r: now_of(p.main_thread, flight.get(r)) for r, p in by_rank.items()}
+    verdict = judge_flight(flight, now, {r: user_lines(p.main_thread) for r, p in by_rank.items()}, positions)
+    if verdict is not None and any(now[r] == "device" and where_now(p.main_thread) == "backward"
+                                   for r, p in by_rank.items()):
+        # a host inside backward may still be launching (a slow device, not a wedged one): named, never proof
+        verdict["unrecoverable"] = None
     if verdict is None:
         verdict = judge(positions, in_stack, {r for r, p in by_rank.items() if where_now(p.main_thread) == "backward"})
     if verdict is None:
@@ -398,7 +403,7 @@ def flight_waits(snap: Any, flight: dict[int, dict[str, Any]]) -> dict[int, str]
     out = {}
     ranks = trainers_by_rank(snap)
     for r, p in ranks.items():
-        now = where_now(p.main_thread)
+        now = now_of(p.main_thread, flight.get(r))
         if now == "device":
             w = device_wait(flight.get(r) or {})
             if w is not None:
@@ -423,6 +428,22 @@ def flight_waits(snap: Any, flight: dict[int, dict[str, Any]]) -> dict[int, str]
             w = min(mine, key=lambda a: a.get("seq", 0))
             out[r] = "DDP's gradient all-reduce" if w.get("op") == "all_reduce" else f"{w.get('op')} (in backward)"
     return out
+
+
+def now_of(t: Any, answer: dict[str, Any] | None) -> str | None:
+    """`where_now`, read against the rank's flight-recorder answer: a host inside backward whose recorder holds
+    no collective its backward issued from a line of its stack, but collectives its device runs still in
+    flight, waits for its device ("device"). That is NCCL: DDP's buckets are issued from C++ with no Python
+    line, return at once and run on the GPU; a collective that cannot complete wedges the device and the
+    host, launching behind it, blocks inside backward. A new user's DDP job (a `dist.barrier()` under `if
+    rank == 0:`) showed both ranks so, and was read as a deadlock."""
+    now = where_now(t)
+    if now != "backward" or not answer:
+        return now
+    lines = user_lines(t)
+    if any(a.get("from") == "backward" and _line_of(a.get("where")) in lines for a in answer.get("active") or []):
+        return now
+    return "device" if device_wait(answer) is not None else now
 
 
 def where_now(t: Any) -> str | None:
