@@ -8,9 +8,9 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src" OUT_DIR=/tmp/newuser_out
 TG="python3 -m trainguard"
 L="python3 -m torch.distributed.run --standalone --nproc_per_node=2"
-timeout 170 $TG run --run-dir /tmp/runs/bug --stall-timeout 20 -- $L benchmarks/newuser_nccl/bug.py > "$OUT/bug_run.txt" 2>&1
+timeout 170 $TG run --run-dir /tmp/runs/bug --stall-timeout 20 -- $L benchmarks/newuser_nccl/train.py --bug > "$OUT/bug_run.txt" 2>&1
 echo "EXIT=$?" >> "$OUT/bug_run.txt"
 $TG status /tmp/runs/bug > "$OUT/bug_status.txt" 2>&1
-timeout 200 $TG run --run-dir /tmp/runs/healthy -- $L benchmarks/newuser_nccl/healthy.py > "$OUT/healthy_run.txt" 2>&1
+timeout 200 $TG run --run-dir /tmp/runs/healthy -- $L benchmarks/newuser_nccl/train.py > "$OUT/healthy_run.txt" 2>&1
 echo "EXIT=$?" >> "$OUT/healthy_run.txt"
 $TG status /tmp/runs/healthy > "$OUT/healthy_status.txt" 2>&1

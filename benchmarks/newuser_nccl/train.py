@@ -1,6 +1,10 @@
-"""A new user's DDP job over NCCL, written for trainguard's trial (benchmarks/newuser_nccl/run.sh): a tiny causal LM, healthy."""
+"""A new user's DDP job over NCCL, written for trainguard's trial (benchmarks/newuser_nccl/run.sh): a tiny causal LM.
+
+`--bug`: the barrier after rank 0's evaluation is called by rank 0 alone (the hang); without it, by every rank.
+"""
 import math
 import os
+import sys
 import time
 
 import torch
@@ -22,6 +26,7 @@ EVAL_EVERY = 500
 LOG_EVERY = 50
 LR = 1e-3
 OUT_DIR = os.environ.get("OUT_DIR", "/tmp/newuser_out")
+BUG = "--bug" in sys.argv
 
 
 def make_data(n, seed):
@@ -136,7 +141,10 @@ def main():
                                 "scheduler": scheduler.state_dict(), "step": step},
                                os.path.join(OUT_DIR, "ckpt.pt"))
                     print(f"saved checkpoint to {OUT_DIR}/ckpt.pt", flush=True)
-                dist.barrier()
+                    if BUG:
+                        dist.barrier()  # the bug: only rank 0 gets here
+                if not BUG:
+                    dist.barrier()
                 t0 = time.time()
 
             if step >= MAX_STEPS:
