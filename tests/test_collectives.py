@@ -386,7 +386,7 @@ def test_the_last_drain_answers_the_watchdog_while_it_waits_for_a_device_that_ne
             return self.polls < 0
 
     answered: list[bool] = []
-    rec = SimpleNamespace(_answer_flight=lambda commit=False: answered.append(commit))
+    rec = SimpleNamespace(_answer_flight=lambda commit=False: answered.append(commit), _flight_thread=None)
     assert StepRecorder._wait_for_device_copies(rec, [Copy(3), Copy(0)]) is True  # type: ignore[arg-type]
     assert answered == [True] * 3
     assert StepRecorder._wait_for_device_copies(rec, [Copy(0, broken=True)]) is False  # type: ignore[arg-type]

@@ -625,7 +625,7 @@ class StepRecorder:
         asks each rank's flight recorder where its device waits, which the stopped background thread no
         longer answers. The watchdog knows this function by its name (contract.PROBE_DEVICE_WAIT)."""
         pause = DEVICE_POLL_FIRST
-        answering = True
+        answering = self._flight_thread is None  # (a rank of several: its own thread answers until this is over)
         for p in packs:
             while True:
                 try:

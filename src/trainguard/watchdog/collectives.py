@@ -397,8 +397,8 @@ def flight_waits(snap: Any, flight: dict[int, dict[str, Any]]) -> dict[int, str]
     """Ranks that wait in a collective their Python stack does not show, known from their flight recorder
     (rank -> what), for classify: a main thread inside backward while a collective the backward issued has
     not completed (DDP's gradient all-reduce), or one that waits for its device while a collective the
-    device runs has not (NCCL: the host waits in `.item()` or `guard.finish()`, the device in the collective).
-    A rank of several inside backward that gave no answer is taken at its stack's word (UNSEEN_BACKWARD):
+    device runs has not (NCCL: the host waits in `.item()` or `guard.finish()`, the device in the collective;
+    or inside backward, `now_of`). A rank of several inside backward that gave no answer is taken at its stack's word (UNSEEN_BACKWARD):
     never proof, since nothing says which all-reduce it waits in."""
     out = {}
     ranks = trainers_by_rank(snap)
@@ -421,9 +421,7 @@ def flight_waits(snap: Any, flight: dict[int, dict[str, Any]]) -> dict[int, str]
                 # backward or hook waiting inside it (innermost frame not autograd's) is that wait, for classify.
                 out[r] = UNSEEN_BACKWARD
             continue
-        lines = user_lines(p.main_thread)
-        mine = [a for a in (flight.get(r) or {}).get("active") or []
-                if a.get("from") == "backward" and _line_of(a.get("where")) in lines]
+        mine = _issued_by_backward(flight.get(r) or {}, user_lines(p.main_thread))
         if mine:
             w = min(mine, key=lambda a: a.get("seq", 0))
             out[r] = "DDP's gradient all-reduce" if w.get("op") == "all_reduce" else f"{w.get('op')} (in backward)"
@@ -440,10 +438,14 @@ def now_of(t: Any, answer: dict[str, Any] | None) -> str | None:
     now = where_now(t)
     if now != "backward" or not answer:
         return now
-    lines = user_lines(t)
-    if any(a.get("from") == "backward" and _line_of(a.get("where")) in lines for a in answer.get("active") or []):
+    if _issued_by_backward(answer, user_lines(t)):
         return now
     return "device" if device_wait(answer) is not None else now
+
+
+def _issued_by_backward(answer: dict[str, Any], lines: set[str]) -> list[dict[str, Any]]:
+    """The answer's collectives in flight that the rank's backward issued from a line of its stack (`lines`)."""
+    return [a for a in answer.get("active") or [] if a.get("from") == "backward" and _line_of(a.get("where")) in lines]
 
 
 def where_now(t: Any) -> str | None:
