@@ -482,6 +482,8 @@ if rank == 0:
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = trainguard.watch(model, opt, run_dir=run_dir)
+dist.barrier()  # counted on rank 0, whose probe is installed: its answer carries the counters
+if rank == 0:
     for _ in range(5):
         loss = model(torch.randn(2, 4)).pow(2).mean()
         loss.backward(); opt.step(); opt.zero_grad(); g.step(loss)
@@ -522,6 +524,10 @@ def test_a_rank_answers_the_flight_recorders_request_while_its_background_thread
     answer = got["answer"]
     assert answer is not None and got["seconds"] < 3.0, got
     assert not answer.get("unavailable") and "default" in answer["groups"]
+    pos = answer["position"]  # the counters, fresher than the held thread's copy (and all there is without the recorder)
+    assert (pos["group"], pos["op"], pos["seq"], pos["inside"]) == ("default", "barrier", 1, False), pos
+    line = next(i for i, text in enumerate(HELD_CHILD.splitlines(), start=1) if text.startswith("dist.barrier()  #"))
+    assert pos["where"] == f"<string>:{line}", pos  # the script's line that called it (python -c: "<string>")
     assert got["answer_in_finish"]
 
 
@@ -561,3 +567,45 @@ def test_nccl_hosts_held_in_backward_are_read_by_what_their_devices_wait_in_name
     refine(diag, snap, {}, flight)
     assert "rank 0 waits in all_reduce #502" in diag.detail and "rank 1 waits in all_reduce #501" in diag.detail
     assert not diag.extra.get("unrecoverable")  # hosts inside backward may still be launching: never proof
+
+
+def test_nccl_without_the_recorder_a_call_only_one_rank_made_is_named_from_the_counters() -> None:
+    # The new user's job over NCCL with TORCH_FR_BUFFER_SIZE=0: rank 0's barrier under `if rank == 0:`
+    # returned at once (the device runs it) and both hosts sit inside the next backward; no answer names a
+    # collective. The counters (sent with the answers, fresher than the held background thread's copy)
+    # still say rank 0 made a call rank 1 never made, and where.
+    from trainguard.watchdog import classify
+    from trainguard.watchdog.collectives import flight_waits, refine
+
+    snap = _backward_stall([0, 1])
+    diag = classify.diagnose(snap, flight_waits(snap, {}))
+    positions = {0: {"group": "default", "op": "barrier", "seq": 1, "inside": False, "where": "/w/bug.py:139",
+                     "ops": {"barrier": 1}}}
+    refine(diag, snap, positions, {})
+    assert "rank 0 made barrier #1 at /w/bug.py:139, which rank 1 never made" in diag.detail, diag.detail
+    assert "DDP's gradient all-reduce pairs with the extra call" in diag.detail
+    assert diag.extra["blamed_rank"] == 0 and diag.where == "/w/bug.py:139"
+    assert diag.extra["host_waits_at"] == "/w/bug.py:117 (main)"
+    assert not diag.extra.get("unrecoverable")  # never proof: nothing says what either device waits in
+    # the same number of calls on every rank: nothing out of step, nothing said
+    even = {r: {"group": "default", "op": "all_reduce", "seq": 4, "inside": False, "ops": {"all_reduce": 4}}
+            for r in (0, 1)}
+    assert judge(even, {0: None, 1: None}, in_backward={0, 1}) is None
+    # three ranks, one behind by a call it has made before: the one behind is named, from its count
+    behind = {**even, 2: {"group": "default", "op": "all_reduce", "seq": 3, "inside": False, "ops": {"all_reduce": 3}}}
+    v = judge(behind, {0: None, 1: None, 2: None}, in_backward={0, 1, 2})
+    assert v["blame"] == 2 and "which rank 2 has not made (made 3 in that group)" in v["sentence"], v
+
+
+def test_the_counters_a_rank_sent_with_its_answer_replace_its_background_threads_older_copy(tmp_path) -> None:
+    from trainguard.store.writer import StoreWriter
+    from trainguard.watchdog.collectives import read_positions
+
+    w = StoreWriter(tmp_path, rank=0)
+    w.set_meta("collectives.0", {"group": "default", "op": "all_reduce", "seq": 7, "inside": False})
+    w.set_meta("flightrec.0", {"request": 100.0, "t": 100.2, "step": 41, "unavailable": True,
+                               "position": {"group": "default", "op": "barrier", "seq": 8, "inside": False}})
+    w.close()
+    assert read_positions(tmp_path)[0]["seq"] == 7  # no request: the copy
+    assert read_positions(tmp_path, asked=100.0)[0]["op"] == "barrier"  # answered with the recorder off
+    assert read_positions(tmp_path, asked=200.0)[0]["seq"] == 7  # an answer to an older request: not this stall's

@@ -368,3 +368,73 @@ def test_on_a_gpu_the_devices_time_before_the_all_reduce_names_the_straggler_the
         if r == 0:
             del row["extra"]["presync_device_s"]
     assert "straggler-rank" not in _names(run_rules(_rows(240, change=one_rank_only), DDP))
+
+
+def test_a_rank_whose_rows_end_early_but_whose_answers_say_it_went_on_has_not_stopped() -> None:
+    # The new user's hung NCCL job: rank 1's background thread blocked behind the wedged GPU, its rows end
+    # at step 459 while it ran to 500; its flight-recorder answer (given from a thread of its own) says so.
+    from trainguard.rules.ranks import STEPS_REACHED
+
+    rows = [r for r in _rows(500) if not (r["rank"] == 1 and r["step"] > 459) and r["step"] <= 498]
+    plan = {**DDP, "total_steps": 500}
+    (f,) = [f for f in run_rules(rows, plan) if f.name == "rank-stopped"]  # the rows alone: it stopped
+    assert f.summary == "rank 1 stopped at step 459 while rank 0 went on to step 498"
+    heard = {"kind": STEPS_REACHED, "t": None, "data": {"0": 500, "1": 500}}
+    assert _names(run_rules(rows + [heard], plan)) == []
+    # a rank that truly stopped answers from where it stopped: still named, from where it got to
+    stuck = {"kind": STEPS_REACHED, "t": None, "data": {"1": 461}}
+    (f,) = [f for f in run_rules(rows + [stuck], plan) if f.name == "rank-stopped"]
+    assert f.summary == "rank 1 stopped at step 461 while rank 0 went on to step 498"
+
+
+HELD_RANK = r'''
+"""Two ranks over gloo; rank 1's probe background thread is held from step 20 on (as behind a GPU a NCCL
+collective wedged: its rows stop reaching the store while it trains on), and rank 0 then waits in a barrier
+rank 1 never calls (the new user's bug)."""
+import threading, time
+import torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+import trainguard
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = DDP(nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+guard = trainguard.watch(model, opt, total_steps=200)
+for step in range(1, 201):
+    loss = model(torch.randn(8, 16)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step(); guard.step(loss)
+    if step == 20 and rank == 1:
+        time.sleep(1.5)  # a flush or two first: its rows of steps 1-20 are in the store
+        held = threading.Event()
+        guard.drain = lambda final=False: held.wait()
+    if step == 60 and rank == 0:
+        dist.barrier()
+guard.finish()
+'''
+
+
+def test_a_hung_job_whose_rank_wrote_no_rows_for_its_last_steps_names_the_hang_not_a_stopped_rank(tmp_path: Path) -> None:
+    import sys
+
+    from tgtest import run_trainguard
+
+    from trainguard.store.reader import RunReader
+
+    script = tmp_path / "train.py"
+    script.write_text(HELD_RANK)
+    run = tmp_path / "run"
+    proc = run_trainguard("run", "--run-dir", str(run), "--stall-timeout", "5", "--", sys.executable, "-m",
+                          "torch.distributed.run", "--nproc_per_node=2", str(script), cwd=tmp_path, timeout=150)
+    assert proc.returncode == 124, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with RunReader(run) as reader:
+        assert 10 <= (reader.last_step_of(1) or 0) < 40 <= (reader.last_step_of(0) or 0)  # rank 1's rows did stop
+        reached = reader.steps_reached()
+    assert reached[1] >= 60, reached  # its answer said how far it got
+    assert "run-hung" in proc.stderr and "rank-stopped" not in proc.stderr, proc.stderr[-3000:]
+    again = run_trainguard("diagnose", str(run))
+    print(proc.stderr[-3000:])
+    assert "rank-stopped" not in again.stdout + again.stderr, again.stdout[-3000:]

@@ -30,6 +30,8 @@ ENV_STACKS = "TRAINGUARD_STACKS"  # the folder a spawned child writes its stack 
 # in that folder: the watchdog touches it on a stall, each rank's probe then writes what PyTorch's flight
 # recorder knows of its collectives (meta `flightrec.<rank>`, probe/flightrec.py)
 COLLECTIVES_REQUEST = "collectives.request"
+DEFAULT_GROUP = "default"  # how the probe's counters and recorder answers name the world process group
+FLIGHT_ANSWER_PREFIX = "flightrec."  # + the rank: the meta key of its answer (with the step it works on)
 # the probe's last drain waits for its device copies in this function of probe/steps.py: a main thread
 # stuck there waits for its GPU (the watchdog reads it as a device wait, watchdog/classify.py)
 PROBE_DEVICE_WAIT = ("trainguard/probe/steps.py", "_wait_for_device_copies")

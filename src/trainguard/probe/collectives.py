@@ -15,7 +15,8 @@ Only the outermost call counts (`all_gather_object` calls `all_gather` inside), 
 number of collectives the user's code made, the same on every rank of a correct program. Point-to-point
 calls (send/recv) are not counted: they pair two ranks, not the group. The counters live in plain Python
 objects; the probe's background thread copies them to the store (`meta` key `collectives.<rank>`) a few
-times a second, so the hot path writes nothing.
+times a second, so the hot path writes nothing. A rank's answer to the watchdog's flight-recorder request
+carries them too (probe/steps.py), fresher than the copy when that thread is held behind a wedged GPU.
 
 Known limits: collectives made from C++ (DDP's gradient buckets, FSDP's) are not counted (their waits show
 in the stacks as the backward pass); a name imported before the probe was installed (`from
@@ -28,9 +29,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 import time
 from typing import Any
+
+from trainguard.contract import DEFAULT_GROUP
 
 COLLECTIVES = (
     "all_reduce", "broadcast", "barrier", "monitored_barrier", "all_gather", "all_gather_into_tensor",
@@ -38,14 +42,13 @@ COLLECTIVES = (
     "scatter", "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
     "all_reduce_coalesced",
 )
-DEFAULT_GROUP = "default"
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"installed": False, "published": None}
 _tls = threading.local()  # depth of nested calls on this thread: only the outermost counts
 _counts: dict[str, int] = {}  # group -> collectives called so far
 _ops: dict[str, dict[str, int]] = {}  # group -> op -> calls so far (which op a rank made fewer of)
-_last: dict[str, Any] = {}  # the latest call: group, op, seq, inside, t
+_last: dict[str, Any] = {}  # the latest call: group, op, seq, inside, t, where (the caller's file:line)
 
 
 def install() -> bool:
@@ -106,7 +109,11 @@ def _wrap(name: str, original: Any, group_index: int | None) -> Any:
             _counts[key] = seq
             ops = _ops.setdefault(key, {})
             ops[name] = ops.get(name, 0) + 1
-            _last.update(group=key, op=name, seq=seq, inside=True, t=time.time())
+            # the line that made the call: where a hang blames an extra call on one rank, that line is the
+            # place to look (under NCCL the rank's stack has long moved on into its backward)
+            caller = sys._getframe(1)
+            _last.update(group=key, op=name, seq=seq, inside=True, t=time.time(),
+                         where=f"{caller.f_code.co_filename}:{caller.f_lineno}")
         except Exception:
             seq = None  # counting failed: call the collective all the same
         _tls.depth = 1

@@ -35,11 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainguard.contract import COLLECTIVES_REQUEST
+from trainguard.contract import COLLECTIVES_REQUEST, DEFAULT_GROUP
 from trainguard.rules.crash import is_user_frame
 
 MAX_ACTIVE = 8  # in-flight entries kept (a rank waits in one; DDP may have a few buckets out): see `_kept`
-DEFAULT_GROUP = "default"  # as probe/collectives.py names the world group
 
 _answered = {"t": 0.0}  # the request time last answered, in this process
 _request_paths: dict[str | os.PathLike, str] = {}  # run folder -> its request file, as a plain string

@@ -28,7 +28,14 @@ from pathlib import Path
 from threading import get_ident
 from typing import Any
 
-from trainguard.contract import BEAT_FINISHED, BEAT_RUNNING, EVENT_EXPERTS, EVENT_PROBE, EVENT_SAMPLE
+from trainguard.contract import (
+    BEAT_FINISHED,
+    BEAT_RUNNING,
+    EVENT_EXPERTS,
+    EVENT_PROBE,
+    EVENT_SAMPLE,
+    FLIGHT_ANSWER_PREFIX,
+)
 from trainguard.probe import collectives, devicestats, flightrec, thisprocess
 from trainguard.probe.capturegate import GATE
 from trainguard.probe.fastforward import NO_FAST_FORWARD
@@ -614,7 +621,11 @@ class StepRecorder:
         `commit`: written to the store at once (the background thread, which commits, has stopped)."""
         asked = flightrec.asked(self.run_dir)
         if asked is not None:
-            self._writer.set_meta(f"flightrec.{self.rank}", flightrec.answer(asked, step=self.step_count + 1))
+            answer = flightrec.answer(asked, step=self.step_count + 1)
+            # the counters as they are now: the background thread that copies them may be held (a wedged
+            # GPU), and with the recorder off they are all the watchdog has
+            answer["position"] = collectives.position()
+            self._writer.set_meta(f"{FLIGHT_ANSWER_PREFIX}{self.rank}", answer)
             if commit:
                 self._writer.flush()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
 from trainguard.rules.engine import Engine
-from trainguard.rules.live import output_events
+from trainguard.rules.live import output_events, steps_reached
 from trainguard.store.reader import RunReader
 
 
@@ -29,5 +29,6 @@ def diagnose_run(run_dir: str | Path) -> list[Finding]:
         engine = Engine(plan, source="diagnose")
         # streamed from the store: a run of millions of steps never sits in a list
         found = engine.feed_all(reader.iter_events())
+        found += engine.feed(steps_reached(reader))
     found += engine.feed_all(output_events(run_dir, (last or {}).get("step")))
     return most_severe_first(found + engine.end())

@@ -16,6 +16,7 @@ from typing import Any
 
 from trainguard.findings import Finding
 from trainguard.rules.engine import Engine
+from trainguard.rules.ranks import STEPS_REACHED
 from trainguard.store.reader import RunReader
 
 
@@ -44,8 +45,18 @@ class LiveRules:
         merged = sorted(steps + events + list(extra or []), key=lambda e: e.get("t") or 0)
         return self.engine.feed_all(merged)
 
-    def end(self) -> list[Finding]:
-        return self.engine.end() if self.engine is not None else []
+    def end(self, reader: RunReader | None = None) -> list[Finding]:
+        """The rules' end-of-run checks; with the run's `reader`, told first how far each rank got."""
+        if self.engine is None:
+            return []
+        found = self.engine.feed(steps_reached(reader)) if reader is not None else []
+        return found + self.engine.end()
+
+
+def steps_reached(reader: RunReader) -> dict[str, Any]:
+    """The event that tells the rules, before their end-of-run checks, the last step each rank is known to
+    have finished besides its rows (rules/ranks.py, `STEPS_REACHED`)."""
+    return {"kind": STEPS_REACHED, "t": None, "data": reader.steps_reached()}
 
 
 class InboxRules:
@@ -96,7 +107,7 @@ class RulesMonitor:
 
     def finish(self, state: Any) -> list[Finding]:
         """After the process ended: the last rows it wrote, then the rules' end-of-run checks."""
-        return self.poll(state) + self.live.end()
+        return self.poll(state) + self.live.end(state.reader)
 
 
 def output_events(run_dir: Path, steps: int | None) -> list[dict[str, Any]]:

@@ -22,6 +22,11 @@ from typing import Any
 from trainguard.findings import RANKS, Finding
 from trainguard.rules.rule import Rule, finite, fmt, median
 
+# an event the end of a run's reading feeds the rules: {"kind": STEPS_REACHED, "data": {rank: step}}, the
+# last step each rank is known to have finished by its heartbeat and flight-recorder answers
+# (`RunReader.steps_reached`)
+STEPS_REACHED = "steps_reached"
+
 
 class _ByStep:
     """The rows of the last steps, by step and rank; yields each step once it is complete.
@@ -407,6 +412,9 @@ class RankStopped(Rule):
     steps after its evaluation say nothing yet. At the end of a run, a rank whose rows end at
     least 3 steps (and 5% of the run) before the others'. A rank whose probe finished (`guard.finish()`:
     uneven data under DDP's `Join`, a rank done with its shard) has not stopped.
+    A rank's rows can end before the rank did (over NCCL, its probe's background thread held behind a
+    GPU a hung collective wedged): at the end, what it wrote besides its rows, its heartbeat and its
+    answer to the watchdog's flight-recorder request, counts as how far it got.
 
     ## Why it matters
     In lockstep data parallelism the others block in their next collective soon after; where they do
@@ -447,10 +455,16 @@ class RankStopped(Rule):
         self.finished: set[int] = set()  # ranks whose probe finished: done, not stopped
         # (silent rank, its last step) -> the others' first (step, time) past the silence's limit
         self.beyond: dict[tuple[int, int], tuple[int, float]] = {}
+        # rank -> the last step it finished by what it wrote besides its rows (`STEPS_REACHED`, at the end)
+        self.reached: dict[int, int] = {}
 
     def on_event(self, event: dict[str, Any]) -> None:
         if event.get("kind") == "probe" and event.get("name") == "finish" and isinstance(event.get("rank"), int):
             self.finished.add(event["rank"])
+        elif event.get("kind") == STEPS_REACHED and isinstance(event.get("data"), dict):
+            for rank, step in event["data"].items():
+                if str(rank).isdigit() and isinstance(step, int):
+                    self.reached[int(rank)] = max(self.reached.get(int(rank), step), step)
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         step, rank, t = row.get("step"), row.get("rank"), row.get("t")
@@ -475,9 +489,12 @@ class RankStopped(Rule):
     def end(self) -> Finding | None:
         if len(self.last) < 2:
             return None
-        newest_rank, (newest, _) = max(self.last.items(), key=lambda kv: kv[1][0])
+        # a rank's rows may end before it did (its background thread held behind a wedged GPU): its
+        # heartbeat or its flight-recorder answer says how far it got
+        last = {rank: max(step, self.reached.get(rank, step)) for rank, (step, _) in self.last.items()}
+        newest_rank, newest = max(last.items(), key=lambda kv: kv[1])
         margin = max(self.BEHIND, int(0.05 * (self.total_steps or newest)))
-        for other, (o_step, _) in sorted(self.last.items()):
+        for other, o_step in sorted(last.items()):
             if other not in self.reported and other not in self.finished and newest - o_step >= margin:
                 return self._stopped(other, o_step, None, newest_rank, newest)
         return None

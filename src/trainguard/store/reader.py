@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard import untrusted
-from trainguard.contract import HEARTBEAT_FIELDS
+from trainguard.contract import FLIGHT_ANSWER_PREFIX, HEARTBEAT_FIELDS
 from trainguard.errors import UserError
 from trainguard.findings import Finding
 from trainguard.store.ranks import RankInfo
@@ -164,6 +164,36 @@ class RunReader:
     def heartbeats(self) -> list[dict[str, Any]]:
         cols = HEARTBEAT_FIELDS
         return [dict(zip(cols, row)) for row in self._query(f"SELECT {', '.join(cols)} FROM heartbeat")]
+
+    def steps_reached(self) -> dict[int, int]:
+        """Rank -> the last step it is known to have finished, from what it wrote besides its rows: its
+        heartbeat and its answers to the watchdog's flight-recorder requests. Why: a rank's rows can end
+        long before the rank did. Over NCCL a collective that cannot complete wedges the GPU, and a rank's
+        background thread then blocks in its next device call with the rows of the last steps unwritten;
+        the answering thread never touches the device (probe/steps.py, `start_flight_answers`), so its
+        answer still says how far the rank got. A new user's hung DDP job was told "rank 1 stopped at step
+        459" when rank 1 had run to step 500."""
+        out: dict[int, int] = {}
+
+        def heard(rank: Any, step: Any) -> None:
+            if isinstance(rank, int) and rank >= 0 and isinstance(step, int) and step >= 0:
+                out[rank] = max(out.get(rank, step), step)
+
+        beats = self.heartbeats()
+        # a restarted run resumes from a checkpoint: an earlier attempt's steps say nothing of this one's
+        attempt = max((b["attempt"] for b in beats if isinstance(b.get("attempt"), int)), default=None)
+        beats = [b for b in beats if b.get("attempt") == attempt]
+        since = min((b["t_progress"] for b in beats if isinstance(b.get("t_progress"), (int, float))), default=0.0)
+        for beat in beats:
+            heard(beat.get("rank"), beat.get("step"))
+        for key, value in self.meta().items():
+            if key.startswith(FLIGHT_ANSWER_PREFIX) and isinstance(value, dict):
+                rank = key[len(FLIGHT_ANSWER_PREFIX):]
+                step = value.get("step")  # the step it works on when it answered: the one before is finished
+                t = value.get("t")
+                if rank.isdigit() and isinstance(step, int) and isinstance(t, (int, float)) and t >= since:
+                    heard(int(rank), step - 1)
+        return out
 
     def ranks(self, attempt: int | None = None) -> dict[int, RankInfo]:
         """Rank -> its node, host and local rank (the last attempt's row of each rank unless `attempt` is given).

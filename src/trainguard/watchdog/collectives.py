@@ -33,21 +33,31 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainguard.contract import COLLECTIVES_REQUEST
+from trainguard.contract import COLLECTIVES_REQUEST, DEFAULT_GROUP, FLIGHT_ANSWER_PREFIX
 
 META_PREFIX = "collectives."
-FLIGHT_PREFIX = "flightrec."
+FLIGHT_PREFIX = FLIGHT_ANSWER_PREFIX
 # what a rank inside backward without a flight-recorder answer waits in, as far as its stack can tell
 UNSEEN_BACKWARD = ("the gradient collectives issued inside backward (DDP's all-reduce, FSDP's reduce-scatter; by its "
                    "stack: its flight recorder gave no answer)")
 
 
-def read_positions(run_dir: str | Path) -> dict[int, dict[str, Any]]:
+def read_positions(run_dir: str | Path, asked: float | None = None) -> dict[int, dict[str, Any]]:
     """Each rank's latest collective as the probe recorded it; {} without a store or without counters.
+    With `asked`, the time of the watchdog's request: the counters a rank sent with its answer replace the
+    copy its background thread made (that thread may be held behind a wedged GPU, its copy from before the
+    hang), whether or not its flight recorder is on.
 
     A node's part of a run over nodes (RUN/node-<N>/, store/nodes.py) reads every node's ranks from the
     shared run folder: the hang on this node is compared with the ranks of the others."""
-    return {r: v for r, v in _by_rank(run_dir, META_PREFIX).items() if v.get("seq") is not None}
+    out = {r: v for r, v in _by_rank(run_dir, META_PREFIX).items() if v.get("seq") is not None}
+    if asked is not None:
+        for r, answer in _by_rank(run_dir, FLIGHT_PREFIX).items():
+            pos = answer.get("position")
+            fresh = isinstance(answer.get("request"), (int, float)) and answer["request"] >= asked - 1e-6
+            if fresh and isinstance(pos, dict) and pos.get("seq") is not None:
+                out[r] = pos
+    return out
 
 
 def ask(run_dir: str | Path) -> float | None:
@@ -122,7 +132,7 @@ def judge(positions: dict[int, dict[str, Any]], in_stack: dict[int, str | None],
     waiting = {r: w for r, w in where.items() if w is not None}
     outside = [r for r, w in where.items() if w is None]
     if not waiting:
-        return None
+        return _out_of_step(positions, ranks, in_backward or set())
     groups: dict[tuple[str, int], list[int]] = {}
     for r, w in waiting.items():
         groups.setdefault(w, []).append(r)
@@ -306,7 +316,7 @@ def _kind(w: dict[str, Any]) -> str:
 
 
 def _flight_label(w: dict[str, Any]) -> str:
-    g = "" if w.get("group") == "default" else f" of group {w.get('group')}"
+    g = "" if w.get("group") == DEFAULT_GROUP else f" of group {w.get('group')}"
     number = f"{w.get('op')} #{w.get('seq')}{g}"
     at = f" at {w['where']}" if w.get("where") else ""
     on = " on the device" if w.get("device") else ""
@@ -386,7 +396,11 @@ def refine(diagnosis: Any, snap: Any, positions: dict[int, dict[str, Any]],
             diagnosis.frames = classify._frames(proc.main_thread)
             diagnosis.pid = proc.pid
         issued = (verdict.get("waits") or {}).get(verdict["blame"]) or {}
-        if issued.get("device") and issued.get("where"):
+        if verdict.get("where"):  # the extra call the counters saw (the rank's stack has moved on)
+            diagnosis.where = verdict["where"]
+            diagnosis.extra["host_waits_at"] = classify._where(classify._innermost_user(
+                proc.main_thread if proc is not None else None))
+        elif issued.get("device") and issued.get("where"):
             # its host waits elsewhere (its stack, kept in `frames`); the collective's own line is the place
             diagnosis.where = issued["where"]
             diagnosis.extra["host_waits_at"] = classify._where(classify._innermost_user(
@@ -475,6 +489,46 @@ def trainers_by_rank(snap: Any) -> dict[int, Any]:
         except ValueError:
             continue
     return by_rank
+
+
+def _out_of_step(positions: dict[int, dict[str, Any]], ranks: list[int], in_backward: set[int]) -> dict[str, Any] | None:
+    """No rank waits in a collective its Python code called, yet the ranks made different numbers of them.
+    Under NCCL that is how a call only some ranks make shows with the flight recorder off: the call returns
+    at once (the device runs it), takes the place of another collective on the other ranks (DDP's gradient
+    all-reduce of their next backward), and every host then sits inside backward or waits for its device.
+    The ranks are compared on the group of their latest calls; one that made none counts as none made in the
+    world group. Never proof: nothing says which collective each device waits in."""
+    groups = {str(p.get("group") or DEFAULT_GROUP) for p in positions.values()}
+    if len(groups) != 1:
+        return None
+    (group,) = groups
+    if group != DEFAULT_GROUP and any(r not in positions for r in ranks):
+        return None  # a rank without calls may not even be a member of that group
+    made = {r: int((positions.get(r) or {}).get("seq") or 0) for r in ranks}
+    if len(set(made.values())) < 2:
+        return None
+    top = max(made.values())
+    ahead = [r for r in ranks if made[r] == top]
+    behind = [r for r in ranks if made[r] < top]
+    last = positions[ahead[0]]
+    op, where = str(last.get("op")), last.get("where")
+    if len(ahead) != len(behind):
+        blame = ahead if len(ahead) < len(behind) else behind
+    else:  # as many each side: the side whose latest call is one the other never made
+        blame = ahead if all(_calls(positions, r, op) == 0 for r in behind) else []
+    lag = {made[r] for r in behind}
+    never = all(_calls(positions, r, op) == 0 for r in behind)
+    theirs = (f"which {_ranks(behind)} {'never made' if never else 'has not made' if len(behind) == 1 else 'have not made'}"
+              + (f" (made {', '.join(str(n) for n in sorted(lag))} in that group)" if lag != {0} else ""))
+    sentence = (f"no rank waits in a collective its Python code called, but the calls are out of step: "
+                f"{_ranks(ahead)} made {_label((op, top))}{f' at {where}' if where else ''}, {theirs}")
+    if in_backward & set(ranks):
+        sentence += ("; inside backward, DDP's gradient all-reduce pairs with the extra call and waits for a "
+                     "partner that never comes (the flight recorder, TORCH_FR_BUFFER_SIZE, would name it)")
+    return {"sentence": sentence, "blame": blame[0] if len(blame) == 1 else None, "blamed": blame,
+            "unrecoverable": None, "where": where if blame == ahead and len(ahead) == 1 else None,
+            "positions": {str(r): f"{made[r]} call(s)" + (f", last {_label((str(positions[r].get('op')), made[r]))}"
+                                                         if r in positions else "") for r in ranks}}
 
 
 def _odd_group(groups: dict[tuple[str, int], list[int]], positions: dict[int, dict[str, Any]]) -> list[int]:
