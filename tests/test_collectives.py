@@ -482,7 +482,7 @@ if rank == 0:
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = trainguard.watch(model, opt, run_dir=run_dir)
-dist.barrier()  # counted on rank 0, whose probe is installed: its answer carries the counters
+dist.barrier()  # counted on rank 0, whose probe is installed (#1)
 if rank == 0:
     for _ in range(5):
         loss = model(torch.randn(2, 4)).pow(2).mean()
@@ -492,7 +492,12 @@ if rank == 0:
     wedged = threading.Event()
     g.drain = lambda final=False: wedged.wait()  # the background thread's next pass never returns (a wedged GPU)
     time.sleep(1.0)
+dist.barrier()  # #2, after rank 0's background thread is held: its copy of the counters never gets it
+if rank == 0:
     out["answer"], out["seconds"] = ask_and_wait()
+    reader = RunReader(run_dir)
+    out["copy"] = reader.meta().get("collectives.0")
+    reader.close()
     # the script ends: finish() stops the flusher and its last drain waits for the held one; only the
     # answering thread is left to answer
     ending = threading.Thread(target=g.finish, daemon=True)
@@ -525,9 +530,10 @@ def test_a_rank_answers_the_flight_recorders_request_while_its_background_thread
     assert answer is not None and got["seconds"] < 3.0, got
     assert not answer.get("unavailable") and "default" in answer["groups"]
     pos = answer["position"]  # the counters, fresher than the held thread's copy (and all there is without the recorder)
-    assert (pos["group"], pos["op"], pos["seq"], pos["inside"]) == ("default", "barrier", 1, False), pos
-    line = next(i for i, text in enumerate(HELD_CHILD.splitlines(), start=1) if text.startswith("dist.barrier()  #"))
-    assert pos["where"] == f"<string>:{line}", pos  # the script's line that called it (python -c: "<string>")
+    assert (pos["group"], pos["op"], pos["seq"], pos["inside"]) == ("default", "barrier", 2, False), pos
+    assert got["copy"]["seq"] == 1, got["copy"]
+    line = next(i for i, text in enumerate(HELD_CHILD.splitlines(), start=1) if text.startswith("dist.barrier()  # #2"))
+    assert pos["where"] == f"<string>:{line} (<module>)", pos  # the line that called it (python -c: "<string>")
     assert got["answer_in_finish"]
 
 
@@ -581,25 +587,38 @@ def test_nccl_without_the_recorder_a_call_only_one_rank_made_is_named_from_the_c
     diag = classify.diagnose(snap, flight_waits(snap, {}))
     positions = {0: {"group": "default", "op": "barrier", "seq": 1, "inside": False, "where": "/w/bug.py:139",
                      "ops": {"barrier": 1}}}
-    refine(diag, snap, positions, {})
-    assert "rank 0 made barrier #1 at /w/bug.py:139, which rank 1 never made" in diag.detail, diag.detail
-    assert "DDP's gradient all-reduce pairs with the extra call" in diag.detail
+    before = diag.detail
+    refine(diag, snap, positions, {}, answered={0})  # rank 1 did not answer: no probe there, its calls uncounted
+    assert diag.detail == before
+    refine(diag, snap, positions, {}, answered={0, 1})  # both answered: rank 1's probe counted no call
+    assert diag.detail.startswith("no rank waits in a collective its Python code called, but rank 0 made barrier #1 "
+                                  "at /w/bug.py:139, a call rank 1 never made; inside backward, a collective the "
+                                  "backward issues (DDP's gradient all-reduce, or the like) pairs with it and waits "
+                                  "for a partner that never comes (the flight recorder, TORCH_FR_BUFFER_SIZE, would "
+                                  "name it) (rank 0 is out of step"), diag.detail
     assert diag.extra["blamed_rank"] == 0 and diag.where == "/w/bug.py:139"
     assert diag.extra["host_waits_at"] == "/w/bug.py:117 (main)"
     assert not diag.extra.get("unrecoverable")  # never proof: nothing says what either device waits in
     # the same number of calls on every rank: nothing out of step, nothing said
     even = {r: {"group": "default", "op": "all_reduce", "seq": 4, "inside": False, "ops": {"all_reduce": 4}}
             for r in (0, 1)}
-    assert judge(even, {0: None, 1: None}, in_backward={0, 1}) is None
-    # three ranks, one behind by a call it has made before: the one behind is named, from its count
+    assert judge(even, {0: None, 1: None}, in_backward={0, 1}, answered={0, 1}) is None
+    # one rank ahead by a call of a kind the others make too (a metric's all-reduce): under NCCL a host runs
+    # ahead of its device, so that says nothing
     behind = {**even, 2: {"group": "default", "op": "all_reduce", "seq": 3, "inside": False, "ops": {"all_reduce": 3}}}
-    v = judge(behind, {0: None, 1: None, 2: None}, in_backward={0, 1, 2})
-    assert v["blame"] == 2 and "which rank 2 has not made (made 3 in that group)" in v["sentence"], v
+    assert judge(behind, {0: None, 1: None, 2: None}, in_backward={0, 1, 2}, answered={0, 1, 2}) is None
+    # three ranks, one that never made the barrier the two others made: the odd one out is the one named
+    skipped = {r: {"group": "default", "op": "barrier", "seq": 5, "inside": False, "where": "/w/t.py:9 (<module>)",
+                   "ops": {"all_reduce": 4, "barrier": 1}} for r in (0, 1)}
+    skipped[2] = even[0]
+    v = judge(skipped, {0: None, 1: None, 2: None}, in_backward={0, 1, 2}, answered={0, 1, 2})
+    assert v["blame"] == 2 and v["where"] is None, v
+    assert "ranks 0, 1 made barrier #5 at /w/t.py:9 (<module>), a call rank 2 never made" in v["sentence"]
 
 
 def test_the_counters_a_rank_sent_with_its_answer_replace_its_background_threads_older_copy(tmp_path) -> None:
     from trainguard.store.writer import StoreWriter
-    from trainguard.watchdog.collectives import read_positions
+    from trainguard.watchdog.collectives import answered, read_positions
 
     w = StoreWriter(tmp_path, rank=0)
     w.set_meta("collectives.0", {"group": "default", "op": "all_reduce", "seq": 7, "inside": False})
@@ -608,4 +627,11 @@ def test_the_counters_a_rank_sent_with_its_answer_replace_its_background_threads
     w.close()
     assert read_positions(tmp_path)[0]["seq"] == 7  # no request: the copy
     assert read_positions(tmp_path, asked=100.0)[0]["op"] == "barrier"  # answered with the recorder off
+    assert answered(tmp_path, 100.0) == {0}
     assert read_positions(tmp_path, asked=200.0)[0]["seq"] == 7  # an answer to an older request: not this stall's
+    assert answered(tmp_path, 200.0) == set()
+    # an answer without counters (no call made in this attempt): the copy, an earlier attempt's, is dropped
+    w = StoreWriter(tmp_path, rank=0)
+    w.set_meta("flightrec.0", {"request": 300.0, "t": 300.1, "step": 3, "unavailable": True, "position": None})
+    w.close()
+    assert read_positions(tmp_path, asked=300.0) == {} and answered(tmp_path, 300.0) == {0}

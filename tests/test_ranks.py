@@ -436,5 +436,34 @@ def test_a_hung_job_whose_rank_wrote_no_rows_for_its_last_steps_names_the_hang_n
     assert reached[1] >= 60, reached  # its answer said how far it got
     assert "run-hung" in proc.stderr and "rank-stopped" not in proc.stderr, proc.stderr[-3000:]
     again = run_trainguard("diagnose", str(run))
-    print(proc.stderr[-3000:])
     assert "rank-stopped" not in again.stdout + again.stderr, again.stdout[-3000:]
+
+
+def test_how_far_each_rank_got_counts_this_attempts_heartbeats_and_answers_only(tmp_path: Path) -> None:
+    from trainguard.store.reader import RunReader
+    from trainguard.store.writer import StoreWriter
+
+    # attempt 0 ran to step 500 on both ranks; attempt 1 resumed from step 400, rank 1 hung at step 420
+    for attempt, steps in ((0, {0: 500, 1: 500}), (1, {0: 460, 1: 420})):
+        for rank, step in steps.items():
+            w = StoreWriter(tmp_path, rank=rank, attempt=attempt)
+            w.pid = 1000 + 10 * attempt + rank  # one process per rank and attempt
+            w.set_heartbeat(t_progress=1000.0 * (attempt + 1) + step, micro=step, step=step, phase=None,
+                            state="running")
+            w.set_meta(f"flightrec.{rank}", {"request": 1.0, "t": 1000.0 * (attempt + 1) + step, "step": step + 1,
+                                             "attempt": attempt})
+            w.close()
+    with RunReader(tmp_path) as reader:
+        assert reader.steps_reached() == {0: 460, 1: 420}
+    # rank 1's answer of attempt 0 left in meta (its attempt-1 process never answered): not attempt 1's
+    w = StoreWriter(tmp_path, rank=1, attempt=0)
+    w.set_meta("flightrec.1", {"request": 1.0, "t": 1500.0, "step": 501, "attempt": 0})
+    w.close()
+    with RunReader(tmp_path) as reader:
+        assert reader.steps_reached() == {0: 460, 1: 420}
+    # an answer that ran ahead of the heartbeat (the thread that writes the heartbeat is held) counts
+    w = StoreWriter(tmp_path, rank=1, attempt=1)
+    w.set_meta("flightrec.1", {"request": 2.0, "t": 2600.0, "step": 461, "attempt": 1})
+    w.close()
+    with RunReader(tmp_path) as reader:
+        assert reader.steps_reached() == {0: 460, 1: 460}

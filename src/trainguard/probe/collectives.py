@@ -32,9 +32,11 @@ import inspect
 import sys
 import threading
 import time
+from types import FrameType
 from typing import Any
 
 from trainguard.contract import DEFAULT_GROUP
+from trainguard.rules.crash import is_user_frame
 
 COLLECTIVES = (
     "all_reduce", "broadcast", "barrier", "monitored_barrier", "all_gather", "all_gather_into_tensor",
@@ -48,7 +50,8 @@ _state: dict[str, Any] = {"installed": False, "published": None}
 _tls = threading.local()  # depth of nested calls on this thread: only the outermost counts
 _counts: dict[str, int] = {}  # group -> collectives called so far
 _ops: dict[str, dict[str, int]] = {}  # group -> op -> calls so far (which op a rank made fewer of)
-_last: dict[str, Any] = {}  # the latest call: group, op, seq, inside, t, where (the caller's file:line)
+_last: dict[str, Any] = {}  # the latest call: group, op, seq, inside, t, where (the line that called it)
+USER_FRAME_DEPTH = 8  # frames looked through for the user's line that made a call
 
 
 def install() -> bool:
@@ -109,11 +112,7 @@ def _wrap(name: str, original: Any, group_index: int | None) -> Any:
             _counts[key] = seq
             ops = _ops.setdefault(key, {})
             ops[name] = ops.get(name, 0) + 1
-            # the line that made the call: where a hang blames an extra call on one rank, that line is the
-            # place to look (under NCCL the rank's stack has long moved on into its backward)
-            caller = sys._getframe(1)
-            _last.update(group=key, op=name, seq=seq, inside=True, t=time.time(),
-                         where=f"{caller.f_code.co_filename}:{caller.f_lineno}")
+            _last.update(group=key, op=name, seq=seq, inside=True, t=time.time(), where=_caller())
         except Exception:
             seq = None  # counting failed: call the collective all the same
         _tls.depth = 1
@@ -126,6 +125,23 @@ def _wrap(name: str, original: Any, group_index: int | None) -> Any:
 
     counted.__trainguard_counted__ = True  # type: ignore[attr-defined]
     return counted
+
+
+def _caller() -> str:
+    """The line that made the call, as the watchdog writes places (`file:line (function)`): where a hang
+    blames an extra call on one rank, it is the place to look (under NCCL the rank's stack has long moved
+    on into its backward). The user's line where it is near (Lightning's or Accelerate's barrier sits a
+    few frames below it), else the direct caller."""
+    caller = sys._getframe(2)  # (0: here, 1: the wrapper)
+    frame: FrameType | None = caller
+    for _ in range(USER_FRAME_DEPTH):
+        if frame is None:
+            break
+        if is_user_frame(frame.f_code.co_filename):
+            caller = frame
+            break
+        frame = frame.f_back
+    return f"{caller.f_code.co_filename}:{caller.f_lineno} ({caller.f_code.co_name})"
 
 
 def _group_index(fn: Any) -> int | None:

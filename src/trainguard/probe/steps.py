@@ -625,6 +625,7 @@ class StepRecorder:
             # the counters as they are now: the background thread that copies them may be held (a wedged
             # GPU), and with the recorder off they are all the watchdog has
             answer["position"] = collectives.position()
+            answer["attempt"] = self._writer.attempt  # (a restarted run's answers of an earlier attempt stay in meta)
             self._writer.set_meta(f"{FLIGHT_ANSWER_PREFIX}{self.rank}", answer)
             if commit:
                 self._writer.flush()

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from trainguard.errors import UserError
 from trainguard.findings import Finding
 from trainguard.rules.engine import Engine
 from trainguard.rules.ranks import STEPS_REACHED
@@ -56,7 +57,11 @@ class LiveRules:
 def steps_reached(reader: RunReader) -> dict[str, Any]:
     """The event that tells the rules, before their end-of-run checks, the last step each rank is known to
     have finished besides its rows (rules/ranks.py, `STEPS_REACHED`)."""
-    return {"kind": STEPS_REACHED, "t": None, "data": reader.steps_reached()}
+    try:
+        reached = reader.steps_reached()
+    except UserError:  # a store that cannot be read now (locked, damaged): the rows alone, as before
+        reached = {}
+    return {"kind": STEPS_REACHED, "t": None, "data": reached}
 
 
 class InboxRules:

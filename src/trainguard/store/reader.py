@@ -180,19 +180,23 @@ class RunReader:
                 out[rank] = max(out.get(rank, step), step)
 
         beats = self.heartbeats()
+        answers = {key[len(FLIGHT_ANSWER_PREFIX):]: value for key, value in self.meta().items()
+                   if key.startswith(FLIGHT_ANSWER_PREFIX) and isinstance(value, dict)}
         # a restarted run resumes from a checkpoint: an earlier attempt's steps say nothing of this one's
-        attempt = max((b["attempt"] for b in beats if isinstance(b.get("attempt"), int)), default=None)
+        attempts = [x.get("attempt") for x in [*beats, *answers.values()]]
+        attempt = max((a for a in attempts if isinstance(a, int)), default=None)
         beats = [b for b in beats if b.get("attempt") == attempt]
         since = min((b["t_progress"] for b in beats if isinstance(b.get("t_progress"), (int, float))), default=0.0)
         for beat in beats:
             heard(beat.get("rank"), beat.get("step"))
-        for key, value in self.meta().items():
-            if key.startswith(FLIGHT_ANSWER_PREFIX) and isinstance(value, dict):
-                rank = key[len(FLIGHT_ANSWER_PREFIX):]
-                step = value.get("step")  # the step it works on when it answered: the one before is finished
-                t = value.get("t")
-                if rank.isdigit() and isinstance(step, int) and isinstance(t, (int, float)) and t >= since:
-                    heard(int(rank), step - 1)
+        for rank, value in answers.items():
+            step = value.get("step")  # the step it works on when it answered: the one before is finished
+            if isinstance(value.get("attempt"), int):
+                this_attempt = value["attempt"] == attempt
+            else:  # an answer of a probe that did not say its attempt: one given since this attempt's progress
+                this_attempt = isinstance(value.get("t"), (int, float)) and value["t"] >= since
+            if rank.isdigit() and isinstance(step, int) and this_attempt:
+                heard(int(rank), step - 1)
         return out
 
     def ranks(self, attempt: int | None = None) -> dict[int, RankInfo]:

@@ -51,13 +51,26 @@ def read_positions(run_dir: str | Path, asked: float | None = None) -> dict[int,
     A node's part of a run over nodes (RUN/node-<N>/, store/nodes.py) reads every node's ranks from the
     shared run folder: the hang on this node is compared with the ranks of the others."""
     out = {r: v for r, v in _by_rank(run_dir, META_PREFIX).items() if v.get("seq") is not None}
-    if asked is not None:
-        for r, answer in _by_rank(run_dir, FLIGHT_PREFIX).items():
-            pos = answer.get("position")
-            fresh = isinstance(answer.get("request"), (int, float)) and answer["request"] >= asked - 1e-6
-            if fresh and isinstance(pos, dict) and pos.get("seq") is not None:
-                out[r] = pos
+    for r, answer in _fresh_answers(run_dir, asked).items():
+        pos = answer.get("position")
+        if isinstance(pos, dict) and pos.get("seq") is not None:
+            out[r] = pos
+        else:  # its probe made no counted call (the copy is an earlier attempt's, or none)
+            out.pop(r, None)
     return out
+
+
+def answered(run_dir: str | Path, asked: float | None) -> set[int]:
+    """The ranks that answered the request made at `asked`, with their flight recorder on or off: each has
+    a probe, and the counters it sent are this stall's."""
+    return set(_fresh_answers(run_dir, asked))
+
+
+def _fresh_answers(run_dir: str | Path, asked: float | None) -> dict[int, dict[str, Any]]:
+    if asked is None:
+        return {}
+    return {r: v for r, v in _by_rank(run_dir, FLIGHT_PREFIX).items()
+            if isinstance(v.get("request"), (int, float)) and v["request"] >= asked - 1e-6}
 
 
 def ask(run_dir: str | Path) -> float | None:
@@ -77,9 +90,7 @@ def read_flight(run_dir: str | Path, asked: float | None) -> dict[int, dict[str,
     """The ranks' answers to the request made at `asked` (older answers are another stall's)."""
     if asked is None:
         return {}
-    return {r: v for r, v in _by_rank(run_dir, FLIGHT_PREFIX).items()
-            if isinstance(v.get("request"), (int, float)) and v["request"] >= asked - 1e-6
-            and not v.get("unavailable")}
+    return {r: v for r, v in _fresh_answers(run_dir, asked).items() if not v.get("unavailable")}
 
 
 def _by_rank(run_dir: str | Path, prefix: str) -> dict[int, dict[str, Any]]:
@@ -108,10 +119,14 @@ def _by_rank(run_dir: str | Path, prefix: str) -> dict[int, dict[str, Any]]:
 
 
 def judge(positions: dict[int, dict[str, Any]], in_stack: dict[int, str | None],
-          in_backward: set[int] | None = None) -> dict[str, Any] | None:
+          in_backward: set[int] | None = None, answered: set[int] | None = None,
+          recorder_on: bool = False) -> dict[str, Any] | None:
     """Compare the ranks' positions. `in_stack`: rank -> the collective its stack waits in (None: none).
     `in_backward`: ranks whose stack is inside autograd's backward, where DDP all-reduces in C++: without
     their flight recorder's answer nobody knows whether they wait there, so they are not blamed.
+    `answered`: the ranks whose counters are this stall's (sent with their answer, `read_positions`): only
+    between them does a rank with fewer calls count as out of step when nobody waits (`_out_of_step`).
+    `recorder_on`: some rank's flight recorder answered.
 
     Returns {"sentence", "blame" (a rank or None), "unrecoverable" (why, or None), "positions"} or None when
     there is nothing to compare (no counters)."""
@@ -132,7 +147,7 @@ def judge(positions: dict[int, dict[str, Any]], in_stack: dict[int, str | None],
     waiting = {r: w for r, w in where.items() if w is not None}
     outside = [r for r, w in where.items() if w is None]
     if not waiting:
-        return _out_of_step(positions, ranks, in_backward or set())
+        return _out_of_step(positions, ranks, in_backward or set(), answered or set(), recorder_on)
     groups: dict[tuple[str, int], list[int]] = {}
     for r, w in waiting.items():
         groups.setdefault(w, []).append(r)
@@ -361,9 +376,10 @@ def _flight_sentence(ranks: list[int], waits: dict[int, dict[str, Any] | None], 
 
 
 def refine(diagnosis: Any, snap: Any, positions: dict[int, dict[str, Any]],
-           flight: dict[int, dict[str, Any]] | None = None) -> None:
+           flight: dict[int, dict[str, Any]] | None = None, answered: set[int] | None = None) -> None:
     """Rewrite a `collective` diagnosis with the ranks' positions, the rank to blame and its stack: from
-    the flight recorders' answers where every rank gave one, else from the probe's counters."""
+    the flight recorders' answers where every rank gave one, else from the probe's counters (`answered`:
+    the ranks whose counters came with their answer, `judge`)."""
     from trainguard.watchdog import classify
 
     by_rank = trainers_by_rank(snap)
@@ -377,7 +393,8 @@ def refine(diagnosis: Any, snap: Any, positions: dict[int, dict[str, Any]],
         # a host inside backward may still be launching (a slow device, not a wedged one): named, never proof
         verdict["unrecoverable"] = None
     if verdict is None:
-        verdict = judge(positions, in_stack, {r for r, p in by_rank.items() if where_now(p.main_thread) == "backward"})
+        verdict = judge(positions, in_stack, {r for r, p in by_rank.items() if where_now(p.main_thread) == "backward"},
+                        answered, recorder_on=bool(flight))
     if verdict is None:
         return
     blamed = f" (rank {verdict['blame']} is out of step: its stack is shown)" if verdict["blame"] is not None else ""
@@ -491,13 +508,18 @@ def trainers_by_rank(snap: Any) -> dict[int, Any]:
     return by_rank
 
 
-def _out_of_step(positions: dict[int, dict[str, Any]], ranks: list[int], in_backward: set[int]) -> dict[str, Any] | None:
-    """No rank waits in a collective its Python code called, yet the ranks made different numbers of them.
-    Under NCCL that is how a call only some ranks make shows with the flight recorder off: the call returns
-    at once (the device runs it), takes the place of another collective on the other ranks (DDP's gradient
+def _out_of_step(positions: dict[int, dict[str, Any]], ranks: list[int], in_backward: set[int], answered: set[int],
+                 recorder_on: bool) -> dict[str, Any] | None:
+    """No rank waits in a collective its Python code called, yet some ranks made a call the others never
+    made. Under NCCL that is how a call only some ranks make shows with the flight recorder off: the call
+    returns at once (the device runs it), pairs with another collective on the other ranks (the gradient
     all-reduce of their next backward), and every host then sits inside backward or waits for its device.
-    The ranks are compared on the group of their latest calls; one that made none counts as none made in the
-    world group. Never proof: nothing says which collective each device waits in."""
+    Only between ranks whose counters came with their answer to this stall's request (a rank without a
+    probe made calls nobody counted; a copy from before a wedged GPU is behind), and only on the group of
+    their latest calls. A rank ahead by a call of a kind the others also make is ordinary: under NCCL a
+    host runs ahead of its device. Never proof: nothing says which collective each device waits in."""
+    if len(ranks) < 2 or not set(ranks) <= answered:
+        return None
     groups = {str(p.get("group") or DEFAULT_GROUP) for p in positions.values()}
     if len(groups) != 1:
         return None
@@ -505,26 +527,22 @@ def _out_of_step(positions: dict[int, dict[str, Any]], ranks: list[int], in_back
     if group != DEFAULT_GROUP and any(r not in positions for r in ranks):
         return None  # a rank without calls may not even be a member of that group
     made = {r: int((positions.get(r) or {}).get("seq") or 0) for r in ranks}
-    if len(set(made.values())) < 2:
-        return None
     top = max(made.values())
     ahead = [r for r in ranks if made[r] == top]
     behind = [r for r in ranks if made[r] < top]
-    last = positions[ahead[0]]
-    op, where = str(last.get("op")), last.get("where")
-    if len(ahead) != len(behind):
-        blame = ahead if len(ahead) < len(behind) else behind
-    else:  # as many each side: the side whose latest call is one the other never made
-        blame = ahead if all(_calls(positions, r, op) == 0 for r in behind) else []
-    lag = {made[r] for r in behind}
-    never = all(_calls(positions, r, op) == 0 for r in behind)
-    theirs = (f"which {_ranks(behind)} {'never made' if never else 'has not made' if len(behind) == 1 else 'have not made'}"
-              + (f" (made {', '.join(str(n) for n in sorted(lag))} in that group)" if lag != {0} else ""))
-    sentence = (f"no rank waits in a collective its Python code called, but the calls are out of step: "
-                f"{_ranks(ahead)} made {_label((op, top))}{f' at {where}' if where else ''}, {theirs}")
+    op, where = str(positions[ahead[0]].get("op")), positions[ahead[0]].get("where")
+    if not behind or any(_calls(positions, r, op) for r in behind):
+        return None
+    # the side that is fewer is the odd one: ranks that made an extra call, or a rank that skipped one
+    blame = ahead if len(ahead) <= len(behind) else behind
+    of_group = "" if group == DEFAULT_GROUP else f" of group {group}"
+    sentence = (f"no rank waits in a collective its Python code called, but {_ranks(ahead)} made "
+                f"{_label((op, top))}{of_group}{f' at {where}' if where else ''}, a call {_ranks(behind)} never made")
     if in_backward & set(ranks):
-        sentence += ("; inside backward, DDP's gradient all-reduce pairs with the extra call and waits for a "
-                     "partner that never comes (the flight recorder, TORCH_FR_BUFFER_SIZE, would name it)")
+        sentence += ("; inside backward, a collective the backward issues (DDP's gradient all-reduce, or the like) "
+                     "pairs with it and waits for a partner that never comes")
+        if not recorder_on:
+            sentence += " (the flight recorder, TORCH_FR_BUFFER_SIZE, would name it)"
     return {"sentence": sentence, "blame": blame[0] if len(blame) == 1 else None, "blamed": blame,
             "unrecoverable": None, "where": where if blame == ahead and len(ahead) == 1 else None,
             "positions": {str(r): f"{made[r]} call(s)" + (f", last {_label((str(positions[r].get('op')), made[r]))}"

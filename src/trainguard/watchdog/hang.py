@@ -100,7 +100,8 @@ def diagnose_stall(run_dir: Path, pid: int, *, attempt: int | str = 0, samples: 
     flight = _flight_answers(run_dir, asked, snap)
     diag = classify.diagnose(snap, collectives.flight_waits(snap, flight))
     if diag.cause == "collective":  # which call of the sequence each rank is in, and the rank to blame
-        collectives.refine(diag, snap, collectives.read_positions(run_dir, asked), flight)
+        collectives.refine(diag, snap, collectives.read_positions(run_dir, asked), flight,
+                           collectives.answered(run_dir, asked))
     if diag.cause == "dataloader-worker" and diag.extra.get("sample_index") is None and diag.pid:
         diag.extra["sample_index"], why = _sample_index_by_py_spy(diag.pid)
         if diag.extra["sample_index"] is not None:
