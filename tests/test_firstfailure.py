@@ -203,3 +203,27 @@ def test_diagnose_of_a_torchrun_log_names_the_first_failure(tmp_path: Path) -> N
     crash = next(f for f in json.loads(out.stdout)["findings"] if f["code"] == "TG501")
     assert crash["exception"] == "ValueError" and crash["evidence"]["rank"] == 1, crash
     assert crash["source"] == "diagnose" and crash["evidence"]["consequences"][0].startswith("rank 0: RuntimeError")
+
+
+def test_a_rank_that_aborts_as_its_process_ends_is_told_as_a_teardown_abort_not_a_lost_traceback() -> None:
+    # PyTorch 2.13's gloo now and then aborts a DDP rank at exit, after its last step ("terminate called
+    # without an active exception"): no Python error, exit code -6. It was told "its traceback is not in the
+    # output: decorate the entry point with @record", which cannot help.
+    lines = (["W1129 02:48:27.100000 1177 torch/distributed/run.py:851] *****"]
+             + [f"step {s} loss {30 + s % 7:.4f}" for s in range(35, 41)]
+             + ["terminate called without an active exception",
+                "W1129 02:48:28.163000 1177 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process "
+                "1185 closing signal SIGTERM",
+                "E1129 02:48:28.179000 1177 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: "
+                "-6) local_rank: 0 (pid: 1184) of binary: /venv/bin/python"]
+             + LAUNCHER + _summary(0, exitcode=-6))
+    f = first_failure_finding(lines, step=40, elapsed=4.1)
+    assert f is not None and f.evidence["rank"] == 0 and f.evidence["rank_exit_code"] == -6
+    assert f.summary.startswith("rank 0 failed first: abort: aborted as its process ended"), f.summary
+    assert "pytorch/pytorch#190489" in f.summary and "at step 40" in f.summary
+    assert "may have finished" in f.fix and "destroy_process_group" in f.fix and "@record" not in f.summary
+    # a rank that aborted after throwing keeps its own words (NCCL's watchdog, gloo's enforce)
+    thrown = [line.replace("terminate called without an active exception",
+                           "terminate called after throwing an instance of 'gloo::EnforceNotMet'") for line in lines]
+    f = first_failure_finding(thrown, step=40, elapsed=4.1)
+    assert f is not None and "as its process ended" not in f.summary and f.summary.startswith("rank 0 failed first: EnforceNotMet")

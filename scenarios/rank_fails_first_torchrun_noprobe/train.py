@@ -6,6 +6,8 @@ proves: the verdict names rank 1's ValueError, where it was raised, as the cause
 prefixes, the order of the tracebacks and torchrun's "Root Cause (first observed failure)"), and lists
 rank 0's failure as a consequence. Healthy twin: quiet_torchrun_gloo_noprobe.
 """
+import gc
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -32,4 +34,9 @@ for step in range(1, 41):
     opt.step()
     if rank == 0:
         print(f"step {step} loss {loss.item():.4f}", flush=True)
+# The model and optimizer go before the process group: PyTorch 2.13's gloo otherwise aborts a rank now and
+# then as the process ends ("terminate called without an active exception", about 1 run in 10 on a loaded
+# machine), which trainguard rightly reports as a crash at teardown.
+del model, opt, loss
+gc.collect()
 dist.destroy_process_group()

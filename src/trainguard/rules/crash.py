@@ -245,6 +245,18 @@ RUN_CRASHED = Code("TG501", "run-crashed", "error", needs=(PROCESS,), page=crash
 
 _ABORT = re.compile(r"terminate called after throwing an instance of '([^']+)'")
 _WHAT = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?what\(\):\s*(.*)")
+# std::terminate with no exception: a C++ thread object destroyed while its thread still runs, which at a
+# process's exit is a runtime's teardown racing its own worker threads. PyTorch 2.13's gloo does it now and
+# then when a DDP model outlives its process group into the interpreter's teardown (about 1 run in 10 of
+# a 2-rank CPU job on a loaded machine: 15 in 116; none in 60 with the model freed before `destroy_process_group()`).
+TEARDOWN_ABORT = "std::terminate: called without an active exception"
+_TEARDOWN = re.compile(r"terminate called without an active exception")
+TEARDOWN_EXPLAINED = ("aborted as its process ended: std::terminate without an exception, a C++ thread still "
+                      "running at teardown (under gloo, PyTorch's process-group teardown: pytorch/pytorch#190489)")
+TEARDOWN_FIX = ("The training itself may have finished: check its last step and that its outputs (checkpoint, "
+                "metrics) were written before the abort. Free the model and optimizer before "
+                "`dist.destroy_process_group()` (`del model, optimizer; gc.collect()`), so no tensor of the "
+                "process group's work is left for the interpreter's teardown.")
 
 
 def native_abort(lines: list[str]) -> str | None:
@@ -254,6 +266,8 @@ def native_abort(lines: list[str]) -> str | None:
     for i, line in enumerate(lines):
         m = _ABORT.search(line)
         if m is None:
+            if _TEARDOWN.search(line):
+                return TEARDOWN_ABORT
             continue
         what = next((w.group(1) for w in map(_WHAT.match, lines[i + 1:i + 3]) if w), "")
         # gloo prefixes "[enforce fail at <path>:<line>] <check>." before the sentence that explains it

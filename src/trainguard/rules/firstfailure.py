@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 
 from trainguard.findings import Finding
 from trainguard.rules.crash import (
+    TEARDOWN_ABORT,
+    TEARDOWN_EXPLAINED,
+    TEARDOWN_FIX,
     ParsedTraceback,
     crash_finding,
     is_consequence,
@@ -217,7 +220,13 @@ def first_failure_finding(lines: list[str], *, step: int | None, elapsed: float 
     if first is None:
         assert root is not None
         abort = native_abort(lines) if root.exit_code == -6 else None  # -6: SIGABRT, the rank aborted
-        if abort is not None:
+        if abort == TEARDOWN_ABORT:
+            finding = crash_finding(exception="abort", message=TEARDOWN_EXPLAINED, frames=[], step=step,
+                                    elapsed=elapsed, source=source)
+            finding.fix = TEARDOWN_FIX
+            finding.evidence["native_abort"] = abort
+            finding.evidence["rank_exit_code"] = root.exit_code
+        elif abort is not None:
             # no Python error: the C++ runtime's last words (NCCL's watchdog aborting after a device fault)
             kind, _, what = abort.partition(": ")
             finding = crash_finding(exception=kind.rsplit("::", 1)[-1], message=what or kind, frames=[], step=step,
