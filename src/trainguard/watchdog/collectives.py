@@ -88,8 +88,6 @@ def ask(run_dir: str | Path) -> float | None:
 
 def read_flight(run_dir: str | Path, asked: float | None) -> dict[int, dict[str, Any]]:
     """The ranks' answers to the request made at `asked` (older answers are another stall's)."""
-    if asked is None:
-        return {}
     return {r: v for r, v in _fresh_answers(run_dir, asked).items() if not v.get("unavailable")}
 
 
