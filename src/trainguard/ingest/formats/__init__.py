@@ -1,0 +1,79 @@
+"""Every log format trainguard reads, declared once as data: its writer's contract.
+
+A format family is one module in this package that declares a `FormatContract` (or several) and appends it
+to `FORMATS` through `declare`. The contract is written from the code that *writes* the format (the
+framework's logger, printer or callback, named in `writer`), not from a sample file: what its fields
+are, which axis its steps are counted on, where its plan is written, what marks a finished run, and what
+its loss parts mean. Readers are generic over these contracts; tests generate a format's real-world
+variants (prefixes, colour codes, tqdm redraws, resumed runs, truncated last lines, CRLF) from them; the
+format table in `docs/formats.md` is rendered from `FORMATS` (a test fails when it drifts).
+
+A new format is one new module here plus its reader's entry in `trainguard.ingest.detect`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+# How a format's loss parts relate to its total: "sum" (the total is their sum, perhaps weighted by
+# `weights`), "median" (each value is a windowed median or mean of its own, so parts never sum exactly),
+# "independent" (reported side by side, no relation promised), "none" (the format has no parts).
+PartsMeaning = Literal["sum", "weighted-sum", "median", "independent", "none"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FormatContract:
+    """What one writer promises about the files it writes."""
+
+    name: str
+    """The format's name as `diagnose` prints it ("ultralytics results.csv")."""
+    family: str
+    """The framework or tool that writes it ("Ultralytics")."""
+    writer: str
+    """Where the writer's code is: repository and path (and function), read when the contract was written."""
+    files: tuple[str, ...]
+    """File or folder names (globs) that hold it, relative to what the user points `diagnose` at."""
+    metrics: str
+    """The fields read, and how: names of the loss, LR, gradient norm, evaluations and parts."""
+    step_axis: str
+    """What a row's step counts: optimizer steps, epochs, iterations, samples; and how it is converted."""
+    plan: str
+    """Where the planned length (and patience, time limit) is written, or "none"."""
+    completion: str
+    """What marks a run that finished (a last line, a key, a row at the planned end), or "none"."""
+    parts: PartsMeaning = "none"
+    """What the loss parts mean against the total."""
+    notes: tuple[str, ...] = field(default=())
+    """Other semantics a rule must respect (a config dump printed first, resumed runs appended, ...)."""
+
+
+FORMATS: list[FormatContract] = []
+
+
+def declare(*contracts: FormatContract) -> None:
+    """Adds contracts to the registry; a name is declared once."""
+    for c in contracts:
+        if any(f.name == c.name for f in FORMATS):
+            raise ValueError(f"format {c.name!r} declared twice")
+        FORMATS.append(c)
+
+
+def contract(name: str) -> FormatContract | None:
+    """The declared contract of the format `diagnose` names `name`, if any."""
+    _load_all()
+    return next((c for c in FORMATS if c.name == name), None)
+
+
+def all_formats() -> list[FormatContract]:
+    _load_all()
+    return list(FORMATS)
+
+
+def _load_all() -> None:
+    """Imports every family module of this package once (each declares itself on import)."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
