@@ -8,7 +8,8 @@ its loss parts mean. Readers are generic over these contracts; tests generate a 
 variants (prefixes, colour codes, tqdm redraws, resumed runs, truncated last lines, CRLF) from them; the
 format table in `docs/formats.md` is rendered from `FORMATS` (a test fails when it drifts).
 
-A new format is one new module here plus its reader's entry in `trainguard.ingest.detect`.
+A new format is one new module here, its line in `families.py`, and its reader's entry in
+`trainguard.ingest.detect`.
 """
 
 from __future__ import annotations
@@ -71,9 +72,6 @@ def all_formats() -> list[FormatContract]:
 
 
 def _load_all() -> None:
-    """Imports every family module of this package once (each declares itself on import)."""
-    import importlib
-    import pkgutil
-
-    for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")
+    """Imports every family module once (each declares itself on import); `families` lists them by name,
+    where a reader and the layer check see them."""
+    from trainguard.ingest.formats import families  # noqa: F401
