@@ -43,6 +43,7 @@ from trainguard.preflight.schedule import SCHEDULE_ENDS_EARLY, SCHEDULE_ENDS_LAT
 from trainguard.rules.crash import RUN_CRASHED
 from trainguard.rules.ending import PROBE_NOT_FINISHED, RUN_KILLED
 from trainguard.rules.health import HEALTH_RULES
+from trainguard.watchdog.joblimit import CUT_BY_SCHEDULER, PLAN_EXCEEDS_TIME_LIMIT
 from trainguard.watchdog.nodes import NODE_LOST
 from trainguard.watchdog.restart import HANG_REPEATS
 from trainguard.watchdog.stall import RUN_HUNG, RUN_STALLED
@@ -117,6 +118,8 @@ _DECLARED: list[Declared] = [
     # a node of a multi-node job lost (issue 16, the watchdog)
     NODE_LOST,
     LEFTOVER_PROCESSES,
+    # the job scheduler (issue 34): a plan that cannot fit the job's time limit, a run the scheduler cut
+    PLAN_EXCEEDS_TIME_LIMIT, CUT_BY_SCHEDULER,
     # hang and crash diagnosis (issue 3)
     HANG_REPEATS,
     # preflight and config check (issue 5): `trainguard preflight` (TG601-609), `trainguard check` (TG611-619)

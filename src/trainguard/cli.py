@@ -449,8 +449,8 @@ def ls_runs(root: str | None) -> None:
     if not runs:
         echo(f"no runs under {root or runs_root()}")
         return
-    header = ("run", "state", "health", "step", "findings", "started", "command")
-    rows = []
+    header: tuple[str, ...] = ("run", "state", "health", "step", "findings", "started", "command")
+    rows: list[tuple[str, ...]] = []
     for path in runs:
         try:
             st = read_status(path)
@@ -460,7 +460,11 @@ def ls_runs(root: str | None) -> None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else ""
         cmd = " ".join(st.get("command") or [])
         rows.append((path.name, shown_state(st), st.get("health", ""), str(st.get("step", "")),
-                     _finding_counts(st.get("findings")), when, cmd))
+                     _finding_counts(st.get("findings")), when, _job_of(st), cmd))
+    header = header[:-1] + ("job", header[-1])
+    if not any(r[-2] for r in rows):  # no run under a job scheduler: no job column
+        header = header[:-2] + header[-1:]
+        rows = [r[:-2] + r[-1:] for r in rows]
     if not sys.stdout.isatty():
         # Piped or redirected: every name whole (a script greps it, or passes it to `status`), no cut.
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
@@ -473,6 +477,19 @@ def ls_runs(root: str | None) -> None:
     for r in rows:
         table.add_row(*r[:-1], r[-1][:50])
     Console(width=max(100, Console().width)).print(table)
+
+
+def _job_of(st: Any) -> str:
+    """`ls`'s job column: the scheduler's job ("slurm 4182", "+1" per requeue, how the scheduler ended it)."""
+    sched = st.get("scheduler") if isinstance(st, dict) else None
+    if not isinstance(sched, dict) or not sched.get("job_id"):
+        return ""
+    text = f"{sched.get('name', 'job')} {sched['job_id']}"
+    if isinstance(sched.get("restarts"), int) and sched["restarts"] > 0:
+        text += f" +{sched['restarts']}"
+    if sched.get("ended_by"):
+        text += f" ({sched['ended_by']})"
+    return str(text)
 
 
 def _finding_counts(findings: Any) -> str:

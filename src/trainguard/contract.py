@@ -40,6 +40,9 @@ ENV_CAPTURE_GATE = "TRAINGUARD_CAPTURE_GATE"  # "0": the probe leaves torch.cuda
 ENV_SINKS = "TRAINGUARD_SINKS"  # sinks to feed, comma-separated NAME[=VALUE]
 ENV_PY_SPY = "TRAINGUARD_PY_SPY"  # "0": never run py-spy (no ptrace of the run's processes at all)
 ENV_OUTPUT_RULES = "TRAINGUARD_OUTPUT_RULES"  # "0": the printed-output rules are off
+# The watchdog writes this file into the run folder when the job scheduler warned of or began to end the job
+# (a time limit, a preemption): `guard.stop_requested` turns true, so the script can save and stop.
+STOP_REQUESTED_FILE = "stop-requested"
 ENV_DEBUG = "TRAINGUARD_DEBUG"  # set: an internal error shows its traceback
 
 # -- environment: who a process is in a distributed job, as its launcher says (read, never set) --------
@@ -145,6 +148,7 @@ if TYPE_CHECKING:
         owner: dict[str, Any]  # the writing process (pid, start time): readers tell a dead owner
         command_started: Any
         findings: list[dict[str, Any]]  # Finding.to_dict() each, most severe first
+        scheduler: dict[str, Any]  # the job scheduler's view (Slurm: job, time limit, end, restarts, ended_by)
         state_note: str  # a sentence on an unusual ending (the watchdog failed, was killed...)
         reason: str
         preflight: dict[str, Any]  # a preflight's summary (what was fast-forwarded, resumed, written)

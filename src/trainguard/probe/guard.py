@@ -38,7 +38,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainguard.contract import ENV_RESUME_FROM, EVENT_CHECKPOINT, EVENT_EVAL, EVENT_PHASE
+from trainguard.contract import (
+    ENV_RESUME_FROM,
+    EVENT_CHECKPOINT,
+    EVENT_EVAL,
+    EVENT_PHASE,
+    STOP_REQUESTED_FILE,
+)
 from trainguard.probe import thisprocess
 from trainguard.probe.core import Probe
 from trainguard.probe.crashhook import active_guard
@@ -52,6 +58,9 @@ _Batch = TypeVar("_Batch")  # what the loader yields: guard.batches(loader) yiel
 
 class Guard(Probe):
     """Watches one training process. Make it with `trainguard.watch(...)`."""
+
+    _stop_requested = False  # (stop_requested's) the scheduler asked, seen once: it stays asked
+    _stop_checked = float("-inf")  # monotonic time of its last look
 
     # ---------------------------------------------------------------------------------------------
     # public API (the hot path, `step` and `log`, is StepRecorder's): each method never raises
@@ -157,6 +166,23 @@ class Guard(Probe):
                                    step=self.step_count)
         except Exception as exc:
             self.fail("checkpoint_saved", exc)
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once the job scheduler warned of, or began, the job's end (a time limit, a preemption):
+        save a checkpoint and stop. `trainguard run` sets it on the scheduler's signal (sbatch --signal's
+        warning, or its SIGTERM); read it once per step or so: it looks at most once a second."""
+        if self._stop_requested:
+            return True
+        now = time.monotonic()
+        if now < self._stop_checked + 1.0:
+            return False
+        self._stop_checked = now
+        try:
+            self._stop_requested = os.path.lexists(Path(self.run_dir) / STOP_REQUESTED_FILE)
+        except Exception:
+            return False  # fail-open: a folder that cannot be looked at asks for nothing
+        return self._stop_requested
 
     def __enter__(self) -> Guard:
         return self

@@ -63,6 +63,10 @@ class NullGuard:
     def checkpoint_saved(self, path: Any) -> None:
         pass
 
+    @property
+    def stop_requested(self) -> bool:
+        return False
+
     def finish(self) -> None:
         pass
 

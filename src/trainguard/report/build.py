@@ -133,7 +133,31 @@ def key_numbers(data: RunData) -> list[tuple[str, str]]:
     for k, pts in evals.items():
         out.append((f"eval {k}", f"last {pts[-1][1]:.4g} at step {pts[-1][0]}; {len(pts)} evaluations, "
                                  f"range {min(p[1] for p in pts):.4g}-{max(p[1] for p in pts):.4g}"))
+    job = scheduler_line(data.status.get("scheduler") or data.meta.get("scheduler"))
+    if job:
+        out.append(("job", job))
     return out
+
+
+def scheduler_line(sched: Any) -> str | None:
+    """The job a run ran in: "slurm job 4182 on tgn1, time limit 1:00:00, ends 2026-12-06 04:05, restarts 1"."""
+    if not isinstance(sched, dict) or not sched.get("job_id"):
+        return None
+    parts = [f"{sched.get('name', 'job')} job {sched['job_id']}"]
+    if sched.get("array_task"):
+        parts[0] += f"_{sched['array_task']}"
+    if sched.get("node"):
+        parts[0] += f" on {sched['node']}"
+    limit = sched.get("time_limit_s")
+    if isinstance(limit, (int, float)):
+        parts.append(f"time limit {int(limit) // 3600}:{int(limit) % 3600 // 60:02d}:{int(limit) % 60:02d}")
+    if isinstance(sched.get("end"), (int, float)):
+        parts.append("ends " + time.strftime("%Y-%m-%d %H:%M", time.localtime(sched["end"])))
+    if sched.get("restarts"):
+        parts.append(f"restarts {sched['restarts']}")
+    if sched.get("ended_by"):
+        parts.append(f"ended by the scheduler: {sched['ended_by']}")
+    return ", ".join(str(p) for p in parts)
 
 
 def build_verdict(data: RunData) -> Verdict:

@@ -33,17 +33,19 @@ from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_W
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
 from trainguard.rules import crash
+from trainguard.rules.ending import RUN_KILLED
 from trainguard.rules.firstfailure import first_failure_finding
 from trainguard.store.ending import Ending, ending_status, live_status
 from trainguard.store.nodes import node_dir
 from trainguard.store.owner import owner_record
-from trainguard.store.paths import new_run_dir, prepare_run_dir
+from trainguard.store.paths import new_run_dir, prepare_run_dir, runs_root
 from trainguard.store.reader import RunReader
 from trainguard.store.selflog import GuardLog
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
 from trainguard.watchdog import keeper, nodes, restart, statusline, stop, verdict
+from trainguard.watchdog.scheduler import WARNING_SIGNALS, SlurmRun
 from trainguard.watchdog.stall import Stall, StallPolicy, hang_finding, stall_ended, stalled_finding
 from trainguard.watchdog.tee import OutputCapture
 from trainguard.watchdog.writes import WriteWatch
@@ -147,12 +149,21 @@ class Supervisor:
         if options.stall_timeout is not None and options.stall_timeout <= 0:
             raise UserError(f"--stall-timeout must be a positive number of seconds, got {options.stall_timeout}")
         label = _label(options.command)
-        self.run_dir = prepare_run_dir(options.run_dir) if options.run_dir else new_run_dir(label)
+        # under Slurm, the job's own folder: a requeued job continues it as its next attempt
+        self.scheduler = SlurmRun.detect()
+        if options.run_dir:
+            self.run_dir = prepare_run_dir(options.run_dir)
+        elif self.scheduler is not None:
+            self.run_dir = prepare_run_dir(runs_root() / self.scheduler.folder_name(label))
+        else:
+            self.run_dir = new_run_dir(label)
         # one `trainguard run` per node of a torchrun job: this node's part in RUN/node-<N>/, and a beat
         # through the rendezvous store so the other nodes know it lives (watchdog/nodes.py)
         launch = nodes.parse_launch(options.command)
         if launch is not None:
             self.run_dir = prepare_run_dir(node_dir(self.run_dir, launch.node))
+        elif self.scheduler is not None and self.scheduler.node_part() is not None:
+            self.run_dir = prepare_run_dir(node_dir(self.run_dir, self.scheduler.node_part() or 0))
         try:
             self.writer = StoreWriter(self.run_dir, rank=WATCHDOG_RANK)
         except Exception as exc:  # sqlite3.OperationalError on an unwritable folder, and its kin
@@ -161,10 +172,13 @@ class Supervisor:
         self.monitors: list[Monitor] = list(monitors or [])
         if launch is not None:
             self.monitors.append(nodes.NodeWatch(launch, self.run_dir))
+        time_monitor = self.scheduler.monitor() if self.scheduler is not None else None
+        if time_monitor is not None:
+            self.monitors.append(time_monitor)
         self.findings: list[Finding] = []
         self._seen: set[tuple] = set()
         self.live = sys.stderr.isatty() if options.live is None else options.live
-        self.attempt = 0
+        self.attempt = self.scheduler.attempt if self.scheduler is not None else 0
 
     # -- the run ----------------------------------------------------------------------------------
 
@@ -579,6 +593,13 @@ class Supervisor:
         oom = {}
         if returncode == -signal.SIGKILL and hang is None and stopped is None:
             oom = _oom_evidence(self.proc.pid, self.oom_before)
+        cut = None
+        if self.scheduler is not None and hang is None and stopped is None:
+            returncode, cut = self.scheduler.ending(
+                returncode, step=step, total=(self.reader.meta().get("plan") or {}).get("total_steps"),
+                checkpoints=[e for e in self.reader.events("checkpoint") if e["attempt"] == self.attempt])
+            if cut is not None:
+                probe_crash = stderr_crash = None  # the tracebacks a cut leaves are its consequence
         unwritable = self._store_unwritable()
         if unwritable and probe_used and not finished:
             self._note(f"trainguard: the run folder stopped taking writes ({unwritable}): what the script did "
@@ -590,6 +611,8 @@ class Supervisor:
             store_unwritable=unwritable, forwarded=self.forwarded,
             probe_exited=_all_exited(probe_events), total_steps=(self.reader.meta().get("plan") or {}).get("total_steps"),
         )
+        if cut is not None:
+            v.findings = [cut] + [f for f in v.findings if f.code != RUN_KILLED.code]
         for f in v.findings:
             self._report(f)
         for f in self.reader.findings():
@@ -709,6 +732,8 @@ class Supervisor:
         }
         if self.capture.dropped_bytes:
             fields["output_dropped_bytes"] = self.capture.dropped_bytes
+        if self.scheduler is not None:
+            fields["scheduler"] = self.scheduler.status()
         status = ending_status(ending, **fields) if ending is not None else live_status(state_name, **fields)
         try:
             write_status(self.run_dir, status, final=ended is not None)
@@ -788,6 +813,13 @@ class Supervisor:
         self._old_handlers = {}
 
         def forward(signum: int, frame: Any) -> None:
+            if self.scheduler is not None:
+                self.scheduler.on_signal(signum, self.run_dir)
+            if signum in WARNING_SIGNALS and self.scheduler is not None:
+                # a warning lets the run go on (to save): progress still counts, and only a process that
+                # catches it gets it (one that does not would die of it)
+                self.scheduler.pass_warning(signum, self.proc.pid)
+                return
             self.forwarded = signum
             self._signal_sent()
             try:
@@ -795,7 +827,9 @@ class Supervisor:
             except ProcessLookupError:
                 pass
 
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        # under Slurm also sbatch --signal's warnings (unhandled, SIGUSR1 would end the watchdog itself)
+        extra = WARNING_SIGNALS if self.scheduler is not None else ()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *extra):
             try:
                 self._old_handlers[sig] = signal.signal(sig, forward)
             except (ValueError, OSError):
@@ -821,6 +855,8 @@ class Supervisor:
                                 "expects": self.options.expects, "on_hang": self.options.on_hang})
         w.set_meta("env", {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "SLURM_JOB_ID")
                            if k in os.environ})
+        if self.scheduler is not None:
+            w.set_meta("scheduler", self.scheduler.status())
         w.flush()
 
 

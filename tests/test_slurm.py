@@ -1,0 +1,150 @@
+"""trainguard under a real Slurm (tests/slurm_cluster.py starts one here: munged, slurmctld, two slurmd).
+
+Jobs are submitted with sbatch/srun as a user would, each running `trainguard run -- python train.py`:
+- a plan that cannot fit the job's --time: TG551 while the run goes on (and nothing stopped);
+- a job warned before its limit (--signal): the script sees guard.stop_requested, saves, stops; the run
+  ends killed by its scheduler (TG552, the checkpoint saved after the warning), not crashed;
+- a job requeued: the same job id starts again and continues the same run folder as attempt 1;
+- two "nodes" under srun: one run folder, a part per node, each naming its Slurm node.
+Skipped with the reason where Slurm cannot start (not installed, not root).
+
+Run: pytest -m slurm tests/test_slurm.py          (about 4 minutes: Slurm's own clocks set the pace)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from slurm_cluster import SlurmCluster, unavailable
+
+pytestmark = [pytest.mark.slurm, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TRAIN = textwrap.dedent("""
+    import sys, time, torch, trainguard
+    total, pace, out = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    guard = trainguard.watch(model, opt, total_steps=total)
+    for step in range(1, total + 1):
+        x = torch.randn(16, 8)
+        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        opt.zero_grad(); loss.backward(); opt.step(); guard.step(loss)
+        print(f"step {step}/{total} loss {loss.item():.4f}", flush=True)
+        time.sleep(pace)
+        if guard.stop_requested:
+            path = f"{out}/ckpt-{step}.pt"
+            torch.save({"step": step, "model": model.state_dict()}, path)
+            guard.checkpoint_saved(path)
+            print(f"stop requested: saved {path}", flush=True)
+            break
+    guard.finish()
+""")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
+
+
+def job_script(tmp: Path, run_dir: str | None, total: int, pace: float, *, launcher: str = "exec") -> str:
+    (tmp / "train.py").write_text(TRAIN)
+    run_dir_opt = f"--run-dir {run_dir} " if run_dir else ""
+    return (f"#!/bin/bash\ncd {tmp}\nexport PYTHONPATH={ROOT / 'src'}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+            f"export TRAINGUARD_RUNS_ROOT={tmp / 'runs'}\n"
+            f"{launcher} {sys.executable} -m trainguard.cli run {run_dir_opt}--stall-timeout 120 -- "
+            f"{sys.executable} train.py {total} {pace} {tmp}\n")
+
+
+def status(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def codes(st: dict) -> list[str]:
+    return [f["code"] for f in st.get("findings", [])]
+
+
+def test_a_plan_that_cannot_fit_the_time_limit_is_said_while_the_run_goes_on(cluster: SlurmCluster,
+                                                                               tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    job = cluster.sbatch(job_script(tmp_path, str(run), total=5000, pace=0.05), "--time=1",
+                         f"--output={tmp_path}/job.out")
+    st = cluster.wait(lambda: (s := status(run)) and "TG551" in codes(s) and s, 90, "TG551 in status.json")
+    f = next(f for f in st["findings"] if f["code"] == "TG551")
+    assert st["state"] == "running", st["state"]  # said, never stopped
+    assert f["evidence"]["job"] == job and 0 < f["evidence"]["projected_cut_step"] < 5000
+    assert "--time=" in f["fix"] and "of 5,000" in f["summary"]
+    assert st["scheduler"]["job_id"] == job and st["scheduler"]["time_limit_s"] == 60
+    cluster.run("scancel", job)
+
+
+def test_a_job_warned_before_its_limit_saves_and_ends_cut_by_its_scheduler(cluster: SlurmCluster,
+                                                                            tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    job = cluster.sbatch(job_script(tmp_path, str(run), total=100000, pace=0.05), "--time=1",
+                         "--signal=B:USR1@45", f"--output={tmp_path}/job.out")
+    st = cluster.wait(lambda: (s := status(run)) and s.get("ended") and s, 150, "the run's end")
+    out = (tmp_path / "job.out").read_text()
+    assert "stop requested: saved" in out, out[-2000:]
+    assert st["state"] == "killed", (st["state"], codes(st))
+    f = next(f for f in st["findings"] if f["code"] == "TG552")
+    assert f["cause"] == "time-limit-warning" and f["severity"] == "warning", f
+    assert f["evidence"]["checkpoints_after_signal"], f
+    assert "TG501" not in codes(st) and "TG503" not in codes(st)
+    assert st["scheduler"]["ended_by"] == "time-limit-warning"
+    cluster.wait(lambda: cluster.job(job).get("JobState") not in ("RUNNING", "COMPLETING"), 60, "the job's end")
+
+
+def test_a_job_cut_at_its_time_limit_without_warning_is_cut_by_its_scheduler(cluster: SlurmCluster,
+                                                                              tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    cluster.sbatch(job_script(tmp_path, str(run), total=100000, pace=0.05), "--time=1",
+                   f"--output={tmp_path}/job.out")
+    st = cluster.wait(lambda: (s := status(run)) and s.get("ended") and s, 180, "the run's end")
+    assert st["state"] == "killed" and st["signal"] == "SIGTERM", st
+    f = next(f for f in st["findings"] if f["code"] == "TG552")
+    assert f["cause"] == "time-limit" and f["severity"] == "error", f
+    assert "no checkpoint" in f["summary"]
+
+
+def test_a_requeued_job_continues_its_run_folder_as_the_next_attempt(cluster: SlurmCluster, tmp_path: Path) -> None:
+    job = cluster.sbatch(job_script(tmp_path, None, total=60, pace=0.1), "--requeue", "--open-mode=append",
+                         f"--output={tmp_path}/job.out")
+    runs = tmp_path / "runs"
+    run = cluster.wait(lambda: next(iter(runs.glob(f"slurm-{job}-*")), None), 60, "the job's run folder")
+    assert run.name == f"slurm-{job}-train"
+    cluster.wait(lambda: (status(run).get("step") or 0) >= 5, 60, "5 steps")
+    cluster.run("scontrol", "requeue", job)
+    first = cluster.wait(lambda: (s := status(run)) and s.get("ended") and s.get("attempt") == 0 and s, 60,
+                         "the first attempt's end")
+    assert first["state"] == "killed", first
+    assert any(f["code"] == "TG552" and f["cause"] in ("requeued", "preempted") for f in first["findings"]), first
+    # Slurm starts a requeued job again after its credential lifetime (about two minutes)
+    last = cluster.wait(lambda: (s := status(run)) and s.get("attempt") == 1 and s.get("ended") and s, 300,
+                        "attempt 1 to end")
+    assert last["state"] == "completed", (last["state"], codes(last))
+    assert last["scheduler"]["restarts"] == 1
+
+
+def test_two_nodes_under_srun_write_one_run_with_their_node_names(cluster: SlurmCluster, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    script = job_script(tmp_path, str(run), total=20, pace=0.02, launcher="srun --ntasks-per-node=1")
+    cluster.sbatch(script, "-N2", f"--output={tmp_path}/job.out")
+    cluster.wait(lambda: all(status(run / f"node-{n}").get("ended") for n in (0, 1)), 120, "both nodes' ends")
+    nodes = {status(run / f"node-{n}")["scheduler"]["node"] for n in (0, 1)}
+    assert nodes == {"tgn1", "tgn2"}
+    from trainguard.store.nodes import merged_status
+
+    merged = merged_status(run)
+    assert merged["state"] == "completed", merged
