@@ -19,7 +19,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from slurm_cluster import SlurmCluster, unavailable
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
