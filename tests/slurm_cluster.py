@@ -131,6 +131,9 @@ PartitionName=debug Nodes=tgn[1-{len(NODES)}] Default=YES MaxTime=INFINITE State
     def stop(self) -> None:
         if self.env:
             self.run("scancel", "--full", "-u", "root", check=False)
+            deadline = time.time() + 20
+            while time.time() < deadline and self.run("squeue", "-h", check=False).stdout.strip():
+                time.sleep(0.5)
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -139,12 +142,29 @@ PartitionName=debug Nodes=tgn[1-{len(NODES)}] Default=YES MaxTime=INFINITE State
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 p.kill()
+        self._kill_leftover_steps()
         pid = self.root / "munge" / "munged.pid"
         try:
             os.kill(int(pid.read_text().strip()), signal.SIGTERM)
         except (OSError, ValueError):
             pass
         self.procs.clear()
+
+    def _kill_leftover_steps(self) -> None:
+        """slurmstepd outlives a slurmd stopped under it; ours carry our SLURM_CONF in their environment."""
+        mine = f"SLURM_CONF={self.env.get('SLURM_CONF')}".encode()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/comm", "rb") as f:
+                    if f.read().strip() != b"slurmstepd":
+                        continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if mine in f.read().split(b"\0"):
+                        os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                continue
 
     # -- using it ---------------------------------------------------------------------------------------
 
