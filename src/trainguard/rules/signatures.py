@@ -340,11 +340,17 @@ _PREFIX = re.compile(r"^(?:\[(?:rank|default|trainer|worker)\d+\]:\s?|\[\s*\d+\.
                      r"(?:\s*[:\-]\s*|\s+)(?=\S)|E\d{4} [\d:.]+\s+\d+ \S+\]\s)")
 # the last line of a traceback, or a bare one: `RuntimeError: ...`, `torch.cuda.OutOfMemoryError: ...`, `MemoryError`
 EXCEPTION_LINE = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Fault))(?::\s?(?P<msg>.*))?$")
-# cheap first test: a line with none of these is no signature's (most lines of a log are metrics)
-_TRIGGER = re.compile(r"rror|segmentation|kill|out of memory|outofmemory|allocate|memory limit|memory cgroup|FATAL"
-                      r"|CANCEL|abort|terminat|ssert|TERM_|exit|signal|SIG|not found|No such|can't open|oom|NCCL"
-                      r"|CUDA|CUBLAS|CUDNN|shared object|xceeded|Permission|quota|space left|time ?d? ?out",
-                      re.IGNORECASE)
+# cheap first test: a line with none of these words is no signature's nor an exception's (most lines of a log
+# are metrics). Plain substring tests: a case-insensitive regex of the same words cost 15 us a line, more
+# than the rest of the reader; these cost under 2.
+_TOKENS = ("rror", "egmentation", "Kill", "kill", "emory", "FATAL", "CANCEL", "bort", "erminat", "ssert", "TERM_",
+           "xit", "ignal", "SIG", "not found", "No such", "can't open", "oom", "NCCL", "CUDA", "CUBLAS", "CUDNN",
+           "shared object", "xceeded", "Permission", "uota", "space left", "imeout", "imed out", "ime out",
+           "Exception", "Interrupt", "ault", "llocate", "RESOURCE_EXHAUSTED", "OOM", "Traceback")
+
+
+def _may_match(line: str) -> bool:
+    return any(token in line for token in _TOKENS)
 
 
 def strip_prefix(line: str) -> str:
@@ -374,8 +380,10 @@ def classify(text: str, *, lines_only: bool = False) -> Signature | None:
 def match_line(line: str) -> Signature | None:
     """The signature a line of output shows, or None (a line that only says an exit code or a signal
     number resolves to that signal's signature)."""
+    if not _may_match(line):
+        return None
     text = strip_prefix(line)
-    if not text or not _TRIGGER.search(text) or "closing signal" in text:
+    if not text or "closing signal" in text:
         return None  # (torchrun's "Sending process 42 closing signal SIGTERM" stops the others: a consequence)
     sig = classify(text, lines_only=True)
     if sig is not None:
@@ -452,13 +460,18 @@ class Scanner:
     def feed(self, lineno: int, line: str, progress: int = 0, completed: bool = False) -> Sighting | None:
         if completed and self.completed_at is None:
             self.completed_at = lineno  # (the line before this one said it: fed before this line is read)
+        if not _may_match(line) and self._terminate is None:
+            if line.strip():
+                self.meaningful_after += 1
+            return None
         text = strip_prefix(line)
         if not text:
             return None
         self.meaningful_after += 1
         if self.first_traceback_at is None and text.startswith("Traceback (most recent call last)"):
             self.first_traceback_at = lineno
-        em = EXCEPTION_LINE.match(text) if ("Error" in text or "Exception" in text or "Fault" in text) else None
+        em = EXCEPTION_LINE.match(text) if ("rror" in text or "Exception" in text or "ault" in text
+                                            or "Interrupt" in text or "xit" in text) else None
         if em is not None:
             self.last_exception, self.meaningful_after = (lineno, text, progress), 0
         if self._terminate is not None:
