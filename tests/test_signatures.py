@@ -244,3 +244,20 @@ def test_a_missing_module_at_import_is_a_failed_launch(tmp_path: Path) -> None:
                    "ModuleNotFoundError: No module named 'deepspeed'\n")
     d = diagnose_path(log)
     assert d.state == "launch-failed" and d.findings[0].cause == "missing-module"
+
+
+def test_torchrun_summary_without_the_rank_traceback_says_how_the_rank_died(tmp_path: Path) -> None:
+    # torchrun's own ChildFailedError traceback, then its summary: the rank's exit code -9 is the news
+    log = tmp_path / "train.log"
+    log.write_text("step 10 loss 2.1\nstep 20 loss 2.0\n"
+                   "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 0 (pid: 42) "
+                   "of binary: /usr/bin/python3\n"
+                   "Traceback (most recent call last):\n  File \"/usr/bin/torchrun\", line 8, in <module>\n"
+                   "    sys.exit(main())\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+                   + "=" * 40 + "\ntrain.py FAILED\n" + "-" * 40 + "\nRoot Cause (first observed failure):\n[0]:\n"
+                   "  time      : 2024-01-01_00:00:00\n  rank      : 0 (local_rank: 0)\n  exitcode  : -9 (pid: 42)\n"
+                   "  error_file: <N/A>\n  traceback : Signal 9 (SIGKILL) received by PID 42\n" + "=" * 40 + "\n")
+    d = diagnose_path(log)
+    killed = d.findings[0]
+    assert d.state == "killed" and killed.code == "TG503" and killed.evidence["line"] == 3
+    assert any("torchrun's summary" in c for c in killed.evidence["consequences"])

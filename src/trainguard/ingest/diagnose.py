@@ -18,7 +18,7 @@ from typing import Any
 
 from trainguard.findings import CHECKPOINTS, Finding, most_severe_first
 from trainguard.ingest.events import Source
-from trainguard.rules.sightings import sighting_finding, state_of
+from trainguard.rules.sightings import launcher_only, sighting_finding, state_of
 from trainguard.rules.signatures import LAUNCH_FAILED, Sighting, signature_of
 
 # "done", "Done.", "all done!", "finished": printed alone as a script's last line, its end (anywhere else, a
@@ -174,6 +174,11 @@ def _traceback_ending(name: str, crash: Finding, printed: list[Sighting], first_
     another cause, is the cause and the traceback its consequence (the OOM killer's line, then a DataLoader
     worker's traceback); of the same cause, its line is added (a kernel's `Assertion ... failed` line names
     the operation a device-side assert's traceback does not)."""
+    if printed and launcher_only(crash):
+        # torchrun's summary without the rank's own traceback: its exit code or signal line says how it ended
+        finding = sighting_finding(printed, path=name, step=last_step, source="diagnose")
+        finding.evidence.setdefault("consequences", []).append(f"then torchrun's summary: {crash.summary[:200]}")
+        return finding, state_of(printed[0])
     before = [s for s in printed if first_traceback is not None and s.lineno < first_traceback
               and not s.signature.weak]
     if before:

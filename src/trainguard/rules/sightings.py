@@ -57,6 +57,12 @@ def sighting_finding(failures: list[Sighting], *, path: str = "the output", step
                       source=source)
 
 
+def launcher_only(crash: Finding) -> bool:
+    """A crash finding that only has a launcher's word for it: torchrun's ChildFailedError summary, whose
+    rank's traceback is not in the output (what the output printed says more)."""
+    return crash.exception == "ChildFailedError"
+
+
 def enrich(finding: Finding, failures: list[Sighting], *, path: str = "output.log") -> Finding:
     """A crash or kill finding the watchdog made from the exit alone, told the cause its output printed."""
     first = failures[0]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from trainguard.findings import EXPECTS, WATCHDOG, Code, Finding
 from trainguard.rules.crash import RUN_CRASHED
 from trainguard.rules.ending import killed_finding, probe_not_finished, signal_name
-from trainguard.rules.sightings import enrich, sighting_finding
+from trainguard.rules.sightings import enrich, launcher_only, sighting_finding
 from trainguard.rules.signatures import CUT_OFF, KILLED, Sighting
 from trainguard.store.ending import Ending, state_of
 
@@ -189,6 +189,8 @@ def decide(
         return _verdict(replace(facts, signal=signal_name(sig)), returncode, [killed], 128 + sig)
     if returncode != 0:
         crash = probe_crash or stderr_crash
+        if printed and crash is not None and launcher_only(crash):
+            crash = None  # torchrun's summary without the rank's traceback: the printed line says how it ended
         if crash is None and printed:
             crash = sighting_finding(printed, path="output.log", step=step, source="watchdog")
             crash.summary = f"the command exited with code {returncode}: {crash.summary}"
