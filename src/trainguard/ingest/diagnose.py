@@ -18,6 +18,8 @@ from typing import Any
 
 from trainguard.findings import CHECKPOINTS, Finding, most_severe_first
 from trainguard.ingest.events import Source
+from trainguard.rules.sightings import launcher_only, sighting_finding, state_of
+from trainguard.rules.signatures import LAUNCH_FAILED, Sighting, signature_of
 
 # "done", "Done.", "all done!", "finished": printed alone as a script's last line, its end (anywhere else, a
 # "done" line may close a data-preparation step long before the run ended)
@@ -28,7 +30,8 @@ _LAST_WORD_DONE = re.compile(r"(?i)^(?:all |training )?(?:done|finished|complete
 class Diagnosis:
     path: Path
     format: str
-    state: str  # completed | crashed | unfinished | unknown
+    # completed | crashed | killed | cut-off (its job scheduler ended it) | launch-failed | unfinished | unknown
+    state: str
     findings: list[Finding]
     not_run: list[tuple[str, str]] = field(default_factory=list)  # (rule name, the data it lacked)
     steps: int = 0
@@ -71,11 +74,21 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
         notes.extend(engine.errors)
     facts = source.facts
     name = source.path.name
-    crashed = facts.traceback is not None or facts.launch_error is not None
+    ending: str | None = None  # how the log shows the run ended, when it shows a failure
+    printed = facts.signs.outcome(facts.steps + facts.evals, completed=facts.completed is not None,
+                                  traceback=facts.traceback is not None or facts.launch_error is not None)
     if facts.traceback is not None:
-        found.append(_first_failure(source.path, last_step) or _crash(facts.traceback, last_step))
+        crash = _first_failure(source.path, last_step) or _crash(facts.traceback, last_step)
+        finding, ending = _traceback_ending(name, crash, printed, facts.signs.first_traceback_at,
+                                            facts.steps + facts.evals, last_step)
+        found.append(finding)
     elif facts.launch_error is not None:
         found.append(signs.launch_failed(name, facts.launch_error))
+        ending = "launch-failed"
+    elif printed:
+        found.append(sighting_finding(printed, path=name, step=last_step, source="diagnose"))
+        ending = state_of(printed[0])
+    crashed = ending is not None
     for (lineno, warning), count in _first_of_each(facts.warnings):
         if warning == signs.SCHEDULER_BEFORE_OPTIMIZER.name:
             found.append(signs.scheduler_before_optimizer(name, lineno, count))
@@ -90,7 +103,7 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
     if not (facts.steps or facts.evals or crashed or facts.warnings or facts.completed):
         raise UserError(f"{source.path}: read {facts.lines} lines as {source.format} but found no training "
                         "metrics, progress or traceback in them")
-    state = "crashed" if crashed else "completed" if facts.completed else "unfinished" if log_like else "unknown"
+    state = ending or ("completed" if facts.completed else "unfinished" if log_like else "unknown")
     # what the source carried, in the names of the rules' needs: the step fields it filled, its events
     have = set(facts.fields) | {k for k in kinds if k not in ("step", "eval")}
     have |= {CHECKPOINTS.key} if "checkpoint" in kinds else set()
@@ -153,6 +166,32 @@ def _first_failure(path: Path, last_step: int | None) -> Finding | None:
         return None
     finding = first_failure_finding(lines, step=last_step, elapsed=None, source="diagnose")
     return finding if finding is not None and "root_cause_by" in finding.evidence else None
+
+
+def _traceback_ending(name: str, crash: Finding, printed: list[Sighting], first_traceback: int | None,
+                      progress: int, last_step: int | None) -> tuple[Finding, str]:
+    """The finding and state of a log that holds a traceback. A failure printed before any traceback, of
+    another cause, is the cause and the traceback its consequence (the OOM killer's line, then a DataLoader
+    worker's traceback); of the same cause, its line is added (a kernel's `Assertion ... failed` line names
+    the operation a device-side assert's traceback does not)."""
+    if printed and launcher_only(crash):
+        # torchrun's summary without the rank's own traceback: its exit code or signal line says how it ended
+        finding = sighting_finding(printed, path=name, step=last_step, source="diagnose")
+        finding.evidence.setdefault("consequences", []).append(f"then torchrun's summary: {crash.summary[:200]}")
+        return finding, state_of(printed[0])
+    before = [s for s in printed if first_traceback is not None and s.lineno < first_traceback
+              and not s.signature.weak]
+    if before:
+        first = before[0]
+        if first.cause != crash.cause:
+            finding = sighting_finding(printed, path=name, step=last_step, source="diagnose")
+            finding.evidence.setdefault("consequences", []).append(f"then a traceback: {crash.summary[:200]}")
+            return finding, state_of(first)
+        crash.evidence["first_sign"] = f"line {first.lineno}: {first.text[:200]}"
+    sig = signature_of(crash.cause)
+    if sig is not None and sig.state == LAUNCH_FAILED and not progress:
+        return crash, LAUNCH_FAILED  # (a module missing at import: the script never started training)
+    return crash, "crashed"
 
 
 def _crash(lines: list[str], last_step: int | None) -> Finding:

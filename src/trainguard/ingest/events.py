@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UserError
+from trainguard.rules.signatures import Scanner
 
 # Metric names, lower-cased, as the frameworks and people write them.
 LOSS_NAMES = ("loss", "train_loss", "train/loss", "loss_step", "train_loss_step", "training_loss",
@@ -47,6 +48,8 @@ class Facts:
     # what the last metric line was: "step", "eval" or "summary" (an epoch's end); "unknown": the format
     # cannot show how the run ended (a Lightning CSV with no epoch-end rows and no planned epochs)
     ends_with: str | None = None
+    # the failures the output printed without a traceback (a CUDA error, the OOM killer, a scheduler's cut)
+    signs: Scanner = field(default_factory=Scanner)
 
 
 @dataclass

@@ -189,6 +189,7 @@ class _LineParser:
         if not stripped:
             return []
         facts.last_line = stripped[:500]
+        facts.signs.feed(lineno, line, facts.steps + facts.evals, facts.completed is not None)
         if self.tb is not None:
             self._traceback_line(line)
         if "Traceback (most recent call last)" in line:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainguard.findings import PROCESS, Code, Finding
+from trainguard.rules.signatures import classify
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+?)\s*$')
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Fault|[A-Z]\w*))(?::\s?(?P<msg>.*))?$")
@@ -100,8 +101,6 @@ def format_where(frame: dict[str, Any] | None) -> str | None:
     return f"{frame['file']}:{frame['line']} ({frame['function']})"
 
 
-# Known crash signatures: (cause label, pattern on "Type: message", fix). The hang and crash issue grows
-# this table; each entry says what the message usually means and what to change.
 # A failure that another process's failure explains: its peer went away, its collective timed out or was
 # aborted, or the launcher stopped it. One definition for the probe's crash events and for the output's
 # tracebacks (rules/firstfailure.py).
@@ -126,59 +125,12 @@ def is_consequence(text: str) -> bool:
     return bool(CONSEQUENCE.search(text)) and not DEVICE_FAULT.search(text)
 
 
-SIGNATURES: list[tuple[str, re.Pattern[str], str]] = [
-    # first match wins: the specific (a worker killed, a timeout) before the general (a TypeError)
-    ("cuda-device-assert", re.compile(r"device-side assert triggered|cudaErrorAssert"),  # (DEVICE_FAULT says why)
-     "A CUDA kernel's own check failed on the device (a device-side assert), most often an index out of "
-     "range: a class label outside [0, classes) in cross_entropy or nll_loss, a token id past the embedding's "
-     "vocabulary, an index past the end in gather, scatter or index_select. Kernels run asynchronously, so the "
-     "Python line shown is where the error surfaced, not the operation that failed: the kernel's own line "
-     "above the traceback (`Assertion ... failed`, with the kernel's file, e.g. Loss.cu) names it. Check the "
-     "inputs where they are made (`assert 0 <= y.min() and y.max() < classes` on the CPU), or rerun with "
-     "CUDA_LAUNCH_BLOCKING=1 to stop at the failing call. The process cannot go on after it (the CUDA "
-     "context is lost; under NCCL the process group's watchdog aborts it)."),
-    ("collective-timeout", re.compile(
-        r"(Watchdog caught collective operation timeout|NCCL (error|timeout)|nccl\w*Error|ProcessGroupNCCL.*[Tt]ime"
-        r"|[Gg]loo.*[Tt]imed? ?out|Timed out waiting|Connection closed by peer|DistBackendError|DistNetworkError)"),
-     "A collective did not complete: a rank never joined it (ranks took different branches, one crashed or "
-     "hung first, uneven data gave one rank an extra step) or the network between ranks failed. Look at "
-     "the other ranks' output first: the rank that did not arrive shows the cause. Make every rank call the "
-     "same collectives in the same order; TORCH_DISTRIBUTED_DEBUG=DETAIL checks it; a longer `timeout=` in "
-     "`init_process_group` only helps when a rank is merely slow (a long checkpoint on rank 0)."),
-    ("dataloader-worker-killed", re.compile(
-        r"(DataLoader worker \(pid\(?s?\)? ?[\d, ]+\) (exited unexpectedly|is killed by signal)"
-        r"|unable to write to file </torch_|[Ss]hared memory|No space left on device.*shm|Bus error)"),
-     "A DataLoader worker died: usually the OOM killer (host memory: workers x prefetch_factor x batch size, "
-     "or a dataset that caches in each worker) or a full /dev/shm (Docker's default is 64 MB: run with "
-     "--shm-size=8g or --ipc=host). Lower num_workers or prefetch_factor, share read-only data instead of "
-     "copying it per worker, or `torch.multiprocessing.set_sharing_strategy('file_system')`."),
-    ("unpicklable-checkpoint", re.compile(r"(Can't pickle|cannot pickle|PicklingError|Can't get local object)"),
-     "The checkpoint holds an object pickle cannot save (a lambda, a local function, a lock, an open file, "
-     "a generator). Save state_dicts and plain data, not live objects; move the offending function to module "
-     "level. `trainguard preflight` saves a checkpoint in the first minute to catch this before hours pass."),
-    ("cuda-out-of-memory", re.compile(r"(OutOfMemoryError|CUDA out of memory|HIP out of memory|CUBLAS_STATUS_ALLOC_FAILED)"),
-     "The GPU ran out of memory. Lower the batch size or sequence length (keep the effective batch with "
-     "gradient accumulation), use activation checkpointing or bf16; in evaluation, wrap in torch.no_grad(); "
-     "look for tensors kept across steps (a loss appended to a list without .item() or .detach())."),
-    ("host-out-of-memory", re.compile(r"(DefaultCPUAllocator: can't allocate|MemoryError|Cannot allocate memory)"),
-     "The host ran out of memory. Fewer DataLoader workers or a smaller prefetch_factor, memory-mapped "
-     "datasets instead of in-memory ones, and no per-step history kept on the host."),
-    ("dtype-mismatch", re.compile(r"RuntimeError: .*(must have the same dtype|expected scalar type|dtype)"),
-     "Tensors of different dtypes met outside autocast (e.g. an fp16 teacher against an fp32 projector). "
-     "Use one dtype policy for training and evaluation alike: run evaluation under the same autocast "
-     "context, or cast the module to the input's dtype."),
-    ("none-operand", re.compile(r"(TypeError: .*(NoneType|'None')|AttributeError: 'NoneType' object)"),
-     "A value that is None on this path was used as a number or object. The path (often evaluation) "
-     "gets an argument the training path always passes, e.g. `step`. Pass it, or guard the use; run "
-     "`trainguard preflight` to reach such paths in the first minute."),
-]
-
-
 def classify_crash(exception: str, message: str) -> tuple[str | None, str]:
-    text = f"{exception}: {message}"
-    for cause, pattern, fix in SIGNATURES:
-        if pattern.search(text):
-            return cause, fix
+    """(cause, fix) of an exception, from the one catalogue of failure signatures (rules/signatures.py):
+    first match wins, the specific (a device-side assert, a timeout) before the general."""
+    sig = classify(f"{exception}: {message}")
+    if sig is not None:
+        return sig.cause, sig.fix
     return None, "Read the exception and the frame named in `where`; fix the code there and rerun."
 
 
@@ -348,7 +300,7 @@ def _lost_peer(crash: dict[str, Any]) -> bool:
     exception, message = str(d.get("exception", crash.get("name"))), str(d.get("message") or "")
     # gloo's "Read error ...: Connection reset by peer" is a lost peer too, though no collective timed out
     text = f"{exception}: {message}"
-    return not DEVICE_FAULT.search(text) and (classify_crash(exception, message)[0] == "collective-timeout"
+    return not DEVICE_FAULT.search(text) and (classify_crash(exception, message)[0] in ("collective-timeout", "nccl-error")
                                               or bool(CONSEQUENCE.search(message)))
 
 

@@ -33,6 +33,7 @@ from trainguard.contract import ENV_OUTPUT_RULES
 from trainguard.findings import Finding
 from trainguard.ingest.events import Facts
 from trainguard.ingest.textlog import _LineParser, iter_lines
+from trainguard.rules.signatures import Sighting
 from trainguard.store.printed import PrintedLog
 
 MAX_READ = 1 << 20  # bytes read per poll (~0.2 s of parsing): a flood is caught up over several polls, never at once
@@ -187,6 +188,28 @@ class OutputRulesMonitor:
         if f.t is None:
             f.t = time.time()
         return f
+
+
+TAIL = 1 << 20  # bytes of output.log read at the end for the failure it printed
+
+
+def printed_failures(path: Path, tail: int = TAIL) -> list[Sighting]:
+    """The failures the command printed without a traceback, the cause first (rules/signatures.py: a CUDA
+    error from C++, `Killed`, a segfault, a scheduler's cancellation), read from the end of output.log with
+    the reader `diagnose` uses; [] when there is none or the file cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - tail))
+            data = fh.read(tail)
+    except OSError:
+        return []
+    facts = Facts()
+    parser = _LineParser(facts)
+    for lineno, line in enumerate(iter_lines(_Chunk(data), facts), 1):
+        parser.feed(lineno, line)
+    # stdout and stderr reach output.log through two pipes: a row printed after the failure may land before it
+    return facts.signs.outcome(facts.steps + facts.evals, traceback=facts.traceback is not None, rows_order=False,
+                               completed=facts.completed is not None)
 
 
 def output_rules_enabled() -> bool:

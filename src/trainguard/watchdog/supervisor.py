@@ -610,6 +610,7 @@ class Supervisor:
             started=self.started, cwd=self.options.cwd or os.getcwd(), step=step, oom=oom,
             store_unwritable=unwritable, forwarded=self.forwarded,
             probe_exited=_all_exited(probe_events), total_steps=(self.reader.meta().get("plan") or {}).get("total_steps"),
+            printed=self._printed_failures() if returncode != 0 and hang is None and stopped is None else None,
         )
         if cut is not None:
             v.findings = [cut] + [f for f in v.findings if f.code != RUN_KILLED.code]
@@ -631,6 +632,17 @@ class Supervisor:
             self._note(f"trainguard: {self.writer.unstored}")
         self._write_report()
         return self._fail_on(v.trainguard_exit)
+
+    def _printed_failures(self) -> list[Any]:
+        """The failures the command printed without a traceback (a CUDA error, `Killed`, a segfault), the
+        cause first: the same catalogue `trainguard diagnose` reads a log with (rules/signatures.py)."""
+        from trainguard.watchdog.liveoutput import printed_failures
+
+        try:
+            return printed_failures(self.run_dir / "output.log")
+        except Exception as exc:  # the guard never becomes the failure: the verdict stands without it
+            self._guard_error(f"could not read the output for its failure: {exc!r}")
+            return []
 
     def _store_unwritable(self) -> str | None:
         """Why the run folder takes no writes (a file system gone read-only, permission taken away), or None.

@@ -15,6 +15,7 @@ as shells do), and with these codes otherwise:
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 from trainguard.findings import EXPECTS, WATCHDOG, Code, Finding
 from trainguard.rules.crash import RUN_CRASHED
 from trainguard.rules.ending import killed_finding, probe_not_finished, signal_name
+from trainguard.rules.sightings import enrich, launcher_only, sighting_finding
+from trainguard.rules.signatures import CUT_OFF, KILLED, Sighting
 from trainguard.store.ending import Ending, state_of
 
 if TYPE_CHECKING:
@@ -148,6 +151,7 @@ def decide(
     forwarded: int | None = None,
     probe_exited: bool = True,
     total_steps: int | None = None,
+    printed: list[Sighting] | None = None,
 ) -> Verdict:
     """The final state from how the process ended and what the probe and the files say (the state itself
     is named by store/ending.py's `state_of`, from the same facts).
@@ -160,10 +164,17 @@ def decide(
     the run was killed by that signal: the tracebacks it printed are its consequence, not a crash to fix.
 
     `probe_exited`: every process whose probe started recorded the interpreter's normal exit; with
-    `total_steps` (declared) they say whether an unfinished guard is an early end (rules/ending.py)."""
+    `total_steps` (declared) they say whether an unfinished guard is an early end (rules/ending.py).
+
+    `printed`: the failures the command's output shows without a traceback (rules/signatures.py), the
+    cause first: they name the cause of a death by signal (`CUDA error: out of memory` before an abort)
+    or of an exit with no traceback; a shell's `Killed` with exit 137 (128 + SIGKILL) is a kill."""
     if forwarded is not None and returncode > 0 and hang is None and stopped_on is None:
         returncode, probe_crash, stderr_crash = -forwarded, None, None
     sig = -returncode if returncode < 0 else None
+    if sig is None and printed and returncode - 128 in (signal.SIGKILL, signal.SIGTERM) \
+            and printed[0].state in (KILLED, CUT_OFF):
+        sig = returncode - 128  # a shell or launcher between us and the process said how it died
     facts = Ending(exit_code=returncode if returncode >= 0 else None, signal=signal_name(sig) if sig else None,
                    # a finish the probe could not store is unknown, not missing: its probe is no witness then
                    probe_used=probe_used and store_unwritable is None, probe_finished=probe_finished)
@@ -172,9 +183,19 @@ def decide(
     if stopped_on is not None:
         return _verdict(replace(facts, stopped=True), returncode, [stopped_on], EXIT_STOPPED)
     if sig is not None:
-        return _verdict(facts, returncode, [killed_finding(sig, step=step, oom=oom)], 128 + sig)
+        killed = killed_finding(sig, step=step, oom=oom)
+        if printed:
+            enrich(killed, printed)
+        return _verdict(replace(facts, signal=signal_name(sig)), returncode, [killed], 128 + sig)
     if returncode != 0:
         crash = probe_crash or stderr_crash
+        if printed and crash is not None and launcher_only(crash):
+            crash = None  # torchrun's summary without the rank's traceback: the printed line says how it ended
+        if crash is None and printed:
+            crash = sighting_finding(printed, path="output.log", step=step, source="watchdog")
+            crash.summary = f"the command exited with code {returncode}: {crash.summary}"
+        elif crash is not None and crash.cause is None and printed:
+            enrich(crash, printed)
         if crash is None:
             crash = Finding.of(
                 RUN_CRASHED, step=step,
