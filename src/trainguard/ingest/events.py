@@ -19,7 +19,7 @@ from trainguard.errors import UserError
 LOSS_NAMES = ("loss", "train_loss", "train/loss", "loss_step", "train_loss_step", "training_loss",
               "train/loss_step", "tr_loss", "total_loss", "batch_loss")
 LR_NAMES = ("lr", "learning_rate", "train/lr", "train/learning_rate", "lr-adamw", "lr-adam", "lr-sgd",
-            "lr/pg0", "learning-rate")
+            "lr/pg0", "x/lr0", "learning-rate")  # x/lr0: YOLOv5's results.csv
 GRAD_NAMES = ("grad_norm", "gradient_norm", "train/grad_norm", "grad-norm", "gnorm", "grad norm")
 STEP_NAMES = ("step", "global_step", "iteration", "iter", "it", "train/global_step", "trainer/global_step",
               "current_steps", "_step")  # LLaMA-Factory's trainer_log.jsonl; W&B history exports

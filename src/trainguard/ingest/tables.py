@@ -28,15 +28,17 @@ from trainguard.ingest.events import (
 from trainguard.ingest.textlog import MAX_LINE
 from trainguard.untrusted import load_json
 
-ULTRALYTICS_PARTS = ("train/",)  # results.csv: train/box_loss, train/cls_loss, train/dfl_loss
-
 
 def read_csv(path: Path, fmt: str = "csv", delimiter: str = ",") -> Source:
     """A CSV with a header naming a step (or epoch) column; `fmt` names the flavour for the report.
 
-    `delimiter`: "\t" for a step/loss TSV. A Lightning metrics.csv also says how it ended: its last
-    epoch either has the epoch-end row Lightning writes when an epoch closes, or the run stopped inside it.
+    `delimiter`: "\t" for a step/loss TSV. The flavour's contract (`trainguard.ingest.formats`) says where
+    its plan is written and how its end reads: a Lightning metrics.csv by its epoch-end rows, a table of
+    one row per epoch (Ultralytics, YOLOv5, timm) by its planned epochs, early stopping and its LR schedule.
     """
+    from trainguard.ingest import epochend, formats
+    from trainguard.ingest.plans import read_plan
+
     header = _header(path, delimiter)
     low = [h.strip().lower() for h in header]
     step_col = next((h for h, lo in zip(header, low) if lo in STEP_NAMES), None)
@@ -44,15 +46,40 @@ def read_csv(path: Path, fmt: str = "csv", delimiter: str = ",") -> Source:
     if step_col is None and epoch_col is None:
         raise UserError(f"{path}: a CSV without a step or epoch column ({', '.join(header[:8])}...): "
                         "not a metrics file trainguard can read")
+    fmt = flavour(fmt, path.name, low)
+    contract = formats.contract(fmt)
     facts = Facts(mtime=path.stat().st_mtime)
-    parts = ULTRALYTICS_PARTS if fmt == "ultralytics results.csv" else ()
+    parts = contract.parts_from if contract is not None else ()
     key = step_col or epoch_col
     rows = _csv_rows(path, facts, delimiter)
-    lightning = False
+    plan: dict[str, Any] = {"parts_relation": contract.parts} if contract is not None else {}
+    log_like = False
     if fmt == "lightning metrics.csv" and epoch_col is not None and step_col is not None:
-        lightning = True
-        rows = _lightning_end(rows, epoch_col, step_col, facts, _planned_epochs(path.parent))
-    return Source(path=path, format=fmt, events=_merged(rows, key, facts, parts), facts=facts, log_like=lightning)
+        log_like = True
+        stated = read_plan(path.parent, contract)
+        rows = _lightning_end(rows, epoch_col, step_col, facts, stated.length)
+    elif contract is not None and contract.step_unit == "epoch" and epoch_col is not None and contract.plan_files:
+        log_like = True
+        stated = read_plan(path.parent, contract)
+        if stated.length:
+            plan["total_steps"] = stated.length
+        rows = epochend.judge(rows, epoch_col, facts, stated, lr_schedule=fmt in ("ultralytics results.csv", "yolov5 results.csv"))
+    return Source(path=path, format=fmt, events=_merged(rows, key, facts, parts), facts=facts, plan=plan,
+                  log_like=log_like)
+
+
+def flavour(fmt: str, name: str, low: list[str]) -> str:
+    """The writer of a table, from its file name and header, as its contract names it."""
+    if fmt == "ultralytics results.csv" and ("x/lr0" in low or "train/obj_loss" in low):
+        return "yolov5 results.csv"  # YOLOv5 pads its columns, counts epochs from 0, keeps opt.yaml
+    if fmt != "csv":
+        return fmt
+    if name.lower() == "summary.csv" and "train_loss" in low and any(c.startswith("eval_") for c in low):
+        return "timm summary.csv"
+    # Keras' CSVLogger writes `epoch`, then the epoch's logs sorted by name
+    if low and low[0] == "epoch" and "loss" in low and low[1:] == sorted(low[1:]):
+        return "keras csvlogger"
+    return fmt
 
 
 def sniff_table(path: Path) -> str | None:
@@ -107,26 +134,6 @@ def _lightning_end(rows: Iterable[dict[str, Any]], epoch_col: str, step_col: str
                            "closed (Lightning writes an epoch-end row when an epoch closes)")
     else:
         facts.ends_with = "unknown"  # nothing in Lightning's own files says how the run was meant to end
-
-
-def _planned_epochs(folder: Path) -> int | None:
-    """`num_epochs` / `max_epochs` / `epochs` in the version folder's hparams.yaml, if it says."""
-    p = folder / "hparams.yaml"
-    try:
-        if not p.is_file() or p.stat().st_size > 1 << 20:
-            return None
-        import yaml
-
-        hp = yaml.safe_load(p.read_text(errors="replace"))
-    except Exception:  # an hparams.yaml Lightning could not read back either: no plan
-        return None
-    if not isinstance(hp, dict):
-        return None
-    for key in ("max_epochs", "num_epochs", "epochs", "n_epochs"):
-        n = to_number(hp.get(key))
-        if n is not None and 0 < n < 1e9:
-            return int(n)
-    return None
 
 
 def read_jsonl(path: Path) -> Source:

@@ -20,6 +20,8 @@ from typing import Literal
 # `weights`), "median" (each value is a windowed median or mean of its own, so parts never sum exactly),
 # "independent" (reported side by side, no relation promised), "none" (the format has no parts).
 PartsMeaning = Literal["sum", "weighted-sum", "median", "independent", "none"]
+# What a row's step counts, as the readers convert it to the rules' optimizer steps.
+StepUnit = Literal["optimizer-step", "iteration", "epoch"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +48,18 @@ class FormatContract:
     """What the loss parts mean against the total."""
     notes: tuple[str, ...] = field(default=())
     """Other semantics a rule must respect (a config dump printed first, resumed runs appended, ...)."""
+    # -- the same, as data the readers act on --------------------------------------------------------
+    step_unit: StepUnit = "optimizer-step"
+    """What one row's step counts."""
+    plan_files: tuple[str, ...] = field(default=())
+    """Files beside the metrics (relative to their folder, first found wins) that state the plan."""
+    plan_keys: tuple[str, ...] = field(default=())
+    """Keys of the planned length in those files (or in the metrics file itself), in `step_unit`s;
+    dotted for nested ones (`train_cfg.max_epochs`); the first present wins."""
+    patience_keys: tuple[str, ...] = field(default=())
+    """Keys of an early-stopping patience (in epochs) in the plan files: a run may end before its plan."""
+    parts_from: tuple[str, ...] = field(default=())
+    """Metric-name prefixes or suffixes (`train/`, `_loss`) whose values are loss parts."""
 
 
 FORMATS: list[FormatContract] = []
