@@ -58,11 +58,11 @@ def load_plan_file(path: Path) -> dict[str, Any]:
         return {}
     if path.suffix == ".py":
         return _python_config(text)
-    try:
-        import yaml
+    from trainguard.untrusted import load_yaml
 
-        data = yaml.safe_load(text)
-    except Exception:  # YAML the writer's own loader would refuse too (or a tag safe_load does not know)
+    try:
+        data = load_yaml(text)
+    except Exception:  # YAML the writer's own loader would refuse too, a tag safe_load does not know, an alias bomb
         return {}
     return _unwrap(data) if isinstance(data, dict) else {}
 

@@ -137,36 +137,104 @@ def _lightning_end(rows: Iterable[dict[str, Any]], epoch_col: str, step_col: str
 
 
 def read_jsonl(path: Path) -> Source:
-    """JSON Lines; LLaMA-Factory's `trainer_log.jsonl` (`current_steps` of `total_steps`) states its plan."""
+    """JSON Lines, read by the contract of its writer when its first record names one: LLaMA-Factory's
+    `trainer_log.jsonl` and ms-swift's `logging.jsonl` (their plan and end), detectron2's `metrics.json`
+    (windowed medians, an ETA), mmengine's `scalars.json` (two step axes); else by key names alone."""
+    from trainguard.ingest import detectron2, formats, mmengine
+
     facts = Facts(mtime=path.stat().st_mtime)
-    total = _peek_total(path)
-    plan = {"total_steps": total} if total else {}
-    rows = _json_rows(path, facts)
-    if total:
-        rows = _reaches(rows, total, facts)
-    fmt = ("ms-swift logging.jsonl" if "global_step/max_steps" in _first_line(path) else
-           "llama-factory trainer_log.jsonl") if total else "json lines"
-    return Source(path=path, format=fmt, events=_merged(rows, None, facts, ()), plan=plan, facts=facts,
-                  log_like=bool(total))
+    first = _first_record(path)
+    fmt = jsonl_flavour(path.name, first)
+    contract = formats.contract(fmt)
+    plan: dict[str, Any] = {"parts_relation": contract.parts} if contract is not None else {}
+    rows: Iterable[dict[str, Any]] = _json_rows(path, facts)
+    log_like = False
+    if fmt == "detectron2 metrics.json":
+        rows, log_like = detectron2.rows(rows, facts), True
+    elif fmt == "mmengine scalars.json":
+        stated = mmengine.plan(path.parent, contract)
+        if stated.length and stated.length_key and "iters" in stated.length_key:
+            plan["total_steps"] = stated.length
+        rows, log_like = mmengine.rows(rows, facts, stated), True
+    else:
+        total = _total_of(first) or (_summary_step(path) if fmt == "ms-swift logging.jsonl" else None)
+        if total:
+            plan["total_steps"] = total
+            rows, log_like = _reaches(rows, total, facts), True
+        elif fmt == "llama-factory trainer_log.jsonl":
+            fmt = "json lines"
+    parts = contract.parts_from if contract is not None else ()
+    return Source(path=path, format=fmt, events=_merged(_summaries(rows, facts), None, facts, parts), plan=plan,
+                  facts=facts, log_like=log_like)
 
 
-def _first_line(path: Path) -> str:
+def jsonl_flavour(name: str, first: dict[str, Any] | None) -> str:
+    """The writer of a JSON Lines file, from its first record's keys (each writer's own)."""
+    if not first:
+        return "json lines"
+    if "global_step/max_steps" in first or ("global_step" in first and "train_speed(iter/s)" in first):
+        return "ms-swift logging.jsonl"
+    if "current_steps" in first and "total_steps" in first:
+        return "llama-factory trainer_log.jsonl"
+    if "iteration" in first and ("eta_seconds" in first or "data_time" in first or "total_loss" in first):
+        return "detectron2 metrics.json"
+    if name.lower() == "scalars.json" and "step" in first and ("iter" in first or "epoch" in first):
+        return "mmengine scalars.json"
+    return "json lines"
+
+
+def _first_record(path: Path) -> dict[str, Any] | None:
     with open(path, "rb") as f:
-        return f.readline(MAX_LINE).decode("utf-8", "replace")
-
-
-def _peek_total(path: Path) -> int | None:
-    first = _first_line(path)
+        first = f.readline(MAX_LINE).decode("utf-8", "replace")
     try:
         obj = load_json(first)
     except ValueError:
         return None
-    if not isinstance(obj, dict):
+    return obj if isinstance(obj, dict) else None
+
+
+def _total_of(first: dict[str, Any] | None) -> int | None:
+    if not first:
         return None
-    total = to_number(obj.get("total_steps"))
-    if total is None and (of_max := _of_max(obj)) is not None:
+    total = to_number(first.get("total_steps"))
+    if total is None and (of_max := _of_max(first)) is not None:
         total = of_max[1]
     return int(total) if total is not None and 0 < total < 1e15 else None
+
+
+SUMMARY_TAIL = 4 << 20  # bytes of a log's end searched for its closing summary
+
+
+def _summary_step(path: Path) -> int | None:
+    """The step of the `train_runtime` summary a finished Trainer-based run writes last (ms-swift's older
+    files state no max_steps anywhere else): a finished run's own end is its plan."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - SUMMARY_TAIL))
+            tail = f.read(SUMMARY_TAIL)
+    except OSError:
+        return None
+    for raw in reversed(tail.splitlines()):
+        if b'"train_runtime"' not in raw[:4096] or len(raw) > MAX_LINE:
+            continue
+        try:
+            obj = load_json(raw.decode("utf-8", "replace"))
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "train_runtime" in obj:
+            step = _step_of(obj, None)
+            return step if step and step > 0 else None
+    return None
+
+
+def _summaries(rows: Iterable[dict[str, Any]], facts: Facts) -> Iterator[dict[str, Any]]:
+    """Drops the Trainer's closing summary (`train_runtime`, a whole-run mean `train_loss`), noting the
+    end it marks: its loss is no step's loss."""
+    for row in rows:
+        if "train_runtime" in row:
+            facts.completed = facts.completed or "the closing train_runtime summary"
+            continue
+        yield row
 
 
 def _of_max(row: dict[str, Any]) -> tuple[int, int] | None:
