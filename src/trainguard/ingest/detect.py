@@ -78,8 +78,9 @@ def _open_dir(p: Path) -> Source:
     for scalars in (p / "scalars.json", p / "vis_data" / "scalars.json"):  # mmengine's LocalVisBackend
         if scalars.is_file():
             return tables.read_jsonl(scalars)
-    if wandb.run_folder(p) is not None:
-        return wandb.read_run(wandb.run_folder(p))  # type: ignore[arg-type]
+    run = wandb.run_folder(p)
+    if run is not None:
+        return wandb.read_run(run)
     files = tensorboard.event_files(p)
     if files:
         return tensorboard.read_tensorboard(files)

@@ -91,3 +91,22 @@ def _load_all() -> None:
 
     for info in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{info.name}")
+
+
+def render_markdown() -> str:
+    """docs/formats.md: per format, what is read (metrics, step axis, plan, completion, parts), from FORMATS."""
+    out = ["# Formats trainguard diagnose reads", "",
+           "Rendered from `trainguard.ingest.formats` (each format's contract, written from the code that writes it);",
+           "`tests/test_formats.py` fails when this file drifts from the registry. Text logs are described in",
+           "`trainguard.ingest.textlog`.", ""]
+    for c in sorted(all_formats(), key=lambda c: (c.family.lower(), c.name)):
+        out += [f"## {c.name}", "", f"*{c.family}*. Writer: {c.writer}.", "",
+                f"- **files**: {', '.join(f'`{f}`' for f in c.files)}",
+                f"- **metrics**: {c.metrics}",
+                f"- **step axis**: {c.step_axis}",
+                f"- **plan**: {c.plan}",
+                f"- **completion**: {c.completion}",
+                f"- **loss parts**: {c.parts}"]
+        out += [f"- **note**: {n}" for n in c.notes]
+        out.append("")
+    return "\n".join(out)
