@@ -1,12 +1,13 @@
-"""`diagnose` on 39 artifacts that real runs left in public repositories, graded against a verdict judged
-by reading each file (`../shared/real-logs/expected.json`; sources and reasons in its SOURCES.md).
+"""`diagnose` on the artifacts that real runs left in public repositories, graded against a verdict judged
+by reading each file (`../shared/real-logs/expected.json` and `expected-*.json`; sources and reasons in its
+SOURCES.md).
 
 The corpus is read in place, never copied into the project, and its files' modification times are left
 alone: no verdict may depend on them. A healthy file must get no warning or error; a failed run must get
 one of the findings its entry accepts (or, where the entry says so, a one-line refusal); nothing may be
 refused that is not accepted as a refusal, and nothing may raise. Skipped where the corpus is absent.
 
-Run: pytest tests/test_real_logs.py            (about 20 s)
+Run: pytest tests/test_real_logs.py            (about 2 minutes)
 """
 
 from __future__ import annotations
@@ -20,8 +21,15 @@ from trainguard.errors import UserError
 from trainguard.ingest.diagnose import diagnose_path
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "real-logs"
-ITEMS = json.loads((CORPUS / "expected.json").read_text())["items"] if (CORPUS / "expected.json").is_file() else []
+# expected.json and every expected-*.json beside it (the corpus grows by dated files), as run.py grades them
+EXPECTED = sorted(CORPUS.glob("expected*.json")) if CORPUS.is_dir() else []
+ITEMS = [item for f in EXPECTED for item in json.loads(f.read_text())["items"]]
 SEVERE = {"warning", "error"}
+
+# Items still wrong, each with the mechanism it lacks (a verdict is never fitted to one file). strict: an
+# item that turns right must leave this list.
+STILL_WRONG = {
+}
 
 
 def grade(item: dict) -> tuple[str, str]:
@@ -42,8 +50,14 @@ def grade(item: dict) -> tuple[str, str]:
     return ("right" if any(f.code in accept or f.name in accept for f in severe) else "miss"), said
 
 
+def _param(item: dict) -> object:
+    reason = STILL_WRONG.get(item["path"])
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    return pytest.param(item, marks=marks, id=item["path"][-70:])
+
+
 @pytest.mark.skipif(not ITEMS, reason=f"the real-logs corpus is not at {CORPUS}")
-@pytest.mark.parametrize("item", ITEMS, ids=[i["path"].split("/")[-1][:60] for i in ITEMS])
+@pytest.mark.parametrize("item", [_param(i) for i in ITEMS])
 def test_real_artifact_gets_its_verdict(item: dict) -> None:
     verdict, said = grade(item)
     assert verdict == "right", f"{verdict}: expected {item['expect']} ({item['why'][:160]}); diagnose said {said}"

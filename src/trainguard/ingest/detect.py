@@ -2,7 +2,8 @@
 
 A folder is searched in this order: Hugging Face (`trainer_state.json`, `checkpoint-N/`), Lightning
 (`lightning_logs/version_N/metrics.csv`, newest version), `metrics.csv`, Ultralytics `results.csv`,
-TensorBoard event files, then a log (`output.log`, `*.log`, `*.txt`). Anything else is refused with one
+mmengine `vis_data/scalars.json`, a W&B run folder (`files/wandb-summary.json`), TensorBoard event files,
+then a log (`output.log`, `*.log`, `*.txt`). Anything else is refused with one
 line naming what was looked for.
 """
 
@@ -59,7 +60,7 @@ def _open_file(p: Path) -> Source:
 
 
 def _open_dir(p: Path) -> Source:
-    from trainguard.ingest import hf, tables, tensorboard, textlog
+    from trainguard.ingest import hf, tables, tensorboard, textlog, wandb
 
     state = hf.find_state(p)
     if state is not None:
@@ -74,6 +75,12 @@ def _open_dir(p: Path) -> Source:
     for name, fmt in (("metrics.csv", "lightning metrics.csv"), ("results.csv", "ultralytics results.csv")):
         if (p / name).is_file():
             return tables.read_csv(p / name, fmt)
+    for scalars in (p / "scalars.json", p / "vis_data" / "scalars.json"):  # mmengine's LocalVisBackend
+        if scalars.is_file():
+            return tables.read_jsonl(scalars)
+    run = wandb.run_folder(p)
+    if run is not None:
+        return wandb.read_run(run)
     files = tensorboard.event_files(p)
     if files:
         return tensorboard.read_tensorboard(files)
@@ -84,7 +91,8 @@ def _open_dir(p: Path) -> Source:
     if len(logs) == 1:
         return textlog.read_text_log(logs[0])
     raise UserError(f"{p}: nothing trainguard can read here (looked for trainer_state.json, lightning_logs/, "
-                    "metrics.csv, results.csv, TensorBoard event files, output.log or one *.log)")
+                    "metrics.csv, results.csv, vis_data/scalars.json, a W&B run folder, TensorBoard event files, "
+                    "output.log or one *.log)")
 
 
 def newest_lightning_version(p: Path) -> Path | None:

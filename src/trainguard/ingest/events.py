@@ -20,7 +20,7 @@ from trainguard.rules.signatures import Scanner
 LOSS_NAMES = ("loss", "train_loss", "train/loss", "loss_step", "train_loss_step", "training_loss",
               "train/loss_step", "tr_loss", "total_loss", "batch_loss")
 LR_NAMES = ("lr", "learning_rate", "train/lr", "train/learning_rate", "lr-adamw", "lr-adam", "lr-sgd",
-            "lr/pg0", "learning-rate")
+            "lr/pg0", "x/lr0", "learning-rate")  # x/lr0: YOLOv5's results.csv
 GRAD_NAMES = ("grad_norm", "gradient_norm", "train/grad_norm", "grad-norm", "gnorm", "grad norm")
 STEP_NAMES = ("step", "global_step", "iteration", "iter", "it", "train/global_step", "trainer/global_step",
               "current_steps", "_step")  # LLaMA-Factory's trainer_log.jsonl; W&B history exports
@@ -88,13 +88,13 @@ def to_number(value: Any) -> float | None:
 
 def step_row(step: int, *, t: float | None = None, loss: float | None = None, lr: float | None = None,
              grad_norm: float | None = None, parts: dict[str, float] | None = None,
-             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+             extra: dict[str, Any] | None = None, weights: dict[str, float] | None = None) -> dict[str, Any]:
     nonfinite = None
     if grad_norm is not None:
         nonfinite = 0 if math.isfinite(grad_norm) else 1
     return {"kind": "step", "step": step, "t": t, "loss": loss, "lr": lr, "grad_norm": grad_norm,
             "update_ratio": None, "nonfinite": nonfinite, "step_time": None, "data_wait": None,
-            "loss_scale": None, "sched_epoch": None, "parts": parts or {}, "weights": {},
+            "loss_scale": None, "sched_epoch": None, "parts": parts or {}, "weights": weights or {},
             "extra": extra or {}, "rank": 0}
 
 
@@ -115,16 +115,19 @@ def metrics_to_events(step: int, metrics: dict[str, float], facts: Facts, *, t: 
     `parts_from`: name prefixes whose values are loss parts (Ultralytics' `train/box_loss`...); when
     there is no total loss the parts' sum stands for it, as the framework's own total does.
     """
-    loss_key, lr_key, grad_key, eval_keys, part_keys = _layout(tuple(metrics), parts_from)
+    loss_key, lr_key, grad_key, eval_keys, part_keys, weight_keys = _layout(tuple(metrics), parts_from)
     out: list[dict[str, Any]] = []
     loss = metrics[loss_key] if loss_key is not None else None
     lr = metrics[lr_key] if lr_key is not None else None
     grad = metrics[grad_key] if grad_key is not None else None
     parts = {short: metrics[name] for name, short in part_keys}
+    weights = {short: metrics[name] for name, short in weight_keys}
     if loss is None and parts:
         loss = sum(parts.values())
     if loss is not None or lr is not None or grad is not None:
-        out.append(step_row(step, t=t, loss=loss, lr=lr, grad_norm=grad, parts=parts))
+        out.append(step_row(step, t=t, loss=loss, lr=lr, grad_norm=grad, parts=parts, weights=weights))
+        if weights:
+            facts.fields.add("weights")
         if loss is not None:
             facts.fields.add("loss")
         if lr is not None:
@@ -158,8 +161,23 @@ def _layout(names: tuple[str, ...], parts_from: tuple[str, ...]) -> tuple[Any, .
     lr = _first(train, LR_NAMES)
     if lr is None:
         lr = next((v for k, v in train.items() if k.startswith(("lr-", "lr/", "lr_"))), None)
-    parts = tuple((v, k.split("/", 1)[-1]) for k, v in train.items() if parts_from and k.startswith(parts_from))
-    return _first(train, LOSS_NAMES), lr, _first(train, GRAD_NAMES), tuple(evals), parts
+    parts = tuple((v, k.split("/", 1)[-1]) for k, v in train.items()
+                  if parts_from and (k.startswith(parts_from) or k.endswith(parts_from)))
+    return _first(train, LOSS_NAMES), lr, _first(train, GRAD_NAMES), tuple(evals), parts, _weights(train, parts)
+
+
+def _weights(train: dict[str, str], parts: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """A part's weight where the log writes it beside the part: `w_kd` / `w_loss_kd` / `weight_kd` /
+    `kd_weight` / `lambda_kd` for `loss_kd` (a curriculum's ramp, read where it is written)."""
+    out = []
+    for _, short in parts:
+        low = short.lower()
+        stem = low.removeprefix("loss_").removesuffix("_loss")
+        for cand in (f"w_{low}", f"w_{stem}", f"weight_{stem}", f"{stem}_weight", f"lambda_{stem}"):
+            if cand in train:
+                out.append((train[cand], short))
+                break
+    return tuple(out)
 
 
 def _first(values: dict[str, str], names: tuple[str, ...]) -> str | None:

@@ -10,15 +10,16 @@ folder's own `trainer_state.json` only when training ends; a run that died leave
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UserError
 from trainguard.ingest.events import Facts, Source, event, metrics_to_events, sniff_binary, to_number
-from trainguard.untrusted import json_problem, load_json
+from trainguard.ingest.jsonstream import ITEM, members
+from trainguard.untrusted import json_problem
 
-MAX_STATE_BYTES = 512 * 1024 * 1024  # a trainer_state.json larger than this is not one
+MAX_STATE_BYTES = 4 << 30  # a trainer_state.json larger than this is not one (it is streamed: size costs time only)
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -48,26 +49,62 @@ def checkpoint_dirs(folder: Path) -> list[tuple[int, Path]]:
 
 
 def read_trainer_state(path: Path, folder: Path | None = None) -> Source:
-    if path.stat().st_size > MAX_STATE_BYTES:
-        raise UserError(f"{path} is {path.stat().st_size >> 20} MiB: too large to be a trainer_state.json")
+    """The file is read twice, streaming (`trainguard.ingest.jsonstream`): once for the plan, which the
+    Trainer writes after `log_history` (its keys are sorted), and once for the records, lazily."""
+    from trainguard.ingest.formats import contract
+
+    size = path.stat().st_size
+    if size > MAX_STATE_BYTES:
+        raise UserError(f"{path} is {size >> 20} MiB: too large to be a trainer_state.json")
     with open(path, "rb") as f:
-        raw = f.read()
-    sniff_binary(raw[:8192], path)
-    try:
-        state = load_json(raw.decode("utf-8", "replace"))
-    except ValueError as exc:  # a JSONDecodeError, or a number or nesting Python cannot read
-        raise UserError(f"{path}: not valid JSON ({json_problem(exc)}): truncated?") from None
-    if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
-        raise UserError(f"{path}: JSON without a log_history list: not a Hugging Face trainer_state.json")
-    plan = {"total_steps": _int(state.get("max_steps")), "logging_steps": _int(state.get("logging_steps")),
-            "eval_steps": _int(state.get("eval_steps")), "save_steps": _int(state.get("save_steps"))}
+        sniff_binary(f.read(8192), path)
+    state = _top_level(path)
+    plan: dict[str, Any] = {"total_steps": _int(state.get("max_steps")), "logging_steps": _int(state.get("logging_steps")),
+                            "eval_steps": _int(state.get("eval_steps")), "save_steps": _int(state.get("save_steps"))}
     plan = {k: v for k, v in plan.items() if v}
+    c = contract(FORMAT)
+    if c is not None:
+        plan["parts_relation"] = c.parts
     facts = Facts(mtime=path.stat().st_mtime)
     ckpts = checkpoint_dirs(folder) if folder is not None else []
     facts.snapshot = _snapshot(state, plan.get("total_steps"))
-    return Source(path=path, format="hugging face trainer_state.json", plan=plan,
-                  events=_events(state["log_history"], ckpts, facts, plan.get("total_steps"), _int(state.get("global_step"))),
+    return Source(path=path, format=FORMAT, plan=plan,
+                  events=_events(_records(path, facts), ckpts, facts, plan.get("total_steps"), _int(state.get("global_step"))),
                   facts=facts, log_like=True)
+
+
+FORMAT = "hugging face trainer_state.json"
+
+
+def _top_level(path: Path) -> dict[str, Any]:
+    """The members of the state other than the records (which are decoded and dropped: this pass also
+    proves the whole file is JSON before any record is judged)."""
+    state: dict[str, Any] = {}
+    history = False
+    try:
+        for name, value in members(path, "log_history"):
+            if name == "log_history" + ITEM:
+                history = True
+            elif name == "log_history":
+                history = isinstance(value, list)
+            elif not isinstance(value, (list, dict)):
+                state[name] = value
+    except ValueError as exc:  # a JSONDecodeError, or a number or nesting Python cannot read
+        raise UserError(f"{path}: not valid JSON ({json_problem(exc)}): truncated?") from None
+    if not history:
+        raise UserError(f"{path}: JSON without a log_history list: not a Hugging Face trainer_state.json")
+    return state
+
+
+def _records(path: Path, facts: Facts) -> Iterator[Any]:
+    try:
+        for name, value in members(path, "log_history"):
+            if name == "log_history" + ITEM:
+                yield value
+            elif name == "log_history" and isinstance(value, list):
+                yield from value
+    except ValueError:  # the file changed since the first pass (a Trainer saving over it): keep what was read
+        facts.skipped += 1
 
 
 def _snapshot(state: dict[str, Any], total: int | None) -> str:
@@ -80,7 +117,7 @@ def _snapshot(state: dict[str, Any], total: int | None) -> str:
     return f"a checkpoint snapshot at step {step:,}"
 
 
-def _events(history: list[Any], ckpts: list[tuple[int, Path]], facts: Facts,
+def _events(history: Iterable[Any], ckpts: list[tuple[int, Path]], facts: Facts,
             total_steps: int | None, global_step: int | None) -> Iterator[dict[str, Any]]:
     pending = list(ckpts)
     last_step: int | None = None

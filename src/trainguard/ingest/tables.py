@@ -28,15 +28,17 @@ from trainguard.ingest.events import (
 from trainguard.ingest.textlog import MAX_LINE
 from trainguard.untrusted import load_json
 
-ULTRALYTICS_PARTS = ("train/",)  # results.csv: train/box_loss, train/cls_loss, train/dfl_loss
-
 
 def read_csv(path: Path, fmt: str = "csv", delimiter: str = ",") -> Source:
     """A CSV with a header naming a step (or epoch) column; `fmt` names the flavour for the report.
 
-    `delimiter`: "\t" for a step/loss TSV. A Lightning metrics.csv also says how it ended: its last
-    epoch either has the epoch-end row Lightning writes when an epoch closes, or the run stopped inside it.
+    `delimiter`: "\t" for a step/loss TSV. The flavour's contract (`trainguard.ingest.formats`) says where
+    its plan is written and how its end reads: a Lightning metrics.csv by its epoch-end rows, a table of
+    one row per epoch (Ultralytics, YOLOv5, timm) by its planned epochs, early stopping and its LR schedule.
     """
+    from trainguard.ingest import epochend, formats
+    from trainguard.ingest.plans import read_plan
+
     header = _header(path, delimiter)
     low = [h.strip().lower() for h in header]
     step_col = next((h for h, lo in zip(header, low) if lo in STEP_NAMES), None)
@@ -44,15 +46,40 @@ def read_csv(path: Path, fmt: str = "csv", delimiter: str = ",") -> Source:
     if step_col is None and epoch_col is None:
         raise UserError(f"{path}: a CSV without a step or epoch column ({', '.join(header[:8])}...): "
                         "not a metrics file trainguard can read")
+    fmt = flavour(fmt, path.name, low)
+    contract = formats.contract(fmt)
     facts = Facts(mtime=path.stat().st_mtime)
-    parts = ULTRALYTICS_PARTS if fmt == "ultralytics results.csv" else ()
+    parts = contract.parts_from if contract is not None else ()
     key = step_col or epoch_col
     rows = _csv_rows(path, facts, delimiter)
-    lightning = False
+    plan: dict[str, Any] = {"parts_relation": contract.parts} if contract is not None else {}
+    log_like = False
     if fmt == "lightning metrics.csv" and epoch_col is not None and step_col is not None:
-        lightning = True
-        rows = _lightning_end(rows, epoch_col, step_col, facts, _planned_epochs(path.parent))
-    return Source(path=path, format=fmt, events=_merged(rows, key, facts, parts), facts=facts, log_like=lightning)
+        log_like = True
+        stated = read_plan(path.parent, contract)
+        rows = _lightning_end(rows, epoch_col, step_col, facts, stated.length)
+    elif contract is not None and contract.step_unit == "epoch" and epoch_col is not None and contract.plan_files:
+        log_like = True
+        stated = read_plan(path.parent, contract)
+        if stated.length:
+            plan["total_steps"] = stated.length
+        rows = epochend.judge(rows, epoch_col, facts, stated, lr_schedule=fmt in ("ultralytics results.csv", "yolov5 results.csv"))
+    return Source(path=path, format=fmt, events=_merged(rows, key, facts, parts), facts=facts, plan=plan,
+                  log_like=log_like)
+
+
+def flavour(fmt: str, name: str, low: list[str]) -> str:
+    """The writer of a table, from its file name and header, as its contract names it."""
+    if fmt == "ultralytics results.csv" and ("x/lr0" in low or "train/obj_loss" in low):
+        return "yolov5 results.csv"  # YOLOv5 pads its columns, counts epochs from 0, keeps opt.yaml
+    if fmt != "csv":
+        return fmt
+    if name.lower() == "summary.csv" and "train_loss" in low and any(c.startswith("eval_") for c in low):
+        return "timm summary.csv"
+    # Keras' CSVLogger writes `epoch`, then the epoch's logs sorted by name
+    if low and low[0] == "epoch" and "loss" in low and low[1:] == sorted(low[1:]):
+        return "keras csvlogger"
+    return fmt
 
 
 def sniff_table(path: Path) -> str | None:
@@ -109,57 +136,105 @@ def _lightning_end(rows: Iterable[dict[str, Any]], epoch_col: str, step_col: str
         facts.ends_with = "unknown"  # nothing in Lightning's own files says how the run was meant to end
 
 
-def _planned_epochs(folder: Path) -> int | None:
-    """`num_epochs` / `max_epochs` / `epochs` in the version folder's hparams.yaml, if it says."""
-    p = folder / "hparams.yaml"
-    try:
-        if not p.is_file() or p.stat().st_size > 1 << 20:
-            return None
-        import yaml
-
-        hp = yaml.safe_load(p.read_text(errors="replace"))
-    except Exception:  # an hparams.yaml Lightning could not read back either: no plan
-        return None
-    if not isinstance(hp, dict):
-        return None
-    for key in ("max_epochs", "num_epochs", "epochs", "n_epochs"):
-        n = to_number(hp.get(key))
-        if n is not None and 0 < n < 1e9:
-            return int(n)
-    return None
-
-
 def read_jsonl(path: Path) -> Source:
-    """JSON Lines; LLaMA-Factory's `trainer_log.jsonl` (`current_steps` of `total_steps`) states its plan."""
+    """JSON Lines, read by the contract of its writer when its first record names one: LLaMA-Factory's
+    `trainer_log.jsonl` and ms-swift's `logging.jsonl` (their plan and end), detectron2's `metrics.json`
+    (windowed medians, an ETA), mmengine's `scalars.json` (two step axes); else by key names alone."""
+    from trainguard.ingest import detectron2, formats, mmengine
+
     facts = Facts(mtime=path.stat().st_mtime)
-    total = _peek_total(path)
-    plan = {"total_steps": total} if total else {}
-    rows = _json_rows(path, facts)
-    if total:
-        rows = _reaches(rows, total, facts)
-    fmt = ("ms-swift logging.jsonl" if "global_step/max_steps" in _first_line(path) else
-           "llama-factory trainer_log.jsonl") if total else "json lines"
-    return Source(path=path, format=fmt, events=_merged(rows, None, facts, ()), plan=plan, facts=facts,
-                  log_like=bool(total))
+    first = _first_record(path)
+    fmt = jsonl_flavour(path.name, first)
+    contract = formats.contract(fmt)
+    plan: dict[str, Any] = {"parts_relation": contract.parts} if contract is not None else {}
+    rows: Iterable[dict[str, Any]] = _json_rows(path, facts)
+    log_like = False
+    if fmt == "detectron2 metrics.json":
+        rows, log_like = detectron2.rows(rows, facts), True
+    elif fmt == "mmengine scalars.json":
+        stated = mmengine.plan(path.parent, contract)
+        if stated.length and stated.length_key and "iters" in stated.length_key:
+            plan["total_steps"] = stated.length
+        rows, log_like = mmengine.rows(rows, facts, stated), True
+    else:
+        total = _total_of(first) or (_summary_step(path) if fmt == "ms-swift logging.jsonl" else None)
+        if total:
+            plan["total_steps"] = total
+            rows, log_like = _reaches(rows, total, facts), True
+        elif fmt == "llama-factory trainer_log.jsonl":
+            fmt = "json lines"
+    parts = contract.parts_from if contract is not None else ()
+    return Source(path=path, format=fmt, events=_merged(_summaries(rows, facts), None, facts, parts), plan=plan,
+                  facts=facts, log_like=log_like)
 
 
-def _first_line(path: Path) -> str:
+def jsonl_flavour(name: str, first: dict[str, Any] | None) -> str:
+    """The writer of a JSON Lines file, from its first record's keys (each writer's own)."""
+    if not first:
+        return "json lines"
+    if "global_step/max_steps" in first or ("global_step" in first and "train_speed(iter/s)" in first):
+        return "ms-swift logging.jsonl"
+    if "current_steps" in first and "total_steps" in first:
+        return "llama-factory trainer_log.jsonl"
+    if "iteration" in first and ("eta_seconds" in first or "data_time" in first or "total_loss" in first):
+        return "detectron2 metrics.json"
+    if name.lower() == "scalars.json" and "step" in first and ("iter" in first or "epoch" in first):
+        return "mmengine scalars.json"
+    return "json lines"
+
+
+def _first_record(path: Path) -> dict[str, Any] | None:
     with open(path, "rb") as f:
-        return f.readline(MAX_LINE).decode("utf-8", "replace")
-
-
-def _peek_total(path: Path) -> int | None:
-    first = _first_line(path)
+        first = f.readline(MAX_LINE).decode("utf-8", "replace")
     try:
         obj = load_json(first)
     except ValueError:
         return None
-    if not isinstance(obj, dict):
+    return obj if isinstance(obj, dict) else None
+
+
+def _total_of(first: dict[str, Any] | None) -> int | None:
+    if not first:
         return None
-    total = to_number(obj.get("total_steps"))
-    if total is None and (of_max := _of_max(obj)) is not None:
+    total = to_number(first.get("total_steps"))
+    if total is None and (of_max := _of_max(first)) is not None:
         total = of_max[1]
     return int(total) if total is not None and 0 < total < 1e15 else None
+
+
+SUMMARY_TAIL = 4 << 20  # bytes of a log's end searched for its closing summary
+
+
+def _summary_step(path: Path) -> int | None:
+    """The step of the `train_runtime` summary a finished Trainer-based run writes last (ms-swift's older
+    files state no max_steps anywhere else): a finished run's own end is its plan."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - SUMMARY_TAIL))
+            tail = f.read(SUMMARY_TAIL)
+    except OSError:
+        return None
+    for raw in reversed(tail.splitlines()):
+        if b'"train_runtime"' not in raw[:4096] or len(raw) > MAX_LINE:
+            continue
+        try:
+            obj = load_json(raw.decode("utf-8", "replace"))
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "train_runtime" in obj:
+            step = _step_of(obj, None)
+            return step if step and step > 0 else None
+    return None
+
+
+def _summaries(rows: Iterable[dict[str, Any]], facts: Facts) -> Iterator[dict[str, Any]]:
+    """Drops the Trainer's closing summary (`train_runtime`, a whole-run mean `train_loss`), noting the
+    end it marks: its loss is no step's loss."""
+    for row in rows:
+        if "train_runtime" in row:
+            facts.completed = facts.completed or "the closing train_runtime summary"
+            continue
+        yield row
 
 
 def _of_max(row: dict[str, Any]) -> tuple[int, int] | None:

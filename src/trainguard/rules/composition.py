@@ -72,7 +72,8 @@ class LossPartsImbalanced(Rule):
     A regulariser reported already multiplied by its coefficient, without `weights=`: the rule cannot
     tell it from seed 004's balance term and warns (report the raw part and its weight instead). A part
     centred on zero by construction (a policy-gradient loss with normalised advantages), whose median
-    size says little about its gradient. The other way round, a weight mis-set by orders of magnitude
+    size says little about its gradient. A log whose parts are windowed medians (detectron2's
+    metrics.json) is not judged: their ratio is not what the optimizer weighed. The other way round, a weight mis-set by orders of magnitude
     looks like a regulariser small by design: it gets the note, not a warning.
 
     ## Options
@@ -100,8 +101,8 @@ class LossPartsImbalanced(Rule):
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         parts = row.get("parts") or {}
-        if len(parts) < 2:
-            return None
+        if len(parts) < 2 or self.plan.get("parts_relation") == "median":
+            return None  # each part a median of its own window: their ratio is not what the optimizer weighed
         self.n += 1
         self.steps.append(row["step"])
         reported = row.get("weights") or {}
@@ -302,6 +303,13 @@ class LossPartVanished(Rule):
         )
 
 
+def parts_sum(plan: dict[str, Any]) -> bool:
+    """Whether the source promises that the total is the (weighted) sum of its parts: the probe's own
+    parts do (`guard.step(parts=...)`, no relation stated); a log's only when its format's contract says
+    so (`trainguard.ingest.formats`: `parts_relation` in the plan)."""
+    return plan.get("parts_relation", "sum") in ("sum", "weighted-sum")
+
+
 class LossPartsDontSum(Rule):
     """TG403 loss-parts-dont-sum: the parts (times their weights) do not add up to the total loss.
 
@@ -323,7 +331,9 @@ class LossPartsDontSum(Rule):
     Compute the total from the same weighted parts you report: `total = sum(w[k] * parts[k])`.
 
     ## Known false positives
-    Parts that are deliberately a subset of the total (an unreported regulariser).
+    Parts that are deliberately a subset of the total (an unreported regulariser). A log whose format
+    promises no sum (detectron2's windowed medians, Keras heads whose `loss_weights` are not written) is
+    not judged.
 
     ## Options
     None.
@@ -341,6 +351,8 @@ class LossPartsDontSum(Rule):
         reported = row.get("parts")
         if not reported or len(reported) < 2:
             return None  # most runs report no parts: decided before building anything
+        if not parts_sum(self.plan):
+            return None  # the writer promises no sum (windowed medians, heads weighted by unwritten weights)
         parts = {k: v for k, v in reported.items() if finite(v)}
         loss = row.get("loss")
         if len(parts) < 2 or not finite(loss):

@@ -64,7 +64,8 @@ class NonfiniteLoss(_RateRule):
     The first step whose loss or any reported loss part is NaN or inf; and a loss part that reads
     exactly 0.0 at an isolated step although its recent values are well above zero (a non-finite value
     replaced by 0 before it was reported). The first occurrence is a warning; once such steps exceed 1%
-    of the steps seen (and there are at least two), an error finding follows with the rate.
+    of the steps seen (and there are at least two), an error finding follows with the rate. An
+    evaluation whose loss (any metric named `*loss*`) is NaN or inf is named once, as a warning.
 
     ## Why it matters
     A NaN loss puts NaN into every weight it touches; clamping it to zero hides the symptom and keeps
@@ -95,6 +96,29 @@ class NonfiniteLoss(_RateRule):
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
         self.part_hist: dict[str, collections.deque[float]] = {}
+        self.eval_hits = 0  # evaluations with a non-finite loss
+
+    def on_event(self, event: dict[str, Any]) -> Finding | None:
+        """An evaluation's loss is a loss too: NaN there (Ultralytics' `val/cls_loss`) is the same fault,
+        seen on held-out data, and often the only place a per-epoch table shows it."""
+        if event.get("kind") != "eval":
+            return None
+        data = event.get("data") or {}
+        bad = {k: v for k, v in data.items() if "loss" in str(k).lower() and _nonfinite(v)}
+        if not bad:
+            return None
+        self.eval_hits += 1
+        if self.eval_hits > 1:
+            return None
+        step = event.get("step")
+        what = ", ".join(f"{k} is {v}" for k, v in bad.items())
+        return self.finding(
+            step=step, cause="eval",
+            summary=f"evaluation loss {what} at step {step} (the first non-finite evaluation loss of the run)",
+            fix="evaluate the checkpoint of that step on the validation batches alone; check for log(0), an empty "
+                "target set, fp16/AMP overflow in the loss or the model's head",
+            evidence={"values": {k: str(v) for k, v in bad.items()}, "detected_step": step},
+        )
 
     def on_step(self, row: dict[str, Any]) -> list[Finding] | None:
         step = row["step"]

@@ -21,6 +21,8 @@ from typing import Literal
 # `weights`), "median" (each value is a windowed median or mean of its own, so parts never sum exactly),
 # "independent" (reported side by side, no relation promised), "none" (the format has no parts).
 PartsMeaning = Literal["sum", "weighted-sum", "median", "independent", "none"]
+# What a row's step counts, as the readers convert it to the rules' optimizer steps.
+StepUnit = Literal["optimizer-step", "iteration", "epoch"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +49,18 @@ class FormatContract:
     """What the loss parts mean against the total."""
     notes: tuple[str, ...] = field(default=())
     """Other semantics a rule must respect (a config dump printed first, resumed runs appended, ...)."""
+    # -- the same, as data the readers act on --------------------------------------------------------
+    step_unit: StepUnit = "optimizer-step"
+    """What one row's step counts."""
+    plan_files: tuple[str, ...] = field(default=())
+    """Files beside the metrics (relative to their folder, first found wins) that state the plan."""
+    plan_keys: tuple[str, ...] = field(default=())
+    """Keys of the planned length in those files (or in the metrics file itself), in `step_unit`s;
+    dotted for nested ones (`train_cfg.max_epochs`); the first present wins."""
+    patience_keys: tuple[str, ...] = field(default=())
+    """Keys of an early-stopping patience (in epochs) in the plan files: a run may end before its plan."""
+    parts_from: tuple[str, ...] = field(default=())
+    """Metric-name prefixes or suffixes (`train/`, `_loss`) whose values are loss parts."""
 
 
 FORMATS: list[FormatContract] = []
@@ -75,3 +89,22 @@ def _load_all() -> None:
     """Imports every family module once (each declares itself on import); `families` lists them by name,
     where a reader and the layer check see them."""
     from trainguard.ingest.formats import families  # noqa: F401
+
+
+def render_markdown() -> str:
+    """docs/formats.md: per format, what is read (metrics, step axis, plan, completion, parts), from FORMATS."""
+    out = ["# Formats trainguard diagnose reads", "",
+           "Rendered from `trainguard.ingest.formats` (each format's contract, written from the code that writes it);",
+           "`tests/test_formats.py` fails when this file drifts from the registry. Text logs are described in",
+           "`trainguard.ingest.textlog`.", ""]
+    for c in sorted(all_formats(), key=lambda c: (c.family.lower(), c.name)):
+        out += [f"## {c.name}", "", f"*{c.family}*. Writer: {c.writer}.", "",
+                f"- **files**: {', '.join(f'`{f}`' for f in c.files)}",
+                f"- **metrics**: {c.metrics}",
+                f"- **step axis**: {c.step_axis}",
+                f"- **plan**: {c.plan}",
+                f"- **completion**: {c.completion}",
+                f"- **loss parts**: {c.parts}"]
+        out += [f"- **note**: {n}" for n in c.notes]
+        out.append("")
+    return "\n".join(out)

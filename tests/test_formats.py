@@ -1,0 +1,313 @@
+"""The structured formats `diagnose` reads, each generated here from its contract (`trainguard.ingest.formats`).
+
+Every fixture is written by the test from what the format's writer promises (its columns, step axis, plan
+file, completion signal, parts meaning), in the variants real runs leave: complete, cut off, early
+stopped, resumed, a truncated last row, CRLF line ends, extra columns, empty cells, a checkpoint's
+snapshot. No file of any real run is used. The format table in docs/formats.md is rendered from the
+registry and must match it.
+
+Run: pytest tests/test_formats.py
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from trainguard.errors import UserError
+from trainguard.ingest.diagnose import diagnose_path
+from trainguard.ingest.formats import all_formats, render_markdown
+
+pytestmark = pytest.mark.unit
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "formats.md"
+
+
+def severe(d) -> list[str]:
+    return [f.name for f in d.findings if f.severity in ("warning", "error")]
+
+
+def tg531(d):
+    return next((f for f in d.findings if f.name == "log-ends-unfinished"), None)
+
+
+# -- the registry ---------------------------------------------------------------------------------------
+
+def test_every_contract_says_what_is_read() -> None:
+    contracts = all_formats()
+    assert len({c.name for c in contracts}) == len(contracts) >= 12
+    for c in contracts:
+        assert c.writer and c.files and c.metrics and c.step_axis and c.plan and c.completion, c.name
+        assert c.parts in ("sum", "weighted-sum", "median", "independent", "none"), c.name
+        assert not c.plan_keys or c.plan_files or c.name.endswith(("json", "jsonl")), c.name
+
+
+def test_docs_formats_md_is_rendered_from_the_registry() -> None:
+    """Regenerate with: python -c "from trainguard.ingest.formats import render_markdown as r; open('docs/formats.md','w').write(r())" """
+    assert DOCS.read_text() == render_markdown(), "docs/formats.md drifted from trainguard.ingest.formats"
+
+
+# -- Ultralytics / YOLOv5 results.csv -------------------------------------------------------------------
+
+V8_HEADER = ["epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision(B)",
+             "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)", "val/box_loss", "val/cls_loss",
+             "val/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2"]
+
+
+def ultralytics_rows(epochs: int, last: int, *, best_at: int | None = None, first: int = 1,
+                     lrf: float = 0.01) -> list[list[str]]:
+    """Rows as BaseTrainer.save_metrics writes them: 3 warmup epochs, then lr0 x lf(epoch), linear lf."""
+    rows = []
+    for i, e in enumerate(range(first, last + 1)):
+        lf = (1 - i / epochs) * (1 - lrf) + lrf
+        lr = 0.001 * lf * (min(1.0, (i + 1) / 3))
+        peak = best_at if best_at is not None else i
+        quality = (min(i, peak) - 0.01 * max(0, i - peak)) / max(1, epochs)  # below the best after it
+        m50, m95 = 0.3 + 0.5 * quality, 0.1 + 0.4 * quality
+        loss = 1.5 * math.exp(-i / 30) + 0.3
+        rows.append([str(e), f"{10.0 * (i + 1):.1f}", f"{loss:.5f}", f"{loss * 2:.5f}", f"{loss * 1.1:.5f}",
+                     "0.6", "0.5", f"{m50:.5f}", f"{m95:.5f}", f"{loss:.5f}", f"{loss * 2:.5f}", f"{loss:.5f}",
+                     f"{lr:.6g}", f"{lr:.6g}", f"{lr:.6g}"])
+    return rows
+
+
+def write_results(folder: Path, rows: list[list[str]], header: list[str] = V8_HEADER, *, args: dict | None = None,
+                  newline: str = "\n", tail: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    text = newline.join([",".join(header)] + [",".join(r) for r in rows]) + newline + tail
+    (folder / "results.csv").write_bytes(text.encode())
+    if args is not None:
+        (folder / "args.yaml").write_text("".join(f"{k}: {v}\n" for k, v in args.items()))
+    return folder / "results.csv"
+
+
+def test_ultralytics_at_its_last_planned_epoch_is_completed(tmp_path: Path) -> None:
+    p = write_results(tmp_path / "train", ultralytics_rows(40, 40), args={"task": "detect", "epochs": 40, "patience": 100})
+    d = diagnose_path(p)
+    assert d.state == "completed" and d.format == "ultralytics results.csv" and severe(d) == []
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_ultralytics_killed_at_107_of_600_is_cut_off(tmp_path: Path, newline: str) -> None:
+    p = write_results(tmp_path / "train", ultralytics_rows(600, 107), args={"epochs": 600, "patience": 100},
+                      newline=newline)
+    d = diagnose_path(p)
+    f = tg531(d)
+    assert d.state == "unfinished" and f is not None and f.severity == "warning"
+    assert "107 of the 600 epochs args.yaml plans (18%)" in f.summary
+
+
+def test_ultralytics_early_stopping_by_patience_is_completed(tmp_path: Path) -> None:
+    # best fitness at epoch 21, stopped 30 epochs later with patience 30: EarlyStopping's own rule
+    p = write_results(tmp_path / "train", ultralytics_rows(300, 51, best_at=20), args={"epochs": 300, "patience": 30})
+    d = diagnose_path(p)
+    assert d.state == "completed" and severe(d) == []
+    short = write_results(tmp_path / "short", ultralytics_rows(300, 40, best_at=20), args={"epochs": 300, "patience": 30})
+    assert tg531(diagnose_path(short)) is not None  # 19 epochs since the best: patience 30 had not run out
+
+
+def test_ultralytics_without_args_yaml_reads_its_lr_schedule(tmp_path: Path) -> None:
+    early = write_results(tmp_path / "a", ultralytics_rows(100, 8))  # LR still ~95% of its peak, best = last
+    d = diagnose_path(early)
+    assert tg531(d) is not None and "LR still" in tg531(d).summary
+    done = write_results(tmp_path / "b", ultralytics_rows(100, 100))  # decayed to lrf: nothing to say
+    d = diagnose_path(done)
+    assert d.state == "unknown" and severe(d) == []
+    flat = write_results(tmp_path / "c", ultralytics_rows(100, 8, lrf=1.0))  # a constant LR never says
+    assert severe(diagnose_path(flat)) == []
+
+
+def test_ultralytics_variants_extra_columns_empty_cells_truncated_row(tmp_path: Path) -> None:
+    rows = ultralytics_rows(20, 20)
+    header = V8_HEADER + ["metrics/mAP50(M)"]
+    rows = [r + [""] for r in rows]  # an extra column whose cells are empty
+    rows[5][3] = ""  # an empty cell
+    p = write_results(tmp_path / "train", rows, header, args={"epochs": 20}, tail="21,210.0,0.3")
+    d = diagnose_path(p)
+    assert d.state == "completed" and d.skipped == 1 and d.steps == 20
+
+
+def test_ultralytics_nan_validation_loss_is_named(tmp_path: Path) -> None:
+    rows = ultralytics_rows(30, 30)
+    for r in rows[2:6]:
+        r[9:12] = ["nan", "inf", "nan"]
+    d = diagnose_path(write_results(tmp_path / "train", rows, args={"epochs": 30}))
+    f = next(f for f in d.findings if f.name == "nonfinite-loss")
+    assert f.severity == "warning" and f.step == 3 and "evaluation loss" in f.summary
+
+
+def test_yolov5_padded_zero_based_with_opt_yaml(tmp_path: Path) -> None:
+    header = ["epoch", "train/box_loss", "train/obj_loss", "train/cls_loss", "metrics/precision", "metrics/recall",
+              "metrics/mAP_0.5", "metrics/mAP_0.5:0.95", "val/box_loss", "val/obj_loss", "val/cls_loss",
+              "x/lr0", "x/lr1", "x/lr2"]
+    rows = [[f"{e:>20}", "0.05", "0.02", "0.01", "0.7", "0.6", f"{0.3 + e / 100:.4f}", f"{0.1 + e / 200:.4f}",
+             "0.04", "0.02", "0.01", f"{0.01 * (1 - e / 50):.6f}", f"{0.01 * (1 - e / 50):.6f}",
+             f"{0.01 * (1 - e / 50):.6f}"] for e in range(0, 50)]
+    folder = tmp_path / "exp"
+    write_results(folder, rows, [f"{h:>20}" for h in header])
+    (folder / "opt.yaml").write_text("epochs: 50\npatience: 100\nresume: false\n")
+    d = diagnose_path(folder / "results.csv")
+    assert d.format == "yolov5 results.csv" and d.state == "completed"
+    (folder / "opt.yaml").write_text("epochs: 300\npatience: 100\n")
+    assert tg531(diagnose_path(folder / "results.csv")) is not None
+
+
+# -- detectron2 metrics.json ---------------------------------------------------------------------------
+
+def detectron2_rows(max_iter: int, last: int, *, period: int = 20) -> list[str]:
+    """JSONWriter's rows: every part a median of its own window (they do not sum), eta from the printer."""
+    out = []
+    for it in range(period - 1, last + 1, period):
+        cls, box, rpn = 0.8 * math.exp(-it / 400) + 0.05, 0.4, 0.02 * math.exp(-it / 100) + 1e-4
+        out.append(json.dumps({"iteration": it, "total_loss": (cls + box + rpn) * 0.9, "loss_cls": cls,
+                               "loss_box_reg": box, "loss_rpn_cls": rpn, "lr": 0.001, "time": 0.5,
+                               "data_time": 0.01, "eta_seconds": 0.5 * (max_iter - it - 1)}))
+    return out
+
+
+def test_detectron2_finished_run_medians_are_not_judged_as_a_sum(tmp_path: Path) -> None:
+    rows = detectron2_rows(2000, 1999)
+    rows[-1] = json.dumps({**json.loads(rows[-1]), "bbox/AP": 31.5, "bbox/APl": float("nan")})
+    p = tmp_path / "metrics.json"
+    p.write_text("\n".join(rows) + "\n")
+    d = diagnose_path(p)
+    assert d.format == "detectron2 metrics.json" and d.state == "completed" and d.evals == 1
+    assert not {"loss-parts-dont-sum", "loss-parts-imbalanced"} & {f.name for f in d.findings}
+
+
+def test_detectron2_cut_off_by_its_eta(tmp_path: Path) -> None:
+    p = tmp_path / "metrics.json"
+    p.write_text("\n".join(detectron2_rows(3000, 400)) + '\n{"iteration": 41')  # and a truncated last line
+    d = diagnose_path(p)
+    f = tg531(d)
+    assert f is not None and f.severity == "warning" and "eta_seconds" in f.summary and d.skipped == 1
+
+
+# -- mmengine vis_data ----------------------------------------------------------------------------------
+
+def write_vis_data(folder: Path, *, max_epochs: int, last_epoch: int, iters_per_epoch: int = 5) -> Path:
+    vis = folder / "vis_data"
+    vis.mkdir(parents=True)
+    (vis / "config.py").write_text(f"max_epochs = {max_epochs}\nmodel = dict(type='X')\n"
+                                   "train_cfg = dict(by_epoch=True, max_epochs=max_epochs, val_interval=1)\n")
+    lines = []
+    for e in range(1, last_epoch + 1):
+        for i in range(1, iters_per_epoch + 1):
+            it = (e - 1) * iters_per_epoch + i
+            lines.append(json.dumps({"lr": 0.02, "data_time": 0.01, "loss": 1.5 / it + 0.1, "loss_cls": 1.5 / it + 0.1,
+                                     "time": 0.1, "epoch": e, "iter": it, "memory": 3000, "step": it}))
+        lines.append(json.dumps({"accuracy/top1": 40 + e, "data_time": 0.05, "time": 0.1, "step": e}))
+    (vis / "scalars.json").write_text("\n".join(lines) + "\n")
+    return vis
+
+
+def test_mmengine_vis_data_plan_and_its_two_step_axes(tmp_path: Path) -> None:
+    d = diagnose_path(write_vis_data(tmp_path / "a", max_epochs=10, last_epoch=4))
+    f = tg531(d)
+    assert d.format == "mmengine scalars.json" and f is not None and f.severity == "warning"
+    assert "epoch 4 (iteration 20) of the 10 epochs config.py plans" in f.summary and d.evals == 4
+    d = diagnose_path(write_vis_data(tmp_path / "b", max_epochs=3, last_epoch=3))
+    assert d.state == "completed" and severe(d) == []
+
+
+# -- W&B run folder -------------------------------------------------------------------------------------
+
+def write_wandb(run: Path, *, summary: dict, config: dict | None = None, output: str | None = None) -> Path:
+    files = run / "files"
+    files.mkdir(parents=True)
+    (files / "wandb-summary.json").write_text(json.dumps(summary))
+    (files / "config.yaml").write_text("_wandb:\n  desc: null\n  value: {}\n" + "".join(
+        f"{k}:\n  desc: null\n  value: {v}\n" for k, v in (config or {}).items()))
+    (files / "wandb-metadata.json").write_text(json.dumps({"program": "train.py"}))
+    if output is not None:
+        (files / "output.log").write_text(output)
+    return run
+
+
+def test_wandb_run_folder_console_crash_and_summary_plan(tmp_path: Path) -> None:
+    write_wandb(tmp_path / "wandb" / "run-20240101_000000-abc", summary={"_step": 3, "loss": 2.0},
+                          config={"epochs": 30}, output="epoch 1 loss=2.3\nTraceback (most recent call last):\n"
+                          '  File "train.py", line 9, in <module>\n    step()\nKeyboardInterrupt\n')
+    d = diagnose_path(tmp_path)  # the project folder: wandb/ then its newest run
+    assert d.format == "wandb run folder" and d.state == "crashed" and "run-crashed" in severe(d)
+    done = write_wandb(tmp_path / "done", summary={"_step": 99, "epoch": 10, "val_loss": 0.5, "lr": 1e-4},
+                       config={"epochs": 10})
+    d = diagnose_path(done)
+    assert d.state == "completed" and severe(d) == []
+    cut = write_wandb(tmp_path / "cut", summary={"_step": 9, "epoch": 2, "val_loss": 0.9, "lr": 1e-3},
+                      config={"num_epochs": 10})
+    assert tg531(diagnose_path(cut)) is not None
+    quiet = write_wandb(tmp_path / "quiet", summary={"_step": 9, "test_acc": 0.7}, output="hello\n 50%|#####\n")
+    assert severe(diagnose_path(quiet)) == []  # a console with no metrics and no plan: nothing to say
+    with pytest.raises(UserError, match="never logged"):
+        diagnose_path(write_wandb(tmp_path / "empty", summary={"_step": 0, "_runtime": 0.9, "parameter_count": 5}))
+
+
+# -- ms-swift / Keras / Hugging Face ---------------------------------------------------------------------
+
+def test_ms_swift_rounded_lr_at_the_planned_end_is_not_lr_zero(tmp_path: Path) -> None:
+    """ms-swift rounds every float to 8 decimals: a cosine's last 1% prints learning_rate 0.0."""
+    lines = []
+    for s in range(5, 2005, 5):
+        lr = round(1e-5 * 0.5 * (1 + math.cos(math.pi * s / 2000)), 8)
+        row = json.dumps({"loss": round(2 / s + 0.1, 8), "acc": 0.9, "grad_norm": 1.0, "learning_rate": lr,
+                          "train_speed(iter/s)": 0.5, "epoch": s / 1000, "global_step": s})
+        lines += [row, row]  # two writers
+    lines.append(json.dumps({"train_runtime": 1000.0, "train_loss": 0.2, "epoch": 2.0, "global_step": 2000}))
+    p = tmp_path / "logging.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    d = diagnose_path(p)
+    assert d.format == "ms-swift logging.jsonl" and d.state == "completed" and "lr-reaches-zero" not in severe(d)
+
+
+def test_keras_multi_output_heads_are_not_judged_as_a_sum(tmp_path: Path) -> None:
+    cols = ["epoch", "a_pred_loss", "b_pred_loss", "loss", "lr", "val_a_pred_loss", "val_b_pred_loss", "val_loss"]
+    rows = [[str(e), f"{0.5 / (e + 1):.4f}", f"{0.3 / (e + 1):.4f}", f"{2.0 / (e + 1):.4f}", "0.001",
+             f"{0.5 / (e + 1):.4f}", f"{0.3 / (e + 1):.4f}", f"{2.0 / (e + 1):.4f}"] for e in range(15)]
+    p = tmp_path / "training_log.csv"
+    p.write_text("\n".join(",".join(r) for r in [cols, *rows]) + "\n")
+    d = diagnose_path(p)
+    assert d.format == "keras csvlogger" and "loss-parts-dont-sum" not in [f.name for f in d.findings]
+
+
+def test_weights_read_where_they_are_written(tmp_path: Path) -> None:
+    from trainguard.ingest.events import Facts, metrics_to_events
+
+    rows = metrics_to_events(3, {"loss": 1.0, "loss_kd": 2.0, "w_kd": 0.5}, Facts(), parts_from=("loss_kd",))
+    assert rows[0]["parts"] == {"loss_kd": 2.0} and rows[0]["weights"] == {"loss_kd": 0.5}
+
+
+def trainer_state(max_steps: int, last: int, *, summary: bool, indent: int | None = 2) -> str:
+    history = [{"epoch": s / 100, "grad_norm": 1.0, "learning_rate": 5e-5 * (1 - s / max_steps), "loss": 2 / s + 0.5,
+                "step": s} for s in range(10, last + 1, 10)]
+    history += [{"epoch": last / 100, "eval_loss": 0.9, "step": last}]
+    if summary:
+        history.append({"epoch": last / 100, "step": last, "total_flos": 1e15, "train_loss": 0.8,
+                        "train_runtime": 100.0})
+    state = {"best_metric": None, "epoch": last / 100, "global_step": last, "log_history": history,
+             "logging_steps": 10, "max_steps": max_steps, "num_train_epochs": 3, "save_steps": 500}
+    return json.dumps(state, indent=indent, sort_keys=True)
+
+
+@pytest.mark.parametrize("indent", [2, None])
+def test_trainer_state_streamed_plan_after_history(tmp_path: Path, indent: int | None) -> None:
+    p = tmp_path / "trainer_state.json"
+    p.write_bytes(trainer_state(1000, 1000, summary=True, indent=indent).replace("\n", "\r\n").encode())
+    d = diagnose_path(p)
+    assert d.state == "completed" and d.steps == 100 and d.evals == 1
+    snap = tmp_path / "out" / "checkpoint-400"
+    snap.mkdir(parents=True)
+    (snap / "trainer_state.json").write_text(trainer_state(1000, 400, summary=False))
+    d = diagnose_path(tmp_path / "out")
+    f = tg531(d)
+    assert f is not None and f.severity == "info" and "40%" in f.summary
+
+
+def test_trainer_state_truncated_is_one_line(tmp_path: Path) -> None:
+    p = tmp_path / "trainer_state.json"
+    p.write_text(trainer_state(1000, 500, summary=False)[:-300])
+    with pytest.raises(UserError, match="not valid JSON"):
+        diagnose_path(p)
