@@ -47,6 +47,8 @@ class Facts:
     # what the last metric line was: "step", "eval" or "summary" (an epoch's end); "unknown": the format
     # cannot show how the run ended (a Lightning CSV with no epoch-end rows and no planned epochs)
     ends_with: str | None = None
+    # where the run stood against the plan its log states, when it ended short of it ("epoch 17 of 200 (8%)")
+    cut_off: str | None = None
 
 
 @dataclass
