@@ -56,7 +56,7 @@ _QUALIFIER = r"(?:(?:train|training|val|valid|validation|eval|evaluation|test|de
 # tried from each of its positions, quadratic in the line (minutes for one line)
 _PAIR = re.compile(r"(?<![\w/.\-])(" + _QUALIFIER + r"[A-Za-z][\w/.\-]*)\s*[=:]\s*(" + _NUM + r")(?![\w.])",
                    re.IGNORECASE)
-_SPACED = re.compile(r"\b(" + _QUALIFIER + r"(?:loss|lr|learning_rate|grad_norm))\s+(" + _NUM + r")(?![\w.])",
+_SPACED = re.compile(r"\b(" + _QUALIFIER + r"(?:loss|lr|learning_rate|grad_norm|norm))\s+(" + _NUM + r")(?![\w.])",
                      re.IGNORECASE)
 # one cell of a `| lr 20.0000 | loss   nan |` table (pytorch/examples, fairseq): a name, then its number
 _CELL = re.compile(r"((?:[A-Za-z][\w/.\-]*\s+){0,3}?[A-Za-z][\w/.\-]*)\s*[:=]?\s*(" + _NUM + r")", re.IGNORECASE)
@@ -98,14 +98,17 @@ _CHECKPOINT = re.compile(r"(?:saving|saved) (?:model )?checkpoint (?:to |at |in 
 # `[19,  2125/ 2562]` (I-JEPA under logging): [epoch, iteration within it (/ per epoch)], at a line's start
 _EPOCH_ITER = re.compile(r"(?:^|:)\s*\[\s*(\d{1,9}),\s*(\d{1,12})(?:\s*/\s*(\d{1,12}))?\s*\]")
 # one row of OpenAI's logger table (`| loss      | 0.533    |`), and the dashed line that closes the table
-_KV_ROW = re.compile(r"^\|\s*([A-Za-z][\w/.\-]*)\s*\|\s*(" + _NUM + r")\s*\|$", re.IGNORECASE)
-_KV_RULE = re.compile(r"^-{8,}$")
+_KV_ROW = re.compile(r"(?:^|\s)\|\s*([A-Za-z][\w/.\-]*)\s*\|\s*(" + _NUM + r")\s*\|$", re.IGNORECASE)
+_KV_RULE = re.compile(r"(?:^|\s)-{8,}$")
 # `250 val 5.2649` (build-nanogpt's log.txt): a record of one value
-_RECORD = re.compile(r"^(\d{1,12})\s+([A-Za-z][\w\-]*)\s+(" + _NUM + r")$", re.IGNORECASE)
+_RECORD = re.compile(r"(?:^|\s)(\d{1,12})\s+([A-Za-z][\w\-]*)\s+(" + _NUM + r")$", re.IGNORECASE)
 # Lightning's EarlyStopping: an improvement of the monitored metric, printed with its new best value
 _IMPROVED = re.compile(r"\bMetric (\S+) improved(?: by [^.]*\.\d+ >= min_delta = [^.]*(?:\.\d+)?)?\. New best score: "
                        r"(" + _NUM + r")")
 _NOT_FINITE = re.compile(r"\bMonitored metric (\S+) = (nan|inf|-inf) is not finite")
+_FRACTION = re.compile(r"\s*/\s*(\d{1,15})(?![\d.])")
+# `Accuracy on validation set: 10.3`: the metric's own name, before the split it was measured on
+_ON_SET = re.compile(r"([A-Za-z][\w\-]*)\s+(?:on|of|for)\s+(?:the\s+)?\w+\s+(?:set|split)\s*[:=]", re.IGNORECASE)
 # a line of many words that merely holds numbers (`[eval] A car travels at 62 km/h for 2 hours`): not metrics
 _WORD = re.compile(r"[A-Za-z]{2,}")
 
@@ -120,6 +123,7 @@ class _Contracts:
         self.completion = _union(p for r in rules for p in r.completion)
         self.not_eval = _union(p for r in rules for p in r.not_evaluation)
         self.samples = [re.compile(r.sample_counter, re.IGNORECASE) for r in rules if r.sample_counter]
+        self.weighted = _union(r.weighted_parts for r in rules if r.weighted_parts)
         self.records: dict[str, str] = {}
         for r in rules:
             self.records.update(r.record_lines)
@@ -132,7 +136,7 @@ class _Contracts:
         # `Total optimization steps = 14,007`: a setting's name (a whole word), then its value
         names = "|".join(re.escape(k).replace(r"\ ", r"[ _]") for k in keys)
         self.plan = re.compile(r"(?<![\w.\-])(?:--)?(" + names + r")['\"]?\s*(?:[:=]\s*|\s+)(\d{1,3}(?:,\d{3})+|\d{1,12})"
-                               r"(?:\.0+)?(?![\w.,/])", re.IGNORECASE)
+                               r"(?:\.0+)?(?![\w./]|,\d)", re.IGNORECASE)
 
 
 def _norm(name: str) -> str:
@@ -281,13 +285,12 @@ class _LineParser:
             self._epoch_seen(*ep)
         if c.plan.search(line) is not None:
             self._plan_line(line)
-        if line[0] == "|" or self.kv:
-            if (kv := _KV_ROW.match(stripped)) is not None:
-                self.kv[kv.group(1).lower()] = float(kv.group(2))
-                return []
-            if self.kv and _KV_RULE.match(stripped):
-                return self._kv_record()
-        if c.records and stripped[0].isdigit() and (rec := _RECORD.match(stripped)) is not None:
+        if stripped[-1] == "|" and (kv := _KV_ROW.search(stripped)) is not None:
+            self.kv[kv.group(1).lower()] = float(kv.group(2))
+            return []
+        if self.kv and stripped[-1] == "-" and _KV_RULE.search(stripped):
+            return self._kv_record()
+        if c.records and stripped[-1].isdigit() and (rec := _RECORD.search(stripped)) is not None:
             return self._record(rec)
         if "improved" in line or "not finite" in line:
             return self._early_stopping(line)
@@ -477,6 +480,10 @@ class _LineParser:
         counting = epoch is not None or any(k.startswith("batch") for k in train)
         if train and (step is not None or counting):
             out = self._emit(step if step is not None else self.step + 1, train, parts=True)
+            if out and self.c.weighted is not None and self.c.weighted.search(line):
+                for row in out:
+                    if row.get("kind") == "step" and row.get("parts"):
+                        row["extra"]["parts_weighted"] = True
         at = step if step is not None else self.step
         if evals and self.last_eval[0] == at and evals.items() <= self.last_eval[1].items():
             evals = {}  # the same numbers again (`saving best model (val_loss=1.36)` after the epoch's line)
@@ -612,20 +619,32 @@ def _epoch_of(line: str) -> tuple[int, int | None] | None:
 
 def _pairs(line: str) -> dict[str, float]:
     """A line's named numbers, names lower-cased with their qualifying words joined (`train_loss`)."""
-    out = {_key(k): float(v) for k, v in _PAIR.findall(line)}  # _NUM only matches what float() reads
+    out: dict[str, float] = {}
+    for m in _PAIR.finditer(line):  # _NUM only matches what float() reads
+        key, value = _key(m.group(1)), float(m.group(2))
+        if "/" in line and (frac := _FRACTION.match(line, m.end())) is not None and key not in _NOT_METRICS:
+            # `Accuracy: 9897/10000 (99%)` (pytorch/examples' test line): a fraction, not a count
+            value = value / int(frac.group(1)) if int(frac.group(1)) else value
+        out[key] = value
     if line.count("|") >= 2:  # `| lr 20.0000 | loss   nan |`: each cell a name and its number
         table, rest = {}, []
         for cell in line.split("|"):
-            if (m := _CELL.fullmatch(cell.strip())) is not None:
-                table[_key(m.group(1))] = float(m.group(2))
+            if (c := _CELL.fullmatch(cell.strip())) is not None:
+                table[_key(c.group(1))] = float(c.group(2))
             else:
                 rest.append(cell)
         if table:
             # a cell's whole name (`Task Loss: 3.29 || KD Loss: 1.61`), not its last word read as `loss`
             out = {_key(k): float(v) for k, v in _PAIR.findall("|".join(rest))}
             out.update(table)
-    if not out:
-        out = {_key(k): float(v) for k, v in _SPACED.findall(line)}
+    for k in [k for k in out if k.endswith(("_set", "_split"))]:
+        # `Accuracy on validation set: 10.3 %`: the metric is the word before, not `set`
+        on = _ON_SET.search(line)
+        out[f"{k.split('_', 1)[0]}_{on.group(1).lower() if on else 'score'}"] = out.pop(k)
+    # `loss 4.70 (-2.05z)| norm 1.2 | lr 6e-4` (llm.c), `Loss 3.91 (3.95)\tLr: 0.59` (SwAV): a spaced loss, LR or
+    # norm beside other pairs is read too
+    for k, v in _SPACED.findall(line):
+        out.setdefault(_key(k), float(v))
     if not out and _eval_line(line):
         loose = _LOOSE.findall(line)
         # `Validation BLEU-1 73.98, BLEU-2 68.28`, not a sentence that holds numbers (`[eval] A car travels at
@@ -658,6 +677,8 @@ def _eval_line(line: str) -> bool:
 @functools.lru_cache(maxsize=1024)
 def _key(name: str) -> str:
     key = "_".join(name.lower().split())
+    if key == "norm":
+        return "grad_norm"  # llm.c's and build-nanogpt's `norm`: the gradient norm
     return "loss" if key in ("batch_loss", "step_loss", "iter_loss", "train_batch_loss") else key
 
 

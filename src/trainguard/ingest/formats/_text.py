@@ -39,6 +39,9 @@ class TextRules:
     not_evaluation: tuple[str, ...] = ()
     """Regexes of lines that look like an evaluation's result and are not (a config dump's `EVAL_PERIOD: 200`,
     an evaluation's per-sample progress)."""
+    weighted_parts: str | None = None
+    """A regex of the writer's metric line whose loss parts are printed already multiplied by their weights
+    (weights not printed): the rules then cannot tell a part small by design from one out of scale."""
     record_lines: dict[str, str] = field(default_factory=dict)
     """For `STEP NAME VALUE` record logs (build-nanogpt's log.txt): NAME -> what the value is ("loss" for the
     step's training loss; "eval:<metric>" for an evaluation's metric)."""

@@ -29,6 +29,7 @@ declare_text(
         completion=(r"overall training speed: \d+ iterations", r"\btotal training time:"),
         plan_steps=("max_iter",),
         not_evaluation=(r"^\s*[A-Z_]+_PERIOD\s*:",),
+        weighted_parts=r"\biter: \d+\s+total_loss: ",
         sample=("[08/30 23:14:25] d2.utils.events INFO:  eta: 0:00:34  iter: {step}  total_loss: {loss}  "
                 "loss_cls: 0.5  loss_box_reg: 0.25  lr: 0.0025  max_mem: 5000M",),
     ),
