@@ -99,7 +99,8 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
         if not (facts.steps or facts.evals or facts.lines):
             raise UserError(f"{source.path}: nothing trainguard can read in it (no metrics, progress or traceback)")
         found.append(signs.log_ends_unfinished(name, facts.last_line, facts.lines, last_step, ends_with=facts.ends_with,
-                                               snapshot=facts.snapshot, mtime=facts.mtime, now=now, alive=alive))
+                                               snapshot=facts.snapshot, mtime=facts.mtime, now=now, alive=alive,
+                                               cut_off=facts.cut_off))
     if not (facts.steps or facts.evals or crashed or facts.warnings or facts.completed):
         raise UserError(f"{source.path}: read {facts.lines} lines as {source.format} but found no training "
                         "metrics, progress or traceback in them")

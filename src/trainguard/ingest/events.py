@@ -50,6 +50,8 @@ class Facts:
     ends_with: str | None = None
     # the failures the output printed without a traceback (a CUDA error, the OOM killer, a scheduler's cut)
     signs: Scanner = field(default_factory=Scanner)
+    # where the run stood against the plan its log states, when it ended short of it ("epoch 17 of 200 (8%)")
+    cut_off: str | None = None
 
 
 @dataclass

@@ -16,7 +16,8 @@ STILL_WRITING = 120.0  # seconds: a log written this recently may belong to a ru
 
 def log_ends_unfinished(path: str, last_line: str | None, lines: int, last_step: int | None, *,
                         ends_with: str | None = None, snapshot: str | None = None,
-                        mtime: float | None = None, now: float | None = None, alive: bool = False) -> Finding:
+                        mtime: float | None = None, now: float | None = None, alive: bool = False,
+                        cut_off: str | None = None) -> Finding:
     """TG531 log-ends-unfinished: a log that ends without any sign that the run completed.
 
     ## What it detects
@@ -25,7 +26,9 @@ def log_ends_unfinished(path: str, last_line: str | None, lines: int, last_step:
     `done: 1024 steps`), whose steps never reach the planned total (`max_steps`, the last of N epochs)
     and that has no traceback. The finding gives the last line and the last step seen. Its severity
     comes from the data alone, never from the file's age:
-    - a warning when the log stops among its steps (after a step line, mid-epoch);
+    - a warning when the log stops among its steps (after a step line, mid-epoch), or anywhere short of the
+      plan the log itself states (`Epoch 17/200`, `step 320` of `--learning_steps 50000`): "cut off at
+      epoch 17 of 200 (8%)" is never the verdict of a run that finished;
     - info when it stops right after an evaluation or an epoch's summary (a natural end whose plan
       the log does not state), or when the file is a checkpoint's snapshot (a Hugging Face
       `checkpoint-N/trainer_state.json` never holds the closing summary).
@@ -60,6 +63,11 @@ def log_ends_unfinished(path: str, last_line: str | None, lines: int, last_step:
         summary = (f"{path} is {snapshot}: a snapshot taken while the run went on has no completion entry, so "
                    "it cannot tell how the run ended")
         evidence["snapshot"] = snapshot
+    elif cut_off:
+        cause = "short-of-plan"
+        last = f' (its last line: "{last_line[:120]}")' if last_line else ""
+        summary = f"{path} is cut off at {cut_off}, without a completion line{last}"
+        evidence["cut_off"] = cut_off
     elif ends_with in ("eval", "summary"):
         severity, cause = "info", "boundary"
         what = "an evaluation" if ends_with == "eval" else "an epoch's summary"

@@ -7,7 +7,15 @@ What it understands, each line on its own:
   eval dicts (`eval_loss`) and the closing `{'train_runtime': ...}`; JSON objects alike;
 - `step 120 loss=2.31 lr=1e-4` / `Step 1000: loss=101.40, kd=21.14` lines (other `*loss` keys are
   loss parts) and `[Eval] loss: 22.3` lines;
-- tracebacks, "Training complete" style lines, and PyTorch's own printed warnings.
+- tracebacks, "Training complete" style lines, and PyTorch's own printed warnings;
+- what each printed format's contract declares (`trainguard.ingest.formats`, one module per family): its
+  completion lines, the settings that hold its plan (a config dump's `epochs: 400`, `--learning_steps 50000`),
+  its sample counters (turned into steps), its lines that are not evaluations, its record lines
+  (`250 val 5.26`), and the key/value tables of OpenAI's logger.
+
+One step axis: a sample counter (`[640/60000 (1%)]`) becomes batches; a counter that restarts each epoch
+becomes absolute. At the end the log is held against its plan: a run that reached its last planned epoch
+or step finished; one that stopped short is "cut off at epoch 17 of 200 (8%)".
 
 Lines are split on both `\\n` and `\\r` (tqdm redraws with `\\r`), decoded as UTF-8 or, failing that,
 Latin-1 (a log whose encoding changed half way still reads), and cut at MAX_LINE bytes.
@@ -16,12 +24,14 @@ Latin-1 (a log whose encoding changed half way still reads), and cut at MAX_LINE
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trainguard.ingest.events import (
+    LOSS_NAMES,
     Facts,
     Source,
     event,
@@ -46,7 +56,7 @@ _QUALIFIER = r"(?:(?:train|training|val|valid|validation|eval|evaluation|test|de
 # tried from each of its positions, quadratic in the line (minutes for one line)
 _PAIR = re.compile(r"(?<![\w/.\-])(" + _QUALIFIER + r"[A-Za-z][\w/.\-]*)\s*[=:]\s*(" + _NUM + r")(?![\w.])",
                    re.IGNORECASE)
-_SPACED = re.compile(r"\b(" + _QUALIFIER + r"(?:loss|lr|learning_rate|grad_norm))\s+(" + _NUM + r")(?![\w.])",
+_SPACED = re.compile(r"\b(" + _QUALIFIER + r"(?:loss|lr|learning_rate|grad_norm|norm))\s+(" + _NUM + r")(?![\w.])",
                      re.IGNORECASE)
 # one cell of a `| lr 20.0000 | loss   nan |` table (pytorch/examples, fairseq): a name, then its number
 _CELL = re.compile(r"((?:[A-Za-z][\w/.\-]*\s+){0,3}?[A-Za-z][\w/.\-]*)\s*[:=]?\s*(" + _NUM + r")", re.IGNORECASE)
@@ -59,7 +69,7 @@ _LOOSE = re.compile(r"(?<![\w/.\-])([A-Za-z][\w\-]*)\s+(" + _NUM + r")(?![\w.])"
 # Hugging Face 5 prints its values quoted ('loss': '1.181'), older versions bare ('loss': 1.181)
 _QUOTED = re.compile(r"""['"]([\w/.\-]+)['"]\s*:\s*['"]?(""" + _NUM + r""")['"]?(?![\w.])""", re.IGNORECASE)
 # `step 120`, `Step 5/100`, `global_step: 10` (PaddleOCR), `num_updates=100` (fairseq), `Iter(train) [100/40000]`
-_STEP = re.compile(r"\b(?:global[_ ]step|num_updates|step|iter(?:ation)?)\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(\d{1,15})"
+_STEP = re.compile(r"\b(?:global[_ ]step|num_updates|step|iter(?:ation)?s?)\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(\d{1,15})"
                    r"(?:\s*/\s*(\d{1,15}))?", re.IGNORECASE)
 # `Epoch 3/100`, `epoch 001`, `Epoch: [0]` (torchvision), `Epoch(train) [1]` (mmengine), `epoch: [1/500]`
 # (PaddleOCR), `Train: 0 [` (timm)
@@ -70,7 +80,9 @@ _BRACKET = re.compile(r"\[\s*(\d{1,15})\s*/\s*(\d{1,15})\s*(?:\(\s*\d+%\s*\))?\s
 _OF_MAX = re.compile(r"""global_step/max_steps['"]?\s*:\s*['"]?(\d{1,15})/(\d{1,15})""")
 # `200/ 2983 batches`: where in the epoch a pytorch/examples-style line is
 _PROGRESS = re.compile(r"(?<!\d)(\d{1,15})\s*/\s*(\d{1,15})\s*(?:batches|batch|steps|iters|iterations)\b", re.IGNORECASE)
-_NOT_METRICS = {"step", "global_step", "iter", "iteration", "it", "epoch", "time", "eta", "num_updates"}
+_NOT_METRICS = {"step", "global_step", "iter", "iters", "iteration", "iterations", "it", "epoch", "time", "eta",
+                "num_updates", "sample", "samples", "batch", "consumed_samples"}
+_COUNTS = {"sample", "samples", "images", "examples", "batches", "size", "tokens"}
 _SUMMARY = ("average_", "avg_", "mean_", "epoch_", "best_")  # an epoch's summary, not a step's value
 _TQDM = re.compile(r"(\d+)/(\d+) \[[^\]]{0,1000}?\]")
 # a bar with its bracket; the postfix (`loss=2.1, lr=1e-4`) is cut out of the bracket in Python: as one
@@ -83,13 +95,63 @@ _EPOCH_BAR = re.compile(r"^\s*(?:epoch|validation|sanity)", re.IGNORECASE)
 # the last line of a traceback, as `trainguard.rules.crash` reads it
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Fault|[A-Z]\w*)(?::|$)")
 _CHECKPOINT = re.compile(r"(?:saving|saved) (?:model )?checkpoint (?:to |at |in )?(\S+)", re.IGNORECASE)
-COMPLETION = re.compile(
-    r"training (?:is )?(?:complete|completed|finished|done)|finished training|done training|"
-    r"train(?:ing)? complete|['\"]train_runtime['\"]|`Trainer\.fit` stopped|all done\b|\brun (?:complete|finished)\b|"
-    r"end of training|\bdone\b[:,]?\s+\d+\s+(?:steps|iterations|iters|epochs)\b|\*+ train metrics \*+|"
-    r"\d+ epochs completed in|done training in",
-    re.IGNORECASE,
-)
+# `[19,  2125/ 2562]` (I-JEPA under logging): [epoch, iteration within it (/ per epoch)], at a line's start
+_EPOCH_ITER = re.compile(r"(?:^|:)\s*\[\s*(\d{1,9}),\s*(\d{1,12})(?:\s*/\s*(\d{1,12}))?\s*\]")
+# one row of OpenAI's logger table (`| loss      | 0.533    |`), and the dashed line that closes the table
+_KV_ROW = re.compile(r"(?:^|\s)\|\s*([A-Za-z][\w/.\-]*)\s*\|\s*(" + _NUM + r")\s*\|$", re.IGNORECASE)
+_KV_RULE = re.compile(r"(?:^|\s)-{8,}$")
+# `250 val 5.2649` (build-nanogpt's log.txt): a record of one value
+_RECORD = re.compile(r"(?:^|\s)(\d{1,12})\s+([A-Za-z][\w\-]*)\s+(" + _NUM + r")$", re.IGNORECASE)
+# Lightning's EarlyStopping: an improvement of the monitored metric, printed with its new best value
+_IMPROVED = re.compile(r"\bMetric (\S+) improved(?: by [^.]*\.\d+ >= min_delta = [^.]*(?:\.\d+)?)?\. New best score: "
+                       r"(" + _NUM + r")")
+_NOT_FINITE = re.compile(r"\bMonitored metric (\S+) = (nan|inf|-inf) is not finite")
+_FRACTION = re.compile(r"\s*/\s*(\d{1,15})(?![\d.])")
+# `Accuracy on validation set: 10.3`: the metric's own name, before the split it was measured on
+_ON_SET = re.compile(r"([A-Za-z][\w\-]*)\s+(?:on|of|for)\s+(?:the\s+)?\w+\s+(?:set|split)\s*[:=]", re.IGNORECASE)
+# a line of many words that merely holds numbers (`[eval] A car travels at 62 km/h for 2 hours`): not metrics
+_WORD = re.compile(r"[A-Za-z]{2,}")
+
+
+class _Contracts:
+    """The union of every printed format's declared rules, compiled once (see `ingest.formats._text`)."""
+
+    def __init__(self) -> None:
+        from trainguard.ingest.formats._text import text_rules
+
+        rules = text_rules()
+        self.completion = _union(p for r in rules for p in r.completion)
+        self.not_eval = _union(p for r in rules for p in r.not_evaluation)
+        self.samples = [re.compile(r.sample_counter, re.IGNORECASE) for r in rules if r.sample_counter]
+        self.weighted = _union(r.weighted_parts for r in rules if r.weighted_parts)
+        self.records: dict[str, str] = {}
+        for r in rules:
+            self.records.update(r.record_lines)
+        kinds = {"steps": {k.lower() for r in rules for k in r.plan_steps},
+                 "epochs": {k.lower() for r in rules for k in r.plan_epochs},
+                 "batch": {k.lower() for r in rules for k in r.batch_size}}
+        self.plan_kind = {_norm(k): kind for kind, ks in kinds.items() for k in ks}
+        keys = sorted(set().union(*kinds.values()), key=len, reverse=True)
+        # `epochs: 400`, `max_epochs=100`, `--learning_steps 50000`, `'num_train_epochs': 3.0`, `Num Epochs = 3`,
+        # `Total optimization steps = 14,007`: a setting's name (a whole word), then its value
+        names = "|".join(re.escape(k).replace(r"\ ", r"[ _]") for k in keys)
+        self.plan = re.compile(r"(?<![\w.\-])(?:--)?(" + names + r")['\"]?\s*(?:[:=]\s*|\s+)(\d{1,3}(?:,\d{3})+|\d{1,12})"
+                               r"(?:\.0+)?(?![\w./]|,\d)", re.IGNORECASE)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[\s\-]+", "_", name.lower())
+
+
+def _union(patterns: Any) -> re.Pattern[str] | None:
+    parts = [f"(?:{p})" for p in patterns]
+    return re.compile("|".join(parts), re.IGNORECASE | re.MULTILINE) if parts else None
+
+
+@functools.lru_cache(maxsize=1)
+def contracts() -> _Contracts:
+    return _Contracts()
+
 
 # PyTorch's own warnings that name a training bug: (name, pattern). `diagnose` makes findings of them.
 TORCH_WARNINGS: list[tuple[str, re.Pattern[str]]] = [
@@ -182,6 +244,22 @@ class _LineParser:
         self.first_epoch: int | None = None  # the first epoch number seen: a per-epoch counter counts from it
         self.usage = False  # inside argparse's `usage:` block
         self.last_eval: tuple[int | None, dict[str, float]] = (None, {})
+        self.c = contracts()
+        # the plan the log states, and where the run got: epochs as printed (`Epoch 17/200`, a config's
+        # `epochs: 400`), the highest epoch seen and whether epochs count from 0
+        self.plan_steps: int | None = None  # from a printed setting (`max_iters = 3000`)
+        self.plan_epochs: int | None = None  # from a printed setting (`epochs: 400`)
+        self.epochs_of: int | None = None  # from `Epoch E/N` itself (it wins over a setting)
+        self.epoch_max: int | None = None
+        self.epoch_zero = False  # an epoch 0 was seen: the last planned epoch is N - 1
+        self.kv: dict[str, float] = {}  # the rows of an OpenAI logger table being read
+        self.best: dict[str, float] = {}  # EarlyStopping's last printed best per monitored metric
+        self.eval_steps: list[int] = []  # the steps of the evaluations (first few and the last ones)
+        self.per_epoch: dict[int, int] = {}  # I-JEPA: the largest iteration seen in each epoch
+        self.sample_unit: int | None = None  # a sample counter's smallest increment (one printed interval)
+        self.batch_size: int | None = None  # a printed `batch_size` setting: a sample counter's unit
+        self.iter_max = 0  # the largest iteration within an epoch seen (`[E, I]` lines without `/n`)
+        self.epoch_axis = False  # the log's only loss is its epoch summaries: steps are epochs
 
     def feed(self, lineno: int, line: str) -> list[dict[str, Any]]:
         facts = self.facts
@@ -201,11 +279,22 @@ class _LineParser:
             # argparse refused the command line and exited 2: a run that failed at launch
             facts.launch_error = stripped[:300]
             self.usage = False
-        # cheap substring tests first: most lines are metrics, and a regex per line costs on a 1 GB log
-        if ("omplete" in line or "inish" in line or "one" in line or "runtime" in line or "stopped" in line
-                or "nd of t" in line or " metrics " in line) \
-                and COMPLETION.search(line):
+        c = self.c
+        if c.completion is not None and c.completion.search(stripped):
             facts.completed = stripped[:200]
+        if ("poch" in line or "POCH" in line) and (ep := _epoch_of(line)) is not None:
+            self._epoch_seen(*ep)
+        if c.plan.search(line) is not None:
+            self._plan_line(line)
+        if stripped[-1] == "|" and (kv := _KV_ROW.search(stripped)) is not None:
+            self.kv[kv.group(1).lower()] = float(kv.group(2))
+            return []
+        if self.kv and stripped[-1] == "-" and _KV_RULE.search(stripped):
+            return self._kv_record()
+        if c.records and stripped[-1].isdigit() and (rec := _RECORD.search(stripped)) is not None:
+            return self._record(rec)
+        if "improved" in line or "not finite" in line:
+            return self._early_stopping(line)
         if "heckpoint" in line and (m := _CHECKPOINT.search(line)):
             return [event("checkpoint", self.step, {"path": m.group(1).strip("'\"")}, name=m.group(1))]
         if "`" in line:
@@ -216,6 +305,123 @@ class _LineParser:
                 and not (line.count("|") >= 2 and _CELL_METRIC.search(line)):
             return []  # (cells of a metrics table, `eval step 500 | val_loss 0.05 |`, are read by `_pairs`)
         return self._metrics(stripped)
+
+    # -- what a format's contract adds ------------------------------------------------------------
+
+    def _epoch_seen(self, epoch: int, of: int | None) -> None:
+        """Any line naming its epoch (`Epoch 3/500`, `End of epoch 16 / 200`): how far the run got."""
+        if of is not None and 0 < of and epoch <= of:
+            self.epochs_of = of
+        if epoch == 0:
+            self.epoch_zero = True
+        if of is not None and epoch > of:
+            return  # not an epoch position (`epoch 5/3` is no position)
+        self.epoch_max = epoch if self.epoch_max is None else max(self.epoch_max, epoch)
+
+    def _plan_line(self, line: str) -> None:
+        """A printed setting that states the plan; the last printed wins (a relaunch may change it)."""
+        for m in self.c.plan.finditer(line):
+            kind = self.c.plan_kind.get(_norm(m.group(1)))
+            value = int(m.group(2).replace(",", ""))
+            if value <= 0:
+                continue
+            if kind == "steps":
+                self.plan_steps = value
+            elif kind == "epochs":
+                self.plan_epochs = value
+            elif kind == "batch":
+                self.batch_size = value
+
+    def _kv_record(self) -> list[dict[str, Any]]:
+        """A closed OpenAI-logger table: one record, at its `step` row (its `samples` row is a sample count)."""
+        kv, self.kv = self.kv, {}
+        step = kv.pop("step", None)
+        kv.pop("samples", None)
+        if step is None or not kv:
+            return []
+        # `loss_q0..3` are the same loss per quartile of timesteps, not parts: no parts for a table
+        return self._emit(int(step), kv, parts=False)
+
+    def _record(self, rec: re.Match[str]) -> list[dict[str, Any]]:
+        """`250 val 5.2649`: what the value is comes from the format's declared record names."""
+        step, name, value = int(rec.group(1)), rec.group(2).lower(), float(rec.group(3))
+        meaning = self.c.records.get(name)
+        if meaning is None:
+            return []
+        if meaning.startswith("eval:"):
+            return self._eval(step, {meaning[5:]: value})
+        if self.facts.steps and step <= self.step:
+            return []
+        out = metrics_to_events(step, {meaning: value}, self.facts)
+        if out:
+            self.step = step
+            self.facts.ends_with = "step"
+        return out
+
+    def _early_stopping(self, line: str) -> list[dict[str, Any]]:
+        """Lightning's EarlyStopping prints only improvements, rounded to 3 decimals: each new best value of the
+        monitored metric is an evaluation; the same printed value again is no new evaluation (not a frozen one)."""
+        if (m := _IMPROVED.search(line)) is not None:
+            name, value = m.group(1), float(m.group(2))
+        elif (m := _NOT_FINITE.search(line)) is not None:
+            name, value = m.group(1), float(m.group(2))
+        else:
+            return self._metrics(line.strip())
+        if self.best.get(name) == value:
+            return []
+        self.best[name] = value
+        return self._eval(self.step, {_eval_key(name) if is_eval_name(name) else name: value})
+
+    def _eval(self, at: int, evals: dict[str, float]) -> list[dict[str, Any]]:
+        self.last_eval = (at, evals)
+        self.facts.evals += 1
+        self.facts.fields.add("eval")
+        self.facts.ends_with = "eval"
+        if not self.eval_steps or self.eval_steps[-1] != at:
+            self.eval_steps.append(at)
+            if len(self.eval_steps) > 64:
+                del self.eval_steps[8:-32]  # the cadence is read from the first and the last ones
+        return [event("eval", at, evals)]
+
+    def finish(self) -> None:
+        """At the end of the log: the run held against the plan it states (see the module docstring)."""
+        facts = self.facts
+        if facts.completed is not None:
+            return
+        reached: list[str] = []
+        short: list[str] = []
+        epochs = self.epochs_of or self.plan_epochs
+        if epochs and self.epoch_max is not None:
+            # epochs counted from 0 end at N - 1 (SwAV, DETR, `for epoch in range(N)`)
+            done = self.epoch_max + (1 if self.epoch_zero else 0)
+            if done >= epochs:
+                reached.append(f"its last planned epoch ({done} of {epochs})")
+            else:
+                short.append(f"epoch {done} of {epochs} ({100 * done / epochs:.0f}%)")
+        total = self.plan_total or self.plan_steps
+        if total and self.step > 0:
+            if self.step >= total - 1:  # steps counted from 0 end at N - 1 (detectron2, build-nanogpt)
+                reached.append(f"its last planned step ({self.step:,} of {total:,})")
+            else:
+                short.append(f"step {self.step:,} of {total:,} ({100 * self.step / total:.1f}%)")
+        final = self._final_evaluation()
+        if reached or final:
+            facts.completed = f"reached {reached[0]}" if reached else final
+        elif short:
+            facts.cut_off = short[0]
+
+    def _final_evaluation(self) -> str | None:
+        """A last evaluation off the run's own evaluation cadence, at its last step: the evaluation a script
+        runs once when it reaches its end (build-nanogpt's `last_step`, `trainer.evaluate()` after `train()`)."""
+        ev = self.eval_steps[-32:]  # (the first evaluation may sit off the cadence: before step 0's line)
+        if len(ev) < 4:
+            return None
+        gaps = [b - a for a, b in zip(ev[1:-1], ev[2:-1], strict=False)]
+        every = gaps[0] if gaps else 0
+        last = ev[-1] - ev[-2]
+        if every <= 1 or any(g != every for g in gaps) or not 0 < last < every or self.step > ev[-1] + 1:
+            return None
+        return f"its final evaluation at step {ev[-1]}, off its every-{every}-steps cadence"
 
     def _traceback_line(self, line: str) -> None:
         assert self.tb is not None
@@ -245,31 +451,81 @@ class _LineParser:
                  and not k.startswith(_SUMMARY)}
         evals = {_eval_key(k): v for k, v in pairs.items() if is_eval_name(k) and not _eval_key(k).startswith("best")
                  and _eval_key(k) not in _NOT_METRICS}  # (`eval step 500 | ...`: the step, no metric)
-        # `[Eval] loss: 22.3`, `eval step 100 loss=2.1`: a line marked as evaluation is one as a whole
+        # `[Eval] loss: 22.3`, `eval step 100 loss=2.1`: a line marked as evaluation is one as a whole, its
+        # metrics under the log's own keys (`mean_dice`), the best so far left out
         if not evals and _eval_line(line):
-            evals, train = train, {}
+            evals = {k: v for k, v in pairs.items() if k not in _NOT_METRICS and not k.startswith("best")}
+            train = {}
+        if evals and self.c.not_eval is not None and self.c.not_eval.search(line):
+            evals = {}  # a setting (`EVAL_PERIOD: 200`) or an evaluation's own progress (`Sample: 3, ...`)
         if train and epoch and epoch[1] and epoch[0] == epoch[1] > 1:
             # `Epoch 100/100 - Train Loss: ...`: the last of the planned epochs was reached
             self.facts.completed = self.facts.completed or f"reached the last epoch: {line[:120]}"
-        # an evaluation's own progress (`Epoch(val) [1][5/5]`) counts evaluation batches, not steps
-        step = self._step_of(line, epoch if train else None, progress=bool(train))
+        step = self._position(line, epoch, bool(train))
+        if train and (step is not None or epoch is not None) and not any(k in LOSS_NAMES for k in train):
+            # a step line's own loss under another name: `[step 150] avg_loss=...` (the mean over the
+            # step's samples), `[epoch: 16/200, iter: 325/489] total: 1.19`
+            alias = train.pop("total", None)
+            if alias is None:
+                alias = next((pairs[k] for k in ("avg_loss", "mean_loss", "average_loss") if k in pairs), None)
+            if alias is not None:
+                train["loss"] = alias
+        elif (not train and not evals and epoch is not None and step is None and (self.epoch_axis or not self.facts.steps)
+              and (alias := _summary_loss(pairs)) is not None):
+            # only epoch summaries in this log (`Epoch 3: Average Training Loss = 0.69`): they are its loss
+            # curve, one row per epoch
+            self.epoch_axis = True
+            train, step = {"loss": alias}, epoch[0]
         out: list[dict[str, Any]] = []
         # `Epoch 1 - Batch loss: 12.1`: a line per batch with no step on it counts as the next step
         counting = epoch is not None or any(k.startswith("batch") for k in train)
         if train and (step is not None or counting):
             out = self._emit(step if step is not None else self.step + 1, train, parts=True)
+            if out and self.c.weighted is not None and self.c.weighted.search(line):
+                for row in out:
+                    if row.get("kind") == "step" and row.get("parts"):
+                        row["extra"]["parts_weighted"] = True
         at = step if step is not None else self.step
         if evals and self.last_eval[0] == at and evals.items() <= self.last_eval[1].items():
             evals = {}  # the same numbers again (`saving best model (val_loss=1.36)` after the epoch's line)
         if evals:
-            self.last_eval = (at, evals)
-            self.facts.evals += 1
-            self.facts.fields.add("eval")
-            self.facts.ends_with = "eval"
-            out.append(event("eval", at, evals))
+            out += self._eval(at, evals)
         elif not out and pairs and any(k.startswith(_SUMMARY) for k in pairs):
             self.facts.ends_with = "summary"  # `Epoch 20 - Average Train Loss: 0.0038`: an epoch's end
         return out
+
+    def _position(self, line: str, epoch: tuple[int, int | None] | None, train: bool) -> int | None:
+        """The step of a metric line, on the run's one step axis: a declared sample counter becomes batches,
+        `[epoch, iter]` and per-epoch counters become absolute; an evaluation's own progress
+        (`Epoch(val) [1][5/5]`) counts evaluation batches, not steps."""
+        if train:
+            for pattern in self.c.samples:
+                if (m := pattern.search(line)) is not None:
+                    return self._samples(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+            if "," in line and (m := _EPOCH_ITER.search(line)) is not None:
+                return self._epoch_iter(int(m.group(1)), int(m.group(2)), int(m.group(3)) if m.group(3) else None)
+        return self._step_of(line, epoch if train else None, progress=train)
+
+    def _samples(self, epoch: int, done: int, size: int) -> int:
+        """`Train Epoch: 2 [640/60000 (1%)]`: samples, not steps. With the batch size printed (`--batch-size 64`,
+        `batch_size=64`) the step is the batch; without it, the counter's smallest increment (one log
+        interval's samples) is the unit, so the steps are printed intervals, evenly spaced and made absolute."""
+        if done > 0:
+            self.sample_unit = done if self.sample_unit is None else math.gcd(self.sample_unit, done)
+        unit = self.batch_size or self.sample_unit or 1
+        if self.first_epoch is None:
+            self.first_epoch = epoch
+        per = -(-size // unit)  # units in one epoch
+        return max(0, epoch - self.first_epoch) * per + done // unit + 1
+
+    def _epoch_iter(self, epoch: int, it: int, per: int | None) -> int:
+        """`[19,  2125/ 2562]`: the iteration within the epoch, made absolute (per epoch: the `/n`, else the
+        largest iteration seen)."""
+        self.iter_max = max(self.iter_max, it)
+        if self.first_epoch is None:
+            self.first_epoch = epoch
+        self._epoch_seen(epoch, None)
+        return max(0, epoch - self.first_epoch) * (per or self.iter_max + 1) + it
 
     def _step_of(self, line: str, epoch: tuple[int, int | None] | None, progress: bool = True) -> int | None:
         """The optimizer step a metric line is at: `step 120`, `Step 5/100` (restarting each epoch), or
@@ -311,9 +567,7 @@ class _LineParser:
                 self.facts.completed = self.facts.completed or f"global_step reaches max_steps ({total:,})"
         if all(k.startswith("eval_") for k in pairs if k != "epoch"):
             data = {k[5:]: v for k, v in pairs.items() if k.startswith("eval_")}
-            self.facts.evals += 1
-            self.facts.fields.add("eval")
-            return [event("eval", int(step) if step is not None else self.step, data)]
+            return self._eval(int(step) if step is not None else self.step, data)
         if step is None:
             # Hugging Face prints no step: the progress bar drawn just before says where it is; a step
             # another line already reported keeps that line's numbers; without a bar, lines are counted
@@ -366,16 +620,52 @@ def _epoch_of(line: str) -> tuple[int, int | None] | None:
 
 def _pairs(line: str) -> dict[str, float]:
     """A line's named numbers, names lower-cased with their qualifying words joined (`train_loss`)."""
-    out = {_key(k): float(v) for k, v in _PAIR.findall(line)}  # _NUM only matches what float() reads
+    out: dict[str, float] = {}
+    for m in _PAIR.finditer(line):  # _NUM only matches what float() reads
+        key, value = _key(m.group(1)), float(m.group(2))
+        if "/" in line and (frac := _FRACTION.match(line, m.end())) is not None and key not in _NOT_METRICS:
+            # `Accuracy: 9897/10000 (99%)` (pytorch/examples' test line): a fraction, not a count
+            value = value / int(frac.group(1)) if int(frac.group(1)) else value
+        out[key] = value
     if line.count("|") >= 2:  # `| lr 20.0000 | loss   nan |`: each cell a name and its number
+        table, rest = {}, []
         for cell in line.split("|"):
-            if (m := _CELL.fullmatch(cell.strip())) is not None:
-                out.setdefault(_key(m.group(1)), float(m.group(2)))
-    if not out:
-        out = {_key(k): float(v) for k, v in _SPACED.findall(line)}
+            if (c := _CELL.fullmatch(cell.strip())) is not None:
+                table[_key(c.group(1))] = float(c.group(2))
+            else:
+                rest.append(cell)
+        if table:
+            # a cell's whole name (`Task Loss: 3.29 || KD Loss: 1.61`), not its last word read as `loss`
+            out = {_key(k): float(v) for k, v in _PAIR.findall("|".join(rest))}
+            out.update(table)
+    for k in [k for k in out if k.endswith(("_set", "_split"))]:
+        # `Accuracy on validation set: 10.3 %`: the metric is the word before, not `set`
+        on = _ON_SET.search(line)
+        out[f"{k.split('_', 1)[0]}_{on.group(1).lower() if on else 'score'}"] = out.pop(k)
+    # `loss 4.70 (-2.05z)| norm 1.2 | lr 6e-4` (llm.c), `Loss 3.91 (3.95)\tLr: 0.59` (SwAV): a spaced loss, LR or
+    # norm beside other pairs is read too
+    for k, v in _SPACED.findall(line):
+        out.setdefault(_key(k), float(v))
     if not out and _eval_line(line):
-        out = {_key(k): float(v) for k, v in _LOOSE.findall(line)}
-    return {k: v for k, v in out.items() if not k.endswith("epoch") or k == "epoch"}
+        loose = _LOOSE.findall(line)
+        # `Validation BLEU-1 73.98, BLEU-2 68.28`, not a sentence that holds numbers (`[eval] A car travels at
+        # 62 km/h for 2 hours`): the words that name no number must be few
+        if loose and len(_WORD.findall(line)) <= 2 * len(loose) + 1:
+            out = {_key(k): float(v) for k, v in loose}
+    return {k: v for k, v in out.items() if (not k.endswith("epoch") or k == "epoch") and not _is_count(k)}
+
+
+def _is_count(key: str) -> bool:
+    """`total_sample`, `num_images`, `train_size`: a count of things, not a metric."""
+    return key.rsplit("_", 1)[-1] in _COUNTS and key not in _NOT_METRICS
+
+
+def _summary_loss(pairs: dict[str, float]) -> float | None:
+    """An epoch summary's training loss (`average_training_loss`, `avg_train_loss`), not a validation one."""
+    for k, v in pairs.items():
+        if k.startswith(_SUMMARY) and k.endswith("loss") and not any(w in k for w in ("val", "test", "eval", "dev")):
+            return v
+    return None
 
 
 def _eval_line(line: str) -> bool:
@@ -388,6 +678,8 @@ def _eval_line(line: str) -> bool:
 @functools.lru_cache(maxsize=1024)
 def _key(name: str) -> str:
     key = "_".join(name.lower().split())
+    if key == "norm":
+        return "grad_norm"  # llm.c's and build-nanogpt's `norm`: the gradient norm
     return "loss" if key in ("batch_loss", "step_loss", "iter_loss", "train_batch_loss") else key
 
 
@@ -426,6 +718,7 @@ def _events(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
         for lineno, line in enumerate(iter_lines(f, facts), 1):
             facts.lines = lineno
             yield from parser.feed(lineno, line)
+    parser.finish()
     if parser.step:
         # newline-ended lines only: a tqdm bar's carriage-return redraws scroll nothing
         yield event("output", parser.step, {"lines": facts.newlines})

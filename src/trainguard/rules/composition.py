@@ -70,7 +70,9 @@ class LossPartsImbalanced(Rule):
 
     ## Known false positives
     A regulariser reported already multiplied by its coefficient, without `weights=`: the rule cannot
-    tell it from seed 004's balance term and warns (report the raw part and its weight instead). A part
+    tell it from seed 004's balance term and warns (report the raw part and its weight instead). Where a
+    log's format contract says its writer prints every part pre-weighted (detectron2's console), the gap
+    is a note (cause `preweighted`), not a warning. A part
     centred on zero by construction (a policy-gradient loss with normalised advantages), whose median
     size says little about its gradient. A log whose parts are windowed medians (detectron2's
     metrics.json) is not judged: their ratio is not what the optimizer weighed. The other way round, a weight mis-set by orders of magnitude
@@ -98,11 +100,15 @@ class LossPartsImbalanced(Rule):
         # 20 steps, or 2.5% of a short run (at least 5): a 100x gap needs no long look
         self.w = self.window(0.025, 5, WINDOW)
         self.steps: collections.deque[int] = collections.deque(maxlen=self.w)
+        # the writer prints each part already multiplied by a weight it does not print (detectron2's
+        # parts): a small part may be small by that weight, and nothing here can tell which
+        self.preweighted = False
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         parts = row.get("parts") or {}
         if len(parts) < 2 or self.plan.get("parts_relation") == "median":
             return None  # each part a median of its own window: their ratio is not what the optimizer weighed
+        self.preweighted = self.preweighted or bool((row.get("extra") or {}).get("parts_weighted"))
         self.n += 1
         self.steps.append(row["step"])
         reported = row.get("weights") or {}
@@ -150,6 +156,8 @@ class LossPartsImbalanced(Rule):
     def _values_out_of_scale(self, big: str, small: str, ratio: float) -> bool:
         """Whether a gap over 100x is the parts' own doing, not the reported weights'."""
         chosen = self._chosen(big, small)
+        if self.preweighted and not self.declared.get(small):
+            return False  # weighted by the writer, with a weight it does not print: a note, not a warning
         if not (self.declared.get(small) and chosen >= self.CHOSEN):
             return True  # nothing the run reported says `small` is meant to be small
         raw_first = self.first_raw[big] / self.first_raw[small]
@@ -199,6 +207,15 @@ class LossPartsImbalanced(Rule):
 
     def _note(self, row: dict[str, Any], sizes: dict[str, float], big: str, small: str) -> Finding:
         ratio, chosen = sizes[big] / sizes[small], self._chosen(big, small)
+        if self.preweighted and not self.declared.get(small):
+            return self.finding(
+                step=self._onset(big, small), severity="info", cause="preweighted",
+                summary=f"{small} enters the loss {fmt(ratio)}x below {big} over the last {self.w} steps "
+                        f"({self._listing(sizes)}); the log prints each part already multiplied by its weight "
+                        "and not the weight, so a part small by design cannot be told from one out of scale",
+                fix=f"nothing to change if {small} is a light regulariser by its weight in the config; if it is "
+                    f"meant to steer training as much as {big}, raise its weight",
+                evidence=self._evidence(row, sizes, big, small))
         raw, raw_first = ratio / chosen, self.first_raw[big] / self.first_raw[small]
         if raw <= self.RATIO:
             unweighted = f"unweighted the two are within {fmt(max(raw, 1 / raw))}x of each other"

@@ -193,8 +193,8 @@ def _eval_key(data: dict[str, Any]) -> tuple | None:
                if isinstance(v, (int, float)) and not isinstance(v, bool) and finite(v) and _model_metric(k)}
     if not numeric:
         return None
-    # A metric pinned at a bound (accuracy 1.0, error 0.0) is not frozen, it is finished.
-    if all(v in (0.0, 1.0) for v in numeric.values()):
+    # A metric pinned at a bound (accuracy 1.0 or 100%, error 0.0) is not frozen, it is finished.
+    if all(v in (0.0, 1.0, 100.0) for v in numeric.values()):
         return None
     return tuple(sorted((k, float(f"{v:.7g}")) for k, v in numeric.items()))
 
@@ -220,7 +220,9 @@ class EvalMetricsFrozen(Rule):
 
     ## What it detects
     Either three evaluations in a row whose numeric results are all identical (to 7 significant
-    digits; results made only of 0s and 1s, an accuracy at 100%, do not count); or one loss-like
+    digits; five in a row when every result is printed to 3 significant digits or fewer, as a rounded
+    `accuracy: 0.551` repeats by chance; results made only of 0s and 1s, an accuracy at 1.0 or 100%, do
+    not count); or one loss-like
     metric (`loss`, `ppl`, `nll`) equal to 5 significant digits at five evaluations in a row while
     the other metrics move, judged per metric. A frozen loss at ln(K) is named as the loss of a
     uniform guess over K classes. NaN and inf are left to `nonfinite-loss`.
@@ -284,7 +286,10 @@ class EvalMetricsFrozen(Rule):
             self.key = key
             self.same.clear()
         self.same.add(event.get("step"))
-        if self.same.count < 3:
+        # results printed to 3 significant digits or fewer (`Validation accuracy: 0.551`) repeat by chance
+        # between evaluations that differ: five in a row, not three
+        coarse = all(float(f"{v:.3g}") == v for _, v in key)
+        if self.same.count < (FROZEN_EVALS if coarse else 3):
             return None
         values = ", ".join(f"{k}={fmt(v)}" for k, v in key)
         steps = self.same.steps

@@ -1,15 +1,33 @@
-"""The format families, imported by name: importing this module declares every contract (`FORMATS`)."""
+"""The format families, imported by name: importing this module declares every contract (`FORMATS`).
+A new format family is a module in this package and its line here."""
 
 from __future__ import annotations
 
 from trainguard.ingest.formats import (  # noqa: F401
+    cyclegan,
+    deepspeed,
     detectron2,
+    detectron2_console,
+    fairseq,
     generic,
+    generic_text,
+    hf_console,
     huggingface,
+    improved_diffusion,
     keras,
+    keras_console,
     lightning,
+    lightning_console,
+    llmc,
+    megatron,
     mmengine,
+    mmengine_console,
+    nanogpt,
+    pytorch_examples,
+    ssl_console,
     timm,
+    timm_console,
     ultralytics,
     wandb,
+    wandb_console,
 )

@@ -1,0 +1,69 @@
+"""The machine-readable half of a printed (text) format's contract: what the generic text reader consults.
+
+A family module declares its `FormatContract` (the prose a person reads) together with a `TextRules`
+(the patterns and keys the reader uses) through `declare_text`. The reader (`trainguard.ingest.textlog`)
+knows no framework by name: it compiles the union of every declared `TextRules` once, so a new printed
+format is a new family module, not a new branch in the reader. Tests generate each format's real-world
+variants (logging prefixes, colour codes, tqdm redraws, appended relaunches, CRLF, cut last lines) from
+`TextRules.sample`, the writer's own line shapes.
+
+This module declares no format itself (its name starts with `_`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainguard.ingest.formats import FormatContract, declare
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextRules:
+    """What one printed format's writer promises, in the terms the text reader uses."""
+
+    format: str
+    """The `FormatContract.name` these rules belong to."""
+    completion: tuple[str, ...] = ()
+    """Regexes (case-insensitive) of a line the writer prints only when training ended as planned or stopped
+    itself on purpose (early stopping, a time budget)."""
+    plan_steps: tuple[str, ...] = ()
+    """Names of the setting that holds the planned optimizer steps, as printed in a config dump, an args
+    Namespace or a command line (`max_iters = 3000`, `MAX_ITER: 2000`, `--learning_steps 50000`)."""
+    plan_epochs: tuple[str, ...] = ()
+    """Names of the setting that holds the planned epochs (`epochs: 400`, `max_epochs=100`)."""
+    batch_size: tuple[str, ...] = ()
+    """Names of the setting that holds the batch size, where a sample counter needs it to count batches."""
+    sample_counter: str | None = None
+    """A regex whose groups (epoch, samples done, dataset size) mark a SAMPLE counter, not a step: the reader
+    turns it into batches (the samples over the counter's smallest increment, one per printed interval)."""
+    not_evaluation: tuple[str, ...] = ()
+    """Regexes of lines that look like an evaluation's result and are not (a config dump's `EVAL_PERIOD: 200`,
+    an evaluation's per-sample progress)."""
+    weighted_parts: str | None = None
+    """A regex of the writer's metric line whose loss parts are printed already multiplied by their weights
+    (weights not printed): the rules then cannot tell a part small by design from one out of scale."""
+    record_lines: dict[str, str] = field(default_factory=dict)
+    """For `STEP NAME VALUE` record logs (build-nanogpt's log.txt): NAME -> what the value is ("loss" for the
+    step's training loss; "eval:<metric>" for an evaluation's metric)."""
+    sample: tuple[str, ...] = ()
+    """A few lines shaped exactly as the writer prints them (placeholders `{step}`, `{epoch}`, `{total}`,
+    `{loss}`), from which tests build a log: the writer's format strings, not lines copied from a log."""
+
+
+TEXT: list[TextRules] = []
+
+
+def declare_text(contract: FormatContract, rules: TextRules) -> None:
+    """Declares a printed format: its contract in the registry, its rules for the text reader."""
+    if rules.format != contract.name:
+        raise ValueError(f"text rules for {rules.format!r} declared with the contract of {contract.name!r}")
+    declare(contract)
+    TEXT.append(rules)
+
+
+def text_rules() -> list[TextRules]:
+    """Every printed format's rules (importing each family module once)."""
+    from trainguard.ingest.formats import _load_all
+
+    _load_all()
+    return list(TEXT)

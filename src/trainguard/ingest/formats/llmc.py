@@ -1,0 +1,25 @@
+"""llm.c's console (train_gpt2.cu / train_gpt2.py): one line per optimizer step with the plan after the
+slash, and a z-score annotation after the loss and the norm."""
+
+from trainguard.ingest.formats import FormatContract
+from trainguard.ingest.formats._text import TextRules, declare_text
+
+declare_text(
+    FormatContract(
+        name="llm.c console",
+        family="llm.c",
+        writer="karpathy/llm.c train_gpt2.cu (printf0 of 'step %4d/%d | loss %7.6f (%+.2fz)| norm %6.4f (%+.2fz)| "
+               "lr %.2e | ...'), 'val loss %f'",
+        files=("*.log", "*.out"),
+        metrics="`loss X (±Zz)`: X is the loss, the z-score a note; `norm` the gradient norm; `lr`; `val loss`",
+        step_axis="optimizer steps, 1-based (step + 1 is printed)",
+        plan="the `/N` after the step: train_num_batches",
+        completion="the step line at N/N",
+        parts="none",
+    ),
+    TextRules(
+        format="llm.c console",
+        sample=("step {step:4d}/{total} | loss {loss} (-0.12z)| norm 1.2345 (+0.50z)| lr 6.00e-04 | 120.5 ms | "
+                "41.2% bf16 MFU | 435000 tok/s",),
+    ),
+)
