@@ -23,11 +23,13 @@ import numpy as np
 
 from trainguard.errors import UserError
 from trainguard.findings import Finding
+from trainguard.folderio import exists, read_capped
 from trainguard.store.printed import PRINTED_COLUMNS, read_printed
 from trainguard.store.reader import RunReader, load_json, recorded_findings
 from trainguard.store.schema import DB_NAME, connect
 from trainguard.untrusted import load_json as load_untrusted_json
-from trainguard.untrusted import regular_file
+
+MAX_SCHEDULE_BYTES = 64 << 20  # a simulated LR curve; more is not one
 
 SCALAR_COLUMNS = ("step", "loss", "lr", "grad_norm", "update_ratio", "step_time", "data_wait", "loss_scale")
 JSON_COLUMNS = ("parts", "weights", "extra")
@@ -309,8 +311,8 @@ def _load_schedule(run_dir: Path) -> dict[str, list[float]] | None:
     """
     path = run_dir / "schedule.json"
     try:
-        raw = load_untrusted_json(regular_file(path).read_bytes())
-    except (OSError, ValueError, UserError):
+        raw = load_untrusted_json(read_capped(path, MAX_SCHEDULE_BYTES, "schedule.json")) if exists(path) else None
+    except ValueError:  # damaged: no curve drawn (a link or a FIFO in its place is a UserError: one line)
         return None
     steps: list[float] = []
     lrs: list[float] = []

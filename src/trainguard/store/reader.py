@@ -7,6 +7,7 @@ Values stored as text because SQLite cannot hold them ('nan', 'inf') come back a
 from __future__ import annotations
 
 import math
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,7 +53,7 @@ class RunReader:
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self._conn: sqlite3.Connection | None = None
-        if (self.run_dir / DB_NAME).is_file():
+        if os.path.lexists(self.run_dir / DB_NAME):  # a link or a FIFO in its place is refused by connect
             try:
                 self._conn = connect(self.run_dir, readonly=True)
                 tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}

@@ -64,7 +64,9 @@ def main(argv: list[str]) -> int:
     _mark_unwatched(run_dir, watchdog_pid, t_gone)
     sinks = {out_fd: _buffer(sys.stdout) if echo else None, err_fd: _buffer(sys.stderr) if echo else None}
     try:
-        log = open(run_dir / "output.log", "ab")
+        from trainguard.folderio import open_append
+
+        log = os.fdopen(open_append(run_dir / "output.log"), "ab")
     except OSError:
         log = None
     _write(log, f"\n[trainguard: the watchdog (pid {watchdog_pid}) is gone; output kept by pid {os.getpid()}]\n"
@@ -124,14 +126,18 @@ def _mark_ended(run_dir: Path, watchdog_pid: int, t_gone: float) -> None:
 
 def _update(run_dir: Path, change: Any, final: bool = False) -> None:
     from trainguard.contract import LIVE_STATES, STATUS_NAME
+    from trainguard.errors import UserError
     from trainguard.store.status import write_status
 
     try:
-        status = json.loads((run_dir / STATUS_NAME).read_text())
+        from trainguard.folderio import read_capped
+        from trainguard.store.status import MAX_STATUS_BYTES
+
+        status = json.loads(read_capped(run_dir / STATUS_NAME, MAX_STATUS_BYTES, "status.json"))
         if not isinstance(status, dict) or status.get("state") not in LIVE_STATES:
             return  # the watchdog said its last word before it went
         write_status(run_dir, change(status), final=final)
-    except (OSError, ValueError):
+    except (OSError, ValueError, UserError):
         pass
 
 

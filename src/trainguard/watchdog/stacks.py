@@ -31,6 +31,8 @@ from typing import Any
 
 from trainguard.contract import ENV_PY_SPY
 
+MAX_DUMP_BYTES = 8 << 20  # one faulthandler dump of every thread; more is not a dump
+
 SIGNAL_DUMP_WAIT = 1.0  # seconds to wait for a signal-triggered dump to appear
 PY_SPY_TIMEOUT = 8.0
 BURST_CPU = 15.0  # a process above this CPU % gets a fast burst of extra stack samples
@@ -239,10 +241,17 @@ def _burst(s: ProcSample, stacks_dir: Path, spy: str | None) -> None:
 
 
 def _handler_info(stacks_dir: Path, pid: int) -> dict[str, Any] | None:
+    from trainguard.errors import UserError
+    from trainguard.folderio import read_capped
+
     try:
-        return json.loads((stacks_dir / f"proc-{pid}.json").read_text())
-    except (OSError, ValueError):
+        info = json.loads(read_capped(stacks_dir / f"proc-{pid}.json", 1 << 20, "stack-dump sidecar"))
+    except (OSError, ValueError, UserError):
         return None
+    if not isinstance(info, dict):
+        return None
+    # the dump file is this process's own in the same folder, whatever a (damaged or planted) sidecar says
+    return {**info, "file": str(stacks_dir / f"proc-{pid}.txt")}
 
 
 def catches_signal(pid: int, signum: int) -> bool:
@@ -277,12 +286,20 @@ def signal_dump(pid: int, path: Path, signum: int, main_ident: str | None) -> li
         else:
             stable = 0
         size = now
+    from trainguard.errors import UserError
+    from trainguard.folderio import open_fd
+
+    try:  # never through a link, never more than MAX_DUMP_BYTES
+        fd = open_fd(path, "stack dump")
+    except UserError:
+        return []
     try:
-        with open(path, errors="replace") as fh:
-            fh.seek(start)
-            text = fh.read()
+        os.lseek(fd, start, os.SEEK_SET)
+        text = os.read(fd, MAX_DUMP_BYTES).decode("utf-8", "replace")
     except OSError:
         return []
+    finally:
+        os.close(fd)
     return parse_faulthandler(text, main_ident)
 
 
@@ -381,10 +398,12 @@ def _frame(file: str, line: int, func: str, local_vars: dict[str, str] | None = 
 def save(snap: Snapshot, folder: Path, attempt: int | str = 0) -> Path:
     """Writes `hang-<attempt>.json` (everything) and `hang-<attempt>.txt` (for people); returns the .txt path.
     A later look at the same stall is `hang-<attempt>-<look>`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"hang-{attempt}.json").write_text(json.dumps(snap.to_dict(), indent=1, default=str))
+    from trainguard.folderio import subdir, write_atomic
+
+    subdir(folder)  # a real folder of the run, never a link planted in its place (OSError otherwise)
+    write_atomic(folder / f"hang-{attempt}.json", json.dumps(snap.to_dict(), indent=1, default=str))
     txt = folder / f"hang-{attempt}.txt"
-    txt.write_text(render(snap))
+    write_atomic(txt, render(snap))
     return txt
 
 
