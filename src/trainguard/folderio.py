@@ -46,6 +46,7 @@ RUN_FILES = ("status.json", ".status.reserve", "output.log", "run.db", "run.db-w
              "guard.log", "report.md", "report.html", "schedule.json", "preflight.json", "outside-writes.txt",
              "metrics.prom")
 RUN_FOLDERS = ("stacks", "workers", "tensorboard")
+_REPLACED_AT_END = ("report.md", "report.html")
 
 
 def _kind(mode: int) -> str:
@@ -262,7 +263,12 @@ def check_run_dir(path: str | os.PathLike) -> Path:
         raise UserError(f"run folder {p} belongs to another user (uid {st.st_uid}): trainguard writes only into "
                         f"a folder of yours (name another with --run-dir)")
     for name in RUN_FILES:
-        regular_or_missing(p / name, "file")
+        try:
+            regular_or_missing(p / name, "file")
+        except UserError:
+            if name in _REPLACED_AT_END and os.path.isdir(p / name) and not os.path.islink(p / name):
+                continue  # written by a rename at the end, fail-open: a folder there costs that file only
+            raise
     for name in RUN_FOLDERS:
         checked_subdir(p / name)
     return p
