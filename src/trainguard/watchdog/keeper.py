@@ -28,14 +28,16 @@ from typing import IO, Any
 PARENT_POLL = 0.2  # seconds between checks that the watchdog still lives (a full pipe waits at most this)
 
 
-def start(run_dir: Path, stdout_fd: int, stderr_fd: int, echo: bool) -> subprocess.Popen | None:
-    """Starts the keeper of one attempt; fail-open (None) where it cannot be started."""
+def start(run_dir: Path, stdout_fd: int, stderr_fd: int, echo: bool, lock_fd: int = -1) -> subprocess.Popen | None:
+    """Starts the keeper of one attempt; fail-open (None) where it cannot be started. `lock_fd`, the run
+    folder's lock (store/lock.py), is inherited: the folder stays owned while the keeper keeps the command."""
     cmd = [sys.executable, "-m", "trainguard.watchdog.keeper", str(os.getpid()), str(run_dir),
            str(stdout_fd), str(stderr_fd)]
     if not echo:
         cmd.append("--no-echo")
+    fds = (stdout_fd, stderr_fd) + ((lock_fd,) if lock_fd >= 0 else ())
     try:
-        return subprocess.Popen(cmd, pass_fds=(stdout_fd, stderr_fd), stdin=subprocess.DEVNULL)
+        return subprocess.Popen(cmd, pass_fds=fds, stdin=subprocess.DEVNULL)
     except OSError:
         return None
 

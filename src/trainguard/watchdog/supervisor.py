@@ -34,6 +34,7 @@ from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
 from trainguard.rules import crash
 from trainguard.rules.firstfailure import first_failure_finding
+from trainguard.store import lock as run_lock
 from trainguard.store.ending import Ending, ending_status, live_status
 from trainguard.store.nodes import node_dir
 from trainguard.store.owner import owner_record
@@ -153,6 +154,12 @@ class Supervisor:
         launch = nodes.parse_launch(options.command)
         if launch is not None:
             self.run_dir = prepare_run_dir(node_dir(self.run_dir, launch.node))
+        # the run owns its folder for its life: a second run into it is refused; an earlier, ended run
+        # found in it is moved into earlier-<N>/ first (store/lock.py)
+        self.lock = run_lock.claim(self.run_dir, command=options.command)
+        if self.lock.moved_to is not None and options.echo:
+            print(f"trainguard: the earlier run in {self.run_dir} was moved to {self.lock.moved_to}",
+                  file=sys.stderr)
         try:
             self.writer = StoreWriter(self.run_dir, rank=WATCHDOG_RANK)
         except Exception as exc:  # sqlite3.OperationalError on an unwritable folder, and its kin
@@ -259,7 +266,7 @@ class Supervisor:
         self.capture.start(stderr, "stderr", _buffer(sys.stderr))
         # if this process is killed, the keeper passes the output on: the command never dies of a broken pipe
         self._keeper = keeper.start(self.run_dir, stdout.fileno(), stderr.fileno(),
-                                    self.options.echo)
+                                    self.options.echo, lock_fd=self.lock.fd)
         self._forward_signals()
         self.oom_before = _safe_oom()
         if not hasattr(self, "reader"):
