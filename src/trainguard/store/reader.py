@@ -23,12 +23,24 @@ from trainguard.store.status import read_status
 
 
 def _num(value: Any) -> Any:
+    """A stored number back: 'nan'/'inf' text as floats; anything else that is not a number (text, a blob,
+    an integer past any float: a damaged store) as None, so no rule does arithmetic on it."""
     if isinstance(value, str):
         try:
             return float(value)
         except ValueError:
-            return value
-    return value
+            return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if -2**62 < value < 2**62 else None
+    return value if isinstance(value, float) else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and -2**62 < value < 2**62 else None
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def load_json(text: str | None) -> Any:
@@ -45,6 +57,10 @@ def _numdict(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _num(v) for k, v in value.items()}
     return value
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 class RunReader:
@@ -127,9 +143,12 @@ class RunReader:
             rec: dict[str, Any] = {"kind": "step", "rowid": row[0]}
             for col, value in zip(STEP_COLUMNS, row[1:]):
                 if col in ("parts", "weights", "extra"):
-                    rec[col] = _numdict(load_json(value)) or {}
+                    rec[col] = _dict(_numdict(load_json(value)))
                 else:
                     rec[col] = _num(value)
+            if not isinstance(rec["step"], int):
+                continue  # a row without a step number is no step (a damaged store)
+            rec["attempt"], rec["rank"] = _int_or_none(rec["attempt"]) or 0, _int_or_none(rec["rank"]) or 0
             yield rec
 
     def last_step(self) -> dict[str, Any] | None:
@@ -138,7 +157,10 @@ class RunReader:
             return None
         rec = {"kind": "step", "rowid": rows[0][0]}
         for col, value in zip(STEP_COLUMNS, rows[0][1:]):
-            rec[col] = _numdict(load_json(value)) if col in ("parts", "weights", "extra") else _num(value)
+            rec[col] = _dict(_numdict(load_json(value))) if col in ("parts", "weights", "extra") else _num(value)
+        if not isinstance(rec["step"], int):
+            return None
+        rec["attempt"], rec["rank"] = _int_or_none(rec["attempt"]) or 0, _int_or_none(rec["rank"]) or 0
         return rec
 
     def last_step_of(self, rank: int) -> int | None:
@@ -158,13 +180,26 @@ class RunReader:
             args += (kind,)
         out = []
         for id_, t, attempt, rank, pid, step, kind_, name, data in self._query(sql + " ORDER BY id", args):
-            out.append({"id": id_, "t": t, "attempt": attempt, "rank": rank, "pid": pid, "step": step,
-                        "kind": kind_, "name": name, "data": load_json(data)})
+            # each column of the type the writer gives it (a damaged store's are not): None otherwise
+            out.append({"id": id_, "t": _num(t), "attempt": _int_or_none(attempt) or 0,
+                        "rank": _int_or_none(rank) or 0, "pid": _int_or_none(pid), "step": _int_or_none(step),
+                        "kind": _text_or_none(kind_), "name": _text_or_none(name), "data": load_json(data)})
         return out
 
     def heartbeats(self) -> list[dict[str, Any]]:
         cols = HEARTBEAT_FIELDS
-        return [dict(zip(cols, row)) for row in self._query(f"SELECT {', '.join(cols)} FROM heartbeat")]
+        out = []
+        for row in self._query(f"SELECT {', '.join(cols)} FROM heartbeat"):
+            beat = dict(zip(cols, row))
+            for key, value in beat.items():  # numbers where the writer writes numbers (a damaged store: None)
+                if key not in ("phase", "state"):
+                    beat[key] = _num(value)
+            beat["phase"], beat["state"] = _text_or_none(beat.get("phase")), _text_or_none(beat.get("state"))
+            for key in ("pid", "rank", "attempt", "step", "micro"):
+                if key in beat:
+                    beat[key] = _int_or_none(beat[key])
+            out.append(beat)
+        return out
 
     def steps_reached(self) -> dict[int, int]:
         """Rank -> the last step it is known to have finished, from what it wrote besides its rows: its
@@ -212,6 +247,13 @@ class RunReader:
         out: dict[int, RankInfo] = {}
         for row in self._query(sql + " ORDER BY attempt, t", args):
             rec = dict(zip(RANK_COLUMNS, row))
+            for key in ("rank", "local_rank", "node", "world_size", "local_world_size", "pid"):
+                rec[key] = _int_or_none(rec[key])
+            if rec["rank"] is None or rec["rank"] < 0:
+                continue  # a damaged row names no rank
+            rec.update({k: rec[k] or 0 for k in ("local_rank", "node")})
+            rec.update({k: max(1, rec[k] or 1) for k in ("world_size", "local_world_size")})
+            rec["host"] = _text_or_none(rec["host"])
             out[rec["rank"]] = RankInfo(rank=rec["rank"], local_rank=rec["local_rank"], node=rec["node"],
                                         host=rec["host"] or "", world_size=rec["world_size"],
                                         local_world_size=rec["local_world_size"], pid=rec["pid"])
