@@ -127,20 +127,24 @@ def _load_steps(data: RunData, run_dir: Path, rank: int) -> None:
         return
     try:
         try:
-            ranks = [r[0] for r in conn.execute("SELECT DISTINCT rank FROM steps")]
+            ranks = [r[0] for r in conn.execute("SELECT DISTINCT rank FROM steps WHERE typeof(rank) = 'integer'")]
         except sqlite3.OperationalError:
             return  # no steps table: the writer never got that far
         data.ranks = sorted(ranks)
         if ranks and rank not in ranks:
             rank = min(ranks)
         data.restarts = [(int(a), int(s)) for a, s in conn.execute(
-            "SELECT attempt, MIN(step) FROM steps WHERE rank = ? AND attempt > 0 GROUP BY attempt ORDER BY attempt",
+            "SELECT attempt, MIN(step) FROM steps WHERE rank = ? AND typeof(attempt) = 'integer' AND attempt > 0 "
+            "AND typeof(step) = 'integer' GROUP BY attempt ORDER BY attempt",
             (rank,))]
-        t_min, t_max = conn.execute("SELECT MIN(t), MAX(t) FROM steps").fetchone()
+        t_min, t_max = conn.execute(
+            "SELECT MIN(t), MAX(t) FROM steps WHERE typeof(t) IN ('integer', 'real')").fetchone()
         if t_min is not None:
             data.t_range = (float(t_min), float(t_max))
         cols = SCALAR_COLUMNS + JSON_COLUMNS
-        cur = conn.execute(f"SELECT {', '.join(cols)} FROM steps WHERE rank = ? ORDER BY rowid", (rank,))
+        # (a damaged store's rows without a whole step number are no steps: left out, as the reader does)
+        cur = conn.execute(f"SELECT {', '.join(cols)} FROM steps WHERE rank = ? AND typeof(step) = 'integer' "
+                           f"AND abs(step) < 4611686018427387904 ORDER BY rowid", (rank,))
         # In chunks, each turned into arrays before the next is read: a million rows at once as tuples and
         # dicts would hold about a gigabyte, chunked it stays near a tenth of that.
         chunks = []

@@ -22,6 +22,13 @@ from trainguard.store.schema import DB_NAME, RANK_COLUMNS, STEP_COLUMNS, connect
 from trainguard.store.status import read_status
 
 
+# the shape each meta key is written in (store writers: watchdog, probe); per-rank keys (`probe.0`) are objects
+META_SHAPES: dict[str, type | tuple[type, ...]] = {
+    "plan": dict, "command": list, "config": dict, "cwd": str, "env": dict, "host": str, "label": str,
+    "started": (int, float), "user": str, "watchdog": dict,
+}
+
+
 def _num(value: Any) -> Any:
     """A stored number back: 'nan'/'inf' text as floats; anything else that is not a number (text, a blob,
     an integer past any float: a damaged store) as None, so no rule does arithmetic on it."""
@@ -120,7 +127,20 @@ class RunReader:
         return read_status(self.run_dir)
 
     def meta(self) -> dict[str, Any]:
-        return {k: load_json(v) for k, v in self._query("SELECT key, value FROM meta")}
+        """Each key's value as the writer stored it; a value of the wrong shape for its key (a damaged
+        store) is left out, so readers can rely on `plan` being an object and `command` a list."""
+        out = {}
+        for k, v in self._query("SELECT key, value FROM meta"):
+            if not isinstance(k, str):
+                continue
+            value = load_json(v) if isinstance(v, str) else None
+            shape = META_SHAPES.get(k) or (dict if "." in k else None)
+            if shape is not None and not isinstance(value, shape):
+                continue
+            if k == "command":
+                value = [str(c) for c in value]
+            out[k] = value
+        return out
 
     def steps(self, *, rank: int | None = None, since_rowid: int = 0, by_time: bool = False) -> Iterator[dict[str, Any]]:
         """One dict per optimizer step, in the order they were written (`by_time`: in the order of their `t`)."""
