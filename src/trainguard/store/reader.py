@@ -21,7 +21,6 @@ from trainguard.store.ranks import RankInfo
 from trainguard.store.schema import DB_NAME, RANK_COLUMNS, STEP_COLUMNS, connect
 from trainguard.store.status import read_status
 
-
 # the shape each meta key is written in (store writers: watchdog, probe); per-rank keys (`probe.0`) are objects
 META_SHAPES: dict[str, type | tuple[type, ...]] = {
     "plan": dict, "command": list, "config": dict, "cwd": str, "env": dict, "host": str, "label": str,
