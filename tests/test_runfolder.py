@@ -209,3 +209,52 @@ def test_a_new_run_into_a_finished_folder_keeps_the_earlier_one_apart(tmp_path: 
     assert before["state"] in ("failed", "crashed") and before["findings"]
     st = run_trainguard("status", str(run / "earlier-1"))
     assert st.returncode == 0 and "crashed" in st.stdout + st.stderr or "failed" in st.stdout + st.stderr
+
+
+# -- the keeper's ending, from the facts in run.db ------------------------------------------------------
+
+GUARDED = """
+import sys, time, trainguard
+g = trainguard.watch(total_steps=120)
+for i in range(120):
+    g.step(1.0 / (i + 1))
+    print(f"step {i}", flush=True)
+    time.sleep(0.03)
+if sys.argv[1] == "crash":
+    raise ValueError("late failure")
+g.finish()
+"""
+
+
+@pytest.mark.parametrize("how", ["finish", "crash"])
+def test_after_the_watchdog_is_sigkilled_status_tells_what_run_db_recorded(tmp_path: Path, how: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(GUARDED)
+    run = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    watchdog = subprocess.Popen(trainguard_cmd("run", "--quiet", "--run-dir", str(run), "--", sys.executable,
+                                               str(script), how), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=env)
+    deadline = time.time() + 60
+    log = run / "output.log"
+    while time.time() < deadline and not (log.exists() and b"step 10\n" in log.read_bytes()):
+        time.sleep(0.1)
+    watchdog.kill()
+    watchdog.wait()
+    # the keeper holds the folder's lock while the command lives on: a second run is still refused
+    second = run_trainguard("run", "--quiet", "--run-dir", str(run), "--", sys.executable, "-c", "print(1)")
+    _one_line_2(second, "second run while the keeper keeps the command")
+    deadline = time.time() + 90
+    while time.time() < deadline and json.loads((run / "status.json").read_text()).get("reason") != "watchdog-gone":
+        time.sleep(0.3)
+    st = json.loads((run / "status.json").read_text())
+    assert st["reason"] == "watchdog-gone" and st["step"] == 120, st  # the step run.db reached, not the stale one
+    if how == "finish":
+        assert st["state"] == "completed" and st["health"] == "ok", st
+        assert "recorded finish() at step 120" in st["state_note"]
+    else:
+        assert st["state"] == "crashed" and any(f["code"] == "TG501" and "late failure" in f["summary"]
+                                                for f in st["findings"]), st
+    out = run_trainguard("status", str(run))
+    assert out.returncode == 0
+    assert not ("health error" in out.stdout and "no findings" in out.stdout), out.stdout
