@@ -148,7 +148,14 @@ def build_verdict(data: RunData) -> Verdict:
         started = data.t_range[0]
     if ended is None and data.t_range and state != "running":
         ended = data.t_range[1]
-    duration = (ended - started) if (started is not None and ended is not None) else None
+    duration = (ended - started) if (isinstance(started, (int, float)) and isinstance(ended, (int, float))) else None
+    # the watchdog measures the run's length by the monotonic clock: a wall clock set back mid-run made
+    # ended - started negative; a negative one from an older run is not shown at all
+    measured = st.get("duration")
+    if isinstance(measured, (int, float)) and not isinstance(measured, bool) and 0 <= measured < 1e10:
+        duration = float(measured)
+    elif duration is not None and duration < 0:
+        duration = None
     steps = data.columns.get("step")
     done = st.get("step")
     if done is None and steps is not None and steps.any:

@@ -163,7 +163,7 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
     return data
 
 
-_NUMBERS = ("step", "total_steps", "exit_code", "pid", "started", "updated", "ended", "attempt")
+_NUMBERS = ("step", "total_steps", "exit_code", "pid", "started", "updated", "ended", "attempt", "duration")
 
 
 def _shaped(data: dict[str, Any]) -> dict[str, Any]:

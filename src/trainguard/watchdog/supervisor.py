@@ -177,6 +177,7 @@ class Supervisor:
 
     def run(self) -> int:
         self.started = time.time()
+        self._t0 = time.monotonic()  # durations: a clock set back mid-run must not make them negative
         self._write_meta()
         reserve_space(self.run_dir)  # so the last status.json is written even if the run fills the disk
         self.capture = OutputCapture(self.run_dir / "output.log", echo=self.options.echo)
@@ -581,7 +582,7 @@ class Supervisor:
             stderr_crash = first_failure_finding(
                 list(self.capture.stderr_tail),
                 step=step if step is not None else crash.last_printed_step(self.capture.stdout_tail),
-                elapsed=time.time() - self.started,
+                elapsed=self._elapsed(),
             )
         oom = {}
         if returncode == -signal.SIGKILL and hang is None and stopped is None:
@@ -604,7 +605,7 @@ class Supervisor:
                 self.findings.append(f)
         self._finish_monitors(step)
         self.writer.add_event("run", "end", {"state": v.state, "exit_code": v.exit_code, "signal": v.signal,
-                                             "duration": time.time() - self.started})
+                                             "duration": self._elapsed()})
         self.writer.flush()
         final = self._observe_final(step)
         self._write_status(v.state, final, ending=v.ending, ended=time.time())
@@ -706,6 +707,7 @@ class Supervisor:
             "started": self.started,
             "updated": time.time(),
             "ended": ended,
+            "duration": round(self._elapsed(), 3) if ended is not None else None,  # monotonic, never negative
             "attempt": self.attempt,
             "stall_timeout": round(self.stall.timeout(state.phase), 1),
             "output_lines": state.output_lines,
@@ -725,13 +727,17 @@ class Supervisor:
                 self._note(f"trainguard: status.json could not be updated to '{state_name}' ({exc.strerror or exc}):"
                            " it keeps its last state; `trainguard status` says that its owner is gone")
 
+    def _elapsed(self) -> float:
+        """Seconds since the run started, by the monotonic clock (the wall clock may jump: NTP, a person)."""
+        return time.monotonic() - getattr(self, "_t0", time.monotonic())
+
     def _owner(self) -> dict[str, Any]:
         if not hasattr(self, "_owner_record"):
             self._owner_record = owner_record()
         return self._owner_record
 
     def _summary(self, v: verdict.Verdict, step: int | None) -> None:
-        dur = time.time() - self.started
+        dur = self._elapsed()
         severities = {f.severity for f in self.findings}
         health = ("error" if v.state != "completed" or "error" in severities else
                   "warning" if "warning" in severities else "ok")
