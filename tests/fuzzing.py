@@ -457,12 +457,20 @@ def _damaged_manifest(rng: random.Random, raw: bytes) -> bytes:
 _BOMBS: dict[int, bytes] = {}  # made once per process: deflating 2.5 GB of zeros takes seconds
 
 
-def _damaged_shard(rng: random.Random, raw: bytes) -> bytes:
+def _damaged_shard(rng: random.Random, raw: bytes, bombs_only: bool = False) -> bytes:
     import io
     import zipfile
 
     import numpy as np
 
+    if bombs_only:
+        for blocks in (1, 40):
+            _bomb(blocks, io, zipfile)
+        return b""
+    return _damaged_shard_one(rng, raw, io, zipfile, np)
+
+
+def _damaged_shard_one(rng: random.Random, raw: bytes, io: Any, zipfile: Any, np: Any) -> bytes:
     roll = rng.random()
     if roll < 0.5:
         with np.load(io.BytesIO(raw)) as z:
@@ -481,20 +489,24 @@ def _damaged_shard(rng: random.Random, raw: bytes) -> bytes:
         np.savez_compressed(buf, **arrays)
         return buf.getvalue()
     if roll < 0.6:  # a zip bomb: a member that inflates to far more than a shard holds
-        blocks = rng.choice([1, 40])
-        if blocks not in _BOMBS:
-            buf = io.BytesIO()
-            with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-                with z.open("ids.npy", "w", force_zip64=True) as f:
-                    header = b"\x93NUMPY\x01\x00v\x00{'descr': '<u4', 'fortran_order': False, 'shape': (800000000, 4), }"
-                    f.write(header.ljust(127, b" ") + b"\n")
-                    for _ in range(blocks):
-                        f.write(b"\0" * (1 << 26))
-            _BOMBS[blocks] = buf.getvalue()
-        return _BOMBS[blocks]
+        return _bomb(rng.choice([1, 40]), io, zipfile)
     if roll < 0.7:
         return _mutate(raw, rng)[: rng.randint(0, len(raw))]
     return _mutate(raw, rng)
+
+
+def _bomb(blocks: int, io: Any, zipfile: Any) -> bytes:
+    """An .npz whose `ids` claims 12.8 GB and inflates to `blocks` x 64 MiB of zeros (made once)."""
+    if blocks not in _BOMBS:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+            with z.open("ids.npy", "w", force_zip64=True) as f:
+                header = b"\x93NUMPY\x01\x00v\x00{'descr': '<u4', 'fortran_order': False, 'shape': (800000000, 4), }"
+                f.write(header.ljust(127, b" ") + b"\n")
+                for _ in range(blocks):
+                    f.write(b"\0" * (1 << 26))
+        _BOMBS[blocks] = buf.getvalue()
+    return _BOMBS[blocks]
 
 
 def gen_cache(rng: random.Random, folder: Path) -> list[str]:
@@ -694,6 +706,8 @@ def run_case_isolated(target: str, seed: int, index: int, keep: Path | None = No
     loops or blocks is killed after `timeout` seconds (a hang, reported)."""
     import select
 
+    if target == "cache" and not _BOMBS:  # made here, once: a forked child's would die with it
+        _damaged_shard(random.Random(0), b"", bombs_only=True)
     r, w = os.pipe()
     t0 = time.perf_counter()
     pid = os.fork()
