@@ -632,6 +632,17 @@ class Tally:
     def ok(self) -> bool:
         return not self.failures
 
+    def kinds(self) -> dict[str, int]:
+        """Failures by kind: exit 70, traceback, timeout (a hang), memory (past the cap), other."""
+        out = {"exit 70": 0, "traceback": 0, "timeout": 0, "memory": 0, "other": 0}
+        for f in self.failures:
+            what = f.split(": ", 1)[1] if ": " in f else f
+            key = ("exit 70" if what.startswith("exit 70") else "traceback" if "traceback" in what
+                   else "timeout" if what.startswith(("timeout", "hang")) else "memory" if "memory" in what.lower()
+                   else "other")
+            out[key] += 1
+        return out
+
 
 class _Hang(BaseException):  # not an Exception: the CLI must not turn it into an exit code
     pass
@@ -817,7 +828,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = 0
     for target, t in tallies.items():
         print(f"{target:14} {t.cases} cases, exit codes {dict(sorted(t.exit_codes.items()))}, "
-              f"{len(t.failures)} failures, slowest {t.slowest:.1f} s")
+              f"{len(t.failures)} failures {t.kinds()}, slowest {t.slowest:.1f} s")
         for f in t.failures[:20]:
             print(f"    {f}")
         bad += len(t.failures)

@@ -258,3 +258,21 @@ def test_after_the_watchdog_is_sigkilled_status_tells_what_run_db_recorded(tmp_p
     out = run_trainguard("status", str(run))
     assert out.returncode == 0
     assert not ("health error" in out.stdout and "no findings" in out.stdout), out.stdout
+
+
+def test_a_sigstopped_training_process_is_named_stopped_not_a_missing_ptrace_right(tmp_path: Path) -> None:
+    from trainguard.watchdog import classify, stacks
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time\nwhile True:\n    time.sleep(0.05)\n"])
+    try:
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(0.3)
+        snap = stacks.collect(proc.pid, tmp_path, samples=2, interval=0.2)
+        diag = classify.diagnose(snap)
+        assert diag.cause == "stopped" and diag.pid == proc.pid, diag
+        assert "SIGCONT" in diag.detail and "ptrace" not in diag.detail + diag.fix
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()

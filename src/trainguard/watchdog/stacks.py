@@ -204,6 +204,11 @@ def _io_bytes(pid: int, field: str = "wchar") -> int | None:
 
 
 def _stacks_into(s: ProcSample, stacks_dir: Path, spy: str | None) -> None:
+    if s.status in ("stopped", "tracing-stop"):
+        # a stopped process runs no signal handler, and py-spy cannot attach to it: neither is asked, and
+        # the reason is the state itself (not "no ptrace rights", which is what py-spy would say)
+        s.error = f"pid {s.pid} is stopped (state {'t' if s.status == 'tracing-stop' else 'T'}): no stack until SIGCONT"
+        return
     info = _handler_info(stacks_dir, s.pid)
     if info is not None and catches_signal(s.pid, int(info["signal"])):
         threads = signal_dump(s.pid, Path(info["file"]), int(info["signal"]), info.get("main_thread"))
