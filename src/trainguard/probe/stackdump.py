@@ -104,7 +104,8 @@ def _register(folder: str) -> bool:
     pid = os.getpid()
     # O_NOFOLLOW: a link planted in the stacks folder is refused, never written through (folderio.py's rule,
     # written out here: this module is loaded at start-up and imports almost nothing)
-    fd = os.open(os.path.join(folder, f"proc-{pid}.txt"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | os.O_NONBLOCK, 0o644)
+    dump_path = os.path.join(folder, f"proc-{pid}.txt")
+    fd = os.open(dump_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | os.O_NONBLOCK, 0o644)
     fh = os.fdopen(fd, "a", buffering=1)
     if _state["pid"] is None:
         # (only the first time in this interpreter: a forked child keeps faulthandler's handler as it is)
@@ -124,7 +125,7 @@ def _register(folder: str) -> bool:
         "pid": pid,
         "ppid": os.getppid(),
         "signal": int(STACK_SIGNAL),
-        "file": fh.name,
+        "file": dump_path,
         "main_thread": f"0x{threading.main_thread().ident or 0:016x}",
         "argv": list(sys.argv),
         "installed": time.time(),

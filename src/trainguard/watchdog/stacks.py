@@ -253,8 +253,9 @@ def _handler_info(stacks_dir: Path, pid: int) -> dict[str, Any] | None:
         info = json.loads(read_capped(stacks_dir / f"proc-{pid}.json", 1 << 20, "stack-dump sidecar"))
     except (OSError, ValueError, UserError):
         return None
-    if not isinstance(info, dict):
-        return None
+    if not isinstance(info, dict) or isinstance(info.get("signal"), bool) or not isinstance(info.get("signal"), int) \
+            or not 0 < info["signal"] < 128:
+        return None  # damaged or planted: no signal of ours to send
     # the dump file is this process's own in the same folder, whatever a (damaged or planted) sidecar says
     return {**info, "file": str(stacks_dir / f"proc-{pid}.txt")}
 
