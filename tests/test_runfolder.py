@@ -276,3 +276,26 @@ def test_a_sigstopped_training_process_is_named_stopped_not_a_missing_ptrace_rig
         os.kill(proc.pid, signal.SIGCONT)
         proc.kill()
         proc.wait()
+
+
+def test_a_grandchild_that_called_setsid_is_still_a_leftover_of_the_run(tmp_path: Path) -> None:
+    script, daemon, marker = tmp_path / "launch.py", tmp_path / "daemon.py", tmp_path / "daemon.pid"
+    daemon.write_text(f"import os, time\nos.setsid()\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+                      "time.sleep(60)\n")
+    script.write_text(f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, {str(daemon)!r}])\n"
+                      "time.sleep(1.0)\n")
+    run = tmp_path / "run"
+    proc = run_trainguard("run", "--quiet", "--run-dir", str(run), "--", sys.executable, str(script), timeout=90)
+    status = json.loads((run / "status.json").read_text())
+    assert any(f["code"] == "TG508" for f in status["findings"]), (proc.stderr, status)
+    pid = int(marker.read_text())
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        raise AssertionError(f"the setsid() grandchild {pid} outlived the run")

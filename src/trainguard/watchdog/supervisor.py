@@ -176,6 +176,7 @@ class Supervisor:
     # -- the run ----------------------------------------------------------------------------------
 
     def run(self) -> int:
+        _become_subreaper()  # orphans of the command (a daemon that called setsid()) come to us, not to init
         self.started = time.time()
         self._t0 = time.monotonic()  # durations: a clock set back mid-run must not make them negative
         self._write_meta()
@@ -250,6 +251,7 @@ class Supervisor:
         env.update(self.options.env)
         if resume:
             env[ENV_RESUME_FROM] = resume
+        self._children_before = {m["pid"] for m in _orphans(keep=set(), since=0.0)}  # not the run's (in-process callers)
         try:
             self.proc = subprocess.Popen(
                 self.options.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
@@ -301,10 +303,16 @@ class Supervisor:
             self._restore_signals()
         returncode = self.proc.wait()
         members = _group_members(self.proc.pid)
-        if members:
+        # a descendant that left the group with setsid() was reparented to us (a child subreaper, see
+        # `run`) when its parent exited: still the run's, found among our own children
+        escaped = [m for m in _orphans(keep={getattr(self._keeper, "pid", None)} | self._children_before,
+                                       since=self.attempt_started)
+                   if m["pid"] not in {x["pid"] for x in members}]
+        if members or escaped:
             step = max((b["step"] for b in self.reader.heartbeats() if b["step"] is not None), default=None)
-            self._report(verdict.leftover_finding(members, step))
+            self._report(verdict.leftover_finding(members + escaped, step))
             self._terminate()
+            _kill_all([m["pid"] for m in escaped])
         self.capture.drain()
         self._close_stall_at_end(returncode)
         keeper.stop(self._keeper)
@@ -896,6 +904,72 @@ def _oom_evidence(pid: int, before: int | None) -> dict[str, Any]:
         "kernel_log_readable": log is not None,
     }
 
+
+
+def _become_subreaper() -> bool:
+    """prctl(PR_SET_CHILD_SUBREAPER): a process of the run whose parent exits is reparented to the watchdog,
+    whatever session or group it moved to, so a leftover that called setsid() is still found. Linux only;
+    fail-open."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER = 36
+    except (OSError, AttributeError):
+        return False
+
+
+def _orphans(keep: set[int | None], since: float) -> list[dict[str, Any]]:
+    """The watchdog's own live descendants made since `since` (the attempt's start), other than `keep` (its
+    keeper, what it had before): after the command exited, processes of the run reparented to it (see
+    `_become_subreaper`)."""
+    try:
+        import psutil
+
+        out = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if child.pid in keep or child.status() == psutil.STATUS_ZOMBIE or child.create_time() < since - 1:
+                    continue
+                out.append({"pid": child.pid, "cmdline": child.cmdline()})
+            except psutil.Error:
+                continue
+        return out
+    except Exception:
+        return []
+
+
+def _kill_all(pids: list[int]) -> None:
+    """SIGTERM, a grace period, SIGKILL: for processes of the run outside its process group."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        if sig == signal.SIGTERM and pids:
+            deadline = time.time() + KILL_GRACE
+            while time.time() < deadline and any(_alive(p) for p in pids):
+                time.sleep(0.1)
+    for pid in pids:  # ours since they were reparented: reaped here, not left as zombies
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
 
 
 def _group_members(pgid: int) -> list[dict[str, Any]]:
