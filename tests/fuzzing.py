@@ -799,9 +799,11 @@ def fuzz(targets: list[str], cases: int, seed: int = 1, first: int = 0, keep: Pa
             tally.slowest = max(tally.slowest, seconds)
             if failure:
                 tally.failures.append(f"{target}#{index}: {failure}")
-            if progress and tally.cases % 250 == 0:
+                if progress:
+                    print(f"  FAILED {target}#{index}: {failure}", file=sys.stderr, flush=True)
+            if progress and tally.cases % 100 == 0:
                 print(f"  {target}: {tally.cases} cases, exit codes {dict(sorted(tally.exit_codes.items()))}, "
-                      f"{len(tally.failures)} failures, slowest {tally.slowest:.1f} s, "
+                      f"{len(tally.failures)} failures {tally.kinds()}, slowest {tally.slowest:.1f} s, "
                       f"peak memory {peak_rss_mib():.0f} MiB", file=sys.stderr, flush=True)
         tallies[target] = tally
     return tallies
