@@ -277,6 +277,267 @@ def gen_run_folder(rng: random.Random, folder: Path) -> list[str]:
     return command
 
 
+_STORE_TEMPLATE: dict[str, bytes] | None = None
+
+
+def _store_template() -> dict[str, bytes]:
+    """A run folder with a store that holds every kind of row the probe and the watchdog write."""
+    global _STORE_TEMPLATE
+    if _STORE_TEMPLATE is None:
+        from trainguard.store.status import write_status
+        from trainguard.store.writer import StoreWriter
+
+        with tempfile.TemporaryDirectory() as d:
+            w = StoreWriter(d)
+            w.set_meta("plan", {"total_steps": 60, "grad_accum": 1})
+            w.set_meta("command", ["python", "train.py"])
+            w.set_meta("flightrec.0", {"step": 30, "attempt": 0, "t": 1e9 + 30, "request": 1e9})
+            w.set_heartbeat(t_progress=1e9 + 50, micro=50, step=50, phase="train", state="running")
+            for step in range(1, 51):
+                w.add_step({"step": step, "t": 1e9 + step, "loss": 3.0 / step, "lr": 1e-4 * (1 - step / 60),
+                            "grad_norm": 1.0, "step_time": 0.1, "data_wait": 0.01, "parts": {"ce": 2.0, "kd": 1.0},
+                            "weights": {"ce": 1.0, "kd": 0.5}})
+            w.add_event("run", "start", {"pid": 1, "command": ["python", "train.py"], "attempt": 0}, step=0)
+            w.add_event("phase", "eval", {"edge": "begin"}, step=20)
+            w.add_event("phase", "eval", {"edge": "end"}, step=20)
+            w.add_event("eval", "val", {"loss": 2.0, "metrics": {"acc": 0.5}}, step=20)
+            w.add_event("checkpoint", "save", {"path": "ckpt/step-40.pt", "seconds": 1.0}, step=40)
+            w.add_event("finding", "TG301", {"code": "TG301", "name": "nonfinite-loss", "severity": "error", "step": 45,
+                                             "summary": "loss is NaN", "evidence": {"loss": "nan"}, "fix": "x"}, step=45)
+            w.add_event("crash", "ValueError", {"exception": "ValueError", "message": "boom",
+                                                "frames": [{"file": "train.py", "line": 3, "function": "f"}]}, step=50)
+            w.add_event("probe", "finish", {}, step=50)
+            w.close()
+            write_status(d, {"state": "crashed", "step": 50, "pid": 1, "exit_code": 1, "findings": [
+                {"code": "TG501", "name": "run-crashed", "severity": "error", "step": 50, "summary": "ValueError",
+                 "evidence": {}, "fix": "x", "where": "train.py:3 (f)"}]})
+            (Path(d) / "output.log").write_bytes(b"".join(b"step %d loss %.3f\n" % (i, 3.0 / i) for i in range(1, 51)))
+            _STORE_TEMPLATE = {p.name: p.read_bytes() for p in Path(d).iterdir() if p.is_file()}
+    return _STORE_TEMPLATE
+
+
+def _hostile_value(rng: random.Random) -> Any:
+    """A value of the wrong type, range or size for whatever column or field it lands in."""
+    return rng.choice([
+        None, "", "x", "nan", "inf", "-inf", 2**63 - 1, -2**63, "1" * 30, 1e308, -1e308, 0, -1, 3.5, True,
+        b"\xff\xfe\x00", b"", "[1, 2]", '{"a": [1, {"b": null}]}', "[]", "{}", "null", "true", '"text"',
+        _garbage(rng, 30), "9" * 5000, "[" * 3000, '{"code": 1, "name": [], "severity": "nope"}',
+        '[{"code": "TG1", "name": "x", "severity": "error", "summary": "s"}]', "1e999",
+        json.dumps({"step": "x", "t": [], "attempt": {}, "edge": 5, "path": 7, "frames": "no", "loss": "nan"}),
+        json.dumps({"frames": [1, None, {"file": 3, "line": "x"}], "exception": 5, "message": ["m"]}),
+        json.dumps({"total_steps": -5, "grad_accum": "x"}), json.dumps({"total_steps": 10**40}),
+    ])
+
+
+_STORE_COLUMNS = {
+    "steps": ("attempt", "rank", "step", "t", "micro", "loss", "lr", "grad_norm", "update_ratio", "nonfinite",
+              "step_time", "data_wait", "loss_scale", "sched_epoch", "parts", "weights", "extra"),
+    "events": ("t", "attempt", "rank", "pid", "step", "kind", "name", "data"),
+    "meta": ("value",),
+    "heartbeat": ("rank", "attempt", "t_progress", "t_flush", "micro", "step", "phase", "state"),
+}
+
+
+def gen_run_store(rng: random.Random, folder: Path) -> list[str]:
+    """A run folder whose store is valid SQLite holding damaged rows: wrong types, out-of-range numbers,
+    JSON of the wrong shape, duplicated and missing rows (what a bit flip, a hand edit or a planted
+    store gives; the readers must take each row as untrusted input)."""
+    import sqlite3
+
+    run = folder / "run"
+    run.mkdir()
+    for name, data in _store_template().items():
+        if not name.endswith(("-wal", "-shm")):
+            (run / name).write_bytes(data)
+    conn = sqlite3.connect(run / "run.db")
+    try:
+        conn.execute("PRAGMA journal_mode=DELETE")
+        for _ in range(rng.randint(1, 12)):
+            table = rng.choice(list(_STORE_COLUMNS))
+            col = rng.choice(_STORE_COLUMNS[table])
+            op = rng.random()
+            # the store's NOT NULL columns take any type (SQLite is dynamically typed), so anything goes in
+            value = _hostile_value(rng)
+            try:
+                if op < 0.6:
+                    ids = [r[0] for r in conn.execute(f"SELECT rowid FROM {table}")]
+                    if ids:
+                        conn.execute(f"UPDATE {table} SET {col} = ? WHERE rowid = ?", (value, rng.choice(ids)))
+                elif op < 0.75:
+                    conn.execute(f"UPDATE {table} SET {col} = ?", (value,))
+                elif op < 0.85 and table == "steps":
+                    conn.execute("INSERT INTO steps SELECT * FROM steps")  # every step twice
+                elif op < 0.92:
+                    conn.execute(f"DELETE FROM {table} WHERE rowid % ? = 0", (rng.randint(2, 5),))
+                elif table == "events":
+                    conn.execute("INSERT INTO events (t, attempt, rank, pid, step, kind, name, data) "
+                                 "VALUES (?, 0, 0, 1, ?, ?, ?, ?)",
+                                 (_hostile_value(rng), _hostile_value(rng),
+                                  rng.choice(["finding", "crash", "phase", "eval", "checkpoint", "run", "probe",
+                                              "restart", "output", "stall"]), rng.choice(["x", None, "finish", "start"]),
+                                  _hostile_value(rng)))
+                else:
+                    conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                                 (rng.choice(["plan", "command", "flightrec.0", "flightrec.x", "label", "config"]),
+                                  _hostile_value(rng)))
+            except (sqlite3.Error, OverflowError):
+                continue
+        conn.commit()
+    finally:
+        conn.close()
+    if rng.random() < 0.15:
+        (run / "status.json").write_bytes(json.dumps({"state": rng.choice(["completed", "running", "crashed", 5]),
+                                                      "findings": rng.choice([[[1, 2]], ["x"], [{"code": 1}],
+                                                                              {"a": 1}, None])}).encode())
+    command = rng.choice([["status", str(run)], ["status", str(run), "--json"], ["diagnose", str(run)],
+                          ["report", str(run)], ["compare", str(run), str(run), "--out", str(folder / "cmp")]])
+    return command
+
+
+_CACHE_TEMPLATE: dict[str, bytes] | None = None
+
+
+def _cache_template() -> dict[str, bytes]:
+    """A small format-2 teacher cache written the way cache_build writes one (manifest + .npz shards)."""
+    global _CACHE_TEMPLATE
+    if _CACHE_TEMPLATE is None:
+        import io
+
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        k, sw, n_windows, width = 4, 3, 7, 50
+        manifest = {"format": 2, "k": k, "temperature": 1.0, "window_chars": 64, "text_sha256": "0" * 64,
+                    "n_windows": n_windows, "shard_windows": sw, "teacher_fingerprint": 1.5, "teacher_width": width,
+                    "teacher_tokenizer": "{}", "precision": "fp32", "positions": 70,
+                    "partial": {"student_tokenizer_sha256": "1" * 64, "kd_positions": "all", "max_ids": 8,
+                                "rows": 6, "entries": 12}}
+        out = {"manifest.json": json.dumps(manifest).encode()}
+        for i in range(-(-n_windows // sw)):
+            w = min(sw, n_windows - i * sw)
+            rows = rng.integers(5, 12, size=w)
+            total = int(rows.sum())
+            p_rows = rng.integers(0, 3, size=w)
+            p_lens = rng.integers(1, 4, size=int(p_rows.sum()))
+            arrays = {"offsets": np.concatenate([[0], np.cumsum(rows)]).astype(np.int64),
+                      "ids": rng.integers(0, width, size=(total, k)).astype(np.uint32),
+                      "q": rng.integers(0, 100, size=(total, k)).astype(np.uint16),
+                      "nll": rng.random(w).astype(np.float32),
+                      "p_offsets": np.concatenate([[0], np.cumsum(p_rows)]).astype(np.int64),
+                      "p_pos": rng.integers(0, 20, size=int(p_rows.sum())).astype(np.int32),
+                      "p_len": p_lens.astype(np.int64),
+                      "p_ids": rng.integers(0, width, size=int(p_lens.sum())).astype(np.uint32),
+                      "p_q": rng.integers(0, 5000, size=int(p_lens.sum())).astype(np.uint16)}
+            buf = io.BytesIO()
+            np.savez_compressed(buf, **arrays)
+            out[f"shard-{i:05d}.npz"] = buf.getvalue()
+        _CACHE_TEMPLATE = out
+    return _CACHE_TEMPLATE
+
+
+def _damaged_manifest(rng: random.Random, raw: bytes) -> bytes:
+    m = json.loads(raw)
+    roll = rng.random()
+    if roll < 0.5:
+        for _ in range(rng.randint(1, 3)):
+            key = rng.choice(["format", "k", "n_windows", "shard_windows", "temperature", "positions",
+                              "teacher_width", "partial", "text_sha256", "teacher_fingerprint", "window_chars"])
+            m[key] = rng.choice([_hostile_value(rng), 10**12, 2**62, 10**18, -3, 0, 1, 1.0, [], {}, "2",
+                                 {"rows": "x"}, {"student_tokenizer_sha256": 5}])
+            if rng.random() < 0.2:
+                m.pop(key, None)
+        return json.dumps(m).encode()
+    if roll < 0.6:
+        return b"\xff\xfe" + raw[:50]  # not UTF-8
+    if roll < 0.7:
+        return rng.choice([b"[]", b"null", b"7", _deep_json(rng).encode(), b'{"format": ' + _big_int(rng).encode() + b"}"])
+    return _mutate(raw, rng)
+
+
+_BOMBS: dict[int, bytes] = {}  # made once per process: deflating 2.5 GB of zeros takes seconds
+
+
+def _damaged_shard(rng: random.Random, raw: bytes, bombs_only: bool = False) -> bytes:
+    import io
+    import zipfile
+
+    import numpy as np
+
+    if bombs_only:
+        for blocks in (1, 40):
+            _bomb(blocks, io, zipfile)
+        return b""
+    return _damaged_shard_one(rng, raw, io, zipfile, np)
+
+
+def _damaged_shard_one(rng: random.Random, raw: bytes, io: Any, zipfile: Any, np: Any) -> bytes:
+    roll = rng.random()
+    if roll < 0.5:
+        with np.load(io.BytesIO(raw)) as z:
+            arrays = {key: z[key] for key in z.files}
+        for _ in range(rng.randint(1, 3)):
+            key = rng.choice(sorted(arrays))
+            a = arrays[key]
+            arrays[key] = rng.choice([
+                a[: max(0, len(a) - rng.randint(1, 3))], np.concatenate([a, a]), a.astype(np.float64),
+                a.reshape(-1) if a.ndim > 1 else a.reshape(-1, 1), np.array([], dtype=a.dtype),
+                np.full_like(a, -1) if a.dtype.kind == "i" else np.full_like(a, 2**31 - 1 if a.dtype.itemsize >= 4 else 65535),
+                a[::-1].copy(), np.array(["x"] * max(1, len(a))), np.zeros((2, 2, 2), dtype=np.int64)])
+            if rng.random() < 0.15:
+                arrays.pop(key)
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)
+        return buf.getvalue()
+    if roll < 0.6:  # a zip bomb: a member that inflates to far more than a shard holds
+        return _bomb(rng.choice([1, 40]), io, zipfile)
+    if roll < 0.7:
+        return _mutate(raw, rng)[: rng.randint(0, len(raw))]
+    return _mutate(raw, rng)
+
+
+def _bomb(blocks: int, io: Any, zipfile: Any) -> bytes:
+    """An .npz whose `ids` claims 12.8 GB and inflates to `blocks` x 64 MiB of zeros (made once)."""
+    if blocks not in _BOMBS:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+            with z.open("ids.npy", "w", force_zip64=True) as f:
+                header = b"\x93NUMPY\x01\x00v\x00{'descr': '<u4', 'fortran_order': False, 'shape': (800000000, 4), }"
+                f.write(header.ljust(127, b" ") + b"\n")
+                for _ in range(blocks):
+                    f.write(b"\0" * (1 << 26))
+        _BOMBS[blocks] = buf.getvalue()
+    return _BOMBS[blocks]
+
+
+def gen_cache(rng: random.Random, folder: Path) -> list[str]:
+    """A teacher cache folder (distill), its manifest or shards damaged, or special files in their place."""
+    cache = folder / "cache"
+    cache.mkdir()
+    files = _cache_template()
+    target = rng.choice(sorted(files))
+    for name, data in files.items():
+        if name == target:
+            roll = rng.random()
+            if roll < 0.08:
+                continue  # missing
+            if roll < 0.16:
+                kind = rng.choice(["fifo", "zero", "link", "dir"])
+                if kind == "fifo":
+                    os.mkfifo(cache / name)
+                elif kind == "zero":
+                    (cache / name).symlink_to("/dev/zero")
+                elif kind == "link":
+                    outside = folder / "outside.bin"
+                    outside.write_bytes(data)
+                    (cache / name).symlink_to(outside)
+                else:
+                    (cache / name).mkdir()
+                continue
+            data = _damaged_manifest(rng, data) if name == "manifest.json" else _damaged_shard(rng, data)
+        (cache / name).write_bytes(data)
+    return ["distill", "cache", "info", str(cache)]
+
+
 _CONFIG_KEYS = ["num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
                 "lr_scheduler_type", "warmup_ratio", "warmup_steps", "eval_steps", "save_steps", "max_steps",
                 "early_stopping_patience", "dataset_size", "eval_strategy", "logging_steps"]
@@ -353,6 +614,7 @@ def gen_special(rng: random.Random, folder: Path) -> list[str]:
 TARGETS: dict[str, Callable[[random.Random, Path], list[str]]] = {
     "textlog": gen_textlog, "csv": gen_csv, "jsonl": gen_jsonl, "trainer_state": gen_trainer_state,
     "tensorboard": gen_tensorboard, "run_folder": gen_run_folder, "check": gen_check, "special": gen_special,
+    "run_store": gen_run_store, "cache": gen_cache,
 }
 
 
@@ -369,6 +631,17 @@ class Tally:
 
     def ok(self) -> bool:
         return not self.failures
+
+    def kinds(self) -> dict[str, int]:
+        """Failures by kind: exit 70, traceback, timeout (a hang), memory (past the cap), other."""
+        out = {"exit 70": 0, "traceback": 0, "timeout": 0, "memory": 0, "other": 0}
+        for f in self.failures:
+            what = f.split(": ", 1)[1] if ": " in f else f
+            key = ("exit 70" if what.startswith("exit 70") else "traceback" if "traceback" in what
+                   else "timeout" if what.startswith(("timeout", "hang")) else "memory" if "memory" in what.lower()
+                   else "other")
+            out[key] += 1
+        return out
 
 
 class _Hang(BaseException):  # not an Exception: the CLI must not turn it into an exit code
@@ -432,6 +705,80 @@ def run_case(target: str, seed: int, index: int, keep: Path | None = None) -> tu
         return code, failure, seconds
 
 
+ISOLATED_TIMEOUT = 20  # seconds a case may take in its own process before it counts as a hang
+ISOLATED_MEMORY = 2 << 30  # bytes of address space a case may add to what the harness already maps
+
+
+def run_case_isolated(target: str, seed: int, index: int, keep: Path | None = None,
+                      timeout: float = ISOLATED_TIMEOUT, memory: int = ISOLATED_MEMORY
+                      ) -> tuple[int | None, str | None, float]:
+    """`run_case` in a forked child under a memory cap (RLIMIT_AS) and a wall-clock limit: a reader that
+    allocates without bound dies of MemoryError there (a failure, reported), not on the machine; one that
+    loops or blocks is killed after `timeout` seconds (a hang, reported)."""
+    import select
+
+    if target == "cache" and not _BOMBS:  # made here, once: a forked child's would die with it
+        _damaged_shard(random.Random(0), b"", bombs_only=True)
+    r, w = os.pipe()
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # the child: cap, run, report, leave without running the parent's atexit hooks
+        os.close(r)
+        code, failure = -1, "the case raised in the harness"
+        try:
+            mapped = _mapped_bytes()
+            resource.setrlimit(resource.RLIMIT_AS, (mapped + memory, mapped + memory))
+            code, failure, _ = run_case(target, seed, index, keep)
+            if isinstance(failure, str) and "MemoryError" in failure:
+                failure = f"memory: past the cap of {memory >> 20} MiB ({failure})"
+        except BaseException as exc:  # noqa: BLE001 - anything here is the case's failure, said in the report
+            failure = f"harness: {type(exc).__name__}: {str(exc)[:200]}"
+        try:
+            os.write(w, json.dumps({"code": code, "failure": failure}).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            break
+        ready, _, _ = select.select([r], [], [], left)
+        if ready:
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    os.close(r)
+    if timed_out:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    seconds = time.perf_counter() - t0
+    if timed_out:
+        return None, f"timeout (> {timeout:.0f} s)", seconds
+    try:
+        answer = json.loads(b"".join(chunks))
+    except ValueError:
+        why = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
+        return None, f"the case's process died ({why}) without an answer", seconds
+    return answer["code"], answer["failure"], seconds
+
+
+def _mapped_bytes() -> int:
+    """This process's address space now (VmSize), so the cap is what a case may add to it."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 30
+
+
 def _stderr_separate(result: Any) -> bool:
     try:
         return bool(result.stderr)
@@ -440,20 +787,23 @@ def _stderr_separate(result: Any) -> bool:
 
 
 def fuzz(targets: list[str], cases: int, seed: int = 1, first: int = 0, keep: Path | None = None,
-         progress: bool = False) -> dict[str, Tally]:
+         progress: bool = False, isolated: bool = False) -> dict[str, Tally]:
     tallies = {}
     for target in targets:
         tally = Tally()
         for index in range(first, first + cases):
-            code, failure, seconds = run_case(target, seed, index, keep)
+            one = run_case_isolated if isolated else run_case
+            code, failure, seconds = one(target, seed, index, keep)
             tally.cases += 1
             tally.exit_codes[code if code is not None else -1] = tally.exit_codes.get(code if code is not None else -1, 0) + 1
             tally.slowest = max(tally.slowest, seconds)
             if failure:
                 tally.failures.append(f"{target}#{index}: {failure}")
-            if progress and tally.cases % 250 == 0:
+                if progress:
+                    print(f"  FAILED {target}#{index}: {failure}", file=sys.stderr, flush=True)
+            if progress and tally.cases % 100 == 0:
                 print(f"  {target}: {tally.cases} cases, exit codes {dict(sorted(tally.exit_codes.items()))}, "
-                      f"{len(tally.failures)} failures, slowest {tally.slowest:.1f} s, "
+                      f"{len(tally.failures)} failures {tally.kinds()}, slowest {tally.slowest:.1f} s, "
                       f"peak memory {peak_rss_mib():.0f} MiB", file=sys.stderr, flush=True)
         tallies[target] = tally
     return tallies
@@ -470,13 +820,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--first", type=int, default=0, help="index of the first case")
     ap.add_argument("--keep", type=Path, default=None, help="write the arguments of each failing case here")
+    ap.add_argument("--isolated", action="store_true",
+                    help=f"each case in its own forked process, capped at {ISOLATED_MEMORY >> 20} MiB more address "
+                         f"space and {ISOLATED_TIMEOUT} s")
     args = ap.parse_args(argv)
     t0 = time.time()
-    tallies = fuzz(args.target or list(TARGETS), args.cases, args.seed, args.first, args.keep, progress=True)
+    tallies = fuzz(args.target or list(TARGETS), args.cases, args.seed, args.first, args.keep, progress=True,
+                   isolated=args.isolated)
     bad = 0
     for target, t in tallies.items():
         print(f"{target:14} {t.cases} cases, exit codes {dict(sorted(t.exit_codes.items()))}, "
-              f"{len(t.failures)} failures, slowest {t.slowest:.1f} s")
+              f"{len(t.failures)} failures {t.kinds()}, slowest {t.slowest:.1f} s")
         for f in t.failures[:20]:
             print(f"    {f}")
         bad += len(t.failures)

@@ -21,3 +21,19 @@ def test_no_reader_breaks_on_damaged_or_hostile_input(target: str) -> None:
     tally = fuzzing.fuzz([target], CASES, seed=7)[target]
     assert tally.cases == CASES
     assert tally.ok(), "\n".join(tally.failures[:10])
+
+
+CAMPAIGN = int(os.environ.get("TRAINGUARD_FUZZ_CAMPAIGN", "5000"))  # per reader, in the slow campaign
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["run_store", "run_folder", "cache", "special"])
+def test_thousands_of_damaged_run_folders_and_caches_never_break_a_reader(target: str) -> None:
+    """The campaign (issue 32): each case in its own process under a memory cap (RLIMIT_AS: 2 GiB more than
+    the harness maps) and a 20 s limit; exit 70, tracebacks, timeouts and memory blow-ups must all be 0.
+    Run once, niced: `nice -n 19 python -m pytest -p no:xdist -m slow tests/test_fuzz.py -k thousands`."""
+    tally = fuzzing.fuzz([target], CAMPAIGN, seed=11, isolated=True)[target]
+    print(f"{target}: {tally.cases} cases, exit codes {dict(sorted(tally.exit_codes.items()))}, "
+          f"failures {tally.kinds()}, slowest {tally.slowest:.1f} s")
+    assert tally.cases == CAMPAIGN
+    assert tally.ok(), f"{tally.kinds()}\n" + "\n".join(tally.failures[:10])

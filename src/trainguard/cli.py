@@ -333,7 +333,10 @@ def _diagnose_run_folder(run_dir: Any, as_json: bool, alive: bool) -> None:
     extra: list[str] = []
     st = read_status(run_dir)
     ended = st.get("state") in ("completed", "failed", "crashed", "killed") or bool(st.get("ended"))
-    if _probe_recorded(run_dir) or not (run_dir / "output.log").is_file():
+    from trainguard.folderio import regular_or_missing
+
+    # (a link or a FIFO planted as output.log: UserError, one line; never followed)
+    if _probe_recorded(run_dir) or not regular_or_missing(run_dir / "output.log", "output.log"):
         found = diagnose_run(run_dir)
     else:  # a run without the probe: its captured output is all there is to re-read
         d = diagnose_path(run_dir / "output.log", ended=f"status.json: {st['state']}" if ended else None, alive=alive)

@@ -69,8 +69,29 @@ class Finding:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Finding:
+        """A finding from its stored form (status.json, the store's events): TypeError or ValueError for
+        anything that is not one, field by field (a damaged run folder is untrusted input)."""
+        if not isinstance(data, dict):
+            raise TypeError(f"a finding is an object, not {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        fields = {k: v for k, v in data.items() if k in known}
+        for key in ("code", "name", "severity", "summary"):
+            if not isinstance(fields.get(key), str):
+                raise TypeError(f"a finding's {key} is text")
+        for key in ("fix", "source"):
+            if key in fields and not isinstance(fields[key], str):
+                fields[key] = str(fields[key])
+        for key in ("cause", "where", "exception"):
+            if fields.get(key) is not None and not isinstance(fields[key], str):
+                fields[key] = str(fields[key])
+        if not isinstance(fields.get("evidence", {}), dict):
+            fields["evidence"] = {"value": fields["evidence"]}
+        step, t = fields.get("step"), fields.get("t")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not -2**62 < step < 2**62):
+            fields["step"] = None
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not -1e15 < t < 1e15):
+            fields["t"] = None
+        return cls(**fields)
 
     def one_line(self) -> str:
         at = f" at step {self.step}" if self.step is not None else ""

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from trainguard.contract import ENV_PREFLIGHT, ENV_RESUME_FROM
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
+from trainguard.folderio import read_capped, regular_or_missing, write_atomic
 from trainguard.preflight import judge, scratch
 from trainguard.probe.fastforward import SCHEDULE_FILE
 from trainguard.store.ending import Ending, ending_status
@@ -101,9 +102,9 @@ def preflight(opts: PreflightOptions) -> int:
 
     after, complete_after = scratch.snapshot(origin, avoid)
     sched_path = first["dir"] / SCHEDULE_FILE
-    sim = json.loads(sched_path.read_text()) if sched_path.is_file() else None
+    sim = json.loads(read_capped(sched_path, 64 << 20, "schedule.json")) if regular_or_missing(sched_path) else None
     if sim is not None:
-        shutil.copyfile(sched_path, run_dir / SCHEDULE_FILE)
+        write_atomic(run_dir / SCHEDULE_FILE, json.dumps(sim))
     writes = _unique(scratch.outside_writes([s["dir"] for s in starts]) + scratch.changed(before, after))
     own = scratch.own_output_files()
     writes = [w for w in writes if not scratch.is_own_output(w["path"], own)]
@@ -117,7 +118,7 @@ def preflight(opts: PreflightOptions) -> int:
 def _clear_previous(run_dir: Path) -> None:
     """A reused --run-dir: remove what an earlier preflight left (only its own names), so stores never mix."""
     for name in ("start-1", "start-2-resume", "scratch"):
-        if (run_dir / name).is_dir():
+        if (run_dir / name).is_dir() and not (run_dir / name).is_symlink():
             shutil.rmtree(run_dir / name)  # the scratch folder's symlinks are removed, never followed
     for name in ("status.json", SCHEDULE_FILE, "preflight.json"):
         (run_dir / name).unlink(missing_ok=True)
@@ -162,7 +163,7 @@ def _conclude(run_dir: Path, opts: PreflightOptions, findings: list[Finding], su
                            ended=time.time(), watched_by="preflight", preflight=summary,
                            findings=[f.to_dict() for f in findings])
     write_status(run_dir, status)
-    (run_dir / "preflight.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_atomic(run_dir / "preflight.json", json.dumps(summary, indent=2, default=str))  # never via a link
     for line in judge.report_lines(outcome, findings, summary, run_dir):
         print(printable(line), file=sys.stderr)
     return code

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract import ENV_PREFLIGHT, ENV_RESUME_FROM, EVENT_PREFLIGHT
+from trainguard.folderio import write_atomic
 from trainguard.probe import planinfo
 from trainguard.probe.lockstep import Lockstep
 
@@ -286,7 +287,7 @@ class FastForward:
                 result["total_steps_from"] = assumed
             result["scheduler"] = type(self.guard.scheduler).__name__
             if self.guard.rank == 0:  # every rank simulates the same schedule: one writes it
-                (Path(self.guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
+                write_atomic(Path(self.guard.run_dir) / SCHEDULE_FILE, json.dumps(result))  # never via a link
             self._event("schedule", {k: v for k, v in result.items() if k != "curve"})
         except Exception as exc:
             self.guard.fail("preflight schedule simulation", exc)
@@ -353,7 +354,7 @@ class FastForward:
         """Writes a schedule result (simulated, or why not) where the preflight reads it."""
         try:
             if self.guard.rank == 0:  # every rank finds the same: one writes it
-                (Path(self.guard.run_dir) / SCHEDULE_FILE).write_text(json.dumps(result))
+                write_atomic(Path(self.guard.run_dir) / SCHEDULE_FILE, json.dumps(result))  # never via a link
             self._event("schedule", {k: v for k, v in result.items() if k != "curve"})
         except Exception as exc:
             self.guard.fail("preflight schedule result", exc)

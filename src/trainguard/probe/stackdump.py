@@ -49,14 +49,21 @@ if TYPE_CHECKING:
         file: TextIO | None  # the open dump file, kept alive for faulthandler's fd
         fork_hook: bool
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _state: _State = {"dir": None, "pid": None, "file": None, "fork_hook": False}
 
 
 def install(run_dir: str | os.PathLike) -> bool:
     """Installs the stack-dump handler in this process and arranges it for children. True when installed."""
     try:
-        folder = os.path.realpath(os.path.join(os.fspath(run_dir), "stacks"))
-        os.makedirs(folder, exist_ok=True)
+        folder = os.path.join(os.fspath(run_dir), "stacks")
+        try:
+            os.mkdir(folder, 0o755)
+        except FileExistsError:
+            pass
+        if os.path.islink(folder) or not os.path.isdir(folder):
+            return False  # a link planted in the run folder is never followed (folderio.py): no dumps
+        folder = os.path.realpath(folder)
         os.environ[ENV_STACKS] = folder
         ok = _register(folder)
         if not _state["fork_hook"]:
@@ -95,7 +102,11 @@ def _register(folder: str) -> bool:
     if previous not in (signal.SIG_DFL, signal.SIG_IGN, None) and _state["pid"] is None:
         return False  # the script uses this signal itself: leave it alone
     pid = os.getpid()
-    fh = open(os.path.join(folder, f"proc-{pid}.txt"), "a", buffering=1)
+    # O_NOFOLLOW: a link planted in the stacks folder is refused, never written through (folderio.py's rule,
+    # written out here: this module is loaded at start-up and imports almost nothing)
+    dump_path = os.path.join(folder, f"proc-{pid}.txt")
+    fd = os.open(dump_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | os.O_NONBLOCK, 0o644)
+    fh = os.fdopen(fd, "a", buffering=1)
     if _state["pid"] is None:
         # (only the first time in this interpreter: a forked child keeps faulthandler's handler as it is)
         # faulthandler puts back the handler it found when the interpreter shuts down: make that "ignore",
@@ -114,13 +125,17 @@ def _register(folder: str) -> bool:
         "pid": pid,
         "ppid": os.getppid(),
         "signal": int(STACK_SIGNAL),
-        "file": fh.name,
+        "file": dump_path,
         "main_thread": f"0x{threading.main_thread().ident or 0:016x}",
         "argv": list(sys.argv),
         "installed": time.time(),
     }
     tmp = os.path.join(folder, f".proc-{pid}.json.tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
+    try:
+        os.unlink(tmp)  # a leftover (or a planted link): removed, never written through
+    except FileNotFoundError:
+        pass
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644), "w", encoding="utf-8") as out:
         out.write(_to_json(info))
     os.replace(tmp, os.path.join(folder, f"proc-{pid}.json"))
     return True

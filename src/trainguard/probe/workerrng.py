@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainguard.errors import UserError
+
 MAX_EPOCHS = 4  # loader iterations (epochs) whose workers are fingerprinted; the bug shows in the first two
 MAX_FILES = 256
 
@@ -85,13 +87,12 @@ def record(worker_id: int, folder: str) -> None:
         rngs["random (global)"] = {"type": "Random", "state": _digest(random.getstate()),
                                    "draws": _peek(_copy_random(random))}
     base = int(info.seed) - int(worker_id)  # the same for every worker of one loader iteration (epoch)
-    folder_path = Path(folder)
-    folder_path.mkdir(parents=True, exist_ok=True)
-    out = folder_path / f"worker-{base}-{worker_id}.json"
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"worker": worker_id, "workers": int(info.num_workers), "base_seed": base,
-                               "pid": os.getpid(), "dataset": type(dataset).__name__, "rngs": rngs}))
-    os.replace(tmp, out)
+    from trainguard.folderio import subdir, write_atomic
+
+    folder_path = subdir(folder)  # a real folder of the run, never a link planted in its place
+    write_atomic(folder_path / f"worker-{base}-{worker_id}.json",
+                 json.dumps({"worker": worker_id, "workers": int(info.num_workers), "base_seed": base,
+                             "pid": os.getpid(), "dataset": type(dataset).__name__, "rngs": rngs}))
 
 
 def generators(obj: Any, path: str = "dataset", depth: int = 0) -> list[tuple[str, Any, str, Any]]:
@@ -215,15 +216,20 @@ class Reports:
         self.read: set[str] = set()
 
     def compare(self) -> dict[str, Any] | None:
-        if self.done or not self.epochs or not self.folder.is_dir():
+        if self.done or not self.epochs or not self.folder.is_dir() or self.folder.is_symlink():
             return None
         for path in sorted(self.folder.glob("worker-*.json"))[:MAX_FILES]:
             if path.name in self.read:
                 continue
             try:
-                self.records.append(json.loads(path.read_text()))
+                from trainguard.folderio import read_capped
+
+                rec = json.loads(read_capped(path, 1 << 20, "worker record"))  # no link, no FIFO, capped
+                if not isinstance(rec, dict):
+                    raise ValueError("not a record")
+                self.records.append(rec)
                 self.read.add(path.name)
-            except (OSError, ValueError):
+            except (OSError, ValueError, UserError):
                 continue  # being written: read at the next look
         epochs: dict[int, int] = {}
         seen: dict[int, int] = {}  # files read per epoch

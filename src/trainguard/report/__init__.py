@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainguard.store.status import write_atomic
+from trainguard.folderio import write_atomic
 
 
 def write_report(run_dir: str | Path) -> tuple[Path, Path]:

@@ -6,6 +6,7 @@ Everything here is plain data, so both formats say the same thing.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
+from trainguard.folderio import checked_subdir, read_head, read_tail
 from trainguard.report.checks import Check, build_checks
 from trainguard.report.load import RunData, load_run
 from trainguard.report.plots import build_plots, samples_per_step
@@ -170,7 +172,14 @@ def build_verdict(data: RunData) -> Verdict:
         started = data.t_range[0]
     if ended is None and data.t_range and state != "running":
         ended = data.t_range[1]
-    duration = (ended - started) if (started is not None and ended is not None) else None
+    duration = (ended - started) if (isinstance(started, (int, float)) and isinstance(ended, (int, float))) else None
+    # the watchdog measures the run's length by the monotonic clock: a wall clock set back mid-run made
+    # ended - started negative; a negative one from an older run is not shown at all
+    measured = st.get("duration")
+    if isinstance(measured, (int, float)) and not isinstance(measured, bool) and 0 <= measured < 1e10:
+        duration = float(measured)
+    elif duration is not None and duration < 0:
+        duration = None
     steps = data.columns.get("step")
     done = st.get("step")
     if done is None and steps is not None and steps.any:
@@ -293,30 +302,26 @@ def _num(v: Any) -> float | None:
 
 def _output_tail(run_dir: Path) -> list[str]:
     path = run_dir / "output.log"
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - 16384))
-            text = fh.read().decode("utf-8", errors="replace")
-    except OSError:
+    if not os.path.lexists(path):
         return []
+    # its end only, never through a link, never a FIFO or a device (UserError: one line, exit 2)
+    text = read_tail(path, 16384, "output.log").decode("utf-8", errors="replace")
     return text.splitlines()[-OUTPUT_TAIL:]
 
 
 def _stacks(run_dir: Path) -> list[tuple[str, str]]:
     """The stack dumps the watchdog saved at a hang (stacks/hang-*.txt first, then per-process dumps)."""
-    folder = run_dir / "stacks"
-    if not folder.is_dir():
+    folder = checked_subdir(run_dir / "stacks")  # a link in its place: one line, exit 2
+    if folder is None:
         return []
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".txt")
+    try:
+        files = sorted(p for p in folder.iterdir() if p.suffix == ".txt" and not p.name.startswith("."))
+    except OSError:
+        return []
     files.sort(key=lambda p: not p.name.startswith("hang-"))
     out = []
     for path in files[:4]:
-        try:
-            text = path.read_text(errors="replace")[:20000]
-        except OSError:
-            continue
+        text = read_head(path, 20000, "stack dump").decode("utf-8", errors="replace")
         if text.strip():  # a process that was never asked for a dump leaves an empty file
             out.append((path.name, text))
     return out

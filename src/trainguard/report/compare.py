@@ -40,7 +40,7 @@ LOWER_IS_BETTER = ("loss", "ppl", "perplexity", "error", "err", "wer", "cer", "m
 def write_comparison(run_a: Path, run_b: Path, out: Path, warmup: int | None = None, *,
                      repeats_a: Sequence[Path] = (), repeats_b: Sequence[Path] = (), run_noise: float | None = None
                      ) -> tuple[list[Path], dict]:
-    from trainguard.store.status import write_atomic
+    from trainguard.folderio import write_atomic
 
     a, b = load_run(run_a), load_run(run_b)
     result = compare(a, b, warmup=warmup, repeats_a=[load_run(p) for p in repeats_a],

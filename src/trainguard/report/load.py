@@ -23,11 +23,13 @@ import numpy as np
 
 from trainguard.errors import UserError
 from trainguard.findings import Finding
+from trainguard.folderio import exists, read_capped
 from trainguard.store.printed import PRINTED_COLUMNS, read_printed
 from trainguard.store.reader import RunReader, load_json, recorded_findings
 from trainguard.store.schema import DB_NAME, connect
 from trainguard.untrusted import load_json as load_untrusted_json
-from trainguard.untrusted import regular_file
+
+MAX_SCHEDULE_BYTES = 64 << 20  # a simulated LR curve; more is not one
 
 SCALAR_COLUMNS = ("step", "loss", "lr", "grad_norm", "update_ratio", "step_time", "data_wait", "loss_scale")
 JSON_COLUMNS = ("parts", "weights", "extra")
@@ -125,20 +127,24 @@ def _load_steps(data: RunData, run_dir: Path, rank: int) -> None:
         return
     try:
         try:
-            ranks = [r[0] for r in conn.execute("SELECT DISTINCT rank FROM steps")]
+            ranks = [r[0] for r in conn.execute("SELECT DISTINCT rank FROM steps WHERE typeof(rank) = 'integer'")]
         except sqlite3.OperationalError:
             return  # no steps table: the writer never got that far
         data.ranks = sorted(ranks)
         if ranks and rank not in ranks:
             rank = min(ranks)
         data.restarts = [(int(a), int(s)) for a, s in conn.execute(
-            "SELECT attempt, MIN(step) FROM steps WHERE rank = ? AND attempt > 0 GROUP BY attempt ORDER BY attempt",
+            "SELECT attempt, MIN(step) FROM steps WHERE rank = ? AND typeof(attempt) = 'integer' AND attempt > 0 "
+            "AND typeof(step) = 'integer' GROUP BY attempt ORDER BY attempt",
             (rank,))]
-        t_min, t_max = conn.execute("SELECT MIN(t), MAX(t) FROM steps").fetchone()
+        t_min, t_max = conn.execute(
+            "SELECT MIN(t), MAX(t) FROM steps WHERE typeof(t) IN ('integer', 'real')").fetchone()
         if t_min is not None:
             data.t_range = (float(t_min), float(t_max))
         cols = SCALAR_COLUMNS + JSON_COLUMNS
-        cur = conn.execute(f"SELECT {', '.join(cols)} FROM steps WHERE rank = ? ORDER BY rowid", (rank,))
+        # (a damaged store's rows without a whole step number are no steps: left out, as the reader does)
+        cur = conn.execute(f"SELECT {', '.join(cols)} FROM steps WHERE rank = ? AND typeof(step) = 'integer' "
+                           f"AND abs(step) < 4611686018427387904 ORDER BY rowid", (rank,))
         # In chunks, each turned into arrays before the next is read: a million rows at once as tuples and
         # dicts would hold about a gigabyte, chunked it stays near a tenth of that.
         chunks = []
@@ -309,8 +315,8 @@ def _load_schedule(run_dir: Path) -> dict[str, list[float]] | None:
     """
     path = run_dir / "schedule.json"
     try:
-        raw = load_untrusted_json(regular_file(path).read_bytes())
-    except (OSError, ValueError, UserError):
+        raw = load_untrusted_json(read_capped(path, MAX_SCHEDULE_BYTES, "schedule.json")) if exists(path) else None
+    except ValueError:  # damaged: no curve drawn (a link or a FIFO in its place is a UserError: one line)
         return None
     steps: list[float] = []
     lrs: list[float] = []

@@ -10,6 +10,7 @@ cost a query, JSON decoding and a dict per row on a thread that shares the GIL w
 from __future__ import annotations
 
 import collections
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -117,8 +118,10 @@ class RulesMonitor:
 
 def output_events(run_dir: Path, steps: int | None) -> list[dict[str, Any]]:
     """Offline, output.log stands for the lines the watchdog counted: one event at the start, one at the end."""
+    from trainguard.folderio import regular_or_missing
+
     path = Path(run_dir) / "output.log"
-    if not steps or not path.is_file():
+    if not steps or not regular_or_missing(path, "output.log"):  # a link or a FIFO: UserError, one line
         return []
     try:
         lines = count_lines(path)
@@ -133,7 +136,9 @@ def count_lines(path: Path, block: int = 1 << 20) -> int:
     may be gigabytes."""
     lines = 0
     cr_pending = False  # the previous block ended in \r: a \n opening this one belongs to it
-    with open(path, "rb") as f:
+    from trainguard.folderio import open_fd
+
+    with os.fdopen(open_fd(path, "output.log"), "rb") as f:  # never through a link, never a FIFO
         while chunk := f.read(block):
             lines += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
             if cr_pending and chunk.startswith(b"\n"):

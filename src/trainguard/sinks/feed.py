@@ -8,6 +8,7 @@ dashboard that is down never changes a run's verdict.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -179,7 +180,9 @@ class LiveFeed:
 
 def _guard_log(run_dir: Path, text: str) -> None:
     try:
-        with open(Path(run_dir) / "guard.log", "a") as fh:
+        from trainguard.folderio import open_append
+
+        with os.fdopen(open_append(Path(run_dir) / "guard.log"), "a") as fh:
             fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} sinks {text}\n")
     except OSError:
         pass

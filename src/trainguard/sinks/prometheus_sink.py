@@ -2,8 +2,8 @@
 
 By default a textfile (`RUN/metrics.prom`, for node_exporter's textfile collector: point it at the
 file or copy it there), rewritten atomically after each pass over the store (every 2 s); `prometheus=/path/file.prom` picks the
-file, `prometheus=:9464` (or `HOST:PORT`) serves the same metrics over HTTP instead, for as long as
-`trainguard run` lives.
+file, `prometheus=:9464` serves the same metrics over HTTP on 127.0.0.1 (this machine only) instead, for as
+long as `trainguard run` lives; `prometheus=0.0.0.0:9464` (or any `HOST:PORT`) serves them on that address.
 
     trainguard_run_state{run="...",state="running"} 1        one series, the current state
     trainguard_step{run="..."} 1234
@@ -82,5 +82,7 @@ class PrometheusSink:
 def open_sink(run_dir: Path, value: str | None) -> PrometheusSink:
     if value and not value.endswith(".prom") and ":" in value:
         host, _, port = value.rpartition(":")
-        return PrometheusSink(run_dir, None, (host or "0.0.0.0", int(port)))
+        # `:PORT` serves this machine only: a run's metrics name its command, paths and findings, which are
+        # not for the whole network unless the user names an address (`0.0.0.0:PORT`, a host's own address)
+        return PrometheusSink(run_dir, None, (host.strip("[]") or "127.0.0.1", int(port)))
     return PrometheusSink(run_dir, Path(value) if value else run_dir / "metrics.prom", None)

@@ -13,11 +13,13 @@ never collide; `meta` keys that every node writes (command, host) are taken from
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 from pathlib import Path
 from typing import Any
 
+from trainguard.folderio import check_sqlite
 from trainguard.store.schema import DB_NAME, STEP_COLUMNS
 
 NODE_DIR = "node-{}"
@@ -37,12 +39,14 @@ def node_dir(run_dir: str | Path, node: int) -> Path:
 def node_dirs(run_dir: str | Path) -> list[Path]:
     """The node parts of a run folder, by node number; [] for a run of one node (its store at the top)."""
     base = Path(run_dir)
-    if (base / DB_NAME).is_file() or not base.is_dir():
+    if os.path.lexists(base / DB_NAME) or not base.is_dir():
         return []
     found = []
     for p in base.iterdir():
         m = _NODE_RE.match(p.name)
-        if m and p.is_dir() and ((p / DB_NAME).is_file() or (p / "status.json").is_file()):
+        # a node part that is a link is not this run's: never followed (folderio.py)
+        if m and p.is_dir() and not p.is_symlink() and (os.path.lexists(p / DB_NAME)
+                                                        or os.path.lexists(p / "status.json")):
             found.append((int(m.group(1)), p))
     return [p for _, p in sorted(found)]
 
@@ -55,9 +59,11 @@ def node_of(path: Path) -> int:
 def merged_connection(run_dir: str | Path, timeout: float = 10.0) -> sqlite3.Connection | None:
     """A read-only connection whose `steps`, `events`, `heartbeat`, `ranks` and `meta` are every node's,
     unioned (temporary views over the attached stores); None when the folder has no node parts."""
-    dirs = [d for d in node_dirs(run_dir) if (d / DB_NAME).is_file()][:MAX_ATTACHED]
+    dirs = [d for d in node_dirs(run_dir) if os.path.lexists(d / DB_NAME)][:MAX_ATTACHED]
     if not dirs:
         return None
+    for d in dirs:
+        check_sqlite(d / DB_NAME)
     conn = sqlite3.connect("file::memory:", uri=True, timeout=timeout, check_same_thread=False)
     conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
     names = []

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from trainguard.contract import ENV_RUNS_ROOT
 from trainguard.errors import UserError
+from trainguard.folderio import check_run_dir
 from trainguard.store.nodes import node_dirs
 from trainguard.store.schema import DB_NAME
 
@@ -38,7 +39,7 @@ def new_run_dir(label: str, root: str | Path | None = None) -> Path:
         path = base / f"{stamp}-{_slug(label)}{suffix}"
         try:
             path.mkdir(parents=True, exist_ok=False)
-            return path
+            return check_run_dir(path)
         except FileExistsError:
             continue
         except OSError as exc:
@@ -55,7 +56,7 @@ def prepare_run_dir(path: str | Path) -> Path:
         raise UserError(f"cannot create run folder {path}: {exc.strerror or exc}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise UserError(f"run folder {path} is not writable")
-    return path
+    return check_run_dir(path)  # the user's own, nothing planted in it (folderio.py)
 
 
 def is_run_dir(path: Path) -> bool:

@@ -7,6 +7,7 @@ Values stored as text because SQLite cannot hold them ('nan', 'inf') come back a
 from __future__ import annotations
 
 import math
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,14 +21,32 @@ from trainguard.store.ranks import RankInfo
 from trainguard.store.schema import DB_NAME, RANK_COLUMNS, STEP_COLUMNS, connect
 from trainguard.store.status import read_status
 
+# the shape each meta key is written in (store writers: watchdog, probe); per-rank keys (`probe.0`) are objects
+META_SHAPES: dict[str, type | tuple[type, ...]] = {
+    "plan": dict, "command": list, "config": dict, "cwd": str, "env": dict, "host": str, "label": str,
+    "started": (int, float), "user": str, "watchdog": dict,
+}
+
 
 def _num(value: Any) -> Any:
+    """A stored number back: 'nan'/'inf' text as floats; anything else that is not a number (text, a blob,
+    an integer past any float: a damaged store) as None, so no rule does arithmetic on it."""
     if isinstance(value, str):
         try:
             return float(value)
         except ValueError:
-            return value
-    return value
+            return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if -2**62 < value < 2**62 else None
+    return value if isinstance(value, float) else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and -2**62 < value < 2**62 else None
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def load_json(text: str | None) -> Any:
@@ -46,13 +65,17 @@ def _numdict(value: Any) -> Any:
     return value
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 class RunReader:
     """Read-only view of one run folder."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self._conn: sqlite3.Connection | None = None
-        if (self.run_dir / DB_NAME).is_file():
+        if os.path.lexists(self.run_dir / DB_NAME):  # a link or a FIFO in its place is refused by connect
             try:
                 self._conn = connect(self.run_dir, readonly=True)
                 tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -103,7 +126,20 @@ class RunReader:
         return read_status(self.run_dir)
 
     def meta(self) -> dict[str, Any]:
-        return {k: load_json(v) for k, v in self._query("SELECT key, value FROM meta")}
+        """Each key's value as the writer stored it; a value of the wrong shape for its key (a damaged
+        store) is left out, so readers can rely on `plan` being an object and `command` a list."""
+        out = {}
+        for k, v in self._query("SELECT key, value FROM meta"):
+            if not isinstance(k, str):
+                continue
+            value = load_json(v) if isinstance(v, str) else None
+            shape = META_SHAPES.get(k) or (dict if "." in k else None)
+            if shape is not None and not isinstance(value, shape):
+                continue
+            if k == "command" and isinstance(value, list):
+                value = [str(c) for c in value]
+            out[k] = value
+        return out
 
     def steps(self, *, rank: int | None = None, since_rowid: int = 0, by_time: bool = False) -> Iterator[dict[str, Any]]:
         """One dict per optimizer step, in the order they were written (`by_time`: in the order of their `t`)."""
@@ -126,9 +162,12 @@ class RunReader:
             rec: dict[str, Any] = {"kind": "step", "rowid": row[0]}
             for col, value in zip(STEP_COLUMNS, row[1:]):
                 if col in ("parts", "weights", "extra"):
-                    rec[col] = _numdict(load_json(value)) or {}
+                    rec[col] = _dict(_numdict(load_json(value)))
                 else:
                     rec[col] = _num(value)
+            if not isinstance(rec["step"], int):
+                continue  # a row without a step number is no step (a damaged store)
+            rec["attempt"], rec["rank"] = _int_or_none(rec["attempt"]) or 0, _int_or_none(rec["rank"]) or 0
             yield rec
 
     def last_step(self) -> dict[str, Any] | None:
@@ -137,7 +176,10 @@ class RunReader:
             return None
         rec = {"kind": "step", "rowid": rows[0][0]}
         for col, value in zip(STEP_COLUMNS, rows[0][1:]):
-            rec[col] = _numdict(load_json(value)) if col in ("parts", "weights", "extra") else _num(value)
+            rec[col] = _dict(_numdict(load_json(value))) if col in ("parts", "weights", "extra") else _num(value)
+        if not isinstance(rec["step"], int):
+            return None
+        rec["attempt"], rec["rank"] = _int_or_none(rec["attempt"]) or 0, _int_or_none(rec["rank"]) or 0
         return rec
 
     def last_step_of(self, rank: int) -> int | None:
@@ -157,13 +199,26 @@ class RunReader:
             args += (kind,)
         out = []
         for id_, t, attempt, rank, pid, step, kind_, name, data in self._query(sql + " ORDER BY id", args):
-            out.append({"id": id_, "t": t, "attempt": attempt, "rank": rank, "pid": pid, "step": step,
-                        "kind": kind_, "name": name, "data": load_json(data)})
+            # each column of the type the writer gives it (a damaged store's are not): None otherwise
+            out.append({"id": id_, "t": _num(t), "attempt": _int_or_none(attempt) or 0,
+                        "rank": _int_or_none(rank) or 0, "pid": _int_or_none(pid), "step": _int_or_none(step),
+                        "kind": _text_or_none(kind_), "name": _text_or_none(name), "data": load_json(data)})
         return out
 
     def heartbeats(self) -> list[dict[str, Any]]:
         cols = HEARTBEAT_FIELDS
-        return [dict(zip(cols, row)) for row in self._query(f"SELECT {', '.join(cols)} FROM heartbeat")]
+        out = []
+        for row in self._query(f"SELECT {', '.join(cols)} FROM heartbeat"):
+            beat = dict(zip(cols, row))
+            for key, value in beat.items():  # numbers where the writer writes numbers (a damaged store: None)
+                if key not in ("phase", "state"):
+                    beat[key] = _num(value)
+            beat["phase"], beat["state"] = _text_or_none(beat.get("phase")), _text_or_none(beat.get("state"))
+            for key in ("pid", "rank", "attempt", "step", "micro"):
+                if key in beat:
+                    beat[key] = _int_or_none(beat[key])
+            out.append(beat)
+        return out
 
     def steps_reached(self) -> dict[int, int]:
         """Rank -> the last step it is known to have finished, from what it wrote besides its rows: its
@@ -211,6 +266,13 @@ class RunReader:
         out: dict[int, RankInfo] = {}
         for row in self._query(sql + " ORDER BY attempt, t", args):
             rec = dict(zip(RANK_COLUMNS, row))
+            for key in ("rank", "local_rank", "node", "world_size", "local_world_size", "pid"):
+                rec[key] = _int_or_none(rec[key])
+            if rec["rank"] is None or rec["rank"] < 0:
+                continue  # a damaged row names no rank
+            rec.update({k: rec[k] or 0 for k in ("local_rank", "node")})
+            rec.update({k: max(1, rec[k] or 1) for k in ("world_size", "local_world_size")})
+            rec["host"] = _text_or_none(rec["host"])
             out[rec["rank"]] = RankInfo(rank=rec["rank"], local_rank=rec["local_rank"], node=rec["node"],
                                         host=rec["host"] or "", world_size=rec["world_size"],
                                         local_world_size=rec["local_world_size"], pid=rec["pid"])

@@ -21,6 +21,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from trainguard.folderio import check_sqlite
+
 DB_NAME = "run.db"
 SCHEMA_VERSION = 1
 
@@ -97,6 +99,7 @@ STEP_COLUMNS = (
 def connect(run_dir: str | Path, *, readonly: bool = False, timeout: float = 10.0) -> sqlite3.Connection:
     """Open the run's database, creating the schema when writable."""
     path = Path(run_dir) / DB_NAME
+    check_sqlite(path)  # SQLite follows links by name: a planted run.db, -wal or -shm is refused here
     if readonly:
         # mode=ro still reads the WAL, so a reader sees what a live writer committed.
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout, check_same_thread=False)

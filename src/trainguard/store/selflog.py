@@ -19,6 +19,8 @@ import time
 import traceback
 from pathlib import Path
 
+from trainguard.folderio import open_append
+
 LOG_NAME = "guard.log"
 MAX_BYTES = 1 << 20  # guard.log stops growing here (all processes of the run together)
 REPEAT_MARKS = (10, 100, 1000, 10000)  # a repeated kind is mentioned again at these counts
@@ -50,7 +52,7 @@ class GuardLog:
                     line = f"{stamp} {self.who} guard.log reached its limit: nothing more is written\n"
                     if size + len(line) > MAX_BYTES:
                         return  # another process already said so
-                with open(self.path, "a") as fh:
+                with os.fdopen(open_append(self.path), "a") as fh:  # never through a planted link
                     fh.write(line)
         except OSError as exc:
             self._to_stderr(message, exc)
@@ -94,6 +96,6 @@ class GuardLog:
 
 def _size(path: Path) -> int:
     try:
-        return path.stat().st_size
+        return path.lstat().st_size
     except OSError:
         return 0

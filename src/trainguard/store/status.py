@@ -25,7 +25,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,30 +32,13 @@ from typing import Any
 from trainguard.contract import STATUS_NAME, checked_status
 from trainguard.errors import UserError
 from trainguard.findings import escalations_merged
-from trainguard.untrusted import load_json, regular_file
+from trainguard.folderio import create_fresh, read_capped, write_atomic
+from trainguard.untrusted import load_json
 
 RESERVE_NAME = ".status.reserve"
 RESERVE_BYTES = 256 * 1024  # room for a final status.json with its findings, kept while the run lives
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 MAX_STATUS_BYTES = 64 << 20  # a status.json larger than this is damaged; reading it whole would cost the memory
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write `text` to `path` so that a reader (a poller, a browser refreshing a page) never sees half of it:
-    a temp file beside it, renamed over it."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, mode)  # mkstemp makes it private; these files are for reading
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 HEALTHS = ("ok", "warning", "error")
@@ -140,7 +122,8 @@ def reserve_space(run_dir: str | Path) -> bool:
     the run filled. Fail-open: False when there is no room even now."""
     path = Path(run_dir) / RESERVE_NAME
     try:
-        with open(path, "wb") as fh:
+        # made fresh (O_EXCL after removing what was there): a planted link is never written through
+        with os.fdopen(create_fresh(path), "wb") as fh:
             fh.write(b"\0" * RESERVE_BYTES)  # written, not truncated: a sparse file would reserve nothing
             fh.flush()
             os.fsync(fh.fileno())
@@ -161,15 +144,13 @@ def release_space(run_dir: str | Path) -> bool:
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / STATUS_NAME
-    if not path.exists() and not path.is_symlink():
+    if not os.path.lexists(path):
         from trainguard.store.nodes import merged_status
 
         return merged_status(run_dir)  # a run over nodes: each node's part in node-<N>/ ({} when none)
     try:
-        data = load_json(regular_file(path, "status.json").read_bytes()[:MAX_STATUS_BYTES + 1])
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        data = load_json(read_capped(path, MAX_STATUS_BYTES, "status.json"))
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError
         raise UserError(f"cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path} is not a trainguard status (a JSON object is expected, found {type(data).__name__})")
@@ -182,7 +163,7 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
     return data
 
 
-_NUMBERS = ("step", "total_steps", "exit_code", "pid", "started", "updated", "ended", "attempt")
+_NUMBERS = ("step", "total_steps", "exit_code", "pid", "started", "updated", "ended", "attempt", "duration")
 
 
 def _shaped(data: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from trainguard.contract import PROBE_DEVICE_WAIT
 from trainguard.rules.crash import is_user_frame
 from trainguard.watchdog.stacks import Frame, ProcSample, Snapshot, ThreadStack
 
-CAUSES = ("dataloader-worker", "collective", "deadlock", "busy-loop", "device-sync", "io", "sleep", "unknown")
+CAUSES = ("dataloader-worker", "collective", "deadlock", "busy-loop", "device-sync", "io", "sleep", "stopped", "unknown")
 BUSY_CPU = 15.0  # percent of one core: above this, a process that makes no progress is spinning (low,
 # because on a loaded machine a spinning loop may get a fraction of a core; a blocked process gets ~0)
 IO_MOVING_BYTES = 1 << 20  # bytes written during the sampling window that mean "slow, not stuck"
@@ -76,6 +76,9 @@ def diagnose(snap: Snapshot, waits: dict[int, str] | None = None) -> Diagnosis:
         barrier = _exit_barrier(trainers)
         if barrier is not None:
             return barrier
+    stopped = _stopped(procs)
+    if stopped is not None:  # nothing else can be read of a stopped process, and nothing else is wrong yet
+        return stopped
     for check in (_collective, _dataloader, _busy, _blocked):
         diag = _collective(snap, trainers, workers, waits or {}) if check is _collective else check(snap, trainers, workers)
         if diag is not None:
@@ -84,6 +87,23 @@ def diagnose(snap: Snapshot, waits: dict[int, str] | None = None) -> Diagnosis:
         f"{len(procs)} process(es) looked at, their stacks are in stacks/" if procs else "no process of the run was found")
     return Diagnosis(cause="unknown", where=None, detail=f"no stack showed a known cause ({unread})",
                      fix=FIXES["unknown"])
+
+
+STOPPED_STATES = ("stopped", "tracing-stop")  # psutil's names for /proc's T and t states
+
+
+def _stopped(procs: list[ProcSample]) -> Diagnosis | None:
+    """A process of the run in state T (SIGSTOP, SIGTSTP from Ctrl-Z, SIGTTIN/SIGTTOU from a terminal) or t
+    (a debugger holds it): it runs no code until it is continued, so it answers no stack dump and py-spy
+    cannot attach. Named as such, not as a missing ptrace right."""
+    for p in sorted(procs, key=lambda q: q.is_dataloader_worker):
+        if p.status in STOPPED_STATES:
+            how = "held by a debugger (state t)" if p.status == "tracing-stop" else \
+                "stopped by a signal (state T: SIGSTOP, or SIGTSTP from Ctrl-Z)"
+            role = "a DataLoader worker" if p.is_dataloader_worker else "the process"
+            return Diagnosis(cause="stopped", where=None, pid=p.pid, fix=FIXES["stopped"],
+                             detail=f"{role} pid {p.pid} is {how}: it runs nothing until it gets SIGCONT")
+    return None
 
 
 def _exit_barrier(launchers: list[ProcSample]) -> Diagnosis | None:
@@ -499,6 +519,9 @@ FIXES = {
         "the other nodes to reach the end too. Look at the other nodes: one that is still training is late, "
         "one whose agent died (killed, out of memory, its host gone) is lost and the wait ends in an error. "
         "Give every node the same number of steps (uneven data ends some nodes early)."),
+    "stopped": (
+        "Something stopped the process (a `kill -STOP`, Ctrl-Z in its terminal, a job scheduler's suspend, a "
+        "debugger). `kill -CONT PID` resumes it where it was; find who stopped it (a shell job: `fg`)."),
     "unknown": (
         "trainguard could not name the cause. Read the stacks in the run folder (stacks/hang-*.txt); keep the "
         "automatic probe on (no --no-auto) so every Python process dumps its stacks on a signal, and run as a "

@@ -76,12 +76,16 @@ def _fresh_answers(run_dir: str | Path, asked: float | None) -> dict[int, dict[s
 def ask(run_dir: str | Path) -> float | None:
     """Asks every rank's probe for its flight recorder's view (probe/flightrec.py): touches the request
     file; returns its time, which the answers carry. None when the folder cannot be written."""
-    try:
-        path = Path(run_dir) / "stacks" / COLLECTIVES_REQUEST
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
-        os.utime(path)
-        return path.stat().st_mtime
+    from trainguard.folderio import open_append, subdir
+
+    try:  # a link planted in place of the folder or the file is refused, never followed
+        path = subdir(Path(run_dir) / "stacks") / COLLECTIVES_REQUEST
+        fd = open_append(path)
+        try:
+            os.utime(fd)
+            return os.fstat(fd).st_mtime
+        finally:
+            os.close(fd)
     except OSError:
         return None
 

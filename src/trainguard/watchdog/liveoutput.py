@@ -109,11 +109,14 @@ class OutputRulesMonitor:
     # -- reading ----------------------------------------------------------------------------------
 
     def _read(self, path: Path, now: float) -> list[dict[str, Any]]:
-        try:
-            with open(path, "rb") as fh:
+        from trainguard.errors import UserError
+        from trainguard.folderio import open_fd
+
+        try:  # never through a link planted in its place, never a FIFO
+            with os.fdopen(open_fd(path, "output.log"), "rb") as fh:
                 fh.seek(self.offset)
                 data = fh.read(MAX_READ)
-        except OSError:
+        except (OSError, UserError):
             return []
         if not data:
             return []

@@ -54,6 +54,13 @@ class SlurmRun:
             return None
         return _int(self.env.get("SLURM_NODEID"))
 
+    def clear_stop_request(self, run_dir: Path) -> None:
+        """A new attempt starts unasked: an earlier attempt's request (a requeued job) is removed."""
+        try:
+            os.unlink(run_dir / STOP_REQUESTED_FILE)  # a planted link is removed, never followed
+        except OSError:
+            pass
+
     @property
     def attempt(self) -> int:
         return self.job.restarts

@@ -31,6 +31,8 @@ from typing import Any
 
 from trainguard.contract import ENV_PY_SPY
 
+MAX_DUMP_BYTES = 8 << 20  # one faulthandler dump of every thread; more is not a dump
+
 SIGNAL_DUMP_WAIT = 1.0  # seconds to wait for a signal-triggered dump to appear
 PY_SPY_TIMEOUT = 8.0
 BURST_CPU = 15.0  # a process above this CPU % gets a fast burst of extra stack samples
@@ -202,6 +204,11 @@ def _io_bytes(pid: int, field: str = "wchar") -> int | None:
 
 
 def _stacks_into(s: ProcSample, stacks_dir: Path, spy: str | None) -> None:
+    if s.status in ("stopped", "tracing-stop"):
+        # a stopped process runs no signal handler, and py-spy cannot attach to it: neither is asked, and
+        # the reason is the state itself (not "no ptrace rights", which is what py-spy would say)
+        s.error = f"pid {s.pid} is stopped (state {'t' if s.status == 'tracing-stop' else 'T'}): no stack until SIGCONT"
+        return
     info = _handler_info(stacks_dir, s.pid)
     if info is not None and catches_signal(s.pid, int(info["signal"])):
         threads = signal_dump(s.pid, Path(info["file"]), int(info["signal"]), info.get("main_thread"))
@@ -239,10 +246,18 @@ def _burst(s: ProcSample, stacks_dir: Path, spy: str | None) -> None:
 
 
 def _handler_info(stacks_dir: Path, pid: int) -> dict[str, Any] | None:
+    from trainguard.errors import UserError
+    from trainguard.folderio import read_capped
+
     try:
-        return json.loads((stacks_dir / f"proc-{pid}.json").read_text())
-    except (OSError, ValueError):
+        info = json.loads(read_capped(stacks_dir / f"proc-{pid}.json", 1 << 20, "stack-dump sidecar"))
+    except (OSError, ValueError, UserError):
         return None
+    if not isinstance(info, dict) or isinstance(info.get("signal"), bool) or not isinstance(info.get("signal"), int) \
+            or not 0 < info["signal"] < 128:
+        return None  # damaged or planted: no signal of ours to send
+    # the dump file is this process's own in the same folder, whatever a (damaged or planted) sidecar says
+    return {**info, "file": str(stacks_dir / f"proc-{pid}.txt")}
 
 
 def catches_signal(pid: int, signum: int) -> bool:
@@ -277,12 +292,20 @@ def signal_dump(pid: int, path: Path, signum: int, main_ident: str | None) -> li
         else:
             stable = 0
         size = now
+    from trainguard.errors import UserError
+    from trainguard.folderio import open_fd
+
+    try:  # never through a link, never more than MAX_DUMP_BYTES
+        fd = open_fd(path, "stack dump")
+    except UserError:
+        return []
     try:
-        with open(path, errors="replace") as fh:
-            fh.seek(start)
-            text = fh.read()
+        os.lseek(fd, start, os.SEEK_SET)
+        text = os.read(fd, MAX_DUMP_BYTES).decode("utf-8", "replace")
     except OSError:
         return []
+    finally:
+        os.close(fd)
     return parse_faulthandler(text, main_ident)
 
 
@@ -381,10 +404,12 @@ def _frame(file: str, line: int, func: str, local_vars: dict[str, str] | None = 
 def save(snap: Snapshot, folder: Path, attempt: int | str = 0) -> Path:
     """Writes `hang-<attempt>.json` (everything) and `hang-<attempt>.txt` (for people); returns the .txt path.
     A later look at the same stall is `hang-<attempt>-<look>`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"hang-{attempt}.json").write_text(json.dumps(snap.to_dict(), indent=1, default=str))
+    from trainguard.folderio import subdir, write_atomic
+
+    subdir(folder)  # a real folder of the run, never a link planted in its place (OSError otherwise)
+    write_atomic(folder / f"hang-{attempt}.json", json.dumps(snap.to_dict(), indent=1, default=str))
     txt = folder / f"hang-{attempt}.txt"
-    txt.write_text(render(snap))
+    write_atomic(txt, render(snap))
     return txt
 
 

@@ -35,6 +35,7 @@ from trainguard.findings import Finding, most_severe_first
 from trainguard.rules import crash
 from trainguard.rules.ending import RUN_KILLED
 from trainguard.rules.firstfailure import first_failure_finding
+from trainguard.store import lock as run_lock
 from trainguard.store.ending import Ending, ending_status, live_status
 from trainguard.store.nodes import node_dir
 from trainguard.store.owner import owner_record
@@ -164,6 +165,14 @@ class Supervisor:
             self.run_dir = prepare_run_dir(node_dir(self.run_dir, launch.node))
         elif self.scheduler is not None and self.scheduler.node_part() is not None:
             self.run_dir = prepare_run_dir(node_dir(self.run_dir, self.scheduler.node_part() or 0))
+        # the run owns its folder for its life: a second run into it is refused; an earlier, ended run
+        # found in it is moved into earlier-<N>/ first (store/lock.py), except the same Slurm job's earlier
+        # attempt, which a requeued job continues
+        requeued = self.scheduler is not None and self.scheduler.attempt > 0
+        self.lock = run_lock.claim(self.run_dir, command=options.command, keep_apart=not requeued)
+        if self.lock.moved_to is not None and options.echo:
+            print(f"trainguard: the earlier run in {self.run_dir} was moved to {self.lock.moved_to}",
+                  file=sys.stderr)
         try:
             self.writer = StoreWriter(self.run_dir, rank=WATCHDOG_RANK)
         except Exception as exc:  # sqlite3.OperationalError on an unwritable folder, and its kin
@@ -183,7 +192,9 @@ class Supervisor:
     # -- the run ----------------------------------------------------------------------------------
 
     def run(self) -> int:
+        _become_subreaper()  # orphans of the command (a daemon that called setsid()) come to us, not to init
         self.started = time.time()
+        self._t0 = time.monotonic()  # durations: a clock set back mid-run must not make them negative
         self._write_meta()
         reserve_space(self.run_dir)  # so the last status.json is written even if the run fills the disk
         self.capture = OutputCapture(self.run_dir / "output.log", echo=self.options.echo)
@@ -249,6 +260,8 @@ class Supervisor:
         self._progress_before_signal: float | None = None
         self.capture.deaf_from = None
         self.writes = WriteWatch(self.run_dir)
+        if self.scheduler is not None:
+            self.scheduler.clear_stop_request(self.run_dir)
         env = dict(os.environ)
         env.update({ENV_RUN_DIR: str(self.run_dir.resolve()), ENV_WATCHDOG: "1", ENV_ATTEMPT: str(self.attempt),
                     "PYTHONUNBUFFERED": "1"})
@@ -256,6 +269,7 @@ class Supervisor:
         env.update(self.options.env)
         if resume:
             env[ENV_RESUME_FROM] = resume
+        self._children_before = {m["pid"] for m in _orphans(keep=set(), since=0.0)}  # not the run's (in-process callers)
         try:
             self.proc = subprocess.Popen(
                 self.options.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
@@ -273,7 +287,7 @@ class Supervisor:
         self.capture.start(stderr, "stderr", _buffer(sys.stderr))
         # if this process is killed, the keeper passes the output on: the command never dies of a broken pipe
         self._keeper = keeper.start(self.run_dir, stdout.fileno(), stderr.fileno(),
-                                    self.options.echo)
+                                    self.options.echo, lock_fd=self.lock.fd)
         self._forward_signals()
         self.oom_before = _safe_oom()
         if not hasattr(self, "reader"):
@@ -307,10 +321,16 @@ class Supervisor:
             self._restore_signals()
         returncode = self.proc.wait()
         members = _group_members(self.proc.pid)
-        if members:
+        # a descendant that left the group with setsid() was reparented to us (a child subreaper, see
+        # `run`) when its parent exited: still the run's, found among our own children
+        escaped = [m for m in _orphans(keep={getattr(self._keeper, "pid", None)} | self._children_before,
+                                       since=self.attempt_started)
+                   if m["pid"] not in {x["pid"] for x in members}]
+        if members or escaped:
             step = max((b["step"] for b in self.reader.heartbeats() if b["step"] is not None), default=None)
-            self._report(verdict.leftover_finding(members, step))
+            self._report(verdict.leftover_finding(members + escaped, step))
             self._terminate()
+            _kill_all([m["pid"] for m in escaped])
         self.capture.drain()
         self._close_stall_at_end(returncode)
         keeper.stop(self._keeper)
@@ -588,7 +608,7 @@ class Supervisor:
             stderr_crash = first_failure_finding(
                 list(self.capture.stderr_tail),
                 step=step if step is not None else crash.last_printed_step(self.capture.stdout_tail),
-                elapsed=time.time() - self.started,
+                elapsed=self._elapsed(),
             )
         oom = {}
         if returncode == -signal.SIGKILL and hang is None and stopped is None:
@@ -621,7 +641,7 @@ class Supervisor:
                 self.findings.append(f)
         self._finish_monitors(step)
         self.writer.add_event("run", "end", {"state": v.state, "exit_code": v.exit_code, "signal": v.signal,
-                                             "duration": time.time() - self.started})
+                                             "duration": self._elapsed()})
         self.writer.flush()
         final = self._observe_final(step)
         self._write_status(v.state, final, ending=v.ending, ended=time.time())
@@ -734,6 +754,7 @@ class Supervisor:
             "started": self.started,
             "updated": time.time(),
             "ended": ended,
+            "duration": round(self._elapsed(), 3) if ended is not None else None,  # monotonic, never negative
             "attempt": self.attempt,
             "stall_timeout": round(self.stall.timeout(state.phase), 1),
             "output_lines": state.output_lines,
@@ -755,13 +776,17 @@ class Supervisor:
                 self._note(f"trainguard: status.json could not be updated to '{state_name}' ({exc.strerror or exc}):"
                            " it keeps its last state; `trainguard status` says that its owner is gone")
 
+    def _elapsed(self) -> float:
+        """Seconds since the run started, by the monotonic clock (the wall clock may jump: NTP, a person)."""
+        return time.monotonic() - getattr(self, "_t0", time.monotonic())
+
     def _owner(self) -> dict[str, Any]:
         if not hasattr(self, "_owner_record"):
             self._owner_record = owner_record()
         return self._owner_record
 
     def _summary(self, v: verdict.Verdict, step: int | None) -> None:
-        dur = time.time() - self.started
+        dur = self._elapsed()
         severities = {f.severity for f in self.findings}
         health = ("error" if v.state != "completed" or "error" in severities else
                   "warning" if "warning" in severities else "ok")
@@ -931,6 +956,72 @@ def _oom_evidence(pid: int, before: int | None) -> dict[str, Any]:
         "kernel_log_readable": log is not None,
     }
 
+
+
+def _become_subreaper() -> bool:
+    """prctl(PR_SET_CHILD_SUBREAPER): a process of the run whose parent exits is reparented to the watchdog,
+    whatever session or group it moved to, so a leftover that called setsid() is still found. Linux only;
+    fail-open."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER = 36
+    except (OSError, AttributeError):
+        return False
+
+
+def _orphans(keep: set[int | None], since: float) -> list[dict[str, Any]]:
+    """The watchdog's own live descendants made since `since` (the attempt's start), other than `keep` (its
+    keeper, what it had before): after the command exited, processes of the run reparented to it (see
+    `_become_subreaper`)."""
+    try:
+        import psutil
+
+        out = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if child.pid in keep or child.status() == psutil.STATUS_ZOMBIE or child.create_time() < since - 1:
+                    continue
+                out.append({"pid": child.pid, "cmdline": child.cmdline()})
+            except psutil.Error:
+                continue
+        return out
+    except Exception:
+        return []
+
+
+def _kill_all(pids: list[int]) -> None:
+    """SIGTERM, a grace period, SIGKILL: for processes of the run outside its process group."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        if sig == signal.SIGTERM and pids:
+            deadline = time.time() + KILL_GRACE
+            while time.time() < deadline and any(_alive(p) for p in pids):
+                time.sleep(0.1)
+    for pid in pids:  # ours since they were reparented: reaped here, not left as zombies
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
 
 
 def _group_members(pgid: int) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import IO, Any
 
+from trainguard.folderio import open_append
 from trainguard.watchdog.dying import ProgressLines
 
 RETRY_LOG = 5.0  # seconds between tries to write output.log again after it failed
@@ -20,7 +21,8 @@ RETRY_LOG = 5.0  # seconds between tries to write output.log again after it fail
 class OutputCapture:
     def __init__(self, log_path: str | os.PathLike, echo: bool = True, tail_lines: int = 400) -> None:
         self.log_path = str(log_path)
-        self._log_fd: int | None = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # never through a link planted in its place, never into a FIFO or a file of another name (folderio.py)
+        self._log_fd: int | None = open_append(self.log_path)
         self._lock = threading.Lock()
         self.dropped_bytes = 0  # output that could not go into output.log (the terminal got it)
         self.log_error: str | None = None  # why output.log stopped taking output, while it does

@@ -36,15 +36,26 @@ Loading maps teacher ids to student ids with the student's own vocabulary map an
 from __future__ import annotations
 
 import hashlib
-import json
 import os
+import stat
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from trainguard.errors import UserError
+from trainguard.folderio import open_fd, read_capped
+from trainguard.recipes.distill.cache_valid import (
+    FIX,
+    MAX_MANIFEST_BYTES,
+    MAX_SHARD_FILE,
+    checked_manifest,
+    checked_members,
+    checked_shard,
+)
+from trainguard.untrusted import json_problem, load_json
 
 QSCALE = 1024.0
 MEMORY = 2 << 30  # bytes of decompressed shards kept in memory by a reader
@@ -84,39 +95,65 @@ class TeacherCache:
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
         mf = self.folder / "manifest.json"
-        if not mf.is_file():
+        if not self.folder.is_dir():
+            raise UserError(f"teacher cache: {self.folder} is not a folder")
+        if not os.path.lexists(mf):
             raise UserError(f"teacher cache: no manifest.json in {self.folder}")
+        # no link followed, no FIFO, capped; every field checked (cache_valid.py): damage is one line
+        raw = read_capped(mf, MAX_MANIFEST_BYTES, "manifest.json")
         try:
-            self.manifest = json.loads(mf.read_text())
-        except json.JSONDecodeError as exc:
-            raise UserError(f"teacher cache: {mf} is not valid JSON ({exc.msg})") from None
-        if self.manifest.get("format") not in READABLE:
-            raise UserError(f"teacher cache: {self.folder} has format {self.manifest.get('format')!r}, "
-                            f"this version reads {' or '.join(map(str, READABLE))}")
+            data = load_json(raw)
+        except ValueError as exc:  # a JSONDecodeError, a UnicodeDecodeError, nesting too deep
+            raise UserError(f"teacher cache: {mf} is not valid JSON ({json_problem(exc)}); {FIX}") from None
+        self.manifest = checked_manifest(data, mf, READABLE)
         self.format = int(self.manifest["format"])
         self.partial: dict[str, Any] | None = self.manifest.get("partial")  # None: aligned entries only
         self.k = int(self.manifest["k"])
         self.shard_windows = int(self.manifest["shard_windows"])
         self.n_windows = int(self.manifest["n_windows"])
+        width = self.manifest.get("teacher_width")
+        self.width: int | None = width if isinstance(width, int) else None
         self._shards: dict[int, dict[str, np.ndarray]] = {}
 
     def shard_path(self, i: int) -> Path:
         return self.folder / f"shard-{i:05d}.npz"
 
+    @property
+    def n_shards(self) -> int:
+        return -(-self.n_windows // self.shard_windows)
+
+    def has_shard(self, i: int) -> bool:
+        """Shard i is there as a regular file (a link in its place is not: lstat)."""
+        try:
+            return stat.S_ISREG(os.lstat(self.shard_path(i)).st_mode)
+        except OSError:
+            return False
+
     def complete(self) -> bool:
-        n = -(-self.n_windows // self.shard_windows)
-        return all(self.shard_path(i).is_file() for i in range(n))
+        return all(self.has_shard(i) for i in range(self.n_shards))
+
+    def _windows_in(self, i: int) -> int:
+        return max(0, min(self.shard_windows, self.n_windows - i * self.shard_windows))
 
     def _shard(self, i: int) -> dict[str, np.ndarray]:
         if i not in self._shards:
             p = self.shard_path(i)
-            if not p.is_file():
+            if not os.path.lexists(p):
                 raise UserError(f"teacher cache: {p} is missing; finish the build with `trainguard distill cache build`")
+            need = ("offsets", "ids", "q", "nll") + (("p_offsets", "p_pos", "p_len", "p_ids", "p_q") if self.partial else ())
             try:
-                with np.load(p) as z:
-                    d = {k: z[k] for k in z.files}
-            except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+                with os.fdopen(open_fd(p, "cache shard"), "rb") as fh:
+                    if os.fstat(fh.fileno()).st_size > MAX_SHARD_FILE:
+                        raise UserError(damaged(p, ValueError("larger than a shard can be")))
+                    with zipfile.ZipFile(fh) as zf:
+                        checked_members(p, zf, need)  # before anything is inflated: a zip bomb stays unread
+                    fh.seek(0)
+                    with np.load(fh, allow_pickle=False) as z:
+                        d = {k: z[k] for k in z.files}
+            except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, NotImplementedError,
+                    zlib.error, MemoryError) as exc:
                 raise UserError(damaged(p, exc)) from None
+            checked_shard(d, p, windows=self._windows_in(i), k=self.k, width=self.width, partial=bool(self.partial))
             if "p_len" in d:  # where each partial row's entries start
                 d["p_start"] = np.concatenate([[0], np.cumsum(d["p_len"], dtype=np.int64)])
             self._shards[i] = d
@@ -159,27 +196,32 @@ class TeacherCache:
     def shard_readable(self, i: int) -> bool:
         """Whether shard i's file opens as a whole archive (a copy cut short, a full disk: it does not)."""
         try:
-            with zipfile.ZipFile(self.shard_path(i)) as z:
+            with os.fdopen(open_fd(self.shard_path(i), "cache shard"), "rb") as fh, zipfile.ZipFile(fh) as z:
+                checked_members(self.shard_path(i), z, ())
                 return z.testzip() is None
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, NotImplementedError, zlib.error, UserError):
             return False
 
     def member_bytes(self) -> dict[str, int]:
         """Compressed bytes on disk per stored array, summed over the shards (a .npz is a zip)."""
         out: dict[str, int] = {}
-        for p in self.folder.glob("shard-*.npz"):
+        for p in self._shard_files():
             try:
-                with zipfile.ZipFile(p) as z:
+                with os.fdopen(open_fd(p, "cache shard"), "rb") as fh, zipfile.ZipFile(fh) as z:
                     for info in z.infolist():
                         name = info.filename.removesuffix(".npy")
                         out[name] = out.get(name, 0) + info.compress_size
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile, NotImplementedError) as exc:
                 raise UserError(damaged(p, exc)) from None
         return out
 
+    def _shard_files(self) -> list[Path]:
+        """The shards the manifest names that are there as regular files (links are not followed)."""
+        return [self.shard_path(i) for i in range(self.n_shards) if self.has_shard(i)]
+
     def bytes_per_position(self) -> float:
-        size = sum(p.stat().st_size for p in self.folder.glob("shard-*.npz"))
-        return size / max(1, int(self.manifest.get("positions", 0)))
+        size = sum(os.lstat(p).st_size for p in self._shard_files())
+        return size / max(1, int(self.manifest.get("positions", 0) or 0))
 
 
 def damaged(path: Path, exc: BaseException) -> str:

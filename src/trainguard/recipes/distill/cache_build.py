@@ -274,8 +274,8 @@ def cache_info(folder: str | os.PathLike) -> dict[str, Any]:
     cache = TeacherCache(folder)
     m = dict(cache.manifest)
     m.pop("teacher_tokenizer", None)
-    n_shards = -(-cache.n_windows // cache.shard_windows)
-    m.update(shards=n_shards, shards_done=sum(cache.shard_path(i).is_file() for i in range(n_shards)),
+    n_shards = cache.n_shards
+    m.update(shards=n_shards, shards_done=sum(cache.has_shard(i) for i in range(n_shards)),
              complete=cache.complete(), bytes_per_position=round(cache.bytes_per_position(), 1),
              **_partial_sizes(cache))
     return m

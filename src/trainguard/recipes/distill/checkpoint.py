@@ -51,8 +51,15 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"resume: no checkpoint at {p}")
-    # weights_only=False: the file holds RNG states and plain Python objects we wrote ourselves.
-    return torch.load(p, map_location="cpu", weights_only=False)
+    # weights_only=True: a checkpoint is data (tensors, numbers, text, RNG states); unpickling arbitrary
+    # objects from a file in a run folder would run whatever code its author put there. A file that needs
+    # more is refused in one line.
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # UnpicklingError for a refused object; RuntimeError, EOFError for a damaged file
+        raise UserError(f"resume: cannot load {p} as a checkpoint of plain data ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); resume from a checkpoint this "
+                        f"recipe wrote") from None
 
 
 def check_compatible(state: dict[str, Any], teacher_print: float) -> None:
