@@ -311,3 +311,19 @@ def test_trainer_state_truncated_is_one_line(tmp_path: Path) -> None:
     p.write_text(trainer_state(1000, 500, summary=False)[:-300])
     with pytest.raises(UserError, match="not valid JSON"):
         diagnose_path(p)
+
+
+def test_a_loss_logged_per_epoch_is_judged_over_its_epochs(tmp_path: Path) -> None:
+    """One row per epoch: TG204 compares the first half of the epochs with the second, once, at the end."""
+    def keras(name: str, losses: list[float]) -> Path:
+        p = tmp_path / name
+        p.write_text("epoch,accuracy,loss,val_accuracy,val_loss\n" + "".join(
+            f"{e},0.5,{v:.5f},0.5,{v + 0.01:.5f}\n" for e, v in enumerate(losses)))
+        return p
+
+    flat = keras("flat.csv", [0.6931 + 0.0003 * ((e * 7) % 5 - 2) for e in range(20)])
+    assert "loss-not-decreasing" in severe(diagnose_path(flat))
+    learning = keras("learning.csv", [0.69 * 0.93 ** e for e in range(20)])
+    assert severe(diagnose_path(learning)) == []
+    short = keras("short.csv", [0.6931] * 7)  # fewer than 16 epochs: too few to say
+    assert severe(diagnose_path(short)) == []
