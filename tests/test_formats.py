@@ -327,3 +327,19 @@ def test_a_loss_logged_per_epoch_is_judged_over_its_epochs(tmp_path: Path) -> No
     assert severe(diagnose_path(learning)) == []
     short = keras("short.csv", [0.6931 + 0.001 * (e % 3) for e in range(7)])  # fewer than 16 epochs: too few
     assert "loss-not-decreasing" not in severe(diagnose_path(short))
+
+
+def test_lightning_metrics_csv_whose_losses_are_all_named_loss(tmp_path: Path) -> None:
+    """`mean_loss` beside its parts `ce_loss`, `kd_loss` (no column named `loss`): read, not refused."""
+    version = tmp_path / "lightning_logs" / "version_0"
+    version.mkdir(parents=True)
+    rows = ["epoch,step,ce_loss,kd_loss,mean_loss,val_loss"]
+    for s in range(0, 200):
+        ce, kd = 2 / (1 + s / 50) + 0.1, 1 / (1 + s / 30) + 0.05
+        val = f"{ce:.4f}" if s % 20 == 19 else ""
+        rows.append(f"{s // 20},{s},{ce:.4f},{kd:.4f},{(ce + kd) / 2:.4f},{val}")
+    (version / "metrics.csv").write_text("\n".join(rows) + "\n")
+    (version / "hparams.yaml").write_text("max_epochs: 10\n")
+    d = diagnose_path(tmp_path)
+    assert d.format == "lightning metrics.csv" and d.steps == 200 and d.state == "completed"
+    assert severe(d) == []
