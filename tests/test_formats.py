@@ -45,6 +45,17 @@ def test_every_contract_says_what_is_read() -> None:
         assert not c.plan_keys or c.plan_files or c.name.endswith(("json", "jsonl")), c.name
 
 
+def test_every_family_module_is_loaded() -> None:
+    import sys
+
+    import trainguard.ingest.formats as package
+
+    all_formats()
+    folder = Path(package.__file__).parent
+    modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    assert modules and all(f"trainguard.ingest.formats.{m}" in sys.modules for m in modules)
+
+
 def test_docs_formats_md_is_rendered_from_the_registry() -> None:
     """Regenerate with: python -c "from trainguard.ingest.formats import render_markdown as r; open('docs/formats.md','w').write(r())" """
     assert DOCS.read_text() == render_markdown(), "docs/formats.md drifted from trainguard.ingest.formats"

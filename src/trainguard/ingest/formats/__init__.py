@@ -85,12 +85,19 @@ def all_formats() -> list[FormatContract]:
 
 
 def _load_all() -> None:
-    """Imports every family module of this package once (each declares itself on import)."""
-    import importlib
-    import pkgutil
-
-    for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")
+    """Imports every family module of this package (each declares itself on import), by name, so that a
+    reader of this file sees them all (tests/test_formats.py checks that none is left out)."""
+    from trainguard.ingest.formats import (  # noqa: F401
+        detectron2,
+        generic,
+        huggingface,
+        keras,
+        lightning,
+        mmengine,
+        timm,
+        ultralytics,
+        wandb,
+    )
 
 
 def render_markdown() -> str:
