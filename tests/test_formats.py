@@ -354,3 +354,26 @@ def test_lightning_metrics_csv_whose_losses_are_all_named_loss(tmp_path: Path) -
     d = diagnose_path(tmp_path)
     assert d.format == "lightning metrics.csv" and d.steps == 200 and d.state == "completed"
     assert severe(d) == []
+
+
+def test_a_resumed_ultralytics_run_continues_its_file(tmp_path: Path) -> None:
+    """Resumed from last.pt (args.yaml `resume:` names it): the epochs go on, the time column restarts."""
+    rows = ultralytics_rows(30, 30)
+    for r in rows[12:]:
+        r[1] = f"{float(r[1]) - 120:.1f}"
+    p = write_results(tmp_path / "train", rows, args={"epochs": 30, "patience": 100, "resume": "runs/detect/train/weights/last.pt"})
+    d = diagnose_path(p)
+    assert d.state == "completed" and severe(d) == []
+
+
+def test_a_python_config_is_parsed_never_run(tmp_path: Path) -> None:
+    from trainguard.ingest import formats
+    from trainguard.ingest.plans import read_plan
+
+    marker = tmp_path / "ran"
+    (tmp_path / "config.py").write_text(f"import os\nos.system('touch {marker}')\nmax_epochs = 12\n"
+                                        "train_cfg = dict(by_epoch=True, max_epochs=max_epochs)\n")
+    plan = read_plan(tmp_path, formats.contract("mmengine scalars.json"))
+    assert plan.length == 12 and plan.length_key == "train_cfg.max_epochs" and not marker.exists()
+    (tmp_path / "config.py").write_text("max_epochs = (\n")  # a config that does not parse: no plan
+    assert read_plan(tmp_path, formats.contract("mmengine scalars.json")).length is None
