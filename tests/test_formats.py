@@ -45,6 +45,17 @@ def test_every_contract_says_what_is_read() -> None:
         assert not c.plan_keys or c.plan_files or c.name.endswith(("json", "jsonl")), c.name
 
 
+def test_every_family_module_is_loaded() -> None:
+    import sys
+
+    import trainguard.ingest.formats as package
+
+    all_formats()
+    folder = Path(package.__file__).parent
+    modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    assert modules and all(f"trainguard.ingest.formats.{m}" in sys.modules for m in modules)
+
+
 def test_docs_formats_md_is_rendered_from_the_registry() -> None:
     """Regenerate with: python -c "from trainguard.ingest.formats import render_markdown as r; open('docs/formats.md','w').write(r())" """
     assert DOCS.read_text() == render_markdown(), "docs/formats.md drifted from trainguard.ingest.formats"
@@ -311,3 +322,58 @@ def test_trainer_state_truncated_is_one_line(tmp_path: Path) -> None:
     p.write_text(trainer_state(1000, 500, summary=False)[:-300])
     with pytest.raises(UserError, match="not valid JSON"):
         diagnose_path(p)
+
+
+def test_a_loss_logged_per_epoch_is_judged_over_its_epochs(tmp_path: Path) -> None:
+    """One row per epoch: TG204 compares the first half of the epochs with the second, once, at the end."""
+    def keras(name: str, losses: list[float]) -> Path:
+        p = tmp_path / name
+        p.write_text("epoch,accuracy,loss,val_accuracy,val_loss\n" + "".join(
+            f"{e},0.5,{v:.5f},0.5,{v + 0.01:.5f}\n" for e, v in enumerate(losses)))
+        return p
+
+    flat = keras("flat.csv", [0.6931 + 0.0003 * ((e * 7) % 5 - 2) for e in range(20)])
+    assert "loss-not-decreasing" in severe(diagnose_path(flat))
+    learning = keras("learning.csv", [0.69 * 0.93 ** e for e in range(20)])
+    assert severe(diagnose_path(learning)) == []
+    short = keras("short.csv", [0.6931 + 0.001 * (e % 3) for e in range(7)])  # fewer than 16 epochs: too few
+    assert "loss-not-decreasing" not in severe(diagnose_path(short))
+
+
+def test_lightning_metrics_csv_whose_losses_are_all_named_loss(tmp_path: Path) -> None:
+    """`mean_loss` beside its parts `ce_loss`, `kd_loss` (no column named `loss`): read, not refused."""
+    version = tmp_path / "lightning_logs" / "version_0"
+    version.mkdir(parents=True)
+    rows = ["epoch,step,ce_loss,kd_loss,mean_loss,val_loss"]
+    for s in range(0, 200):
+        ce, kd = 2 / (1 + s / 50) + 0.1, 1 / (1 + s / 30) + 0.05
+        val = f"{ce:.4f}" if s % 20 == 19 else ""
+        rows.append(f"{s // 20},{s},{ce:.4f},{kd:.4f},{(ce + kd) / 2:.4f},{val}")
+    (version / "metrics.csv").write_text("\n".join(rows) + "\n")
+    (version / "hparams.yaml").write_text("max_epochs: 10\n")
+    d = diagnose_path(tmp_path)
+    assert d.format == "lightning metrics.csv" and d.steps == 200 and d.state == "completed"
+    assert severe(d) == []
+
+
+def test_a_resumed_ultralytics_run_continues_its_file(tmp_path: Path) -> None:
+    """Resumed from last.pt (args.yaml `resume:` names it): the epochs go on, the time column restarts."""
+    rows = ultralytics_rows(30, 30)
+    for r in rows[12:]:
+        r[1] = f"{float(r[1]) - 120:.1f}"
+    p = write_results(tmp_path / "train", rows, args={"epochs": 30, "patience": 100, "resume": "runs/detect/train/weights/last.pt"})
+    d = diagnose_path(p)
+    assert d.state == "completed" and severe(d) == []
+
+
+def test_a_python_config_is_parsed_never_run(tmp_path: Path) -> None:
+    from trainguard.ingest import formats
+    from trainguard.ingest.plans import read_plan
+
+    marker = tmp_path / "ran"
+    (tmp_path / "config.py").write_text(f"import os\nos.system('touch {marker}')\nmax_epochs = 12\n"
+                                        "train_cfg = dict(by_epoch=True, max_epochs=max_epochs)\n")
+    plan = read_plan(tmp_path, formats.contract("mmengine scalars.json"))
+    assert plan.length == 12 and plan.length_key == "train_cfg.max_epochs" and not marker.exists()
+    (tmp_path / "config.py").write_text("max_epochs = (\n")  # a config that does not parse: no plan
+    assert read_plan(tmp_path, formats.contract("mmengine scalars.json")).length is None

@@ -4,7 +4,9 @@
 `log_history`, one dict per logging call: train rows (`loss`, `grad_norm`, `learning_rate`), eval rows
 (`eval_*`) and, at the end of a finished run, the summary (`train_runtime`). The Trainer writes the
 folder's own `trainer_state.json` only when training ends; a run that died leaves only the newest
-`checkpoint-N/trainer_state.json`, which is then what is read.
+`checkpoint-N/trainer_state.json`, which is then what is read. The file is streamed, a record at a
+time (`trainguard.ingest.jsonstream`): a long run's state passes 100 MB. Its contract:
+`trainguard.ingest.formats.huggingface`.
 """
 
 from __future__ import annotations

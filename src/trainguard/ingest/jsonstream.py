@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 BLOCK = 1 << 20
 MAX_VALUE = 64 << 20  # characters one member or item may span: a larger one is no log record
 ITEM = "[]"  # suffix of the name an item of the streamed list is yielded under
-_WS = " \t\r\n"
+_WS = re.compile(r"[ \t\r\n]*")
 _DECODER = json.JSONDecoder()
 
 
@@ -55,8 +56,7 @@ class _Window:
     def peek(self) -> str:
         """The next non-blank character ("" at the end of the file), not consumed."""
         while True:
-            while self.pos < len(self.buf) and self.buf[self.pos] in _WS:
-                self.pos += 1
+            self.pos = _WS.match(self.buf, self.pos).end()  # type: ignore[union-attr]  # `*` always matches
             if self.pos < len(self.buf):
                 return self.buf[self.pos]
             if not self.more():

@@ -54,8 +54,12 @@ def read_csv(path: Path, fmt: str = "csv", delimiter: str = ",") -> Source:
     rows = _csv_rows(path, facts, delimiter)
     plan: dict[str, Any] = {"parts_relation": contract.parts} if contract is not None else {}
     log_like = False
+    if contract is not None and contract.step_unit == "epoch":
+        plan["step_unit"] = "epoch"
     if fmt == "lightning metrics.csv" and epoch_col is not None and step_col is not None:
         log_like = True
+        if _loss_per_epoch(path, delimiter, epoch_col):
+            plan["step_unit"] = "epoch"
         stated = read_plan(path.parent, contract)
         rows = _lightning_end(rows, epoch_col, step_col, facts, stated.length)
     elif contract is not None and contract.step_unit == "epoch" and epoch_col is not None and contract.plan_files:
@@ -66,6 +70,20 @@ def read_csv(path: Path, fmt: str = "csv", delimiter: str = ",") -> Source:
         rows = epochend.judge(rows, epoch_col, facts, stated, lr_schedule=fmt in ("ultralytics results.csv", "yolov5 results.csv"))
     return Source(path=path, format=fmt, events=_merged(rows, key, facts, parts), facts=facts, plan=plan,
                   log_like=log_like)
+
+
+def _loss_per_epoch(path: Path, delimiter: str, epoch_col: str) -> bool:
+    """Whether the table's loss is written once per epoch (Lightning's `self.log(..., on_epoch=True)`
+    only): one pass over the rows before the events, counting epochs and rows with a loss."""
+    epochs: set[str] = set()
+    with_loss = 0
+    for row in _csv_rows(path, Facts(), delimiter):
+        epochs.add(str(row.get(epoch_col)))
+        if any(str(k).strip().lower() in LOSS_NAMES and to_number(v) is not None for k, v in row.items()):
+            with_loss += 1
+        if with_loss > len(epochs) + 1:
+            return False
+    return len(epochs) >= 2 and with_loss > 0
 
 
 def flavour(fmt: str, name: str, low: list[str]) -> str:

@@ -42,13 +42,12 @@ def run_folder(p: Path) -> Path | None:
 
 def read_run(folder: Path) -> Source:
     from trainguard.ingest import formats, textlog
-    from trainguard.ingest.plans import load_plan_file, read_plan
+    from trainguard.ingest.plans import read_plan
 
     contract = formats.contract(FORMAT)
     files = folder / "files"
     summary = _summary(files / "wandb-summary.json")
-    planned = read_plan(folder, contract)
-    config = load_plan_file(files / "config.yaml")
+    planned = read_plan(folder, contract)  # files/config.yaml: epochs / num_epochs ... under `value:`
     log = files / "output.log"
     if log.is_file() and not log.is_symlink():
         text = textlog.read_text_log(log)
@@ -60,7 +59,6 @@ def read_run(folder: Path) -> Source:
         raise UserError(f"{folder}: a W&B run whose summary holds no metric ({', '.join(sorted(summary)) or 'empty'}) "
                         "and no output.log: the run never logged a training metric")
     facts = Facts(mtime=(files / "wandb-summary.json").stat().st_mtime)
-    del config  # read for its plan only (through read_plan); nothing else in it says how the run went
     return Source(path=files / "wandb-summary.json", format=FORMAT, plan={"parts_relation": "independent"},
                   facts=facts, log_like=True,
                   events=_summary_events(summary, metrics, facts, planned.length, planned.length_key))

@@ -376,6 +376,9 @@ class LossNotDecreasing(Rule):
     Look at a batch: do inputs and targets line up? Is the LR sensible for the optimizer? Do the
     other rules name a cause (`lr-reaches-zero`, `weights-not-updating`)?
 
+    A source whose loss rows are epochs (`step_unit: epoch` in the plan its reader states) is judged
+    once, when it ends, over all its epochs (at least 16): its first half against its second.
+
     ## Known false positives
     Fine-tuning a model that already solves the task (the loss starts at its floor); a warmup longer
     than the window that keeps the LR near zero.
@@ -394,6 +397,11 @@ class LossNotDecreasing(Rule):
         super().__init__(plan)
         self.w = self.window(0.05, 50, 200)
         self.patience = max(self.w, int(0.25 * self.total_steps)) if self.total_steps else 1000
+        # a source whose loss rows are epochs (a results.csv, a Keras CSVLogger, an on-epoch-only Lightning
+        # loss): 200 rows would be 200 epochs, and the first epochs of a fine-tune say little: judged once,
+        # over all its epochs, when the stream ends
+        self.epochs = plan.get("step_unit") == "epoch"
+        self.last_step: int | None = None
         self.losses: list[float] = []
         self.parts: list[dict[str, Any] | None] = []  # each row's parts, beside its loss
         self.first_weights: dict[str, float] = {}
@@ -421,19 +429,30 @@ class LossNotDecreasing(Rule):
         if len(self.losses) > self.MAX_KEEP:
             del self.losses[self.MAX_KEEP // 2 : self.MAX_KEEP // 2 + 1]  # keep the start, thin the middle
             del self.parts[self.MAX_KEEP // 2 : self.MAX_KEEP // 2 + 1]
+        self.last_step = row["step"]
+        if self.epochs:
+            return None
         # steps covered, whatever the logging interval; without a plan the window has no length to be a
         # share of, and a row stands for a step (the 200-step window and 1000-step patience are rows)
         span = row["step"] - self.first_step + 1 if self.total_steps else self.n
         if span < self.next_check or self.n < self.MIN_ROWS:
             return None
+        self.next_check = span + max(5, len(self.losses) // 8) * max(1, span // self.n)  # a quarter of a half again
+        return self._judge(row["step"], span < self.patience)
+
+    def end(self) -> Finding | None:
+        if self.epochs and not self.decided and self.n >= self.MIN_ROWS and self.last_step is not None:
+            return self._judge(self.last_step, False)
+        return None
+
+    def _judge(self, step: int, can_wait: bool) -> Finding | None:
         k = len(self.losses) // 2
-        self.next_check = span + max(5, k // 4) * max(1, span // self.n)  # a quarter of a half again, in steps
         series, judged = self._series()
         first, recent = series[:k], series[-k:]
         start, now = median(first), median(recent)
         noise = robust_std(recent)
         se = 1.25 * noise * math.sqrt(2.0 / k)
-        if se > 0.025 * abs(start) and span < self.patience:
+        if se > 0.025 * abs(start) and can_wait:
             return None  # too noisy to tell a 5% fall from chance yet: wait for more steps
         self.decided = True
         need = max(2 * se, 0.01 * abs(start))
@@ -446,11 +465,11 @@ class LossNotDecreasing(Rule):
             return None
         return self.finding(
             step=self.first_step,
-            summary=f"after {self.n} logged steps (to step {row['step']}) {judged} is {fmt(now)} (median of the last "
+            summary=f"after {self.n} logged steps (to step {step}) {judged} is {fmt(now)} (median of the last "
                     f"{k}), against {fmt(start)} over its first {k}; its step-to-step noise is {fmt(noise)}",
             fix="check that inputs and targets line up, the LR suits the optimizer, and gradients reach the model",
             evidence={"start_median": start, "recent_median": now, "noise": noise, "needed_drop": need,
-                      "window": k, "detected_step": row["step"],
+                      "window": k, "detected_step": step,
                       "fixed_weights": dict(self.weights) if judged != "the loss" else None},
         )
 
