@@ -98,7 +98,7 @@ def test_no_importlib_lookups_of_the_project() -> None:
 # itself. Rooms of one layer do not import each other. Lazy imports inside functions count too.
 LAYERS: list[list[str]] = [
     ["errors"],  # the one exception a user sees as a one-line message
-    ["untrusted", "contract"],  # what crosses rooms, and how untrusted text is read
+    ["untrusted", "contract", "folderio"],  # what crosses rooms; how untrusted text and run folders are read
     ["findings"],  # what a finding is, how a rule is declared, the data rules read
     ["store"],  # the run folder: run.db, status.json, the guard's own log
     ["rules"],  # judgments over events: the health rules and their engine, crashes read from tracebacks
