@@ -147,3 +147,18 @@ def test_two_nodes_under_srun_write_one_run_with_their_node_names(cluster: Slurm
 
     merged = merged_status(run)
     assert merged["state"] == "completed", merged
+
+
+def test_preflight_in_a_job_says_the_plan_cannot_fit_its_time_limit(cluster: SlurmCluster, tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(TRAIN)
+    run = tmp_path / "pre"
+    script = (f"#!/bin/bash\ncd {tmp_path}\nexport PYTHONPATH={ROOT / 'src'}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+              f"exec {sys.executable} -m trainguard.cli preflight --run-dir {run} -- "
+              f"{sys.executable} train.py 5000 0.05 {tmp_path}\n")
+    cluster.sbatch(script, "--time=1", f"--output={tmp_path}/job.out")
+    st = cluster.wait(lambda: (s := status(run)) and s.get("ended") and s, 120, "the preflight's end")
+    out = (tmp_path / "job.out").read_text()
+    f = next((f for f in st.get("findings", []) if f["code"] == "TG551"), None)
+    assert f is not None, out[-3000:]
+    assert f["source"] == "preflight" and f["evidence"]["total_steps"] == 5000
+    assert "TG551" in out

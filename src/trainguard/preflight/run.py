@@ -112,7 +112,23 @@ def preflight(opts: PreflightOptions) -> int:
     summary = judge.summarize(first, resume, sim, ckpt, writes, peak_rss=_peak_rss())
     summary.update({"seconds": round(time.time() - t0, 1), "snapshot_complete": complete and complete_after,
                     "scratch": str(work), "origin": str(origin)})
+    findings += _against_the_job(summary)
     return _conclude(run_dir, opts, findings, summary)
+
+
+def _against_the_job(summary: dict[str, Any]) -> list[Finding]:
+    """Under Slurm: the whole plan at the preflight's measured pace (evaluations and saves included) against
+    the time the job has left (TG551); nothing outside a scheduler or without an estimate."""
+    from trainguard.watchdog import joblimit, slurm
+
+    job = slurm.job_from_env()
+    estimate, total = summary.get("seconds_total_estimate"), summary.get("total_steps")
+    if job is None or not estimate or not total:
+        return []
+    summary["scheduler"] = {"name": "slurm", **job.to_dict()}
+    found = joblimit.plan_exceeds_time_limit(job, step=0, total=int(total), rate=float(estimate) / int(total),
+                                             now=time.time(), checkpoints=[], source="preflight")
+    return [found] if found is not None else []
 
 
 def _clear_previous(run_dir: Path) -> None:
