@@ -174,7 +174,9 @@ def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str
         from trainguard.notify.notifier import Notifier
 
         end = notify_end or os.environ.get(ENV_NOTIFY_END, "") == "1"
-        extra["notify"] = Notifier(sup.run_dir, targets, notify_end=end)
+        from trainguard.watchdog.stall import RUN_STALLED
+
+        extra["notify"] = Notifier(sup.run_dir, targets, notify_end=end, also=(RUN_STALLED.name,))
     feed = LiveFeed(sup.run_dir, specs, extra=extra).start()
     try:
         code = sup.run()

@@ -28,7 +28,6 @@ from trainguard.notify import message, send
 from trainguard.notify.targets import Target, scrub
 from trainguard.store.acks import read_acks
 
-ALWAYS = ("run-stalled",)  # a warning a person must hear of: the run may be stuck (an error is always sent)
 RATE_MAX = 6  # finding messages per target in RATE_WINDOW seconds; more are counted in the end message
 RATE_WINDOW = 600.0
 RETRIES = 3  # attempts of one message to one target
@@ -39,8 +38,11 @@ QUEUE_MAX = 100  # messages waiting per target; beyond, new ones are dropped (an
 
 class Notifier:
     def __init__(self, run_dir: Path, targets: list[Target], *, notify_end: bool = False,
-                 close_wait: float = CLOSE_WAIT) -> None:
+                 close_wait: float = CLOSE_WAIT, also: tuple[str, ...] = ()) -> None:
+        """`also`: names of warnings a person must hear of (the watchdog's run-stalled: the run may be
+        stuck); an error is always sent."""
         self.run_dir = Path(run_dir)
+        self.also = also
         self.targets = list(targets)
         self.notify_end = notify_end
         self.close_wait = close_wait
@@ -63,7 +65,7 @@ class Notifier:
         code = finding.get("code")
         if not code or finding.get("acked"):
             return
-        if finding.get("severity") != "error" and finding.get("name") not in ALWAYS:
+        if finding.get("severity") != "error" and finding.get("name") not in self.also:
             return
         with self._lock:
             if code in self._sent_codes:
