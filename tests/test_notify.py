@@ -150,7 +150,8 @@ def test_a_hang_sends_the_stall_the_stop_and_the_end(tmp_path: Path, http: HttpR
     assert _events(http.bodies()) == [("finding", "TG509"), ("finding", "TG502"), ("end", "hung")], http.bodies()
     stall, stop, end = http.bodies()
     assert stall["step"] == 10 and stall["where"] and "train.py" in stall["where"], stall
-    assert stop["state"] in ("running", "hung") and end["exit_code"] not in (None, 0) or end["signal"]
+    assert stop["severity"] == "error" and stop["where"], stop
+    assert end["state"] == "hung" and end["code"] == "TG502", end
 
 
 def test_a_crash_sends_the_crash_with_its_place_and_the_end(tmp_path: Path, http: HttpReceiver,
@@ -161,6 +162,14 @@ def test_a_crash_sends_the_crash_with_its_place_and_the_end(tmp_path: Path, http
     assert _events(http.bodies()) == [("finding", "TG501"), ("end", "crashed")], http.bodies()
     crash = http.bodies()[0]
     assert "ValueError" in crash["summary"] and "train.py" in (crash["where"] or ""), crash
+    # no probe at all: the watchdog reads the crash from the output, and sends it as well
+    _fresh(http, smtp)
+    (tmp_path / "np").mkdir()
+    proc, _ = _run(tmp_path / "np", "print('step 1 loss 2.0', flush=True)\nraise KeyError('labels')\n",
+                   "--no-auto", "--notify", http.url())
+    assert proc.returncode == 1, proc.stderr
+    assert _events(http.bodies()) == [("finding", "TG501"), ("end", "crashed")], http.bodies()
+    assert "KeyError" in http.bodies()[0]["summary"]
 
 
 def test_a_healthy_run_sends_only_its_end_and_only_when_asked(tmp_path: Path, http: HttpReceiver,
@@ -268,5 +277,9 @@ def test_ack_after_the_run_changes_what_status_says(tmp_path: Path) -> None:
     assert run_trainguard("ack", str(tmp_path / "run"), "nonfinite-loss").returncode == 0
     after = json.loads(run_trainguard("status", "--json", str(tmp_path / "run")).stdout)
     assert after["health"] == "ok" and all("acked" in f for f in after["findings"] if f["code"] == "TG301")
+    exported = run_trainguard("export", str(tmp_path / "run"), "--sink", f"prometheus={tmp_path / 'm.prom'}")
+    assert exported.returncode == 0, exported.stderr
+    series = [line for line in (tmp_path / "m.prom").read_text().splitlines() if line.startswith("trainguard_finding{")]
+    assert series and all(line.endswith(" 0.0") for line in series if 'code="TG301"' in line), series
     bad = run_trainguard("ack", str(tmp_path / "run"), "TG999")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown rule" in bad.stderr

@@ -61,6 +61,7 @@ class Feed:
         self._printed_rowid = 0
         self._probe_loss = False  # a probe row carried a loss: the printed one is never sent beside it
         self._findings_seen: set[tuple] = set()
+        self._unacked: dict[str, dict[str, Any]] = {}  # code -> a finding sent before any ack of it
         self._reader: RunReader | None = None
         self.failed: dict[str, str] = {}  # sink name -> why it was switched off
 
@@ -112,6 +113,10 @@ class Feed:
     def close(self) -> None:
         """The last pass: what is left in the store, then each sink's final state."""
         self.poll()
+        acks = read_acks(self.run_dir)  # acknowledged after it was sent: each sink shows it so, once
+        for code in [c for c in self._unacked if c in acks]:
+            data = {**self._unacked.pop(code), "acked": acks[code]}
+            self._each(lambda s, data=data: s.finding(data))
         status = read_status(self.run_dir)
         self._each(lambda s: s.close(status))
         self.sinks.clear()
@@ -126,6 +131,8 @@ class Feed:
         ack = read_acks(self.run_dir).get(data["code"])  # acknowledged already: the sinks show it so
         if ack is not None:
             data = {**data, "acked": ack}
+        else:
+            self._unacked.setdefault(data["code"], data)
         self._each(lambda s: s.finding(data))
 
     def _each(self, call: Any) -> None:
