@@ -172,6 +172,22 @@ def test_a_crash_sends_the_crash_with_its_place_and_the_end(tmp_path: Path, http
     assert "KeyError" in http.bodies()[0]["summary"]
 
 
+def test_a_kill_and_a_missing_artifact_are_sent(tmp_path: Path, http: HttpReceiver, smtp: SmtpReceiver) -> None:
+    _fresh(http, smtp)
+    (tmp_path / "k").mkdir()
+    proc, _ = _run(tmp_path / "k", "import os, signal\nprint('step 1 loss 2.0', flush=True)\n"
+                   "os.kill(os.getpid(), signal.SIGKILL)\n", "--no-auto", "--notify", http.url())
+    assert proc.returncode == 137, proc.stderr
+    assert _events(http.bodies()) == [("finding", "TG503"), ("end", "killed")], http.bodies()
+    assert http.bodies()[1]["signal"] == "SIGKILL"
+    _fresh(http, smtp)
+    (tmp_path / "e").mkdir()
+    proc, _ = _run(tmp_path / "e", "print('done')\n", "--no-auto", "--expect", "model.pt", "--notify", http.url())
+    assert proc.returncode == 123, proc.stderr
+    assert _events(http.bodies()) == [("finding", "TG504"), ("end", "failed")], http.bodies()
+    assert "model.pt" in http.bodies()[0]["summary"] and http.bodies()[0]["fix"]
+
+
 def test_a_healthy_run_sends_only_its_end_and_only_when_asked(tmp_path: Path, http: HttpReceiver,
                                                               smtp: SmtpReceiver) -> None:
     _fresh(http, smtp)
@@ -283,3 +299,33 @@ def test_ack_after_the_run_changes_what_status_says(tmp_path: Path) -> None:
     assert series and all(line.endswith(" 0.0") for line in series if 'code="TG301"' in line), series
     bad = run_trainguard("ack", str(tmp_path / "run"), "TG999")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown rule" in bad.stderr
+
+
+def test_email_logs_in_only_over_starttls_with_a_verified_certificate(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainguard.notify.notifier import Notifier
+    from trainguard.notify.targets import parse_target
+
+    status = {"state": "crashed", "exit_code": 1, "findings": [
+        {"code": "TG501", "name": "run-crashed", "severity": "error", "summary": "ValueError: x", "step": 3}]}
+    secure = SmtpReceiver(tls_dir=tmp_path / "tls", login=("tg", "s3cret"))
+    plain = SmtpReceiver()
+    try:
+        for key, value in {"TRAINGUARD_SMTP_HOST": "127.0.0.1", "TRAINGUARD_SMTP_PORT": str(secure.port),
+                           "TRAINGUARD_SMTP_USER": "tg", "TRAINGUARD_SMTP_PASSWORD": "s3cret",
+                           "TRAINGUARD_SMTP_CAFILE": str(secure.cafile)}.items():
+            monkeypatch.setenv(key, value)
+        (tmp_path / "a").mkdir()
+        Notifier(tmp_path / "a", [parse_target("mailto:ops@test.invalid")], close_wait=30).close(status)
+        assert secure.sessions == [(True, "tg")], secure.sessions  # over TLS, logged in
+        assert "crashed" in secure.messages[0]["Subject"]
+        # the same credentials to a server without STARTTLS: refused by trainguard, said once in guard.log
+        monkeypatch.setenv("TRAINGUARD_SMTP_PORT", str(plain.port))
+        (tmp_path / "b").mkdir()
+        Notifier(tmp_path / "b", [parse_target("mailto:ops@test.invalid")], close_wait=30).close(status)
+        assert plain.messages == []
+        log = (tmp_path / "b" / "guard.log").read_text()
+        assert "credentials are never sent in the clear" in log and "s3cret" not in log, log
+    finally:
+        secure.close()
+        plain.close()

@@ -63,6 +63,7 @@ def smtp_settings(environ: Any = None) -> dict[str, Any]:
         "sender": env.get("TRAINGUARD_SMTP_FROM") or None,
         # auto: STARTTLS when the server offers it; always: refuse a server that does not; never: plain
         "starttls": (env.get("TRAINGUARD_SMTP_STARTTLS") or "auto").lower(),
+        "cafile": env.get("TRAINGUARD_SMTP_CAFILE") or None,  # a private CA's certificate (PEM) to trust
     }
 
 
@@ -77,7 +78,7 @@ def _mail(target: Target, msg: dict[str, Any], timeout: float) -> None:
         with smtplib.SMTP(cfg["host"], cfg["port"], timeout=timeout) as smtp:
             smtp.ehlo()
             if cfg["starttls"] != "never" and smtp.has_extn("starttls"):
-                smtp.starttls(context=ssl.create_default_context())
+                smtp.starttls(context=ssl.create_default_context(cafile=cfg["cafile"]))
                 smtp.ehlo()
                 secure = True
             else:
