@@ -5,6 +5,7 @@
     trainguard rules [CODE-or-NAME]  trainguard demo
     trainguard report [RUN] [--print]  trainguard compare RUN_A RUN_B [--out DIR]
     trainguard export [RUN] --sink tensorboard|wandb|mlflow|prometheus[=VALUE]
+    trainguard ack RUN CODE [--why TEXT]
 
 Bad input (an unknown run, a command that does not exist, an unwritable folder, a mistyped option) is
 one line on stderr and exit code 2, never a traceback. Heavy modules are imported inside the command that needs them.
