@@ -248,6 +248,8 @@ def test_receivers_that_refuse_hang_or_fail_never_slow_a_step_nor_change_the_out
         # under the watchdog too: the exit code is the run's own, the wait bounded
         proc, took = _run(tmp_path, NAN, *sum((["--notify", u] for u in bad.split(",")), []))
         assert proc.returncode == 122 and took < 90, (proc.returncode, took, proc.stderr)
+        for dead in (refused, failing.url()):  # said on stderr once each (a hung one may still be trying)
+            assert proc.stderr.count(f"trainguard: notify {dead}") == 1, proc.stderr
     finally:
         hung.close()
         failing.close()

@@ -187,6 +187,8 @@ def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str
     feed.stop()  # the last pass and the final state; bounded, and a sink's failure never changes `code`
     for name, why in feed.feed.failed.items():
         echo(f"trainguard: sink {name} was switched off: {why} (the run is unaffected)", err=True)
+    for shown, why in getattr(extra.get("notify"), "failed", {}).items():
+        echo(f"trainguard: notify {shown}: {why} (the run is unaffected; see guard.log)", err=True)
     sys.exit(code)
 
 

@@ -52,6 +52,7 @@ class Notifier:
         self._workers = [_Worker(self, t) for t in self.targets]
         self._logged: set[str] = set()
         self._lock = threading.Lock()
+        self.failed: dict[str, str] = {}  # a target (masked) -> why a message to it was not delivered
 
     # -- the sink's surface -------------------------------------------------------------------------------
 
@@ -176,6 +177,11 @@ class _Worker:
                 # Why never raise: a notifier is a courtesy; the run and its verdict come first.
                 self.owner.log(f"error {self.target.shown}", f"{self.target.shown}: {type(exc).__name__}: {exc}")
 
+    def _failed(self, why: str) -> None:
+        why = scrub(why, self.owner.targets)
+        self.owner.failed.setdefault(self.target.shown, why)
+        self.owner.log(f"failed {self.target.shown}", f"{self.target.shown}: {why}")
+
     def _deliver(self, msg: dict[str, Any]) -> None:
         delay = BACKOFF
         for attempt in range(1, RETRIES + 1):
@@ -184,11 +190,10 @@ class _Worker:
                 return
             except send.Retry as exc:
                 if attempt == RETRIES:
-                    self.owner.log(f"failed {self.target.shown}",
-                                   f"{self.target.shown}: not delivered after {RETRIES} attempts: {exc}")
+                    self._failed(f"not delivered after {RETRIES} attempts: {exc}")
                     return
             except Exception as exc:
-                self.owner.log(f"failed {self.target.shown}", f"{self.target.shown}: not delivered: {exc}")
+                self._failed(f"not delivered: {exc}")
                 return
             # at the end of the run, a wait that would outlast the close is not worth it: the next try now
             self._closing.wait(delay)
