@@ -28,7 +28,7 @@ from trainguard.notify import message, send
 from trainguard.notify.targets import Target, scrub
 from trainguard.store.acks import read_acks
 
-RATE_MAX = 6  # finding messages per target in RATE_WINDOW seconds; more are counted in the end message
+RATE_MAX = 6  # finding messages (to every target alike) in RATE_WINDOW seconds; more are counted in the end
 RATE_WINDOW = 600.0
 RETRIES = 3  # attempts of one message to one target
 BACKOFF = 1.0  # seconds before the second attempt, doubled before each next
@@ -49,10 +49,10 @@ class Notifier:
         self._sent_codes: set[str] = set()
         self._times: list[float] = []
         self.held_back = 0
-        self._workers = [_Worker(self, t) for t in self.targets]
         self._logged: set[str] = set()
         self._lock = threading.Lock()
         self.failed: dict[str, str] = {}  # a target (masked) -> why a message to it was not delivered
+        self._workers = [_Worker(self, t) for t in self.targets]  # last: their threads start at once
 
     # -- the sink's surface -------------------------------------------------------------------------------
 
