@@ -114,6 +114,13 @@ def test_acks_are_read_defensively(tmp_path: Path) -> None:
     assert read_acks(tmp_path) == {}
 
 
+def test_a_nodes_part_honours_the_whole_runs_acks(tmp_path: Path) -> None:
+    (tmp_path / "node-1").mkdir()
+    add_ack(tmp_path, "TG522", "x", "the whole run")
+    add_ack(tmp_path / "node-1", "TG301", "y", "this node")
+    assert set(read_acks(tmp_path / "node-1")) == {"TG522", "TG301"} and set(read_acks(tmp_path)) == {"TG522"}
+
+
 def test_the_exit_code_table_is_the_one_the_code_uses() -> None:
     from trainguard.preflight.run import EXIT_INCOMPLETE
     from trainguard.watchdog import supervisor, verdict

@@ -18,6 +18,7 @@ import getpass
 import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,15 @@ def add_ack(run_dir: str | Path, code: str, name: str, why: str | None) -> dict[
 
 
 def read_acks(run_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """{code: its first acknowledgement} ({} when none, or when the file cannot be read)."""
-    path = Path(run_dir) / ACKS_NAME
+    """{code: its first acknowledgement} ({} when none, or when the file cannot be read). A node's part of a
+    run over nodes (RUN/node-<N>/) also honours what was acknowledged for the whole run (RUN/acks.jsonl)."""
+    own = _read(Path(run_dir) / ACKS_NAME)
+    if re.fullmatch(r"node-\d+", Path(run_dir).name):
+        return {**_read(Path(run_dir).parent / ACKS_NAME), **own}
+    return own
+
+
+def _read(path: Path) -> dict[str, dict[str, Any]]:
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
