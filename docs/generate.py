@@ -35,7 +35,8 @@ def files() -> list[Path]:
 def output(cmd: str, opts: str) -> str:
     argv = shlex.split(cmd)
     if argv[0] == "trainguard":
-        argv = [sys.executable, "-m", "trainguard.cli", *argv[1:]]
+        # as the installed `trainguard` script, so that help text names it so
+        argv = [sys.executable, "-c", "from trainguard.cli import main; main(prog_name='trainguard')", *argv[1:]]
     elif argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
     env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}
