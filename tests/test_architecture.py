@@ -98,11 +98,12 @@ def test_no_importlib_lookups_of_the_project() -> None:
 # itself. Rooms of one layer do not import each other. Lazy imports inside functions count too.
 LAYERS: list[list[str]] = [
     ["errors"],  # the one exception a user sees as a one-line message
-    ["untrusted", "contract", "folderio"],  # what crosses rooms; how untrusted text and run folders are read
+    ["untrusted", "contract", "folderio", "exitcodes"],  # what crosses rooms; how untrusted text and run folders are read; the exit codes
     ["findings"],  # what a finding is, how a rule is declared, the data rules read
     ["store"],  # the run folder: run.db, status.json, the guard's own log
     ["rules"],  # judgments over events: the health rules and their engine, crashes read from tracebacks
     ["ingest"],  # logs and metric files turned into the same events
+    ["notify"],  # a finding told to a person (webhook, chat, e-mail, a command): the watchdog's feed and a probe alone
     ["probe", "watchdog"],  # in the training process / around it: they meet only through the store
     ["__init__"],  # the public face: trainguard.watch()
     ["preflight"],  # runs the script under the watchdog with the probe fast-forwarding

@@ -41,7 +41,7 @@ def _script(tmp_path: Path, *, zero: bool, nan_at_end: bool) -> Path:
 def lr_zero_nan_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     base = tmp_path_factory.mktemp("gates")
     script = _script(base, zero=True, nan_at_end=True)
-    proc = run_trainguard("run", "--quiet", "--fail-on", "error", "--run-dir", str(base / "run"), "--",
+    proc = run_trainguard("run", "--quiet", "--run-dir", str(base / "run"), "--",
                           sys.executable, str(script), cwd=base)
     return base / "run", proc
 
@@ -51,7 +51,7 @@ def test_a_completed_run_with_errors_is_not_healthy_anywhere(lr_zero_nan_run: tu
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "completed" and status["health"] == "error", status
     assert any(f["name"] == "lr-reaches-zero" for f in status["findings"])
-    assert proc.returncode == 122, proc.stderr  # --fail-on error: completed, but not healthy
+    assert proc.returncode == 122, proc.stderr  # by default (--fail-on error): completed, but not healthy
     assert "exit 122" in proc.stderr and "health error" in proc.stderr
     shown = run_trainguard("status", str(run_dir))
     assert shown.returncode == 0 and ": completed, step 100/100; health error (" in shown.stdout, shown.stdout
@@ -69,6 +69,14 @@ def test_the_report_shows_a_final_nan_as_nan(lr_zero_nan_run: tuple[Path, object
     md = (run_dir / "report.md").read_text()
     loss_row = next(line for line in md.splitlines() if line.startswith("| loss |"))
     assert "last nan at step 100" in loss_row and "the last finite value" in loss_row, loss_row
+
+
+def test_fail_on_never_gives_the_commands_own_exit_code(tmp_path: Path) -> None:
+    script = _script(tmp_path, zero=True, nan_at_end=False)
+    proc = run_trainguard("run", "--quiet", "--fail-on", "never", "--run-dir", str(tmp_path / "run"), "--",
+                          sys.executable, str(script), cwd=tmp_path)
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert (proc.returncode, status["state"], status["health"]) == (0, "completed", "error"), proc.stderr
 
 
 def test_a_healthy_run_is_ok_and_fail_on_passes_it(tmp_path: Path) -> None:

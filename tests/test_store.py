@@ -73,9 +73,9 @@ def test_status_json_is_strict_json_when_the_loss_is_nan(tmp_path: Path) -> None
     proc = subprocess.run([sys.executable, "train.py", str(tmp_path / "alone")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    proc = run_trainguard("run", "--quiet", "--run-dir", str(tmp_path / "watched"), "--", sys.executable, "train.py",
-                          cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_trainguard("run", "--quiet", "--fail-on", "never", "--run-dir", str(tmp_path / "watched"), "--",
+                          sys.executable, "train.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr  # the command's own code: the NaN findings are not this test's
     for name in ("alone", "watched"):
         st = _strict((tmp_path / name / "status.json").read_text())
         assert st["loss"] is None and st["loss_nonfinite"] == "nan", (name, st)

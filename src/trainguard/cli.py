@@ -5,6 +5,7 @@
     trainguard rules [CODE-or-NAME]  trainguard demo
     trainguard report [RUN] [--print]  trainguard compare RUN_A RUN_B [--out DIR]
     trainguard export [RUN] --sink tensorboard|wandb|mlflow|prometheus[=VALUE]
+    trainguard ack RUN CODE [--why TEXT]
 
 Bad input (an unknown run, a command that does not exist, an unwritable folder, a mistyped option) is
 one line on stderr and exit code 2, never a traceback. Heavy modules are imported inside the command that needs them.
@@ -22,7 +23,7 @@ from typing import Any
 import click
 
 from trainguard import __version__
-from trainguard.contract import ENV_AUTO, ENV_DEBUG, ENV_SINKS
+from trainguard.contract import ENV_AUTO, ENV_DEBUG, ENV_NOTIFY, ENV_NOTIFY_END, ENV_SINKS
 from trainguard.errors import UserError
 from trainguard.untrusted import printable
 
@@ -103,7 +104,15 @@ def main() -> None:
     """trainguard keeps deep-learning training runs honest."""
 
 
-@main.command(cls=_WrapsCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+def _run_help() -> str:
+    from trainguard.exitcodes import run_help
+
+    return ("Run COMMAND under the watchdog and tell its true final state.\n\n"
+            "Exit codes (docs/exit-codes.md):\n\n\b\n" + run_help())
+
+
+@main.command(cls=_WrapsCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+              help=_run_help())
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run folder (default: a new one under ./trainguard-runs).")
 @click.option("--stall-timeout", type=float, default=None,
               help="Seconds without progress before a stall is reported, with stacks and cause (default: "
@@ -117,9 +126,9 @@ def main() -> None:
 @click.option("--stop-on", default="", metavar="CODE-or-NAME,...",
               help="Stop the run when one of these findings appears (rule codes like TG101 or names like "
                    "lr-reaches-zero; see `trainguard rules`).")
-@click.option("--fail-on", type=click.Choice(["error", "warning"]), default=None,
-              help="For orchestrators: exit 122 when the run completed but has findings of this severity or worse "
-                   "(its health in status.json).")
+@click.option("--fail-on", type=click.Choice(["error", "warning", "never"]), default="error", show_default=True,
+              help="Exit 122 when the run completed but has unacknowledged findings of this severity or worse "
+                   "(its health in status.json); 'never': the command's own exit code.")
 @click.option("--on-hang", type=click.Choice(["kill", "wait", "restart"]), default="kill", show_default=True,
               help="What to do when a hang is proven (or a stall outlasts its limit): stop it, leave it alive "
                    "for inspection, or stop it and start it again from the newest reported checkpoint.")
@@ -133,35 +142,43 @@ def main() -> None:
 @click.option("--sink", "sinks", multiple=True, metavar="NAME[=VALUE]",
               help="Copy steps and findings to tensorboard, wandb, mlflow or prometheus as the run goes "
                    f"(repeatable; also {ENV_SINKS}=name,...). See `trainguard export --help`.")
+@click.option("--notify", "notify", multiple=True, metavar="URL",
+              help="Tell a person: https://... (a JSON POST), slack+https://... (or any hooks.slack.com URL), "
+                   "mailto:ADDR (SMTP from TRAINGUARD_SMTP_*), exec:COMMAND (repeatable; also "
+                   f"{ENV_NOTIFY}=URL,...). Sent for a stall, a hang, a crash, a kill, each error finding and "
+                   "a bad end; see docs/notify.md.")
+@click.option("--notify-end", is_flag=True,
+              help="Also send the end message of a run that completed healthy (a bad end is always sent).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str, ...], expects: tuple[str, ...],
-        stop_on: str, fail_on: str | None, on_hang: str, max_restarts: int, quiet: bool, no_auto: bool,
-        sinks: tuple[str, ...],
+        stop_on: str, fail_on: str, on_hang: str, max_restarts: int, quiet: bool, no_auto: bool,
+        sinks: tuple[str, ...], notify: tuple[str, ...], notify_end: bool,
         command: tuple[str, ...]) -> None:
-    """Run COMMAND under the watchdog and tell its true final state.
-
-    Exit codes: the command's own code when it ran to its end (128+N when killed by signal N);
-    123 failed (exit 0 but an expected artifact is missing or stale, or the probe never finished);
-    124 hung (stopped on proof that it cannot recover, or past its limit; a stall without proof is reported
-    and the run goes on); 125 stopped on a finding (--stop-on); 122 completed with findings at --fail-on's
-    severity or worse; 2 bad input.
-    """
     from trainguard.watchdog.stop import parse_hang_limits
     from trainguard.watchdog.supervisor import RunOptions, Supervisor
 
+    targets = _notify_targets(notify)
     options = RunOptions(
         command=list(command), run_dir=run_dir, stall_timeout=stall_timeout,
         hang_limits=parse_hang_limits(hang_limits), expects=list(expects),
         stop_on=_stop_on(stop_on), fail_on=fail_on, on_hang=on_hang, max_restarts=max_restarts,
-        echo=not quiet, env=_auto_env(no_auto),
+        echo=not quiet, env=_auto_env(no_auto), notify=[t.shown for t in targets],
     )
     specs = _sink_specs(sinks)
     sup = Supervisor(options, monitors=_default_monitors(), report=_write_report)
-    if not specs:
+    if not specs and not targets:
         sys.exit(sup.run())
     from trainguard.sinks.feed import LiveFeed
 
-    feed = LiveFeed(sup.run_dir, specs).start()
+    extra: dict[str, Any] = {}
+    if targets:
+        from trainguard.notify.notifier import Notifier
+
+        end = notify_end or os.environ.get(ENV_NOTIFY_END, "") == "1"
+        from trainguard.watchdog.stall import RUN_STALLED
+
+        extra["notify"] = Notifier(sup.run_dir, targets, notify_end=end, also=(RUN_STALLED.name,))
+    feed = LiveFeed(sup.run_dir, specs, extra=extra).start()
     try:
         code = sup.run()
     except BaseException:
@@ -170,7 +187,15 @@ def run(run_dir: str | None, stall_timeout: float | None, hang_limits: tuple[str
     feed.stop()  # the last pass and the final state; bounded, and a sink's failure never changes `code`
     for name, why in feed.feed.failed.items():
         echo(f"trainguard: sink {name} was switched off: {why} (the run is unaffected)", err=True)
+    for shown, why in getattr(extra.get("notify"), "failed", {}).items():
+        echo(f"trainguard: notify {shown}: {why} (the run is unaffected; see guard.log)", err=True)
     sys.exit(code)
+
+
+def _notify_targets(flags: tuple[str, ...]) -> list:
+    from trainguard.notify.targets import parse_targets
+
+    return parse_targets(flags)
 
 
 def _sink_specs(flags: tuple[str, ...]) -> list:
@@ -407,6 +432,9 @@ def _print_status(path: Any, st: dict) -> None:
         at = f" at step {f['step']}" if f.get("step") is not None else ""
         on = f" (node {f['node']})" if f.get("node") is not None else ""
         echo(f"  {f.get('code')} {f.get('name')} [{f.get('severity')}]{at}{on}: {f.get('summary')}")
+        if isinstance(f.get("acked"), dict):
+            ack = f["acked"]
+            echo(f"    acknowledged by {ack.get('by')}" + (f": {ack['why']}" if ack.get("why") else ""))
         if f.get("where"):
             echo(f"    where: {f['where']}")
         if f.get("fix"):
@@ -436,6 +464,31 @@ def _ranks_line(path: Any) -> str | None:
         by_node.setdefault((r["node"], r["host"]), []).append(f"{rank}{at}")
     return "  ranks: " + "; ".join(f"node {node} ({host}): {', '.join(ranks)}"
                                    for (node, host), ranks in sorted(by_node.items()))
+
+
+@main.command()
+@click.argument("run")
+@click.argument("code")
+@click.option("--why", default=None, metavar="TEXT", help="Why it is harmless here (kept with who and when).")
+def ack(run: str, code: str, why: str | None) -> None:
+    """Acknowledge finding CODE (a rule code like TG522, or its name) in RUN, while it runs or after.
+
+    The watchdog no longer stops the run on it (--stop-on) nor fails the exit code for it, notifiers send
+    nothing more for it, and status, status.json, the report and the sinks show it as acknowledged.
+    Recorded in RUN/acks.jsonl with who and when.
+    """
+    from trainguard.catalog import lookup
+    from trainguard.store.acks import add_ack
+    from trainguard.store.paths import resolve_run
+
+    rule = lookup(code)  # an unknown code is bad input, naming the closest
+    path = resolve_run(run)
+    try:
+        record = add_ack(path, rule.code, rule.name, why)
+    except OSError as exc:
+        raise UserError(f"cannot record the acknowledgement in {path}: {exc.strerror or exc}") from None
+    echo(f"{path}: {rule.code} {rule.name} acknowledged by {record['by']}"
+         + (f": {record['why']}" if record["why"] else ""))
 
 
 @main.command("ls")

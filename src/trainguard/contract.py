@@ -38,6 +38,8 @@ PROBE_DEVICE_WAIT = ("trainguard/probe/steps.py", "_wait_for_device_copies")
 ENV_CONTRACTS = "TRAINGUARD_CONTRACTS"  # "0": no API-contract checks (their hooks are not even installed)
 ENV_CAPTURE_GATE = "TRAINGUARD_CAPTURE_GATE"  # "0": the probe leaves torch.cuda.CUDAGraph's capture alone
 ENV_SINKS = "TRAINGUARD_SINKS"  # sinks to feed, comma-separated NAME[=VALUE]
+ENV_NOTIFY = "TRAINGUARD_NOTIFY"  # where to tell a person: comma- or space-separated URLs (notify/targets.py)
+ENV_NOTIFY_END = "TRAINGUARD_NOTIFY_END"  # "1": also the end message of a run that completed healthy
 ENV_PY_SPY = "TRAINGUARD_PY_SPY"  # "0": never run py-spy (no ptrace of the run's processes at all)
 ENV_OUTPUT_RULES = "TRAINGUARD_OUTPUT_RULES"  # "0": the printed-output rules are off
 # The watchdog writes this file into the run folder when the job scheduler warned of or began to end the job

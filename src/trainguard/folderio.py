@@ -44,7 +44,7 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 # every name trainguard writes or reads at the top of a run folder; `check_run_dir` refuses a planted one
 RUN_FILES = ("status.json", ".status.reserve", "output.log", "run.db", "run.db-wal", "run.db-shm", "run.db-journal",
              "guard.log", "report.md", "report.html", "schedule.json", "preflight.json", "outside-writes.txt",
-             "metrics.prom", "stop-requested")
+             "metrics.prom", "stop-requested", "acks.jsonl")
 RUN_FOLDERS = ("stacks", "workers", "tensorboard")
 _REPLACED_AT_END = ("report.md", "report.html")
 

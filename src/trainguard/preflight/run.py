@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainguard import exitcodes
 from trainguard.contract import ENV_PREFLIGHT, ENV_RESUME_FROM
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
     from trainguard.contract import PreflightOutcome
 
 RESUME_STEPS = 2  # optimizer steps the resumed start makes before it is stopped
-EXIT_INCOMPLETE = 3  # the script could not be fast-forwarded: what could not be checked is listed
+EXIT_INCOMPLETE = exitcodes.PREFLIGHT_INCOMPLETE  # the script could not be fast-forwarded: what could not be checked is listed
 
 
 @dataclass(kw_only=True)
@@ -174,7 +175,7 @@ def _conclude(run_dir: Path, opts: PreflightOptions, findings: list[Finding], su
     # so is a fast-forwarded script whose LR moved in a way the preflight could not simulate
     unchecked = not summary.get("fast_forward", True) or summary.get("schedule_checked") is False
     outcome: PreflightOutcome = "failed" if errors else "incomplete" if unchecked else "passed"
-    code = 1 if errors else EXIT_INCOMPLETE if unchecked else 0
+    code = exitcodes.FINDINGS if errors else EXIT_INCOMPLETE if unchecked else 0
     status = ending_status(Ending(preflight=outcome, exit_code=code), command=opts.command, updated=time.time(),
                            ended=time.time(), watched_by="preflight", preflight=summary,
                            findings=[f.to_dict() for f in findings])

@@ -75,6 +75,7 @@ class Alone:
         # once a second, held the interpreter lock long enough to stall the training thread.
         self._status_findings: dict[tuple, Any] | None = None
         reserve_space(steps.run_dir)  # the last status.json is written even if the run fills the disk
+        self.notifier = _notifier(steps, environ)
         if attempt == 0:
             self._record_command(t0)
 
@@ -100,6 +101,8 @@ class Alone:
             self.steps._selflog.error("status.json", exc)
 
     def _found(self, f: Any) -> None:
+        if self.notifier is not None:
+            self.notifier.finding(f.to_dict())  # queued only: the notifier's own threads send it
         if self._status_findings is not None:
             self._status_findings[(f.code, f.name, f.step, f.cause)] = f
         self._findings_seen += 1
@@ -191,6 +194,29 @@ class Alone:
     def _write(self, status: Any, final: bool = True, pause: Any = None) -> None:
         self._last_status = time.time()
         write_status(self.steps.run_dir, status, final=final, pause=pause)
+        if final and self.notifier is not None:
+            notifier, self.notifier = self.notifier, None
+            for f in status.get("findings") or []:  # the ending's own (a crash, a kill): sent once, by code
+                notifier.finding(f)
+            notifier.close(status)  # bounded (notify/notifier.py's CLOSE_WAIT): this is the script's end
+
+
+def _notifier(steps: StepRecorder, environ: Any) -> Any:
+    """$TRAINGUARD_NOTIFY for a script running alone: the probe tells a person itself (notify/). A bad
+    value never stops the script: it is logged once and the run goes on without notifications."""
+    from trainguard.contract import ENV_NOTIFY, ENV_NOTIFY_END
+
+    if not environ.get(ENV_NOTIFY, "").strip():
+        return None
+    try:
+        from trainguard.notify.notifier import Notifier
+        from trainguard.notify.targets import parse_targets
+
+        targets = parse_targets([], env=environ.get(ENV_NOTIFY, ""))
+        return Notifier(steps.run_dir, targets, notify_end=environ.get(ENV_NOTIFY_END, "") == "1")
+    except Exception as exc:
+        steps._selflog.error("notify", exc)
+        return None
 
 
 class ProbeRules:

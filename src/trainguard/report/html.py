@@ -9,6 +9,7 @@ from __future__ import annotations
 from trainguard.findings import Finding
 from trainguard.report.build import Report, clock, elapsed, evidence_rows, fmt_duration
 from trainguard.report.svg import SEVERITY_COLORS, esc, render
+from trainguard.store.acks import read_acks
 from trainguard.store.ending import how_it_exited
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -80,8 +81,9 @@ def render_html(r: Report) -> str:
     b.append(f'<h2 id="findings">Findings ({len(r.findings)})</h2>')
     if not r.findings:
         b.append("<p>None. What was checked is listed below.</p>")
+    acks = read_acks(r.run_dir)
     for f in r.findings:
-        b.append(_finding(f))
+        b.append(_finding(f, acks.get(f.code)))
     if r.stacks:
         b.append('<h2 id="stacks">Stacks taken by the watchdog</h2>')
         for name, text in r.stacks:
@@ -124,13 +126,16 @@ def render_html(r: Report) -> str:
     return page(f"trainguard report: {r.title}", b)
 
 
-def _finding(f: Finding) -> str:
+def _finding(f: Finding, ack: dict | None = None) -> str:
     color = SEVERITY_COLORS.get(f.severity, "#888")
     at = f" at step {esc(f.step)}" if f.step is not None else ""
     out = [f'<div class="finding sev-{esc(f.severity)}" data-code="{esc(f.code)}" '
            f'data-step="{"" if f.step is None else esc(f.step)}" style="border-left-color:{color}">',
            f"<h3>{esc(f.code)} {esc(f.name)} <span style=\"color:{color}\">[{esc(f.severity)}]</span>{at}</h3>",
            f"<p>{esc(f.summary)}</p>"]
+    if ack is not None:  # `trainguard ack`: known and accepted, outside the run's health
+        out.append(f"<p><em>acknowledged by {esc(ack['by'])}</em>" + (f": {esc(ack['why'])}" if ack["why"] else "")
+                   + "</p>")
     facts = [(k, val) for k, val in (("cause", f.cause), ("where", f.where), ("exception", f.exception),
                                      ("source", f.source)) if val]
     rows = evidence_rows(f.evidence)

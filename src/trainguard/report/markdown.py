@@ -12,6 +12,7 @@ import re
 
 from trainguard.report.build import Report, clock, elapsed, evidence_rows, fmt_duration
 from trainguard.report.svg import Plot
+from trainguard.store.acks import read_acks
 from trainguard.store.ending import how_it_exited
 from trainguard.untrusted import printable
 
@@ -55,9 +56,13 @@ def render_markdown(r: Report) -> str:
     out += [f"## Findings ({len(r.findings)})", ""]
     if not r.findings:
         out += ["None. See what was checked below.", ""]
+    acks = read_acks(r.run_dir)
     for i, f in enumerate(r.findings, 1):
         at = f" at step {md(f.step)}" if f.step is not None else ""
         out += [f"### {i}. {md(f.code)} {md(f.name)} [{md(f.severity)}]{at}", "", md(f.summary), ""]
+        if f.code in acks:
+            ack = acks[f.code]
+            out += [f"*acknowledged by {md(ack['by'])}*" + (f": {md(ack['why'])}" if ack["why"] else ""), ""]
         for label, value in (("cause", f.cause), ("where", f.where), ("exception", f.exception), ("source", f.source)):
             if value:
                 out.append(f"- {label}: {md(value)}")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.sinks import Sink, SinkSpec, open_sink
+from trainguard.store.acks import read_acks
 from trainguard.store.printed import printed_rows
 from trainguard.store.reader import RunReader
 from trainguard.store.status import read_status
@@ -51,15 +52,17 @@ def eval_scalars(event: dict[str, Any]) -> dict[str, float]:
 class Feed:
     """Reads what is new in a run folder since the last call and passes it on to the open sinks."""
 
-    def __init__(self, run_dir: Path, specs: list[SinkSpec]) -> None:
+    def __init__(self, run_dir: Path, specs: list[SinkSpec], extra: dict[str, Sink] | None = None) -> None:
+        """`extra`: sinks already open, by name (the notifiers, which `--notify` opens, not `--sink`)."""
         self.run_dir = Path(run_dir)
-        self.sinks: dict[str, Sink] = {}
+        self.sinks: dict[str, Sink] = dict(extra or {})
         self._specs = list(specs)
         self._rowid = 0
         self._event_id = 0
         self._printed_rowid = 0
         self._probe_loss = False  # a probe row carried a loss: the printed one is never sent beside it
         self._findings_seen: set[tuple] = set()
+        self._unacked: dict[str, dict[str, Any]] = {}  # code -> a finding sent before any ack of it
         self._reader: RunReader | None = None
         self.failed: dict[str, str] = {}  # sink name -> why it was switched off
 
@@ -111,6 +114,10 @@ class Feed:
     def close(self) -> None:
         """The last pass: what is left in the store, then each sink's final state."""
         self.poll()
+        acks = read_acks(self.run_dir)  # acknowledged after it was sent: each sink shows it so, once
+        for code in [c for c in self._unacked if c in acks]:
+            data = {**self._unacked.pop(code), "acked": acks[code]}
+            self._each(lambda s, data=data: s.finding(data))
         status = read_status(self.run_dir)
         self._each(lambda s: s.close(status))
         self.sinks.clear()
@@ -122,6 +129,11 @@ class Feed:
         if key in self._findings_seen or not data.get("code"):
             return
         self._findings_seen.add(key)
+        ack = read_acks(self.run_dir).get(data["code"])  # acknowledged already: the sinks show it so
+        if ack is not None:
+            data = {**data, "acked": ack}
+        else:
+            self._unacked.setdefault(data["code"], data)
         self._each(lambda s: s.finding(data))
 
     def _each(self, call: Any) -> None:
@@ -150,8 +162,8 @@ def feed_once(run_dir: Path, specs: list[SinkSpec]) -> list[str]:
 class LiveFeed:
     """A Feed polled from a daemon thread while a run lives; `stop()` makes the last pass, bounded."""
 
-    def __init__(self, run_dir: Path, specs: list[SinkSpec]) -> None:
-        self.feed = Feed(run_dir, specs)
+    def __init__(self, run_dir: Path, specs: list[SinkSpec], extra: dict[str, Sink] | None = None) -> None:
+        self.feed = Feed(run_dir, specs, extra)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="trainguard-sinks", daemon=True)
 

@@ -55,6 +55,8 @@ class MlflowSink:
     def finding(self, finding: dict[str, Any]) -> None:
         at = f" at step {finding['step']}" if finding.get("step") is not None else ""
         text = f"{finding.get('name')} [{finding.get('severity')}]{at}: {finding.get('summary')}"
+        if isinstance(finding.get("acked"), dict):
+            text = f"(acknowledged by {finding['acked'].get('by')}) {text}"
         self.client.set_tag(self.run_id, f"trainguard.finding.{finding.get('code')}", text[:MAX_TAG])
         self.findings.append(finding)
 

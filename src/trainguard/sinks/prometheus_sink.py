@@ -32,7 +32,7 @@ class PrometheusSink:
         self.step = Gauge("trainguard_step", "The last optimizer step recorded.", ["run"], registry=self.registry)
         self.values = {name: Gauge(f"trainguard_{name}", f"The last step's {name}.", ["run"], registry=self.registry)
                        for name in GAUGED}
-        self.finding_series = Gauge("trainguard_finding", "One series per finding (1).",
+        self.finding_series = Gauge("trainguard_finding", "One series per finding (1; 0 once acknowledged by `trainguard ack`).",
                                     ["run", "code", "name", "severity", "step"], registry=self.registry)
         self.counts = Gauge("trainguard_findings", "Findings so far, by severity.", ["run", "severity"],
                             registry=self.registry)
@@ -64,8 +64,10 @@ class PrometheusSink:
     def finding(self, finding: dict[str, Any]) -> None:
         step = finding.get("step")
         self.finding_series.labels(self.run, str(finding.get("code")), str(finding.get("name")),
-                                   str(finding.get("severity")), "" if step is None else str(step)).set(1)
-        self.counts.labels(self.run, str(finding.get("severity"))).inc()
+                                   str(finding.get("severity")), "" if step is None else str(step)
+                                   ).set(0 if finding.get("acked") else 1)  # 0: acknowledged (`trainguard ack`)
+        if not finding.get("acked"):
+            self.counts.labels(self.run, str(finding.get("severity"))).inc()
 
     def close(self, status: dict[str, Any]) -> None:
         self._set_state(status.get("state", "unknown"))

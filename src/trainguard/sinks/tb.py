@@ -63,6 +63,8 @@ def markdown(finding: dict[str, Any]) -> str:
     """One finding as the short Markdown TensorBoard's text tab renders."""
     at = f" at step {finding['step']}" if finding.get("step") is not None else ""
     lines = [f"**{finding.get('code')} {finding.get('name')}** [{finding.get('severity')}]{at}: {finding.get('summary')}"]
+    if isinstance(finding.get("acked"), dict):
+        lines.append(f"acknowledged by {finding['acked'].get('by')}: {finding['acked'].get('why') or ''}")
     if finding.get("where"):
         lines.append(f"where: `{finding['where']}`")
     for key, value in list((finding.get("evidence") or {}).items())[:8]:

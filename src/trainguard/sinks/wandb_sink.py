@@ -45,6 +45,12 @@ class WandbSink:
         self.run.log(values, step=step)
 
     def finding(self, finding: dict[str, Any]) -> None:
+        if finding.get("acked"):  # acknowledged (`trainguard ack`): shown in the summary, never an alert
+            self.findings = [f for f in self.findings if f.get("code") != finding.get("code")]
+            self.findings.append({**{k: finding.get(k) for k in ("code", "name", "severity", "step", "summary")},
+                                  "acked": finding["acked"]})
+            self.run.summary["trainguard/findings"] = self.findings
+            return
         level = self._levels.ERROR if finding.get("severity") == "error" else self._levels.WARN
         text = finding.get("summary") or ""
         if finding.get("fix"):

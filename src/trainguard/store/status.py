@@ -33,6 +33,7 @@ from trainguard.contract import STATUS_NAME, checked_status
 from trainguard.errors import UserError
 from trainguard.findings import escalations_merged
 from trainguard.folderio import create_fresh, read_capped, write_atomic
+from trainguard.store.acks import mark_acked, read_acks
 from trainguard.untrusted import load_json
 
 RESERVE_NAME = ".status.reserve"
@@ -49,17 +50,20 @@ def health_of(status: dict[str, Any]) -> str:
     """ok | warning | error: the worst of the findings' severities, error for a run that did not end well."""
     if status.get("state") in BAD_ENDS:
         return "error"
-    severities = {f.get("severity") for f in status.get("findings") or [] if isinstance(f, dict)}
+    # an acknowledged finding (store/acks.py) is known and accepted: it stays listed, outside the health
+    severities = {f.get("severity") for f in status.get("findings") or [] if isinstance(f, dict) and not f.get("acked")}
     return "error" if "error" in severities else "warning" if "warning" in severities else "ok"
 
 
 def health_counts(status: dict[str, Any]) -> str:
     """`error (2 errors, 1 warning)`: the health word with what it rests on, for one line of output."""
     found = [f for f in status.get("findings") or [] if isinstance(f, dict)]
-    errors = sum(f.get("severity") == "error" for f in found)
-    warnings = sum(f.get("severity") == "warning" for f in found)
+    acked = sum(bool(f.get("acked")) for f in found)
+    errors = sum(f.get("severity") == "error" and not f.get("acked") for f in found)
+    warnings = sum(f.get("severity") == "warning" and not f.get("acked") for f in found)
     parts = [f"{errors} error{'s' if errors != 1 else ''}" if errors else "",
-             f"{warnings} warning{'s' if warnings != 1 else ''}" if warnings else ""]
+             f"{warnings} warning{'s' if warnings != 1 else ''}" if warnings else "",
+             f"{acked} acknowledged" if acked else ""]
     detail = ", ".join(p for p in parts if p)
     health = status.get("health") or health_of(status)
     return f"{health} ({detail})" if detail else health
@@ -94,7 +98,8 @@ def write_status(run_dir: str | Path, status: Mapping[str, Any], *, final: bool 
     data: dict[str, Any] = dict(status)
     checked_status(data)
     if isinstance(data.get("findings"), list):  # a rule's warning and its later error: one entry
-        data["findings"] = escalations_merged([f for f in data["findings"] if isinstance(f, dict)])
+        data["findings"] = mark_acked(escalations_merged([f for f in data["findings"] if isinstance(f, dict)]),
+                                      read_acks(run_dir))
     data["health"] = health_of(data)
     plain = json.loads(json.dumps(data, default=str))  # what json makes of it, NaN still a float
     text = json.dumps(strict_json(plain), indent=2, allow_nan=False) + "\n"
@@ -157,8 +162,11 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
     from trainguard.store.owner import check_owner
 
     data = check_owner(_shaped(data))
+    acks = read_acks(run_dir)  # acknowledged since status.json was last written (after the run, say)
+    if acks:
+        data["findings"] = mark_acked(data["findings"], acks)
     derived = health_of(data)  # written before `health` existed, or since abandoned by its owner
-    if data.get("health") not in HEALTHS or HEALTHS.index(derived) > HEALTHS.index(data["health"]):
+    if data.get("health") not in HEALTHS or HEALTHS.index(derived) > HEALTHS.index(data["health"]) or acks:
         data["health"] = derived
     return data
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trainguard import __version__
+from trainguard import __version__, exitcodes
 from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_WATCHDOG
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
@@ -36,6 +36,7 @@ from trainguard.rules import crash
 from trainguard.rules.ending import RUN_KILLED
 from trainguard.rules.firstfailure import first_failure_finding
 from trainguard.store import lock as run_lock
+from trainguard.store.acks import read_acks
 from trainguard.store.ending import Ending, ending_status, live_status
 from trainguard.store.nodes import node_dir
 from trainguard.store.owner import owner_record
@@ -58,7 +59,7 @@ POLL_INTERVAL = 0.5
 MAX_IO_GRACE = 5  # stalls forgiven in a row because the run was still writing or importing
 KILL_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when trainguard stops a run
 WATCHDOG_RANK = -1  # rows the watchdog writes carry rank -1
-FAIL_ON_EXIT = 122  # a completed run whose findings reach --fail-on's severity (123-125 are taken)
+FAIL_ON_EXIT = exitcodes.HEALTH  # a completed run whose unacknowledged findings reach --fail-on's severity
 RELOOK_MIN, RELOOK_MAX = 5.0, 300.0  # seconds between looks at an open stall (the stall timeout, within these)
 # A line that shows a training step's loss: for a script without the probe, the end of its start-up.
 _LOSS_LINE = re.compile(r"(?i)\bloss\b['\"]?\s*[:=]?\s*[-+]?(\d|nan|inf)")
@@ -113,6 +114,8 @@ class RunOptions:
     expects: list[str] = field(default_factory=list)
     stop_on: list[str] = field(default_factory=list)
     fail_on: str | None = None  # "error" | "warning": a completed run with such findings exits FAIL_ON_EXIT
+    # (the CLI's default is "error"; None and "never": the command's own code)
+    notify: list[str] = field(default_factory=list)  # the notifiers' targets, masked, for the run's meta
     on_hang: str = "kill"  # wait | kill | restart
     max_restarts: int = 3  # with on_hang="restart": restarts at most; a repeated hang stops sooner
     live: bool | None = None  # None: a live status line only when stderr is a terminal
@@ -299,9 +302,10 @@ class Supervisor:
                 time.sleep(POLL_INTERVAL)
                 state = self._observe()
                 self._scratch = state.scratch
+                acks = read_acks(self.run_dir) if self.options.stop_on else {}
                 for finding in self._poll_monitors(state):
                     self._report(finding)
-                    if finding.name in self.options.stop_on and stopped is None:
+                    if finding.name in self.options.stop_on and stopped is None and finding.code not in acks:
                         stopped = finding
                         self._note(f"stopping the run on {finding.name} (--stop-on)")
                         self._terminate()
@@ -679,14 +683,16 @@ class Supervisor:
 
     def _fail_on(self, code: int) -> int:
         """--fail-on: a run that ended well (exit 0) but whose findings reach the given severity fails."""
-        if code != 0 or not self.options.fail_on:
+        if code != 0 or self.options.fail_on not in ("error", "warning"):
             return code
         worst = {"error"} if self.options.fail_on == "error" else {"error", "warning"}
-        hits = [f for f in self.findings if f.severity in worst]
+        acks = read_acks(self.run_dir)  # `trainguard ack RUN CODE`: known and accepted, not a failure
+        hits = [f for f in self.findings if f.severity in worst and f.code not in acks]
         if not hits:
             return code
         self._note(f"trainguard: exit {FAIL_ON_EXIT}: {len(hits)} finding(s) at --fail-on {self.options.fail_on}"
-                   f" or worse (the first: {hits[0].code} {hits[0].name})")
+                   f" or worse (the first: {hits[0].code} {hits[0].name}; `trainguard ack {self.run_dir} "
+                   f"{hits[0].code}` accepts it, `--fail-on never` gives the command's own code)")
         return FAIL_ON_EXIT
 
     def _write_report(self) -> None:
@@ -787,7 +793,8 @@ class Supervisor:
 
     def _summary(self, v: verdict.Verdict, step: int | None) -> None:
         dur = self._elapsed()
-        severities = {f.severity for f in self.findings}
+        acks = read_acks(self.run_dir)
+        severities = {f.severity for f in self.findings if f.code not in acks}
         health = ("error" if v.state != "completed" or "error" in severities else
                   "warning" if "warning" in severities else "ok")
         head = f"trainguard: run {v.state}"
@@ -813,7 +820,8 @@ class Supervisor:
         else:
             lines.append(f"trainguard: {len(errors)} error(s), {len(warnings)} warning(s)")
             for f in most_severe_first(self.findings)[:8]:
-                lines.append(f"  {f.one_line()}")
+                ack = acks.get(f.code)
+                lines.append(f"  {f.one_line()}" + (f" (acknowledged by {ack['by']})" if ack else ""))
                 if f.where:
                     lines.append(f"    where: {f.where}")
                 if f.fix:
@@ -889,7 +897,8 @@ class Supervisor:
         w.set_meta("watchdog", {"pid": os.getpid(), "trainguard": __version__, "python": sys.version.split()[0],
                                 "platform": platform.platform(), "stall_timeout": self.options.stall_timeout,
                                 "hang_limits": self.options.hang_limits,
-                                "expects": self.options.expects, "on_hang": self.options.on_hang})
+                                "expects": self.options.expects, "on_hang": self.options.on_hang,
+                                "notify": self.options.notify})
         w.set_meta("env", {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "SLURM_JOB_ID")
                            if k in os.environ})
         if self.scheduler is not None:

@@ -9,8 +9,8 @@
 - killed:    ended by a signal that trainguard did not send for a hang;
 - hung:      no progress for longer than the stall timeout (trainguard stopped it, or it is still alive).
 
-`trainguard run` exits with the command's own code when the command ran to its end (128 + N for a signal,
-as shells do), and with these codes otherwise:
+`trainguard run` exits with the command's own code when the command crashed (128 + N for a signal, as
+shells do), and with the codes of trainguard/exitcodes.py otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainguard import exitcodes
 from trainguard.findings import EXPECTS, WATCHDOG, Code, Finding
 from trainguard.rules.crash import RUN_CRASHED
 from trainguard.rules.ending import killed_finding, probe_not_finished, signal_name
@@ -30,9 +31,9 @@ from trainguard.store.ending import Ending, state_of
 if TYPE_CHECKING:
     from trainguard.contract import State
 
-EXIT_FAILED = 123  # exit 0, but an expected artifact is missing or stale, or the script stopped early
-EXIT_HUNG = 124  # no progress for longer than the stall timeout (as `timeout(1)` uses 124)
-EXIT_STOPPED = 125  # stopped on a finding named in --stop-on
+EXIT_FAILED = exitcodes.FAILED
+EXIT_HUNG = exitcodes.HUNG
+EXIT_STOPPED = exitcodes.STOPPED
 
 
 @dataclass
@@ -186,7 +187,7 @@ def decide(
         killed = killed_finding(sig, step=step, oom=oom)
         if printed:
             enrich(killed, printed)
-        return _verdict(replace(facts, signal=signal_name(sig)), returncode, [killed], 128 + sig)
+        return _verdict(replace(facts, signal=signal_name(sig)), returncode, [killed], exitcodes.SIGNAL_BASE + sig)
     if returncode != 0:
         crash = probe_crash or stderr_crash
         if printed and crash is not None and launcher_only(crash):

@@ -1,0 +1,134 @@
+"""The notifier's pure parts: where messages go and how a secret URL is shown, what a message says, what
+the notifier decides to send; the exit-code table; acknowledgements read from a damaged file.
+
+    PYTHONPATH=src .venv/bin/python -m pytest -p no:xdist -q tests/test_notify_units.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainguard import exitcodes
+from trainguard.errors import UserError
+from trainguard.notify import message
+from trainguard.notify.notifier import Notifier
+from trainguard.notify.targets import mask, parse_target, parse_targets, scrub
+from trainguard.store.acks import add_ack, mark_acked, read_acks
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("https://hooks.slack.com/services/T0/B0/abcSECRET", "https://hooks.slack.com/services/***"),
+    ("https://user:pw@example.org:8443/hook?token=abc&x=1", "https://user:***@example.org:8443/hook?token=***&x=***"),
+    ("https://example.org", "https://example.org"),
+    ("exec:/usr/bin/page-me --key SECRET", "exec:/usr/bin/page-me ***"),
+    ("mailto:a@b.org", "mailto:a@b.org"),
+])
+def test_a_target_is_shown_masked(url: str, shown: str) -> None:
+    assert mask(url) == shown
+    if not url.startswith("mailto"):
+        assert "SECRET" not in mask(url) and "pw" not in mask(url).replace("page-me", "")
+
+
+def test_targets_from_the_environment_and_flags() -> None:
+    got = parse_targets(["slack+https://chat.example.org/hooks/x"],
+                        env="https://a.example/h, mailto:a@b.org,c@d.org exec:/bin/true")
+    assert [(t.kind, t.value) for t in got] == [
+        ("webhook", "https://a.example/h"), ("email", "a@b.org,c@d.org"), ("exec", "/bin/true"),
+        ("slack", "https://chat.example.org/hooks/x")]
+    assert parse_target("https://hooks.slack.com/services/T/B/C").kind == "slack"
+    assert "C" not in repr(parse_target("https://hooks.slack.com/services/T/B/CCCC")).split("***")[-1]
+
+
+@pytest.mark.parametrize("bad", ["ftp://x.org/a", "mailto:nobody", "exec:", "https:///nohost", "hooks.example"])
+def test_a_bad_target_is_one_line_of_bad_input(bad: str) -> None:
+    with pytest.raises(UserError) as info:
+        parse_target(bad)
+    assert "\n" not in str(info.value)
+
+
+def test_scrub_replaces_the_secret_form() -> None:
+    t = parse_target("https://example.org/hook/SECRET")
+    assert scrub(f"error posting to {t.value}: 404", [t]) == "error posting to https://example.org/hook/***: 404"
+
+
+def test_a_crash_message_names_its_rank_place_and_fix(tmp_path: Path) -> None:
+    f = {"code": "TG501", "name": "run-crashed", "severity": "error", "step": 7, "summary": "ValueError: bad",
+         "where": "train.py:12", "fix": "check the batch", "evidence": {"origin_ranks": [3, 1]}}
+    msg = message.finding_message(f, run_dir=tmp_path, state="crashed")
+    assert msg["rank"] == 3 and "(rank 3)" in msg["title"] and msg["run_dir"] == str(tmp_path.resolve())
+    assert "where: train.py:12" in msg["text"] and "fix: check the batch" in msg["text"]
+
+
+def _notifier(tmp_path: Path, **kw: object) -> Notifier:
+    n = Notifier(tmp_path, [], **kw)  # type: ignore[arg-type]
+    n.sent: list = []  # type: ignore[misc]
+    n._queue = n.sent.append  # type: ignore[method-assign]  # what would leave, without a receiver
+    return n
+
+
+def test_what_is_sent_errors_and_stalls_once_per_code_within_the_rate(tmp_path: Path) -> None:
+    from trainguard.watchdog.stall import RUN_STALLED
+
+    n = _notifier(tmp_path, also=(RUN_STALLED.name,))
+    n.finding({"code": "TG301", "name": "nonfinite-loss", "severity": "warning"})
+    n.finding({"code": "TG509", "name": "run-stalled", "severity": "warning"})
+    n.finding({"code": "TG301", "name": "nonfinite-loss", "severity": "error"})
+    n.finding({"code": "TG301", "name": "nonfinite-loss", "severity": "error", "step": 9})
+    n.finding({"code": "TG101", "name": "lr-reaches-zero", "severity": "error", "acked": {"by": "x"}})
+    assert [d["code"] for _, d in n.sent] == ["TG509", "TG301"]
+    for i in range(20):
+        n.finding({"code": f"TG9{i:02d}", "name": "x", "severity": "error"})
+    assert len(n.sent) == 6 and n.held_back == 16  # RATE_MAX in the window; the rest counted for the end
+
+
+def test_a_healthy_end_is_sent_only_when_asked(tmp_path: Path) -> None:
+    healthy = {"state": "completed", "findings": []}
+    quiet, asked = _notifier(tmp_path, close_wait=0.1), _notifier(tmp_path, close_wait=0.1, notify_end=True)
+    quiet.close(healthy)
+    asked.close(healthy)
+    assert quiet.sent == [] and [k for k, _ in asked.sent] == ["end"]
+    bad = _notifier(tmp_path, close_wait=0.1)
+    bad.close({"state": "completed", "findings": [{"code": "TG301", "severity": "error"}]})
+    assert [k for k, _ in bad.sent] == ["end"]
+
+
+def test_an_acknowledged_error_leaves_a_completed_run_healthy(tmp_path: Path) -> None:
+    add_ack(tmp_path, "TG301", "nonfinite-loss", "known")
+    n = _notifier(tmp_path, close_wait=0.1)
+    n.close({"state": "completed", "findings": [{"code": "TG301", "severity": "error"}]})
+    assert n.sent == []
+
+
+def test_acks_are_read_defensively(tmp_path: Path) -> None:
+    (tmp_path / "acks.jsonl").write_text('garbage\n[1]\n{"code": 5}\n{"code": "TG522", "by": "a@h", "t": "x", "why": 3}\n'
+                                         + json.dumps({"code": "TG522", "by": "later"}) + "\n")
+    assert read_acks(tmp_path) == {"TG522": {"by": "a@h", "t": None, "why": "3"}}
+    assert mark_acked([{"code": "TG522"}, {"code": "TG1"}], read_acks(tmp_path))[1] == {"code": "TG1"}
+    (tmp_path / "acks.jsonl").unlink()
+    (tmp_path / "acks.jsonl").symlink_to(tmp_path / "elsewhere")
+    assert read_acks(tmp_path) == {}
+
+
+def test_a_nodes_part_honours_the_whole_runs_acks(tmp_path: Path) -> None:
+    (tmp_path / "node-1").mkdir()
+    add_ack(tmp_path, "TG522", "x", "the whole run")
+    add_ack(tmp_path / "node-1", "TG301", "y", "this node")
+    assert set(read_acks(tmp_path / "node-1")) == {"TG522", "TG301"} and set(read_acks(tmp_path)) == {"TG522"}
+
+
+def test_the_exit_code_table_is_the_one_the_code_uses() -> None:
+    from trainguard.preflight.run import EXIT_INCOMPLETE
+    from trainguard.watchdog import supervisor, verdict
+
+    table = exitcodes.markdown_table()
+    for code in (exitcodes.HEALTH, exitcodes.FAILED, exitcodes.HUNG, exitcodes.STOPPED, exitcodes.BAD_INPUT,
+                 exitcodes.PREFLIGHT_INCOMPLETE, exitcodes.INTERNAL):
+        assert f"| {code} |" in table
+    assert (supervisor.FAIL_ON_EXIT, verdict.EXIT_FAILED, verdict.EXIT_HUNG, verdict.EXIT_STOPPED, EXIT_INCOMPLETE) \
+        == (122, 123, 124, 125, 3)
+    assert len({r.code for r in exitcodes.TABLE}) == len(exitcodes.TABLE)
