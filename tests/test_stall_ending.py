@@ -134,6 +134,11 @@ def test_a_launchers_dying_words_are_not_progress_but_training_lines_are() -> No
         "frame #6: c10d::TCPStore::check(std::vector<std::string> const&) + 0x35d (0x7feca1b41acd in"
         " /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so)",
         "<omitting python frames>",
+        # failures printed without a traceback (rules/signatures.py)
+        "  what():  CUDA error: out of memory",
+        "slurmstepd: error: *** JOB 4242 ON node1 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***",
+        "[rank3]: [E ProcessGroupNCCL.cpp:475] [Rank 3] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=9, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600184 milliseconds before timing out.",
     ]
     assert [line for line in dying if lines.feed(line)] == []
     moving = ["step 40 loss 1.2031", "[rank0]: iter 41: loss 1.19, time 80.1ms",

@@ -149,7 +149,9 @@ def crash_finding(
     """TG501 run-crashed: the run ended with an uncaught exception.
 
     What it detects: a non-zero exit with a Python exception, from the probe's own record or from the
-    traceback in stderr.
+    traceback in stderr; or a failure the output printed without a traceback (a CUDA error from C++, a
+    segfault, `terminate called ...`, a C assertion, a launch that failed: the catalogue in
+    rules/signatures.py), quoted with its line number (rules/sightings.py).
     Why it matters: a crash late in a run (the first evaluation after 2,000 steps, seed 001; the final
     evaluation after 12,500, seed 004) costs every step before it.
     Example: `TypeError: unsupported operand type(s) for %: 'NoneType' and 'int'` at

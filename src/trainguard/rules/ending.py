@@ -79,7 +79,10 @@ def killed_finding(signum: int, *, step: int | None, oom: dict[str, Any]) -> Fin
 
     What it detects: death by signal (SIGKILL, SIGTERM, SIGSEGV, ...), with what likely sent it. A SIGKILL
     that nobody in trainguard asked for is usually the kernel's OOM killer; the kernel log and the
-    cgroup's oom_kill counter are read where they are readable.
+    cgroup's oom_kill counter are read where they are readable. The cause the output printed (the
+    catalogue in rules/signatures.py: `CUDA error: out of memory` before an abort) is added to it. In a
+    log (`trainguard diagnose`): the kernel's OOM killer, a shell's `Killed`, a scheduler's cut-off
+    (SLURM's `CANCELLED ... DUE TO TIME LIMIT`, LSF's `TERM_RUNLIMIT`), quoted with its line number.
     Why it matters: a killed process leaves no traceback; without this the run simply "went quiet".
     Example: SIGKILL at step 812; cgroup memory.events oom_kill went 0 → 1.
     What to change: for the OOM killer, reduce host memory (DataLoader workers × prefetch, caching, a

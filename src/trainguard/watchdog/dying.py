@@ -12,8 +12,9 @@ that output ended the stall of a new user's collective mismatch as "progress res
 moment they pressed Ctrl-C. Warnings are not progress either: a library that warns from a thread of its own
 says nothing about the training loop.
 
-What is left out, line by line: a Python traceback from its header to its exception line (chained ones too),
-Python's `warnings` lines (`file.py:12: UserWarning: ...` and the source line under it), glog-style lines
+What is left out, line by line: a failure signature of the one catalogue (rules/signatures.py: a CUDA error
+printed by C++, `Segmentation fault`, the OOM killer, a scheduler's cancellation), a Python traceback from
+its header to its exception line (chained ones too), Python's `warnings` lines (`file.py:12: UserWarning: ...` and the source line under it), glog-style lines
 of level W, E or F (torch.distributed's launcher and c10d log this way, bracketed or not), a C++ abort
 (`terminate called`, `what():`) or exception trace (`Exception raised from ...`, `frame #4: ...`), and torchrun's failure summary. Torch's `[rank1]:` prefix is read through. Output that comes
 after a signal was sent is never progress whatever it says: the supervisor stops counting it (see
@@ -23,6 +24,8 @@ after a signal was sent is never progress whatever it says: the supervisor stops
 from __future__ import annotations
 
 import re
+
+from trainguard.rules.signatures import match_line
 
 # torch prefixes each line of a rank's output (`[rank1]: ...`), torchrun's --tee `[default1]: ...`
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default|trainer|worker)\d+\]:\s?")
@@ -68,7 +71,7 @@ class ProgressLines:
             return False
         return not (stripped.startswith(_CHAINED) or _GLOG_NOT_INFO.match(text) or _PY_WARNING.match(text)
                     or _PY_WARNING_SOURCE.match(text) or _DYING.search(text) or _SUMMARY.match(text)
-                    or _exception_alone(stripped))
+                    or _exception_alone(stripped) or match_line(stripped) is not None)
 
     def peek(self, line: str) -> bool:
         """Whether an unfinished line (a progress bar being drawn) shows progress, without moving the state."""
