@@ -100,3 +100,17 @@ def test_a_warning_signal_goes_only_to_a_process_that_catches_it() -> None:
     finally:
         catcher.kill()
         plain.kill()
+
+
+def test_a_log_its_scheduler_cut_says_how_much_of_the_plan_fit(tmp_path) -> None:
+    """llm.c's step lines carry the plan (`step N/19560`); slurmstepd's last line says the time limit cut it."""
+    from trainguard.ingest.diagnose import diagnose_path
+
+    lines = [f"step {i}/19560 | loss {10.9 - i * 0.005:.4f} (+0.01z)| norm 0.9 | lr 6.00e-04 | 3800.00 ms" for i in range(1, 751)]
+    lines.append("slurmstepd: error: *** JOB 4182 ON node07 CANCELLED AT 2026-01-01T10:00:00 DUE TO TIME LIMIT ***")
+    log = tmp_path / "slurm-4182.out"
+    log.write_text("\n".join(lines) + "\n")
+    d = diagnose_path(log)
+    cut = next(f for f in d.findings if f.cause == "time-limit")
+    assert d.state == "cut-off" and cut.severity == "error"
+    assert "step 750 of 19,560 (3.8%)" in cut.summary and "26.3x the time" in cut.summary

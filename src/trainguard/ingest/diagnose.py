@@ -86,7 +86,8 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
         found.append(signs.launch_failed(name, facts.launch_error))
         ending = "launch-failed"
     elif printed:
-        found.append(sighting_finding(printed, path=name, step=last_step, source="diagnose"))
+        sighting = sighting_finding(printed, path=name, step=last_step, source="diagnose")
+        found.append(_with_plan_fraction(sighting, facts.cut_off))
         ending = state_of(printed[0])
     crashed = ending is not None
     for (lineno, warning), count in _first_of_each(facts.warnings):
@@ -112,6 +113,25 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
     return Diagnosis(path=source.path, format=source.format, state=state, findings=most_severe_first(found),
                      not_run=not_run, steps=facts.steps, evals=facts.evals, lines=facts.lines,
                      skipped=facts.skipped, notes=notes)
+
+
+_FRACTION = re.compile(r"\(([\d.]+)%\)")
+SCHEDULER_CUTS = ("time-limit", "preempted", "node-failure")
+
+
+def _with_plan_fraction(finding: Finding, cut_off: str | None) -> Finding:
+    """A run its scheduler cut at its time limit: how much of its plan fit in the job's time, and so about how
+    many times that time the whole plan needed (at the pace the log shows)."""
+    m = _FRACTION.search(cut_off or "")
+    if finding.cause not in SCHEDULER_CUTS or m is None:
+        return finding
+    fraction = float(m.group(1)) / 100
+    finding.summary += f"; by then it had reached {cut_off}"
+    finding.evidence["plan_reached"] = cut_off
+    if finding.cause == "time-limit" and 0 < fraction < 1:
+        finding.summary += f": the whole plan needed about {1 / fraction:.1f}x the time the job was given"
+        finding.evidence["plan_needs_x_time"] = round(1 / fraction, 1)
+    return finding
 
 
 def diagnose_path(path: str | Path, now: float | None = None, ended: str | None = None,
