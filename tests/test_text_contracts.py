@@ -79,6 +79,18 @@ def test_every_printed_format_declares_a_contract_with_a_writer_and_sample_lines
         assert c.writer and c.step_axis and c.plan and c.completion
 
 
+def test_every_printed_family_module_is_read_by_the_text_reader() -> None:
+    # text_rules() imports the printed families by name: a family module left out of it would be ignored
+    import trainguard.ingest.formats as package
+
+    read = {r.format for r in text_rules()}
+    for module in Path(package.__file__).parent.glob("*.py"):
+        source = module.read_text()
+        if "declare_text(" in source and not module.name.startswith("_"):
+            names = {line.split('"')[1] for line in source.splitlines() if line.strip().startswith('format="')}
+            assert names and names <= read, f"{module.name}: {names - read} not read"
+
+
 @pytest.mark.parametrize("rules", STEPPED, ids=lambda r: r.format)
 def test_a_formats_variants_read_as_the_same_curve(tmp_path: Path, rules: TextRules) -> None:
     plain = _log(rules)
