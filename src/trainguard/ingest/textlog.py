@@ -285,6 +285,7 @@ class _LineParser:
         self.batch_size: int | None = None  # a printed `batch_size` setting: a sample counter's unit
         self.iter_max = 0  # the largest iteration within an epoch seen (`[E, I]` lines without `/n`)
         self.epoch_axis = False  # the log's only loss is its epoch summaries: steps are epochs
+        self.relaunch: int | None = None  # the last step of a relaunch not yet past the earlier launch's steps
 
     def feed(self, lineno: int, line: str) -> list[dict[str, Any]]:
         facts = self.facts
@@ -426,11 +427,12 @@ class _LineParser:
             else:
                 short.append(f"epoch {done} of {epochs} ({100 * done / epochs:.0f}%)")
         total = self.plan_total or self.plan_steps
-        if total and self.step > 0:
-            if self.step >= total - 1:  # steps counted from 0 end at N - 1 (detectron2, build-nanogpt)
-                reached.append(f"its last planned step ({self.step:,} of {total:,})")
+        last = self.relaunch if self.relaunch is not None else self.step
+        if total and last > 0:
+            if last >= total - 1:  # steps counted from 0 end at N - 1 (detectron2, build-nanogpt)
+                reached.append(f"its last planned step ({last:,} of {total:,})")
             else:
-                short.append(f"step {self.step:,} of {total:,} ({100 * self.step / total:.1f}%)")
+                short.append(f"step {last:,} of {total:,} ({100 * last / total:.1f}%)")
         final = self._final_evaluation()
         if reached or final:
             facts.completed = f"reached {reached[0]}" if reached else final
@@ -626,11 +628,19 @@ class _LineParser:
 
     def _emit(self, step: int, pairs: dict[str, float], *, parts: bool) -> list[dict[str, Any]]:
         if step <= self.step or not pairs:
+            if pairs and 0 <= step <= 1 < self.step // 100:
+                # a fresh launch appended to the log (its steps start again from the beginning): the earlier
+                # launch's completion line is not this one's ending (its steps are read once past the old)
+                self.facts.completed = None
+                self.relaunch = step
+            elif pairs and self.relaunch is not None:
+                self.relaunch = max(self.relaunch, step)
             return []  # a bar redrawn at the same count, or a line that says nothing new
         prefixes = _part_names(tuple(pairs)) if parts else ()
         out = metrics_to_events(step, pairs, self.facts, parts_from=prefixes)
         if out:
             self.step = step
+            self.relaunch = None  # a relaunch that got past the earlier launch's steps is read as it goes
             self.facts.ends_with = "step"
         return out
 
