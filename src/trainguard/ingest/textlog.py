@@ -628,12 +628,12 @@ class _LineParser:
 
     def _emit(self, step: int, pairs: dict[str, float], *, parts: bool) -> list[dict[str, Any]]:
         if step <= self.step or not pairs:
-            if pairs and 0 <= step <= 1 < self.step // 100:
+            if 0 <= step <= 1 < self.step // 100 and any(k in LOSS_NAMES for k in pairs):
                 # a fresh launch appended to the log (its steps start again from the beginning): the earlier
                 # launch's completion line is not this one's ending (its steps are read once past the old)
                 self.facts.completed = None
                 self.relaunch = step
-            elif pairs and self.relaunch is not None:
+            elif self.relaunch is not None and any(k in LOSS_NAMES for k in pairs):
                 self.relaunch = max(self.relaunch, step)
             return []  # a bar redrawn at the same count, or a line that says nothing new
         prefixes = _part_names(tuple(pairs)) if parts else ()
