@@ -79,6 +79,18 @@ def test_every_printed_format_declares_a_contract_with_a_writer_and_sample_lines
         assert c.writer and c.step_axis and c.plan and c.completion
 
 
+def test_every_printed_family_module_is_read_by_the_text_reader() -> None:
+    # text_rules() imports the printed families by name: a family module left out of it would be ignored
+    import trainguard.ingest.formats as package
+
+    read = {r.format for r in text_rules()}
+    for module in Path(package.__file__).parent.glob("*.py"):
+        source = module.read_text()
+        if "declare_text(" in source and not module.name.startswith("_"):
+            names = {line.split('"')[1] for line in source.splitlines() if line.strip().startswith('format="')}
+            assert names and names <= read, f"{module.name}: {names - read} not read"
+
+
 @pytest.mark.parametrize("rules", STEPPED, ids=lambda r: r.format)
 def test_a_formats_variants_read_as_the_same_curve(tmp_path: Path, rules: TextRules) -> None:
     plain = _log(rules)
@@ -255,3 +267,13 @@ def test_an_evaluation_at_its_ceiling_is_not_frozen_and_a_rounded_repeat_needs_f
         lines += [f"Epoch {e}/8 - Batch {b} loss: {_loss(e * 10 + b):.4f}" for b in range(10)]
         lines.append(f"Validation accuracy: {(0.540, 0.551, 0.551, 0.551, 0.527, 0.546, 0.555, 0.551)[e - 1]:.3f}")
     assert "eval-metrics-frozen" not in _severe(_diagnose(tmp_path, lines, "rounded.log"))
+
+
+def test_an_earlier_launchs_completion_is_not_the_ending_of_a_relaunch_appended_after_it(tmp_path: Path) -> None:
+    first = [f"step {s} | loss {_loss(s):.4f} | lr 1.0e-04" for s in range(1, 301)] + ["Training complete"]
+    again = [f"step {s} | loss {_loss(s):.4f} | lr 1.0e-04" for s in range(0, 200)]
+    d = _diagnose(tmp_path, first + ["Namespace(max_steps=300)"] + again)
+    assert d.state == "unfinished"
+    d = _diagnose(tmp_path, first + again + [f"step {s} | loss 0.4 | lr 1.0e-04" for s in range(200, 400)]
+                  + ["Training complete"], "done.log")
+    assert d.state == "completed"

@@ -95,6 +95,9 @@ _EPOCH_BAR = re.compile(r"^\s*(?:epoch|validation|sanity)", re.IGNORECASE)
 # the last line of a traceback, as `trainguard.rules.crash` reads it
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Fault|[A-Z]\w*)(?::|$)")
 _CHECKPOINT = re.compile(r"(?:saving|saved) (?:model )?checkpoint (?:to |at |in )?(\S+)", re.IGNORECASE)
+# a line that is an epoch's header: `Epoch 3`, `=== Epoch 4 ===`, `INFO:root:Epoch 5`, `Starting epoch 399 ...`
+_EPOCH_HEAD = re.compile(r"(?:^|[:\-=|>\]]\s*)(?:=+\s*)?(?:starting |end of )?epoch\s*[:#]?\s*\[?\d+\]?\s*(?:\.\.\.)?\s*[=:]*\s*$",
+                         re.IGNORECASE)
 # `[19,  2125/ 2562]` (I-JEPA under logging): [epoch, iteration within it (/ per epoch)], at a line's start
 _EPOCH_ITER = re.compile(r"(?:^|:)\s*\[\s*(\d{1,9}),\s*(\d{1,12})(?:\s*/\s*(\d{1,12}))?\s*\]")
 # one row of OpenAI's logger table (`| loss      | 0.533    |`), and the dashed line that closes the table
@@ -113,6 +116,10 @@ _ON_SET = re.compile(r"([A-Za-z][\w\-]*)\s+(?:on|of|for)\s+(?:the\s+)?\w+\s+(?:s
 _WORD = re.compile(r"[A-Za-z]{2,}")
 
 
+# every declared plan setting's name holds one of these (checked in tests): a line without any is no setting
+_PLAN_HINTS = ("max", "num", "total", "epochs", "train_", "learning_steps", "anneal", "batch", "scheduled")
+
+
 class _Contracts:
     """The union of every printed format's declared rules, compiled once (see `ingest.formats._text`)."""
 
@@ -121,6 +128,10 @@ class _Contracts:
 
         rules = text_rules()
         self.completion = _union(p for r in rules for p in r.completion)
+        # a literal each completion pattern needs (lower-cased): most lines hold none, and one substring test
+        # per hint costs a fraction of the union's search on a 1 GB log; a pattern without one: always searched
+        hints = [_literal(p) for r in rules for p in r.completion]
+        self.completion_hints = None if any(h is None for h in hints) else tuple(sorted({h for h in hints if h}))
         self.not_eval = _union(p for r in rules for p in r.not_evaluation)
         self.samples = [re.compile(r.sample_counter, re.IGNORECASE) for r in rules if r.sample_counter]
         self.weighted = _union(r.weighted_parts for r in rules if r.weighted_parts)
@@ -137,6 +148,20 @@ class _Contracts:
         names = "|".join(re.escape(k).replace(r"\ ", r"[ _]") for k in keys)
         self.plan = re.compile(r"(?<![\w.\-])(?:--)?(" + names + r")['\"]?\s*(?:[:=]\s*|\s+)(\d{1,3}(?:,\d{3})+|\d{1,12})"
                                r"(?:\.0+)?(?![\w./]|,\d)", re.IGNORECASE)
+
+
+def _literal(pattern: str) -> str | None:
+    """The longest run of plain lower-case letters and spaces (3 or more) that a pattern must match, if any:
+    text outside every group, class and escape (a group's alternatives are not each required)."""
+    plain = re.sub(r"\\.", "\0", pattern.lower())
+    while (shorter := re.sub(r"\([^()]*\)[?*+]?|\[[^\]]*\][?*+]?", "\0", plain)) != plain:
+        plain = shorter
+    if "|" in plain:
+        return None  # alternatives at the top: no one literal is required
+    plain = re.sub(r".[?*]", "\0", plain)  # an optional character is not required either
+    runs = [r.strip() for r in re.findall(r"[a-z][a-z ]{2,}", plain)]
+    runs = [r for r in runs if len(r) >= 3]
+    return max(runs, key=len) if runs else None
 
 
 def _norm(name: str) -> str:
@@ -260,6 +285,7 @@ class _LineParser:
         self.batch_size: int | None = None  # a printed `batch_size` setting: a sample counter's unit
         self.iter_max = 0  # the largest iteration within an epoch seen (`[E, I]` lines without `/n`)
         self.epoch_axis = False  # the log's only loss is its epoch summaries: steps are epochs
+        self.relaunch: int | None = None  # the last step of a relaunch not yet past the earlier launch's steps
 
     def feed(self, lineno: int, line: str) -> list[dict[str, Any]]:
         facts = self.facts
@@ -280,18 +306,21 @@ class _LineParser:
             facts.launch_error = stripped[:300]
             self.usage = False
         c = self.c
-        if c.completion is not None and c.completion.search(stripped):
+        low = stripped.lower()
+        if c.completion is not None and (c.completion_hints is None or any(h in low for h in c.completion_hints)) \
+                and c.completion.search(stripped):
             facts.completed = stripped[:200]
-        if ("poch" in line or "POCH" in line) and (ep := _epoch_of(line)) is not None:
-            self._epoch_seen(*ep)
-        if c.plan.search(line) is not None:
+        if "poch" in low and (ep := _epoch_of(line)) is not None and (ep[1] is not None or _EPOCH_HEAD.search(line)):
+            self._epoch_seen(*ep)  # a position (`Epoch 3/500`, `=== Epoch 4 ===`), not a mention (`from epoch 66`)
+        if any(h in low for h in _PLAN_HINTS) and c.plan.search(line) is not None:
             self._plan_line(line)
         if stripped[-1] == "|" and (kv := _KV_ROW.search(stripped)) is not None:
             self.kv[kv.group(1).lower()] = float(kv.group(2))
             return []
         if self.kv and stripped[-1] == "-" and _KV_RULE.search(stripped):
             return self._kv_record()
-        if c.records and stripped[-1].isdigit() and (rec := _RECORD.search(stripped)) is not None:
+        if c.records and stripped[-1].isdigit() and len(tail := stripped.rsplit(None, 3)) >= 3 \
+                and tail[-2].lower() in c.records and tail[-3].isdigit() and (rec := _RECORD.search(stripped)):
             return self._record(rec)
         if "improved" in line or "not finite" in line:
             return self._early_stopping(line)
@@ -316,7 +345,7 @@ class _LineParser:
             self.epoch_zero = True
         if of is not None and epoch > of:
             return  # not an epoch position (`epoch 5/3` is no position)
-        self.epoch_max = epoch if self.epoch_max is None else max(self.epoch_max, epoch)
+        self.epoch_max = epoch  # the latest: a relaunch appended starts again
 
     def _plan_line(self, line: str) -> None:
         """A printed setting that states the plan; the last printed wins (a relaunch may change it)."""
@@ -399,11 +428,12 @@ class _LineParser:
             else:
                 short.append(f"epoch {done} of {epochs} ({100 * done / epochs:.0f}%)")
         total = self.plan_total or self.plan_steps
-        if total and self.step > 0:
-            if self.step >= total - 1:  # steps counted from 0 end at N - 1 (detectron2, build-nanogpt)
-                reached.append(f"its last planned step ({self.step:,} of {total:,})")
+        last = self.relaunch if self.relaunch is not None else self.step
+        if total and last > 0:
+            if last >= total - 1:  # steps counted from 0 end at N - 1 (detectron2, build-nanogpt)
+                reached.append(f"its last planned step ({last:,} of {total:,})")
             else:
-                short.append(f"step {self.step:,} of {total:,} ({100 * self.step / total:.1f}%)")
+                short.append(f"step {last:,} of {total:,} ({100 * last / total:.1f}%)")
         final = self._final_evaluation()
         if reached or final:
             facts.completed = f"reached {reached[0]}" if reached else final
@@ -476,6 +506,8 @@ class _LineParser:
             # curve, one row per epoch
             self.epoch_axis = True
             train, step = {"loss": alias}, epoch[0]
+        if epoch is not None and (train or evals):
+            self._epoch_seen(*epoch)
         out: list[dict[str, Any]] = []
         # `Epoch 1 - Batch loss: 12.1`: a line per batch with no step on it counts as the next step
         counting = epoch is not None or any(k.startswith("batch") for k in train)
@@ -597,11 +629,19 @@ class _LineParser:
 
     def _emit(self, step: int, pairs: dict[str, float], *, parts: bool) -> list[dict[str, Any]]:
         if step <= self.step or not pairs:
+            if 0 <= step <= 1 < self.step // 100 and any(k in LOSS_NAMES for k in pairs):
+                # a fresh launch appended to the log (its steps start again from the beginning): the earlier
+                # launch's completion line is not this one's ending (its steps are read once past the old)
+                self.facts.completed = None
+                self.relaunch = step
+            elif self.relaunch is not None and any(k in LOSS_NAMES for k in pairs):
+                self.relaunch = max(self.relaunch, step)
             return []  # a bar redrawn at the same count, or a line that says nothing new
         prefixes = _part_names(tuple(pairs)) if parts else ()
         out = metrics_to_events(step, pairs, self.facts, parts_from=prefixes)
         if out:
             self.step = step
+            self.relaunch = None  # a relaunch that got past the earlier launch's steps is read as it goes
             self.facts.ends_with = "step"
         return out
 
@@ -620,13 +660,13 @@ def _epoch_of(line: str) -> tuple[int, int | None] | None:
 
 def _pairs(line: str) -> dict[str, float]:
     """A line's named numbers, names lower-cased with their qualifying words joined (`train_loss`)."""
-    out: dict[str, float] = {}
-    for m in _PAIR.finditer(line):  # _NUM only matches what float() reads
-        key, value = _key(m.group(1)), float(m.group(2))
-        if "/" in line and (frac := _FRACTION.match(line, m.end())) is not None and key not in _NOT_METRICS:
-            # `Accuracy: 9897/10000 (99%)` (pytorch/examples' test line): a fraction, not a count
-            value = value / int(frac.group(1)) if int(frac.group(1)) else value
-        out[key] = value
+    out = {_key(k): float(v) for k, v in _PAIR.findall(line)}  # _NUM only matches what float() reads
+    if "/" in line:
+        for m in _PAIR.finditer(line):
+            if line.startswith(("/", " /"), m.end()) and (frac := _FRACTION.match(line, m.end())) is not None \
+                    and (key := _key(m.group(1))) not in _NOT_METRICS and int(frac.group(1)):
+                # `Accuracy: 9897/10000 (99%)` (pytorch/examples' test line): a fraction, not a count
+                out[key] = float(m.group(2)) / int(frac.group(1))
     if line.count("|") >= 2:  # `| lr 20.0000 | loss   nan |`: each cell a name and its number
         table, rest = {}, []
         for cell in line.split("|"):
@@ -644,8 +684,10 @@ def _pairs(line: str) -> dict[str, float]:
         out[f"{k.split('_', 1)[0]}_{on.group(1).lower() if on else 'score'}"] = out.pop(k)
     # `loss 4.70 (-2.05z)| norm 1.2 | lr 6e-4` (llm.c), `Loss 3.91 (3.95)\tLr: 0.59` (SwAV): a spaced loss, LR or
     # norm beside other pairs is read too
-    for k, v in _SPACED.findall(line):
-        out.setdefault(_key(k), float(v))
+    low = line.lower()
+    if "loss " in low or "lr " in low or "norm " in low or "rate " in low:
+        for k, v in _SPACED.findall(line):
+            out.setdefault(_key(k), float(v))
     if not out and _eval_line(line):
         loose = _LOOSE.findall(line)
         # `Validation BLEU-1 73.98, BLEU-2 68.28`, not a sentence that holds numbers (`[eval] A car travels at
