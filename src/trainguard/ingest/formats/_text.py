@@ -62,26 +62,8 @@ def declare_text(contract: FormatContract, rules: TextRules) -> None:
 
 
 def text_rules() -> list[TextRules]:
-    """Every printed format's rules (importing each printed family's module once, by name: a new printed
-    format is a module here and a name in this import)."""
-    from trainguard.ingest.formats import (  # noqa: F401  (each declares itself on import)
-        cyclegan,
-        deepspeed,
-        detectron2_console,
-        fairseq,
-        generic,
-        hf_console,
-        improved_diffusion,
-        keras_console,
-        lightning_console,
-        llmc,
-        megatron,
-        mmengine_console,
-        nanogpt,
-        pytorch_examples,
-        ssl_console,
-        timm,
-        wandb_console,
-    )
+    """Every printed format's rules (importing every family module once: `families.py` names them)."""
+    from trainguard.ingest.formats import _load_all
 
+    _load_all()
     return list(TEXT)
