@@ -136,7 +136,7 @@ class RunReader:
             shape = META_SHAPES.get(k) or (dict if "." in k else None)
             if shape is not None and not isinstance(value, shape):
                 continue
-            if k == "command":
+            if k == "command" and isinstance(value, list):
                 value = [str(c) for c in value]
             out[k] = value
         return out
