@@ -442,8 +442,9 @@ def _damaged_manifest(rng: random.Random, raw: bytes) -> bytes:
         for _ in range(rng.randint(1, 3)):
             key = rng.choice(["format", "k", "n_windows", "shard_windows", "temperature", "positions",
                               "teacher_width", "partial", "text_sha256", "teacher_fingerprint", "window_chars"])
-            m[key] = rng.choice([_hostile_value(rng), 10**12, 2**62, 10**18, -3, 0, 1, 1.0, [], {}, "2",
-                                 {"rows": "x"}, {"student_tokenizer_sha256": 5}])
+            value = rng.choice([_hostile_value(rng), 10**12, 2**62, 10**18, -3, 0, 1, 1.0, [], {}, "2",
+                                {"rows": "x"}, {"student_tokenizer_sha256": 5}])
+            m[key] = value.decode("latin-1") if isinstance(value, bytes) else value  # (JSON holds no bytes)
             if rng.random() < 0.2:
                 m.pop(key, None)
         return json.dumps(m).encode()
