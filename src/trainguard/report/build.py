@@ -269,7 +269,7 @@ def _short(v: Any) -> str:
 def clock(t: Any) -> str:
     try:
         return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(t)))
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, OSError):  # OSError: EOVERFLOW, a time past the year 2^31
         return str(t)
 
 
