@@ -442,8 +442,9 @@ def _damaged_manifest(rng: random.Random, raw: bytes) -> bytes:
         for _ in range(rng.randint(1, 3)):
             key = rng.choice(["format", "k", "n_windows", "shard_windows", "temperature", "positions",
                               "teacher_width", "partial", "text_sha256", "teacher_fingerprint", "window_chars"])
-            m[key] = rng.choice([_hostile_value(rng), 10**12, 2**62, 10**18, -3, 0, 1, 1.0, [], {}, "2",
-                                 {"rows": "x"}, {"student_tokenizer_sha256": 5}])
+            value = rng.choice([_hostile_value(rng), 10**12, 2**62, 10**18, -3, 0, 1, 1.0, [], {}, "2",
+                                {"rows": "x"}, {"student_tokenizer_sha256": 5}])
+            m[key] = value.decode("latin-1") if isinstance(value, bytes) else value  # (JSON holds no bytes)
             if rng.random() < 0.2:
                 m.pop(key, None)
         return json.dumps(m).encode()
@@ -478,6 +479,8 @@ def _damaged_shard_one(rng: random.Random, raw: bytes, io: Any, zipfile: Any, np
         for _ in range(rng.randint(1, 3)):
             key = rng.choice(sorted(arrays))
             a = arrays[key]
+            if a.dtype.kind not in "iuf":
+                continue  # already replaced by text: damaged enough
             arrays[key] = rng.choice([
                 a[: max(0, len(a) - rng.randint(1, 3))], np.concatenate([a, a]), a.astype(np.float64),
                 a.reshape(-1) if a.ndim > 1 else a.reshape(-1, 1), np.array([], dtype=a.dtype),
@@ -705,6 +708,7 @@ def run_case(target: str, seed: int, index: int, keep: Path | None = None) -> tu
         return code, failure, seconds
 
 
+_WARM: set[str] = set()
 ISOLATED_TIMEOUT = 20  # seconds a case may take in its own process before it counts as a hang
 ISOLATED_MEMORY = 2 << 30  # bytes of address space a case may add to what the harness already maps
 
@@ -719,6 +723,11 @@ def run_case_isolated(target: str, seed: int, index: int, keep: Path | None = No
 
     if target == "cache" and not _BOMBS:  # made here, once: a forked child's would die with it
         _damaged_shard(random.Random(0), b"", bombs_only=True)
+    if target not in _WARM:
+        # one case in this process first: the modules its command imports (torch and transformers for
+        # `distill cache`, 10 s on a loaded machine) are then loaded once, not in every forked child
+        _WARM.add(target)
+        run_case(target, seed, -1)
     r, w = os.pipe()
     t0 = time.perf_counter()
     pid = os.fork()

@@ -513,7 +513,10 @@ def ls_runs(root: str | None) -> None:
         except UserError:
             st = {"state": "unreadable"}
         started = st.get("started")
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else ""
+        try:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else ""
+        except (OverflowError, OSError, ValueError):  # a damaged status.json's time, past what a clock holds
+            when = "?"
         cmd = " ".join(st.get("command") or [])
         rows.append((path.name, shown_state(st), st.get("health", ""), str(st.get("step", "")),
                      _finding_counts(st.get("findings")), when, _job_of(st), cmd))

@@ -16,8 +16,8 @@ not make the next write land there; an `output.log` that is a FIFO or a link to 
 - a subfolder (`subdir`) is made or checked with lstat: a folder, not a link;
 - reads are capped (`read_capped` refuses more than its limit; `read_tail` reads the end only);
 - the run folder itself is checked once, when a run starts writing it (`check_run_dir`): the user's own
-  folder (owner = this user), a link only where the user named the link, and none of the names trainguard
-  writes planted as a link or a special file.
+  folder (owner = this user; root is let through, see there), a link only where the user named the link,
+  and none of the names trainguard writes planted as a link or a special file.
 
 Refusals are `UserError`s: one line that names the file and the fix, exit 2 in the CLI.
 
@@ -259,7 +259,9 @@ def check_run_dir(path: str | os.PathLike) -> Path:
         raise UserError(f"cannot use run folder {p}: {exc.strerror or exc}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise UserError(f"run folder {p} is not a folder")
-    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+    # (root is let through: in a container, root writes to folders mounted with the host user's uid; the
+    # opens that follow no link are what protect it there)
+    if hasattr(os, "geteuid") and os.geteuid() != 0 and st.st_uid != os.geteuid():
         raise UserError(f"run folder {p} belongs to another user (uid {st.st_uid}): trainguard writes only into "
                         f"a folder of yours (name another with --run-dir)")
     for name in RUN_FILES:

@@ -6,6 +6,7 @@ Everything here is plain data, so both formats say the same thing.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -292,7 +293,7 @@ def _short(v: Any) -> str:
 def clock(t: Any) -> str:
     try:
         return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(t)))
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, OSError):  # OSError: EOVERFLOW, a time past the year 2^31
         return str(t)
 
 
@@ -367,8 +368,8 @@ def _frame_line(x: dict[str, Any]) -> str:
 
 
 def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
+    if seconds is None or not math.isfinite(seconds) or abs(seconds) > 1e11:
+        return "unknown"  # (a damaged store's times: infinite, or thousands of years apart)
     seconds = max(0.0, float(seconds))
     if seconds < 120:
         return f"{seconds:.1f} s"

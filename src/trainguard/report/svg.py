@@ -209,7 +209,10 @@ def fmt(v: float) -> str:
 def _y_axis(y0: float, y1: float, log_y: bool, sy: Scale, pw: int) -> list[str]:
     out = []
     if log_y:
-        ticks = [float(e) for e in range(math.ceil(y0), math.floor(y1) + 1)] or [y0]
+        # decades inside what a float holds (a damaged store's 1e308 pads past it), at most about ten of them
+        lo, hi = max(math.ceil(y0), -307), min(math.floor(y1), 307)
+        every = max(1, math.ceil((hi - lo + 1) / 10))
+        ticks = [float(e) for e in range(lo, hi + 1, every)] or [max(-307.0, min(307.0, y0))]
         values = [10 ** t for t in ticks]
     else:
         values = nice_ticks(y0, y1)

@@ -54,6 +54,8 @@ def checked_manifest(m: Any, path: Path, readable: tuple[int, ...]) -> dict[str,
     _int(m, "shard_windows", path, 1, 1 << 30)
     _int(m, "n_windows", path, 0, MAX_SHARDS * m["shard_windows"])
     _int(m, "positions", path, 0, 1 << 50, required=False)
+    if m.get("positions") is None:
+        m["positions"] = 0  # (a build of an older version may not have counted them: 0, unknown)
     _int(m, "teacher_width", path, 1, 1 << 31)
     _int(m, "window_chars", path, 1, 1 << 40)
     if isinstance(m.get("positions"), int) and m["positions"] and m["n_windows"] > m["positions"]:
