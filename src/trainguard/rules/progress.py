@@ -11,6 +11,18 @@ from trainguard.findings import EVAL, LOSS, OUTPUT_SIZE, PROBE, UPDATE_RATIO, Fi
 from trainguard.rules.rule import Rule, Streak, finite, fmt, median, robust_std
 from trainguard.rules.schedule import step_lr
 
+FIXES_201 = {
+    "lr-zero": "find what sets the LR to 0: a scheduler sized in micro-batches or epochs that ran out, a warm-up "
+               "that starts at 0 and never rises, an `lr` argument of 0; print optimizer.param_groups[0]['lr'] "
+               "at a few steps",
+    "zero-grad": "make the loss from the model's output without .detach(), .item(), .numpy() or a new tensor in "
+                 "between, and call loss.backward() before optimizer.step()",
+    "not-in-optimizer": "build the optimizer after the model is complete, from model.parameters() (or add the "
+                        "missing parameters as a param group)",
+    "wrong-params": "build the optimizer from model.parameters() once the model is final (after .to(device), after "
+                    "wrapping); check that loss.backward() runs before optimizer.step()",
+}
+
 
 class WeightsNotUpdating(Rule):
     """TG201 weights-not-updating: optimizer steps that change no weight.
@@ -34,8 +46,11 @@ class WeightsNotUpdating(Rule):
     (update ratio 0; lr 1.00e-03, grad norm 2.31): the optimizer does not hold the model's parameters`
 
     ## What to change
-    Build the optimizer from `model.parameters()` after the model is final (after `.to(device)`,
-    after wrapping); check the LR and that `loss.backward()` runs before `optimizer.step()`. For a
+    The fix follows the cause the numbers name. An LR of 0: find what sets it there (a schedule sized
+    in micro-batches or epochs that ran out, a warm-up that starts at 0); rebuilding the optimizer
+    will not help. Zero gradients: make the loss from the model's output without detaching it. Wiring:
+    build the optimizer from `model.parameters()` after the model is final (after `.to(device)`,
+    after wrapping) and call `loss.backward()` before `optimizer.step()`. For a
     compiled step: run `optimizer.step()` uncompiled to confirm, keep dynamo's guards (no
     `guard_filter_fn` that drops them), never call the compiled step while every gradient is None, and
     use torch >= 2.3 (pytorch/pytorch#121291 added the missing guard).
@@ -91,8 +106,8 @@ class WeightsNotUpdating(Rule):
             cause = "compiled-step"
         else:
             why, cause = "the optimizer does not update the model's parameters", "wrong-params"
-        fix = ("build the optimizer from model.parameters() once the model is final; check the LR and that "
-               "loss.backward() runs before optimizer.step()")
+        # the fix is written for the cause the numbers name: rebuilding the optimizer cannot help an LR of 0
+        fix = FIXES_201.get(cause, FIXES_201["wrong-params"])
         if cause == "compiled-step":
             fix = ("run optimizer.step() uncompiled to confirm; keep dynamo's guards (no guard_filter_fn that drops "
                    "them), do not call the compiled step while every gradient is None, use torch >= 2.3 "
@@ -193,10 +208,19 @@ def _eval_key(data: dict[str, Any]) -> tuple | None:
                if isinstance(v, (int, float)) and not isinstance(v, bool) and finite(v) and _model_metric(k)}
     if not numeric:
         return None
-    # A metric pinned at a bound (accuracy 1.0, error 0.0) is not frozen, it is finished.
-    if all(v in (0.0, 1.0) for v in numeric.values()):
+    # A metric pinned at a bound (accuracy 1.0 or 100 %, error 0.0) is not frozen, it is finished.
+    if all(_at_bound(k, v) for k, v in numeric.items()):
         return None
     return tuple(sorted((k, float(f"{v:.7g}")) for k, v in numeric.items()))
+
+
+def _at_bound(name: Any, value: float) -> bool:
+    """A value a metric cannot pass: 0 (an error, a loss), a ratio's ceiling, 1 or 100 (%). A loss-like
+    metric has no ceiling at 100: a loss of 100.0 three times over is a number that did not move."""
+    if value in (0.0, 1.0):
+        return True
+    low = str(name).lower()
+    return value == 100.0 and not any(w in low for w in _CONTINUOUS)
 
 
 # Loss-like evaluation metrics: averages over many samples, which move whenever the weights move.
@@ -220,7 +244,8 @@ class EvalMetricsFrozen(Rule):
 
     ## What it detects
     Either three evaluations in a row whose numeric results are all identical (to 7 significant
-    digits; results made only of 0s and 1s, an accuracy at 100%, do not count); or one loss-like
+    digits; results all at a bound, an accuracy at 1.0 or 100 %, an error at 0, do not count: a metric
+    at its ceiling or floor is finished, not frozen); or one loss-like
     metric (`loss`, `ppl`, `nll`) equal to 5 significant digits at five evaluations in a row while
     the other metrics move, judged per metric. A frozen loss at ln(K) is named as the loss of a
     uniform guess over K classes. NaN and inf are left to `nonfinite-loss`.
