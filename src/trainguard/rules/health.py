@@ -38,6 +38,7 @@ from trainguard.rules.process import (
 from trainguard.rules.progress import (
     EvalMetricsFrozen,
     InitialLossOff,
+    LossDiverged,
     LossDiverging,
     LossNotDecreasing,
     LossSpike,
@@ -52,7 +53,7 @@ HEALTH_RULES: list[type[Rule]] = [
     # TG1xx schedule and LR, TG2xx learning progress, TG3xx numerics, TG4xx loss composition
     LrReachesZero, ScheduleHorizonMismatch, LrCyclesToZero,
     WeightsNotUpdating, ParamsWithoutGrad, EvalMetricsFrozen, LossNotDecreasing, InitialLossOff, LossDiverging,
-    LossSpike,
+    LossSpike, LossDiverged,
     NonfiniteLoss, NonfiniteGrad, GradScalerCollapse,
     LossPartsImbalanced, LossPartVanished, LossPartsDontSum, LossWeightStalled,
     # TG52x process (TG501-509, crashes, hangs and artifacts, are the watchdog's)

@@ -501,8 +501,9 @@ class InitialLossOff(Rule):
     When the probe can read the model's output size (`out_features` of a Linear that is its last layer, or
     `vocab_size`/`num_classes`/`num_labels` in the config given to `trainguard.watch`), a freshly
     initialised classifier or language model should start near ln(output size): the loss of a uniform
-    guess. The rule fires when the median of the first three losses is more than 3x that and more
-    than 2 above it.
+    guess. The rule fires when the lowest of the first three losses is more than 3x that and more
+    than 2 above it (the lowest: the first is computed before any update, and an LR far too high
+    sends the next two up, which is `loss-diverged`'s to say, not a sign of the initialisation).
 
     ## Why it matters
     A first loss far above ln(V) means the loss is not what it seems: summed instead of averaged,
@@ -510,7 +511,7 @@ class InitialLossOff(Rule):
     initialisation. Seed 002 started at 101.4 where ln(49152) = 10.8.
 
     ## Example
-    `TG205 initial-loss-off [warning] at step 1: the first losses are 101 (median of 3), 9.4x ln(49,152)
+    `TG205 initial-loss-off [warning] at step 1: the first losses are 101 or more (the lowest of 3), 9.4x ln(49,152)
     = 10.8, the loss of a uniform guess over the model's 49,152 outputs`
 
     ## What to change
@@ -540,13 +541,15 @@ class InitialLossOff(Rule):
         self.first.append((row["step"], row["loss"]))
         if len(self.first) < 3:
             return None
-        start = median([v for _, v in self.first])
+        # the lowest of the first three: step 1's loss is computed before any update, and an LR far too high
+        # sends steps 2 and 3 up (5.8, 31, 326): that is the update's fault (loss-diverged), not the init's
+        start = min(v for _, v in self.first)
         expected = math.log(self.size)
         if start <= 3 * expected or start - expected <= 2:
             return None
         return self.finding(
             step=self.first[0][0],
-            summary=f"the first losses are {fmt(start)} (median of 3), {start / expected:.1f}x ln({fmt(self.size)}) "
+            summary=f"the first losses are {fmt(start)} or more (the lowest of 3), {start / expected:.1f}x ln({fmt(self.size)}) "
                     f"= {fmt(expected)}, the loss of a uniform guess over the model's {fmt(self.size)} outputs",
             fix="check the loss reduction (mean, not sum), the weights of loss parts, and the output layer's init",
             evidence={"first_losses": [v for _, v in self.first], "output_size": self.size,
@@ -693,6 +696,115 @@ class LossDiverging(Rule):
                       "latest_steps": [c[0], c[1]], "first": first, "threshold": need,
                       "weights": {k: v for k, v in weights.items() if finite(v)} if cause else None,
                       "detected_step": row["step"]},
+        )
+
+
+class LossDiverged(Rule):
+    """TG208 loss-diverged: the loss far above where it started, with updates far larger than weights take.
+
+    ## What it detects
+    The median of the last 5 losses more than 10x the run's initial loss (the lowest of its first 3,
+    the first computed before any update), while the probe's sampled update-to-weight ratios in those
+    steps say why: one of them above 0.1 (each step changed the sampled weights by a tenth of their
+    norm or more; about 1e-3 is typical for Adam), or 10x above the run's own median ratio before the
+    climb. No NaN is needed: a loss that settles at hundreds of times a uniform guess's never becomes one.
+    It decides once.
+
+    ## Why it matters
+    An LR off by orders of magnitude (2 typed for 2.5e-4, OpenNMT/OpenNMT-tf#744) throws the weights
+    around from the first update: the loss jumps and stays far above where it started, and a
+    NaN-only check says nothing for the rest of the run. `loss-diverging` needs a best level first
+    to climb from; this needs only the start.
+
+    ## Example
+    `TG208 loss-diverged [error] at step 2: the loss went from 5.85 at its start to 181 (median of
+    steps 3-7), 31x, while the updates changed the weights by 3.02, 0.653, 0.346 of their norm (about
+    1e-3 is typical; above 0.1 diverges) at lr 2; gradient norm 0.837 -> 42.1`
+
+    ## What to change
+    Lower the LR (the ratio says by how much: a ratio of 1 at an LR of 2 asks for about 1e-3 of it),
+    add a warm-up, clip gradients; check the LR's units (a value meant for SGD given to Adam).
+
+    ## Known false positives
+    A loss that grows by design (a reinforcement-learning loss that scales with the returns, a
+    curriculum that switches a loss part on at full weight) while the weights happen to move fast.
+
+    ## Options
+    `trainguard.watch(stats_every=N)` sets how often the update ratio is sampled.
+    """
+
+    code, name, severity = "TG208", "loss-diverged", "error"
+    needs = (LOSS, UPDATE_RATIO)
+    RISE = 10.0  # the recent median over the initial loss
+    TOO_LARGE = 0.1  # an update a tenth of the weights' norm: 100x Adam's typical 1e-3
+    OWN_JUMP = 10.0  # or this many times the run's own median ratio before the climb
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.first: list[tuple[int, float, Any, Any]] = []  # step, loss, lr, grad norm of the first 3 steps
+        self.recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=5)
+        self.ratios: collections.deque[tuple[int, float, Any, Any]] = collections.deque(maxlen=8)  # since the climb
+        self.calm: collections.deque[tuple[int, float, Any, Any]] = collections.deque(maxlen=50)  # before it
+        self.done = False
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        if self.done or not self.learning:
+            return None
+        loss, ratio = row.get("loss"), row.get("update_ratio")
+        if not finite(loss):
+            return None
+        step = row["step"]
+        if len(self.first) < 3:
+            self.first.append((step, float(loss), step_lr(row), row.get("grad_norm")))
+        start = min(v for _, v, _, _ in self.first)
+        if start <= 0:
+            self.done = True  # a loss that can be zero or negative has no "times its start"
+            return None
+        self.recent.append((step, float(loss)))
+        sample = (step, float(ratio), step_lr(row), row.get("grad_norm")) if finite(ratio) else None
+        if loss > 3 * start:
+            if not self.ratios and self.calm and self.calm[-1][0] == step - 1:
+                # the update of the step before the climb's first loss made that loss: it is the climb's
+                self.ratios.append(self.calm.pop())
+            if sample is not None:
+                self.ratios.append(sample)
+        else:
+            self.ratios.clear()
+            if sample is not None:
+                self.calm.append(sample)
+        if len(self.recent) < 5 or len(self.first) < 3:
+            return None
+        level = median([v for _, v in self.recent])
+        if level <= self.RISE * start:
+            return None
+        own = median([r for _, r, _, _ in self.calm]) if len(self.calm) >= 3 else None
+        big = [r for r in self.ratios if r[1] > self.TOO_LARGE or (own is not None and r[1] > self.OWN_JUMP * own
+                                                                    and r[1] > 0.01)]
+        if not big:
+            return None
+        self.done = True
+        onset = next((s for s, v in self.recent if v > 3 * start), self.recent[0][0])
+        onset = min(onset, self.ratios[0][0])
+        lr = next((r[2] for r in reversed(big) if finite(r[2])), step_lr(row))
+        first_gn = next((g for _, _, _, g in self.first if finite(g)), None)
+        last_gn = max((g for _, _, _, g in self.ratios if finite(g)), default=None)
+        shown = ", ".join(fmt(r[1]) for r in list(self.ratios)[:5])
+        own_words = f"; this run's own median before the climb was {fmt(own)}" if own is not None else ""
+        gn = (f"; gradient norm {fmt(first_gn)} -> {fmt(last_gn)}" if first_gn is not None and last_gn is not None
+              else "")
+        at_lr = f" at lr {fmt(lr)}" if finite(lr) else ""
+        return self.finding(
+            step=onset, cause="update-too-large",
+            summary=f"the loss went from {fmt(start)} at its start to {fmt(level)} (median of steps "
+                    f"{self.recent[0][0]}-{self.recent[-1][0]}), {level / start:.0f}x, while the updates changed the "
+                    f"weights by {shown} of their norm (about 1e-3 is typical; above 0.1 diverges{own_words}){at_lr}"
+                    f"{gn}: the LR is far too high for this model",
+            fix=f"lower the LR{' (' + fmt(lr) + ')' if finite(lr) else ''} by 10x-1000x, add a warm-up and clip "
+                "gradients; check its units (an SGD value given to Adam, a typo in the exponent)",
+            evidence={"initial_loss": start, "loss_median": level, "ratio": level / start,
+                      "steps": [self.recent[0][0], self.recent[-1][0]],
+                      "update_ratios": [[s, r] for s, r, _, _ in self.ratios], "own_median_ratio": own,
+                      "lr": lr, "grad_norm_first": first_gn, "grad_norm_max": last_gn, "detected_step": step},
         )
 
 
