@@ -72,3 +72,20 @@ def test_the_clock_reads_this_process_and_the_machine() -> None:
     clock.close()
     assert got is not None and got["proc_cpu_s"] >= 0.05 / 8 * 0.9 and got["cpu_s"] > 0
     assert "others_cores" not in got or got["others_cores"] >= 0
+
+
+def test_the_cpu_time_of_an_evaluation_between_two_steps_is_not_counted_as_the_steps_own() -> None:
+    # an evaluation every 20 steps costs 300 ms of CPU: the clock's sample that spans it is left out
+    rule = ThroughputDrop({"total_steps": 1000})
+    found = None
+    for step in range(1, 201):
+        slow = step >= 100
+        extra = {}
+        if step % 8 == 0:
+            spans_eval = (step - 1) // 20 != (step - 9) // 20 and step > 20
+            extra = {"proc_cpu_s": 0.005 + (0.3 / 8 if spans_eval else 0.0), "run_wait_s": 0.0,
+                     "others_cores": 1.8 if slow else 0.1}
+        found = found or rule.on_step({"step": step, "step_time": 0.060 if slow else 0.010, "extra": extra})
+        if step % 20 == 0:
+            rule.on_event({"kind": "eval", "step": step, "data": {"loss": 1.0}})
+    assert found is not None and found.severity == "info" and found.cause == "machine"

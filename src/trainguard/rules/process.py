@@ -137,8 +137,19 @@ class ThroughputDrop(Rule):
         self.base: list[tuple[float, dict[str, float]]] = []  # step time, the clock's numbers at that step
         self.base_steps: tuple[int, int] | None = None
         self.recent: collections.deque[tuple[int, float, float, dict[str, float]]] = collections.deque(maxlen=self.W)
+        self.between: int | None = None  # the step after which an evaluation or save ran, until the clock's next sample
         self.skip = 5
         self.n = 0
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        # An evaluation, a save or another phase between two steps: the clock's next sample (the CPU time of
+        # the 8 steps around it) holds its work, which is not the steps' own.
+        kind, step = event.get("kind"), event.get("step")
+        if not isinstance(step, int):
+            return
+        if kind in ("eval", "checkpoint") or (kind == "phase" and (event.get("data") or {}).get("edge") == "begin"
+                                              and not str(event.get("name") or "").lower().startswith("train")):
+            self.between = step if self.between is None else min(self.between, step)
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         st = row.get("step_time")
@@ -149,6 +160,8 @@ class ThroughputDrop(Rule):
             return None  # warm-up steps (allocation, compilation) are not the baseline
         extra = row.get("extra") or {}
         clock = {k: float(v) for k in self.CLOCK if finite(v := extra.get(k))}
+        if clock and self.between is not None and row["step"] > self.between:
+            clock, self.between = {}, None  # this sample spans the evaluation or save: left out
         if len(self.base) < self.W:
             self.base.append((st, clock))
             if len(self.base) == self.W:
@@ -314,6 +327,16 @@ class MemoryCreep(Rule):
     when 128 are held), so the rule costs the same at step 100 and at step 1,000,000 and sees a late leak
     as quickly as an early one.
 
+    Per phase: training's memory is compared before and after each evaluation (its phase, or where no
+    phase is marked, the results `guard.eval` reports). Three evaluations in a row after the first
+    that each leave at least 4 MiB behind, which training never gives back (the next evaluation starts
+    at least half of it higher), and together 32 MiB and 5% of the memory: a leak that grows only at
+    evaluations (outputs kept in a list across them), which the stretches above never see.
+
+    A run too short for the warm-up window (it ends before step 100 + the stretch) is judged at its end
+    on its whole training series, from a tenth of the way in: grown by half and 64 MiB, rising in 60%
+    of its intervals and in 3 of its 4 quarters (a warm-up that levels off is not a leak).
+
     ## Why it matters
     A leak ends in an out-of-memory kill hours in, usually after the last checkpoint. The classic:
     keeping `loss` (a tensor with its graph) in a list instead of `loss.item()`, caches keyed by
@@ -322,6 +345,10 @@ class MemoryCreep(Rule):
     ## Example
     `TG524 memory-creep [warning] at step 100: host RSS grew from 594 MiB to 696 MiB over 25 samples
     (steps 100-151), rising in 100% of them: 1.77 MiB a step, +3,269 MiB more by step 2,000`
+
+    `TG524 memory-creep [warning] at step 40: host RSS rose across each of the last 3 evaluations
+    (steps 40, 60, 80) by 72, 72, 72 MiB and training never gave it back: 386 MiB before the first of
+    them, 602 MiB after the last; at one evaluation every 20 steps, +8,352 MiB more by step 2,400`
 
     ## What to change
     Store `.item()` or `.detach()` of what you keep; clear caches; look for lists that grow per step.
@@ -353,22 +380,62 @@ class MemoryCreep(Rule):
         self.in_first_eval = False
         self.first_eval_done = False
         self.found: set[str] = set()  # series already reported: one finding each, no more judging
+        # per phase: training memory before and after each evaluation (a leak that grows only there)
+        self.last_train: dict[str, tuple[int, float]] = {}
+        self.in_eval: int | None = None  # the step the evaluation under way began at
+        self.eval_phases = False  # the run marks its evaluations as phases
+        self.before: dict[str, tuple[int, float]] = {}
+        self.evals = 0
+        self.cycles: dict[str, collections.deque[tuple[int, float, float]]] = {}  # eval step, before, after
+        # every training sample from the first step: a run too short for the warm-up window is judged at its end
+        self.whole: dict[str, _Thinned] = {}
+        self.last_step = 0
+
+    def _eval_begins(self, step: int) -> None:
+        if not self.first_eval_done:
+            self.in_first_eval = True
+        if self.in_eval is None:
+            self.in_eval, self.before = step, dict(self.last_train)
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
-        if event.get("kind") != "sample":
+        kind = event.get("kind")
+        step = event.get("step") or 0
+        # An evaluation's edges: its phase (`guard.phase("eval")`), or, where no phase is ever marked, the
+        # results it reports (`guard.eval(...)`, after it ran): a short evaluation takes no sample of its own.
+        if kind == "phase" and str(event.get("name") or "").lower().startswith(self.EVAL):
+            self.eval_phases = True
+            if (event.get("data") or {}).get("edge") == "begin":
+                self._eval_begins(step)
+            return None
+        if kind == "eval" and not self.eval_phases:
+            self._eval_begins(step)
+            return None
+        if kind != "sample":
             return None
         data = event.get("data") or {}
-        step = event.get("step") or 0
+        self.last_step = max(self.last_step, step)
         phase = str(data.get("phase") or "").lower()
         if phase.startswith(self.NOT_TRAINING):
-            if phase.startswith(self.EVAL) and not self.first_eval_done:
-                self.in_first_eval = True
+            if phase.startswith(self.EVAL):
+                self._eval_begins(step)
             return None
-        if self.in_first_eval:  # the first evaluation is over: what it loaded is the new baseline
+        found, closed = None, False
+        if self.in_eval is not None:
+            if step > self.in_eval:
+                found, closed = self._after_eval(data), True  # the first training sample after the evaluation
+            else:  # the sample of the step the evaluation followed, stored after the evaluation began
+                self.before.update({k: (step, float(v)) for k, _ in self.SERIES if finite(v := data.get(k))})
+        if self.in_first_eval and closed:  # the first evaluation is over: what it loaded is the new baseline
             self.in_first_eval, self.first_eval_done = False, True
             self.series.clear()
-        if step < self.warmup:
-            return None
+            self.whole.clear()
+        for key, _ in self.SERIES:
+            if finite(value := data.get(key)):
+                self.last_train[key] = (step, float(value))
+                if step >= 1:
+                    self.whole.setdefault(key, _Thinned()).add(step, float(value))
+        if found is not None or step < self.warmup:
+            return found
         for key, label in self.SERIES:
             value = data.get(key)
             if not finite(value) or key in self.found:
@@ -393,6 +460,88 @@ class MemoryCreep(Rule):
                           "bytes_per_step": per_step, "projected_growth_bytes": projected,
                           "judged_from": self.warmup, "detected_step": event.get("step")},
                 cause=key,
+            )
+        return None
+
+
+    EVAL_RISE = 4 * MIB  # an evaluation that leaves less than this behind is noise
+    EVAL_CYCLES = 3  # evaluations in a row (the first of the run aside) that each leave memory behind
+
+    def _after_eval(self, data: dict[str, Any]) -> Finding | None:
+        """The first training sample after an evaluation: what the evaluation left behind in training's memory.
+
+        The first evaluation of a run loads kernels and buffers for new shapes once: it is recorded, never
+        judged. After it, each evaluation that leaves memory behind (after minus before) which training
+        never gives back (the next evaluation starts at least that much higher) is a step of a leak that
+        grows only there; three in a row are a leak."""
+        at, self.in_eval = self.in_eval, None
+        self.evals += 1
+        for key, label in self.SERIES:
+            value, before = data.get(key), self.before.get(key)
+            if not finite(value) or before is None or key in self.found:
+                continue
+            cycles = self.cycles.setdefault(key, collections.deque(maxlen=self.EVAL_CYCLES))
+            if self.evals == 1:
+                continue  # the first evaluation: its one-off loads are the new baseline
+            cycles.append((at or 0, before[1], float(value)))
+            if len(cycles) < self.EVAL_CYCLES:
+                continue
+            c = list(cycles)
+            left = [after - before for _, before, after in c]
+            kept = all(c[i + 1][1] >= c[i][2] - 0.5 * left[i] for i in range(len(c) - 1))  # training kept it
+            if min(left) < self.EVAL_RISE or not kept or sum(left) < max(32 * MIB, 0.05 * c[0][1]):
+                continue
+            self.found.add(key)
+            per_eval = sum(left) / len(left)
+            every = (c[-1][0] - c[0][0]) / (len(c) - 1)
+            ahead = ""
+            projected = None
+            if self.total_steps and every > 0:
+                projected = per_eval * max(self.total_steps - c[-1][0], 0) / every
+                ahead = f"; at one evaluation every {every:,.0f} steps, +{projected / MIB:,.0f} MiB more by step " \
+                        f"{self.total_steps:,}"
+            return self.finding(
+                step=c[0][0], cause=f"{key}-eval",
+                summary=f"{label} rose across each of the last {len(c)} evaluations (steps "
+                        f"{', '.join(str(s) for s, _, _ in c)}) by {', '.join(f'{x / MIB:.0f}' for x in left)} MiB and "
+                        f"training never gave it back: {c[0][1] / MIB:.0f} MiB before the first of them, "
+                        f"{c[-1][2] / MIB:.0f} MiB after the last{ahead}",
+                fix="free what the evaluation keeps: clear the list of outputs or predictions it appends to after "
+                    "each evaluation, keep .item() or .detach().cpu() of what you store, run it under torch.no_grad()",
+                evidence={"series": key, "evals": [[s, b, a] for s, b, a in c], "bytes_per_eval": per_eval,
+                          "projected_growth_bytes": projected, "judged_from": c[0][0],
+                          "detected_step": self.last_step},
+            )
+        return None
+
+    def end(self) -> Finding | None:
+        """A run too short for the warm-up window (the first 100 steps) to be judged as it went: judged on its
+        whole training series once it is over, by its growth a step."""
+        if self.last_step >= self.warmup + self.min_span:
+            return None  # judged as it went
+        for key, label in self.SERIES:
+            if key in self.found or key not in self.whole:
+                continue
+            pts = [(s, v) for s, v in self.whole[key].view() if s >= max(3, 0.1 * self.last_step)]
+            if len(pts) < self.MIN_POINTS:
+                continue
+            (step0, first), (step1, last) = pts[0], pts[-1]
+            rises = sum(b - a > self.RISE for (_, a), (_, b) in zip(pts, pts[1:]))
+            if last - first < max(64 * MIB, 0.5 * first) or rises < 0.6 * (len(pts) - 1):
+                continue
+            per_step = _keeps_growing(pts, self.RISE)
+            if not per_step:
+                continue
+            self.found.add(key)
+            return self.finding(
+                step=step0, cause=f"{key}-short-run",
+                summary=f"{label} grew {last / first:.1f}x in a run of {self.last_step:,} steps, from {first / MIB:.0f} "
+                        f"MiB to {last / MIB:.0f} MiB (steps {step0}-{step1}, rising in "
+                        f"{rises / (len(pts) - 1):.0%} of {len(pts)} samples): {per_step / MIB:.2f} MiB a step, "
+                        f"{per_step * 1000 / MIB:,.0f} MiB per 1,000 steps",
+                fix="keep .item() or .detach() of what you store per step; clear caches; find the list that grows",
+                evidence={"series": key, "first_bytes": first, "last_bytes": last, "samples": len(pts),
+                          "bytes_per_step": per_step, "run_steps": self.last_step, "detected_step": self.last_step},
             )
         return None
 
