@@ -129,6 +129,8 @@ class OptimizerHooks:
             if scheduler is not None:
                 epoch = getattr(scheduler, "last_epoch", None)
                 rec["sched_epoch"] = epoch if type(epoch) is int else planinfo.sched_epoch(scheduler)
+            if s.scaler is None and step <= 3:
+                s.scaler = _calling_scaler()  # a GradScaler not given to watch(): the one stepping this optimizer
             if s.scaler is not None:
                 scale = getattr(s.scaler, "_scale", None)  # a device tensor; get_scale() would sync
                 if scale is not None:
@@ -284,3 +286,21 @@ class ParamSample:
             views = self._views
         flat = torch.cat(views)
         return flat if flat.dtype == torch.float32 else flat.float()
+
+
+def _calling_scaler() -> Any:
+    """The GradScaler whose `step(optimizer)` is running this optimizer step, found on the stack (the first
+    3 steps only: a few frames looked at, then never again), or None. `watch()` without `scaler=` and the
+    automatic probe record the loss scale all the same (clip-before-unscale reads it)."""
+    import sys
+
+    frame: Any = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return None
+        code = frame.f_code
+        if code.co_name in ("step", "_maybe_opt_step") and code.co_filename.endswith("grad_scaler.py"):
+            scaler = frame.f_locals.get("self")
+            return scaler if hasattr(scaler, "_scale") else None
+        frame = frame.f_back
+    return None

@@ -26,7 +26,7 @@ from trainguard.rules.contracts import (
     WorkersShareRng,
 )
 from trainguard.rules.model import ExpertCollapse, PerplexityImplausible
-from trainguard.rules.numerics import GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
+from trainguard.rules.numerics import ClipBeforeUnscale, GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
 from trainguard.rules.process import (
     CheckpointStale,
     DataWaitDominant,
@@ -54,7 +54,7 @@ HEALTH_RULES: list[type[Rule]] = [
     LrReachesZero, ScheduleHorizonMismatch, LrCyclesToZero,
     WeightsNotUpdating, ParamsWithoutGrad, EvalMetricsFrozen, LossNotDecreasing, InitialLossOff, LossDiverging,
     LossSpike, LossDiverged,
-    NonfiniteLoss, NonfiniteGrad, GradScalerCollapse,
+    NonfiniteLoss, NonfiniteGrad, GradScalerCollapse, ClipBeforeUnscale,
     LossPartsImbalanced, LossPartVanished, LossPartsDontSum, LossWeightStalled,
     # TG52x process (TG501-509, crashes, hangs and artifacts, are the watchdog's)
     LogFlood, ThroughputDrop, DataWaitDominant, MemoryCreep, DeviceMemoryNearFull, CheckpointStale,
