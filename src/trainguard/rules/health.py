@@ -47,11 +47,16 @@ from trainguard.rules.progress import (
 )
 from trainguard.rules.ranks import GradNormsDiffer, NonfiniteOnOneRank, RankStopped, StragglerRank
 from trainguard.rules.rule import Rule
-from trainguard.rules.schedule import LrCyclesToZero, LrReachesZero, ScheduleHorizonMismatch
+from trainguard.rules.schedule import (
+    LrCyclesToZero,
+    LrReachesZero,
+    LrRestartsAtResume,
+    ScheduleHorizonMismatch,
+)
 
 HEALTH_RULES: list[type[Rule]] = [
     # TG1xx schedule and LR, TG2xx learning progress, TG3xx numerics, TG4xx loss composition
-    LrReachesZero, ScheduleHorizonMismatch, LrCyclesToZero,
+    LrReachesZero, ScheduleHorizonMismatch, LrCyclesToZero, LrRestartsAtResume,
     WeightsNotUpdating, ParamsWithoutGrad, EvalMetricsFrozen, LossNotDecreasing, InitialLossOff, LossDiverging,
     LossSpike, LossDiverged,
     NonfiniteLoss, NonfiniteGrad, GradScalerCollapse, ClipBeforeUnscale,
