@@ -460,11 +460,11 @@ class LrRestartsAtResume(Rule):
                 return 1.0
             return float("inf") if a <= 0 else max(a / b, b / a)
 
-        streak = 0
-        for i, (_, x, p) in enumerate(self.after):
+        streak, i = 0, -1
+        while streak < 3 and i + 1 < len(self.after):
+            i += 1
+            _, x, p = self.after[i]
             streak = streak + 1 if off(x, p) >= self.OFF else 0
-            if streak == 3:
-                break
         if streak < 3:
             if len(self.after) >= self.WINDOW:
                 self.resume, self.after = None, []  # the schedule continued
