@@ -703,8 +703,10 @@ class LossDiverged(Rule):
     """TG208 loss-diverged: the loss far above where it started, with updates far larger than weights take.
 
     ## What it detects
-    The median of the last 5 losses more than 10x the run's initial loss (the lowest of its first 3,
-    the first computed before any update), while the probe's sampled update-to-weight ratios in those
+    The median of the last 5 losses more than 10x the run's initial loss (with the model's output size
+    V known: the lowest of its first 3, the first computed before any update, and more than 10x ln(V),
+    a uniform guess's loss; without it: the highest of the first 3, so a noisy loss's lucky first
+    draw is no start), while the probe's sampled update-to-weight ratios in those
     steps say why: one of them above 0.1 (each step changed the sampled weights by a tenth of their
     norm or more; about 1e-3 is typical for Adam), or 10x above the run's own median ratio before the
     climb. No NaN is needed: a loss that settles at hundreds of times a uniform guess's never becomes one.
@@ -728,6 +730,8 @@ class LossDiverged(Rule):
     ## Known false positives
     A loss that grows by design (a reinforcement-learning loss that scales with the returns, a
     curriculum that switches a loss part on at full weight) while the weights happen to move fast.
+    Update ratios are large too where the weights shrink towards zero (a regression converging to a
+    zero weight): the loss has to climb tenfold as well.
 
     ## Options
     `trainguard.watch(stats_every=N)` sets how often the update ratio is sampled.
@@ -745,6 +749,8 @@ class LossDiverged(Rule):
         self.recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=5)
         self.ratios: collections.deque[tuple[int, float, Any, Any]] = collections.deque(maxlen=8)  # since the climb
         self.calm: collections.deque[tuple[int, float, Any, Any]] = collections.deque(maxlen=50)  # before it
+        size = plan.get("output_size")
+        self.size = int(size) if finite(size) and size >= 2 else None  # ln(V): a uniform guess's loss
         self.done = False
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
@@ -756,7 +762,10 @@ class LossDiverged(Rule):
         step = row["step"]
         if len(self.first) < 3:
             self.first.append((step, float(loss), step_lr(row), row.get("grad_norm")))
-        start = min(v for _, v, _, _ in self.first)
+        # Where the loss started. With the output size known (a classifier, a language model), the lowest of
+        # the first three, held to ln(V) too below; without it, the highest: a noisy loss (a regression on
+        # random inputs) may draw a first value 20x under its level, and "10x its start" must not be that.
+        start = (min if self.size else max)(v for _, v, _, _ in self.first)
         if start <= 0:
             self.done = True  # a loss that can be zero or negative has no "times its start"
             return None
@@ -775,7 +784,7 @@ class LossDiverged(Rule):
         if len(self.recent) < 5 or len(self.first) < 3:
             return None
         level = median([v for _, v in self.recent])
-        if level <= self.RISE * start:
+        if level <= self.RISE * start or (self.size and level <= self.RISE * math.log(self.size)):
             return None
         own = median([r for _, r, _, _ in self.calm]) if len(self.calm) >= 3 else None
         big = [r for r in self.ratios if r[1] > self.TOO_LARGE or (own is not None and r[1] > self.OWN_JUMP * own
