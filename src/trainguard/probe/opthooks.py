@@ -11,6 +11,7 @@ step's optimizer half (probe/steps.py). All values stay on the device. The autom
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -201,6 +202,8 @@ class OptimizerHooks:
             total = torch.linalg.vector_norm(torch.stack(norms).float())
             rec.setdefault("opt_tensors", []).append(("grad_norm", total))
         rec["no_grad"] = len(params) - len(grads)
+        if rec["no_grad"] and _checkpoint_warned():
+            rec["checkpoint_no_grad"] = True  # why they have none: params-without-grad names the cause
         if self._update_sample is None:
             # The update ratio is read from a few tensors, not all: the largest ones (where a model's
             # weights are) plus the first and the last. Each sampled tensor costs a launch or two, and
@@ -304,3 +307,18 @@ def _calling_scaler() -> Any:
             return scaler if hasattr(scaler, "_scale") else None
         frame = frame.f_back
     return None
+
+
+_CHECKPOINT_WARNING = "None of the inputs have requires_grad=True"
+
+
+def _checkpoint_warned() -> bool:
+    """Whether torch's reentrant checkpoint warned that none of its inputs require grad: then nothing inside
+    the checkpointed block gets a gradient (LoRA adapters on a frozen model's blocks, the classic). Read from
+    the warnings registry torch.utils.checkpoint keeps (its own `warnings.warn`, stacklevel 2, lands there):
+    no hook, no cost, and it works whatever the script's warning filters print."""
+    mod = sys.modules.get("torch.utils.checkpoint")
+    registry = getattr(mod, "__warningregistry__", None) if mod is not None else None
+    if not isinstance(registry, dict):
+        return False
+    return any(isinstance(k, tuple) and k and str(k[0]).startswith(_CHECKPOINT_WARNING) for k in list(registry))

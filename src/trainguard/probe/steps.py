@@ -758,6 +758,8 @@ class StepRecorder:
             extra["lrs"] = rec["lrs"]
         if rec.get("no_grad"):
             extra["params_without_grad"] = rec["no_grad"]
+            if rec.get("checkpoint_no_grad"):
+                extra["checkpoint_inputs_no_grad"] = True
         if rec.get("clock"):
             extra.update(rec["clock"])  # cpu_s, run_wait_s, proc_cpu_s, others_cores (probe/schedclock.py)
         if rec.get("incomplete"):

@@ -143,7 +143,10 @@ class ParamsWithoutGrad(Rule):
 
     ## What to change
     Build the optimizer after the model is complete; set `requires_grad_(False)` on what is frozen on
-    purpose; remove or use the unused branch.
+    purpose; remove or use the unused branch. When torch's reentrant activation checkpointing warned
+    "None of the inputs have requires_grad=True" (LoRA adapters inside checkpointed blocks of a frozen
+    model), the parameters are meant to train: the finding says so (cause `reentrant-checkpoint`) and
+    asks for `use_reentrant=False` or an input that requires grad, never to freeze them.
 
     ## Known false positives
     Mixture-of-experts layers where an expert receives no token at some steps (their gradient is
@@ -161,6 +164,7 @@ class ParamsWithoutGrad(Rule):
         super().__init__(plan)
         self.samples: list[tuple[int, int]] = []
         self.broken = False
+        self.checkpointed = False  # torch's reentrant checkpoint warned that none of its inputs require grad
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         if event.get("kind") != "params-not-in-optimizer":
@@ -178,19 +182,35 @@ class ParamsWithoutGrad(Rule):
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         if self.broken or not finite(row.get("grad_norm")):
             return None  # only sampled steps count gradients
-        missing = (row.get("extra") or {}).get("params_without_grad") or 0
+        extra = row.get("extra") or {}
+        missing = extra.get("params_without_grad") or 0
         if not missing:
             self.broken = True  # some sampled step had every gradient: not "never"
             return None
+        self.checkpointed = self.checkpointed or bool(extra.get("checkpoint_inputs_no_grad"))
         self.samples.append((row["step"], int(missing)))
         if len(self.samples) < self.MIN_SAMPLES:
             return None
         self.broken = True
         counts = [c for _, c in self.samples]
+        head = (f"{min(counts)} parameter tensors in the optimizer had no gradient at every one of the "
+                f"{len(counts)} sampled steps since step {self.samples[0][0]}")
+        if self.checkpointed:
+            # The fix is written for this cause: they are meant to train (LoRA adapters inside checkpointed
+            # blocks of a frozen model); freezing them, the generic advice, would stop what the run is for.
+            return self.finding(
+                step=self.samples[0][0], cause="reentrant-checkpoint",
+                summary=f"{head}: torch's reentrant activation checkpointing warned that none of its inputs "
+                        "require grad, so nothing inside the checkpointed blocks gets a gradient",
+                fix="pass use_reentrant=False to torch.utils.checkpoint.checkpoint (Hugging Face: "
+                    "gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})), or make "
+                    "the block's input require grad (model.enable_input_require_grads()); do not freeze these "
+                    "parameters: they are the ones meant to train",
+                evidence={"samples": self.samples, "checkpoint_inputs_no_grad": True, "detected_step": row["step"]},
+            )
         return self.finding(
             step=self.samples[0][0],
-            summary=f"{min(counts)} parameter tensors in the optimizer had no gradient at every one of the "
-                    f"{len(counts)} sampled steps since step {self.samples[0][0]}: they are not in the loss's graph",
+            summary=f"{head}: they are not in the loss's graph",
             fix="use or remove the unused module, or requires_grad_(False) what is frozen on purpose",
             evidence={"samples": self.samples, "detected_step": row["step"]}, cause="never-grad",
         )
