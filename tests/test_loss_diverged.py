@@ -38,3 +38,19 @@ def test_a_noisy_regression_whose_weights_shrink_to_zero_is_no_divergence() -> N
 def test_a_loss_high_but_learning_and_a_loss_climbing_with_small_updates_are_quiet() -> None:
     assert _feed({"output_size": 256}, [(5.85 - i * 0.05, 0.16) for i in range(40)]) is None
     assert _feed({}, [(1.0 * math.exp(i / 5), 1e-3) for i in range(40)]) is None
+
+
+def test_a_crash_after_the_loss_diverged_names_it_and_the_lr_and_one_without_stays_as_it_was() -> None:
+    from trainguard.findings import Finding
+    from trainguard.rules.crash import after_divergence, crash_finding
+
+    diverged = Finding(code="TG208", name="loss-diverged", severity="error", summary="...", step=2,
+                       evidence={"lr": 2.0})
+    crashed = crash_finding(exception="RuntimeError", message="Model diverged with loss = 257.0", frames=[], step=42)
+    after_divergence(crashed, [diverged])
+    assert "it came after loss-diverged (TG208) from step 2 at lr 2" in crashed.summary
+    assert crashed.fix.startswith("The loss was diverging before the crash")
+    plain = crash_finding(exception="TypeError", message="bad operand", frames=[], step=42)
+    before = (plain.summary, plain.fix)
+    after_divergence(plain, [])
+    assert (plain.summary, plain.fix) == before

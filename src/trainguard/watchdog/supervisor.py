@@ -590,7 +590,10 @@ class Supervisor:
             store_unwritable=unwritable, forwarded=self.forwarded,
             probe_exited=_all_exited(probe_events), total_steps=(self.reader.meta().get("plan") or {}).get("total_steps"),
         )
+        earlier = list(self.findings) + self.reader.findings()
         for f in v.findings:
+            if f.name == "run-crashed":  # after the loss diverged: the crash says so and names the LR
+                crash.after_divergence(f, earlier, lr=(last or {}).get("lr"))
             self._report(f)
         for f in self.reader.findings():
             if self._is_new(f):
