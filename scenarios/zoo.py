@@ -15,6 +15,7 @@ Each scenario is a folder `scenarios/<name>/` holding the script(s) and `expect.
     kill_after_step: 15                ... once it has trained this many steps; then wait for `findings` on the others
     args: [--stall-timeout, "5"]     trainguard options before `--`
     command: [python, train.py]      the command ("python" means this interpreter)
+    cwd: proj                        the folder of the scenario's copy the command runs from (default: its top)
     state: crashed                   the final state expected (run mode)
     exit_code: 1                     trainguard's exit code expected (optional)
     findings: [run-crashed]          finding names that must appear
@@ -164,7 +165,7 @@ def run_scenario(name: str, keep: str | None = None, backend: str = "gloo", time
     env.setdefault("PET_MASTER_PORT", str(_free_port()))
     t0 = time.time()
     try:
-        proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True,
+        proc = subprocess.run(cmd, cwd=work / str(exp.get("cwd") or "."), env=env, capture_output=True, text=True,
                               timeout=float(exp.get("timeout", 120)))
         rc, out = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:

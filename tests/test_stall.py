@@ -318,3 +318,17 @@ def test_torchruns_agent_in_its_exit_barrier_is_named_when_its_workers_are_done(
     d = _diagnose(ProcSample(pid=10, cpu_percent=0.0, status="sleeping", threads=[barrier]),
                   ProcSample(pid=11, cpu_percent=0.0, status="sleeping", threads=[worker]))
     assert d.cause != "exit-barrier"
+
+
+TORCH_LINEAR = "/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py"
+TORCH_MODULE = "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py"
+
+
+def test_a_long_evaluation_burning_cpu_inside_torch_is_computing_not_a_busy_loop() -> None:
+    # issue 31: a healthy 68 s evaluation (no phase marked) was labelled busy-loop
+    main = _thread(("/w/train.py", 52, "evaluate", "out = model(xb)"), (TORCH_MODULE, 1736, "_call_impl", None),
+                   (TORCH_LINEAR, 125, "forward", None))
+    d = _diagnose(ProcSample(pid=10, cpu_percent=98.0, status="running", threads=[main]))
+    assert d.cause == "computing" and d.where == "/w/train.py:52 (evaluate)" and "not a loop that spins" in d.detail
+    spin = _thread(("/w/train.py", 30, "<module>", "while not ready: pass"))
+    assert _diagnose(ProcSample(pid=10, cpu_percent=98.0, status="running", threads=[spin])).cause == "busy-loop"

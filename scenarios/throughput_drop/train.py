@@ -1,4 +1,9 @@
-"""From step 500 each step waits 50 ms more: stands for a dataloader worker that died and a synchronous fallback."""
+"""From step 500 each step decodes its batch on the training process: 50 ms more CPU work a step.
+
+Stands for a DataLoader whose workers died and a synchronous fallback that decodes in the main process
+(pytorch/pytorch#13246 and its kind: "training becomes much slower after some iterations"). The work is
+the process's own, so its CPU time per step grows with the wall time: a warning, not the machine's load.
+"""
 import time
 
 import torch
@@ -12,10 +17,20 @@ gen = torch.Generator().manual_seed(0)
 model = MLP()
 opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
 steps = 1000
+
+
+def decode(seconds: float) -> int:
+    """Work on the CPU for `seconds` of this thread's own CPU time (a load burst elsewhere does not shorten it)."""
+    end, n = time.thread_time() + seconds, 0
+    while time.thread_time() < end:
+        n += sum(range(200))
+    return n
+
+
 guard = trainguard.watch(model, opt, total_steps=steps)
 for step in range(1, steps + 1):
     if step >= 500:
-        time.sleep(0.05)
+        decode(0.05)
     xb, yb = minibatch(x, y, 64, gen)
     loss = torch.nn.functional.cross_entropy(model(xb), yb)
     loss.backward(); opt.step(); opt.zero_grad()

@@ -136,6 +136,8 @@ OUTPUT_SIZE = Data("output_size", "the model's output size (output_size in watch
 SCHED_HORIZON = Data("sched_horizon", "the schedule's length (total_steps in watch() and a scheduler whose horizon "
                                       "and step count are readable)", "sched_epoch")
 PROBE = Data("probe", "the probe", "optimizer wiring (probe only)")
+# the model handed to `watch(model, ...)`: the forward contracts (TG214...) hook it; the automatic probe has none
+MODEL = Data("model", "the model (watch(model, ...))")
 STEPS = Data("steps", "probe steps")
 RANKS = Data("ranks", "more than one rank")
 NODES = Data("nodes", "more than one node (torchrun --nnodes)")

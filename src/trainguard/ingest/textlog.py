@@ -727,11 +727,19 @@ def _key(name: str) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def _eval_key(name: str) -> str:
-    """`val_loss` -> `loss`, `valid_ppl` -> `ppl`: an evaluation's metric under its own name."""
+    """`val_loss` -> `loss`, `valid_ppl` -> `ppl`: an evaluation's metric under its own name. A key whose
+    rest names the data, not a metric (`validation set: 10.3 %`, `test images: 96 %`), keeps the log's
+    own words: the metric is the line's, and "set" is no metric's name."""
     for sep in ("/", "_"):
         if sep in name:
-            return name.split(sep, 1)[1] or name
+            rest = name.split(sep, 1)[1]
+            return name if not rest or rest in _DATA_NOUNS else rest
     return name
+
+
+# what follows "validation"/"test" in a key that names the data evaluated, not what was measured on it
+_DATA_NOUNS = frozenset({"set", "sets", "data", "dataset", "split", "subset", "images", "samples", "examples",
+                         "batches", "batch"})
 
 
 @functools.lru_cache(maxsize=1024)

@@ -121,7 +121,7 @@ def judge(first: dict[str, Any], resume: dict[str, Any] | None, sim: dict[str, A
         if total and every and every > total:
             findings.append(path_never_runs(name, every, total))
     findings += _dominating(first, seen, total)
-    lasting = [w for w in writes if w["path"].startswith(origin + "/") or not is_temporary(w["path"])]
+    lasting = [w for w in writes if not is_temporary(w["path"], origin)]
     if lasting:  # temp and cache files are listed in preflight.json, not flagged
         findings.append(wrote_outside(lasting, first))
     return findings
@@ -621,7 +621,12 @@ def _coverage(first: dict[str, Any], sim: dict[str, Any] | None) -> dict[str, An
 def report_lines(state: str, findings: list[Finding], s: dict[str, Any], run_dir: Path) -> list[str]:
     lines = [f"trainguard preflight: {state} in {s['seconds']:.1f} s"]
     if not s.get("fast_forward", True):
-        if s.get("probe") != "watch":
+        if s.get("probe") is None:
+            # no probe ever started: the script ended before its guard or its first optimizer step; whether it
+            # calls trainguard.watch() is unknown (a script that crashes on line 4 never got there)
+            lines.append("  the script never reached trainguard.watch() or an optimizer step before it ended or was "
+                         "stopped: nothing could be fast-forwarded (the findings below say why it ended)")
+        elif s.get("probe") != "watch":
             lines.append("  the script does not call trainguard.watch(): it cannot be fast-forwarded; the preflight "
                          "ran a few optimizer steps through the automatic probe and stopped it")
         lines.extend(f"  checked: {c}" for c in s.get("checked") or ["nothing"])

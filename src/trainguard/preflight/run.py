@@ -109,6 +109,7 @@ def preflight(opts: PreflightOptions) -> int:
     writes = _unique(scratch.outside_writes([s["dir"] for s in starts]) + scratch.changed(before, after))
     own = scratch.own_output_files()
     writes = [w for w in writes if not scratch.is_own_output(w["path"], own)]
+    writes = scratch.without_fresh_temp(writes)
     findings = judge.judge(first, resume, sim, writes, origin=str(origin.resolve()))
     summary = judge.summarize(first, resume, sim, ckpt, writes, peak_rss=_peak_rss())
     summary.update({"seconds": round(time.time() - t0, 1), "snapshot_complete": complete and complete_after,

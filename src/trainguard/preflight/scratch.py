@@ -1,8 +1,8 @@
 """The preflight's scratch working folder, and what the script wrote outside it.
 
-The script runs in `RUN/scratch/`, a mirror of the folder the user ran `trainguard preflight` from (real
-folders, a symlink per file), so relative paths (data, configs, modules) resolve as they would in the
-real run. Writes never go through those symlinks: the probe's write watch (probe/fastforward.py) turns a
+The script runs in `RUN/scratch/root/<parent>/<folder>/`, a mirror of the folder the user ran `trainguard
+preflight` from (real folders, a symlink per file) below mirrors of its two parents (a symlink per
+entry), so relative paths (data, configs, modules, `../data`) resolve as they would in the real run. Writes never go through those symlinks: the probe's write watch (probe/fastforward.py) turns a
 symlink into a private copy before a Python write to it, so a preflight checkpoint lands in the scratch
 folder and the user's files and configs stay untouched. What the watch cannot see (native code, child
 processes) is caught by comparing the user's folder before and after.
@@ -23,9 +23,16 @@ MIRROR_LIMIT = 5_000  # entries mirrored as real folders and file symlinks; past
 SNAPSHOT_LIMIT = 20_000  # files compared before/after; past this the comparison is partial (and says so)
 
 
+PARENT_LEVELS = 2  # `../data` and `../../shared` resolve as in the user's folder; `../../../x` does not
+
+
 def build_scratch(origin: Path, scratch: Path, avoid: list[Path]) -> Path:
-    """Creates `scratch` mirroring `origin`: real folders, a symlink for each file (caches and the run
-    folder left out).
+    """Creates under `scratch` the folder the script runs in, and returns it: a mirror of `origin` (real
+    folders, a symlink for each file; caches and the run folder left out), placed so that the script's
+    view of the file system is the user's: it sits at `scratch/root/<parent's name>/<origin's name>`, and
+    each of the PARENT_LEVELS folders above it holds a symlink to every other entry of the user's folder
+    at that level. `../data` then reaches the user's `../data` (read through the link; a write there is
+    outside the scratch folder, watched and listed as any other), `../proj/x` comes back into the mirror.
 
     Why real folders: a new file written by native code (safetensors bound before the probe could wrap
     it, a C++ logger) then lands in the scratch folder too; only an overwrite of an existing file by
@@ -53,8 +60,29 @@ def build_scratch(origin: Path, scratch: Path, avoid: list[Path]) -> Path:
             else:
                 target.symlink_to(real)
 
-    mirror(origin, scratch)
-    return scratch
+    # levels[0] is the user's folder, levels[-1] the highest parent mirrored; path[i] is levels[i]'s place
+    # in the scratch tree (scratch/root/<name of levels[-2]>/.../<name of levels[0]>)
+    levels = [origin, *list(origin.parents)[:PARENT_LEVELS]]
+    path = [scratch / "root"]
+    for below in reversed(levels[:-1]):
+        path.insert(0, path[0] / below.name)
+    path[0].mkdir(parents=True, exist_ok=True)
+    mirror(origin, path[0])
+    for i in range(1, len(levels)):  # each folder above: its other entries linked, the way down a real folder
+        try:
+            entries = sorted(levels[i].iterdir())
+        except OSError:
+            continue  # a parent the user cannot list: `..` there reads nothing, as it would not for them
+        for entry in entries:
+            real = os.path.realpath(entry)
+            if entry.name == levels[i - 1].name or entry.name in SKIP:
+                continue
+            if any(a == real or a.startswith(real + os.sep) for a in avoid_real):
+                continue  # the run folder lives in it: linking it would make the scratch folder contain itself
+            target = path[i] / entry.name
+            if not (target.exists() or target.is_symlink()):
+                target.symlink_to(real)
+    return path[0]
 
 
 def snapshot(origin: Path, avoid: list[Path]) -> tuple[dict[str, tuple[int, int]], bool]:
@@ -129,5 +157,21 @@ def is_own_output(path: str, own: set[tuple[int, int]]) -> bool:
     return (st.st_dev, st.st_ino) in own
 
 
-def is_temporary(path: str) -> bool:
-    return any(path.startswith(t + os.sep) for t in temporary_dirs())
+def without_fresh_temp(writes: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The writes less the folders the script made with tempfile.mkdtemp() and what it wrote into them: a
+    fresh, randomly named folder is the script's own scratch, which the real run never finds again."""
+    fresh = [w["path"] + os.sep for w in writes if w.get("op") == "mkdtemp"]
+    return [w for w in writes if w.get("op") != "mkdtemp" and not any(w["path"].startswith(f) for f in fresh)]
+
+
+def is_temporary(path: str, origin: str | None = None) -> bool:
+    """A path in a temp or cache folder. With `origin` (the user's folder): not where the user's folder
+    itself lies under that temp folder and the path is in it (a project under /tmp keeps its files), but
+    yes where the temp folder lies inside the user's folder (TMPDIR=./tmp: still temporary)."""
+    for t in temporary_dirs():
+        if path.startswith(t + os.sep):
+            mine = origin is not None and path.startswith(origin.rstrip(os.sep) + os.sep) \
+                and (origin.rstrip(os.sep) + os.sep).startswith(t + os.sep)
+            if not mine:
+                return True
+    return False

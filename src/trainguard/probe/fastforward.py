@@ -481,6 +481,9 @@ def install_write_watch(scratch: Path, run_dir: Path, origin: str | None = None)
     ignored = (run_s, "/dev/", "/proc/", "/sys/")
     listed: set[tuple[str, str]] = set()  # (path, operation) already written
     created: set[str] = set()  # files this preflight made outside the scratch folder: its own to rewrite
+    # folders the script made with tempfile.mkdtemp(): fresh, randomly named, never found again by the real
+    # run, so what it writes into them is its own scratch, not a file the real run could resume from
+    fresh: list[str] = []
     out = os.path.join(run_s, WRITES_FILE)
 
     # Computed now, never inside the hook: tempfile.gettempdir() opens files under its own lock, and the
@@ -503,7 +506,7 @@ def install_write_watch(scratch: Path, run_dir: Path, origin: str | None = None)
         real = os.path.realpath(path) if what in ("write", "refused") else os.path.join(
             os.path.realpath(os.path.dirname(path)), os.path.basename(path))
         if real.startswith(scratch_real + os.sep) or real.startswith(ignored) \
-                or "__pycache__" in real or (real, what) in listed:
+                or "__pycache__" in real or (real, what) in listed or any(real.startswith(f) for f in fresh):
             return
         listed.add((real, what))
         with open(out, "a") as fh:
@@ -542,6 +545,12 @@ def install_write_watch(scratch: Path, run_dir: Path, origin: str | None = None)
                 record(path, "write")
             else:
                 path = os.path.abspath(os.fsdecode(args[1] if event in ("os.rename", "os.replace") else args[0]))
+                if event == "os.mkdir" and _called_from_mkdtemp():
+                    made = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+                    fresh.append(made + os.sep)
+                    with open(out, "a") as fh:  # for the judge: what lands there (native writes too) is scratch
+                        fh.write(json.dumps({"path": made, "op": "mkdtemp", "t": time.time()}) + "\n")
+                    return
                 _materialize(os.path.dirname(path), scratch_s)
                 if event != "os.mkdir":
                     check(path, follow=False)
@@ -556,6 +565,18 @@ def install_write_watch(scratch: Path, run_dir: Path, origin: str | None = None)
     sys.addaudithook(hook)
     _watch.update(scratch=scratch_s, record=record, check=check)
     wrap_savers()
+
+
+def _called_from_mkdtemp() -> bool:
+    """Whether the os.mkdir being audited is tempfile.mkdtemp's (its frame is a few above the hook's)."""
+    frame: Any = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "mkdtemp" and frame.f_code.co_filename.endswith("tempfile.py"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def wrap_savers() -> None:

@@ -11,6 +11,7 @@ step's optimizer half (probe/steps.py). All values stay on the device. The autom
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -129,6 +130,8 @@ class OptimizerHooks:
             if scheduler is not None:
                 epoch = getattr(scheduler, "last_epoch", None)
                 rec["sched_epoch"] = epoch if type(epoch) is int else planinfo.sched_epoch(scheduler)
+            if s.scaler is None and step <= 3:
+                s.scaler = _calling_scaler()  # a GradScaler not given to watch(): the one stepping this optimizer
             if s.scaler is not None:
                 scale = getattr(s.scaler, "_scale", None)  # a device tensor; get_scale() would sync
                 if scale is not None:
@@ -199,6 +202,8 @@ class OptimizerHooks:
             total = torch.linalg.vector_norm(torch.stack(norms).float())
             rec.setdefault("opt_tensors", []).append(("grad_norm", total))
         rec["no_grad"] = len(params) - len(grads)
+        if rec["no_grad"] and _checkpoint_warned():
+            rec["checkpoint_no_grad"] = True  # why they have none: params-without-grad names the cause
         if self._update_sample is None:
             # The update ratio is read from a few tensors, not all: the largest ones (where a model's
             # weights are) plus the first and the last. Each sampled tensor costs a launch or two, and
@@ -284,3 +289,36 @@ class ParamSample:
             views = self._views
         flat = torch.cat(views)
         return flat if flat.dtype == torch.float32 else flat.float()
+
+
+def _calling_scaler() -> Any:
+    """The GradScaler whose `step(optimizer)` is running this optimizer step, found on the stack (the first
+    3 steps only: a few frames looked at, then never again), or None. `watch()` without `scaler=` and the
+    automatic probe record the loss scale all the same (clip-before-unscale reads it)."""
+    import sys
+
+    frame: Any = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return None
+        code = frame.f_code
+        if code.co_name in ("step", "_maybe_opt_step") and code.co_filename.endswith("grad_scaler.py"):
+            scaler = frame.f_locals.get("self")
+            return scaler if hasattr(scaler, "_scale") else None
+        frame = frame.f_back
+    return None
+
+
+_CHECKPOINT_WARNING = "None of the inputs have requires_grad=True"
+
+
+def _checkpoint_warned() -> bool:
+    """Whether torch's reentrant checkpoint warned that none of its inputs require grad: then nothing inside
+    the checkpointed block gets a gradient (LoRA adapters on a frozen model's blocks, the classic). Read from
+    the warnings registry torch.utils.checkpoint keeps (its own `warnings.warn`, stacklevel 2, lands there):
+    no hook, no cost, and it works whatever the script's warning filters print."""
+    mod = sys.modules.get("torch.utils.checkpoint")
+    registry = getattr(mod, "__warningregistry__", None) if mod is not None else None
+    if not isinstance(registry, dict):
+        return False
+    return any(isinstance(k, tuple) and k and str(k[0]).startswith(_CHECKPOINT_WARNING) for k in list(registry))

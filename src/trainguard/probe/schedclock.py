@@ -1,31 +1,41 @@
-"""The training thread's own CPU time and its time waiting for a CPU, from Linux's schedstat.
+"""Whose time a step took: the training thread's CPU and run-queue wait, the process's CPU, the machine's.
 
     clock = SchedClock()
-    clock.per_step(step)   # (CPU s, run-queue wait s) a step since the last call, or None
+    clock.per_step(step)   # {"cpu_s", "run_wait_s", "proc_cpu_s", "others_cores"} since the last call, or None
 
-`/proc/thread-self/schedstat` holds three numbers for the calling thread: nanoseconds on a CPU,
-nanoseconds runnable but waiting for one (other processes had it), and time slices. `throughput-drop`
-compares them with the wall time of a step: a slowdown whose extra time is run-queue wait, with the
-thread's own CPU time unchanged, is the machine's (other jobs on the same cores), not the run's.
+- `/proc/thread-self/schedstat` holds three numbers for the calling thread: nanoseconds on a CPU,
+  nanoseconds runnable but waiting for one (other processes had it), and time slices;
+- the process's CPU time (every thread: torch's intra-op threads do most of a CPU step's work, and the
+  training thread waits for them in a futex, which is neither CPU nor run-queue wait of its own);
+- the machine's busy time from the first line of `/proc/stat` (every core, steal included), less the
+  process's own: `others_cores`, how many cores other processes kept busy over the interval.
 
-One `pread` on a file kept open (a few microseconds), called every 8th step. Elsewhere than Linux, or
-when the file cannot be read, `per_step` returns None and the rule says nothing about whose it is.
+`throughput-drop` compares them with the wall time of a step: a slowdown that the process's CPU time does
+not share is not the run's work; when other processes' load rose with it, it is the machine's.
+
+A few small reads, called every 8th step. Elsewhere than Linux, or when schedstat cannot be read,
+`per_step` returns None and the rule says nothing about whose the time is; `/proc/stat` alone missing
+leaves `others_cores` out.
 """
 
 from __future__ import annotations
 
 import os
+import time
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class SchedClock:
-    """Deltas of the calling thread's schedstat between calls; opened lazily, by the thread that calls."""
+    """Deltas between calls; opened lazily, by the thread that calls (the training thread)."""
 
     def __init__(self) -> None:
         self._fd: int | None = None
+        self._stat: int | None = None
         self._broken = False
-        self._last: tuple[int, int, int] | None = None  # step, CPU ns, wait ns
+        self._last: tuple[int, int, int, float, float, float | None] | None = None  # step, ns, ns, proc, wall, busy
 
-    def per_step(self, step: int) -> tuple[float, float] | None:
+    def per_step(self, step: int) -> dict[str, float] | None:
         if self._broken:
             return None
         try:
@@ -35,13 +45,31 @@ class SchedClock:
         except (OSError, ValueError, AttributeError):  # not Linux, or a kernel without schedstats
             self._broken = True
             return None
-        last, self._last = self._last, (step, cpu_ns, wait_ns)
+        now = (step, cpu_ns, wait_ns, time.process_time(), time.monotonic(), self._busy())
+        last, self._last = self._last, now
         if last is None or step <= last[0]:
             return None
         n = step - last[0]
-        return (cpu_ns - last[1]) / n / 1e9, (wait_ns - last[2]) / n / 1e9
+        out = {"cpu_s": (cpu_ns - last[1]) / n / 1e9, "run_wait_s": (wait_ns - last[2]) / n / 1e9,
+               "proc_cpu_s": (now[3] - last[3]) / n}
+        wall = now[4] - last[4]
+        if now[5] is not None and last[5] is not None and wall > 0:
+            out["others_cores"] = max(0.0, (now[5] - last[5]) - (now[3] - last[3])) / wall
+        return out
+
+    def _busy(self) -> float | None:
+        """Seconds every core of the machine was busy (user, nice, system, irq, softirq, steal) since boot."""
+        try:
+            if self._stat is None:
+                self._stat = os.open("/proc/stat", os.O_RDONLY)
+            head = os.pread(self._stat, 256, 0).split(b"\n", 1)[0].split()
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in head[1:9])
+        except (OSError, ValueError):
+            return None
+        return (user + nice + system + irq + softirq + steal) / _TICK
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for fd in (self._fd, self._stat):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._stat = None

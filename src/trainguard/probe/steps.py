@@ -384,7 +384,7 @@ class StepRecorder:
         if step % 8 == 0:  # one pread, no device sync: for throughput-drop to tell whose slowdown it is
             clock = self._sched.per_step(step)
             if clock is not None:
-                rec["cpu_s"], rec["run_wait_s"] = clock
+                rec["clock"] = clock
         if self.scaler is not None:
             # read on the loss side too: a step the GradScaler skips never reaches the optimizer hooks
             scale = getattr(self.scaler, "_scale", None)
@@ -758,8 +758,10 @@ class StepRecorder:
             extra["lrs"] = rec["lrs"]
         if rec.get("no_grad"):
             extra["params_without_grad"] = rec["no_grad"]
-        if rec.get("cpu_s") is not None:
-            extra["cpu_s"], extra["run_wait_s"] = rec["cpu_s"], rec["run_wait_s"]
+            if rec.get("checkpoint_no_grad"):
+                extra["checkpoint_inputs_no_grad"] = True
+        if rec.get("clock"):
+            extra.update(rec["clock"])  # cpu_s, run_wait_s, proc_cpu_s, others_cores (probe/schedclock.py)
         if rec.get("incomplete"):
             extra["incomplete"] = True
             if self._uses_step and self.optimizer is not None and not rec.get("opt_done"):

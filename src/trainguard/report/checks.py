@@ -23,6 +23,7 @@ from trainguard.findings import (
     LOSS_SCALE,
     LR,
     MEMORY,
+    MODEL,
     NODES,
     OUTPUT,
     OUTPUT_SIZE,
@@ -88,6 +89,8 @@ def available(data: RunData) -> set[Data]:
     plan = data.meta.get("plan") or {}
     if plan.get("total_steps") and plan.get("sched_horizon") and plan.get("sched_counted", True) is not False:
         have.add(SCHED_HORIZON)  # without it TG102 only asks whether a warmup outlasts half the run
+    if plan.get("model"):
+        have.add(MODEL)  # the forward contracts ran on it (the automatic probe watches no model)
     if plan.get("output_size"):
         have.add(OUTPUT_SIZE)
     if data.schedule or data.events_of("preflight") or data.meta.get("preflight"):

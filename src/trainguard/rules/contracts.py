@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from trainguard.findings import LOSS, RANKS, STEPS, Finding
+from trainguard.findings import MODEL, PROBE, RANKS, STEPS, Finding
 from trainguard.rules.rule import Rule, fmt
 
 
@@ -72,7 +72,7 @@ class StepUpdatesNothing(_ContractRule):
     """
 
     code, name, severity = "TG211", "step-updates-nothing", "error"
-    needs = (LOSS,)
+    needs = (PROBE,)
     status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
@@ -125,7 +125,7 @@ class FrozenParamsUpdated(_ContractRule):
     """
 
     code, name, severity = "TG212", "frozen-params-updated", "error"
-    needs = (LOSS,)
+    needs = (PROBE,)
     status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
@@ -177,7 +177,7 @@ class GradsNeverReset(_ContractRule):
     """
 
     code, name, severity = "TG213", "grads-never-reset", "error"
-    needs = (LOSS,)
+    needs = (PROBE,)
     status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
@@ -225,7 +225,7 @@ class EvalInTrainMode(_ContractRule):
     """
 
     code, name, severity = "TG214", "eval-in-train-mode", "warning"
-    needs = (LOSS,)
+    needs = (MODEL,)
     status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
@@ -269,7 +269,7 @@ class EvalBeforeTrainInit(_ContractRule):
     """
 
     code, name, severity = "TG215", "eval-before-train-init", "warning"
-    needs = (LOSS,)
+    needs = (MODEL,)
     status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
@@ -313,7 +313,7 @@ class EvalNotDeterministic(_ContractRule):
     """
 
     code, name, severity = "TG216", "eval-not-deterministic", "warning"
-    needs = (LOSS,)
+    needs = (MODEL,)
     status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
@@ -368,7 +368,7 @@ class AutocastRunsFp32(_ContractRule):
     """
 
     code, name, severity = "TG311", "autocast-runs-fp32", "warning"
-    needs = (LOSS,)
+    needs = (MODEL,)
     status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
@@ -480,7 +480,7 @@ class LossBroadcastsBatch(_ContractRule):
     """
 
     code, name, severity = "TG542", "loss-broadcasts-batch", "error"
-    needs = (STEPS,)
+    needs = (MODEL,)
     status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
@@ -533,7 +533,7 @@ class BatchDimLost(_ContractRule):
     """
 
     code, name, severity = "TG543", "batch-dim-lost", "warning"
-    needs = (STEPS,)
+    needs = (MODEL,)
     status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:

@@ -329,3 +329,27 @@ def _duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds // 60} min"
     return f"{seconds / 3600:.1f} h"
+
+
+DIVERGENCE_SIGNS = ("loss-diverged", "loss-diverging", "nonfinite-loss", "nonfinite-grad")
+
+
+def after_divergence(crashed: Finding, earlier: list[Finding], lr: Any = None) -> Finding:
+    """A crash that came after the run's loss diverged (TG208, TG206) or went non-finite: the crash's summary
+    says so and its fix starts with the LR, the likely cause; the crash's own fix follows. A crash with no
+    such sign before it is returned unchanged."""
+    step = crashed.step
+    signs = [f for f in earlier if f.name in DIVERGENCE_SIGNS and f.step is not None
+             and (step is None or f.step <= step)]
+    if not signs or crashed.evidence.get("after_divergence"):
+        return crashed
+    sign = min(signs, key=lambda f: f.step or 0)
+    at_lr = sign.evidence.get("lr")
+    at_lr = at_lr if isinstance(at_lr, (int, float)) and not isinstance(at_lr, bool) else lr
+    lr_words = f" at lr {at_lr:.3g}" if isinstance(at_lr, (int, float)) and not isinstance(at_lr, bool) else ""
+    crashed.summary += f"; it came after {sign.name} ({sign.code}) from step {sign.step}{lr_words}"
+    crashed.fix = (f"The loss was diverging before the crash ({sign.name} from step {sign.step}{lr_words}): lower "
+                   "the LR (or lengthen its warm-up) and clip gradients, then rerun; the crash is its consequence. "
+                   + crashed.fix)
+    crashed.evidence["after_divergence"] = {"name": sign.name, "code": sign.code, "step": sign.step, "lr": at_lr}
+    return crashed

@@ -26,7 +26,7 @@ from trainguard.rules.contracts import (
     WorkersShareRng,
 )
 from trainguard.rules.model import ExpertCollapse, PerplexityImplausible
-from trainguard.rules.numerics import GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
+from trainguard.rules.numerics import ClipBeforeUnscale, GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
 from trainguard.rules.process import (
     CheckpointStale,
     DataWaitDominant,
@@ -38,6 +38,7 @@ from trainguard.rules.process import (
 from trainguard.rules.progress import (
     EvalMetricsFrozen,
     InitialLossOff,
+    LossDiverged,
     LossDiverging,
     LossNotDecreasing,
     LossSpike,
@@ -46,14 +47,19 @@ from trainguard.rules.progress import (
 )
 from trainguard.rules.ranks import GradNormsDiffer, NonfiniteOnOneRank, RankStopped, StragglerRank
 from trainguard.rules.rule import Rule
-from trainguard.rules.schedule import LrCyclesToZero, LrReachesZero, ScheduleHorizonMismatch
+from trainguard.rules.schedule import (
+    LrCyclesToZero,
+    LrReachesZero,
+    LrRestartsAtResume,
+    ScheduleHorizonMismatch,
+)
 
 HEALTH_RULES: list[type[Rule]] = [
     # TG1xx schedule and LR, TG2xx learning progress, TG3xx numerics, TG4xx loss composition
-    LrReachesZero, ScheduleHorizonMismatch, LrCyclesToZero,
+    LrReachesZero, ScheduleHorizonMismatch, LrCyclesToZero, LrRestartsAtResume,
     WeightsNotUpdating, ParamsWithoutGrad, EvalMetricsFrozen, LossNotDecreasing, InitialLossOff, LossDiverging,
-    LossSpike,
-    NonfiniteLoss, NonfiniteGrad, GradScalerCollapse,
+    LossSpike, LossDiverged,
+    NonfiniteLoss, NonfiniteGrad, GradScalerCollapse, ClipBeforeUnscale,
     LossPartsImbalanced, LossPartVanished, LossPartsDontSum, LossWeightStalled,
     # TG52x process (TG501-509, crashes, hangs and artifacts, are the watchdog's)
     LogFlood, ThroughputDrop, DataWaitDominant, MemoryCreep, DeviceMemoryNearFull, CheckpointStale,

@@ -281,3 +281,79 @@ class GradScalerCollapse(Rule):
             evidence={"loss_scale": scale, "peak_scale": self.peak, "falls": self.total_falls, "steps": self.n,
                       "falls_last_50": sum(self.falls), "detected_step": row["step"]},
         )
+
+
+class ClipBeforeUnscale(Rule):
+    """TG304 clip-before-unscale: gradients clipped while still multiplied by the GradScaler's scale.
+
+    ## What it detects
+    Five sampled optimizer steps in a row at which the gradient norm the optimizer receives, times the
+    loss scale, is one and the same round number (to 1e-4, two significant digits: 1.0, 0.5, 5) while
+    the norm itself is a hundredth of it or less and the scale is 256 or more. That is the signature of
+    `clip_grad_norm_(params, max_norm)` called on scaled gradients: it clips them to `max_norm`, and
+    `scaler.step` then divides them by the scale, so every step's gradient norm is pinned at
+    `max_norm / scale`. The scale is read from the GradScaler stepping the optimizer (passed to
+    `watch(scaler=...)` or found on the stack of its `step`).
+
+    ## Why it matters
+    Every update is `scale` times (65,536 at the start) smaller than meant: with SGD the run barely
+    learns, with Adam only its epsilon notices; the loss curve is "very flat" and nothing fails
+    (Lightning-AI/pytorch-lightning#9599, milesial/Pytorch-UNet#468).
+
+    ## Example
+    `TG304 clip-before-unscale [error] at step 1: the gradient norm is 1.53e-05 at 5 sampled steps in a
+    row (steps 1-5), exactly 1 / the loss scale 65,536: the gradients were clipped to max_norm 1 while
+    still scaled`
+
+    ## What to change
+    Call `scaler.unscale_(optimizer)` right before `torch.nn.utils.clip_grad_norm_(...)`, then
+    `scaler.step(optimizer)` and `scaler.update()`.
+
+    ## Known false positives
+    None known: an unscaled gradient norm equal to a round number divided by the scale at five steps in a
+    row does not happen by chance.
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG304", "clip-before-unscale", "error"
+    needs = (GRAD_NORM, LOSS_SCALE)
+    ROWS = 5
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.pinned: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=self.ROWS)
+        self.done = False
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        gn, scale = row.get("grad_norm"), row.get("loss_scale")
+        if self.done or not finite(gn) or not finite(scale):
+            return None
+        if scale < 256 or gn <= 0:
+            self.pinned.clear()
+            return None
+        self.pinned.append((row["step"], float(gn), float(scale)))
+        if len(self.pinned) < self.ROWS:
+            return None
+        products = [g * s for _, g, s in self.pinned]
+        level = median(products)
+        if max(products) - min(products) > 1e-4 * level or max(g for _, g, _ in self.pinned) > level / 100:
+            return None
+        rounded = float(f"{level:.2g}")
+        if abs(level - rounded) > 1e-4 * level:
+            return None  # pinned, but not at a round max_norm: not this signature
+        self.done = True
+        first, last = self.pinned[0], self.pinned[-1]
+        scales = sorted({s for _, _, s in self.pinned})
+        return self.finding(
+            step=first[0], cause="clip-before-unscale",
+            summary=f"the gradient norm is {fmt(last[1])} at {self.ROWS} sampled steps in a row (steps {first[0]}-"
+                    f"{last[0]}), exactly {fmt(rounded)} / the loss scale {'/'.join(fmt(int(s)) for s in scales)}: the "
+                    f"gradients were clipped to max_norm {fmt(rounded)} while still scaled, so every update is "
+                    f"{fmt(int(last[2]))}x smaller than meant",
+            fix="call scaler.unscale_(optimizer) right before torch.nn.utils.clip_grad_norm_(...), then "
+                "scaler.step(optimizer) and scaler.update()",
+            evidence={"grad_norms": [g for _, g, _ in self.pinned], "loss_scales": [s for _, _, s in self.pinned],
+                      "max_norm": rounded, "steps": [s for s, _, _ in self.pinned], "detected_step": row["step"]},
+        )

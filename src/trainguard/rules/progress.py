@@ -11,6 +11,18 @@ from trainguard.findings import EVAL, LOSS, OUTPUT_SIZE, PROBE, UPDATE_RATIO, Fi
 from trainguard.rules.rule import Rule, Streak, finite, fmt, median, robust_std
 from trainguard.rules.schedule import step_lr
 
+FIXES_201 = {
+    "lr-zero": "find what sets the LR to 0: a scheduler sized in micro-batches or epochs that ran out, a warm-up "
+               "that starts at 0 and never rises, an `lr` argument of 0; print optimizer.param_groups[0]['lr'] "
+               "at a few steps",
+    "zero-grad": "make the loss from the model's output without .detach(), .item(), .numpy() or a new tensor in "
+                 "between, and call loss.backward() before optimizer.step()",
+    "not-in-optimizer": "build the optimizer after the model is complete, from model.parameters() (or add the "
+                        "missing parameters as a param group)",
+    "wrong-params": "build the optimizer from model.parameters() once the model is final (after .to(device), after "
+                    "wrapping); check that loss.backward() runs before optimizer.step()",
+}
+
 
 class WeightsNotUpdating(Rule):
     """TG201 weights-not-updating: optimizer steps that change no weight.
@@ -34,8 +46,11 @@ class WeightsNotUpdating(Rule):
     (update ratio 0; lr 1.00e-03, grad norm 2.31): the optimizer does not hold the model's parameters`
 
     ## What to change
-    Build the optimizer from `model.parameters()` after the model is final (after `.to(device)`,
-    after wrapping); check the LR and that `loss.backward()` runs before `optimizer.step()`. For a
+    The fix follows the cause the numbers name. An LR of 0: find what sets it there (a schedule sized
+    in micro-batches or epochs that ran out, a warm-up that starts at 0); rebuilding the optimizer
+    will not help. Zero gradients: make the loss from the model's output without detaching it. Wiring:
+    build the optimizer from `model.parameters()` after the model is final (after `.to(device)`,
+    after wrapping) and call `loss.backward()` before `optimizer.step()`. For a
     compiled step: run `optimizer.step()` uncompiled to confirm, keep dynamo's guards (no
     `guard_filter_fn` that drops them), never call the compiled step while every gradient is None, and
     use torch >= 2.3 (pytorch/pytorch#121291 added the missing guard).
@@ -91,8 +106,8 @@ class WeightsNotUpdating(Rule):
             cause = "compiled-step"
         else:
             why, cause = "the optimizer does not update the model's parameters", "wrong-params"
-        fix = ("build the optimizer from model.parameters() once the model is final; check the LR and that "
-               "loss.backward() runs before optimizer.step()")
+        # the fix is written for the cause the numbers name: rebuilding the optimizer cannot help an LR of 0
+        fix = FIXES_201.get(cause, FIXES_201["wrong-params"])
         if cause == "compiled-step":
             fix = ("run optimizer.step() uncompiled to confirm; keep dynamo's guards (no guard_filter_fn that drops "
                    "them), do not call the compiled step while every gradient is None, use torch >= 2.3 "
@@ -128,7 +143,10 @@ class ParamsWithoutGrad(Rule):
 
     ## What to change
     Build the optimizer after the model is complete; set `requires_grad_(False)` on what is frozen on
-    purpose; remove or use the unused branch.
+    purpose; remove or use the unused branch. When torch's reentrant activation checkpointing warned
+    "None of the inputs have requires_grad=True" (LoRA adapters inside checkpointed blocks of a frozen
+    model), the parameters are meant to train: the finding says so (cause `reentrant-checkpoint`) and
+    asks for `use_reentrant=False` or an input that requires grad, never to freeze them.
 
     ## Known false positives
     Mixture-of-experts layers where an expert receives no token at some steps (their gradient is
@@ -146,6 +164,7 @@ class ParamsWithoutGrad(Rule):
         super().__init__(plan)
         self.samples: list[tuple[int, int]] = []
         self.broken = False
+        self.checkpointed = False  # torch's reentrant checkpoint warned that none of its inputs require grad
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         if event.get("kind") != "params-not-in-optimizer":
@@ -163,19 +182,35 @@ class ParamsWithoutGrad(Rule):
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         if self.broken or not finite(row.get("grad_norm")):
             return None  # only sampled steps count gradients
-        missing = (row.get("extra") or {}).get("params_without_grad") or 0
+        extra = row.get("extra") or {}
+        missing = extra.get("params_without_grad") or 0
         if not missing:
             self.broken = True  # some sampled step had every gradient: not "never"
             return None
+        self.checkpointed = self.checkpointed or bool(extra.get("checkpoint_inputs_no_grad"))
         self.samples.append((row["step"], int(missing)))
         if len(self.samples) < self.MIN_SAMPLES:
             return None
         self.broken = True
         counts = [c for _, c in self.samples]
+        head = (f"{min(counts)} parameter tensors in the optimizer had no gradient at every one of the "
+                f"{len(counts)} sampled steps since step {self.samples[0][0]}")
+        if self.checkpointed:
+            # The fix is written for this cause: they are meant to train (LoRA adapters inside checkpointed
+            # blocks of a frozen model); freezing them, the generic advice, would stop what the run is for.
+            return self.finding(
+                step=self.samples[0][0], cause="reentrant-checkpoint",
+                summary=f"{head}: torch's reentrant activation checkpointing warned that none of its inputs "
+                        "require grad, so nothing inside the checkpointed blocks gets a gradient",
+                fix="pass use_reentrant=False to torch.utils.checkpoint.checkpoint (Hugging Face: "
+                    "gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})), or make "
+                    "the block's input require grad (model.enable_input_require_grads()); do not freeze these "
+                    "parameters: they are the ones meant to train",
+                evidence={"samples": self.samples, "checkpoint_inputs_no_grad": True, "detected_step": row["step"]},
+            )
         return self.finding(
             step=self.samples[0][0],
-            summary=f"{min(counts)} parameter tensors in the optimizer had no gradient at every one of the "
-                    f"{len(counts)} sampled steps since step {self.samples[0][0]}: they are not in the loss's graph",
+            summary=f"{head}: they are not in the loss's graph",
             fix="use or remove the unused module, or requires_grad_(False) what is frozen on purpose",
             evidence={"samples": self.samples, "detected_step": row["step"]}, cause="never-grad",
         )
@@ -193,10 +228,19 @@ def _eval_key(data: dict[str, Any]) -> tuple | None:
                if isinstance(v, (int, float)) and not isinstance(v, bool) and finite(v) and _model_metric(k)}
     if not numeric:
         return None
-    # A metric pinned at a bound (accuracy 1.0 or 100%, error 0.0) is not frozen, it is finished.
-    if all(v in (0.0, 1.0, 100.0) for v in numeric.values()):
+    # A metric pinned at a bound (accuracy 1.0 or 100 %, error 0.0) is not frozen, it is finished.
+    if all(_at_bound(k, v) for k, v in numeric.items()):
         return None
     return tuple(sorted((k, float(f"{v:.7g}")) for k, v in numeric.items()))
+
+
+def _at_bound(name: Any, value: float) -> bool:
+    """A value a metric cannot pass: 0 (an error, a loss), a ratio's ceiling, 1 or 100 (%). A loss-like
+    metric has no ceiling at 100: a loss of 100.0 three times over is a number that did not move."""
+    if value in (0.0, 1.0):
+        return True
+    low = str(name).lower()
+    return value == 100.0 and not any(w in low for w in _CONTINUOUS)
 
 
 # Loss-like evaluation metrics: averages over many samples, which move whenever the weights move.
@@ -221,8 +265,8 @@ class EvalMetricsFrozen(Rule):
     ## What it detects
     Either three evaluations in a row whose numeric results are all identical (to 7 significant
     digits; five in a row when every result is printed to 3 significant digits or fewer, as a rounded
-    `accuracy: 0.551` repeats by chance; results made only of 0s and 1s, an accuracy at 1.0 or 100%, do
-    not count); or one loss-like
+    `accuracy: 0.551` repeats by chance; results all at a bound, an accuracy at 1.0 or 100 %, an error at
+    0, do not count: a metric at its ceiling or floor is finished, not frozen); or one loss-like
     metric (`loss`, `ppl`, `nll`) equal to 5 significant digits at five evaluations in a row while
     the other metrics move, judged per metric. A frozen loss at ln(K) is named as the loss of a
     uniform guess over K classes. NaN and inf are left to `nonfinite-loss`.
@@ -500,8 +544,9 @@ class InitialLossOff(Rule):
     When the probe can read the model's output size (`out_features` of a Linear that is its last layer, or
     `vocab_size`/`num_classes`/`num_labels` in the config given to `trainguard.watch`), a freshly
     initialised classifier or language model should start near ln(output size): the loss of a uniform
-    guess. The rule fires when the median of the first three losses is more than 3x that and more
-    than 2 above it.
+    guess. The rule fires when the lowest of the first three losses is more than 3x that and more
+    than 2 above it (the lowest: the first is computed before any update, and an LR far too high
+    sends the next two up, which is `loss-diverged`'s to say, not a sign of the initialisation).
 
     ## Why it matters
     A first loss far above ln(V) means the loss is not what it seems: summed instead of averaged,
@@ -509,7 +554,7 @@ class InitialLossOff(Rule):
     initialisation. Seed 002 started at 101.4 where ln(49152) = 10.8.
 
     ## Example
-    `TG205 initial-loss-off [warning] at step 1: the first losses are 101 (median of 3), 9.4x ln(49,152)
+    `TG205 initial-loss-off [warning] at step 1: the first losses are 101 or more (the lowest of 3), 9.4x ln(49,152)
     = 10.8, the loss of a uniform guess over the model's 49,152 outputs`
 
     ## What to change
@@ -539,13 +584,15 @@ class InitialLossOff(Rule):
         self.first.append((row["step"], row["loss"]))
         if len(self.first) < 3:
             return None
-        start = median([v for _, v in self.first])
+        # the lowest of the first three: step 1's loss is computed before any update, and an LR far too high
+        # sends steps 2 and 3 up (5.8, 31, 326): that is the update's fault (loss-diverged), not the init's
+        start = min(v for _, v in self.first)
         expected = math.log(self.size)
         if start <= 3 * expected or start - expected <= 2:
             return None
         return self.finding(
             step=self.first[0][0],
-            summary=f"the first losses are {fmt(start)} (median of 3), {start / expected:.1f}x ln({fmt(self.size)}) "
+            summary=f"the first losses are {fmt(start)} or more (the lowest of 3), {start / expected:.1f}x ln({fmt(self.size)}) "
                     f"= {fmt(expected)}, the loss of a uniform guess over the model's {fmt(self.size)} outputs",
             fix="check the loss reduction (mean, not sum), the weights of loss parts, and the output layer's init",
             evidence={"first_losses": [v for _, v in self.first], "output_size": self.size,
@@ -692,6 +739,124 @@ class LossDiverging(Rule):
                       "latest_steps": [c[0], c[1]], "first": first, "threshold": need,
                       "weights": {k: v for k, v in weights.items() if finite(v)} if cause else None,
                       "detected_step": row["step"]},
+        )
+
+
+class LossDiverged(Rule):
+    """TG208 loss-diverged: the loss far above where it started, with updates far larger than weights take.
+
+    ## What it detects
+    The median of the last 5 losses more than 10x the run's initial loss (with the model's output size
+    V known: the lowest of its first 3, the first computed before any update, and more than 10x ln(V),
+    a uniform guess's loss; without it: the highest of the first 3, so a noisy loss's lucky first
+    draw is no start), while the probe's sampled update-to-weight ratios in those
+    steps say why: one of them above 0.1 (each step changed the sampled weights by a tenth of their
+    norm or more; about 1e-3 is typical for Adam), or 10x above the run's own median ratio before the
+    climb. No NaN is needed: a loss that settles at hundreds of times a uniform guess's never becomes one.
+    It decides once.
+
+    ## Why it matters
+    An LR off by orders of magnitude (2 typed for 2.5e-4, OpenNMT/OpenNMT-tf#744) throws the weights
+    around from the first update: the loss jumps and stays far above where it started, and a
+    NaN-only check says nothing for the rest of the run. `loss-diverging` needs a best level first
+    to climb from; this needs only the start.
+
+    ## Example
+    `TG208 loss-diverged [error] at step 2: the loss went from 5.85 at its start to 181 (median of
+    steps 3-7), 31x, while the updates changed the weights by 3.02, 0.653, 0.346 of their norm (about
+    1e-3 is typical; above 0.1 diverges) at lr 2; gradient norm 0.837 -> 42.1`
+
+    ## What to change
+    Lower the LR (the ratio says by how much: a ratio of 1 at an LR of 2 asks for about 1e-3 of it),
+    add a warm-up, clip gradients; check the LR's units (a value meant for SGD given to Adam).
+
+    ## Known false positives
+    A loss that grows by design (a reinforcement-learning loss that scales with the returns, a
+    curriculum that switches a loss part on at full weight) while the weights happen to move fast.
+    Update ratios are large too where the weights shrink towards zero (a regression converging to a
+    zero weight): the loss has to climb tenfold as well.
+
+    ## Options
+    `trainguard.watch(stats_every=N)` sets how often the update ratio is sampled.
+    """
+
+    code, name, severity = "TG208", "loss-diverged", "error"
+    needs = (LOSS, UPDATE_RATIO)
+    RISE = 10.0  # the recent median over the initial loss
+    TOO_LARGE = 0.1  # an update a tenth of the weights' norm: 100x Adam's typical 1e-3
+    OWN_JUMP = 10.0  # or this many times the run's own median ratio before the climb
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.first: list[tuple[int, float, Any, Any]] = []  # step, loss, lr, grad norm of the first 3 steps
+        self.recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=5)
+        self.ratios: collections.deque[tuple[int, float, Any, Any]] = collections.deque(maxlen=8)  # since the climb
+        self.calm: collections.deque[tuple[int, float, Any, Any]] = collections.deque(maxlen=50)  # before it
+        size = plan.get("output_size")
+        self.size = int(size) if finite(size) and size >= 2 else None  # ln(V): a uniform guess's loss
+        self.done = False
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        if self.done or not self.learning:
+            return None
+        loss, ratio = row.get("loss"), row.get("update_ratio")
+        if not finite(loss):
+            return None
+        step = row["step"]
+        if len(self.first) < 3:
+            self.first.append((step, float(loss), step_lr(row), row.get("grad_norm")))
+        # Where the loss started. With the output size known (a classifier, a language model), the lowest of
+        # the first three, held to ln(V) too below; without it, the highest: a noisy loss (a regression on
+        # random inputs) may draw a first value 20x under its level, and "10x its start" must not be that.
+        start = (min if self.size else max)(v for _, v, _, _ in self.first)
+        if start <= 0:
+            self.done = True  # a loss that can be zero or negative has no "times its start"
+            return None
+        self.recent.append((step, float(loss)))
+        sample = (step, float(ratio), step_lr(row), row.get("grad_norm")) if finite(ratio) else None
+        if loss > 3 * start:
+            if not self.ratios and self.calm and self.calm[-1][0] == step - 1:
+                # the update of the step before the climb's first loss made that loss: it is the climb's
+                self.ratios.append(self.calm.pop())
+            if sample is not None:
+                self.ratios.append(sample)
+        else:
+            self.ratios.clear()
+            if sample is not None:
+                self.calm.append(sample)
+        if len(self.recent) < 5 or len(self.first) < 3:
+            return None
+        level = median([v for _, v in self.recent])
+        if level <= self.RISE * start or (self.size and level <= self.RISE * math.log(self.size)):
+            return None
+        own = median([r for _, r, _, _ in self.calm]) if len(self.calm) >= 3 else None
+        big = [r for r in self.ratios if r[1] > self.TOO_LARGE or (own is not None and r[1] > self.OWN_JUMP * own
+                                                                    and r[1] > 0.01)]
+        if not big:
+            return None
+        self.done = True
+        onset = next((s for s, v in self.recent if v > 3 * start), self.recent[0][0])
+        onset = min(onset, self.ratios[0][0])
+        lr = next((r[2] for r in reversed(big) if finite(r[2])), step_lr(row))
+        first_gn = next((g for _, _, _, g in self.first if finite(g)), None)
+        last_gn = max((g for _, _, _, g in self.ratios if finite(g)), default=None)
+        shown = ", ".join(fmt(r[1]) for r in list(self.ratios)[:5])
+        own_words = f"; this run's own median before the climb was {fmt(own)}" if own is not None else ""
+        gn = (f"; gradient norm {fmt(first_gn)} -> {fmt(last_gn)}" if first_gn is not None and last_gn is not None
+              else "")
+        at_lr = f" at lr {fmt(lr)}" if finite(lr) else ""
+        return self.finding(
+            step=onset, cause="update-too-large",
+            summary=f"the loss went from {fmt(start)} at its start to {fmt(level)} (median of steps "
+                    f"{self.recent[0][0]}-{self.recent[-1][0]}), {level / start:.0f}x, while the updates changed the "
+                    f"weights by {shown} of their norm (about 1e-3 is typical; above 0.1 diverges{own_words}){at_lr}"
+                    f"{gn}: the LR is far too high for this model",
+            fix=f"lower the LR{' (' + fmt(lr) + ')' if finite(lr) else ''} by 10x-1000x, add a warm-up and clip "
+                "gradients; check its units (an SGD value given to Adam, a typo in the exponent)",
+            evidence={"initial_loss": start, "loss_median": level, "ratio": level / start,
+                      "steps": [self.recent[0][0], self.recent[-1][0]],
+                      "update_ratios": [[s, r] for s, r, _, _ in self.ratios], "own_median_ratio": own,
+                      "lr": lr, "grad_norm_first": first_gn, "grad_norm_max": last_gn, "detected_step": step},
         )
 
 

@@ -362,3 +362,130 @@ class LrCyclesToZero(Rule):
                       "zero_again_step": step, "peak_lr": self.peak, "scheduler": sched,
                       "sched_horizon": horizon, "total_steps": self.total_steps, "detected_step": step},
         )
+
+
+class LrRestartsAtResume(Rule):
+    """TG105 lr-restarts-at-resume: after a resume the LR does not continue where the schedule had it.
+
+    ## What it detects
+    A resume: `guard.set_step(n)`, a restart by `trainguard run --on-hang restart` (a new attempt of the
+    probe), or steps that start again below the last one. The LR of the first steps after it is compared
+    with what the run had planned there: the LR the earlier attempt had at the very same step when it
+    got that far (the last 512 steps are remembered; the first 50 steps after the resume are judged),
+    else, for the first step, the last LR before the resume. Off by 5x or more at three steps in a
+    row: the schedule started over (its warm-up again, its peak after a decay, or a chained warm-up
+    multiplying an LR already restored) instead of continuing.
+
+    ## Why it matters
+    A checkpoint that holds the model and the optimizer but not the scheduler resumes with a fresh
+    schedule: a run at its peak LR drops back to the first warm-up step (or a decayed run jumps back to
+    its peak) and trains the rest of the run on the wrong schedule, silently (huggingface/transformers
+    #7198-style reports: the scheduler state not restored on resume).
+
+    ## Example
+    `TG105 lr-restarts-at-resume [warning] at step 106: after the resume (attempt 1) the LR at step 106
+    is 0.00595 where the run had 9.98e-04 at this step before (6x higher), 0.00793 against 9.97e-04 at
+    step 108: the schedule started over instead of continuing from the checkpoint (resumed at step 101)`
+
+    ## What to change
+    Save `scheduler.state_dict()` in the checkpoint and `scheduler.load_state_dict(...)` it on resume
+    (or build the scheduler with `last_epoch` set to the checkpoint's step).
+
+    ## Known false positives
+    A resume that changes the LR on purpose (fine-tuning from a checkpoint with a new schedule).
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG105", "lr-restarts-at-resume", "warning"
+    needs = (LR,)
+    OFF = 5.0  # times the planned LR, either way
+    REMEMBER = 512
+    WINDOW = 50  # steps after the resume judged against the plan
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        super().__init__(plan)
+        self.lr_at: dict[int, float] = {}  # step -> LR, the last REMEMBER steps
+        self.last: tuple[int, float] | None = None
+        self.resume: dict[str, Any] | None = None  # the resume being judged: where, how, what was planned
+        self.after: list[tuple[int, float, float]] = []  # (step, LR, planned) of the steps after it
+        self.done = False
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        kind, name, data = event.get("kind"), event.get("name"), event.get("data") or {}
+        if kind == "probe" and name == "set_step":
+            self._resumed("set_step", event.get("step"), event.get("attempt"))
+        elif kind == "probe" and name == "start" and isinstance(data.get("attempt"), int) and data["attempt"] > 0:
+            self._resumed("a new attempt", None, data["attempt"])
+        elif kind == "run" and name == "restart":
+            self._resumed("a restart", None, data.get("attempt"))
+
+    def _resumed(self, how: str, step: Any, attempt: Any) -> None:
+        if self.done or self.last is None:
+            return  # nothing ran before it: a start, not a resume
+        if self.resume is None or self.after:
+            self.resume, self.after = {"how": how, "attempt": attempt, "last": self.last}, []
+        if isinstance(attempt, int) and attempt > 0:
+            self.resume["attempt"] = attempt
+
+    def on_step(self, row: dict[str, Any]) -> Finding | None:
+        lr, step = step_lr(row), row.get("step")
+        if self.done or not finite(lr) or not isinstance(step, int):
+            return None
+        if self.last is not None and step <= self.last[0] and self.resume is None:
+            self._resumed("steps starting again", step, row.get("attempt"))
+        found = self._judge(step, lr) if self.resume is not None else None
+        if self.resume is None:
+            self.lr_at[step] = lr
+            if len(self.lr_at) > self.REMEMBER:
+                del self.lr_at[next(iter(self.lr_at))]
+        self.last = (step, lr)
+        return found
+
+    def _judge(self, step: int, lr: float) -> Finding | None:
+        """One step after the resume: its LR against the plan's. The plan is the LR the earlier attempt had at
+        this very step; where it never got there, the last LR before the resume (for the first step only)."""
+        assert self.resume is not None
+        planned = self.lr_at.get(step)
+        if planned is None and not self.after:
+            planned = self.resume["last"][1]
+        if planned is None:
+            self.resume, self.after = None, []
+            return None  # past what the earlier attempt reached: nothing planned to compare with
+        self.after.append((step, lr, planned))
+
+        def off(a: float, b: float) -> float:
+            if b <= 0:
+                return 1.0
+            return float("inf") if a <= 0 else max(a / b, b / a)
+
+        streak, i = 0, -1
+        while streak < 3 and i + 1 < len(self.after):
+            i += 1
+            _, x, p = self.after[i]
+            streak = streak + 1 if off(x, p) >= self.OFF else 0
+        if streak < 3:
+            if len(self.after) >= self.WINDOW:
+                self.resume, self.after = None, []  # the schedule continued
+            return None
+        first = i - 2
+        (s0, lr0, p0), (s2, lr2, p2) = self.after[first], self.after[i]
+        resume, self.resume = self.resume, None
+        self.done = True
+        ratio = off(lr0, p0)
+        where = "at this step before" if s0 in self.lr_at else f"at step {resume['last'][0]}, before the resume"
+        self.after = self.after[: i + 1]
+        way = "lower" if lr0 < p0 else "higher"
+        attempt = f" (attempt {resume['attempt']})" if isinstance(resume.get("attempt"), int) else ""
+        return self.finding(
+            step=s0, cause="schedule-restarted",
+            summary=f"after the resume{attempt} the LR at step {s0} is {fmt(lr0)} where the run had {fmt(p0)} {where} "
+                    f"({ratio:.0f}x {way}), {fmt(lr2)} against {fmt(p2)} at step {s2}: the schedule started over "
+                    f"instead of continuing from the checkpoint (resumed at step {self.after[0][0]})",
+            fix="save scheduler.state_dict() in the checkpoint and load it on resume (or build the scheduler with "
+                "last_epoch set to the checkpoint's step)",
+            evidence={"steps": [s for s, _, _ in self.after], "lrs": [x for _, x, _ in self.after],
+                      "planned": [p for _, _, p in self.after], "ratio": ratio, "resumed_by": resume["how"],
+                      "attempt": resume.get("attempt"), "detected_step": s2},
+        )

@@ -11,6 +11,9 @@ earlier: a rank waiting in an all-reduce is also "idle in a futex"):
                      waits for the GPU (`.item()`, `guard.finish()`);
 - dataloader-worker: the training process waits for a batch; the worker's stack names the dataset frame;
 - busy-loop:         the training process burns CPU and its stack stays in the same user code;
+- computing:         it burns CPU inside torch's own code (a forward, an autograd pass) called from the
+                     user's code: a long computation reporting no progress (a healthy 68 s evaluation
+                     outside a marked phase), not a spin;
 - device-sync:       it waits for the GPU (.item(), .cpu(), synchronize) on a machine with a GPU;
 - io:                it waits on a file: open/read/write/torch.save, a FIFO or pipe, uninterruptible sleep;
 - deadlock:          it waits for a lock or an event that no live thread of the process will release/set;
@@ -32,7 +35,8 @@ from trainguard.contract import PROBE_DEVICE_WAIT
 from trainguard.rules.crash import is_user_frame
 from trainguard.watchdog.stacks import Frame, ProcSample, Snapshot, ThreadStack
 
-CAUSES = ("dataloader-worker", "collective", "deadlock", "busy-loop", "device-sync", "io", "sleep", "stopped", "unknown")
+CAUSES = ("dataloader-worker", "collective", "deadlock", "busy-loop", "computing", "device-sync", "io", "sleep",
+          "stopped", "unknown")
 BUSY_CPU = 15.0  # percent of one core: above this, a process that makes no progress is spinning (low,
 # because on a loaded machine a spinning loop may get a fraction of a core; a blocked process gets ~0)
 IO_MOVING_BYTES = 1 << 20  # bytes written during the sampling window that mean "slow, not stuck"
@@ -236,6 +240,9 @@ def _busy(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSample])
             continue
         if _wait_kind(t, p, gpu=bool(snap.gpu.get("gpus"))) not in (None, "sleep"):
             continue  # blocked in a lock, a file or a wait: the CPU is some other thread's
+        computing = _computing(p, snap)
+        if computing is not None:
+            return computing
         fr = _loop_head(p, snap)
         seen = sorted({_where(f) or "?" for f in _busy_frames(p, snap)})
         detail = (f"pid {p.pid} burns {sum(cpus) / len(cpus):.0f}% CPU and makes no progress; in "
@@ -243,6 +250,40 @@ def _busy(snap: Snapshot, trainers: list[ProcSample], workers: list[ProcSample])
         return Diagnosis("busy-loop", _where(fr), detail, FIXES["busy-loop"], _frames(t), p.pid,
                          {"cpu_percent": cpus, "frames_seen": seen})
     return None
+
+
+_TORCH_CODE = ("/torch/nn/", "/torch/_tensor.py", "/torch/functional.py", "/torch/autograd/", "/torch/_ops.py",
+               "/torch/nn/functional.py", "/torch/_dynamo/", "/torch/_inductor/")
+
+
+def _computing(p: ProcSample, snap: Snapshot) -> Diagnosis | None:
+    """A process that burns CPU inside torch's own code (a module's forward, an autograd pass) called from
+    the user's code, in at least half of the samples: a long computation (an evaluation, a pre-processing
+    pass) that reports no progress, not a loop that spins. The stacks cannot tell a computation that
+    will end from one that will not; the name must not claim a spin that the frames do not show."""
+    hits, total, last = 0, 0, None
+    for s in snap.samples:
+        t = s[p.pid].main_thread if p.pid in s else None
+        if t is None:
+            continue
+        total += 1
+        user = _innermost_user(t)
+        if user is None:
+            continue
+        below = t.frames[t.frames.index(user) + 1:]
+        torch_fr = next((f for f in below if any(c in f.file for c in _TORCH_CODE)), None)
+        if torch_fr is not None:
+            hits += 1
+            last = (user, torch_fr)
+    if not total or last is None or 2 * hits < total:
+        return None
+    user, torch_fr = last
+    short = torch_fr.file.split("/torch/", 1)[-1]
+    detail = (f"pid {p.pid} burns CPU inside torch (torch/{short}, {torch_fr.function}) called from {_where(user)} "
+              f"in {hits} of {total} samples: a long computation that reports no progress (an evaluation or a "
+              "pre-processing pass outside any marked phase), not a loop that spins")
+    return Diagnosis("computing", _where(user), detail, FIXES["computing"], _frames(p.main_thread), p.pid,
+                     {"torch_samples": hits, "samples": total})
 
 
 def _busy_frames(p: ProcSample, snap: Snapshot) -> list[Frame]:
@@ -503,6 +544,11 @@ FIXES = {
         "The process spins in the loop shown without progress (seed 000: a component's initialisation "
         "polled a flag nothing set, at 4466% CPU). Make the loop wait on an event with a timeout instead of "
         "polling, give it an iteration or time limit, and check that whatever should end it can happen."),
+    "computing": (
+        "The process computes inside torch (a forward or backward pass) and reports no progress: a long "
+        "evaluation or pre-processing pass. If it is expected, mark it (`with guard.phase(\"eval\"):`) so its "
+        "time is learned per phase, or raise --stall-timeout; if it should not take this long, look at what it "
+        "runs over (py-spy top, the frames shown)."),
     "device-sync": (
         "The host waits for the GPU (.item(), .cpu(), synchronize): a kernel that never finishes, a "
         "collective on the device, or a faulted GPU (check the GPU section and kernel log: Xid errors). "

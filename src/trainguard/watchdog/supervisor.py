@@ -638,7 +638,10 @@ class Supervisor:
         )
         if cut is not None:
             v.findings = [cut] + [f for f in v.findings if f.code != RUN_KILLED.code]
+        earlier = list(self.findings) + self.reader.findings()
         for f in v.findings:
+            if f.code == crash.RUN_CRASHED.code:  # after the loss diverged: the crash says so and names the LR
+                crash.after_divergence(f, earlier, lr=(last or {}).get("lr"))
             self._report(f)
         for f in self.reader.findings():
             if self._is_new(f):
