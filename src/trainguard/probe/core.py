@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract import ENV_ATTEMPT, ENV_RUN_DIR, ENV_WATCHDOG, EVENT_PROBE
-from trainguard.probe import capturegate, collectives, contracts, crashhook, fastforward, stackdump, syncwait
+from trainguard.probe import (
+    capturegate,
+    ckptverify,
+    collectives,
+    contracts,
+    crashhook,
+    fastforward,
+    stackdump,
+    syncwait,
+)
 from trainguard.probe.alone import Alone, Watched
 from trainguard.probe.flusher import Flusher
 from trainguard.probe.opthooks import OptimizerHooks
@@ -80,6 +89,7 @@ class Probe(StepRecorder):
             self, writer=StoreWriter(folder, rank=rank, attempt=self.attempt), selflog=selflog, run_dir=folder,
             rank=rank, grad_accum=int(grad_accum), total_steps=total_steps, stats_every=max(1, int(stats_every)),
             optimizer=optimizer, scaler=scaler)
+        self._verifier: Any = None  # made at the first reported checkpoint (probe/ckptverify.py)
         self._due_last: dict[str, int] = {}  # (Guard.due's) due name -> the step it last answered True for
         # the ending is chosen once: the probe's own when no watchdog owns it (rank 0 only), else nothing
         alone = not self.under_watchdog and rank == 0
@@ -123,6 +133,7 @@ class Probe(StepRecorder):
             return
         self.finished = True
         crashhook.forget(self)  # a later crash of another guard in this process is not this run's
+        self._settle_verifier(ckptverify.FINISH_WAIT)  # the last checkpoint's verdict, before the ending
         self._sched.close()
         try:
             if not self._disabled:
@@ -180,9 +191,28 @@ class Probe(StepRecorder):
         # parent's SQLite connection: the guard goes quiet in the child.
         self._disabled = True
 
+    def _verify_checkpoint(self, path: Path) -> None:
+        """Hands a reported checkpoint to the verifier (a deque append; the work is a child process's)."""
+        if self._disabled or not ckptverify.enabled():
+            return
+        if self._verifier is None:
+            self._verifier = ckptverify.make(self._writer, self._selflog, self.learning)
+        self._verifier.submit(path, self.step_count, rank=self.rank)
+
+    def _settle_verifier(self, timeout: float) -> None:
+        if self._verifier is not None:
+            try:
+                if not self._verifier.settle(timeout):
+                    self._selflog.write(f"the last checkpoint's verification did not end within {timeout:.0f} s")
+                self._verifier.stop()
+            except Exception as exc:
+                self.fail("checkpoint verification", exc)
+
     def _at_exit(self) -> None:
         if os.getpid() != self._pid:
             return
+        if not self.finished:
+            self._settle_verifier(ckptverify.EXIT_WAIT)
         try:
             if not self._disabled:
                 self.emit_all()

@@ -6,6 +6,7 @@ rule is a class in one of the rule modules and one line here.
 
 from __future__ import annotations
 
+from trainguard.rules.checkpoints import CHECKPOINT_RULES
 from trainguard.rules.composition import (
     LossPartsDontSum,
     LossPartsImbalanced,
@@ -57,6 +58,8 @@ HEALTH_RULES: list[type[Rule]] = [
     LossPartsImbalanced, LossPartVanished, LossPartsDontSum, LossWeightStalled,
     # TG52x process (TG501-509, crashes, hangs and artifacts, are the watchdog's)
     LogFlood, ThroughputDrop, DataWaitDominant, MemoryCreep, DeviceMemoryNearFull, CheckpointStale,
+    # TG56x checkpoints verified while the run goes on (issue 37, rules/checkpoints.py)
+    *CHECKPOINT_RULES,
     # API contracts broken by the training code, seen by the probe (probe/contracts.py)
     StepUpdatesNothing, FrozenParamsUpdated, GradsNeverReset, EvalInTrainMode, EvalBeforeTrainInit,
     EvalNotDeterministic, AutocastRunsFp32, WorkersShareRng, LossBroadcastsBatch, BatchDimLost, ReplicasDiverged,
