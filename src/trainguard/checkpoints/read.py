@@ -40,6 +40,9 @@ WEIGHT_FILES = re.compile(r"^(model|pytorch_model|adapter_model|diffusion_pytorc
                           r"|^optimizer\.(pt|bin)$")
 
 
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar")
+
+
 class Unverifiable(Exception):
     """The checkpoint cannot be judged (a format not understood, objects weights_only refuses): not broken."""
 
@@ -105,6 +108,14 @@ def _read_file(path: Path, facts: dict[str, Any], digest: Any, in_folder: bool =
         facts["format"] = facts["format"] or "safetensors"
         _read_safetensors(path, facts, digest, prefix)
         return
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    # torch.save writes a zip archive (PK...), or a pickle (0x80) in its legacy format: anything else is a
+    # format trainguard does not read (numpy, JSON, a framework's own), not a broken checkpoint
+    if not head.startswith((b"PK", b"\x80")):
+        if not head and path.suffix in TORCH_SUFFIXES:
+            raise EOFError(f"{path.name} is empty")
+        raise Unverifiable(f"{path.name} is neither a torch file nor safetensors")
     facts["format"] = facts["format"] or "torch"
     import pickle
 

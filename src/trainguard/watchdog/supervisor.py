@@ -29,7 +29,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainguard import __version__
-from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_WATCHDOG
+from trainguard.contract import (
+    ENV_ATTEMPT,
+    ENV_RESUME_FROM,
+    ENV_RUN_DIR,
+    ENV_WATCHDOG,
+    EVENT_CHECKPOINT,
+    EVENT_CHECKPOINT_CHECK,
+)
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
 from trainguard.rules import crash
@@ -204,7 +211,10 @@ class Supervisor:
             returncode, hang, stopped = self._attempt(resume)
             if hang is None:
                 break
-            decision = policy.after_hang(hang, restart.newest_checkpoint(self.reader.events("checkpoint")))
+            resume_from, why = self._resume_choice()
+            decision = policy.after_hang(hang, resume_from)
+            if decision.restart:
+                self._note(f"trainguard: {why}")
             if decision.finding is not None:
                 self._report(decision.finding)
             if decision.note:
@@ -218,6 +228,19 @@ class Supervisor:
             resume = decision.resume_from
         self.capture.join()
         return self._conclude(returncode, hang, stopped)
+
+    def _resume_choice(self) -> tuple[str | None, str]:
+        """The newest checkpoint verified good (checkpoints/resume.py), once the verifications in flight ended."""
+        from trainguard.checkpoints.resume import resume_choice
+
+        for mon in self.monitors:
+            settle = getattr(mon, "settle", None)
+            if settle is not None:
+                try:
+                    settle()
+                except Exception as exc:
+                    self._guard_error(f"monitor {type(mon).__name__} failed to settle: {exc!r}")
+        return resume_choice(self.reader.events(EVENT_CHECKPOINT), self.reader.events(EVENT_CHECKPOINT_CHECK))
 
     def _attempt(self, resume: str | None) -> tuple[int, Finding | None, Finding | None]:
         """One run of the command, to its end or to a hang; returns (exit code, hang, stopped-on)."""
@@ -332,6 +355,7 @@ class Supervisor:
             # torchrun's "Sending process N closing signal", a save on SIGTERM), never "progress resumed".
             t_progress = self._progress_before_signal
         self._learn_phases()
+        closed = self.writes.take_closed() if hasattr(self, "writes") else []
         state = WatchState(
             run_dir=self.run_dir, reader=self.reader, pid=self.proc.pid, started=self.started, now=time.time(),
             step=step, phase=phase, t_progress=t_progress, probe_used=probe_used,
@@ -339,6 +363,7 @@ class Supervisor:
         )
         self.stall.observe(t_progress, phase, startup=startup)
         state.scratch["startup"] = startup
+        state.scratch["closed_files"] = closed  # files the run wrote and closed (watchdog/ckptwatch.py)
         return state
 
     def _printed_a_loss(self) -> bool:
