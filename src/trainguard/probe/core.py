@@ -116,6 +116,7 @@ class Probe(StepRecorder):
         capturegate.install()
         self._flusher = Flusher(self, self._ending)
         self._flusher.start()
+        self._devices = self._start_devices()  # GPU telemetry off the training thread (devices/), fail-open
         crashhook.install(self)
         os.register_at_fork(after_in_child=self._after_fork_in_child)
         stackdump.install(self.run_dir)  # stacks on a signal, for the watchdog's hang diagnosis (fail-open)
@@ -134,6 +135,7 @@ class Probe(StepRecorder):
         self.finished = True
         crashhook.forget(self)  # a later crash of another guard in this process is not this run's
         self._settle_verifier(ckptverify.FINISH_WAIT)  # the last checkpoint's verdict, before the ending
+        self._stop_devices()
         self._sched.close()
         try:
             if not self._disabled:
@@ -199,6 +201,26 @@ class Probe(StepRecorder):
             self._verifier = ckptverify.make(self._writer, self._selflog, self.learning)
         self._verifier.submit(path, self.step_count, rank=self.rank)
 
+    def _start_devices(self) -> Any:
+        try:
+            from trainguard.devices import sampler
+
+            if not sampler.enabled():
+                return None
+            return sampler.DeviceSampler(self._writer, rank=self.rank, local_rank=self.place["local_rank"],
+                                         log=self._selflog.write).start()
+        except Exception as exc:
+            self.fail("device telemetry", exc)
+            return None
+
+    def _stop_devices(self) -> None:
+        devices, self._devices = getattr(self, "_devices", None), None
+        if devices is not None:
+            try:
+                devices.stop()
+            except Exception as exc:
+                self.fail("device telemetry", exc)
+
     def _settle_verifier(self, timeout: float) -> None:
         if self._verifier is not None:
             try:
@@ -213,6 +235,7 @@ class Probe(StepRecorder):
             return
         if not self.finished:
             self._settle_verifier(ckptverify.EXIT_WAIT)
+        self._stop_devices()
         try:
             if not self._disabled:
                 self.emit_all()

@@ -26,6 +26,7 @@ from trainguard.rules.contracts import (
     StepUpdatesNothing,
     WorkersShareRng,
 )
+from trainguard.rules.devices import DEVICE_RULES
 from trainguard.rules.model import ExpertCollapse, PerplexityImplausible
 from trainguard.rules.numerics import GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
 from trainguard.rules.process import (
@@ -60,6 +61,8 @@ HEALTH_RULES: list[type[Rule]] = [
     LogFlood, ThroughputDrop, DataWaitDominant, MemoryCreep, DeviceMemoryNearFull, CheckpointStale,
     # TG56x checkpoints verified while the run goes on (issue 37, rules/checkpoints.py)
     *CHECKPOINT_RULES,
+    # TG57x device faults beside the symptoms (issue 37, rules/devices.py)
+    *DEVICE_RULES,
     # API contracts broken by the training code, seen by the probe (probe/contracts.py)
     StepUpdatesNothing, FrozenParamsUpdated, GradsNeverReset, EvalInTrainMode, EvalBeforeTrainInit,
     EvalNotDeterministic, AutocastRunsFp32, WorkersShareRng, LossBroadcastsBatch, BatchDimLost, ReplicasDiverged,

@@ -36,6 +36,8 @@ from trainguard.contract import (
     ENV_WATCHDOG,
     EVENT_CHECKPOINT,
     EVENT_CHECKPOINT_CHECK,
+    EVENT_DEVICE,
+    EVENT_DEVICE_SAMPLE,
 )
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
@@ -689,6 +691,8 @@ class Supervisor:
         self._seen.add((f.code, f.name, f.cause))
         if f.t is None:
             f.t = time.time()
+        if f.source == "watchdog":
+            self._with_devices(f)
         if f in self.findings:
             return  # reported already (a hang or a --stop-on finding comes back in the verdict)
         self.findings.append(f)
@@ -696,6 +700,26 @@ class Supervisor:
             self.writer.add_event("finding", f.name, f.to_dict(), step=f.step)
             self.writer.flush()
         self._note(f"trainguard: {f.one_line()}")
+
+    def _with_devices(self, f: Finding) -> None:
+        """A stall or hang, told whether a device event came with it (rules/devices.py): the events are the
+        probes' rows in the store; the symptom's moment is the last progress before it."""
+        from trainguard.rules.devices import SYMPTOMS, DeviceTimeline, annotate
+
+        if f.name not in SYMPTOMS:
+            return
+        try:
+            timeline = DeviceTimeline()
+            for kind in (EVENT_DEVICE_SAMPLE, EVENT_DEVICE):
+                for ev in self.reader.events(kind)[-2000:]:
+                    timeline.note(ev)
+            since = (f.evidence or {}).get("last_progress_at")
+            if isinstance(since, (int, float)):  # the stall's whole length counts, not only what came before
+                annotate(f, timeline, since, after=max(0.0, time.time() - since))
+            else:
+                annotate(f, timeline, f.t)
+        except Exception as exc:
+            self._guard_error(f"device attribution failed: {exc!r}", kind="device attribution")
 
     def _note(self, text: str) -> None:
         # trainguard's own lines quote exception messages and phase names: never raw control characters
