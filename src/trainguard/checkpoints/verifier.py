@@ -132,9 +132,7 @@ class Verifier:
 
     def _run_child(self, path: str) -> tuple[dict[str, Any] | None, str]:
         """(facts, "") or (None, why it could not be verified)."""
-        import trainguard
-
-        src = str(Path(trainguard.__file__).resolve().parents[1])
+        src = str(Path(__file__).resolve().parents[2])  # the folder trainguard is imported from
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "TRAINGUARD_AUTO": "0", "TRAINGUARD_DISABLE": "1",
                "PYTHONPATH": os.pathsep.join([src, *[p for p in [os.environ.get("PYTHONPATH")] if p]])}

@@ -18,18 +18,22 @@ from typing import Any
 
 from trainguard.contract import EVENT_CHECKPOINT_CHECK, EVENT_DEVICE, EVENT_DEVICE_SAMPLE
 from trainguard.findings import Code, Data, Finding
+from trainguard.rules.contracts import ReplicasDiverged
+from trainguard.rules.numerics import GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
+from trainguard.rules.process import ThroughputDrop
+from trainguard.rules.progress import LossDiverging, LossSpike
+from trainguard.rules.ranks import NonfiniteOnOneRank, RankStopped, StragglerRank
 from trainguard.rules.rule import Rule
 
 DEVICE = Data("device", "device telemetry (nvidia-ml-py, a GPU)")
 WINDOW_BEFORE = 120.0  # seconds before a symptom in which a device event is named as its likely cause
 WINDOW_AFTER = 5.0  # ... and after it (a step's row is stamped when it closes; the event may be logged later)
 KEEP = 512  # device events kept for attribution (the newest)
-# the findings that are symptoms a device can cause
-SYMPTOMS = frozenset({
-    "nonfinite-loss", "nonfinite-grad", "grad-scaler-collapse", "loss-spike", "loss-diverging",
-    "nonfinite-on-one-rank", "straggler-rank", "throughput-drop", "rank-stopped", "run-stalled", "run-hung",
-    "replicas-diverged",
-})
+# the findings that are symptoms a device can cause (the watchdog adds its stalls and hangs: supervisor.py)
+SYMPTOMS = frozenset(rule.name for rule in (
+    NonfiniteLoss, NonfiniteGrad, GradScalerCollapse, LossSpike, LossDiverging, NonfiniteOnOneRank,
+    StragglerRank, ThroughputDrop, RankStopped, ReplicasDiverged,
+))
 
 
 class DeviceTimeline:
@@ -86,9 +90,10 @@ class DeviceTimeline:
         return [e for e in self.events if id(e) not in self.attributed and not e["data"].get("serious")]
 
 
-def annotate(f: Finding, timeline: DeviceTimeline, t: float | None, after: float = WINDOW_AFTER) -> Finding:
+def annotate(f: Finding, timeline: DeviceTimeline, t: float | None, after: float = WINDOW_AFTER,
+             symptoms: frozenset[str] = SYMPTOMS) -> Finding:
     """A symptom finding, told whether a device event on its rank came with it (in place; returned)."""
-    if f.name not in SYMPTOMS or "device_event" in (f.evidence or {}):
+    if f.name not in symptoms or "device_event" in (f.evidence or {}):
         return f
     rank: int = f.evidence["rank"] if isinstance(f.evidence.get("rank"), int) else 0
     said = timeline.explain(rank, t if t is not None else f.t, after)

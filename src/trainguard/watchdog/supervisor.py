@@ -53,7 +53,15 @@ from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
 from trainguard.watchdog import keeper, nodes, restart, statusline, stop, verdict
-from trainguard.watchdog.stall import Stall, StallPolicy, hang_finding, stall_ended, stalled_finding
+from trainguard.watchdog.stall import (
+    RUN_HUNG,
+    RUN_STALLED,
+    Stall,
+    StallPolicy,
+    hang_finding,
+    stall_ended,
+    stalled_finding,
+)
 from trainguard.watchdog.tee import OutputCapture
 from trainguard.watchdog.writes import WriteWatch
 
@@ -704,9 +712,10 @@ class Supervisor:
     def _with_devices(self, f: Finding) -> None:
         """A stall or hang, told whether a device event came with it (rules/devices.py): the events are the
         probes' rows in the store; the symptom's moment is the last progress before it."""
-        from trainguard.rules.devices import SYMPTOMS, DeviceTimeline, annotate
+        from trainguard.rules.devices import DeviceTimeline, annotate
 
-        if f.name not in SYMPTOMS:
+        symptoms = frozenset({RUN_STALLED.name, RUN_HUNG.name})
+        if f.name not in symptoms:
             return
         try:
             timeline = DeviceTimeline()
@@ -715,9 +724,9 @@ class Supervisor:
                     timeline.note(ev)
             since = (f.evidence or {}).get("last_progress_at")
             if isinstance(since, (int, float)):  # the stall's whole length counts, not only what came before
-                annotate(f, timeline, since, after=max(0.0, time.time() - since))
+                annotate(f, timeline, since, after=max(0.0, time.time() - since), symptoms=symptoms)
             else:
-                annotate(f, timeline, f.t)
+                annotate(f, timeline, f.t, symptoms=symptoms)
         except Exception as exc:
             self._guard_error(f"device attribution failed: {exc!r}", kind="device attribution")
 
