@@ -63,17 +63,29 @@ class _CheckpointRule(Rule):
 class CheckpointPoisoned(_CheckpointRule):
     """TG561 checkpoint-poisoned: a checkpoint the run saved holds NaN or Inf.
 
-    What it detects: the verifier loaded a reported checkpoint (or one the watchdog saw written) and at
+    ## What it detects
+    The verifier loaded a reported checkpoint (or one the watchdog saw written) and at
     least one floating tensor holds a non-finite value.
-    Why it matters: a run that resumes from it trains on NaN from its first step; a release of it ships
+
+    ## Why it matters
+    A run that resumes from it trains on NaN from its first step; a release of it ships
     a broken model, recorded as a success (marin#9051: a checkpoint poisoned by NaN, published).
-    Example: `TG561 checkpoint-poisoned [error] at step 40: checkpoint ckpt/step-40.pt: 1 of its 4 tensors
+
+    ## Example
+    `TG561 checkpoint-poisoned [error] at step 40: checkpoint ckpt/step-40.pt: 1 of its 4 tensors
     hold non-finite values (3 elements; the first, model.0.weight, 3 of 4096)`.
-    What to change: find where the numbers went bad (the run's non-finite loss or gradient findings, the
+
+    ## What to change
+    Find where the numbers went bad (the run's non-finite loss or gradient findings, the
     step the loss spiked) and restart from the last verified checkpoint the finding names, with that
     cause fixed (lower LR, clipping, a loss scale, the bad batch skipped).
-    Known false positives: a tensor that holds Inf on purpose (an attention mask of -inf saved as a
+
+    ## Known false positives
+    A tensor that holds Inf on purpose (an attention mask of -inf saved as a
     buffer) is non-finite by design; save it as a bool mask.
+
+    ## Options
+    None.
     """
 
     code, name = "TG561", "checkpoint-poisoned"
@@ -84,17 +96,29 @@ class CheckpointPoisoned(_CheckpointRule):
 class CheckpointUnloadable(_CheckpointRule):
     """TG562 checkpoint-unloadable: a checkpoint the run saved does not load.
 
-    What it detects: `torch.load(weights_only=True, mmap=True)` or safetensors failed on it: a truncated
+    ## What it detects
+    `torch.load(weights_only=True, mmap=True)` or safetensors failed on it: a truncated
     file (the disk filled, the job was killed mid-save), a damaged archive, a shard the index names that
     is missing.
-    Why it matters: the restart that needs it fails hours later, when it is too late to save again.
-    Example: `TG562 checkpoint-unloadable [error] at step 60: checkpoint ckpt/step-60.pt: it does not load:
+
+    ## Why it matters
+    The restart that needs it fails hours later, when it is too late to save again.
+
+    ## Example
+    `TG562 checkpoint-unloadable [error] at step 60: checkpoint ckpt/step-60.pt: it does not load:
     RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory`.
-    What to change: check the disk (space, quota) and that the save finishes before the process exits
+
+    ## What to change
+    Check the disk (space, quota) and that the save finishes before the process exits
     (an asynchronous save joined, a barrier before exit); save to a temporary name and rename when
     complete. Restart from the last verified checkpoint.
-    Known false positives: none known; a checkpoint whose pickled objects `weights_only` refuses is
+
+    ## Known false positives
+    None known; a checkpoint whose pickled objects `weights_only` refuses is
     recorded as unverified, not as this.
+
+    ## Options
+    None.
     """
 
     code, name = "TG562", "checkpoint-unloadable"
@@ -105,18 +129,30 @@ class CheckpointUnloadable(_CheckpointRule):
 class CheckpointStepMismatch(_CheckpointRule):
     """TG563 checkpoint-step-mismatch: a checkpoint claims an older step than the run was at when it saved it.
 
-    What it detects: the step the checkpoint names itself (its global_step/step/iter_num key,
+    ## What it detects
+    The step the checkpoint names itself (its global_step/step/iter_num key,
     trainer_state.json, or the checkpoint-N in its path) is behind the run's optimizer step when the
     script reported it.
-    Why it matters: the save wrote a stale object (a state dict taken once and saved again, the wrong
+
+    ## Why it matters
+    The save wrote a stale object (a state dict taken once and saved again, the wrong
     model of two): a restart from it silently loses the steps since, or mixes an old model with a new
     optimizer state.
-    Example: `TG563 checkpoint-step-mismatch [error] at step 300: checkpoint ckpt/last.pt: it says step
+
+    ## Example
+    `TG563 checkpoint-step-mismatch [error] at step 300: checkpoint ckpt/last.pt: it says step
     100 (step) but the run was at step 300 when it was saved: 200 steps stale`.
-    What to change: save the live objects (`model.state_dict()` at save time, the step counter updated
+
+    ## What to change
+    Save the live objects (`model.state_dict()` at save time, the step counter updated
     before the save); restart from the last verified checkpoint.
-    Known false positives: a checkpoint named "best" is left out (it holds an older step on purpose); a
+
+    ## Known false positives
+    A checkpoint named "best" is left out (it holds an older step on purpose); a
     script whose own counter lags the optimizer steps (it counts only logged steps) would trip it.
+
+    ## Options
+    None.
     """
 
     code, name = "TG563", "checkpoint-step-mismatch"
@@ -127,18 +163,30 @@ class CheckpointStepMismatch(_CheckpointRule):
 class CheckpointUnchanged(_CheckpointRule):
     """TG564 checkpoint-unchanged: a checkpoint holds the same numbers as the previous one though the run trained.
 
-    What it detects: its fingerprint (each tensor's sum and sampled elements) equals that of the previous
+    ## What it detects
+    Its fingerprint (each tensor's sum and sampled elements) equals that of the previous
     verified checkpoint of the same series (checkpoint-100, checkpoint-200...) while the run made
     optimizer steps between the two saves.
-    Why it matters: the object saved is not the model being trained (a copy made before training, an
+
+    ## Why it matters
+    The object saved is not the model being trained (a copy made before training, an
     unwrapped module that is not the one the optimizer updates, an EMA never updated): every checkpoint is
     the same useless one.
-    Example: `TG564 checkpoint-unchanged [error] at step 200: checkpoint ckpt/step-200.pt: its numbers are
+
+    ## Example
+    `TG564 checkpoint-unchanged [error] at step 200: checkpoint ckpt/step-200.pt: its numbers are
     identical to ckpt/step-100.pt (step 100) although the run trained 100 steps between them`.
-    What to change: save the module the optimizer updates (`model.module` under DDP, the compiled model's
+
+    ## What to change
+    Save the module the optimizer updates (`model.module` under DDP, the compiled model's
     `_orig_mod`), or update the copy before saving.
-    Known false positives: a run whose learning rate is zero, or whose trained tensors are all updated
+
+    ## Known false positives
+    A run whose learning rate is zero, or whose trained tensors are all updated
     sparsely (rows of an embedding) in places the sample misses; `watch(learning=False)` runs are left out.
+
+    ## Options
+    None.
     """
 
     code, name = "TG564", "checkpoint-unchanged"

@@ -123,18 +123,30 @@ class DeviceFault(Rule):
     """TG571 device-fault: the GPU reported a fault of the hardware (an Xid of the serious kinds, an
     uncorrectable ECC error, a row remap that failed).
 
-    What it detects: a `device` event marked serious: an Xid the driver raises for the device or its memory
+    ## What it detects
+    A `device` event marked serious: an Xid the driver raises for the device or its memory
     (48, 63, 64, 74, 79, 92, 94, 95, 119, 120...: devices/xid.py), an uncorrectable ECC count that rose, a
     row remapping that failed, recorded by the probe's telemetry (NVML's event set, the kernel log).
-    Why it matters: the numbers the GPU computes (or the memory it holds) can no longer be trusted; the NaN,
+
+    ## Why it matters
+    The numbers the GPU computes (or the memory it holds) can no longer be trusted; the NaN,
     the hang or the crash that follows is the hardware's, not the code's, and restarting on the same GPU
     repeats it.
-    Example: `TG571 device-fault [error] at step 4,100: Xid 79 (GPU has fallen off the bus) on GPU 3 of
+
+    ## Example
+    `TG571 device-fault [error] at step 4,100: Xid 79 (GPU has fallen off the bus) on GPU 3 of
     rank 3`.
-    What to change: drain the node (or exclude the GPU: CUDA_VISIBLE_DEVICES, the scheduler's exclude list),
+
+    ## What to change
+    Drain the node (or exclude the GPU: CUDA_VISIBLE_DEVICES, the scheduler's exclude list),
     have it reset or replaced, and restart from the last verified checkpoint on healthy hardware.
-    Known false positives: an Xid that an application's own bug also raises (13, 31, 43) is not counted
+
+    ## Known false positives
+    An Xid that an application's own bug also raises (13, 31, 43) is not counted
     serious; a driver that reports a serious Xid number for a recoverable condition would be.
+
+    ## Options
+    None.
     """
 
     code, name, severity = "TG571", "device-fault", "error"
@@ -172,15 +184,28 @@ class DeviceFault(Rule):
 def noted_finding(events: list[dict[str, Any]], timeline: DeviceTimeline) -> Finding:
     """TG572 device-event-noted: the GPU or the kernel reported something no symptom of the run came with.
 
-    What it detects: `device` events that are not faults (a thermal or power-brake slowdown, corrected ECC
+    ## What it detects
+    `device` events that are not faults (a thermal or power-brake slowdown, corrected ECC
     errors, a pending row remap, a hung task, the OOM killer) and that no NaN, spike, stall or slow-step
     finding was attributed to, by the end of the run.
-    Why it matters: nothing went wrong that trainguard saw, but the node is telling something: a GPU that
+
+    ## Why it matters
+    Nothing went wrong that trainguard saw, but the node is telling something: a GPU that
     throttles is slower than its peers; a pending remap needs a reset.
-    Example: `TG572 device-event-noted [info]: 2 device events with no symptom: GPU 0 slowed its clocks:
+
+    ## Example
+    `TG572 device-event-noted [info]: 2 device events with no symptom: GPU 0 slowed its clocks:
     hw-thermal-slowdown (SM 1410 MHz, 87 C, 700 W)`.
-    What to change: nothing for this run; tell whoever keeps the node (cooling, power, a reset at the next
+
+    ## What to change
+    Nothing for this run; tell whoever keeps the node (cooling, power, a reset at the next
     maintenance).
+
+    ## Known false positives
+    None known.
+
+    ## Options
+    None.
     """
     first = events[0]
     return Finding.of(
