@@ -112,6 +112,7 @@ def main() -> int:
             if sampler is not None:
                 sampler.stop()
             writer.close()
+            if sampler is not None:
                 results[label] = {"step_ms": round(ms, 3), "samples": sampler.samples, "events": sampler.events,
                                   "sampler_cpu_s": round(sampler.cpu_s, 4)}
             else:
