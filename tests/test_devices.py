@@ -90,12 +90,15 @@ def _record_run(run_dir: Path, *, xid_on: int | None, nan_on: int | None, thrott
     pcis = {0: "0000:17:00", 1: "0000:3b:00"}
     run_dir.mkdir(parents=True, exist_ok=True)
     writers = {r: StoreWriter(run_dir, rank=r) for r in (0, 1)}
-    samplers = {r: DeviceSampler(writers[r], rank=r, local_rank=r, log=_Log().write) for r in (0, 1)}
+    now = {"step": 0}
+    samplers = {r: DeviceSampler(writers[r], rank=r, local_rank=r, log=_Log().write, step_of=lambda: now["step"])
+                for r in (0, 1)}
     for r, w in writers.items():
         w.set_rank_info({"rank": r, "local_rank": 0, "node": r, "host": f"node{r}", "world_size": 2,
                          "local_world_size": 1, "pid": 100 + r})
     for s in range(1, 61):
         t = T0 + s
+        now["step"] = s - 1
         for rank, w in writers.items():
             if xid_on == rank and s == 38:
                 # the kernel log is followed by local rank 0 on a node; here each rank is its own node
@@ -169,4 +172,8 @@ def test_report_timeline_shows_device_events(tmp_path: Path) -> None:
     _record_run(tmp_path, xid_on=1, nan_on=1)
     rows = build_timeline(load_run(tmp_path))
     device = [r for r in rows if r.kind == "device"]
-    assert device and "Xid 79" in device[0].what and device[0].severity == "error"
+    assert device and "Xid 79" in device[0].what and device[0].severity == "error" and device[0].step == 37
+    from trainguard.report.plots import build_plots
+
+    loss = next(p for p in build_plots(load_run(tmp_path)) if p.key == "loss")
+    assert [m.label for m in loss.marks if m.kind == "device"] == ["Xid 79"]

@@ -78,13 +78,14 @@ def changes(prev: dict[str, Any] | None, cur: dict[str, Any]) -> list[dict[str, 
 
 class DeviceSampler:
     def __init__(self, writer: Any, *, rank: int, local_rank: int, log: Callable[[str], None],
-                 every: float = SAMPLE_EVERY, gpu: Any = None) -> None:
+                 every: float = SAMPLE_EVERY, gpu: Any = None, step_of: Callable[[], int] | None = None) -> None:
         self.writer = writer
         self.rank = rank
         self.local_rank = local_rank
         self.log = log
         self.every = every
         self.gpu = gpu  # a devices.nvml.Gpu, found once this process initialised CUDA (or given: the check)
+        self.step_of = step_of  # the optimizer step the run is at (the probe's count: a read, no lock)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._recent: dict[tuple[Any, Any], float] = {}
@@ -185,7 +186,13 @@ class DeviceSampler:
             if self.gpu is not None and data.get("pci") == self.gpu.pci and data.get("gpu") is None:
                 data = {**data, "gpu": self.gpu.index}
             self.events += 1
-        self.writer.add_event(EVENT_DEVICE, str(data.get("what") or "device"), data, t=now)
+        step = None
+        if self.step_of is not None:
+            try:
+                step = self.step_of()
+            except Exception:
+                step = None
+        self.writer.add_event(EVENT_DEVICE, str(data.get("what") or "device"), data, t=now, step=step)
 
 
 def _cuda_started() -> bool:

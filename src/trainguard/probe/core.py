@@ -208,7 +208,7 @@ class Probe(StepRecorder):
             if not sampler.enabled():
                 return None
             return sampler.DeviceSampler(self._writer, rank=self.rank, local_rank=self.place["local_rank"],
-                                         log=self._selflog.write).start()
+                                         log=self._selflog.write, step_of=lambda: self.step_count).start()
         except Exception as exc:
             self.fail("device telemetry", exc)
             return None
@@ -233,8 +233,8 @@ class Probe(StepRecorder):
     def _at_exit(self) -> None:
         if os.getpid() != self._pid:
             return
-        if not self.finished:
-            self._settle_verifier(ckptverify.EXIT_WAIT)
+        # an exit without finish() lets the last verification end (bounded); a crash or Ctrl-C does not wait
+        self._settle_verifier(0.0 if self.crashed else ckptverify.EXIT_WAIT)
         self._stop_devices()
         try:
             if not self._disabled:
