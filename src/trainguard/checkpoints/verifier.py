@@ -46,20 +46,23 @@ class Verifier:
         self.log = log or (lambda text: None)
         self._pending: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_PENDING)
         self._wake = threading.Event()
+        self._lock = threading.Lock()
         self._idle = threading.Event()
         self._idle.set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._child: subprocess.Popen | None = None
         self._last_ok: dict[str, dict[str, Any]] = {}  # series -> the data of its last verified check
-        self._seen: dict[str, tuple[float, int]] = {}  # path -> (mtime, size) at its last verification
+        # path -> ((mtime, size), whether its step was checked) at its last verification
+        self._seen: dict[str, tuple[tuple[float, int], bool]] = {}
         self.results: list[dict[str, Any]] = []  # every verdict recorded (bounded), newest last
 
     def submit(self, path: str | os.PathLike[str], at_step: int | None, *, rank: int = 0, reported: bool = True,
                step_checked: bool = True) -> None:
-        self._idle.clear()
-        self._pending.append({"path": str(path), "at_step": at_step, "rank": rank, "reported": reported,
-                              "step_checked": step_checked, "t": time.time()})
+        with self._lock:  # (with the thread's "nothing left": a request never slips between the two)
+            self._idle.clear()
+            self._pending.append({"path": str(path), "at_step": at_step, "rank": rank, "reported": reported,
+                                  "step_checked": step_checked, "t": time.time()})
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="trainguard-ckpt-verify", daemon=True)
             self._thread.start()
@@ -91,16 +94,18 @@ class Verifier:
                 except Exception as exc:
                     # Why not die: a dead verifier thread would leave every later checkpoint unverified in silence.
                     self.log(f"checkpoint verification failed for {request['path']}: {exc!r}")
-            if not self._pending:
-                self._idle.set()
+            with self._lock:
+                if not self._pending:
+                    self._idle.set()
 
     def _verify(self, request: dict[str, Any]) -> None:
         path = request["path"]
         stamp = _stamp(path)
         if stamp is None:
             return  # gone already (a rotation deleted it): nothing a restart could use
-        if self._seen.get(path) == stamp:
-            return  # not rewritten since it was verified: the same checkpoint reported again
+        seen = self._seen.get(path)
+        if seen is not None and seen[0] == stamp and (seen[1] or not request["step_checked"]):
+            return  # not rewritten since it was verified (as thoroughly): the same checkpoint reported again
         while True:  # a file still growing is being written: read it once it stands still
             time.sleep(STABLE_WAIT if request["reported"] is False else 0.0)
             again = _stamp(path)
@@ -123,7 +128,7 @@ class Verifier:
         if status == "verified":
             self._last_ok[key] = {"path": path, "at_step": request["at_step"], "fingerprint": data.get("fingerprint"),
                                   "t": time.time()}
-        self._seen[path] = stamp
+        self._seen[path] = (stamp, bool(request["step_checked"]))
         self.results = [*self.results[-63:], data]
         self.record(path, request["at_step"], data)
 

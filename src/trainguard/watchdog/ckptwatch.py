@@ -18,12 +18,16 @@ import importlib.util
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from trainguard.contract import ENV_VERIFY, EVENT_CHECKPOINT, EVENT_CHECKPOINT_CHECK
 
 SETTLE_WAIT = 120.0  # seconds a restart or the run's end waits for verifications in flight
+# seconds between two verifications of files nobody reported (a run that writes many .pt files, a feature
+# cache, must not keep a verifier busy): the newest waiting one is verified when the time comes, or at the end
+UNREPORTED_EVERY = 30.0
 WATCHDOG_RANK = -1
 # what a file the run wrote must look like to be verified without being reported
 _CKPT_SUFFIX = (".pt", ".pth", ".ckpt", ".safetensors", ".bin")
@@ -39,7 +43,8 @@ class CheckpointWatch:
         self.event_id = 0
         self.verifier: Any = None
         self.writer: Any = None
-        self._submitted_folders: set[str] = set()
+        self._waiting: tuple[str, Any] | None = None  # the newest unreported candidate, and the step then
+        self._last_unreported = 0.0
 
     def poll(self, state: Any) -> list[Any]:
         new = state.reader.events(EVENT_CHECKPOINT, since_id=self.event_id)
@@ -53,7 +58,8 @@ class CheckpointWatch:
         for path in state.scratch.get("closed_files") or []:
             target = _candidate(path)
             if target is not None:
-                self._submit(state, target, state.step, rank=WATCHDOG_RANK, reported=False)
+                self._waiting = (target, state.step)
+        self._unreported(state, force=False)
         if self.writer is not None:
             self.writer.flush()
         return []
@@ -64,8 +70,16 @@ class CheckpointWatch:
         if self.writer is not None:
             self.writer.flush()
 
+    def _unreported(self, state: Any, force: bool) -> None:
+        now = time.time()
+        if self._waiting is not None and (force or now - self._last_unreported >= UNREPORTED_EVERY):
+            target, step = self._waiting
+            self._waiting, self._last_unreported = None, now
+            self._submit(state, target, step, rank=WATCHDOG_RANK, reported=False)
+
     def finish(self, state: Any) -> list[Any]:
         self.poll(state)
+        self._unreported(state, force=True)
         self.settle()
         if self.verifier is not None:
             self.verifier.stop()
