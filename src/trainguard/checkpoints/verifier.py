@@ -118,9 +118,14 @@ class Verifier:
             self._pending.append({**request, "tries": request.get("tries", 0) + 1})
             return
         key = series(path)
-        previous = self._last_ok.get(key)
+        # a file nobody reported may be anything the run saves (a cache, a vocabulary): only whether it loads
+        # and holds finite values is judged, never its step or whether it changed
+        previous = self._last_ok.get(key) if request["reported"] else None
         status, why = verdict(facts, at_step=request["at_step"], previous=previous, learning=self.learning,
                               step_checked=request["step_checked"]) if facts is not None else ("unverified", how)
+        self._seen[path] = (stamp, bool(request["step_checked"]))
+        if status == "unverified" and not request["reported"]:
+            return  # a file nobody called a checkpoint, in a format trainguard does not read: not one to tell of
         data = {**(facts or {"path": path}), "path": path, "at_step": request["at_step"], "rank": request["rank"],
                 "reported": request["reported"], "status": status, "why": why, "bytes": stamp[1],
                 "previous": previous.get("path") if previous else None,
@@ -128,7 +133,6 @@ class Verifier:
         if status == "verified":
             self._last_ok[key] = {"path": path, "at_step": request["at_step"], "fingerprint": data.get("fingerprint"),
                                   "t": time.time()}
-        self._seen[path] = (stamp, bool(request["step_checked"]))
         self.results = [*self.results[-63:], data]
         self.record(path, request["at_step"], data)
 
