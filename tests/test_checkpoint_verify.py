@@ -117,6 +117,17 @@ def test_pytorch_model_bin_folder(tmp_path: Path) -> None:
     assert verdict(facts, at_step=5, previous=None)[0] == "poisoned"
 
 
+def test_inf_masks_are_by_design_nan_never(tmp_path: Path) -> None:
+    sd = _state()
+    sd["attn.mask"] = torch.full((4, 4), float("-inf")).triu(1)
+    torch.save(sd, tmp_path / "ck.pt")
+    facts = read_checkpoint(tmp_path / "ck.pt")
+    assert facts["nonfinite_tensors"] == 1 and verdict(facts, at_step=1, previous=None)[0] == "verified"
+    sd["attn.mask"][3, 0] = float("nan")
+    torch.save(sd, tmp_path / "ck.pt")
+    assert verdict(read_checkpoint(tmp_path / "ck.pt"), at_step=1, previous=None)[0] == "poisoned"
+
+
 def test_judge_step_and_unchanged_rules() -> None:
     facts = {"path": "/r/ck-200.pt", "tensors": 3, "elements": 10, "fingerprint": "f", "claimed_step": 100,
              "claimed_from": "step"}

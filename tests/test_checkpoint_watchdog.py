@@ -35,7 +35,7 @@ REPORTED = textwrap.dedent('''
     # a save nobody reports, slow enough for the watchdog to see it written: poisoned too
     buf = io.BytesIO()
     sd = {k: v.clone() for k, v in model.state_dict().items()}
-    sd["bias"][0] = float("inf")
+    sd["bias"][0] = float("nan")
     torch.save({"model": sd, "step": 30}, buf)
     data = buf.getvalue()
     with open("unreported/last.pt", "wb") as fh:

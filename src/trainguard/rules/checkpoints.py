@@ -81,8 +81,8 @@ class CheckpointPoisoned(_CheckpointRule):
     cause fixed (lower LR, clipping, a loss scale, the bad batch skipped).
 
     ## Known false positives
-    A tensor that holds Inf on purpose (an attention mask of -inf saved as a
-    buffer) is non-finite by design; save it as a bool mask.
+    A tensor that holds Inf on purpose is non-finite by design: Inf without NaN in a tensor whose name
+    says "mask" is left out (a causal mask filled with -inf); elsewhere, save such a tensor as a bool mask.
 
     ## Options
     None.
