@@ -120,8 +120,7 @@ def _evidence(e: dict[str, Any], t: float, rank: int | None) -> dict[str, Any]:
 
 
 class DeviceFault(Rule):
-    """TG571 device-fault: the GPU reported a fault of the hardware (an Xid of the serious kinds, an
-    uncorrectable ECC error, a row remap that failed).
+    """TG571 device-fault: the GPU reported a hardware fault (a serious Xid, uncorrectable ECC, a failed row remap).
 
     ## What it detects
     A `device` event marked serious: an Xid the driver raises for the device or its memory
