@@ -60,6 +60,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             _read_folder(p, facts, digest)
         elif p.is_file():
             _read_file(p, facts, digest)
+        elif p.exists():
+            raise Unverifiable(f"{p} is not a regular file or a folder")
         else:
             raise FileNotFoundError(f"no such file or folder: {p}")
     except Unverifiable as exc:

@@ -194,6 +194,8 @@ def _stamp(path: str) -> tuple[float, int] | None:
         if p.is_dir():
             files = [f.stat() for f in p.iterdir() if f.is_file()]
             return (max((s.st_mtime for s in files), default=0.0), sum(s.st_size for s in files))
+        if not p.is_file():
+            return None  # a FIFO, a device, a socket: nothing to read (a FIFO's open would block)
         st = p.stat()
         return (st.st_mtime, st.st_size)
     except OSError:
