@@ -83,7 +83,8 @@ class _Log:
         self.lines.append(text)
 
 
-def _record_run(run_dir: Path, *, xid_on: int | None, nan_on: int | None, throttle_on: int | None = None) -> None:
+def _record_run(run_dir: Path, *, xid_on: int | None, nan_on: int | None, throttle_on: int | None = None,
+                xid_gpu_of: int | None = None) -> None:
     """Two ranks (GPUs 0000:17:00 and 0000:3b:00), 60 steps a second apart, committed as the probes commit
     (each rank's writer flushed as the run goes); telemetry written through the probe's sampler (its `_event`
     path and its sample rows); a planted Xid 79 2 s before step 40, or a throttle at step 10."""
@@ -102,7 +103,7 @@ def _record_run(run_dir: Path, *, xid_on: int | None, nan_on: int | None, thrott
         for rank, w in writers.items():
             if xid_on == rank and s == 38:
                 # the kernel log is followed by local rank 0 on a node; here each rank is its own node
-                event = parse_line(XID79.replace("0000:3b:00", pcis[rank]))
+                event = parse_line(XID79.replace("0000:3b:00", pcis[rank if xid_gpu_of is None else xid_gpu_of]))
                 assert event is not None
                 samplers[rank]._event(event)
                 w._events[-1] = (t, *w._events[-1][1:])  # stamped when seen: at this recorded moment
@@ -113,7 +114,7 @@ def _record_run(run_dir: Path, *, xid_on: int | None, nan_on: int | None, thrott
             loss = float("nan") if nan_on == rank and s >= 40 else 2.0 - s * 0.01
             w.add_step({"step": s, "t": t, "loss": loss, "lr": 1e-3, "grad_norm": 1.0, "step_time": 1.0})
             if s % 5 == 0:
-                w.add_event(EVENT_DEVICE_SAMPLE, "gpu", _sample(pcis[rank], rank), t=t)
+                w.add_event(EVENT_DEVICE_SAMPLE, "gpu", {**_sample(pcis[rank], rank), "host": samplers[rank].host}, t=t)
             w.flush()
     for w in writers.values():
         w.close()
@@ -133,6 +134,13 @@ def test_nan_after_an_xid_on_the_same_rank_names_it(tmp_path: Path) -> None:
     fault = found["device-fault"]
     assert fault.severity == "error" and "Xid 79" in fault.summary and "Drain the node" in fault.fix
     assert "device-event-noted" not in found
+
+
+def test_a_kernel_log_xid_recorded_by_local_rank_0_is_put_on_the_rank_of_its_gpu(tmp_path: Path) -> None:
+    # local rank 0 follows the node's kernel log: the Xid names rank 1's GPU by its PCI bus id
+    _record_run(tmp_path, xid_on=0, nan_on=1, xid_gpu_of=1)
+    nan = _findings(tmp_path)["nonfinite-loss"]
+    assert "came 2.0 s after Xid 79 (GPU has fallen off the bus) on GPU 0000:3b:00 of rank 1" in nan.summary
 
 
 def test_nan_without_device_events_points_at_the_code(tmp_path: Path) -> None:

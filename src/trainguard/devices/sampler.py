@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import select
 import sys
 import threading
@@ -94,6 +95,9 @@ class DeviceSampler:
         self.samples = 0
         self.cpu_s = 0.0  # CPU seconds this process's telemetry threads spent (for the cost report)
         self.last: dict[str, Any] | None = None
+        # PCI bus ids repeat from node to node: samples and events name their host, so a kernel-log Xid of
+        # one node is never put on a rank of another (rules/devices.py)
+        self.host = platform.node()
 
     def start(self) -> DeviceSampler:
         self._spawn(self._sample_loop, "trainguard-devices")
@@ -144,7 +148,7 @@ class DeviceSampler:
                 self._spawn(lambda: self._kernel_loop(klog), "trainguard-kmsg")
         prev = None
         while True:
-            cur = self.gpu.sample()
+            cur = {**self.gpu.sample(), "host": self.host}
             self.writer.add_event(EVENT_DEVICE_SAMPLE, "gpu", cur)
             self.samples += 1
             self.last = cur
@@ -185,6 +189,7 @@ class DeviceSampler:
                 self._recent[key] = now
             if self.gpu is not None and data.get("pci") == self.gpu.pci and data.get("gpu") is None:
                 data = {**data, "gpu": self.gpu.index}
+            data = {**data, "host": self.host}
             self.events += 1
         step = None
         if self.step_of is not None:

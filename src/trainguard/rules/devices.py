@@ -41,7 +41,7 @@ class DeviceTimeline:
 
     def __init__(self) -> None:
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=KEEP)
-        self.pci_rank: dict[str, int] = {}  # a GPU's PCI bus id -> the rank whose samples name it
+        self.pci_rank: dict[tuple[Any, str], int] = {}  # (host, PCI bus id) -> the rank whose samples name it
         self.telemetry = False  # a device sample was seen: the absence of events means something
         self.attributed: set[int] = set()  # ids of the device events a symptom named
 
@@ -53,16 +53,17 @@ class DeviceTimeline:
             self.telemetry = True
             rank = event.get("rank")
             if isinstance(data.get("pci"), str) and isinstance(rank, int) and rank >= 0:
-                self.pci_rank[data["pci"]] = rank
+                self.pci_rank[(data.get("host"), data["pci"])] = rank
         elif kind == EVENT_DEVICE and isinstance(event.get("t"), (int, float)):
             self.telemetry = True
             self.events.append(event)
 
     def rank_of(self, event: dict[str, Any]) -> int | None:
         """The rank a device event concerns: the one training on its GPU, else the rank that recorded it."""
-        pci = (event.get("data") or {}).get("pci")
-        if isinstance(pci, str) and pci in self.pci_rank:
-            return self.pci_rank[pci]
+        data = event.get("data") or {}
+        key = (data.get("host"), data.get("pci"))
+        if key in self.pci_rank:
+            return self.pci_rank[key]
         rank = event.get("rank")
         return rank if isinstance(rank, int) and rank >= 0 else None
 
