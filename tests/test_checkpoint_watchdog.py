@@ -94,3 +94,30 @@ def test_restart_resumes_from_the_newest_verified_checkpoint(workdir: Path) -> N
     assert len(attempts) == 2, r.stderr
     assert attempts[1]["resume_from"] == str((workdir / "ck-10.pt").resolve()), r.stderr
     assert "skipped newer checkpoint(s) that failed verification" in r.stderr and "ck-20.pt (poisoned)" in r.stderr
+
+
+STALL_AFTER_XID = textwrap.dedent('''
+    import threading, time, trainguard
+    from trainguard.devices.kmsg import parse_line
+    from trainguard.devices.sampler import DeviceSampler
+    guard = trainguard.watch()
+    # the telemetry as the probe's sampler records it on a GPU (its sample rows and its `_event` path)
+    sampler = DeviceSampler(guard._writer, rank=0, local_rank=0, log=print, step_of=lambda: guard.step_count)
+    for step in range(1, 11):
+        guard.step(1.0)
+        time.sleep(0.05)
+    guard._writer.add_event("device-sample", "gpu", {"gpu": 0, "pci": "0000:3b:00", "host": sampler.host})
+    sampler._event(parse_line("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."))
+    threading.Event().wait()  # what a process does when its GPU is gone: waits for it forever
+''')
+
+
+def test_a_stall_after_an_xid_names_it(workdir: Path) -> None:
+    (workdir / "train.py").write_text(STALL_AFTER_XID)
+    r = run_trainguard("run", "--quiet", "--run-dir", "run", "--stall-timeout", "3", "--hang-limit", "6", "--",
+                       sys.executable, "train.py", cwd=workdir, timeout=180)
+    status = json.loads((workdir / "run" / "status.json").read_text())
+    stalls = [f for f in status["findings"] if f["name"] in ("run-stalled", "run-hung")]
+    assert stalls, r.stderr
+    assert any("Xid 79 (GPU has fallen off the bus)" in f["summary"] for f in stalls), [f["summary"] for f in stalls]
+    assert any(f["name"] == "device-fault" for f in status["findings"]), r.stderr
