@@ -108,10 +108,12 @@ def annotate(f: Finding, timeline: DeviceTimeline, t: float | None, after: float
 def _sentence(e: dict[str, Any], t: float, rank: int | None) -> str:
     d = e["data"]
     gap = t - e["t"]
-    when = f"came {gap:.1f} s after" if gap >= 0 else f"came {-gap:.1f} s before"
     what = d.get("text") or d.get("what")
     where = "" if rank is None else f" of rank {rank}"
-    return f"{when} {what}{where}"
+    if gap >= 0:
+        return f"came {gap:.1f} s after {what}{where}"
+    # a stall is dated by its last progress: the event that froze it comes after that moment
+    return f"{what}{where} came {-gap:.1f} s after it began"
 
 
 def _evidence(e: dict[str, Any], t: float, rank: int | None) -> dict[str, Any]:
