@@ -181,6 +181,7 @@ class Probe(StepRecorder):
     def retire(self) -> None:
         """The automatic probe steps aside for the script's own guard: its hooks come off, it stops recording."""
         self._hooks.remove_optimizer_hooks()
+        self._stop_devices()  # the script's guard samples the GPU from now on
         self._writer.add_event(EVENT_PROBE, "auto-retired", {"steps": self.step_count})
         self._writer.flush()
         self._disabled = True
