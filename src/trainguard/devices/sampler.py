@@ -104,11 +104,13 @@ class DeviceSampler:
         return self
 
     def stop(self, timeout: float = 2.0) -> None:
+        """Ends the threads (each within a second: their waits are bounded), waiting at most `timeout` each."""
         self._stop.set()
         for t in self._threads:
-            t.join(timeout)
-        if self.gpu is not None:
-            self.gpu.close()
+            if timeout > 0:
+                t.join(timeout)
+        if self.gpu is not None and not any(t.is_alive() for t in self._threads):
+            self.gpu.close()  # (left open while a thread may still read it: NVML's own teardown at exit)
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         t = threading.Thread(target=self._guarded(target, name), name=name, daemon=True)

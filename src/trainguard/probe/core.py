@@ -181,7 +181,7 @@ class Probe(StepRecorder):
     def retire(self) -> None:
         """The automatic probe steps aside for the script's own guard: its hooks come off, it stops recording."""
         self._hooks.remove_optimizer_hooks()
-        self._stop_devices()  # the script's guard samples the GPU from now on
+        self._stop_devices(wait=0.0)  # the script's guard samples the GPU from now on (its threads end alone)
         self._writer.add_event(EVENT_PROBE, "auto-retired", {"steps": self.step_count})
         self._writer.flush()
         self._disabled = True
@@ -214,11 +214,11 @@ class Probe(StepRecorder):
             self.fail("device telemetry", exc)
             return None
 
-    def _stop_devices(self) -> None:
+    def _stop_devices(self, wait: float = 2.0) -> None:
         devices, self._devices = getattr(self, "_devices", None), None
         if devices is not None:
             try:
-                devices.stop()
+                devices.stop(timeout=wait)
             except Exception as exc:
                 self.fail("device telemetry", exc)
 
