@@ -116,6 +116,8 @@ SCHED_HORIZON = Data("sched_horizon", "the schedule's length (total_steps in wat
                                       "and step count are readable)", "sched_epoch")
 PROBE = Data("probe", "the probe", "optimizer wiring (probe only)")
 STEPS = Data("steps", "probe steps")
+CHECKPOINT_CHECKS = Data("checkpoint_checks", "checkpoint verifications (of the checkpoints the run reported)")
+DEVICE = Data("device", "device telemetry (nvidia-ml-py, a GPU)")
 RANKS = Data("ranks", "more than one rank")
 NODES = Data("nodes", "more than one node (torchrun --nnodes)")
 # -- ... and what only the watchdog or preflight knows

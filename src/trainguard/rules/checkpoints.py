@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.contract import EVENT_CHECKPOINT_CHECK
-from trainguard.findings import CHECKPOINTS, Finding
+from trainguard.findings import CHECKPOINT_CHECKS, Finding
 from trainguard.rules.rule import Rule
 
 
@@ -20,7 +20,7 @@ class _CheckpointRule(Rule):
 
     status_name = ""
     severity = "error"
-    needs = (CHECKPOINTS,)
+    needs = (CHECKPOINT_CHECKS,)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)

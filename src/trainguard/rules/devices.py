@@ -17,7 +17,7 @@ import collections
 from typing import Any
 
 from trainguard.contract import EVENT_CHECKPOINT_CHECK, EVENT_DEVICE, EVENT_DEVICE_SAMPLE
-from trainguard.findings import Code, Data, Finding
+from trainguard.findings import DEVICE, Code, Finding
 from trainguard.rules.contracts import ReplicasDiverged
 from trainguard.rules.numerics import GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
 from trainguard.rules.process import ThroughputDrop
@@ -25,7 +25,6 @@ from trainguard.rules.progress import LossDiverging, LossSpike
 from trainguard.rules.ranks import NonfiniteOnOneRank, RankStopped, StragglerRank
 from trainguard.rules.rule import Rule
 
-DEVICE = Data("device", "device telemetry (nvidia-ml-py, a GPU)")
 WINDOW_BEFORE = 120.0  # seconds before a symptom in which a device event is named as its likely cause
 WINDOW_AFTER = 5.0  # ... and after it (a step's row is stamped when it closes; the event may be logged later)
 KEEP = 512  # device events kept for attribution (the newest)
