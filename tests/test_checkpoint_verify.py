@@ -165,6 +165,27 @@ def test_verifier_child_records_verdicts_and_costs(tmp_path: Path) -> None:
     assert f.evidence["nonfinite"][0]["tensor"] == "model.0.weight" and f.evidence["nonfinite_elements"] == 3
 
 
+def test_a_fixed_path_rewritten_after_its_report_is_judged_by_the_later_report(tmp_path: Path) -> None:
+    # ckpt.pt saved every few steps: by the time the verifier reads the first report's file, it holds a
+    # later step's weights; judging those by the first report (and then calling the later one "unchanged")
+    # was a false error on a healthy run (the zoo's quiet_mlp_classifier)
+    path = tmp_path / "ckpt.pt"
+    torch.save(_state(0), path)
+    first_report = time.time()
+    time.sleep(2.5)
+    torch.save(_state(1), path)  # rewritten before the verifier got to the first report
+    got: list[dict] = []
+    v = Verifier(lambda p, step, data: got.append(data))
+    v.submit(path, 50, t=first_report)
+    v.submit(path, 100)
+    assert v.settle(120)
+    torch.save(_state(2), path)
+    v.submit(path, 150)
+    assert v.settle(120)
+    v.stop()
+    assert [(d["at_step"], d["status"]) for d in got] == [(100, "verified"), (150, "verified")]
+
+
 def test_verifier_bounds_memory_and_fails_open(tmp_path: Path) -> None:
     torch.save({"model": _state(), "step": 1}, tmp_path / "ck.pt")
     got: list[dict] = []

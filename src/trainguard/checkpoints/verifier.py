@@ -32,6 +32,7 @@ MAX_ANON_MB = 4096  # anonymous memory of the child; the checkpoint's own pages 
 POLL = 0.2
 MAX_PENDING = 4  # requests kept while one runs (the oldest go first)
 STABLE_WAIT = 0.5  # a file whose size still changes is read again after this
+REWRITTEN_SLACK = 2.0  # seconds a file's mtime may pass its report's time (clocks, a close after the report)
 
 
 class Verifier:
@@ -58,11 +59,12 @@ class Verifier:
         self.results: list[dict[str, Any]] = []  # every verdict recorded (bounded), newest last
 
     def submit(self, path: str | os.PathLike[str], at_step: int | None, *, rank: int = 0, reported: bool = True,
-               step_checked: bool = True) -> None:
+               step_checked: bool = True, t: float | None = None) -> None:
+        """`t`: when the checkpoint was reported (default now): a file rewritten since belongs to a later report."""
         with self._lock:  # (with the thread's "nothing left": a request never slips between the two)
             self._idle.clear()
             self._pending.append({"path": str(path), "at_step": at_step, "rank": rank, "reported": reported,
-                                  "step_checked": step_checked, "t": time.time()})
+                                  "step_checked": step_checked, "t": t if t is not None else time.time()})
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="trainguard-ckpt-verify", daemon=True)
             self._thread.start()
@@ -103,6 +105,10 @@ class Verifier:
         stamp = _stamp(path)
         if stamp is None:
             return  # gone already (a rotation deleted it): nothing a restart could use
+        if request["reported"] and stamp[0] > request["t"] + REWRITTEN_SLACK:
+            # rewritten since it was reported (a fixed path saved again, last.pt): what it holds now is a later
+            # step's, whose own report follows; judging it by this report's step would be wrong
+            return
         seen = self._seen.get(path)
         if seen is not None and seen[0] == stamp and (seen[1] or not request["step_checked"]):
             return  # not rewritten since it was verified (as thoroughly): the same checkpoint reported again
@@ -113,9 +119,12 @@ class Verifier:
                 break
             stamp = again
         facts, how = self._run_child(path)
-        if not request["reported"] and _stamp(path) != stamp and request.get("tries", 0) < 2:
-            # a file nobody reported changed while it was read (the save was not over): read it again later
-            self._pending.append({**request, "tries": request.get("tries", 0) + 1})
+        if _stamp(path) != stamp:
+            if not request["reported"] and request.get("tries", 0) < 2:
+                # a file nobody reported changed while it was read (the save was not over): read it again later
+                self._pending.append({**request, "tries": request.get("tries", 0) + 1})
+            # a reported one was rewritten while it was read: what was read is not this report's (a later
+            # report of it follows)
             return
         key = series(path)
         # a file nobody reported may be anything the run saves (a cache, a vocabulary): only whether it loads

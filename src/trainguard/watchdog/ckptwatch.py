@@ -54,7 +54,8 @@ class CheckpointWatch:
             data = ev["data"] if isinstance(ev.get("data"), dict) else {}
             path = data.get("path") or ev.get("name")
             if path:
-                self._submit(state, str(path), ev.get("step"), rank=ev.get("rank") or 0, pid=ev.get("pid"))
+                self._submit(state, str(path), ev.get("step"), rank=ev.get("rank") or 0, pid=ev.get("pid"),
+                             t=ev.get("t"))
         for path in state.scratch.get("closed_files") or []:
             target = _candidate(path)
             if target is not None:
@@ -86,7 +87,7 @@ class CheckpointWatch:
         return []
 
     def _submit(self, state: Any, path: str, step: Any, *, rank: int, reported: bool = True,
-                pid: Any = None) -> None:
+                pid: Any = None, t: Any = None) -> None:
         if not enabled():
             return
         if self.verifier is None:
@@ -103,7 +104,7 @@ class CheckpointWatch:
             self.verifier = Verifier(record, learning=plan.get("learning") is not False,
                                      python=_interpreter(pid, state.pid))
         self.verifier.submit(path, step if isinstance(step, int) else None, rank=rank, reported=reported,
-                             step_checked=reported)
+                             step_checked=reported, t=t if isinstance(t, (int, float)) else None)
 
 
 def _candidate(path: str) -> str | None:
