@@ -100,7 +100,9 @@ LAYERS: list[list[str]] = [
     ["errors"],  # the one exception a user sees as a one-line message
     ["untrusted", "contract", "folderio", "exitcodes"],  # what crosses rooms; how untrusted text and run folders are read; the exit codes
     ["findings"],  # what a finding is, how a rule is declared, the data rules read
-    ["store"],  # the run folder: run.db, status.json, the guard's own log
+    # the run folder: run.db, status.json, the guard's own log; checkpoints read in a child process; what
+    # the GPUs and the kernel say (issue 37)
+    ["store", "checkpoints", "devices"],
     ["rules"],  # judgments over events: the health rules and their engine, crashes read from tracebacks
     ["ingest"],  # logs and metric files turned into the same events
     ["notify"],  # a finding told to a person (webhook, chat, e-mail, a command): the watchdog's feed and a probe alone

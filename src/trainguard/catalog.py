@@ -41,6 +41,7 @@ from trainguard.preflight.judge import (
 )
 from trainguard.preflight.schedule import SCHEDULE_ENDS_EARLY, SCHEDULE_ENDS_LATE
 from trainguard.rules.crash import RUN_CRASHED
+from trainguard.rules.devices import DEVICE_EVENT_NOTED
 from trainguard.rules.ending import PROBE_NOT_FINISHED, RUN_KILLED
 from trainguard.rules.health import HEALTH_RULES
 from trainguard.watchdog.joblimit import CUT_BY_SCHEDULER, PLAN_EXCEEDS_TIME_LIMIT
@@ -115,6 +116,8 @@ _DECLARED: list[Declared] = [
     # TG702-TG709: cross-rank health rules (issue 16, rules/ranks.py); TG711-TG719: hangs across ranks and
     # nodes (issue 16, the watchdog)
     *HEALTH_RULES,
+    # device events with no symptom (issue 37, rules/devices.py; TG571 device-fault is a health rule)
+    DEVICE_EVENT_NOTED,
     # a node of a multi-node job lost (issue 16, the watchdog)
     NODE_LOST,
     LEFTOVER_PROCESSES,

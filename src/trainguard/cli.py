@@ -256,9 +256,11 @@ def _write_report(run_dir: Path) -> tuple[Path, Path]:
 def _default_monitors() -> list:
     """Monitors every `trainguard run` gets. Each family that can watch a live run adds itself here."""
     from trainguard.rules.live import RulesMonitor
+    from trainguard.watchdog.ckptwatch import CheckpointWatch
     from trainguard.watchdog.liveoutput import OutputRulesMonitor, output_rules_enabled
 
-    return [RulesMonitor()] + ([OutputRulesMonitor()] if output_rules_enabled() else [])
+    # the checkpoint verification first: the verdicts it records are read by the rules in the same poll
+    return [CheckpointWatch(), RulesMonitor()] + ([OutputRulesMonitor()] if output_rules_enabled() else [])
 
 
 @main.command(cls=_WrapsCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

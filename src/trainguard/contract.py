@@ -46,6 +46,8 @@ ENV_OUTPUT_RULES = "TRAINGUARD_OUTPUT_RULES"  # "0": the printed-output rules ar
 # (a time limit, a preemption): `guard.stop_requested` turns true, so the script can save and stop.
 STOP_REQUESTED_FILE = "stop-requested"
 ENV_DEBUG = "TRAINGUARD_DEBUG"  # set: an internal error shows its traceback
+ENV_VERIFY = "TRAINGUARD_VERIFY"  # "0": checkpoints are not verified (checkpoints/verifier.py)
+ENV_DEVICES = "TRAINGUARD_DEVICES"  # "0": no device telemetry (NVML, the kernel log: devices/sampler.py)
 
 # -- environment: who a process is in a distributed job, as its launcher says (read, never set) --------
 # torchrun's names first, Slurm's as the fallback (srun starting one process per rank itself); store/ranks.py
@@ -72,16 +74,26 @@ EVENT_CONTRACT = "contract"  # an API-contract observation (probe/contracts.py),
 EVENT_PREFLIGHT = "preflight"  # what the fast-forward did (preflight only)
 EVENT_OUTPUT = "output"  # printed-output counts (the watchdog's live rules only; never stored)
 EVENT_PARAMS_NOT_IN_OPTIMIZER = "params-not-in-optimizer"  # trainable parameters no optimizer steps
+# a checkpoint verified (checkpoints/verifier.py), named by its path: data holds the verdict ("status":
+# verified | poisoned | unloadable | step-mismatch | unchanged | unverified), the facts and the costs
+EVENT_CHECKPOINT_CHECK = "checkpoint-check"
+# what a GPU or the kernel said (devices/): an Xid, ECC or row-remap counts that moved, a throttle that began,
+# a kernel-log line (OOM killer, hung task). Named by what it is ("xid", "ecc", "remap", "throttle",
+# "kernel"); data: gpu (index, pci bus id), the numbers, "serious" (a fault that needs the node drained)
+EVENT_DEVICE = "device"
+EVENT_DEVICE_SAMPLE = "device-sample"  # a GPU's clocks, temperature, power, memory every few seconds
 
 EVENT_KINDS = (
     EVENT_STEP, EVENT_PROBE, EVENT_RUN, EVENT_CRASH, EVENT_FINDING, EVENT_PHASE, EVENT_EVAL, EVENT_CHECKPOINT,
     EVENT_SAMPLE, EVENT_EXPERTS, EVENT_CONTRACT, EVENT_PREFLIGHT, EVENT_OUTPUT, EVENT_PARAMS_NOT_IN_OPTIMIZER,
+    EVENT_CHECKPOINT_CHECK, EVENT_DEVICE, EVENT_DEVICE_SAMPLE,
 )
 # Bookkeeping for the rules, kept in the store but never told as part of the run's story (the report's
 # timeline): what a rule observes (a parameter checksum every few steps, a contract check, parameters no
 # optimizer steps) becomes a finding when it means something; samples and counts are plotted or counted.
 INTERNAL_EVENT_KINDS = frozenset({
     EVENT_STEP, EVENT_SAMPLE, EVENT_EXPERTS, EVENT_CONTRACT, EVENT_OUTPUT, EVENT_PARAMS_NOT_IN_OPTIMIZER,
+    EVENT_DEVICE_SAMPLE,
 })
 
 # -- the heartbeat: one row per writing process, upserted at the flush after it changes ------------

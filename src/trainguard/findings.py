@@ -139,6 +139,8 @@ PROBE = Data("probe", "the probe", "optimizer wiring (probe only)")
 # the model handed to `watch(model, ...)`: the forward contracts (TG214...) hook it; the automatic probe has none
 MODEL = Data("model", "the model (watch(model, ...))")
 STEPS = Data("steps", "probe steps")
+CHECKPOINT_CHECKS = Data("checkpoint_checks", "checkpoint verifications (of the checkpoints the run reported)")
+DEVICE = Data("device", "device telemetry (nvidia-ml-py, a GPU)")
 RANKS = Data("ranks", "more than one rank")
 NODES = Data("nodes", "more than one node (torchrun --nnodes)")
 # -- ... and what only the watchdog or preflight knows

@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract import ENV_ATTEMPT, ENV_RUN_DIR, ENV_WATCHDOG, EVENT_PROBE
-from trainguard.probe import capturegate, collectives, contracts, crashhook, fastforward, stackdump, syncwait
+from trainguard.probe import (
+    capturegate,
+    ckptverify,
+    collectives,
+    contracts,
+    crashhook,
+    fastforward,
+    stackdump,
+    syncwait,
+)
 from trainguard.probe.alone import Alone, Watched
 from trainguard.probe.flusher import Flusher
 from trainguard.probe.opthooks import OptimizerHooks
@@ -85,6 +94,7 @@ class Probe(StepRecorder):
             self, writer=StoreWriter(folder, rank=rank, attempt=self.attempt), selflog=selflog, run_dir=folder,
             rank=rank, grad_accum=int(grad_accum), total_steps=total_steps, stats_every=max(1, int(stats_every)),
             optimizer=optimizer, scaler=scaler)
+        self._verifier: Any = None  # made at the first reported checkpoint (probe/ckptverify.py)
         self._due_last: dict[str, int] = {}  # (Guard.due's) due name -> the step it last answered True for
         # the ending is chosen once: the probe's own when no watchdog owns it (rank 0 only), else nothing
         alone = not self.under_watchdog and rank == 0
@@ -111,6 +121,7 @@ class Probe(StepRecorder):
         capturegate.install()
         self._flusher = Flusher(self, self._ending)
         self._flusher.start()
+        self._devices = self._start_devices()  # GPU telemetry off the training thread (devices/), fail-open
         crashhook.install(self)
         os.register_at_fork(after_in_child=self._after_fork_in_child)
         stackdump.install(self.run_dir)  # stacks on a signal, for the watchdog's hang diagnosis (fail-open)
@@ -128,6 +139,8 @@ class Probe(StepRecorder):
             return
         self.finished = True
         crashhook.forget(self)  # a later crash of another guard in this process is not this run's
+        self._settle_verifier(ckptverify.FINISH_WAIT)  # the last checkpoint's verdict, before the ending
+        self._stop_devices()
         self._sched.close()
         try:
             if not self._disabled:
@@ -173,6 +186,7 @@ class Probe(StepRecorder):
     def retire(self) -> None:
         """The automatic probe steps aside for the script's own guard: its hooks come off, it stops recording."""
         self._hooks.remove_optimizer_hooks()
+        self._stop_devices(wait=0.0)  # the script's guard samples the GPU from now on (its threads end alone)
         self._writer.add_event(EVENT_PROBE, "auto-retired", {"steps": self.step_count})
         self._writer.flush()
         self._disabled = True
@@ -185,9 +199,49 @@ class Probe(StepRecorder):
         # parent's SQLite connection: the guard goes quiet in the child.
         self._disabled = True
 
+    def _verify_checkpoint(self, path: Path) -> None:
+        """Hands a reported checkpoint to the verifier (a deque append; the work is a child process's)."""
+        if self._disabled or not ckptverify.enabled():
+            return
+        if self._verifier is None:
+            self._verifier = ckptverify.make(self._writer, self._selflog, self.learning)
+        self._verifier.submit(path, self.step_count, rank=self.rank)
+
+    def _start_devices(self) -> Any:
+        try:
+            from trainguard.devices import sampler
+
+            if not sampler.enabled():
+                return None
+            return sampler.DeviceSampler(self._writer, rank=self.rank, local_rank=self.place["local_rank"],
+                                         log=self._selflog.write, step_of=lambda: self.step_count).start()
+        except Exception as exc:
+            self.fail("device telemetry", exc)
+            return None
+
+    def _stop_devices(self, wait: float = 2.0) -> None:
+        devices, self._devices = getattr(self, "_devices", None), None
+        if devices is not None:
+            try:
+                devices.stop(timeout=wait)
+            except Exception as exc:
+                self.fail("device telemetry", exc)
+
+    def _settle_verifier(self, timeout: float) -> None:
+        if self._verifier is not None:
+            try:
+                if not self._verifier.settle(timeout):
+                    self._selflog.write(f"the last checkpoint's verification did not end within {timeout:.0f} s")
+                self._verifier.stop()
+            except Exception as exc:
+                self.fail("checkpoint verification", exc)
+
     def _at_exit(self) -> None:
         if os.getpid() != self._pid:
             return
+        # an exit without finish() lets the last verification end (bounded); a crash or Ctrl-C does not wait
+        self._settle_verifier(0.0 if self.crashed else ckptverify.EXIT_WAIT)
+        self._stop_devices()
         try:
             if not self._disabled:
                 self.emit_all()

@@ -164,6 +164,7 @@ class Guard(Probe):
             self._t_progress = time.time()
             self._writer.add_event(EVENT_CHECKPOINT, str(p), {"path": str(p.resolve()), "bytes": size},
                                    step=self.step_count)
+            self._verify_checkpoint(p.resolve())
         except Exception as exc:
             self.fail("checkpoint_saved", exc)
 

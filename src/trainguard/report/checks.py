@@ -11,9 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trainguard.contract import EVENT_CHECKPOINT_CHECK, EVENT_DEVICE_SAMPLE
 from trainguard.findings import (
+    CHECKPOINT_CHECKS,
     CHECKPOINTS,
     DATA_WAIT,
+    DEVICE,
     DEVICE_MEMORY,
     EVAL,
     EXPECTS,
@@ -63,6 +66,10 @@ def available(data: RunData) -> set[Data]:
         have.add(DEVICE_MEMORY)
     if data.events_of("checkpoint"):
         have.add(CHECKPOINTS)
+    if data.events_of(EVENT_CHECKPOINT_CHECK):
+        have.add(CHECKPOINT_CHECKS)
+    if data.events_of(EVENT_DEVICE_SAMPLE):
+        have.add(DEVICE)
     if data.events_of("experts"):
         have.add(EXPERTS)
     if (data.run_dir / "output.log").is_file():

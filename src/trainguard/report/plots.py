@@ -8,15 +8,18 @@ evaluation metrics, and any other scalar the script logged. Every plot carries t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
+from trainguard.contract import EVENT_DEVICE
 from trainguard.findings import Finding
 from trainguard.report.load import Column, RunData
 from trainguard.report.series import Series, downsample
 from trainguard.report.svg import SEVERITY_COLORS, Mark, Plot
 
 MEMORY_WORDS = ("mem", "rss", "vram", "allocated", "reserved")
+MAX_DEVICE_MARKS = 20  # device events drawn on the plots (all of them are in the timeline)
 ORDER = ("loss", "contributions", "weights", "lr", "grad", "throughput", "data_wait", "memory", "memory_samples",
          "eval", "logged")
 # ser(name, column, values=None): a column's curve by step, downsampled (None when nothing was recorded)
@@ -31,6 +34,25 @@ def finding_marks(findings: list[Finding]) -> list[Mark]:
         marks.append(Mark(step=float(f.step), label=f.code, kind="finding",
                           title=f"{f.code} {f.name} [{f.severity}] at step {f.step}: {f.summary}",
                           color=SEVERITY_COLORS.get(f.severity, "#6c757d")))
+    return marks
+
+
+def device_marks(events: list[dict[str, Any]]) -> list[Mark]:
+    """What the GPUs and the kernel said (devices/), at the step the run was at: beside the loss, a NaN that
+    follows an Xid reads as the hardware's. Faults in red, the rest grey; the first MAX_DEVICE_MARKS."""
+    marks = []
+    for e in events:
+        d = e.get("data") if isinstance(e.get("data"), dict) else None
+        if e.get("kind") != EVENT_DEVICE or d is None or not isinstance(e.get("step"), int):
+            continue
+        rank = e.get("rank")
+        who = f" (rank {rank})" if isinstance(rank, int) and rank >= 0 else ""
+        label = f"Xid {d['xid']}" if d.get("xid") is not None else str(d.get("what") or "device")
+        marks.append(Mark(step=float(e["step"]), label=label, kind="device",
+                          title=f"device at step {e['step']}{who}: {d.get('text') or label}",
+                          color="#d62728" if d.get("serious") else "#8c564b"))
+        if len(marks) >= MAX_DEVICE_MARKS:
+            break
     return marks
 
 
@@ -81,6 +103,7 @@ def build_plots(data: RunData) -> list[Plot]:
     plots += _eval_plots(data)
     drawn = [p for p in plots if p is not None and not p.empty]
     drawn.sort(key=lambda p: ORDER.index(p.key) if p.key in ORDER else len(ORDER))
+    marks += device_marks(data.events)
     marks += [Mark(step=float(step), label=f"restart {attempt}", kind="restart", color="#1f77b4",
                    title=f"attempt {attempt} resumed here, from step {step}") for attempt, step in data.restarts]
     for p in drawn:

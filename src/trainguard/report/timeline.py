@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.contract import INTERNAL_EVENT_KINDS
+from trainguard.contract import EVENT_CHECKPOINT_CHECK, EVENT_DEVICE, INTERNAL_EVENT_KINDS
 from trainguard.findings import Finding
 from trainguard.report.load import RunData
 from trainguard.store.ending import how_it_exited
@@ -77,6 +77,10 @@ def _event_row(e: dict[str, Any], ranks: int) -> Row | None:
     if kind == "checkpoint":
         size = f" ({d['bytes'] / 2**20:.1f} MiB)" if isinstance(d.get("bytes"), (int, float)) else ""
         return Row(e["t"], e["step"], attempt, "checkpoint", f"checkpoint saved: {name}{size}")
+    if kind == EVENT_CHECKPOINT_CHECK:
+        return _check_row(e, d, attempt)
+    if kind == EVENT_DEVICE:
+        return _device_row(e, d, attempt)
     if kind == "crash":
         return Row(e["t"], e["step"], attempt, "crash", f"exception {name}: {str(d.get('message', ''))[:200]}", "error")
     if kind == "probe":
@@ -89,6 +93,26 @@ def _event_row(e: dict[str, Any], ranks: int) -> Row | None:
     if d:
         text += ": " + ", ".join(f"{k}={_num(v)}" for k, v in list(d.items())[:6])
     return Row(e["t"], e["step"], attempt, kind, text[:300])
+
+
+def _check_row(e: dict[str, Any], d: dict[str, Any], attempt: int) -> Row:
+    """A checkpoint's verification (checkpoints/verifier.py): its verdict, what it found and what it cost."""
+    status = str(d.get("status") or "?")
+    head = {"verified": "checkpoint verified", "unverified": "checkpoint not verified"}.get(
+        status, f"checkpoint {status.upper()}")
+    cost = f"; {d['wall_s']:.1f} s" if isinstance(d.get("wall_s"), (int, float)) else ""
+    seen = "" if d.get("reported", True) else " (seen written, not reported)"
+    severity = "error" if status in ("poisoned", "unloadable", "step-mismatch", "unchanged") else ""
+    return Row(e["t"], e["step"], attempt, "checkpoint", f"{head}: {e['name']}{seen}: {str(d.get('why', ''))[:200]}{cost}",
+               severity)
+
+
+def _device_row(e: dict[str, Any], d: dict[str, Any], attempt: int) -> Row:
+    """What a GPU or the kernel said (devices/): an Xid, ECC, a throttle, a kernel-log line."""
+    rank = e.get("rank")
+    who = f" (rank {rank})" if isinstance(rank, int) and rank >= 0 else ""
+    return Row(e["t"], e["step"], attempt, "device", f"device{who}: {str(d.get('text') or e['name'])[:240]}",
+               "error" if d.get("serious") else "")
 
 
 def _finding_text(f: Finding) -> str:

@@ -29,16 +29,20 @@ ranks (`all_ranks = True`, rules/ranks.py) get every rank's stream once.
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Iterable
 from typing import Any
 
+from trainguard.contract import EVENT_DEVICE, EVENT_DEVICE_SAMPLE
 from trainguard.findings import Finding
+from trainguard.rules.devices import DeviceTimeline, annotate, noted_finding
 from trainguard.rules.health import HEALTH_RULES
 from trainguard.rules.rule import Rule
 
 LEAD_GRACE = 3  # steps rank 0 has past another rank's finding to find the same before that rank's is its own
 LEAD_ABSENT = 20  # steps the other ranks go on with no row of rank 0 before they are judged without it
+STEP_TIMES = 4096  # (rank, step) -> time kept, for the device attribution of a symptom's step
 
 
 class Engine:
@@ -55,6 +59,9 @@ class Engine:
         self._other_ranks: dict[int, _RankRules] = {}  # rank > 0 -> its own instances of the per-rank rules
         self._held: list[tuple[int, Finding]] = []  # other ranks' findings waiting for rank 0 to pass their step
         self._others_step: int | None = None  # the newest step of the other ranks (a node without rank 0 has no lead)
+        # device events beside the symptoms (rules/devices.py): what each symptom finding is told of
+        self.devices = DeviceTimeline()
+        self._step_t: collections.OrderedDict[tuple[Any, Any], float] = collections.OrderedDict()
 
     @property
     def rules(self) -> list[Rule]:
@@ -75,6 +82,12 @@ class Engine:
         """Feeds one event to every rule; returns the findings that are new."""
         kind = event.get("kind")
         rank = event.get("rank")
+        if kind == EVENT_DEVICE or kind == EVENT_DEVICE_SAMPLE:
+            self.devices.note(event)
+        elif kind == "step" and isinstance(event.get("t"), (int, float)):
+            self._step_t[(rank if isinstance(rank, int) and rank > 0 else 0, event.get("step"))] = event["t"]
+            if len(self._step_t) > STEP_TIMES:
+                self._step_t.popitem(last=False)
         if isinstance(rank, int) and rank > 0:
             return self._feed_other_rank(rank, event)
         if kind == "step":
@@ -179,6 +192,9 @@ class Engine:
                 out.extend(self._new(rule.end()))
             except Exception as exc:
                 self._drop(rule, exc)
+        unexplained = self.devices.unexplained()
+        if unexplained:
+            out.extend(self._new(noted_finding(unexplained, self.devices)))
         for rank, own in sorted(self._other_ranks.items()):
             for rule in list(own.rules):
                 try:
@@ -199,6 +215,8 @@ class Engine:
             if key in self._reported:
                 continue
             self._reported.add(key)
+            rank = f.evidence.get("rank") if isinstance(f.evidence.get("rank"), int) else 0
+            annotate(f, self.devices, self._step_t.get((rank, f.step)))
             f.source = self.source
             if f.t is None:
                 f.t = time.time()

@@ -6,6 +6,7 @@ rule is a class in one of the rule modules and one line here.
 
 from __future__ import annotations
 
+from trainguard.rules.checkpoints import CHECKPOINT_RULES
 from trainguard.rules.composition import (
     LossPartsDontSum,
     LossPartsImbalanced,
@@ -25,6 +26,7 @@ from trainguard.rules.contracts import (
     StepUpdatesNothing,
     WorkersShareRng,
 )
+from trainguard.rules.devices import DEVICE_RULES
 from trainguard.rules.model import ExpertCollapse, PerplexityImplausible
 from trainguard.rules.numerics import ClipBeforeUnscale, GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
 from trainguard.rules.process import (
@@ -63,6 +65,10 @@ HEALTH_RULES: list[type[Rule]] = [
     LossPartsImbalanced, LossPartVanished, LossPartsDontSum, LossWeightStalled,
     # TG52x process (TG501-509, crashes, hangs and artifacts, are the watchdog's)
     LogFlood, ThroughputDrop, DataWaitDominant, MemoryCreep, DeviceMemoryNearFull, CheckpointStale,
+    # TG56x checkpoints verified while the run goes on (issue 37, rules/checkpoints.py)
+    *CHECKPOINT_RULES,
+    # TG57x device faults beside the symptoms (issue 37, rules/devices.py)
+    *DEVICE_RULES,
     # API contracts broken by the training code, seen by the probe (probe/contracts.py)
     StepUpdatesNothing, FrozenParamsUpdated, GradsNeverReset, EvalInTrainMode, EvalBeforeTrainInit,
     EvalNotDeterministic, AutocastRunsFp32, WorkersShareRng, LossBroadcastsBatch, BatchDimLost, ReplicasDiverged,

@@ -29,7 +29,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainguard import __version__, exitcodes
-from trainguard.contract import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN_DIR, ENV_WATCHDOG
+from trainguard.contract import (
+    ENV_ATTEMPT,
+    ENV_RESUME_FROM,
+    ENV_RUN_DIR,
+    ENV_WATCHDOG,
+    EVENT_CHECKPOINT,
+    EVENT_CHECKPOINT_CHECK,
+    EVENT_DEVICE,
+    EVENT_DEVICE_SAMPLE,
+)
 from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
 from trainguard.rules import crash
@@ -48,7 +57,15 @@ from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
 from trainguard.watchdog import keeper, nodes, restart, statusline, stop, verdict
 from trainguard.watchdog.scheduler import WARNING_SIGNALS, SlurmRun
-from trainguard.watchdog.stall import Stall, StallPolicy, hang_finding, stall_ended, stalled_finding
+from trainguard.watchdog.stall import (
+    RUN_HUNG,
+    RUN_STALLED,
+    Stall,
+    StallPolicy,
+    hang_finding,
+    stall_ended,
+    stalled_finding,
+)
 from trainguard.watchdog.tee import OutputCapture
 from trainguard.watchdog.writes import WriteWatch
 
@@ -232,7 +249,10 @@ class Supervisor:
             returncode, hang, stopped = self._attempt(resume)
             if hang is None:
                 break
-            decision = policy.after_hang(hang, restart.newest_checkpoint(self.reader.events("checkpoint")))
+            resume_from, why = self._resume_choice()
+            decision = policy.after_hang(hang, resume_from)
+            if decision.restart:
+                self._note(f"trainguard: {why}")
             if decision.finding is not None:
                 self._report(decision.finding)
             if decision.note:
@@ -246,6 +266,19 @@ class Supervisor:
             resume = decision.resume_from
         self.capture.join()
         return self._conclude(returncode, hang, stopped)
+
+    def _resume_choice(self) -> tuple[str | None, str]:
+        """The newest checkpoint verified good (checkpoints/resume.py), once the verifications in flight ended."""
+        from trainguard.checkpoints.resume import resume_choice
+
+        for mon in self.monitors:
+            settle = getattr(mon, "settle", None)
+            if settle is not None:
+                try:
+                    settle()
+                except Exception as exc:
+                    self._guard_error(f"monitor {type(mon).__name__} failed to settle: {exc!r}")
+        return resume_choice(self.reader.events(EVENT_CHECKPOINT), self.reader.events(EVENT_CHECKPOINT_CHECK))
 
     def _attempt(self, resume: str | None) -> tuple[int, Finding | None, Finding | None]:
         """One run of the command, to its end or to a hang; returns (exit code, hang, stopped-on)."""
@@ -370,6 +403,7 @@ class Supervisor:
             # torchrun's "Sending process N closing signal", a save on SIGTERM), never "progress resumed".
             t_progress = self._progress_before_signal
         self._learn_phases()
+        closed = self.writes.take_closed() if hasattr(self, "writes") else []
         state = WatchState(
             run_dir=self.run_dir, reader=self.reader, pid=self.proc.pid, started=self.started, now=time.time(),
             step=step, phase=phase, t_progress=t_progress, probe_used=probe_used,
@@ -377,6 +411,7 @@ class Supervisor:
         )
         self.stall.observe(t_progress, phase, startup=startup)
         state.scratch["startup"] = startup
+        state.scratch["closed_files"] = closed  # files the run wrote and closed (watchdog/ckptwatch.py)
         return state
 
     def _printed_a_loss(self) -> bool:
@@ -728,6 +763,8 @@ class Supervisor:
         self._seen.add((f.code, f.name, f.cause))
         if f.t is None:
             f.t = time.time()
+        if f.source == "watchdog":
+            self._with_devices(f)
         if f in self.findings:
             return  # reported already (a hang or a --stop-on finding comes back in the verdict)
         self.findings.append(f)
@@ -735,6 +772,27 @@ class Supervisor:
             self.writer.add_event("finding", f.name, f.to_dict(), step=f.step)
             self.writer.flush()
         self._note(f"trainguard: {f.one_line()}")
+
+    def _with_devices(self, f: Finding) -> None:
+        """A stall or hang, told whether a device event came with it (rules/devices.py): the events are the
+        probes' rows in the store; the symptom's moment is the last progress before it."""
+        from trainguard.rules.devices import DeviceTimeline, annotate
+
+        symptoms = frozenset({RUN_STALLED.name, RUN_HUNG.name})
+        if f.name not in symptoms:
+            return
+        try:
+            timeline = DeviceTimeline()
+            for kind in (EVENT_DEVICE_SAMPLE, EVENT_DEVICE):
+                for ev in self.reader.events(kind)[-2000:]:
+                    timeline.note(ev)
+            since = (f.evidence or {}).get("last_progress_at")
+            if isinstance(since, (int, float)):  # the stall's whole length counts, not only what came before
+                annotate(f, timeline, since, after=max(0.0, time.time() - since), symptoms=symptoms)
+            else:
+                annotate(f, timeline, f.t, symptoms=symptoms)
+        except Exception as exc:
+            self._guard_error(f"device attribution failed: {exc!r}", kind="device attribution")
 
     def _note(self, text: str) -> None:
         # trainguard's own lines quote exception messages and phase names: never raw control characters

@@ -12,6 +12,7 @@ few milliseconds per process, so it is read at most every `every` seconds.
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 from pathlib import Path
@@ -33,6 +34,20 @@ class WriteWatch:
         self._last_poll = 0.0
         self._off = False
         self._pending = 0  # bytes written since the last mark
+        # files seen open for writing that are no longer open: written and closed (a checkpoint saved), for
+        # the checkpoint verification (watchdog/ckptwatch.py); bounded, newest kept
+        self.closed: collections.deque[str] = collections.deque(maxlen=64)
+
+    @property
+    def open_paths(self) -> set[str]:
+        """The paths open for writing at the last read of the file table."""
+        return {path for (_, _, path) in self._offsets}
+
+    def take_closed(self) -> list[str]:
+        """Files closed since the last call (each once)."""
+        out = list(self.closed)
+        self.closed.clear()
+        return out
 
     def poll(self, pid: int) -> float | None:
         """Reads the file table when due; returns the last time a write was seen (None: never)."""
@@ -48,6 +63,8 @@ class WriteWatch:
         self._pending += sum(max(0, pos - self._offsets.get(key, 0)) for key, pos in offsets.items())
         if self._pending >= MARK_BYTES:
             self.last_write, self._pending = now, 0
+        still = {path for (_, _, path) in offsets}
+        self.closed.extend(sorted({path for (_, _, path) in self._offsets} - still))
         self._offsets = offsets
         return self.last_write
 

@@ -1,0 +1,130 @@
+"""The device telemetry's reader on a real card: what NVML reads, and what it costs (issue 37).
+
+    PYTHONPATH=src python benchmarks/device_telemetry_check.py [--seconds 12]
+
+Prints, for GPU 0: one sample (clocks, temperature, power, memory, throttle reasons, ECC and remap
+counters), whether the Xid event set registers, whether the kernel log can be followed here; the cost
+of one sample (wall and CPU, median of 200); and a training loop's step time with no sampler, with the
+probe's sampler at its default interval (5 s), and at 0.1 s (50x more often: an upper bound), measured in
+the same process one after the other. NVML does not touch the CUDA context: the loop is never synchronised
+by the sampler (the step times say so). Ends with one JSON line of the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=12.0, help="seconds per arm of the loop comparison")
+    args = ap.parse_args()
+    import torch
+
+    from trainguard.devices.kmsg import KernelLog
+    from trainguard.devices.nvml import Gpu
+    from trainguard.devices.sampler import SAMPLE_EVERY, DeviceSampler
+    from trainguard.store.writer import StoreWriter
+
+    if not torch.cuda.is_available():
+        print("no CUDA GPU here")
+        return 1
+    gpu = Gpu.open(index=0)
+    if gpu is None:
+        print("NVML could not open GPU 0 (is nvidia-ml-py installed? `pip install trainguard[gpu]`)")
+        return 1
+    out: dict = {"gpu": gpu.name, "pci": gpu.pci, "uuid": gpu.uuid}
+    print(f"GPU 0: {gpu.name}, PCI {gpu.pci}")
+    sample = gpu.sample()
+    print("one sample:", json.dumps(sample))
+    out["sample"] = sample
+
+    walls, cpus = [], []
+    for _ in range(200):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        gpu.sample()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.thread_time() - c0)
+    out["sample_wall_ms"] = round(statistics.median(walls) * 1e3, 3)
+    out["sample_cpu_ms"] = round(statistics.median(cpus) * 1e3, 3)
+    print(f"one sample costs {out['sample_wall_ms']} ms wall, {out['sample_cpu_ms']} ms CPU (median of 200); "
+          f"at one per {SAMPLE_EVERY:.0f} s: {100 * statistics.median(cpus) / SAMPLE_EVERY:.4f}% of one core")
+
+    events = gpu.xid_events()
+    out["xid_events_registered"] = events is not None and hex(events.registered)
+    if events is not None:
+        t0 = time.perf_counter()
+        got = events.wait(500)
+        out["xid_wait_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
+        print(f"Xid event set registered ({hex(events.registered)}); a 500 ms wait returned {got} after "
+              f"{out['xid_wait_ms']} ms")
+        events.close()
+    else:
+        print("Xid event set: not supported on this GPU/driver")
+    klog = KernelLog.open()
+    out["kernel_log_followed"] = klog is not None
+    print("kernel log (/dev/kmsg):", "followed" if klog is not None else "not readable here (no CAP_SYSLOG?)")
+    if klog is not None:
+        klog.close()
+    gpu.close()
+
+    # -- a training loop's step time without and with the sampler ----------------------------------
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(4)]).cuda().to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    x = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def arm(seconds: float) -> float:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            step()
+            n += 1
+            if n % 20 == 0:
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n * 1e3
+
+    def step() -> None:
+        loss = model(x).float().pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, every in (("none", None), (f"every {SAMPLE_EVERY:.0f} s", SAMPLE_EVERY), ("every 0.1 s", 0.1)):
+            sampler = None
+            folder = Path(tmp) / label.replace(" ", "_")
+            folder.mkdir()
+            writer = StoreWriter(folder, rank=0)
+            if every:
+                sampler = DeviceSampler(writer, rank=0, local_rank=0, log=print, every=every).start()
+            ms = arm(args.seconds)
+            if sampler is not None:
+                sampler.stop()
+            writer.close()
+            if sampler is not None:
+                results[label] = {"step_ms": round(ms, 3), "samples": sampler.samples, "events": sampler.events,
+                                  "sampler_cpu_s": round(sampler.cpu_s, 4)}
+            else:
+                results[label] = {"step_ms": round(ms, 3)}
+            print(f"loop, sampler {label}: {ms:.3f} ms/step {results[label]}")
+    base = results["none"]["step_ms"]
+    for r in results.values():
+        r["overhead_pct"] = round(100 * (r["step_ms"] - base) / base, 3)
+    out["loop"] = results
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
