@@ -90,6 +90,12 @@ def _require_extra() -> None:
             raise UserError(f"distill needs {name}: pip install 'trainguard[distill]' ({exc})") from None
 
 
+def _refuse(message: str) -> None:
+    """Bad input caught before anything heavy is imported: one line, exit 2."""
+    click.echo(f"trainguard distill cache: error: {message}", err=True)
+    sys.exit(2)
+
+
 def _cache_call(fn: object) -> None:
     try:
         _require_extra()
@@ -121,11 +127,14 @@ def cache_build_command(config: str, out: str, k: int | None, shard_windows: int
 
     With loss.kd.partial on (the default) it also writes, for CONFIG's student tokenizer, the teacher's
     targets at the student positions inside a teacher token, which such a student needs from a cache."""
+    for name, value in (("--shard-windows", shard_windows), ("--k", k), ("--max-windows", max_windows)):
+        if value is not None and value < 1:
+            _refuse(f"{name} must be >= 1, got {value}"
+                    + (" (leave --max-windows out for every window)" if name == "--max-windows" else ""))
+
     def go() -> object:
         from trainguard.recipes.distill.cache_build import build_cache
 
-        if shard_windows < 1 or (k is not None and k < 1):
-            raise UserError("--shard-windows and --k must be >= 1")
         return build_cache(_load(config, device), out, k=k, shard_windows=shard_windows, max_windows=max_windows,
                            run_dir=run_dir)
     _cache_call(go)
@@ -138,6 +147,9 @@ def cache_build_command(config: str, out: str, k: int | None, shard_windows: int
 @click.option("--device", default=None, help="Override device: cpu, cuda or auto.")
 def cache_verify_command(folder: str, config: str, shards: int, device: str | None) -> None:
     """Recomputes shards of the cache in FOLDER with CONFIG's teacher; exit 1 when they differ."""
+    if shards < 1:  # checking nothing must not say ok
+        _refuse(f"--shards must be >= 1, got {shards}: it is how many shards are recomputed with the teacher")
+
     def go() -> object:
         from trainguard.recipes.distill.cache_build import verify_cache
 
