@@ -82,7 +82,8 @@ def cache_student(base_dict, small_cache):
 # -- 1a: a cache built with --max-windows -------------------------------------------------------------
 
 def test_max_windows_cache_says_it_holds_n_of_m_windows(small_cache):
-    _, folder = small_cache
+    root, folder = small_cache
+    assert (root / "build-run" / "report.md").is_file()  # the build is a run: its report like any other
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["n_windows"] == 30 and manifest["windows_in_text"] > 30
     proc = cli("cache", "info", str(folder))
@@ -189,7 +190,7 @@ def test_a_second_build_into_a_locked_folder_is_refused_with_the_holders_pid(sma
 
 def test_the_header_names_the_cache_not_nonetype(cache_student):
     _, _, proc = cache_student
-    header = next(line for line in proc.stdout.splitlines() if line.startswith("teacher "))
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("teacher ") and " | student " in line)
     assert "NoneType" not in header and "from the cache" in header
 
 
@@ -232,3 +233,11 @@ def test_bad_recipe_input_is_one_line_exit_2(small_cache, tmp_path, args, needle
     root, _ = small_cache
     filled = [a.format(cfg=root / "build.yaml", tmp=tmp_path) for a in args]
     one_line_exit_2(cli(*filled), needle)
+
+
+def test_a_damaged_manifest_met_by_a_build_is_one_line_exit_2(small_cache, tmp_path):
+    root, _ = small_cache
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "manifest.json").write_text('{"format": 2, "k": ')  # cut short
+    one_line_exit_2(cli("cache", "build", str(root / "build.yaml"), "--out", str(tmp_path / "c")),
+                    "manifest.json is not valid JSON")

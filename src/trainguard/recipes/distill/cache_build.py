@@ -29,7 +29,7 @@ from trainguard.recipes.distill.kd import teacher_targets
 from trainguard.recipes.distill.losses import consistent_logprobs
 from trainguard.recipes.distill.partial import PartialMapper
 from trainguard.recipes.distill.tokenize_align import encode, token_lengths
-from trainguard.recipes.distill.train import amp_policy, torch_device
+from trainguard.recipes.distill.train import amp_policy, torch_device, write_run_report
 
 
 def _setup(cfg: DistillConfig) -> tuple[Any, Any, list[list[int]], str, Any, Any]:
@@ -173,8 +173,8 @@ def _build(cfg: DistillConfig, folder: Path, *, shard_windows: int, k: int | Non
         "eval": {"text_sha256": text_digest(eval_text), "n_windows": len(eval_pieces)},
     }
     mf = folder / "manifest.json"
-    if mf.is_file():
-        old = json.loads(mf.read_text())
+    if os.path.lexists(mf):
+        old = TeacherCache(folder).manifest  # read as every reader does: damage is one line, not a traceback
         keys = [key for key in manifest if key != "positions" and old.get(key) != manifest[key]
                 and (key in old or key not in LATER_KEYS)]
         if keys:
@@ -230,6 +230,8 @@ def _build(cfg: DistillConfig, folder: Path, *, shard_windows: int, k: int | Non
                **_partial_sizes(cache),
                "positions_per_s": positions / max(1e-9, time.time() - t0), "run_dir": str(guard.run_dir)}
     guard.finish()
+    if guard.run_dir:
+        write_run_report(Path(guard.run_dir), say)  # the build is a run like any other: its report too
     return summary
 
 

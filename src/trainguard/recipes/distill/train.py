@@ -215,7 +215,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     if cache is not None and cache.n_windows < len(train_ex):
         # built with --max-windows: the cache holds the text's first N windows, the same windows of the same
         # text (check_cache compared its digest), so the student trains on exactly those
-        say(f"teacher cache holds {cache.n_windows} of the text's {len(train_ex)} windows (built with "
+        say(f"the teacher cache holds {cache.n_windows} of the text's {len(train_ex)} windows (built with "
             f"--max-windows): training on those {cache.n_windows}")
         train_ex = train_ex[: cache.n_windows]
     pad_s, pad_t = s_tok.bos_id, t_tok.bos_id  # any id: padded positions are masked and carry no label
@@ -412,7 +412,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
                 eval_cpu += time.process_time() - ce
                 evals.append({"step": step, **metrics})
                 say(f"eval step {step}: ppl {metrics['perplexity']:.3f} bpb {metrics['bpb']:.4f}"
-                    + (f" kd_topk {metrics['kd_topk']:.4f} kl_full {metrics['kl_full']:.4f}" if "kd_topk" in metrics else ""))
+                    + "".join(f" {key} {metrics[key]:.4f}" for key in ("kd_topk", "kl_full") if key in metrics))
                 # better = lower by more than a relative 1e-4: noise-level changes are not progress
                 if metrics["bpb"] < best_bpb * (1 - 1e-4):
                     best_bpb, evals_since_best = metrics["bpb"], 0
