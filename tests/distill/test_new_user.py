@@ -228,6 +228,8 @@ def test_cache_students_eval_reports_kd_topk(cache_student):
     (["cache", "info", "{tmp}/nothing"], "is not a folder"),
     (["{tmp}/nothing.yaml"], "no such file"),
     (["{cfg}", "--resume", "{tmp}/nothing.pt"], "nothing.pt"),
+    (["{cfg}", "--run-dir", "{cfg}/run"], "is not a folder"),  # was exit 70 after the guard declined it
+    (["cache", "build", "{cfg}", "--out", "{tmp}/c", "--run-dir", "{cfg}"], "is not a folder"),
 ])
 def test_bad_recipe_input_is_one_line_exit_2(small_cache, tmp_path, args, needle):
     root, _ = small_cache
@@ -241,3 +243,11 @@ def test_a_damaged_manifest_met_by_a_build_is_one_line_exit_2(small_cache, tmp_p
     (tmp_path / "c" / "manifest.json").write_text('{"format": 2, "k": ')  # cut short
     one_line_exit_2(cli("cache", "build", str(root / "build.yaml"), "--out", str(tmp_path / "c")),
                     "manifest.json is not valid JSON")
+
+
+def test_a_training_text_that_is_not_utf8_is_one_line_exit_2(base_dict, tmp_path):
+    (tmp_path / "train.bin").write_bytes(b"hello \xff\xfe world")
+    d = copy.deepcopy(base_dict)
+    d["data"]["train"] = "train.bin"  # relative: against the YAML's folder
+    one_line_exit_2(cli(write_yaml(tmp_path / "s.yaml", d).as_posix(), "--run-dir", str(tmp_path / "r")),
+                    "train.bin is not UTF-8 text")
