@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 from trainguard.recipes.distill.cache_build import build_cache
-from trainguard.recipes.distill.cache_lock import LOCK_NAME
 from trainguard.recipes.distill.config import parse_config
 
 pytestmark = pytest.mark.process
 
 CLI = [sys.executable, "-m", "trainguard.recipes.distill"]
+LOCK_NAME = ".build.lock"  # cache_lock.LOCK_NAME, named here as a user finds it in the folder
 
 
 def cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
