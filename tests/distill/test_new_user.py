@@ -251,3 +251,11 @@ def test_a_training_text_that_is_not_utf8_is_one_line_exit_2(base_dict, tmp_path
     d["data"]["train"] = "train.bin"  # relative: against the YAML's folder
     one_line_exit_2(cli(write_yaml(tmp_path / "s.yaml", d).as_posix(), "--run-dir", str(tmp_path / "r")),
                     "train.bin is not UTF-8 text")
+
+
+def test_verify_recomputes_the_eval_windows_targets_too(small_cache):
+    root, folder = small_cache
+    proc = cli("cache", "verify", str(folder), str(root / "build.yaml"), "--shards", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["ok"] is True and out["eval_windows_checked"] == 8, out

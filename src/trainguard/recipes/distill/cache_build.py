@@ -325,8 +325,29 @@ def verify_cache(cfg: DistillConfig, folder: str | os.PathLike, shards: int = 2,
             id_agree += int(same.sum())
             rows += len(same)
             worst = max(worst, float(np.abs(cl[same] - np.maximum(fl[same], -65535 / 1024)).max(initial=0.0)))
+    eval_checked = 0
+    view = cache.eval_view()  # the eval windows' targets (eval.npz): aligned entries recomputed too
+    if view is not None and view.has_shard(0):
+        eval_text = read_text(cfg.resolve_path(cfg.data.eval))
+        if view.text_sha256 != text_digest(eval_text):
+            raise UserError("cache verify: the config's eval text is not the one the cache was built from")
+        lengths = token_lengths(t_tok)
+        e_enc = [encode(t_tok, w, lengths).ids for w in windows(eval_text, cfg.data.window_chars)[: view.n_windows]]
+        for j in range(0, len(e_enc), 16):
+            ids, lps, _, _ = _teacher_rows(teacher, e_enc[j: j + 16], cache.k, m["temperature"], device, amp,
+                                           cfg.loss.kd.chunk, t_tok.bos_id)
+            for w, (fi, fl) in enumerate(zip(ids, lps)):
+                ci, cl = view.window(j + w)
+                if ci.shape != fi.shape:
+                    raise UserError(f"cache verify: eval window {j + w} has {ci.shape[0]} positions in the cache, "
+                                    f"{fi.shape[0]} from the teacher")
+                same = (ci == fi).all(-1)
+                id_agree += int(same.sum())
+                rows += len(same)
+                worst = max(worst, float(np.abs(cl[same] - np.maximum(fl[same], -65535 / 1024)).max(initial=0.0)))
+                eval_checked += 1
     ok = worst <= 1.0 / 1024 + 1e-3 and id_agree >= 0.98 * rows and p_same and p_worst <= 1.0 / 1024 + 1e-3
-    out = {"shards_checked": picks, "positions": rows, "ids_identical_share": id_agree / max(1, rows),
+    out = {"shards_checked": picks, "eval_windows_checked": eval_checked, "positions": rows, "ids_identical_share": id_agree / max(1, rows),
            "max_abs_logp_error": worst, "ok": ok}
     if plan is not None:
         out.update(partial_rows=p_rows, partial_ids_identical=p_same, partial_max_abs_logp_error=p_worst)
