@@ -172,7 +172,11 @@ def test_student_trains_from_the_cache_without_the_teacher(built, make_cfg, tmp_
                         lambda *a: partial_rows.append(int(np.isfinite(real_partial(*a).numpy()).sum())) or real_partial(*a))
     r = train_mod.train(cache_cfg, run_dir=tmp_path / "student", verbose=False)
     assert loaded == ["student"]  # the teacher was never built
-    assert len(partial_rows) == cache_cfg.train.max_steps * cache_cfg.train.grad_accum and min(partial_rows) > 0
+    # every training micro-batch, and every evaluation batch (the cache's eval.npz: kd_topk on held-out text)
+    t = cache_cfg.train
+    eval_batches = -(-cache_cfg.data.eval_windows // t.batch_size) * len(r["evals"])
+    assert len(partial_rows) == t.max_steps * t.grad_accum + eval_batches and min(partial_rows) > 0
+    assert all(ev["kd_topk"] > 0 for ev in r["evals"])
     assert r["step"] == cache_cfg.train.max_steps and all(np.isfinite(r["losses"]))
     with RunReader(r["run_dir"]) as reader:
         rows = list(reader.steps())

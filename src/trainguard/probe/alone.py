@@ -74,6 +74,8 @@ class Alone:
         # them. Why not read them back at every status write: opening the store and parsing every finding,
         # once a second, held the interpreter lock long enough to stall the training thread.
         self._status_findings: dict[tuple, Any] | None = None
+        # what `trainguard ls` shows beside the state, as a `trainguard run` status.json says it
+        self._command, self._started = list(sys.argv), t0
         reserve_space(steps.run_dir)  # the last status.json is written even if the run fills the disk
         self.notifier = _notifier(steps, environ)
         if attempt == 0:
@@ -189,6 +191,7 @@ class Alone:
         return {"step": s.summary.get("step", s.step_count), "total_steps": s.total_steps,
                 "phase": s.phases.current, "loss": s.summary.get("loss"), "lr": s.summary.get("lr"),
                 "pid": s._pid, "updated": time.time(), "watched_by": "probe", "owner": self._owner,
+                "command": self._command, "started": self._started,
                 "findings": findings}
 
     def _write(self, status: Any, final: bool = True, pause: Any = None) -> None:

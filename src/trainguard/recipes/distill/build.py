@@ -138,6 +138,24 @@ def load_tokenizer(side: str, mc: ModelConfig, train_text: str, saved: str | Non
     return Tok(name=side, backend=backend, token_bytes=token_bytes_table(backend), bos_id=bos_id)
 
 
+def check_arch(side: str, arch: str) -> None:
+    """`arch` is a model type this transformers knows; else one line with the closest valid ones (transformers'
+    own error lists all of them in one line of about 12,000 characters)."""
+    import difflib
+
+    from transformers import CONFIG_MAPPING
+
+    known = sorted(CONFIG_MAPPING.keys())
+    if arch in known:
+        return
+    close = difflib.get_close_matches(arch, known, n=4, cutoff=0.5)
+    common = [a for a in ("llama", "qwen2", "qwen2_moe", "qwen3", "mistral", "gemma", "gpt2") if a in known]
+    raise UserError(f"{side}.arch: {arch!r} is not a model type of this transformers"
+                    + (f" (closest: {', '.join(close)})" if close else "")
+                    + f"; valid: any of its {len(known)} model types, e.g. {', '.join(common)} "
+                    "(all: python -c 'import transformers; print(*transformers.CONFIG_MAPPING)')")
+
+
 def load_model(side: str, mc: ModelConfig, tok: Tok) -> Any:
     """A causal LM: from a local folder, or built with random weights sized to the tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -152,8 +170,9 @@ def load_model(side: str, mc: ModelConfig, tok: Tok) -> Any:
             raise UserError(f"{side}.path: cannot load a causal LM from {mc.path}: "
                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
     else:
+        assert mc.arch is not None  # exactly one of path and arch (config.py)
+        check_arch(side, mc.arch)
         try:
-            assert mc.arch is not None  # exactly one of path and arch (config.py)
             config = AutoConfig.for_model(mc.arch, vocab_size=tok.vocab_size, **mc.build)
         except (ValueError, TypeError) as exc:
             raise UserError(f"{side}.arch/{side}.build: {exc}".splitlines()[0]) from None

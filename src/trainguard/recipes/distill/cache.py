@@ -111,12 +111,28 @@ class TeacherCache:
         self.k = int(self.manifest["k"])
         self.shard_windows = int(self.manifest["shard_windows"])
         self.n_windows = int(self.manifest["n_windows"])
+        total = self.manifest.get("windows_in_text")  # absent before caches said N of M
+        self.windows_in_text: int | None = total if isinstance(total, int) and not isinstance(total, bool) else None
         width = self.manifest.get("teacher_width")
         self.width: int | None = width if isinstance(width, int) else None
         self._shards: dict[int, dict[str, np.ndarray]] = {}
 
     def shard_path(self, i: int) -> Path:
         return self.folder / f"shard-{i:05d}.npz"
+
+    def eval_view(self) -> _EvalView | None:
+        """The teacher's targets on the evaluation windows (`eval.npz`, one shard of the same layout), read
+        as a cache of its own; None for a cache built before manifests had them."""
+        e = self.manifest.get("eval")
+        if not (isinstance(e, dict) and isinstance(e.get("n_windows"), int) and isinstance(e.get("text_sha256"), str)
+                and e["n_windows"] >= 1):
+            return None
+        view = _EvalView.__new__(_EvalView)
+        view.__dict__.update(self.__dict__)
+        view.n_windows = view.shard_windows = e["n_windows"]
+        view.text_sha256 = e["text_sha256"]
+        view._shards = {}
+        return view
 
     @property
     def n_shards(self) -> int:
@@ -132,7 +148,7 @@ class TeacherCache:
     def complete(self) -> bool:
         return all(self.has_shard(i) for i in range(self.n_shards))
 
-    def _windows_in(self, i: int) -> int:
+    def windows_in(self, i: int) -> int:
         return max(0, min(self.shard_windows, self.n_windows - i * self.shard_windows))
 
     def _shard(self, i: int) -> dict[str, np.ndarray]:
@@ -153,7 +169,7 @@ class TeacherCache:
             except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, NotImplementedError,
                     zlib.error, MemoryError) as exc:
                 raise UserError(damaged(p, exc)) from None
-            checked_shard(d, p, windows=self._windows_in(i), k=self.k, width=self.width, partial=bool(self.partial))
+            checked_shard(d, p, windows=self.windows_in(i), k=self.k, width=self.width, partial=bool(self.partial))
             if "p_len" in d:  # where each partial row's entries start
                 d["p_start"] = np.concatenate([[0], np.cumsum(d["p_len"], dtype=np.int64)])
             self._shards[i] = d
@@ -222,6 +238,15 @@ class TeacherCache:
     def bytes_per_position(self) -> float:
         size = sum(os.lstat(p).st_size for p in self._shard_files())
         return size / max(1, int(self.manifest.get("positions", 0) or 0))
+
+
+class _EvalView(TeacherCache):
+    """The evaluation windows' targets: one shard, `eval.npz`, beside the training shards."""
+
+    text_sha256: str
+
+    def shard_path(self, i: int) -> Path:
+        return self.folder / "eval.npz"
 
 
 def damaged(path: Path, exc: BaseException) -> str:
@@ -317,4 +342,6 @@ def check_cache(cache: TeacherCache, cfg: Any, train_text: str) -> None:
         raise UserError(f"data.teacher_cache: built at temperature {m['temperature']}, "
                         f"the config says {cfg.loss.kd.temperature}")
     if not cache.complete():
-        raise UserError(f"data.teacher_cache: {cache.folder} is unfinished; resume it with `trainguard distill cache build`")
+        done = sum(cache.has_shard(i) for i in range(cache.n_shards))
+        raise UserError(f"data.teacher_cache: {cache.folder} is unfinished ({done} of {cache.n_shards} shards "
+                        "written); finish it by running the same `trainguard distill cache build` again")

@@ -7,6 +7,7 @@ and phases mark loading and writing. Resume is by shards: finished ones are kept
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -21,13 +22,14 @@ from trainguard.errors import UserError
 from trainguard.recipes.distill import checkpoint as ckpt
 from trainguard.recipes.distill.build import body_and_head, load_model, load_tokenizer
 from trainguard.recipes.distill.cache import FORMAT, TeacherCache, quantize, quantize_flat, text_digest
+from trainguard.recipes.distill.cache_lock import build_lock
 from trainguard.recipes.distill.config import DistillConfig
 from trainguard.recipes.distill.data import prepare, read_text, windows
 from trainguard.recipes.distill.kd import teacher_targets
 from trainguard.recipes.distill.losses import consistent_logprobs
 from trainguard.recipes.distill.partial import PartialMapper
 from trainguard.recipes.distill.tokenize_align import encode, token_lengths
-from trainguard.recipes.distill.train import amp_policy, torch_device
+from trainguard.recipes.distill.train import amp_policy, torch_device, write_run_report
 
 
 def _setup(cfg: DistillConfig) -> tuple[Any, Any, list[list[int]], str, Any, Any]:
@@ -50,15 +52,16 @@ def _setup(cfg: DistillConfig) -> tuple[Any, Any, list[list[int]], str, Any, Any
 Part = tuple[list[int], list[int], list[list[int]]]
 
 
-def _partial_plan(cfg: DistillConfig, text: str, t_tok: Any, encoded: list[list[int]], on: bool
-                  ) -> tuple[list[Part] | None, dict[str, Any] | None]:
+def _partial_plan(cfg: DistillConfig, text: str, t_tok: Any, encoded: list[list[int]], on: bool,
+                  pieces: list[str] | None = None) -> tuple[list[Part] | None, dict[str, Any] | None]:
     """The partial rows of every window for the config's student, as training prepares them, and their manifest
-    entry; (None, None) when not `on`."""
+    entry; (None, None) when not `on`. `pieces`: other windows than the training text's (the eval text's; the
+    tokenizers are still trained on `text`)."""
     if not on:
         return None, None
     s_tok = load_tokenizer("student", cfg.student, text)
     mapper = PartialMapper(t_tok.token_bytes, s_tok.token_bytes)
-    exs = prepare(windows(text, cfg.data.window_chars)[: len(encoded)], s_tok, t_tok,
+    exs = prepare((pieces if pieces is not None else windows(text, cfg.data.window_chars))[: len(encoded)], s_tok, t_tok,
                   cfg.loss.kd.positions == "next_token", mapper)
     if [e.teacher.ids for e in exs] != encoded:  # one tokenisation of the teacher's, or the rows would not line up
         raise UserError("cache: the teacher's tokenisation differs between the aligned and partial passes")
@@ -122,14 +125,34 @@ def _teacher_rows(teacher: Any, seqs: list[list[int]], k: int, temperature: floa
     return out_ids, out_lp, nll, out_part
 
 
+# Keys a manifest gained after caches were first written: a build resuming an older cache does not hold
+# their absence against it.
+LATER_KEYS = ("windows_in_text", "teacher", "eval")
+
+
 def build_cache(cfg: DistillConfig, out: str | os.PathLike, *, shard_windows: int = 256, k: int | None = None,
                 max_windows: int | None = None, batch: int = 16, run_dir: str | None = None,
                 stop_after_shards: int | None = None, verbose: bool = True) -> dict[str, Any]:
+    if max_windows is not None and max_windows < 1:
+        raise UserError(f"cache: max_windows must be >= 1, got {max_windows}")
+    folder = Path(out)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cache: cannot make the folder {folder}: {exc.strerror}") from None
+    with build_lock(folder):  # before the teacher loads: a second build is refused at once
+        return _build(cfg, folder, shard_windows=shard_windows, k=k, max_windows=max_windows, batch=batch,
+                      run_dir=run_dir, stop_after_shards=stop_after_shards, verbose=verbose)
+
+
+def _build(cfg: DistillConfig, folder: Path, *, shard_windows: int, k: int | None, max_windows: int | None,
+           batch: int, run_dir: str | None, stop_after_shards: int | None, verbose: bool) -> dict[str, Any]:
     say = print if verbose else (lambda *a, **kw: None)
     k = k or cfg.loss.kd.top_k
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
     device, teacher, encoded, text, t_tok, amp = _setup(cfg)
+    eval_text = read_text(cfg.resolve_path(cfg.data.eval))
+    eval_pieces = windows(eval_text, cfg.data.window_chars)[: cfg.data.eval_windows or None]
+    in_text = len(encoded)
     if max_windows:
         encoded = encoded[:max_windows]
     plan, partial_meta = _partial_plan(cfg, text, t_tok, encoded, bool(cfg.loss.kd.partial) and cfg.loss.kd.method == "kl")
@@ -141,11 +164,19 @@ def build_cache(cfg: DistillConfig, out: str | os.PathLike, *, shard_windows: in
         "text_sha256": text_digest(text), "n_windows": len(encoded), "shard_windows": shard_windows,
         "teacher_fingerprint": ckpt.fingerprint(teacher), "teacher_width": width,
         "teacher_tokenizer": t_tok.backend.to_str(), "precision": cfg.precision, "partial": partial_meta,
+        # N of M: a cache built with --max-windows holds the text's first N windows, by request
+        "windows_in_text": in_text,
+        # the config's teacher section, so a student whose own section differs is told (train.py)
+        "teacher": dataclasses.asdict(cfg.teacher),
+        # the teacher's targets on the evaluation windows too (eval.npz), so a cache student's evaluation
+        # reports kd_topk on held-out text as an online one does
+        "eval": {"text_sha256": text_digest(eval_text), "n_windows": len(eval_pieces)},
     }
     mf = folder / "manifest.json"
-    if mf.is_file():
-        old = json.loads(mf.read_text())
-        keys = [key for key in manifest if key != "positions" and old.get(key) != manifest[key]]
+    if os.path.lexists(mf):
+        old = TeacherCache(folder).manifest  # read as every reader does: damage is one line, not a traceback
+        keys = [key for key in manifest if key != "positions" and old.get(key) != manifest[key]
+                and (key in old or key not in LATER_KEYS)]
         if keys:
             raise UserError(f"cache: {folder} was built with another {keys[0]}; use a new folder")
         manifest["positions"] = old.get("positions", 0)
@@ -157,6 +188,8 @@ def build_cache(cfg: DistillConfig, out: str | os.PathLike, *, shard_windows: in
     guard = trainguard.watch(teacher, total_steps=n_shards, run_dir=run_dir, name="distill-cache", learning=False,
                              config={"cache": str(folder), "k": k, "windows": len(encoded)})
     cache = TeacherCache(folder)
+    if "eval" in manifest:
+        _write_eval(cfg, cache, teacher, t_tok, text, eval_pieces, k, device, amp, batch, plan is not None, say)
     done = written = 0
     t0 = time.time()
     positions = 0
@@ -182,19 +215,8 @@ def build_cache(cfg: DistillConfig, out: str | os.PathLike, *, shard_windows: in
                 nll += c
                 part += d
             rows = [len(x) for x in ids]
-            offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-            arrays = {"offsets": offsets, "ids": np.concatenate(ids), "q": quantize(np.concatenate(lps)),
-                      "nll": np.asarray(nll, dtype=np.float32)}
-            if plan is not None:  # format 2: the partial rows (cache.py)
-                mine = plan[i * shard_windows: i * shard_windows + len(seqs)]
-                arrays.update(p_offsets=np.concatenate([[0], np.cumsum([len(p[0]) for p in mine])]).astype(np.int64),
-                              p_pos=np.array([x for p in mine for x in p[0]], dtype=np.int32),
-                              p_len=np.concatenate([x[0] for x in part]),
-                              p_ids=np.concatenate([x[1] for x in part]),
-                              p_q=quantize_flat(np.concatenate([x[2] for x in part])))
-            tmp = cache.shard_path(i).with_suffix(".tmp.npz")
-            np.savez_compressed(tmp, **arrays)  # type: ignore[arg-type]  # numpy stubs: allow_pickle in **kwds
-            os.replace(tmp, cache.shard_path(i))
+            mine = None if plan is None else plan[i * shard_windows: i * shard_windows + len(seqs)]
+            _save_shard(cache.shard_path(i), ids, lps, nll, mine, part)
             written += 1
             positions += sum(rows)
             guard.step(sum(nll) / max(1, sum(rows)))
@@ -208,7 +230,48 @@ def build_cache(cfg: DistillConfig, out: str | os.PathLike, *, shard_windows: in
                **_partial_sizes(cache),
                "positions_per_s": positions / max(1e-9, time.time() - t0), "run_dir": str(guard.run_dir)}
     guard.finish()
+    if guard.run_dir:
+        write_run_report(Path(guard.run_dir), say)  # the build is a run like any other: its report too
     return summary
+
+
+def _save_shard(path: Path, ids: list[np.ndarray], lps: list[np.ndarray], nll: list[float], plan: list[Part] | None,
+                part: list[tuple[np.ndarray, ...]]) -> None:
+    """One shard's arrays (cache.py), written to a temporary name and renamed: never read half-written."""
+    rows = [len(x) for x in ids]
+    offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+    arrays = {"offsets": offsets, "ids": np.concatenate(ids), "q": quantize(np.concatenate(lps)),
+              "nll": np.asarray(nll, dtype=np.float32)}
+    if plan is not None:  # format 2: the partial rows (cache.py)
+        arrays.update(p_offsets=np.concatenate([[0], np.cumsum([len(p[0]) for p in plan])]).astype(np.int64),
+                      p_pos=np.array([x for p in plan for x in p[0]], dtype=np.int32),
+                      p_len=np.concatenate([x[0] for x in part]),
+                      p_ids=np.concatenate([x[1] for x in part]),
+                      p_q=quantize_flat(np.concatenate([x[2] for x in part])))
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, **arrays)  # type: ignore[arg-type]  # numpy stubs: allow_pickle in **kwds
+    os.replace(tmp, path)
+
+
+def _write_eval(cfg: DistillConfig, cache: TeacherCache, teacher: Any, t_tok: Any, text: str, pieces: list[str],
+                k: int, device: Any, amp: Any, batch: int, partial: bool, say: Any) -> None:
+    """eval.npz: the teacher's targets on the evaluation windows, laid out as one shard (kept when there)."""
+    view = cache.eval_view()
+    if view is None or (view.has_shard(0) and view.shard_readable(0)):
+        return
+    lengths = token_lengths(t_tok)
+    encoded = [encode(t_tok, w, lengths).ids for w in pieces]
+    plan, _ = _partial_plan(cfg, text, t_tok, encoded, partial, pieces)
+    ids, lps, nll, part = [], [], [], []
+    for j in range(0, len(encoded), batch):
+        a, b_, c, d = _teacher_rows(teacher, encoded[j: j + batch], k, cfg.loss.kd.temperature, device, amp,
+                                    cfg.loss.kd.chunk, t_tok.bos_id, None if plan is None else plan[j: j + batch])
+        ids += a
+        lps += b_
+        nll += c
+        part += d
+    _save_shard(view.shard_path(0), ids, lps, nll, plan, part)
+    say(f"cache: the teacher's targets on {len(encoded)} evaluation windows written")
 
 
 def _partial_sizes(cache: TeacherCache) -> dict[str, Any]:
@@ -262,8 +325,29 @@ def verify_cache(cfg: DistillConfig, folder: str | os.PathLike, shards: int = 2,
             id_agree += int(same.sum())
             rows += len(same)
             worst = max(worst, float(np.abs(cl[same] - np.maximum(fl[same], -65535 / 1024)).max(initial=0.0)))
+    eval_checked = 0
+    view = cache.eval_view()  # the eval windows' targets (eval.npz): aligned entries recomputed too
+    if view is not None and view.has_shard(0):
+        eval_text = read_text(cfg.resolve_path(cfg.data.eval))
+        if view.text_sha256 != text_digest(eval_text):
+            raise UserError("cache verify: the config's eval text is not the one the cache was built from")
+        lengths = token_lengths(t_tok)
+        e_enc = [encode(t_tok, w, lengths).ids for w in windows(eval_text, cfg.data.window_chars)[: view.n_windows]]
+        for j in range(0, len(e_enc), 16):
+            ids, lps, _, _ = _teacher_rows(teacher, e_enc[j: j + 16], cache.k, m["temperature"], device, amp,
+                                           cfg.loss.kd.chunk, t_tok.bos_id)
+            for w, (fi, fl) in enumerate(zip(ids, lps)):
+                ci, cl = view.window(j + w)
+                if ci.shape != fi.shape:
+                    raise UserError(f"cache verify: eval window {j + w} has {ci.shape[0]} positions in the cache, "
+                                    f"{fi.shape[0]} from the teacher")
+                same = (ci == fi).all(-1)
+                id_agree += int(same.sum())
+                rows += len(same)
+                worst = max(worst, float(np.abs(cl[same] - np.maximum(fl[same], -65535 / 1024)).max(initial=0.0)))
+                eval_checked += 1
     ok = worst <= 1.0 / 1024 + 1e-3 and id_agree >= 0.98 * rows and p_same and p_worst <= 1.0 / 1024 + 1e-3
-    out = {"shards_checked": picks, "positions": rows, "ids_identical_share": id_agree / max(1, rows),
+    out = {"shards_checked": picks, "eval_windows_checked": eval_checked, "positions": rows, "ids_identical_share": id_agree / max(1, rows),
            "max_abs_logp_error": worst, "ok": ok}
     if plan is not None:
         out.update(partial_rows=p_rows, partial_ids_identical=p_same, partial_max_abs_logp_error=p_worst)
@@ -275,8 +359,22 @@ def cache_info(folder: str | os.PathLike) -> dict[str, Any]:
     m = dict(cache.manifest)
     m.pop("teacher_tokenizer", None)
     n_shards = cache.n_shards
-    m.update(shards=n_shards, shards_done=sum(cache.has_shard(i) for i in range(n_shards)),
-             complete=cache.complete(), bytes_per_position=round(cache.bytes_per_position(), 1),
-             **_partial_sizes(cache))
+    missing = [i for i in range(n_shards) if not cache.has_shard(i)]
+    done_windows = sum(cache.windows_in(i) for i in range(n_shards) if i not in missing)
+    m.update(shards=n_shards, shards_done=n_shards - len(missing), complete=not missing,
+             windows_done=done_windows, bytes_per_position=round(cache.bytes_per_position(), 1))
+    if missing:  # unfinished: what is done, what is missing, and the one command that finishes it
+        m.update(shards_missing=missing[:20] + (["..."] if len(missing) > 20 else []),
+                 windows_missing=cache.n_windows - done_windows,
+                 state=f"unfinished: {n_shards - len(missing)} of {n_shards} shards ({done_windows} of "
+                       f"{cache.n_windows} windows) are written; run the same `trainguard distill cache build` "
+                       "again to finish it")
+    else:
+        m["state"] = "complete"
+    total = cache.windows_in_text
+    if total is not None and total > cache.n_windows:
+        m.update(partial_by_request=True, state=f"{m['state']}; holds {cache.n_windows} of the text's {total} "
+                 "windows (built with --max-windows): students train on those windows only")
+    m.update(_partial_sizes(cache))
     return m
 

@@ -32,6 +32,7 @@ def run_command(config: str, run_dir: str | None, max_steps: int | None, resume:
     from trainguard.recipes.distill import BUNDLED_CONFIG
     from trainguard.recipes.distill.config import load_config
 
+    _check_run_dir(run_dir, "trainguard distill")
     overrides: dict = {}
     if max_steps is not None:
         overrides["train.max_steps"] = max_steps
@@ -48,6 +49,21 @@ def run_command(config: str, run_dir: str | None, max_steps: int | None, resume:
     if as_json:
         click.echo(json.dumps(result))
 
+
+
+def _check_run_dir(run_dir: str | None, prog: str) -> None:
+    """--run-dir must be a folder or creatable as one: a file there (or above it) is one line, exit 2, before
+    anything loads (the guard would decline it and the recipe's own writes then fail with a traceback)."""
+    if run_dir is None:
+        return
+    from pathlib import Path
+
+    p = Path(run_dir).expanduser().absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        click.echo(f"{prog}: error: --run-dir {run_dir}: {p} is not a folder; give a folder path", err=True)
+        sys.exit(2)
 
 
 class _ConfigFirstGroup(click.Group):
@@ -90,6 +106,12 @@ def _require_extra() -> None:
             raise UserError(f"distill needs {name}: pip install 'trainguard[distill]' ({exc})") from None
 
 
+def _refuse(message: str) -> None:
+    """Bad input caught before anything heavy is imported: one line, exit 2."""
+    click.echo(f"trainguard distill cache: error: {message}", err=True)
+    sys.exit(2)
+
+
 def _cache_call(fn: object) -> None:
     try:
         _require_extra()
@@ -121,11 +143,15 @@ def cache_build_command(config: str, out: str, k: int | None, shard_windows: int
 
     With loss.kd.partial on (the default) it also writes, for CONFIG's student tokenizer, the teacher's
     targets at the student positions inside a teacher token, which such a student needs from a cache."""
+    _check_run_dir(run_dir, "trainguard distill cache")
+    for name, value in (("--shard-windows", shard_windows), ("--k", k), ("--max-windows", max_windows)):
+        if value is not None and value < 1:
+            _refuse(f"{name} must be >= 1, got {value}"
+                    + (" (leave --max-windows out for every window)" if name == "--max-windows" else ""))
+
     def go() -> object:
         from trainguard.recipes.distill.cache_build import build_cache
 
-        if shard_windows < 1 or (k is not None and k < 1):
-            raise UserError("--shard-windows and --k must be >= 1")
         return build_cache(_load(config, device), out, k=k, shard_windows=shard_windows, max_windows=max_windows,
                            run_dir=run_dir)
     _cache_call(go)
@@ -138,6 +164,9 @@ def cache_build_command(config: str, out: str, k: int | None, shard_windows: int
 @click.option("--device", default=None, help="Override device: cpu, cuda or auto.")
 def cache_verify_command(folder: str, config: str, shards: int, device: str | None) -> None:
     """Recomputes shards of the cache in FOLDER with CONFIG's teacher; exit 1 when they differ."""
+    if shards < 1:  # checking nothing must not say ok
+        _refuse(f"--shards must be >= 1, got {shards}: it is how many shards are recomputed with the teacher")
+
     def go() -> object:
         from trainguard.recipes.distill.cache_build import verify_cache
 

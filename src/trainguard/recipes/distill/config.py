@@ -277,6 +277,9 @@ def _check(cfg: DistillConfig) -> None:
     need(t.patience >= 0, f"train.patience must be >= 0 (0 = off), got {t.patience}")
     need(cfg.data.window_chars >= 16, f"data.window_chars must be >= 16, got {cfg.data.window_chars}")
     need(cfg.data.eval_windows >= 0, f"data.eval_windows must be >= 0 (0 = all), got {cfg.data.eval_windows}")
+    need(cfg.data.teacher_cache is None or cfg.data.teacher_cache.strip() != "",
+         "data.teacher_cache is empty: give the cache folder (`trainguard distill cache build CONFIG --out DIR`) "
+         "or remove the key to distil from the teacher online")
     lo = cfg.loss
     need(not (cfg.data.teacher_cache and max(lo.hidden.start, lo.hidden.end) > 0),
          "data.teacher_cache holds no hidden states: set loss.hidden.start and .end to 0")

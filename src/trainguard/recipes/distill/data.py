@@ -23,7 +23,12 @@ def read_text(path: Path) -> str:
     if not path.is_file():
         raise UserError(f"data: no such file: {path}")
     # NFC once, here: both tokenizers then read identical characters, whatever their own normalisers do.
-    return unicodedata.normalize("NFC", path.read_text(encoding="utf-8"))
+    try:
+        return unicodedata.normalize("NFC", path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"data: {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); give a UTF-8 text file") from None
+    except OSError as exc:
+        raise UserError(f"data: cannot read {path}: {exc.strerror}") from None
 
 
 def windows(text: str, size: int) -> list[str]:

@@ -23,7 +23,10 @@ from trainguard.recipes.distill.losses import KDSpec, forward_losses
 
 @torch.no_grad()
 def evaluate(student: Any, teacher: Any, projs: Any, batches: Iterable[dict[str, Any]], spec: KDSpec,
-             amp: Callable[[], Any], device: Any, *, with_teacher: bool = True) -> dict[str, float]:
+             amp: Callable[[], Any], device: Any, *, with_teacher: bool = True, cached_kd: bool = False
+             ) -> dict[str, float]:
+    """`cached_kd`: the batches carry the teacher's top-k targets from the offline cache (no teacher): kd_topk
+    is reported from them, kl_full and hidden are not (a cache holds neither)."""
     was_training = student.training
     student.eval()
     projs.eval()
@@ -34,7 +37,7 @@ def evaluate(student: Any, teacher: Any, projs: Any, batches: Iterable[dict[str,
             n_bytes += batch["n_bytes"]
             with amp():
                 out = forward_losses(student, teacher, projs, to_device(batch, device), spec,
-                                     with_kd=with_teacher, with_hidden=with_teacher, full_kl=with_teacher)
+                                     with_kd=with_teacher or cached_kd, with_hidden=with_teacher, full_kl=with_teacher)
             for key, value in out.items():
                 if value.dim() == 0:  # sums and counts (expert loads are training's business)
                     sums[key] = sums.get(key, 0.0) + float(value)  # host sync, once per eval batch
@@ -50,6 +53,8 @@ def evaluate(student: Any, teacher: Any, projs: Any, batches: Iterable[dict[str,
         "bytes": float(n_bytes),
         "align_ratio": sums["aligned"] / max(1.0, sums["positions"]),
     }
+    if cached_kd and not with_teacher:
+        result["kd_topk"] = sums["kd_sum"] / max(1.0, sums.get("kd_rows", sums["aligned"]))
     if with_teacher:
         aligned = max(1.0, sums["aligned"])
         result.update(kd_topk=sums["kd_sum"] / max(1.0, sums.get("kd_rows", aligned)), kl_full=sums["kl_full_sum"] / aligned,

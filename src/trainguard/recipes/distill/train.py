@@ -29,6 +29,7 @@ from trainguard.recipes.distill.cache import (
     check_partial,
     partial_logp_for,
     targets_for,
+    text_digest,
 )
 from trainguard.recipes.distill.config import DistillConfig
 from trainguard.recipes.distill.curriculum import Curriculum
@@ -76,6 +77,47 @@ def amp_policy(device: torch.device, precision: str) -> Any:
     return lambda: torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def open_cache(cfg: DistillConfig) -> TeacherCache:
+    """The config's data.teacher_cache; a folder that is not there is named as resolved (a relative path
+    resolves against the YAML file's folder, not the working directory)."""
+    assert cfg.data.teacher_cache  # config.py refuses an empty one
+    folder = cfg.resolve_path(cfg.data.teacher_cache)
+    if not folder.is_dir():
+        raise UserError(f"data.teacher_cache: no cache folder at {folder.resolve()} (a relative path resolves "
+                        f"against the YAML file's folder, {cfg.config_dir}); build one with "
+                        "`trainguard distill cache build CONFIG --out DIR` or fix the path")
+    return TeacherCache(folder)
+
+
+def warn_other_teacher(cache: TeacherCache, cfg: DistillConfig) -> None:
+    """In cache mode the config's teacher section is not used: the cache's teacher is distilled. Said when the
+    two differ, so an edit there is not believed to change anything."""
+    import dataclasses
+    import sys
+
+    built = cache.manifest.get("teacher")
+    if not isinstance(built, dict):
+        return  # a cache written before manifests named their teacher
+    mine = dataclasses.asdict(cfg.teacher)
+    keys = [k for k in mine if built.get(k) != mine[k]]
+    if keys:
+        print(f"trainguard distill: warning: teacher.{keys[0]} differs from the teacher {cache.folder} was built "
+              "with; with data.teacher_cache the teacher section is not used (the cache's teacher is distilled): "
+              "rebuild the cache to distil another teacher", file=sys.stderr)
+
+
+def write_run_report(run_dir: Path, say: Any) -> None:
+    """report.md and report.html, as `trainguard run` writes them; fail-open: a report failure never changes
+    the run's result."""
+    try:
+        from trainguard.report import write_report
+
+        md, _ = write_report(run_dir)
+        say(f"report: {md}")
+    except Exception as exc:  # the run is done and recorded; the report is a view of it
+        say(f"report not written: {type(exc).__name__}: {exc}")
+
+
 def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str | Path | None = None,
           stop_after: int | None = None, verbose: bool = True) -> dict[str, Any]:
     """Runs the recipe; returns per-step losses, evaluations and where checkpoints went.
@@ -98,8 +140,9 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     saved_toks = state.get("tokenizers", {}) if state else {}
     cache = None
     if cfg.data.teacher_cache:  # KD from the offline cache: the teacher's tokenizer comes with it
-        cache = TeacherCache(cfg.resolve_path(cfg.data.teacher_cache))
+        cache = open_cache(cfg)
         check_cache(cache, cfg, train_text)
+        warn_other_teacher(cache, cfg)
         cache.preload()  # decompressed once, before the loop, as far as the reader's memory budget goes
         saved_toks = {**saved_toks, "teacher": saved_toks.get("teacher") or cache.manifest["teacher_tokenizer"]}
     t_tok = load_tokenizer("teacher", cfg.teacher, train_text, saved_toks.get("teacher"))
@@ -169,6 +212,12 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     eval_ex = prepare(windows(eval_text, cfg.data.window_chars), s_tok, t_tok, same_next, mapper)
     if cfg.data.eval_windows:
         eval_ex = eval_ex[: cfg.data.eval_windows]
+    if cache is not None and cache.n_windows < len(train_ex):
+        # built with --max-windows: the cache holds the text's first N windows, the same windows of the same
+        # text (check_cache compared its digest), so the student trains on exactly those
+        say(f"the teacher cache holds {cache.n_windows} of the text's {len(train_ex)} windows (built with "
+            f"--max-windows): training on those {cache.n_windows}")
+        train_ex = train_ex[: cache.n_windows]
     pad_s, pad_t = s_tok.bos_id, t_tok.bos_id  # any id: padded positions are masked and carry no label
 
     o = cfg.optim
@@ -197,16 +246,25 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     vmap_np = vocab_map.numpy()
     V_s = student.get_output_embeddings().weight.shape[0]
 
-    def with_targets(batch: dict[str, Any]) -> dict[str, Any]:
+    def with_targets(batch: dict[str, Any], source: TeacherCache | None = cache) -> dict[str, Any]:
         """The batch on the device, with its KD targets read from the offline cache when there is one."""
         b = to_device(batch, device)
-        if cache is not None and with_kd:
-            tt = targets_for(cache, batch["windows"], vmap_np, cfg.loss.kd.top_k, V_s)
+        if source is not None and with_kd:
+            tt = targets_for(source, batch["windows"], vmap_np, cfg.loss.kd.top_k, V_s)
             b["targets"] = TeacherTargets(*(x.to(device, non_blocking=True) for x in (tt.sid, tt.logp, tt.mapped, tt.tail)))
             if spec.partial and "part_tid" in batch:  # the partial rows' conditioned log-probs, as online
-                b["part_logp"] = partial_logp_for(cache, batch["partial_windows"], batch["part_tid"]).to(
+                b["part_logp"] = partial_logp_for(source, batch["partial_windows"], batch["part_tid"]).to(
                     device, non_blocking=True)
         return b
+
+    # A cache student's kd_topk: the cache's targets on the evaluation windows, when it holds them for this text
+    eval_cache = cache.eval_view() if cache is not None and with_kd else None
+    if eval_cache is not None and (eval_cache.text_sha256 != text_digest(eval_text)
+                                   or eval_cache.n_windows < len(eval_ex) or not eval_cache.has_shard(0)):
+        eval_cache = None
+    if cache is not None and with_kd and eval_cache is None:
+        say("kd_topk is not evaluated: the teacher cache holds no targets for this eval text and eval_windows "
+            "(rebuild it with this config to add them)")
 
     guard = trainguard.watch(trainable, optimizer, scheduler, total_steps=t.max_steps, grad_accum=t.grad_accum,
                              scaler=scaler, run_dir=run_dir, name="distill",
@@ -235,12 +293,14 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
         ckpt.set_rng_state(state["rng"])
         step, position = state["step"], tuple(state["data_position"])
         best_bpb, evals_since_best = state["best_bpb"], state["evals_since_best"]
+        guard.set_step(step)  # the guard's steps, due() and findings continue from the checkpoint's step
         say(f"resumed from {resume} at step {step}")
     out_dir = Path(guard.run_dir) if guard.run_dir else Path(run_dir or ".")
     for side, tok in (("teacher", t_tok), ("student", s_tok)):
         (out_dir / f"tokenizer-{side}.json").write_text(tok.backend.to_str())
     ratio = sum(len(e.pairs) for e in train_ex) / max(1, sum(len(e.student.ids) - 1 for e in train_ex))
-    say(f"teacher {type(teacher).__name__} V={V_t} | student {type(student).__name__} "
+    teacher_name = type(teacher).__name__ if teacher is not None else f"from the cache {cache.folder if cache else ''}"
+    say(f"teacher {teacher_name} V={V_t} | student {type(student).__name__} "
         f"V={student.get_output_embeddings().weight.shape[0]} | vocab overlap {n_mapped} ids | "
         f"train windows {len(train_ex)}, aligned positions {ratio:.1%} | run dir {out_dir}")
 
@@ -257,8 +317,12 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
 
     def run_eval() -> dict[str, float]:
         with guard.phase("eval"):
-            metrics = evaluate(student, teacher, projs, eval_batches(eval_ex, t.batch_size, pad_s, pad_t), spec,
-                               amp, device, with_teacher=(with_kd or with_hidden) and teacher is not None)
+            batches: Any = eval_batches(eval_ex, t.batch_size, pad_s, pad_t)
+            if eval_cache is not None:
+                batches = (with_targets(b, eval_cache) for b in batches)
+            metrics = evaluate(student, teacher, projs, batches, spec, amp, device,
+                               with_teacher=(with_kd or with_hidden) and teacher is not None,
+                               cached_kd=eval_cache is not None)
             guard.eval(**metrics)
         return metrics
 
@@ -348,7 +412,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
                 eval_cpu += time.process_time() - ce
                 evals.append({"step": step, **metrics})
                 say(f"eval step {step}: ppl {metrics['perplexity']:.3f} bpb {metrics['bpb']:.4f}"
-                    + (f" kd_topk {metrics['kd_topk']:.4f} kl_full {metrics['kl_full']:.4f}" if "kd_topk" in metrics else ""))
+                    + "".join(f" {key} {metrics[key]:.4f}" for key in ("kd_topk", "kl_full") if key in metrics))
                 # better = lower by more than a relative 1e-4: noise-level changes are not progress
                 if metrics["bpb"] < best_bpb * (1 - 1e-4):
                     best_bpb, evals_since_best = metrics["bpb"], 0
@@ -368,6 +432,7 @@ def train(cfg: DistillConfig, *, run_dir: str | Path | None = None, resume: str 
     train_cpu = time.process_time() - c0 - eval_cpu
     n_tokens = int(sum(int(x) for x in tokens_seen))
     guard.finish()
+    write_run_report(out_dir, say)
     return {
         "train_seconds": train_seconds, "train_tokens": n_tokens, "tokens_per_s": n_tokens / max(1e-9, train_seconds),
         "train_cpu_seconds": train_cpu, "tokens_per_cpu_s": n_tokens / max(1e-9, train_cpu),
