@@ -362,7 +362,7 @@ class Supervisor:
         # `run`) when its parent exited: still the run's, found among our own children
         escaped = [m for m in _orphans(keep={getattr(self._keeper, "pid", None)} | self._children_before,
                                        since=self.attempt_started)
-                   if m["pid"] not in {x["pid"] for x in members}]
+                   if m["pid"] not in {x["pid"] for x in members} and self._of_this_run(m["pid"])]
         if members or escaped:
             step = max((b["step"] for b in self.reader.heartbeats() if b["step"] is not None), default=None)
             self._report(verdict.leftover_finding(members + escaped, step))
@@ -372,6 +372,14 @@ class Supervisor:
         self._close_stall_at_end(returncode)
         keeper.stop(self._keeper)
         return returncode, hang, stopped
+
+    def _of_this_run(self, pid: int) -> bool:
+        """A process the command started (its environment names this run and attempt, as the command's own),
+        not one the watchdog started for itself (a sink's service such as wandb-core, a checkpoint verifier,
+        a notifier's command), which are its children too."""
+        env = _environ_of(pid)
+        return (env.get(ENV_RUN_DIR) == str(self.run_dir.resolve())
+                and env.get(ENV_ATTEMPT) == str(self.attempt))
 
     def _observe(self) -> WatchState:
         beats = [b for b in self.reader.heartbeats() if b["attempt"] == self.attempt]
@@ -1041,6 +1049,15 @@ def _become_subreaper() -> bool:
         return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER = 36
     except (OSError, AttributeError):
         return False
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    try:
+        import psutil
+
+        return dict(psutil.Process(pid).environ())
+    except Exception:
+        return {}
 
 
 def _orphans(keep: set[int | None], since: float) -> list[dict[str, Any]]:
