@@ -15,7 +15,7 @@ from trainguard.contract import ENV_DISABLE, ENV_STACKS
 from trainguard.findings import Finding
 from trainguard.probe.null import NullGuard  # light (no torch): `watch`'s return path when not watching
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 if TYPE_CHECKING:
     from trainguard.probe.guard import Guard
