@@ -40,10 +40,12 @@ def exempt(path: str) -> bool:
 
 def _by_design(entry: dict[str, Any], nan_only: bool) -> bool:
     """A non-finite tensor that is so on purpose: Inf without NaN in a mask buffer (a causal mask filled with
-    -inf); in a file nobody reported, any Inf without NaN (saved log-probabilities, masks)."""
+    -inf), or in a single-value tensor (a best-score tracker's starting +-inf: Lightning's ModelCheckpoint
+    keeps `kth_value = inf` until a score is better); in a file nobody reported, any Inf without NaN (saved
+    log-probabilities, masks)."""
     if entry.get("nan"):
         return False
-    return nan_only or "mask" in str(entry.get("tensor", "")).lower()
+    return nan_only or entry.get("numel") == 1 or "mask" in str(entry.get("tensor", "")).lower()
 
 
 def verdict(facts: dict[str, Any], *, at_step: int | None, previous: dict[str, Any] | None,

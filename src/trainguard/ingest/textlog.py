@@ -110,8 +110,10 @@ _IMPROVED = re.compile(r"\bMetric (\S+) improved(?: by [^.]*\.\d+ >= min_delta =
                        r"(" + _NUM + r")")
 _NOT_FINITE = re.compile(r"\bMonitored metric (\S+) = (nan|inf|-inf) is not finite")
 _FRACTION = re.compile(r"\s*/\s*(\d{1,15})(?![\d.])")
-# `Accuracy on validation set: 10.3`: the metric's own name, before the split it was measured on
-_ON_SET = re.compile(r"([A-Za-z][\w\-]*)\s+(?:on|of|for)\s+(?:the\s+)?\w+\s+(?:set|split)\s*[:=]", re.IGNORECASE)
+# `Accuracy on validation set: 10.3`, `Accuracy of the network on the validation set: 15.8 %` (PyTorch's
+# CIFAR-10 tutorial): the metric's own name is the phrase's first word, before the split it was measured on
+_ON_SET = re.compile(r"(?:^|[\s,;|\]])([A-Za-z][\w\-]*)\s+(?:on|of|for)\s+[^:=]*?\b(?:set|split)\s*[:=]",
+                     re.IGNORECASE)
 # a line of many words that merely holds numbers (`[eval] A car travels at 62 km/h for 2 hours`): not metrics
 _WORD = re.compile(r"[A-Za-z]{2,}")
 

@@ -331,7 +331,13 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-DIVERGENCE_SIGNS = ("loss-diverged", "loss-diverging", "nonfinite-loss", "nonfinite-grad")
+def _divergence_signs() -> set[str]:
+    """The findings that say the loss diverged or went non-finite (TG208, TG206, TG301, TG302), by their
+    declarations (imported here: those rules' modules come after this one)."""
+    from trainguard.rules.numerics import NonfiniteGrad, NonfiniteLoss
+    from trainguard.rules.progress import LossDiverged, LossDiverging
+
+    return {r.name for r in (LossDiverged, LossDiverging, NonfiniteLoss, NonfiniteGrad)}
 
 
 def after_divergence(crashed: Finding, earlier: list[Finding], lr: Any = None) -> Finding:
@@ -339,7 +345,7 @@ def after_divergence(crashed: Finding, earlier: list[Finding], lr: Any = None) -
     says so and its fix starts with the LR, the likely cause; the crash's own fix follows. A crash with no
     such sign before it is returned unchanged."""
     step = crashed.step
-    signs = [f for f in earlier if f.name in DIVERGENCE_SIGNS and f.step is not None
+    signs = [f for f in earlier if f.name in _divergence_signs() and f.step is not None
              and (step is None or f.step <= step)]
     if not signs or crashed.evidence.get("after_divergence"):
         return crashed

@@ -347,7 +347,7 @@ class ClipBeforeUnscale(Rule):
         first, last = self.pinned[0], self.pinned[-1]
         scales = sorted({s for _, _, s in self.pinned})
         return self.finding(
-            step=first[0], cause="clip-before-unscale",
+            step=first[0], cause=self.name,
             summary=f"the gradient norm is {fmt(last[1])} at {self.ROWS} sampled steps in a row (steps {first[0]}-"
                     f"{last[0]}), exactly {fmt(rounded)} / the loss scale {'/'.join(fmt(int(s)) for s in scales)}: the "
                     f"gradients were clipped to max_norm {fmt(rounded)} while still scaled, so every update is "
