@@ -93,13 +93,15 @@ class WeightsNotUpdating(Rule):
             return None
         first = self.zero_first
         lr, gn = step_lr(first), first.get("grad_norm")  # the largest LR: one group at 0 (a warmup) is not "LR 0"
-        if finite(lr) and lr == 0:
+        # the structural fact first: parameters the optimizer does not hold explain an LR or a gradient seen
+        # as 0 on the copy it does hold (Ultralytics' warm-up starts its bias group at 0)
+        if self.not_in_optimizer:
+            why = f"{self.not_in_optimizer.get('count')} trainable parameters are not in the optimizer"
+            cause = "not-in-optimizer"
+        elif finite(lr) and lr == 0:
             why, cause = "the learning rate is 0", "lr-zero"
         elif finite(gn) and gn == 0:
             why, cause = "every gradient is zero (is the loss detached from the model?)", "zero-grad"
-        elif self.not_in_optimizer:
-            why = f"{self.not_in_optimizer.get('count')} trainable parameters are not in the optimizer"
-            cause = "not-in-optimizer"
         elif self.compiled is not None:
             why = (f"{self.compiled.get('optimizer', 'the optimizer')}.step runs under torch.compile and changes "
                    f"nothing: a cached graph traced when the gradients were None replays a no-op")
