@@ -118,20 +118,25 @@ def read_capped(path: str | os.PathLike, limit: int, what: str = "file") -> byte
         os.close(fd)
 
 
+def _read_upto(fd: int, nbytes: int) -> bytes:
+    """At most `nbytes` from `fd`'s position, in reads of 1 MiB (a short read is not the end)."""
+    chunks, got = [], 0
+    while got < nbytes:
+        chunk = os.read(fd, min(1 << 20, nbytes - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
 def read_tail(path: str | os.PathLike, nbytes: int, what: str = "file") -> bytes:
     """The last `nbytes` of a regular file (a log of any size costs at most that)."""
     fd = open_fd(path, what)
     try:
         size = os.fstat(fd).st_size
         os.lseek(fd, max(0, size - nbytes), os.SEEK_SET)
-        chunks, got = [], 0
-        while got < nbytes:
-            chunk = os.read(fd, min(1 << 20, nbytes - got))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
+        return _read_upto(fd, nbytes)
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
     finally:
@@ -142,14 +147,7 @@ def read_head(path: str | os.PathLike, nbytes: int, what: str = "file") -> bytes
     """The first `nbytes` of a regular file."""
     fd = open_fd(path, what)
     try:
-        chunks, got = [], 0
-        while got < nbytes:
-            chunk = os.read(fd, min(1 << 20, nbytes - got))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
+        return _read_upto(fd, nbytes)
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
     finally:
