@@ -28,7 +28,7 @@ def checkpoint_steps(events: list[dict[str, Any]]) -> list[int]:
     return sorted({int(e["step"]) for e in events if isinstance(e.get("step"), int)})
 
 
-def last_checkpoint_before(cut_step: int, saved: list[int], step: int) -> int | None:
+def last_checkpoint_before(cut_step: int, saved: list[int]) -> int | None:
     """The last checkpoint the run will have written by `cut_step`, at its own interval so far."""
     if not saved:
         return None
@@ -65,7 +65,7 @@ def plan_exceeds_time_limit(job: SlurmJob, *, step: int, total: int, rate: float
     if need <= left + max(30.0, 0.02 * left):
         return None
     cut = step + int(left / rate)
-    last_ckpt = last_checkpoint_before(cut, checkpoints, step)
+    last_ckpt = last_checkpoint_before(cut, checkpoints)
     ckpt = (f"the last checkpoint before the cut at about step {last_ckpt:,}" if last_ckpt is not None else
             "no checkpoint has been reported: the cut loses everything")
     summary = (f"at {rate:.2f} s/step, the {total - step:,} steps left need {_hms(need)}; {job.label()} ends in "
