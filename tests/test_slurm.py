@@ -162,3 +162,13 @@ def test_preflight_in_a_job_says_the_plan_cannot_fit_its_time_limit(cluster: Slu
     assert f is not None, out[-3000:]
     assert f["source"] == "preflight" and f["evidence"]["total_steps"] == 5000
     assert "TG551" in out
+
+
+def test_a_plan_that_fits_its_time_limit_stays_quiet(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """TG551's healthy twin: the same script, a plan that fits the job's --time with room to spare."""
+    run = tmp_path / "run"
+    cluster.sbatch(job_script(tmp_path, str(run), total=300, pace=0.05), "--time=3", f"--output={tmp_path}/job.out")
+    st = cluster.wait(lambda: (s := status(run)) and s.get("ended") and s, 120, "the run's end")
+    assert st["state"] == "completed" and st["exit_code"] == 0, (st["state"], codes(st))
+    assert not {"TG551", "TG552"} & set(codes(st)), codes(st)
+    assert st["scheduler"]["time_limit_s"] == 180
