@@ -18,6 +18,7 @@ that may pass is retried with back-off (RETRIES), a target's first failure is wr
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -98,7 +99,9 @@ class Notifier:
             w.stop()
         for w in self._workers:
             w.thread.join(max(0.0, deadline - time.time()))
-        late = [w.target.shown for w in self._workers if w.thread.is_alive()]
+        # a target already said to be failing is not said again as left behind: one line per target
+        late = [w.target.shown for w in self._workers
+                if w.thread.is_alive() and f"failed {w.target.shown}" not in self._logged]
         if late:
             self.log("late", f"still sending after {self.close_wait:.0f} s, left behind: {', '.join(late)}")
 
@@ -130,7 +133,9 @@ class Notifier:
                 return
             self._logged.add(kind)
         try:
-            with open(self.run_dir / "guard.log", "a") as fh:
+            from trainguard.folderio import open_append
+
+            with os.fdopen(open_append(self.run_dir / "guard.log"), "a") as fh:
                 fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} notify {scrub(text, self.targets)}\n")
         except OSError:
             pass
