@@ -13,7 +13,10 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from trainguard.rules.engine import run_rules
+from trainguard.store.ranks import launched_alone
 
 DDP = {"total_steps": 200, "world_size": 2, "model": "DistributedDataParallel"}
 
@@ -467,3 +470,15 @@ def test_how_far_each_rank_got_counts_this_attempts_heartbeats_and_answers_only(
     w.close()
     with RunReader(tmp_path) as reader:
         assert reader.steps_reached() == {0: 460, 1: 460}
+
+
+@pytest.mark.parametrize(("environ", "alone"), [
+    ({}, True),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, True),  # a one-task batch script
+    ({"RANK": "0", "WORLD_SIZE": "1"}, True),  # torchrun --nproc-per-node 1
+    ({"RANK": "2"}, False),  # a hand-made launch with RANK only
+    ({"WORLD_SIZE": "4", "RANK": "0"}, False),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "3"}, False),
+])
+def test_only_a_plain_launch_counts_as_alone(environ: dict[str, str], alone: bool) -> None:
+    assert launched_alone(environ) is alone

@@ -38,6 +38,19 @@ def lower_priority() -> None:
         pass
 
 
+def _own_peak_rss_mb() -> float:
+    """This image's peak resident memory. VmHWM first: getrusage's ru_maxrss survives exec, so a verifier
+    started from a big training process would report the trainer's peak as its own."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m trainguard.checkpoints.verify PATH", file=sys.stderr)
@@ -55,7 +68,7 @@ def main(argv: list[str]) -> int:
     facts = read_checkpoint(argv[0])
     facts["seconds"] = round(time.perf_counter() - t0, 3)
     facts["cpu_s"] = round(time.process_time() - cpu0, 3)
-    facts["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    facts["peak_rss_mb"] = _own_peak_rss_mb()
     sys.stdout.write(json.dumps(facts, default=str) + "\n")
     sys.stdout.flush()
     return 0

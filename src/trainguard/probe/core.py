@@ -31,7 +31,7 @@ from trainguard.probe.startrecord import record_start
 from trainguard.probe.steps import StepRecorder
 from trainguard.store import lock as run_lock
 from trainguard.store.paths import new_run_dir, prepare_run_dir
-from trainguard.store.ranks import rank_info
+from trainguard.store.ranks import launched_alone, rank_info
 from trainguard.store.selflog import GuardLog
 from trainguard.store.writer import StoreWriter
 
@@ -87,7 +87,7 @@ class Probe(StepRecorder):
             folder = new_run_dir(label)
         # a script run alone owns its folder like a watchdog does (store/lock.py): a second run into it is
         # refused; an earlier run found there is kept apart (one rank alone: other ranks may be writing)
-        self._run_lock = run_lock.claim(folder, keep_apart=self.place["world_size"] == 1) \
+        self._run_lock = run_lock.claim(folder, keep_apart=launched_alone()) \
             if not self.under_watchdog and rank == 0 else None
         selflog = GuardLog(folder, rank, stderr_fallback=True)
         StepRecorder.__init__(

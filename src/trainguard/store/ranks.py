@@ -65,6 +65,16 @@ def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
     )
 
 
+def launched_alone(environ: Mapping[str, str] | None = None) -> bool:
+    """True when this process is the job's only writer: a world of one where a launcher says so
+    (WORLD_SIZE, SLURM_NTASKS), else no RANK at all (a hand-made launch that sets RANK without WORLD_SIZE
+    has several writers; SLURM_PROCID alone does not count: a one-task batch script has it too)."""
+    env = os.environ if environ is None else environ
+    if any((env.get(name) or "").strip() for name in LAUNCHER_WORLD_SIZE):
+        return _int_env(env, LAUNCHER_WORLD_SIZE, 1) <= 1
+    return not (env.get("RANK") or "").strip()
+
+
 def describe(rank: int, info: Mapping[int, RankInfo] | None = None) -> str:
     """'rank 3' on one node; 'rank 3 (node 1)' when the ranks span nodes; 'rank 3 (node 1, gpu-b)' when
     they span hosts too (two simulated nodes on one machine share a host)."""
