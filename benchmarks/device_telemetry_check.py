@@ -1,12 +1,12 @@
 """The device telemetry's reader on a real card: what NVML reads, and what it costs (issue 37).
 
-    PYTHONPATH=src python benchmarks/device_telemetry_check.py [--seconds 12]
+    PYTHONPATH=src python benchmarks/device_telemetry_check.py [--seconds 2.5] [--rounds 8]
 
 Prints, for GPU 0: one sample (clocks, temperature, power, memory, throttle reasons, ECC and remap
 counters), whether the Xid event set registers, whether the kernel log can be followed here; the cost
 of one sample (wall and CPU, median of 200); and a training loop's step time with no sampler, with the
-probe's sampler at its default interval (5 s), and at 0.1 s (50x more often: an upper bound), measured in
-the same process one after the other. NVML does not touch the CUDA context: the loop is never synchronised
+probe's sampler at its default interval (5 s), and at 0.1 s (50x more often: an upper bound), in
+interleaved blocks with a second no-sampler arm as the control (ratios to "none" with a bootstrap interval). NVML does not touch the CUDA context: the loop is never synchronised
 by the sampler (the step times say so). Ends with one JSON line of the numbers.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -21,9 +22,16 @@ import time
 from pathlib import Path
 
 
+def _bootstrap_median(values: list[float], rng: random.Random, n: int = 2000) -> tuple[float, float]:
+    """A 95% percentile-bootstrap interval of the median of `values`."""
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=12.0, help="seconds per arm of the loop comparison")
+    ap.add_argument("--seconds", type=float, default=2.5, help="seconds per block of the loop comparison")
+    ap.add_argument("--rounds", type=int, default=8, help="rounds of one block per arm, interleaved")
     args = ap.parse_args()
     import torch
 
@@ -99,28 +107,38 @@ def main() -> int:
         loss.backward()
         opt.step()
 
-    results = {}
+    # interleaved blocks, the order shuffled each round, so drift (clocks, temperature, neighbours) falls on
+    # every arm alike; "control" is a second no-sampler arm: the spread between it and "none" is the noise
+    # floor a sampler's cost has to be read against. Per round, each arm's step time over "none"'s.
+    arms = {"none": None, "control": None, f"every {SAMPLE_EVERY:.0f} s": SAMPLE_EVERY, "every 0.1 s": 0.1}
+    times: dict[str, list[float]] = {label: [] for label in arms}
+    counts: dict[str, dict[str, float]] = {label: {"samples": 0, "events": 0, "sampler_cpu_s": 0.0} for label in arms}
+    rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
-        for label, every in (("none", None), (f"every {SAMPLE_EVERY:.0f} s", SAMPLE_EVERY), ("every 0.1 s", 0.1)):
-            sampler = None
-            folder = Path(tmp) / label.replace(" ", "_")
-            folder.mkdir()
-            writer = StoreWriter(folder, rank=0)
-            if every:
-                sampler = DeviceSampler(writer, rank=0, local_rank=0, log=print, every=every).start()
-            ms = arm(args.seconds)
-            if sampler is not None:
-                sampler.stop()
-            writer.close()
-            if sampler is not None:
-                results[label] = {"step_ms": round(ms, 3), "samples": sampler.samples, "events": sampler.events,
-                                  "sampler_cpu_s": round(sampler.cpu_s, 4)}
-            else:
-                results[label] = {"step_ms": round(ms, 3)}
-            print(f"loop, sampler {label}: {ms:.3f} ms/step {results[label]}")
-    base = results["none"]["step_ms"]
-    for r in results.values():
-        r["overhead_pct"] = round(100 * (r["step_ms"] - base) / base, 3)
+        for r in range(args.rounds):
+            order = list(arms)
+            rng.shuffle(order)
+            for label in order:
+                every = arms[label]
+                folder = Path(tmp) / f"{r}_{label.replace(' ', '_')}"
+                folder.mkdir()
+                writer = StoreWriter(folder, rank=0)
+                sampler = DeviceSampler(writer, rank=0, local_rank=0, log=print, every=every).start() if every else None
+                times[label].append(arm(args.seconds))
+                if sampler is not None:
+                    sampler.stop()
+                    counts[label]["samples"] += sampler.samples
+                    counts[label]["events"] += sampler.events
+                    counts[label]["sampler_cpu_s"] += sampler.cpu_s
+                writer.close()
+    results: dict[str, dict] = {}
+    for label in arms:
+        ratios = [t / b for t, b in zip(times[label], times["none"])]
+        lo, hi = _bootstrap_median(ratios, rng)
+        results[label] = {"step_ms_median": round(statistics.median(times[label]), 4),
+                          "ratio_median": round(statistics.median(ratios), 5), "ratio_ci95": [round(lo, 5), round(hi, 5)],
+                          **({k: round(v, 4) for k, v in counts[label].items()} if arms[label] else {})}
+        print(f"loop, sampler {label}: {results[label]}")
     out["loop"] = results
     print(json.dumps(out))
     return 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -158,8 +159,7 @@ def one_mode(args: argparse.Namespace) -> dict:
 
     step()  # warm-up (allocates optimizer state: counted in the baseline, not in the step's peak)
     step()
-    signal = teacher_signal(b0 := batch()) if dev.type == "cuda" else {}
-    del b0
+    signal = teacher_signal(batch()) if dev.type == "cuda" else {}
     sampler = None
     if dev.type == "cuda":
         torch.cuda.synchronize()
@@ -181,17 +181,37 @@ def one_mode(args: argparse.Namespace) -> dict:
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
+    # per-step times without a host-device sync between steps (a sync would take away the overlap of the
+    # host's next step with the device's current one): CUDA events recorded on the stream at each step's
+    # start, read once at the end; on the CPU the wall clock per step
+    marks: list = []
     t0 = time.perf_counter()
     for _ in range(args.iters):
+        if dev.type == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            marks.append(ev)
+        else:
+            marks.append(time.perf_counter())
         step()
     if dev.type == "cuda":
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        marks.append(end)
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
+        per_step = [marks[i].elapsed_time(marks[i + 1]) / 1000 for i in range(args.iters)]
     else:
+        marks.append(time.perf_counter())
         stop.set()
         sampler.join()
         peak = max(seen[0], base)
+        per_step = [marks[i + 1] - marks[i] for i in range(args.iters)]
     secs = time.perf_counter() - t0
+    ordered = sorted(per_step)
+    spread = {"step_s_median": statistics.median(per_step), "step_s_min": ordered[0], "step_s_max": ordered[-1],
+              "step_s_p10": ordered[len(ordered) // 10], "step_s_p90": ordered[(len(ordered) * 9) // 10],
+              "tokens_per_s_median_step": B * T / statistics.median(per_step)}
     if args.profile_dir and dev.type == "cuda":  # where a step's time goes: top operators by CPU and CUDA time
         from torch.profiler import ProfilerActivity, profile
 
@@ -211,9 +231,18 @@ def one_mode(args: argparse.Namespace) -> dict:
         rows = B * T * (k * (4 + 4 + 1) + 4 + 1)
         signal["step_signal_bytes"] = static + rows
         signal["step_signal_ratio"] = signal["full_fp32_logits_bytes"] / (static + rows)
+        # counted whole: the graphs' static inputs (the teacher's hidden states copied in) and every block of
+        # the graphs' private memory pools (their outputs and the intermediates a replay reuses: memory
+        # that stays reserved between steps), read from the allocator's segments, plus the per-row copy
+        inputs = sum(x.numel() * x.element_size() for _, x, _ in spec.graphed.graphs.values())
+        pools = sum(int(seg["total_size"]) for seg in torch.cuda.memory_snapshot()
+                    if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0))
+        whole = inputs + pools + rows
+        signal.update({"graph_inputs_bytes": inputs, "graph_pool_bytes": pools, "step_signal_whole_bytes": whole,
+                       "step_signal_whole_ratio": signal["full_fp32_logits_bytes"] / whole})
     return {"mode": args.mode, "k": k, "chunk": chunk, "peak_bytes": peak, "baseline_bytes": base,
             "step_peak_bytes": max(0, peak - base), "tokens_per_s": B * T * args.iters / secs,
-            "seconds_per_step": secs / args.iters, "graph": bool(args.graph), **signal}
+            "seconds_per_step": secs / args.iters, "graph": bool(args.graph), **spread, **signal}
 
 
 def main() -> None:
@@ -227,7 +256,7 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=None, help="positions per logit chunk, top-k mode "
                     "(default: 512 on cuda, 64 on cpu: a quarter of the batch's positions on both)")
     ap.add_argument("--overlap", type=int, default=40_000, help="ids shared by the two vocabularies")
-    ap.add_argument("--iters", type=int, default=None, help="timed steps (default: 5 on cuda, 2 on cpu)")
+    ap.add_argument("--iters", type=int, default=None, help="timed steps (default: 20 on cuda, 2 on cpu)")
     ap.add_argument("--modes", default="topk,full", help="comma-separated: topk, topk-eager (no CUDA graph), full")
     ap.add_argument("--compile", action="store_true", help="torch.compile the student's decoder stack (all modes)")
     ap.add_argument("--experts", default=None, help="teacher experts implementation: eager (HF default loop), "
@@ -246,7 +275,7 @@ def main() -> None:
     args.batch = args.batch or (4 if cuda else 1)
     args.seq = args.seq or (512 if cuda else 256)
     args.layers = args.layers if args.layers is not None else (0 if cuda else 2)
-    args.iters = args.iters or (10 if cuda else 2)
+    args.iters = args.iters or (20 if cuda else 2)
     args.chunk = args.chunk or (512 if cuda else 64)
     if args.mode:  # child: one mode, one process
         print(json.dumps(one_mode(args)))
@@ -272,6 +301,7 @@ def main() -> None:
     if "step_peak_bytes" in results.get("topk", {}) and "step_peak_bytes" in results.get("full", {}):
         out["step_peak_ratio_full_over_topk"] = results["full"]["step_peak_bytes"] / max(1, results["topk"]["step_peak_bytes"])
         out["speed_ratio_topk_over_full"] = results["topk"]["tokens_per_s"] / results["full"]["tokens_per_s"]
+        out["speed_ratio_median_step"] = results["full"]["step_s_median"] / results["topk"]["step_s_median"]
     if args.device == "cuda":
         import torch
 
