@@ -694,9 +694,10 @@ def child(args: argparse.Namespace) -> dict:
     bg_cpu = probe_thread_cpu() - cpu0
     stretches = background_stretches()
     steps = cfg["rounds"] * cfg["block"]
-    sampler = device_sampler(guard)  # (before finish: finish stops it and lets it go)
+    sampler_obj = getattr(guard, "_devices", None)  # (taken before finish: finish stops it and lets it go)
     if guard is not None and args.mode == "watch":
         guard.finish()
+    sampler = device_sampler(sampler_obj, wall)  # (its threads add their CPU time as they end, at finish)
     rows = None
     with contextlib.suppress(Exception):
         import sqlite3
@@ -767,17 +768,22 @@ def child(args: argparse.Namespace) -> dict:
     }
 
 
-def device_sampler(guard: object) -> dict:
+def device_sampler(s: object, wall: float) -> dict:
     """What the probe's device telemetry did in this process: on (TRAINGUARD_DEVICES unset, nvidia-ml-py
-    importable) or off, the GPU it found, its samples and events, its threads' CPU seconds."""
+    importable) or off, the GPU it found, its samples and events, its threads' CPU seconds (whole process life).
+
+    Its threads run beside all three arms' blocks (they are not switched per block as the hooks are): G/U in
+    one process is the probe's per-step work without it. The sampler's own cost is its CPU here, and U's step
+    time with it (a `gpu` arm) against without it (`gpu+nodevices`), each beside its process's C/U noise."""
     from trainguard.devices import sampler as devices
 
-    s = getattr(guard, "_devices", None)
     gpu = getattr(s, "gpu", None)
+    cpu_s = getattr(s, "cpu_s", 0.0)
     return {"enabled": devices.enabled(), "running": s is not None,
             "gpu_pci": getattr(gpu, "pci", None), "samples": getattr(s, "samples", 0),
-            "events": getattr(s, "events", 0), "cpu_s": round(getattr(s, "cpu_s", 0.0), 4),
-            "threads": [t.name for t in getattr(s, "_threads", []) if t.is_alive()]}
+            "events": getattr(s, "events", 0), "cpu_s": round(cpu_s, 4),
+            "cpu_ms_per_s_of_rounds": round(1000 * cpu_s / wall, 4) if wall > 0 else None,
+            "threads": [t.name for t in getattr(s, "_threads", [])]}
 
 
 # -------------------------------------------------------------------------------------------------

@@ -201,3 +201,26 @@ def test_a_healthy_run_with_a_quiet_kernel_log_has_no_device_finding(workdir: Pa
 
     with RunReader(workdir / "run") as reader:
         assert reader.events("device") == []
+
+
+def test_the_ring_buffer_fallback_parses_only_what_came_after_its_first_read() -> None:
+    # syslog(2)'s READ_ALL gives the whole ring buffer each time (`<level>[seconds] message` lines); a buffer
+    # that wrapped has lost the line last seen. The kernel's side is played by a function filling the buffer.
+    import ctypes
+
+    from trainguard.devices.kmsg import SyslogBuffer
+
+    ring = [b"<6>" + NOISE.encode(), b"<4>" + XID79.encode()]
+
+    def klogctl(action: int, buf: Any, size: int) -> int:
+        data = b"".join(ring)[-size:]
+        ctypes.memmove(buf, data, len(data))
+        return len(data)
+
+    source = SyslogBuffer(klogctl, 1 << 16)
+    assert source.read() == []  # the buffer's history, from before the run
+    ring.append(b"<3>" + HUNG.encode())
+    assert [e["what"] for e in source.read()] == ["hung-task"]
+    assert source.read() == []  # nothing new
+    ring[:] = [b"<3>" + OOM.encode()]  # wrapped: the last line seen is gone; what is there is new
+    assert [e["what"] for e in source.read()] == ["oom-killer", "oom-killer"]
