@@ -104,7 +104,28 @@ def test_a_follower_command_is_read_and_ended_on_close(tmp_path: Path) -> None:
     got = _drain(source, 3)
     assert [e["what"] for e in got] == ["oom-killer", "oom-killer", "xid"]
     source.close()
-    assert source.proc.poll() is not None  # no child left behind
+    assert source.proc.poll() is not None
+    _group_gone(source.proc.pid)  # no child left behind: the shell's group, `tail` in it
+
+
+def test_a_follower_command_ends_when_its_process_dies_without_closing_it(tmp_path: Path) -> None:
+    script = ("import os, sys; from trainguard.devices.kmsg import JournalFollower\n"
+              "f = JournalFollower.open(['sleep', '300']); print(f.proc.pid, flush=True); os._exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    _group_gone(int(out.stdout.split()[0]))
+
+
+def _group_gone(pgid: int) -> None:
+    """The process group ends within seconds (a killed member stays a zombie until init reaps it)."""
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.killpg(pgid, 9)
+    raise AssertionError("the follower command outlived the process that started it")
 
 
 TRAIN = textwrap.dedent('''

@@ -301,7 +301,13 @@ def _index_after(lines: list[bytes], last: bytes) -> int:
 
 class JournalFollower(KernelLog):
     """`journalctl -k -f` (or another command given, in tests) as a child in its own session, its output read
-    non-blocking as lines; the child is ended when the follower closes."""
+    non-blocking as lines; the child is ended when the follower closes, and also when this process dies
+    without closing it (killed, `os._exit`): it runs under a small shell that holds a pipe from this process
+    on its standard input and kills the command once that pipe closes. A follower left behind would wait for
+    the next kernel line to notice (and be a leftover process of the run meanwhile)."""
+
+    # the command in the background, `cat` waiting for our end of the pipe to close, then the command killed
+    WRAPPER = 'trap "" PIPE; "$@" </dev/null & cat >/dev/null; kill $! 2>/dev/null'
 
     def __init__(self, proc: subprocess.Popen[bytes], name: str) -> None:
         assert proc.stdout is not None
@@ -323,8 +329,8 @@ class JournalFollower(KernelLog):
                 return None
             argv = ["journalctl", "-k", "-f", "-n", "0", "-q", "-o", "cat", "--no-pager"]
         try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(["sh", "-c", cls.WRAPPER, "sh", *argv], stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, stdin=subprocess.PIPE, start_new_session=True)
         except OSError:
             return None
         return cls(proc, " ".join(argv[:3]))
@@ -336,13 +342,17 @@ class JournalFollower(KernelLog):
         return out
 
     def close(self) -> None:
-        try:
-            self.proc.kill()
-            self.proc.wait(timeout=2)
-        except (OSError, subprocess.SubprocessError):
+        try:  # the shell and the command: its own process group (start_new_session)
+            os.killpg(self.proc.pid, 9)
+        except OSError:
             pass
-        if self.proc.stdout is not None:
-            try:
-                self.proc.stdout.close()
-            except OSError:
-                pass
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.SubprocessError:
+            pass
