@@ -168,15 +168,20 @@ def _codes(status: dict[str, Any]) -> list[str]:
     return [f["code"] for f in status.get("findings") or []]
 
 
-def test_device_findings_reach_status_json_while_the_run_trains(workdir: Path) -> None:
+@pytest.mark.parametrize("how", ["trainguard run", "watch() alone"])
+def test_device_findings_reach_status_json_while_the_run_trains(workdir: Path, how: str) -> None:
+    # under `trainguard run` the watchdog's rules read the store; alone, the probe's own rules (InboxRules)
     (workdir / "train.py").write_text(TRAIN)
     fifo = workdir / "kmsg.fifo"
     os.mkfifo(fifo)
     env = {**os.environ, "TRAINGUARD_KERNEL_LOG": str(fifo)}
     env.pop("TRAINGUARD_RUN_DIR", None)
-    proc = subprocess.Popen(trainguard_cmd("run", "--quiet", "--run-dir", "run", "--", sys.executable, "train.py",
-                                           "150"), cwd=workdir, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    if how == "trainguard run":
+        cmd = trainguard_cmd("run", "--quiet", "--run-dir", "run", "--", sys.executable, "train.py", "150")
+    else:
+        cmd = [sys.executable, "train.py", "150"]
+        env["TRAINGUARD_RUN_DIR"] = str(workdir / "run")
+    proc = subprocess.Popen(cmd, cwd=workdir, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     w = os.open(fifo, os.O_RDWR)  # (never blocks; the probe holds its own end)
     try:
         run = workdir / "run"
