@@ -203,7 +203,7 @@ def noted_finding(events: list[dict[str, Any]], timeline: DeviceTimeline, cause:
     ## What it detects
     `device` events that are not faults (a thermal or power-brake slowdown, corrected ECC
     errors, a pending row remap, a hung task, the OOM killer) and that no NaN, spike, stall or slow-step
-    finding was attributed to within a few seconds (NOTE_AFTER); noted while the run goes on, one note per
+    finding was attributed to within 5 s of the event; noted while the run goes on, one note per
     kind of event and GPU (per process for the OOM killer and hung tasks).
 
     ## Why it matters
