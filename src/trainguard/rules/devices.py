@@ -227,7 +227,7 @@ def noted_finding(events: list[dict[str, Any]], timeline: DeviceTimeline, cause:
     first = events[0]
     return Finding.of(
         DEVICE_EVENT_NOTED, step=first.get("step"), t=first.get("t"), cause=cause,
-        summary=(f"{len(events)} device event(s) with no symptom of the run: "
+        summary=(f"{len(events)} device event(s) with no symptom of the run within {NOTE_AFTER:.0f} s: "
                  + "; ".join(str(e['data'].get('text') or e['data'].get('what')) for e in events[:3])),
         evidence={"events": [_evidence(e, e["t"], timeline.rank_of(e)) for e in events[:12]], "count": len(events)},
         fix="Nothing for this run; tell whoever keeps the node (cooling, power, a reset at the next maintenance).",
