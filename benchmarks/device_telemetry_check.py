@@ -35,7 +35,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from trainguard.devices.kmsg import KernelLog
+    from trainguard.devices.kmsg import open_kernel_log
     from trainguard.devices.nvml import Gpu
     from trainguard.devices.sampler import SAMPLE_EVERY, DeviceSampler
     from trainguard.store.writer import StoreWriter
@@ -75,9 +75,11 @@ def main() -> int:
         events.close()
     else:
         print("Xid event set: not supported on this GPU/driver")
-    klog = KernelLog.open()
+    klog = open_kernel_log()  # /dev/kmsg, else syslog(2), else journalctl -k -f (devices/kmsg.py)
     out["kernel_log_followed"] = klog is not None
-    print("kernel log (/dev/kmsg):", "followed" if klog is not None else "not readable here (no CAP_SYSLOG?)")
+    out["kernel_log_source"] = klog.name if klog is not None else None
+    print("kernel log:", f"followed from {klog.name}" if klog is not None else "nothing readable here (no CAP_SYSLOG, "
+          "no journal)")
     if klog is not None:
         klog.close()
     gpu.close()

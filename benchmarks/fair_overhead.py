@@ -6,6 +6,8 @@
     python benchmarks/fair_overhead.py --arm tiny         # a tiny CPU loop, 1 thread, many short steps (stalls)
     python benchmarks/fair_overhead.py --arm cpu --mode auto   # the automatic probe (`trainguard run`, no watch)
     TRAINGUARD_CONTRACTS=0 python benchmarks/fair_overhead.py --arm gpu   # without the contract checks
+    TRAINGUARD_DEVICES=0 python benchmarks/fair_overhead.py --arm gpu     # without the device telemetry sampler
+    python benchmarks/fair_overhead.py --suite gpu,gpu+nodevices --rounds 24 --out-dir DIR   # sampler on vs off
     python benchmarks/fair_overhead.py --suite cpu,gpu,launch,... --out-dir DIR   # several, one process each
 
 One process trains three identical copies of the same model (same seed, same data stream):
@@ -31,6 +33,9 @@ synchronize (block boundaries only). The figures:
 - the CPU time of the probe's background thread per optimizer step (from the OS, by thread id);
 - per-step times (host clock at each optimizer step): percentiles of each side and of the difference
   between a G step and its twin U step (same round, same position), p99.9 and max;
+- the device telemetry sampler (devices/sampler.py: NVML every 5 s, the Xid event set, the kernel log) as it ran
+  in G's process: on or off (TRAINGUARD_DEVICES=0, a suite's `+nodevices`), the GPU it found, its samples,
+  events and CPU seconds;
 - the garbage collector's pauses per side; on CUDA, synchronisations reported by
   `torch.cuda.set_sync_debug_mode("warn")` during training steps (evaluation reads its loss by design and
   is left out), per side.
@@ -689,8 +694,10 @@ def child(args: argparse.Namespace) -> dict:
     bg_cpu = probe_thread_cpu() - cpu0
     stretches = background_stretches()
     steps = cfg["rounds"] * cfg["block"]
+    sampler_obj = getattr(guard, "_devices", None)  # (taken before finish: finish stops it and lets it go)
     if guard is not None and args.mode == "watch":
         guard.finish()
+    sampler = device_sampler(sampler_obj, wall)  # (its threads add their CPU time as they end, at finish)
     rows = None
     with contextlib.suppress(Exception):
         import sqlite3
@@ -754,10 +761,29 @@ def child(args: argparse.Namespace) -> dict:
         "gc_ms": {n: {"total": round(1000 * gcc.total.get(n, 0.0), 2), "worst": round(1000 * gcc.worst.get(n, 0.0), 2),
                       "count": gcc.count.get(n, 0)} for n in sorted(gcc.count)},
         "sync_warnings": {n: s.syncs for n, s in sides.items()} if cuda else None,
+        "device_sampler": sampler,
         "rows_stored": rows,
         "guard_errors": log.read_text()[-1500:] if log.exists() else "",
         "profile": profiles.summary(steps),
     }
+
+
+def device_sampler(s: object, wall: float) -> dict:
+    """What the probe's device telemetry did in this process: on (TRAINGUARD_DEVICES unset, nvidia-ml-py
+    importable) or off, the GPU it found, its samples and events, its threads' CPU seconds (whole process life).
+
+    Its threads run beside all three arms' blocks (they are not switched per block as the hooks are): G/U in
+    one process is the probe's per-step work without it. The sampler's own cost is its CPU here, and U's step
+    time with it (a `gpu` arm) against without it (`gpu+nodevices`), each beside its process's C/U noise."""
+    from trainguard.devices import sampler as devices
+
+    gpu = getattr(s, "gpu", None)
+    cpu_s = getattr(s, "cpu_s", 0.0)
+    return {"enabled": devices.enabled(), "running": s is not None,
+            "gpu_pci": getattr(gpu, "pci", None), "samples": getattr(s, "samples", 0),
+            "events": getattr(s, "events", 0), "cpu_s": round(cpu_s, 4),
+            "cpu_ms_per_s_of_rounds": round(1000 * cpu_s / wall, 4) if wall > 0 else None,
+            "threads": [t.name for t in getattr(s, "_threads", [])]}
 
 
 # -------------------------------------------------------------------------------------------------
@@ -770,11 +796,13 @@ def suite(args: argparse.Namespace) -> int:
     env0 = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
     rc = 0
     for spec in args.suite.split(","):
-        # NAME[+auto][+nocontracts]: e.g. cpu, gpu+nocontracts, launch+auto
+        # NAME[+auto][+nocontracts][+nodevices]: e.g. cpu, gpu+nocontracts, launch+auto, gpu+nodevices
         arm, *flags = spec.split("+")
         env = dict(env0)
         if "nocontracts" in flags:
             env["TRAINGUARD_CONTRACTS"] = "0"
+        if "nodevices" in flags:
+            env["TRAINGUARD_DEVICES"] = "0"  # the device telemetry sampler off (devices/sampler.py)
         out = out_dir / f"fair_{spec.replace('+', '_')}.json"
         cmd = [sys.executable, __file__, "--arm", arm, "--out", str(out)]
         for key in ("block", "rounds", "warmup", "gap", "threads", "layout", "pin", "timing"):
@@ -808,6 +836,7 @@ def suite(args: argparse.Namespace) -> int:
                           "twin_p999_ms": got["twins_guarded_vs_unguarded"]["diff_p99.9_ms"],
                           "control_twin_p999_ms": got["twins_control_vs_unguarded"]["diff_p99.9_ms"],
                           "syncs": got["sync_warnings"], "rows": got["rows_stored"],
+                          "device_sampler": got.get("device_sampler"),
                           "errors": bool(got["guard_errors"])}), flush=True)
     return rc
 
@@ -817,7 +846,8 @@ def main() -> int:
     p.add_argument("--arm", choices=sorted(ARMS), default="cpu")
     p.add_argument("--mode", choices=["watch", "auto"], default="watch",
                    help="auto: no trainguard in the loop; run under `trainguard run` (or use --suite ARM+auto)")
-    p.add_argument("--suite", help="comma-separated arms, each in a fresh process: ARM[+auto][+nocontracts]")
+    p.add_argument("--suite", help="comma-separated arms, each in a fresh process: ARM[+auto][+nocontracts]"
+                   "[+nodevices] (+nodevices: TRAINGUARD_DEVICES=0, the device telemetry sampler off)")
     p.add_argument("--out-dir", help="with --suite: where each arm's JSON goes")
     p.add_argument("--block", type=int, help="optimizer steps per block (default: the arm's)")
     p.add_argument("--rounds", type=int, help="rounds of three blocks (default: the arm's)")

@@ -185,3 +185,30 @@ def test_report_timeline_shows_device_events(tmp_path: Path) -> None:
 
     loss = next(p for p in build_plots(load_run(tmp_path)) if p.key == "loss")
     assert [m.label for m in loss.marks if m.kind == "device"] == ["Xid 79"]
+
+
+def test_a_device_note_waits_a_few_seconds_for_a_symptom_then_comes_while_the_run_goes_on() -> None:
+    from trainguard.rules.engine import Engine
+
+    def hung(t: float) -> dict[str, Any]:
+        data = parse_line("INFO: task pt_data_worker:777 blocked for more than 122 seconds.")
+        return {"kind": "device", "name": "hung-task", "t": t, "step": 3, "rank": 0, "data": {**(data or {}),
+                                                                                              "host": "n0"}}
+
+    def row(s: int, loss: float) -> dict[str, Any]:
+        return {"kind": "step", "step": s, "t": T0 + s, "loss": loss, "lr": 1e-3, "grad_norm": 1.0, "rank": 0}
+
+    quiet = Engine({})
+    assert quiet.feed_all([row(s, 2.0 - s * 0.01) for s in range(1, 11)]) == []
+    assert quiet.feed(hung(T0 + 10.5)) == []
+    assert quiet.tick(T0 + 12.0) == []  # a symptom may still name it
+    note = quiet.tick(T0 + 16.0)  # live: the poll's clock, though the run wrote nothing since
+    assert [f.code for f in note] == ["TG572"] and note[0].severity == "info" and note[0].t == T0 + 10.5
+    assert quiet.tick(T0 + 30.0) == [] and quiet.end() == []  # said once
+
+    named = Engine({})
+    named.feed_all([row(s, 2.0 - s * 0.01) for s in range(1, 11)] + [hung(T0 + 10.5)])
+    found = named.feed_all([row(11, float("nan")), row(12, float("nan"))])  # a NaN 0.5 s later names it
+    nan = next(f for f in found if f.name == "nonfinite-loss")
+    assert "pt_data_worker" in nan.summary
+    assert [f.code for f in named.tick(T0 + 30.0) + named.end() if f.code == "TG572"] == []

@@ -48,6 +48,9 @@ STOP_REQUESTED_FILE = "stop-requested"
 ENV_DEBUG = "TRAINGUARD_DEBUG"  # set: an internal error shows its traceback
 ENV_VERIFY = "TRAINGUARD_VERIFY"  # "0": checkpoints are not verified (checkpoints/verifier.py)
 ENV_DEVICES = "TRAINGUARD_DEVICES"  # "0": no device telemetry (NVML, the kernel log: devices/sampler.py)
+# a file, FIFO or device to follow as the kernel log instead of /dev/kmsg and its fallbacks (a node's forwarded
+# log; a test's planted source), followed even without a GPU; "0": the kernel log is not followed (devices/kmsg.py)
+ENV_KERNEL_LOG = "TRAINGUARD_KERNEL_LOG"
 
 # -- environment: who a process is in a distributed job, as its launcher says (read, never set) --------
 # torchrun's names first, Slurm's as the fallback (srun starting one process per rank itself); store/ranks.py

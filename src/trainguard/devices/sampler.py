@@ -2,7 +2,8 @@
 followed, each on a thread of its own, recorded in the run's store with the time and the rank.
 
     sampler = DeviceSampler(writer, rank=0, local_rank=0, log=selflog.write)
-    sampler.start()      # nothing happens until this process has initialised CUDA itself
+    sampler.start()      # nothing happens until this process has initialised CUDA itself (but a kernel log
+                         # named by TRAINGUARD_KERNEL_LOG is followed at once, GPU or not)
     ...
     sampler.stop()
 
@@ -10,7 +11,7 @@ Rows: a `device-sample` event every SAMPLE_EVERY seconds (clocks, temperature, p
 reasons, ECC and remap counters: bookkeeping, plotted, not told); a `device` event when something happened
 (`changes`: ECC counts that rose, a row remap that failed, a slowing throttle that began; an Xid from the
 NVML event set; a kernel-log line of the GPU, the OOM killer or a hung task). The kernel log is the node's:
-only local rank 0 follows it. Bounded: one sample row per GPU per interval, at most MAX_EVENTS device
+only local rank 0 follows it, from /dev/kmsg or what is readable instead (devices/kmsg.py). Bounded: one sample row per GPU per interval, at most MAX_EVENTS device
 events per run. Cost: see benchmarks/device_telemetry_check.py. Fail-open: a source that fails is off,
 said once in guard.log.
 """
@@ -20,14 +21,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
-import select
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from trainguard.contract import ENV_DEVICES, EVENT_DEVICE, EVENT_DEVICE_SAMPLE
+from trainguard.contract import ENV_DEVICES, ENV_KERNEL_LOG, EVENT_DEVICE, EVENT_DEVICE_SAMPLE
 from trainguard.devices.nvml import SLOWING
 
 SAMPLE_EVERY = 5.0  # seconds between two samples of the GPU
@@ -37,8 +37,17 @@ DEDUP_S = 10.0  # the same Xid from NVML and from the kernel log is one event
 
 
 def enabled(environ: Any = os.environ) -> bool:
-    """Telemetry is on unless TRAINGUARD_DEVICES=0, and only where pynvml can be imported."""
-    return environ.get(ENV_DEVICES, "1") != "0" and importlib.util.find_spec("pynvml") is not None
+    """Telemetry is on unless TRAINGUARD_DEVICES=0, and only where pynvml can be imported or a kernel log to
+    follow was named (TRAINGUARD_KERNEL_LOG=PATH)."""
+    return environ.get(ENV_DEVICES, "1") != "0" and (_has_nvml() or _named_kernel_log(environ))
+
+
+def _has_nvml() -> bool:
+    return importlib.util.find_spec("pynvml") is not None
+
+
+def _named_kernel_log(environ: Any = os.environ) -> bool:
+    return environ.get(ENV_KERNEL_LOG, "0") not in ("", "0")
 
 
 def changes(prev: dict[str, Any] | None, cur: dict[str, Any]) -> list[dict[str, Any]]:
@@ -98,10 +107,24 @@ class DeviceSampler:
         # PCI bus ids repeat from node to node: samples and events name their host, so a kernel-log Xid of
         # one node is never put on a rank of another (rules/devices.py)
         self.host = platform.node()
+        self._kernel_started = False  # the kernel-log follower was started (or found nothing readable)
 
     def start(self) -> DeviceSampler:
-        self._spawn(self._sample_loop, "trainguard-devices")
+        # A kernel log the user named is followed from the start, GPU or not (a CPU run's OOM kills and hung
+        # tasks count too); the node's own kernel log only once this process's GPU is found (below).
+        if self.local_rank == 0 and _named_kernel_log():
+            self._start_kernel_log()
+        if _has_nvml():
+            self._spawn(self._sample_loop, "trainguard-devices")
         return self
+
+    def _start_kernel_log(self) -> None:
+        from trainguard.devices.kmsg import open_kernel_log
+
+        self._kernel_started = True
+        source = open_kernel_log()
+        if source is not None:  # nothing readable: off, silently (a container, no CAP_SYSLOG, no journal)
+            self._spawn(lambda: self._kernel_loop(source), "trainguard-kmsg")
 
     def stop(self, timeout: float = 2.0) -> None:
         """Ends the threads (each within a second: their waits are bounded), waiting at most `timeout` each."""
@@ -142,12 +165,8 @@ class DeviceSampler:
         events = self.gpu.xid_events()
         if events is not None:
             self._spawn(lambda: self._xid_loop(events), "trainguard-xid")
-        if self.local_rank == 0:
-            from trainguard.devices.kmsg import KernelLog
-
-            klog = KernelLog.open()
-            if klog is not None:
-                self._spawn(lambda: self._kernel_loop(klog), "trainguard-kmsg")
+        if self.local_rank == 0 and not self._kernel_started:
+            self._start_kernel_log()
         prev = None
         while True:
             cur = {**self.gpu.sample(), "host": self.host}
@@ -168,15 +187,14 @@ class DeviceSampler:
         finally:
             events.close()
 
-    def _kernel_loop(self, klog: Any) -> None:
+    def _kernel_loop(self, source: Any) -> None:
         try:
             while not self._stop.is_set():
-                ready, _, _ = select.select([klog.fd], [], [], 1.0)
-                if ready:
-                    for event in klog.read():
+                if source.wait(1.0):
+                    for event in source.read():
                         self._event(event)
         finally:
-            klog.close()
+            source.close()
 
     def _event(self, data: dict[str, Any]) -> None:
         """Records one device event (an Xid seen by NVML and in the kernel log is recorded once)."""
@@ -184,8 +202,9 @@ class DeviceSampler:
         with self._lock:
             if self.events >= MAX_EVENTS:
                 return
-            if data.get("what") == "xid":
-                key = (data.get("xid"), data.get("pci"))
+            # (the OOM killer writes two lines per kill: "Out of memory: Killed process" and "oom-kill:...")
+            if data.get("what") in ("xid", "oom-killer"):
+                key = (data.get("xid"), data.get("pci")) if data["what"] == "xid" else ("oom", data.get("pid"))
                 if now - self._recent.get(key, 0.0) < DEDUP_S:
                     return
                 self._recent[key] = now

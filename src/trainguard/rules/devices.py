@@ -8,7 +8,8 @@ log) joined to the training's own findings on one timeline (issue 37).
   saw nothing, "no device event on any rank: look at the code".
 - TG571 device-fault: a serious device event (an Xid of the fault kinds, an uncorrectable ECC error, a row
   remap that failed) is a finding of its own, with the fix for the node.
-- TG572 device-event-noted: device events that no symptom came with, at the end of the run, as a note.
+- TG572 device-event-noted: device events that no symptom came with, as a note, NOTE_AFTER seconds after the
+  event (live: the engine's `tick`), so it reaches status.json while the run goes on; an info, never a warning.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from trainguard.rules.rule import Rule
 
 WINDOW_BEFORE = 120.0  # seconds before a symptom in which a device event is named as its likely cause
 WINDOW_AFTER = 5.0  # ... and after it (a step's row is stamped when it closes; the event may be logged later)
+NOTE_AFTER = WINDOW_AFTER  # seconds a device event waits for a symptom to name it before it is noted (TG572)
 KEEP = 512  # device events kept for attribution (the newest)
 # the findings that are symptoms a device can cause (the watchdog adds its stalls and hangs: supervisor.py)
 SYMPTOMS = frozenset(rule.name for rule in (
@@ -44,10 +46,11 @@ class DeviceTimeline:
         self.telemetry = False  # a device sample was seen: the absence of events means something
         self.attributed: set[int] = set()  # ids of the device events a symptom named
 
-    def note(self, event: dict[str, Any]) -> None:
+    def note(self, event: dict[str, Any]) -> bool:
+        """Keeps a device event or sample; True for a device event that is not a fault (one TG572 may note)."""
         kind, data = event.get("kind"), event.get("data")
         if not isinstance(data, dict):
-            return
+            return False
         if kind == EVENT_DEVICE_SAMPLE:
             self.telemetry = True
             rank = event.get("rank")
@@ -56,6 +59,8 @@ class DeviceTimeline:
         elif kind == EVENT_DEVICE and isinstance(event.get("t"), (int, float)):
             self.telemetry = True
             self.events.append(event)
+            return not data.get("serious")
+        return False
 
     def rank_of(self, event: dict[str, Any]) -> int | None:
         """The rank a device event concerns: the one training on its GPU, else the rank that recorded it."""
@@ -85,9 +90,6 @@ class DeviceTimeline:
                     {"device_event": _evidence(e, t, other), "device_event_same_rank": False})
         return ("no device event on any rank: look at the code",
                 {"device_event": None, "device_window_s": [WINDOW_BEFORE, WINDOW_AFTER]})
-
-    def unexplained(self) -> list[dict[str, Any]]:
-        return [e for e in self.events if id(e) not in self.attributed and not e["data"].get("serious")]
 
 
 def annotate(f: Finding, timeline: DeviceTimeline, t: float | None, after: float = WINDOW_AFTER,
@@ -182,13 +184,27 @@ class DeviceFault(Rule):
             cause=f"{d.get('what')}:{d.get('pci') or d.get('gpu')}:{d.get('xid', '')}")
 
 
-def noted_finding(events: list[dict[str, Any]], timeline: DeviceTimeline) -> Finding:
+def noted_findings(events: list[dict[str, Any]], timeline: DeviceTimeline) -> list[Finding]:
+    """One TG572 per cause (what happened, on which host and GPU; which process for the OOM killer and a hung
+    task) of `events`; a cause already noted is not noted again (the engine's de-duplication)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        d = e["data"]
+        cause = f"{d.get('what')}:{d.get('host') or ''}:{d.get('pci') or d.get('gpu') or ''}"
+        if d.get("what") in ("oom-killer", "hung-task"):
+            cause += f":{d.get('pid')}"
+        groups.setdefault(cause, []).append(e)
+    return [noted_finding(group, timeline, cause) for cause, group in groups.items()]
+
+
+def noted_finding(events: list[dict[str, Any]], timeline: DeviceTimeline, cause: str | None = None) -> Finding:
     """TG572 device-event-noted: the GPU or the kernel reported something no symptom of the run came with.
 
     ## What it detects
     `device` events that are not faults (a thermal or power-brake slowdown, corrected ECC
     errors, a pending row remap, a hung task, the OOM killer) and that no NaN, spike, stall or slow-step
-    finding was attributed to, by the end of the run.
+    finding was attributed to within 5 s of the event; noted while the run goes on, one note per
+    kind of event and GPU (per process for the OOM killer and hung tasks).
 
     ## Why it matters
     Nothing went wrong that trainguard saw, but the node is telling something: a GPU that
@@ -210,8 +226,8 @@ def noted_finding(events: list[dict[str, Any]], timeline: DeviceTimeline) -> Fin
     """
     first = events[0]
     return Finding.of(
-        DEVICE_EVENT_NOTED, step=first.get("step"),
-        summary=(f"{len(events)} device event(s) with no symptom of the run: "
+        DEVICE_EVENT_NOTED, step=first.get("step"), t=first.get("t"), cause=cause,
+        summary=(f"{len(events)} device event(s) with no symptom of the run within {NOTE_AFTER:.0f} s: "
                  + "; ".join(str(e['data'].get('text') or e['data'].get('what')) for e in events[:3])),
         evidence={"events": [_evidence(e, e["t"], timeline.rank_of(e)) for e in events[:12]], "count": len(events)},
         fix="Nothing for this run; tell whoever keeps the node (cooling, power, a reset at the next maintenance).",

@@ -36,13 +36,14 @@ from typing import Any
 
 from trainguard.contract import EVENT_DEVICE, EVENT_DEVICE_SAMPLE
 from trainguard.findings import Finding
-from trainguard.rules.devices import DeviceTimeline, annotate, noted_finding
+from trainguard.rules.devices import NOTE_AFTER, DeviceTimeline, annotate, noted_findings
 from trainguard.rules.health import HEALTH_RULES
 from trainguard.rules.rule import Rule
 
 LEAD_GRACE = 3  # steps rank 0 has past another rank's finding to find the same before that rank's is its own
 LEAD_ABSENT = 20  # steps the other ranks go on with no row of rank 0 before they are judged without it
 STEP_TIMES = 4096  # (rank, step) -> time kept, for the device attribution of a symptom's step
+KEEP_TO_NOTE = 512  # device events waiting to be noted (the newest)
 
 
 class Engine:
@@ -61,6 +62,10 @@ class Engine:
         self._others_step: int | None = None  # the newest step of the other ranks (a node without rank 0 has no lead)
         # device events beside the symptoms (rules/devices.py): what each symptom finding is told of
         self.devices = DeviceTimeline()
+        # device events that are not faults, waiting NOTE_AFTER seconds for a symptom to name them before they
+        # are noted (TG572), and the newest time the stream has reached
+        self._to_note: collections.deque[dict[str, Any]] = collections.deque(maxlen=KEEP_TO_NOTE)
+        self._clock = 0.0
         self._step_t: collections.OrderedDict[tuple[Any, Any], float] = collections.OrderedDict()
 
     @property
@@ -80,10 +85,36 @@ class Engine:
 
     def feed(self, event: dict[str, Any]) -> list[Finding]:
         """Feeds one event to every rule; returns the findings that are new."""
+        out = self._feed(event)
+        t = event.get("t")
+        if isinstance(t, (int, float)) and t > self._clock:
+            self._clock = float(t)
+        if self._to_note:  # after the event: a symptom it brought names its device event first
+            out.extend(self._notes(self._clock))
+        return out
+
+    def tick(self, now: float) -> list[Finding]:
+        """Live callers, at each poll: the device events that waited long enough with no symptom are noted now,
+        also while the run writes nothing (a stream's own clock only moves with its events)."""
+        return self._notes(now) if self._to_note else []
+
+    def _notes(self, now: float | None) -> list[Finding]:
+        """TG572 for the waiting device events that are due (all of them when `now` is None), unless a
+        symptom named them meanwhile."""
+        due = [e for e in self._to_note if now is None or e["t"] + NOTE_AFTER <= now]
+        if not due:
+            return []
+        for e in due:
+            self._to_note.remove(e)
+        unexplained = [e for e in due if id(e) not in self.devices.attributed]
+        return self._new(noted_findings(unexplained, self.devices)) if unexplained else []
+
+    def _feed(self, event: dict[str, Any]) -> list[Finding]:
         kind = event.get("kind")
         rank = event.get("rank")
         if kind == EVENT_DEVICE or kind == EVENT_DEVICE_SAMPLE:
-            self.devices.note(event)
+            if self.devices.note(event):
+                self._to_note.append(event)
         elif kind == "step" and isinstance(event.get("t"), (int, float)):
             self._step_t[(rank if isinstance(rank, int) and rank > 0 else 0, event.get("step"))] = event["t"]
             if len(self._step_t) > STEP_TIMES:
@@ -192,9 +223,7 @@ class Engine:
                 out.extend(self._new(rule.end()))
             except Exception as exc:
                 self._drop(rule, exc)
-        unexplained = self.devices.unexplained()
-        if unexplained:
-            out.extend(self._new(noted_finding(unexplained, self.devices)))
+        out.extend(self._notes(None))  # the events of the stream's last seconds: no symptom came after them
         for rank, own in sorted(self._other_ranks.items()):
             for rule in list(own.rules):
                 try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import os
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,8 @@ class LiveRules:
         if events:
             self.event_id = events[-1]["id"]
         merged = sorted(steps + events + list(extra or []), key=lambda e: e.get("t") or 0)
-        return self.engine.feed_all(merged)
+        # (tick: a device event no symptom came with is noted within seconds, also while the run is silent)
+        return self.engine.feed_all(merged) + self.engine.tick(time.time())
 
     def end(self, reader: RunReader | None = None) -> list[Finding]:
         """The rules' end-of-run checks; with the run's `reader`, told first how far each rank got."""
@@ -88,7 +90,8 @@ class InboxRules:
         take = self.inbox.popleft  # (only this thread takes; others only append)
         batch = [take() for _ in range(len(self.inbox))]
         batch.sort(key=lambda e: e.get("t") or 0)
-        return self.engine.feed_all(through(batch) if through is not None else batch)
+        found = self.engine.feed_all(through(batch) if through is not None else batch)
+        return found + self.engine.tick(time.time())
 
     def end(self) -> list[Finding]:
         return self.engine.end()
