@@ -24,6 +24,7 @@ from trainguard.rules.contracts import (
     LossBroadcastsBatch,
     ReplicasDiverged,
     StepUpdatesNothing,
+    TrainInEvalMode,
     WorkersShareRng,
 )
 from trainguard.rules.devices import DEVICE_RULES
@@ -70,7 +71,7 @@ HEALTH_RULES: list[type[Rule]] = [
     # TG57x device faults beside the symptoms (issue 37, rules/devices.py)
     *DEVICE_RULES,
     # API contracts broken by the training code, seen by the probe (probe/contracts.py)
-    StepUpdatesNothing, FrozenParamsUpdated, GradsNeverReset, EvalInTrainMode, EvalBeforeTrainInit,
+    StepUpdatesNothing, FrozenParamsUpdated, GradsNeverReset, EvalInTrainMode, EvalBeforeTrainInit, TrainInEvalMode,
     EvalNotDeterministic, AutocastRunsFp32, WorkersShareRng, LossBroadcastsBatch, BatchDimLost, ReplicasDiverged,
     # TG702-TG709 across ranks (TG711-TG719: hangs across ranks and nodes, the watchdog's)
     NonfiniteOnOneRank, StragglerRank, GradNormsDiffer, RankStopped,
