@@ -71,8 +71,8 @@ HEALTH_RULES: list[type[Rule]] = [
     # TG57x device faults beside the symptoms (issue 37, rules/devices.py)
     *DEVICE_RULES,
     # API contracts broken by the training code, seen by the probe (probe/contracts.py)
-    StepUpdatesNothing, FrozenParamsUpdated, GradsNeverReset, EvalInTrainMode, EvalBeforeTrainInit, TrainInEvalMode,
-    EvalNotDeterministic, AutocastRunsFp32, WorkersShareRng, LossBroadcastsBatch, BatchDimLost, ReplicasDiverged,
+    StepUpdatesNothing, FrozenParamsUpdated, GradsNeverReset, EvalInTrainMode, EvalBeforeTrainInit,
+    EvalNotDeterministic, TrainInEvalMode, AutocastRunsFp32, WorkersShareRng, LossBroadcastsBatch, BatchDimLost, ReplicasDiverged,
     # TG702-TG709 across ranks (TG711-TG719: hangs across ranks and nodes, the watchdog's)
     NonfiniteOnOneRank, StragglerRank, GradNormsDiffer, RankStopped,
     # TG81x model-specific (TG801-810 are the distillation recipe's)
