@@ -284,3 +284,18 @@ def rendezvous_finding(waiting: list[Waiter], *, waiting_since: float, now: floa
 
 RENDEZVOUS_INCOMPLETE = Code("TG712", "rendezvous-incomplete", "warning", needs=(WATCHDOG,),
                              page=rendezvous_finding, status="preview")
+
+
+def crash_after_rendezvous(crashed: Finding, earlier: list[Finding]) -> Finding:
+    """A crash that came while the start-up waited in its rendezvous (TG712 said before it, no step since):
+    its summary says so and its fix is the rendezvous's (the crash, typically the store's "Timed out ...
+    waiting for clients", is the wait's end). Any other crash is returned unchanged."""
+    waits = [f for f in earlier if f.code == RENDEZVOUS_INCOMPLETE.code]
+    if not waits or crashed.evidence.get("after_rendezvous") or crashed.step:
+        return crashed
+    wait = waits[0]
+    crashed.summary += f"; it came while the start-up waited in its rendezvous ({wait.code}: {wait.summary})"
+    crashed.fix = f"The ranks or nodes the rendezvous waited for never came: {wait.fix}. " + crashed.fix
+    crashed.evidence["after_rendezvous"] = {"code": wait.code, "store": wait.evidence.get("store"),
+                                            "missing": wait.evidence.get("missing")}
+    return crashed

@@ -687,6 +687,7 @@ class Supervisor:
         for f in v.findings:
             if f.code == crash.RUN_CRASHED.code:  # after the loss diverged: the crash says so and names the LR
                 crash.after_divergence(f, earlier, lr=(last or {}).get("lr"))
+                rendezvous.crash_after_rendezvous(f, earlier)  # ... or ended a start-up waiting for its peers
             self._report(f)
         for f in self.reader.findings():
             if self._is_new(f):
