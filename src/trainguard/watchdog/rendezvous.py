@@ -40,6 +40,7 @@ LOOK_GROWTH = 1.5  # each look waits this much longer than the last ...
 LOOK_MAX = 60.0  # ... up to a minute
 LOOK_LIMIT = 1800.0  # no looks after this long without a step (the stall machinery has taken over)
 WAIT_BEFORE_SAYING = 10.0  # seconds one process is seen waiting in the rendezvous before it is said
+MAX_ASKED = 16  # processes asked for their stack at one look (each dump waits up to a second: the poll is bounded)
 
 _TORCHRUN = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 _RANK_FILES = ("torch/distributed/rendezvous.py",)
@@ -110,10 +111,14 @@ def waiters(root_pid: int, stacks_dir: Path) -> list[Waiter]:
         procs = [root] + root.children(recursive=True)
     except psutil.Error:
         return []
+    asked = 0
     for p in procs:
+        if asked >= MAX_ASKED:
+            break
         info = stacks._handler_info(stacks_dir, p.pid)
         if info is None or not stacks.catches_signal(p.pid, int(info["signal"])):
             continue  # no handler of ours (not Python, or started without the bootstrap): not asked
+        asked += 1
         threads = stacks.signal_dump(p.pid, Path(info["file"]), int(info["signal"]), info.get("main_thread"))
         main = [t for t in threads if t.main] or threads[:1]
         for t in main:
