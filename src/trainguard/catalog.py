@@ -46,6 +46,7 @@ from trainguard.rules.ending import PROBE_NOT_FINISHED, RUN_KILLED
 from trainguard.rules.health import HEALTH_RULES
 from trainguard.watchdog.joblimit import CUT_BY_SCHEDULER, PLAN_EXCEEDS_TIME_LIMIT
 from trainguard.watchdog.nodes import NODE_LOST
+from trainguard.watchdog.rendezvous import RENDEZVOUS_INCOMPLETE
 from trainguard.watchdog.restart import HANG_REPEATS
 from trainguard.watchdog.stall import RUN_HUNG, RUN_STALLED
 from trainguard.watchdog.verdict import (
@@ -118,8 +119,8 @@ _DECLARED: list[Declared] = [
     *HEALTH_RULES,
     # device events with no symptom (issue 37, rules/devices.py; TG571 device-fault is a health rule)
     DEVICE_EVENT_NOTED,
-    # a node of a multi-node job lost (issue 16, the watchdog)
-    NODE_LOST,
+    # a node of a multi-node job lost (issue 16, the watchdog); a start-up waiting for ranks never started (issue 31)
+    NODE_LOST, RENDEZVOUS_INCOMPLETE,
     LEFTOVER_PROCESSES,
     # the job scheduler (issue 34): a plan that cannot fit the job's time limit, a run the scheduler cut
     PLAN_EXCEEDS_TIME_LIMIT, CUT_BY_SCHEDULER,

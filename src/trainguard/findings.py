@@ -136,8 +136,11 @@ OUTPUT_SIZE = Data("output_size", "the model's output size (output_size in watch
 SCHED_HORIZON = Data("sched_horizon", "the schedule's length (total_steps in watch() and a scheduler whose horizon "
                                       "and step count are readable)", "sched_epoch")
 PROBE = Data("probe", "the probe", "optimizer wiring (probe only)")
-# the model handed to `watch(model, ...)`: the forward contracts (TG214...) hook it; the automatic probe has none
-MODEL = Data("model", "the model (watch(model, ...))")
+# the model the forward contracts (TG214...) hook: handed to `watch(model, ...)`, or found by the automatic
+# probe through torch's global module hooks as the module its optimizer trains (probe/modulesight.py)
+MODEL = Data("model", "the model (watch(model, ...), or found by the automatic probe)")
+# ... and its loss handed to `guard.step(loss)` beside it (the loss-broadcast check compares the two)
+MODEL_LOSS = Data("model_loss", "the model's output and its loss (watch(model, ...) and guard.step(loss))")
 STEPS = Data("steps", "probe steps")
 CHECKPOINT_CHECKS = Data("checkpoint_checks", "checkpoint verifications (of the checkpoints the run reported)")
 DEVICE = Data("device", "device telemetry (nvidia-ml-py, a GPU)")

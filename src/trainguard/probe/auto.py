@@ -13,7 +13,10 @@ workers, torchrun's ranks, anything they start), and it calls `boot()` here, whi
 3. at the first optimizer step of the process, those hooks make an ordinary probe with that optimizer
    (`Probe`, probe/core.py: the guard's parts without its public face): the same hooks, on-device statistics read in batches, store and rules as `watch()`
    (LR of each group, gradient norm, update ratio, non-finite gradients, optimizer step count), then
-   remove themselves. A process that never steps an optimizer (a worker, a launcher) gets no probe.
+   remove themselves. A process that never steps an optimizer (a worker, a launcher) gets no probe;
+4. over the next forwards, torch's global module hooks find the model that optimizer trains, and the
+   forward contracts (evaluation in training mode, training in eval mode, autocast, batch shape) attach to
+   it as under `watch(model, ...)` (probe/modulesight.py); the global hook then comes off.
 
 It steps aside when the script has its own guard (`trainguard.watch` before the first step: no probe
 is made; after it: this one retires), and is off with `trainguard run --no-auto` or
@@ -190,12 +193,24 @@ def _first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             # own hook list yet, so they run for this very step.
             guard = Probe(None, optimizer, scheduler, auto=True)  # the guard's parts, without its public face
             _state["guard"] = guard
+            _look_for_model(guard)
             import atexit
 
             atexit.register(_finish_at_exit, guard)  # after the guard's own: atexit runs last-in first
         except Exception as exc:
             _state["aside"] = True
             _note(f"automatic probe not started: {type(exc).__name__}: {exc}")
+
+
+def _look_for_model(guard: Any) -> None:
+    """The model the optimizer trains, found by torch's global module hooks over the next forwards, gets
+    the forward contract checks `watch(model, ...)` gives it (probe/modulesight.py). Fail-open."""
+    try:
+        from trainguard.probe import modulesight
+
+        modulesight.start(guard)
+    except Exception as exc:
+        guard.fail("model found by global module hooks", exc)
 
 
 def _capturing_here() -> bool:

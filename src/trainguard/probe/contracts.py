@@ -55,11 +55,13 @@ from trainguard.rules.contracts import (
     LossBroadcastsBatch,
     ReplicasDiverged,
     StepUpdatesNothing,
+    TrainInEvalMode,
     WorkersShareRng,
 )
 
 EVAL_PHASES = frozenset({"eval", "evaluate", "evaluation", "val", "valid", "validate", "validation", "test"})
 NO_GRAD_STREAK = 3  # forwards in a row under no_grad in training mode, outside an eval phase: an eval loop
+EVAL_MODE_STEPS = 3  # optimizer steps in a row trained in eval mode, after training mode was seen (TG217)
 AUTOCAST_FP32_SHARE = 0.5  # of the largest layers' weights computing in fp32 inside autocast
 AUTOCAST_SAMPLES = 10  # sampled steps per autocast check past the first three steps
 AUTOCAST_LAYERS = 8  # the largest layers whose output dtype is read on a sampled forward
@@ -243,6 +245,10 @@ class Contracts:
         self.big_layers: list[tuple[str, Any, int]] = []
         self.device_type: str | None = None
         self.train_forward_seen = False
+        self.window_train = False  # a training-mode forward with gradients since the last optimizer step
+        self.window_eval_grad = False  # ... an eval-mode forward with gradients (training in eval mode?)
+        self.last_train_step = 0  # the last optimizer step a training-mode forward came before
+        self.eval_mode_steps: list[int] = []  # optimizer steps in a row trained in eval mode only (TG217)
         self.eval_init_checked = False
         self.no_grad_streak = 0
         self.scaler_no_autocast: list[int] = []
@@ -268,12 +274,32 @@ class Contracts:
         self._disabled_hooks: tuple[Any, Any] = (self._forward_pre, self._post_once)
         if self._checks is not None:  # the two hooks through `torch.compiler.disable`, for `_rerun_disabled`
             self._disabled_hooks = (torch.compiler.disable(self._forward_pre), torch.compiler.disable(self._post_once))
+        self.sight: Any = None  # zero-code runs: the global hooks that look for the model (probe/modulesight.py)
         if self.module is not None:
             self._survey(self.module)
             self.handles.append(self.module.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
         # -- loader contracts
         self.workers = workerrng.Reports(guard.run_dir)
         self.last_worker_look = 0.0
+
+    def adopt(self, module: Any) -> None:
+        """The model found without `watch()` (probe/modulesight.py): the forward checks attach to it as they
+        attach to a watched model; a larger module found later (one that holds this one) takes its place."""
+        import torch
+
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.module = module
+        self.names = {id(p): n for n, p in module.named_parameters()}
+        for w in self.grad_watch:
+            w.name = self.name(w.param, w.name)
+        ddp = getattr(getattr(torch.nn, "parallel", None), "DistributedDataParallel", None)
+        if ddp is not None and isinstance(module, ddp):
+            self.world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        self.mode_modules, self.bn_modules, self.big_layers = [], [], []
+        self._survey(module)
+        self.handles.append(module.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
 
     # ------------------------------------------------------------------------------------------------
     # small helpers
@@ -540,6 +566,9 @@ class Contracts:
         if g._disabled or GATE.capturing or thisprocess.pid != g._pid:
             return
         step = g.opt_steps  # the guard's post-hook counted this step before calling
+        if self.sight is not None and step >= self.sight.until:
+            self.sight.close()  # the window for finding the model (zero-code runs) ends here
+            self.sight = None
         for w in self.grad_watch:
             # The next window starts here: what the step (and clipping, unscaling before it) did to the
             # gradient is not a reset. Every window is followed (following only bursts of them carried a
@@ -552,6 +581,11 @@ class Contracts:
                 w.ref, w.version = weakref.ref(gr), gr._version
             w.start, w.decided = w.passes, False
             w.arm()
+        if self.window_train or self.window_eval_grad:
+            try:
+                self._close_mode_window(step)
+            except Exception as exc:
+                self.failed(TrainInEvalMode.name, exc)
         if self.frozen_before:
             try:
                 self._frozen_after(step)
@@ -640,6 +674,7 @@ class Contracts:
             done = g.opt_steps if g.opt_steps > g._loss_steps else g._loss_steps  # g.step_count, without its call
             if training and self.grad_enabled():  # the usual forward: a few attribute reads
                 self.train_forward_seen = True
+                self.window_train = True
                 self.no_grad_streak = 0
                 for w in self.grad_watch:
                     if w.armed:  # (the window's first forward)
@@ -662,6 +697,8 @@ class Contracts:
                 try:
                     if training:
                         self._train_mode_without_grad(module)
+                    elif self.train_forward_seen:
+                        self.window_eval_grad = self.window_eval_grad or self.grad_enabled()
                     elif not self.train_forward_seen and done > 0 and not self.eval_init_checked:
                         self.eval_init_checked = True  # once: it reads a device counter (a sync on a GPU)
                         self._eval_before_train()
@@ -785,6 +822,26 @@ class Contracts:
             "modules": [f"{n or '(root)'} ({type(m).__name__})" for n, m in active[:MAX_NAMES]],
             "module_count": len(active),
         })
+
+    def _close_mode_window(self, step: int) -> None:
+        """An optimizer step whose forwards all ran in eval mode with gradients on, after the model had
+        trained in training mode: `model.train()` not called after an evaluation (TG217), at
+        EVAL_MODE_STEPS steps in a row. (Called only for a step that had a forward with gradients.)"""
+        if self.window_train:
+            self.last_train_step = step
+            self.eval_mode_steps = []
+        elif TrainInEvalMode.name not in self.sent and TrainInEvalMode.name not in self.off:
+            self.eval_mode_steps.append(step)
+            if len(self.eval_mode_steps) >= EVAL_MODE_STEPS:
+                stuck = [(n, m) for n, m in self.mode_modules if not m.training]
+                if stuck:
+                    self.report(TrainInEvalMode.name, {
+                        "model": type(self.module).__name__, "steps": self.eval_mode_steps[:10],
+                        "last_train_step": self.last_train_step,
+                        "modules": [f"{n or '(root)'} ({type(m).__name__})" for n, m in stuck[:MAX_NAMES]],
+                        "module_count": len(stuck),
+                    }, step=self.eval_mode_steps[0])
+        self.window_train = self.window_eval_grad = False
 
     def _eval_before_train(self) -> None:
         """An eval-mode forward after optimizer steps, with no training-mode forward ever seen."""

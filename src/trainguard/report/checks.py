@@ -27,6 +27,7 @@ from trainguard.findings import (
     LR,
     MEMORY,
     MODEL,
+    MODEL_LOSS,
     NODES,
     OUTPUT,
     OUTPUT_SIZE,
@@ -96,8 +97,12 @@ def available(data: RunData) -> set[Data]:
     plan = data.meta.get("plan") or {}
     if plan.get("total_steps") and plan.get("sched_horizon") and plan.get("sched_counted", True) is not False:
         have.add(SCHED_HORIZON)  # without it TG102 only asks whether a warmup outlasts half the run
+    if plan.get("model") or any(e["name"] == "model-seen" for e in data.events_of("probe")):
+        # the forward contracts ran on it: the watched model, or the one the automatic probe found through
+        # torch's global module hooks (probe/modulesight.py); without either, they had nothing to check
+        have.add(MODEL)
     if plan.get("model"):
-        have.add(MODEL)  # the forward contracts ran on it (the automatic probe watches no model)
+        have.add(MODEL_LOSS)  # (the automatic probe is never handed a loss beside the model's output)
     if plan.get("output_size"):
         have.add(OUTPUT_SIZE)
     if data.schedule or data.events_of("preflight") or data.meta.get("preflight"):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from trainguard.findings import MODEL, PROBE, RANKS, STEPS, Finding
+from trainguard.findings import MODEL, MODEL_LOSS, PREFLIGHT, PROBE, RANKS, STEPS, Finding
 from trainguard.rules.rule import Rule, fmt
 
 
@@ -313,7 +313,7 @@ class EvalNotDeterministic(_ContractRule):
     """
 
     code, name, severity = "TG216", "eval-not-deterministic", "warning"
-    needs = (MODEL,)
+    needs = (MODEL, PREFLIGHT)  # it runs only under preflight's fast-forward
     status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:
@@ -330,6 +330,62 @@ class EvalNotDeterministic(_ContractRule):
                 "self.training",
             evidence={**data}, cause="random-in-eval",
         )
+
+
+class TrainInEvalMode(_ContractRule):
+    """TG217 train-in-eval-mode: after an evaluation, training went on with the model left in eval mode.
+
+    ## What it detects
+    Optimizer steps whose forwards of the watched model all ran in eval mode with gradients on, three
+    steps in a row, after the same model had trained in training mode: `model.eval()` for an evaluation
+    and no `model.train()` after it. Judged only for a model holding layers that behave differently in
+    the two modes (dropout with p > 0, batch norm tracking running statistics, a multi-layer RNN with
+    dropout). Under `trainguard run` with no code change, the model is the one the stepped optimizer
+    trains, found through torch's global module hooks.
+
+    ## Why it matters
+    Every step after the first evaluation trains without dropout and with batch norm frozen at its
+    running statistics: the regularisation the model was designed with is gone, and nothing fails. The
+    pattern of pytorch/tutorials#1624 (the quickstart's `test()` calls `model.eval()`, `train()` never
+    calls `model.train()`, so every epoch after the first trains in eval mode), tk-rusch/coRNN#1 and
+    wkentaro/pytorch-fcn#56 (a validation in the middle of an epoch leaves the rest of it in eval mode).
+
+    ## Example
+    `TG217 train-in-eval-mode [warning] at step 33: Net trained in eval mode at optimizer steps 33, 34, 35
+    after training in training mode until step 32: 2 layers do not train: dropout (Dropout), bn1
+    (BatchNorm1d)`
+
+    ## What to change
+    Call `model.train()` at the start of each training epoch (or right after each evaluation), not once
+    before the loop.
+
+    ## Known false positives
+    Freezing batch norm on purpose by `model.eval()` part-way through training (fine-tuning): set the
+    batch-norm layers' own mode (`m.eval()` on those layers) to make the intent explicit.
+
+    ## Options
+    None.
+    """
+
+    code, name, severity = "TG217", "train-in-eval-mode", "warning"
+    needs = (MODEL,)
+    status = "preview"
+
+    def make(self, data: dict[str, Any], step: int | None) -> Finding:
+        steps = data.get("steps") or []
+        return self.finding(
+            step=step,
+            summary=f"{data.get('model')} trained in eval mode at optimizer steps {fmt_steps(steps)} after training "
+                    f"in training mode until step {data.get('last_train_step')}: {data.get('module_count')} layers do "
+                    f"not train: {_names(data.get('modules'), data.get('module_count'))}",
+            fix="call model.train() at the start of each training epoch (or right after each evaluation), not once "
+                "before the loop",
+            evidence={**data, "detected_step": steps[-1] if steps else step}, cause="no-model-train-after-eval",
+        )
+
+
+def fmt_steps(steps: list[int]) -> str:
+    return ", ".join(str(s) for s in steps[:5]) + (" ..." if len(steps) > 5 else "")
 
 
 class AutocastRunsFp32(_ContractRule):
@@ -480,7 +536,7 @@ class LossBroadcastsBatch(_ContractRule):
     """
 
     code, name, severity = "TG542", "loss-broadcasts-batch", "error"
-    needs = (MODEL,)
+    needs = (MODEL_LOSS,)
     status = "preview"
 
     def make(self, data: dict[str, Any], step: int | None) -> Finding:

@@ -24,6 +24,7 @@ from trainguard.rules.contracts import (
     LossBroadcastsBatch,
     ReplicasDiverged,
     StepUpdatesNothing,
+    TrainInEvalMode,
     WorkersShareRng,
 )
 from trainguard.rules.devices import DEVICE_RULES
@@ -71,7 +72,7 @@ HEALTH_RULES: list[type[Rule]] = [
     *DEVICE_RULES,
     # API contracts broken by the training code, seen by the probe (probe/contracts.py)
     StepUpdatesNothing, FrozenParamsUpdated, GradsNeverReset, EvalInTrainMode, EvalBeforeTrainInit,
-    EvalNotDeterministic, AutocastRunsFp32, WorkersShareRng, LossBroadcastsBatch, BatchDimLost, ReplicasDiverged,
+    EvalNotDeterministic, TrainInEvalMode, AutocastRunsFp32, WorkersShareRng, LossBroadcastsBatch, BatchDimLost, ReplicasDiverged,
     # TG702-TG709 across ranks (TG711-TG719: hangs across ranks and nodes, the watchdog's)
     NonfiniteOnOneRank, StragglerRank, GradNormsDiffer, RankStopped,
     # TG81x model-specific (TG801-810 are the distillation recipe's)

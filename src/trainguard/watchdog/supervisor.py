@@ -55,7 +55,7 @@ from trainguard.store.selflog import GuardLog
 from trainguard.store.status import reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
-from trainguard.watchdog import keeper, nodes, restart, statusline, stop, verdict
+from trainguard.watchdog import keeper, nodes, rendezvous, restart, statusline, stop, verdict
 from trainguard.watchdog.scheduler import WARNING_SIGNALS, SlurmRun
 from trainguard.watchdog.stall import (
     RUN_HUNG,
@@ -201,6 +201,8 @@ class Supervisor:
         self.monitors: list[Monitor] = list(monitors or [])
         if launch is not None:
             self.monitors.append(nodes.NodeWatch(launch, self.run_dir))
+        # a start-up that waits in its rendezvous for ranks or nodes never started, said at once (TG712)
+        self.monitors.append(rendezvous.RendezvousWatch(self.run_dir))
         time_monitor = self.scheduler.monitor() if self.scheduler is not None else None
         if time_monitor is not None:
             self.monitors.append(time_monitor)
@@ -685,6 +687,7 @@ class Supervisor:
         for f in v.findings:
             if f.code == crash.RUN_CRASHED.code:  # after the loss diverged: the crash says so and names the LR
                 crash.after_divergence(f, earlier, lr=(last or {}).get("lr"))
+                rendezvous.crash_after_rendezvous(f, earlier)  # ... or ended a start-up waiting for its peers
             self._report(f)
         for f in self.reader.findings():
             if self._is_new(f):
