@@ -69,6 +69,9 @@ def main() -> None:
     ap.add_argument("--verify-shards", type=int, default=1, help="cache shards recomputed with the teacher (0: none)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--work", default=None, help="keep the teacher and the cache here (reused when present)")
+    ap.add_argument("--variants", default="online,cache", help="comma-separated students per seed: online, cache "
+                    "(both under the recipe's default), online-old (the old cross-tokenizer default: strict map, "
+                    "aligned positions only; to settle the default against the new one on the same teacher)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     base = yaml.safe_load(BUNDLED_CONFIG.read_text())
@@ -107,14 +110,16 @@ def main() -> None:
             saved.write_text(json.dumps({k: result[k] for k in ("teacher_bpb", "teacher_seconds")}))
         base["teacher"] = {"path": str(tdir)}
         tc = time.time()
-        built = build_cache(parse_config(copy.deepcopy(base)), Path(tmp) / "cache", k=base["loss"]["kd"]["top_k"],
-                            shard_windows=512, run_dir=str(Path(tmp) / "cache-run"), verbose=False)
-        result["cache_build"] = {"shards": built["shards"], "seconds": round(time.time() - tc, 1),
-                                 **{k: v for k, v in built.items() if k in ("bytes_per_position", "positions_per_s")
-                                    or k.startswith(("partial_", "aligned_"))}}
+        variants = args.variants.split(",")
+        if "cache" in variants:
+            built = build_cache(parse_config(copy.deepcopy(base)), Path(tmp) / "cache", k=base["loss"]["kd"]["top_k"],
+                                shard_windows=512, run_dir=str(Path(tmp) / "cache-run"), verbose=False)
+            result["cache_build"] = {"shards": built["shards"], "seconds": round(time.time() - tc, 1),
+                                     **{k: v for k, v in built.items() if k in ("bytes_per_position", "positions_per_s")
+                                        or k.startswith(("partial_", "aligned_"))}}
         cfg0 = parse_config(copy.deepcopy(base))
         result["kd"] = {"vocab_map": cfg0.loss.kd.vocab_map, "partial": cfg0.loss.kd.partial, "top_k": cfg0.loss.kd.top_k}
-        if args.verify_shards:
+        if args.verify_shards and "cache" in variants:
             from trainguard.recipes.distill.cache_build import verify_cache
 
             tv = time.time()
@@ -122,9 +127,11 @@ def main() -> None:
                                       "seconds": round(time.time() - tv, 1)}
         print(json.dumps({k: result[k] for k in ("cache_build", "kd", "cache_verify") if k in result}), flush=True)
         for seed in args.seeds:
-            for name in ("online", "cache"):
+            for name in variants:
                 d = copy.deepcopy(base)
                 d["seed"] = seed
+                if name == "online-old":
+                    d["loss"]["kd"].update(vocab_map="strict", partial=False)
                 if name == "cache":
                     d["data"]["teacher_cache"] = str(Path(tmp) / "cache")
                 shutil.rmtree(Path(tmp) / f"{name}-{seed}", ignore_errors=True)  # never a resume of an old one
@@ -135,13 +142,16 @@ def main() -> None:
                                                     "train_seconds": round(r["train_seconds"], 1),
                                                     "train_cpu_seconds": round(r["train_cpu_seconds"], 1)})
                 print(json.dumps({name: result[name][-1]}), flush=True)
-    on, ca = result["online"], result["cache"]
+    on, ca = result.get("online", []), result.get("cache", [])
+    if "online-old" in result and on:
+        old = result["online-old"]
+        result["bpb_new_minus_old_default_per_seed"] = [o["bpb"] - x["bpb"] for o, x in zip(on, old)]
     result["speedup_per_seed"] = [round(c["tokens_per_s"] / o["tokens_per_s"], 2) for o, c in zip(on, ca)]
     # per CPU second of the process: on a shared machine wall-clock speed follows the neighbours' load
     result["speedup_per_cpu_s_per_seed"] = [round(c["tokens_per_cpu_s"] / o["tokens_per_cpu_s"], 2)
                                            for o, c in zip(on, ca)]
     result["bpb_cache_minus_online_per_seed"] = [c["bpb"] - o["bpb"] for o, c in zip(on, ca)]
-    result["online_seed_spread"] = max(o["bpb"] for o in on) - min(o["bpb"] for o in on)
+    result["online_seed_spread"] = (max(o["bpb"] for o in on) - min(o["bpb"] for o in on)) if on else None
     result["seconds"] = round(time.time() - t0, 1)
     line = json.dumps(result)
     print(line)
