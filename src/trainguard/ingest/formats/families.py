@@ -25,6 +25,7 @@ from trainguard.ingest.formats import (  # noqa: F401
     nanogpt,
     pytorch_examples,
     ssl_console,
+    theano_tutorials,
     timm,
     timm_console,
     ultralytics,
