@@ -377,3 +377,47 @@ def test_a_python_config_is_parsed_never_run(tmp_path: Path) -> None:
     assert plan.length == 12 and plan.length_key == "train_cfg.max_epochs" and not marker.exists()
     (tmp_path / "config.py").write_text("max_epochs = (\n")  # a config that does not parse: no plan
     assert read_plan(tmp_path, formats.contract("mmengine scalars.json")).length is None
+
+
+# -- folder discovery and tables without an epoch column (issue 30) ---------------------------------------
+
+def test_llama_factory_and_ms_swift_output_folders_are_read(tmp_path: Path) -> None:
+    # LogCallback.on_log: one record per logging step with current_steps/total_steps; all_results.json at the end
+    lf = tmp_path / "lf"
+    lf.mkdir()
+    rows = [{"current_steps": s, "total_steps": 100, "loss": round(2 / s + 0.5, 4), "lr": 1e-4 * (1 - s / 100),
+             "epoch": s / 50, "percentage": float(s), "elapsed_time": "0:01:00", "remaining_time": "0:01:00"}
+            for s in range(5, 101, 5)]
+    (lf / "trainer_log.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (lf / "all_results.json").write_text(json.dumps({"epoch": 2.0, "train_loss": 0.6, "train_runtime": 60.0}))
+    d = diagnose_path(lf)
+    assert d.format == "llama-factory trainer_log.jsonl" and d.state == "completed" and severe(d) == []
+    # ms-swift's output folder: logging.jsonl with `global_step/max_steps`, cut off at 40 of 500
+    ms = tmp_path / "ms"
+    ms.mkdir()
+    rows = [{"loss": round(2 / s + 0.5, 4), "learning_rate": 1e-4, "epoch": s / 250,
+             "global_step/max_steps": f"{s}/500"} for s in range(5, 41, 5)]
+    (ms / "logging.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    d = diagnose_path(ms)
+    assert d.format == "ms-swift logging.jsonl" and "log-ends-unfinished" in severe(d)
+
+
+@pytest.mark.parametrize("index", [True, False])
+def test_a_keras_history_table_without_an_epoch_column_counts_its_rows(tmp_path: Path, index: bool) -> None:
+    # pd.DataFrame(history.history).to_csv(path, index=index): History's keys in fit order, no epoch column
+    cols = ["loss", "acc", "val_loss", "val_acc"]
+    lines = [("," if index else "") + ",".join(cols)]
+    for e in range(12):
+        loss = 1.0 / (e + 1) if e < 8 else float("nan")
+        lines.append((f"{e}," if index else "") + f"{loss},{0.5 + e / 40},{1.1 / (e + 1)},{0.45 + e / 40}")
+    p = tmp_path / "training_log.csv"
+    p.write_text("\n".join(lines) + "\n")
+    d = diagnose_path(p)
+    assert d.format == "keras history csv" and d.steps >= 11 and d.evals == 12
+    f = next(f for f in d.findings if f.name == "nonfinite-loss")
+    assert f.step == 8
+    # a table whose val_ column has no training twin is no History: refused as before
+    q = tmp_path / "other.csv"
+    q.write_text("loss,val_score\n1.0,0.5\n")
+    with pytest.raises(UserError, match="without a step or epoch column"):
+        diagnose_path(q)

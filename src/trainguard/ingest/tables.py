@@ -43,15 +43,19 @@ def read_csv(path: Path, fmt: str = "csv", delimiter: str = ",") -> Source:
     low = [h.strip().lower() for h in header]
     step_col = next((h for h, lo in zip(header, low) if lo in STEP_NAMES), None)
     epoch_col = next((h for h, lo in zip(header, low) if lo == "epoch"), None)
-    if step_col is None and epoch_col is None:
+    history = step_col is None and epoch_col is None and _keras_history(low)
+    if step_col is None and epoch_col is None and not history:
         raise UserError(f"{path}: a CSV without a step or epoch column ({', '.join(header[:8])}...): "
                         "not a metrics file trainguard can read")
-    fmt = flavour(fmt, path.name, low)
+    fmt = "keras history csv" if history else flavour(fmt, path.name, low)
     contract = formats.contract(fmt)
     facts = Facts(mtime=path.stat().st_mtime)
     parts = contract.parts_from if contract is not None else ()
-    key = step_col or epoch_col
+    key = step_col or epoch_col or "epoch"
     rows = _csv_rows(path, facts, delimiter)
+    if history:
+        # `pd.DataFrame(history.history).to_csv()`: one row per epoch in order, the row's index is its epoch
+        rows = ({**row, "epoch": str(i)} for i, row in enumerate(rows))
     plan: dict[str, Any] = {"parts_relation": contract.parts} if contract is not None else {}
     log_like = False
     if contract is not None and contract.step_unit == "epoch":
@@ -84,6 +88,14 @@ def _loss_per_epoch(path: Path, delimiter: str, epoch_col: str) -> bool:
         if with_loss > len(epochs) + 1:
             return False
     return len(epochs) >= 2 and with_loss > 0
+
+
+def _keras_history(low: list[str]) -> bool:
+    """A Keras `History.history` saved as a table (no epoch column): a `loss` column, and each `val_<m>` column
+    beside its `<m>` (the names Keras gives a metric on the validation data); a pandas index column may lead."""
+    names = [n for n in low if n and n != "unnamed: 0"]
+    vals = [n for n in names if n.startswith("val_")]
+    return "loss" in names and bool(vals) and all(n[4:] in names for n in vals)
 
 
 def flavour(fmt: str, name: str, low: list[str]) -> str:
