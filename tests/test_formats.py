@@ -421,3 +421,39 @@ def test_a_keras_history_table_without_an_epoch_column_counts_its_rows(tmp_path:
     q.write_text("loss,val_score\n1.0,0.5\n")
     with pytest.raises(UserError, match="without a step or epoch column"):
         diagnose_path(q)
+
+
+def _mmcv_log_json(path: Path, epochs: int, last_epoch: int, *, per: int = 50, every: int = 10,
+                   runner: str = "EpochBasedRunner", val: bool = True) -> Path:
+    """TextLoggerHook: the meta record first, then one record per log() call; iter within the epoch."""
+    config = (f"model = dict(type='ResNet')\noptimizer = dict(type='SGD', lr=0.01)\n"
+              f"runner = dict(type='{runner}', max_epochs={epochs})\ncheckpoint_config = dict(interval=1)\n")
+    lines = [json.dumps({"env_info": "sys.platform: linux", "config": config, "seed": 0, "exp_name": "r.py"})]
+    for e in range(1, last_epoch + 1):
+        for i in range(every, per + 1, every):
+            s = (e - 1) * per + i
+            lines.append(json.dumps({"mode": "train", "epoch": e, "iter": i, "lr": 0.01, "memory": 900,
+                                     "data_time": 0.01, "loss_cls": round(1 / s, 5), "loss": round(2 / s + 0.1, 5),
+                                     "time": 0.1}))
+        if val:
+            lines.append(json.dumps({"mode": "val", "epoch": e, "iter": 125, "lr": 0.01,
+                                     "accuracy_top-1": 60 + e + 0.5}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_mmcv_log_json_global_step_evaluations_and_plan_from_its_config(tmp_path: Path) -> None:
+    done = diagnose_path(_mmcv_log_json(tmp_path / "20230207_121050.log.json", 12, 12))
+    assert done.format == "mmcv log.json" and done.state == "completed" and severe(done) == []
+    assert done.evals == 12 and done.steps == 12 * 5
+    from trainguard.ingest.detect import open_source
+
+    steps = [e["step"] for e in open_source(tmp_path / "20230207_121050.log.json").events if e["kind"] == "step"]
+    assert steps == sorted(set(steps)) and steps[-1] == 12 * 50  # (epoch - 1) x per epoch + iter
+    cut = diagnose_path(_mmcv_log_json(tmp_path / "cut.log.json", 12, 3))
+    f = tg531(cut)
+    assert f is not None and f.severity == "warning" and "epoch 3 of 12" in f.summary
+    # cut inside its first epoch, no evaluation yet: epoch 0 of 12 done
+    first = diagnose_path(_mmcv_log_json(tmp_path / "first.log.json", 12, 1, val=False))
+    f = tg531(first)
+    assert f is not None and f.severity == "warning" and "epoch 0 of 12" in f.summary

@@ -179,7 +179,11 @@ def read_jsonl(path: Path) -> Source:
     plan: dict[str, Any] = {"parts_relation": contract.parts} if contract is not None else {}
     rows: Iterable[dict[str, Any]] = _json_rows(path, facts)
     log_like = False
-    if fmt == "detectron2 metrics.json":
+    if fmt == "mmcv log.json":
+        from trainguard.ingest import mmcv
+
+        rows, log_like = mmcv.rows(rows, facts, mmcv.plan_of(first or {})), True
+    elif fmt == "detectron2 metrics.json":
         rows, log_like = detectron2.rows(rows, facts), True
     elif fmt == "mmengine scalars.json":
         stated = mmengine.plan(path.parent, contract)
@@ -206,6 +210,10 @@ def jsonl_flavour(name: str, first: dict[str, Any] | None) -> str:
         return "ms-swift logging.jsonl"
     if "current_steps" in first and "total_steps" in first:
         return "llama-factory trainer_log.jsonl"
+    from trainguard.ingest import mmcv
+
+    if mmcv.is_log_json(name, first):
+        return "mmcv log.json"
     if "iteration" in first and ("eta_seconds" in first or "data_time" in first or "total_loss" in first):
         return "detectron2 metrics.json"
     if name.lower() == "scalars.json" and "step" in first and ("iter" in first or "epoch" in first):

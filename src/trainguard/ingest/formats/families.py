@@ -20,6 +20,7 @@ from trainguard.ingest.formats import (  # noqa: F401
     lightning_console,
     llmc,
     megatron,
+    mmcv,
     mmengine,
     mmengine_console,
     nanogpt,
