@@ -457,3 +457,20 @@ def test_mmcv_log_json_global_step_evaluations_and_plan_from_its_config(tmp_path
     first = diagnose_path(_mmcv_log_json(tmp_path / "first.log.json", 12, 1, val=False))
     f = tg531(first)
     assert f is not None and f.severity == "warning" and "epoch 0 of 12" in f.summary
+
+
+def test_llama_factory_closing_summary_record_one_short_of_total_steps(tmp_path: Path) -> None:
+    # LogCallback.on_log copies loss/eval_loss/lr... from the last log_history row and drops the Nones: the
+    # train() summary row (train_runtime, train_loss) leaves a record with none of them, at the steps run
+    def rec(s: int, **kw: float) -> str:
+        return json.dumps({"current_steps": s, "total_steps": 201, **kw, "epoch": round(s / 100, 2),
+                           "percentage": round(s / 201 * 100, 2), "elapsed_time": "0:10:00",
+                           "remaining_time": "0:00:03"})
+
+    rows = [rec(s, loss=round(2 / s + 0.4, 4), lr=1e-4) for s in range(10, 201, 10)]
+    p = tmp_path / "trainer_log.jsonl"
+    p.write_text("\n".join(rows + [rec(200)]) + "\n")
+    assert diagnose_path(p).state == "completed"
+    # an evaluation as the last record is no summary: the run stopped one step short of its plan
+    p.write_text("\n".join(rows + [rec(200, eval_loss=0.5)]) + "\n")
+    assert tg531(diagnose_path(p)) is not None

@@ -194,7 +194,7 @@ def read_jsonl(path: Path) -> Source:
         total = _total_of(first) or (_summary_step(path) if fmt == "ms-swift logging.jsonl" else None)
         if total:
             plan["total_steps"] = total
-            rows, log_like = _reaches(rows, total, facts), True
+            rows, log_like = _reaches(rows, total, facts, closing=fmt == "llama-factory trainer_log.jsonl"), True
         elif fmt == "llama-factory trainer_log.jsonl":
             fmt = "json lines"
     parts = contract.parts_from if contract is not None else ()
@@ -286,14 +286,24 @@ def _of_max(row: dict[str, Any]) -> tuple[int, int] | None:
     return int(n), int(total)
 
 
-def _reaches(rows: Iterable[dict[str, Any]], total: int, facts: Facts) -> Iterator[dict[str, Any]]:
+# what LogCallback.on_log copies from a log_history row (None values dropped): a record with none of them is
+# the closing `train()` summary (train_runtime, train_loss), which the Trainer logs once training returned
+_LF_VALUES = ("loss", "eval_loss", "predict_loss", "reward", "accuracy", "lr", "learning_rate")
+
+
+def _reaches(rows: Iterable[dict[str, Any]], total: int, facts: Facts, *, closing: bool = False) -> Iterator[dict[str, Any]]:
     last = 0
+    summary: int | None = None  # the step of a closing summary record, while it is the last record
     for row in rows:
         step = _step_of(row, None)
         last = max(last, step or 0)
+        summary = (step or last) if closing and step is not None and not any(k in row for k in _LF_VALUES) else None
         yield row
     if last >= total:
         facts.completed = f"current_steps reaches total_steps ({total:,})"
+    elif summary is not None:
+        # total_steps is max_steps as the Trainer planned it, which may be one more than the steps it ran
+        facts.completed = f"the closing train() summary record at step {summary:,} of {total:,}"
     else:
         facts.ends_with = "step"
 

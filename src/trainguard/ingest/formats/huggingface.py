@@ -40,7 +40,9 @@ declare(
         metrics="loss, lr, eval_loss, predict_loss, reward, accuracy per record",
         step_axis="current_steps, optimizer updates",
         plan="total_steps in every record",
-        completion="current_steps reaching total_steps",
+        completion="current_steps reaching total_steps; or a last record with no loss, eval_loss, predict_loss, "
+                   "reward or lr: the closing train() summary (its values are not copied), written when training "
+                   "returned, whose current_steps may be one short of total_steps (max_steps as planned)",
         parts="none",
         notes=("a resumed run appends to the same file: steps may restart below the last one",),
         plan_keys=("total_steps",),
