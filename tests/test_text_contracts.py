@@ -397,3 +397,37 @@ def test_lightning_bar_prints_nan_as_nan_dot_zero(tmp_path: Path) -> None:
              for s, p, v in ((i, i, f"{_loss(i):.3f}" if i < 50 else "nan.0") for i in range(1, 101))]
     raw = "\r".join(lines).encode() + b"\n"
     assert "nonfinite-loss" in _severe(diagnose_source(read_text_log(_write(tmp_path, "bar.log", [], raw=raw))))
+
+
+def _timm_launch(epochs: int, last_epoch: int, *, interrupted: bool) -> list[str]:
+    # timm train.py: 'Scheduled epochs: N' at start-up; '*** Best metric' after the loop, Ctrl-C included
+    out = ["AMP not enabled. Training in float32.", f"Scheduled epochs: {epochs}"]
+    for e in range(last_epoch + 1):
+        out += [f"Train: {e} [{b:4d}/390 ({100 * b // 390:3d}%)]  Loss: {_loss(e * 4 + b // 100):#.3g} (2.50)  "
+                "Time: 0.250s,  1024.00/s  (0.260s,  990.00/s)  LR: 1.000e-03  Data: 0.010 (0.012)"
+                for b in (0, 100, 200, 389)]
+        if not (interrupted and e == last_epoch):
+            out.append(f"Test: [  78/78]  Time: 0.101 (0.120)  Loss:  1.200 ( 1.200)  Acc@1: {60 + e:7.3f} "
+                       f"({60 + e:7.3f})  Acc@5: 85.000 (85.000)")
+    return out + [f"*** Best metric: {60 + last_epoch - 1} (epoch {last_epoch - 1})"]
+
+
+def test_timm_launches_appended_and_its_best_metric_after_an_interrupt(tmp_path: Path) -> None:
+    done = _timm_launch(3, 2, interrupted=False)
+    assert _diagnose(tmp_path, done, "done.log").state == "completed"
+    # Ctrl-C in epoch 2 of 300: the summary is printed all the same, the plan says it stopped short
+    short = _diagnose(tmp_path, _timm_launch(300, 2, interrupted=True), "short.log")
+    f = [f for f in short.findings if f.name == "log-ends-unfinished"]
+    assert f and f[0].severity == "warning" and "of 300" in f[0].summary
+    # launches appended: a finished one, then one interrupted, then start-ups that never trained; the last
+    # launch that trained is the verdict
+    again = done + _timm_launch(300, 2, interrupted=True) + ["Scheduled epochs: 300"] * 3
+    assert _diagnose(tmp_path, again, "again.log").state == "unfinished"
+
+
+def test_a_repeated_key_keeps_the_total_and_names_the_others(tmp_path: Path) -> None:
+    # `Loss: X, Acc: A, Semantic loss: S, IC loss: I`: the total is the first `loss`, not the last one
+    lines = [f"Epoch: [{e}/50] Iter:[{i}/100], Time: 0.5, Loss: {_loss(e * 10 + i // 10):.6f}, Acc:0.7, "
+             f"Semantic loss: 0.4, IC loss: 0.1" for e in range(3) for i in range(0, 100, 10)]
+    curve = _curve(_write(tmp_path, "seg.log", lines))
+    assert [v for _, v in curve] == [_loss(e * 10 + i // 10) for e in range(3) for i in range(0, 100, 10)][1:]

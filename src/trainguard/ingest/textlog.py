@@ -127,6 +127,7 @@ _GLOG = re.compile(r"^[IW]\d{4} \d\d:\d\d:\d\d(?:\.\d+)?\s+\d+\s+[^\]\s]+:\d+\] 
 _PROMPT = re.compile(r"^[\w.\-]+@[\w.\-]+:[^\s$#]*[$#] +\S")
 # a line that is no statement at all (a stray `50`, `---`): it neither ends nor continues the run
 _LR_PRINTED = re.compile(r"\b(?:lr|learning[_ ]rate)\s*[:=]?\s*0\.(0+)(?![\d.eE])", re.IGNORECASE)
+_WORD_BEFORE = re.compile(r"([A-Za-z]\w{0,30})\s+$")
 _STRAY = re.compile(r"^[\W\d_]{0,8}$")
 # a line of many words that merely holds numbers (`[eval] A car travels at 62 km/h for 2 hours`): not metrics
 _WORD = re.compile(r"[A-Za-z]{2,}")
@@ -152,6 +153,7 @@ class _Contracts:
         self.samples = [re.compile(r.sample_counter, re.IGNORECASE) for r in rules if r.sample_counter]
         self.weighted = _union(r.weighted_parts for r in rules if r.weighted_parts)
         self.closing = _union(p for r in rules for p in r.closing)
+        self.launch = _union(p for r in rules for p in r.launch)
         # the short names a writer gives a position or a metric, each with the lines it applies on
         self.keys: list[tuple[re.Pattern[str] | None, dict[str, str]]] = [
             (re.compile(r.keys_when, re.IGNORECASE) if r.keys_when else None, {k.lower(): v for k, v in r.keys.items()})
@@ -312,6 +314,7 @@ class _LineParser:
         # a launch started at a shell prompt: how the launch before it stood, kept in case this one never trains
         self.before_launch: dict[str, Any] | None = None
         self.steps_at_launch = 0
+        self.trained = 0  # training rows seen, kept or not (a relaunch's rows below the steps read are dropped)
 
     def feed(self, lineno: int, line: str) -> list[dict[str, Any]]:
         facts = self.facts
@@ -351,8 +354,11 @@ class _LineParser:
             facts.completed = stripped[:200]
         if c.closing is not None and c.closing.search(stripped):
             self.closing = stripped[:200]
+            return []  # a summary of the run (`*** Best metric: 61 (epoch 1)`): no step, evaluation or position
         if "poch" in low and (ep := _epoch_of(line)) is not None and (ep[1] is not None or _EPOCH_HEAD.search(line)):
             self._epoch_seen(*ep)  # a position (`Epoch 3/500`, `=== Epoch 4 ===`), not a mention (`from epoch 66`)
+        if c.launch is not None and c.launch.search(stripped):
+            self._new_launch()
         if any(h in low for h in _PLAN_HINTS) and c.plan.search(line) is not None:
             self._plan_line(line)
         if stripped[-1] == "|" and (kv := _KV_ROW.search(stripped)) is not None:
@@ -382,15 +388,18 @@ class _LineParser:
         """A shell prompt and a command: what follows is another launch (an inference script after training, a
         relaunch). The log is judged on its last launch that trains; how the one before stood is kept for the
         case that this one never logs a training step."""
-        self.before_launch = {"completed": self.facts.completed, "epoch_max": self.epoch_max,
-                              "epoch_zero": self.epoch_zero, "epochs_of": self.epochs_of,
-                              "plan_epochs": self.plan_epochs, "plan_steps": self.plan_steps,
-                              "plan_total": self.plan_total, "closing": self.closing,
-                              "ends_with": self.facts.ends_with}
-        self.steps_at_launch = self.facts.steps
+        if self.trained > self.steps_at_launch:  # the launch now closing trained: the one to fall back on
+            self.before_launch = {"completed": self.facts.completed, "epoch_max": self.epoch_max,
+                                  "epoch_zero": self.epoch_zero, "epochs_of": self.epochs_of,
+                                  "plan_epochs": self.plan_epochs, "plan_steps": self.plan_steps,
+                                  "plan_total": self.plan_total, "closing": self.closing,
+                                  "ends_with": self.facts.ends_with, "cut_off": self.facts.cut_off,
+                                  "eval_steps": self.eval_steps}
+        self.steps_at_launch = self.trained
         self.facts.completed = None
         self.closing = None
         self.epoch_max, self.epochs_of, self.epoch_zero = None, None, False
+        self.eval_steps = []  # the cadence of this launch's evaluations, not the last launch's
 
 
     def _epoch_seen(self, epoch: int, of: int | None) -> None:
@@ -471,17 +480,15 @@ class _LineParser:
     def finish(self) -> None:
         """At the end of the log: the run held against the plan it states (see the module docstring)."""
         facts = self.facts
-        if self.before_launch is not None and facts.steps == self.steps_at_launch:
+        if self.before_launch is not None and self.trained == self.steps_at_launch:
             # the last launch logged no training step (an inference or export script run after training)
             for name, value in self.before_launch.items():
                 if name == "completed":
                     facts.completed = facts.completed or value
-                elif name == "ends_with":
-                    facts.ends_with = value
+                elif name in ("ends_with", "cut_off"):
+                    setattr(facts, name, value)
                 else:
                     setattr(self, name, value)
-        if facts.completed is None and self.closing is not None:
-            facts.completed = self.closing  # a closing summary no training step followed
         if facts.completed is not None:
             return
         reached: list[str] = []
@@ -505,7 +512,10 @@ class _LineParser:
         if reached or final:
             facts.completed = f"reached {reached[0]}" if reached else final
         elif short:
+            # (a closing line short of the plan: the loop was left early, as timm's main() does on Ctrl-C)
             facts.cut_off = short[0]
+        elif self.closing is not None:
+            facts.completed = self.closing  # a closing summary no training step followed, and no plan against it
         elif facts.steps == 0 and self.epoch_max is None and (epochs or total):
             # a plan printed (a config dump, a start-up banner) and not one training step after it
             facts.cut_off = (f"its start: no training step of its {epochs:,} planned epochs" if epochs else
@@ -739,6 +749,8 @@ class _LineParser:
         return self._emit(self.bar_offset + n, pairs, parts=True)
 
     def _emit(self, step: int, pairs: dict[str, float], *, parts: bool) -> list[dict[str, Any]]:
+        if any(k in LOSS_NAMES for k in pairs):
+            self.trained += 1
         if step <= self.step or not pairs:
             if 0 <= step <= 1 < self.step // 100 and any(k in LOSS_NAMES for k in pairs):
                 # a fresh launch appended to the log (its steps start again from the beginning): the earlier
@@ -772,7 +784,14 @@ def _epoch_of(line: str) -> tuple[int, int | None] | None:
 
 def _pairs(line: str) -> dict[str, float]:
     """A line's named numbers, names lower-cased with their qualifying words joined (`train_loss`)."""
-    out = {_key(k): float(v) for k, v in _PAIR.findall(line)}  # _NUM only matches what float() reads
+    out: dict[str, float] = {}
+    for m in _PAIR.finditer(line):  # _NUM only matches what float() reads
+        key = _key(m.group(1))
+        if key in out and (word := _WORD_BEFORE.search(line, 0, m.start(1))) is not None:
+            # `Loss: 50.14  Rc Loss: 50.04  KL Loss: 0.99`: the later ones are terms under their own words, not
+            # the total overwritten; not parts either: whether (and with what weights) they sum is not printed
+            key = _key(f"{word.group(1)}_{key}_term")
+        out.setdefault(key, float(m.group(2)))
     if "/" in line:
         for m in _PAIR.finditer(line):
             if line.startswith(("/", " /"), m.end()) and (frac := _FRACTION.match(line, m.end())) is not None \

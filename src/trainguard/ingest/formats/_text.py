@@ -29,7 +29,11 @@ class TextRules:
     closing: tuple[str, ...] = ()
     """Regexes (case-insensitive) of a closing line the writer prints once its loop is over (a final snapshot,
     a `Best Epoch N ...` summary): the run completed when no training step follows it. Unlike `completion`,
-    the same line printed mid-run (a periodic snapshot) is undone by the steps after it."""
+    the same line printed mid-run (a periodic snapshot) is undone by the steps after it, and a plan the log
+    states and did not reach outweighs it (a loop left early still prints its summary)."""
+    launch: tuple[str, ...] = ()
+    """Regexes (case-insensitive) of a line the writer prints once as it starts (a start-up banner): a later one
+    begins another launch appended to the same log, and the log is judged on its last launch that trains."""
     plan_steps: tuple[str, ...] = ()
     """Names of the setting that holds the planned optimizer steps, as printed in a config dump, an args
     Namespace or a command line (`max_iters = 3000`, `MAX_ITER: 2000`, `--learning_steps 50000`)."""
