@@ -431,3 +431,14 @@ def test_a_repeated_key_keeps_the_total_and_names_the_others(tmp_path: Path) -> 
              f"Semantic loss: 0.4, IC loss: 0.1" for e in range(3) for i in range(0, 100, 10)]
     curve = _curve(_write(tmp_path, "seg.log", lines))
     assert [v for _, v in curve] == [_loss(e * 10 + i // 10) for e in range(3) for i in range(0, 100, 10)][1:]
+
+
+def test_a_summary_tables_iter_row_is_no_two_line_record(tmp_path: Path) -> None:
+    # W&B's closing run summary prints `wandb:   iter 3000` then `wandb:   lr 0.0001`: no step record
+    lines = [f"iter {s}: loss {_loss(s):.4f}, time 10.0ms" for s in range(1, 51)]
+    lines += ["wandb: Run summary:", "wandb:            iter 3000", "wandb:              lr 0.0001"]
+    lines += [f"iter {s}: loss {_loss(s):.4f}, time 10.0ms" for s in range(51, 61)]
+    assert [s for s, _ in _curve(_write(tmp_path, "wandb.log", lines))] == list(range(1, 61))
+    # a step line whose record never follows at once: the record after other lines is not its record
+    lines = ["iter = 100", "saving snapshot", "loss = 0.5, accuracy = 0.8"]
+    assert _curve(_write(tmp_path, "gap.log", lines)) == []

@@ -117,8 +117,9 @@ _FRACTION = re.compile(r"\s*/\s*(\d{1,15})(?![\d.])")
 _ON_SET = re.compile(r"(?:^|[\s,;|\]])([A-Za-z][\w\-]*)\s+(?:on|of|for)\s+[^:=]*?\b(?:set|split)\s*[:=]",
                      re.IGNORECASE)
 # a line that is only a step (`iter = 43080`, `current step: 58036th step`): the record's metrics follow on the
-# next line (`\tloss = 0.42, accuracy = 0.83`; `batch loss:0.0047`)
-_STEP_ONLY = re.compile(r"(?:^|[\s\]|:>\-])(?:current\s+|global[_ ])?(?:step|iter(?:ation)?)\s*[:=#]?\s*(\d{1,15})"
+# very next line (`\tloss = 0.42, accuracy = 0.83`; `batch loss:0.0047`). Its separator is required: a summary
+# table's `wandb:   iter 3000` row is no record's step
+_STEP_ONLY = re.compile(r"(?:^|[\s\]|:>\-])(?:current\s+|global[_ ])?(?:step|iter(?:ation)?)\s*[:=]\s*(\d{1,15})"
                         r"(?:st|nd|rd|th)?(?:\s+steps?)?\s*[.:]?\s*$", re.IGNORECASE)
 # glog's line prefix (absl, torch's C++ and `torch._logging`): `W0530 14:48:26.433000 2622492 file.py:1233] `;
 # an I/W line is information or a warning, never a crash, whatever it quotes
@@ -309,7 +310,8 @@ class _LineParser:
         self.iter_max = 0  # the largest iteration within an epoch seen (`[E, I]` lines without `/n`)
         self.epoch_axis = False  # the log's only loss is its epoch summaries: steps are epochs
         self.relaunch: int | None = None  # the last step of a relaunch not yet past the earlier launch's steps
-        self.pending: int | None = None  # a step printed alone on its line: the next metrics line is its record
+        self.pending: tuple[int, int] | None = None  # (line, step) of a step printed alone: the next line's record
+        self.lineno = 0
         self.closing: str | None = None  # a closing line (declared `closing`) no training step has followed yet
         # a launch started at a shell prompt: how the launch before it stood, kept in case this one never trains
         self.before_launch: dict[str, Any] | None = None
@@ -321,6 +323,7 @@ class _LineParser:
         stripped = line.strip()
         if not stripped:
             return []
+        self.lineno = lineno
         facts.last_line = stripped[:500]
         if not _STRAY.match(stripped):
             facts.last_word = facts.last_line
@@ -557,7 +560,7 @@ class _LineParser:
         pairs = _pairs(line)
         if not pairs or len(pairs) == 1 and next(iter(pairs)) in ("step", "iter", "iteration", "global_step"):
             if (only := _STEP_ONLY.search(line)) is not None:
-                self.pending = int(only.group(1))  # `iter = 43080`: its metrics are on the next line
+                self.pending = (self.lineno, int(only.group(1)))  # `iter = 43080`: its metrics are on the next line
             return []
         epoch = _epoch_of(line)
         keyed = self._keyed(line, pairs) if self.c.keys else {}
@@ -583,8 +586,9 @@ class _LineParser:
         elif step is None and "batch" in keyed:
             # `ep: 0, batch: 20`: a counter within the epoch (absolute with the epochs before), a step without one
             step = self._epoch_iter(epoch[0], keyed["batch"], keyed.get("per")) if epoch is not None else keyed["batch"]
-        if step is None and epoch is None and self.pending is not None and train:
-            step = self.pending  # the second line of a two-line record
+        if step is None and epoch is None and self.pending is not None and train \
+                and self.pending[0] == self.lineno - 1:
+            step = self.pending[1]  # the second line of a two-line record
         self.pending = None
         if train and (step is not None or epoch is not None) and not any(k in LOSS_NAMES for k in train):
             # a step line's own loss under another name: `[step 150] avg_loss=...` (the mean over the
