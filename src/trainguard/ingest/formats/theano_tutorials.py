@@ -18,14 +18,15 @@ declare_text(
                 "phase's per-layer loss",
         step_axis="epochs; `minibatch i/n` counts within the epoch",
         plan="none printed (n_epochs / training_epochs are arguments of the script)",
-        completion="'Optimization complete ...' after the loop (patience ran out or the epochs are done)",
+        completion="'Optimization complete with best validation score of ...' after the loop (patience ran out or the "
+                   "epochs are done)",
         parts="none",
         notes=("a validation error is a count over a fixed set printed as a percentage: equal values at "
                "consecutive epochs are the same count, not a frozen evaluation",),
     ),
     TextRules(
         format="theano tutorials console",
-        completion=(r"optimization complete\b",),
+        completion=(r"optimization complete with best validation score",),
         keys={"minibatch": "batch"},
         not_evaluation=(r"test error of best model",),
         sample=("epoch {epoch}, minibatch {batches}/{batches}, validation error {val} %",),
