@@ -377,3 +377,100 @@ def test_a_python_config_is_parsed_never_run(tmp_path: Path) -> None:
     assert plan.length == 12 and plan.length_key == "train_cfg.max_epochs" and not marker.exists()
     (tmp_path / "config.py").write_text("max_epochs = (\n")  # a config that does not parse: no plan
     assert read_plan(tmp_path, formats.contract("mmengine scalars.json")).length is None
+
+
+# -- folder discovery and tables without an epoch column (issue 30) ---------------------------------------
+
+def test_llama_factory_and_ms_swift_output_folders_are_read(tmp_path: Path) -> None:
+    # LogCallback.on_log: one record per logging step with current_steps/total_steps; all_results.json at the end
+    lf = tmp_path / "lf"
+    lf.mkdir()
+    rows = [{"current_steps": s, "total_steps": 100, "loss": round(2 / s + 0.5, 4), "lr": 1e-4 * (1 - s / 100),
+             "epoch": s / 50, "percentage": float(s), "elapsed_time": "0:01:00", "remaining_time": "0:01:00"}
+            for s in range(5, 101, 5)]
+    (lf / "trainer_log.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (lf / "all_results.json").write_text(json.dumps({"epoch": 2.0, "train_loss": 0.6, "train_runtime": 60.0}))
+    d = diagnose_path(lf)
+    assert d.format == "llama-factory trainer_log.jsonl" and d.state == "completed" and severe(d) == []
+    # ms-swift's output folder: logging.jsonl with `global_step/max_steps`, cut off at 40 of 500
+    ms = tmp_path / "ms"
+    ms.mkdir()
+    rows = [{"loss": round(2 / s + 0.5, 4), "learning_rate": 1e-4, "epoch": s / 250,
+             "global_step/max_steps": f"{s}/500"} for s in range(5, 41, 5)]
+    (ms / "logging.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    d = diagnose_path(ms)
+    assert d.format == "ms-swift logging.jsonl" and "log-ends-unfinished" in severe(d)
+
+
+@pytest.mark.parametrize("index", [True, False])
+def test_a_keras_history_table_without_an_epoch_column_counts_its_rows(tmp_path: Path, index: bool) -> None:
+    # pd.DataFrame(history.history).to_csv(path, index=index): History's keys in fit order, no epoch column
+    cols = ["loss", "acc", "val_loss", "val_acc"]
+    lines = [("," if index else "") + ",".join(cols)]
+    for e in range(12):
+        loss = 1.0 / (e + 1) if e < 8 else float("nan")
+        lines.append((f"{e}," if index else "") + f"{loss},{0.5 + e / 40},{1.1 / (e + 1)},{0.45 + e / 40}")
+    p = tmp_path / "training_log.csv"
+    p.write_text("\n".join(lines) + "\n")
+    d = diagnose_path(p)
+    assert d.format == "keras history csv" and d.steps >= 11 and d.evals == 12
+    f = next(f for f in d.findings if f.name == "nonfinite-loss")
+    assert f.step == 8
+    # a table whose val_ column has no training twin is no History: refused as before
+    q = tmp_path / "other.csv"
+    q.write_text("loss,val_score\n1.0,0.5\n")
+    with pytest.raises(UserError, match="without a step or epoch column"):
+        diagnose_path(q)
+
+
+def _mmcv_log_json(path: Path, epochs: int, last_epoch: int, *, per: int = 50, every: int = 10,
+                   runner: str = "EpochBasedRunner", val: bool = True) -> Path:
+    """TextLoggerHook: the meta record first, then one record per log() call; iter within the epoch."""
+    config = (f"model = dict(type='ResNet')\noptimizer = dict(type='SGD', lr=0.01)\n"
+              f"runner = dict(type='{runner}', max_epochs={epochs})\ncheckpoint_config = dict(interval=1)\n")
+    lines = [json.dumps({"env_info": "sys.platform: linux", "config": config, "seed": 0, "exp_name": "r.py"})]
+    for e in range(1, last_epoch + 1):
+        for i in range(every, per + 1, every):
+            s = (e - 1) * per + i
+            lines.append(json.dumps({"mode": "train", "epoch": e, "iter": i, "lr": 0.01, "memory": 900,
+                                     "data_time": 0.01, "loss_cls": round(1 / s, 5), "loss": round(2 / s + 0.1, 5),
+                                     "time": 0.1}))
+        if val:
+            lines.append(json.dumps({"mode": "val", "epoch": e, "iter": 125, "lr": 0.01,
+                                     "accuracy_top-1": 60 + e + 0.5}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_mmcv_log_json_global_step_evaluations_and_plan_from_its_config(tmp_path: Path) -> None:
+    done = diagnose_path(_mmcv_log_json(tmp_path / "20230207_121050.log.json", 12, 12))
+    assert done.format == "mmcv log.json" and done.state == "completed" and severe(done) == []
+    assert done.evals == 12 and done.steps == 12 * 5
+    from trainguard.ingest.detect import open_source
+
+    steps = [e["step"] for e in open_source(tmp_path / "20230207_121050.log.json").events if e["kind"] == "step"]
+    assert steps == sorted(set(steps)) and steps[-1] == 12 * 50  # (epoch - 1) x per epoch + iter
+    cut = diagnose_path(_mmcv_log_json(tmp_path / "cut.log.json", 12, 3))
+    f = tg531(cut)
+    assert f is not None and f.severity == "warning" and "epoch 3 of 12" in f.summary
+    # cut inside its first epoch, no evaluation yet: epoch 0 of 12 done
+    first = diagnose_path(_mmcv_log_json(tmp_path / "first.log.json", 12, 1, val=False))
+    f = tg531(first)
+    assert f is not None and f.severity == "warning" and "epoch 0 of 12" in f.summary
+
+
+def test_llama_factory_closing_summary_record_one_short_of_total_steps(tmp_path: Path) -> None:
+    # LogCallback.on_log copies loss/eval_loss/lr... from the last log_history row and drops the Nones: the
+    # train() summary row (train_runtime, train_loss) leaves a record with none of them, at the steps run
+    def rec(s: int, **kw: float) -> str:
+        return json.dumps({"current_steps": s, "total_steps": 201, **kw, "epoch": round(s / 100, 2),
+                           "percentage": round(s / 201 * 100, 2), "elapsed_time": "0:10:00",
+                           "remaining_time": "0:00:03"})
+
+    rows = [rec(s, loss=round(2 / s + 0.4, 4), lr=1e-4) for s in range(10, 201, 10)]
+    p = tmp_path / "trainer_log.jsonl"
+    p.write_text("\n".join(rows + [rec(200)]) + "\n")
+    assert diagnose_path(p).state == "completed"
+    # an evaluation as the last record is no summary: the run stopped one step short of its plan
+    p.write_text("\n".join(rows + [rec(200, eval_loss=0.5)]) + "\n")
+    assert tg531(diagnose_path(p)) is not None

@@ -277,3 +277,168 @@ def test_an_earlier_launchs_completion_is_not_the_ending_of_a_relaunch_appended_
     d = _diagnose(tmp_path, first + again + [f"step {s} | loss 0.4 | lr 1.0e-04" for s in range(200, 400)]
                   + ["Training complete"], "done.log")
     assert d.state == "completed"
+
+
+# -- line shapes and launches (issue 30): each from its writer's format string -------------------------
+
+
+PREFIXES = ["", "2026-01-02 03:04:05,678 - INFO - ", "\x1b[36m"]
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_a_two_line_record_takes_its_step_from_the_line_before(tmp_path: Path, prefix: str) -> None:
+    # n2nmn's `print('iter = %d\n\tloss = %f, accuracy (cur) = %f, ...')`; Speaker_Verification's
+    # `print("current step: %dth step" % i)` then `print("batch loss:%.10f" % loss)`
+    n2nmn = [line for s in range(100, 2001, 100)
+             for line in (f"{prefix}iter = {s}", f"\tloss = {_loss(s // 100):.6f}, accuracy (cur) = 0.828125, "
+                                                  "entropy = 0.001946")]
+    curve = _curve(_write(tmp_path, "n2nmn.log", n2nmn))
+    assert [s for s, _ in curve] == list(range(100, 2001, 100))
+    tisv = [line for s in range(1, 41) for line in (f"{prefix}current step: {s}th step", f"batch loss:{_loss(s):.10f}")]
+    curve = _curve(_write(tmp_path, "tisv.log", tisv))
+    assert [s for s, _ in curve] == list(range(1, 41)) and curve[0][1] == _loss(1)
+    # cut after a step line: the record that never came is no step
+    assert [s for s, _ in _curve(_write(tmp_path, "cut.log", tisv[:-1]))][-1] == 39
+
+
+def test_llmc_log_file_keys_and_its_lr_print_resolution(tmp_path: Path) -> None:
+    # llm.c's Logger: `s:%d trl:%.4f` per step, `s:%d tel:%.4f` per evaluation (derived trainers add lr and norm)
+    total = 400
+    lines = []
+    for s in range(total + 1):
+        if s % 50 == 0 or s == total:
+            lines.append(f"s:{s} tel:{_loss(s) + 0.1:.4f}")
+        if s < total:
+            lr = 6e-4 * (1 - s / total)
+            lines.append(f"s:{s} trl:{_loss(s):.4f} lr:{lr:.6f} norm:0.25")
+    events = list(read_text_log(_write(tmp_path, "main.log", lines)).events)
+    steps = [e for e in events if e["kind"] == "step"]
+    evals = [e for e in events if e["kind"] == "eval"]
+    # (step 0 is the state before any update: a step row counts from 1, as for every printed format)
+    assert len(steps) == total - 1 and steps[-1]["step"] == total - 1 and len(evals) == total // 50 + 1
+    assert evals[0]["data"] == {"loss": _loss(0) + 0.1}
+    # 6e-4 * 1/400 = 1.5e-6 prints 0.000002; nothing prints 0.000000 above 5e-7
+    assert all(e.get("extra", {}).get("lr_resolution") is None for e in steps if e["lr"])
+    zero = ["s:1 trl:3.0 lr:0.000000 norm:0.2"]
+    row = next(e for e in read_text_log(_write(tmp_path, "zero.log", zero)).events if e["kind"] == "step")
+    assert row["lr"] == 0 and row["extra"]["lr_resolution"] == pytest.approx(1e-6)
+
+
+def test_a_glog_prefixed_traceback_is_a_warning_not_a_crash(tmp_path: Path) -> None:
+    # torch._dynamo logs a recompile failure through `logging` with glog's prefix on every line of it
+    glog = "W0530 14:48:26.433000 2622492 site-packages/torch/_dynamo/convert_frame.py:1233] "
+    warn = [glog + "Traceback (most recent call last):", glog + '  File "x.py", line 3, in f',
+            glog + "    return g()", glog + "torch._dynamo.exc.Unsupported: call_function"]
+    lines = warn + [f"step:{s}/500 train_loss:{_loss(s):.6e} train_time:{s * 10}ms" for s in range(1, 201)]
+    d = _diagnose(tmp_path, lines)
+    assert "run-crashed" not in _severe(d) and d.state == "unfinished"
+    f = [f for f in d.findings if f.name == "log-ends-unfinished"]
+    assert f and f[0].severity == "warning" and "of 500" in f[0].summary
+    # an E-level line is not excused: a real traceback after the steps is still a crash
+    crash = lines + ["Traceback (most recent call last):", '  File "train.py", line 9, in <module>',
+                     "RuntimeError: CUDA error: an illegal memory access was encountered"]
+    assert _diagnose(tmp_path, crash, "crash.log").state == "crashed"
+
+
+def test_a_shell_prompt_starts_a_launch_and_one_that_never_trains_does_not_end_the_log(tmp_path: Path) -> None:
+    train = [f"epoch: {e}, batch_id: {b}, loss: {_loss(e * 10 + b):.4f}" for e in range(20) for b in range(0, 10, 3)]
+    train += [f"epoch: {e} done, AUC: 0.9{e:02d}" for e in (19,)] + ["Namespace(epochs=20)"]
+    infer = ["aistudio@jupyter-52221:~/work/models$ python -u ../../tools/infer.py -m config.yaml",
+             *[f"epoch: {e} done, AUC: 0.94{e}" for e in range(15, 19)]]
+    d = _diagnose(tmp_path, ["Namespace(epochs=20)"] + train + infer)
+    assert d.state == "completed" and _severe(d) == []
+    # a relaunch after the prompt that trains and stops short is judged on its own
+    again = ["me@box:~$ python train.py --epochs 20", "Namespace(epochs=20)"]
+    again += [f"epoch: {e}, batch_id: {b}, loss: {_loss(b):.4f}" for e in range(3) for b in range(0, 10, 3)]
+    d = _diagnose(tmp_path, ["Namespace(epochs=20)"] + train + again, "again.log")
+    assert d.state == "unfinished"
+
+
+def test_closing_lines_and_stray_lines_after_the_end(tmp_path: Path) -> None:
+    steps = [f"Epoch {e} step {e * 10 + s} loss: {_loss(e * 10 + s):.4f}" for e in range(1, 8) for s in range(1, 5)]
+    # E2DTC's early-stopping summary, after a separator
+    d = _diagnose(tmp_path, steps + ["=" * 17, "Best Epoch 6\tAcc: 0.8913\tnmi: 0.8267\tari: 0.7776"], "best.log")
+    assert d.state == "completed" and _severe(d) == []
+    # a periodic snapshot line mid-run is undone by the steps after it
+    mid = steps[:10] + ["snapshot saved to ./exp/tfmodel/00010000"] + steps[10:]
+    assert _diagnose(tmp_path, mid, "mid.log").state == "unfinished"
+    assert _diagnose(tmp_path, steps + ["snapshot saved to ./exp/tfmodel/00080000"], "snap.log").state == "completed"
+    # `Done` and then stray numbers a shell or a notebook appended
+    d = _diagnose(tmp_path, steps + ["Hours: 16", "Done", "0", "10", "20", "50"], "done.log")
+    assert d.state == "completed" and _severe(d) == []
+
+
+def test_theano_tutorials_optimization_complete_and_trailing_punctuation(tmp_path: Path) -> None:
+    lines = [f"Training Epoch: {e}, Loss: {_loss(e):.4f}." for e in range(1, 11)]
+    assert [v for _, v in _curve(_write(tmp_path, "dot.log", lines))] == [_loss(e) for e in range(1, 11)]
+    theano = [f"epoch {e}, minibatch 120/120, validation error {10 - e / 10:f} %" for e in range(1, 30)]
+    theano.append("Optimization complete with best validation score of 7.100000 %, on iteration 3480, with "
+                  "test performance 7.300000 %")
+    assert _diagnose(tmp_path, theano, "sda.out").state == "completed"
+
+
+def test_a_plan_printed_and_no_step_after_it_never_trained(tmp_path: Path) -> None:
+    # mmengine's config dump, then the run stops before its first iteration
+    dump = ["06/03 08:27:05 - mmengine - INFO - Config:", "max_epochs = 300",
+            "train_cfg = dict(max_epochs=300, type='EpochBasedTrainLoop', val_interval=10)",
+            "06/03 08:27:09 - mmengine - INFO - Checkpoints will be saved to /work_dirs/rtmdet."]
+    d = _diagnose(tmp_path, dump)
+    f = [f for f in d.findings if f.name == "log-ends-unfinished"]
+    assert f and f[0].severity == "warning" and "no training step of its 300 planned epochs" in f[0].summary
+    # the argparse Namespace's singular `max_epoch` is a plan too
+    lines = ["Namespace(batch_size=16, max_epoch=200, lr=0.001)"]
+    lines += [f"Epoch {e} - Train Loss: {_loss(e):.4f}, Val Loss: {_loss(e) + 0.1:.4f}" for e in range(1, 6)]
+    f = [f for f in _diagnose(tmp_path, lines, "ns.log").findings if f.name == "log-ends-unfinished"]
+    assert f and "epoch 5 of 200" in f[0].summary
+
+
+def test_lightning_bar_prints_nan_as_nan_dot_zero(tmp_path: Path) -> None:
+    lines = [f"Epoch 0: {p:3d}%|#| {s}/100 [00:10<00:00, 9.5it/s, v_num=hl9v, loss={v}]"
+             for s, p, v in ((i, i, f"{_loss(i):.3f}" if i < 50 else "nan.0") for i in range(1, 101))]
+    raw = "\r".join(lines).encode() + b"\n"
+    assert "nonfinite-loss" in _severe(diagnose_source(read_text_log(_write(tmp_path, "bar.log", [], raw=raw))))
+
+
+def _timm_launch(epochs: int, last_epoch: int, *, interrupted: bool) -> list[str]:
+    # timm train.py: 'Scheduled epochs: N' at start-up; '*** Best metric' after the loop, Ctrl-C included
+    out = ["AMP not enabled. Training in float32.", f"Scheduled epochs: {epochs}"]
+    for e in range(last_epoch + 1):
+        out += [f"Train: {e} [{b:4d}/390 ({100 * b // 390:3d}%)]  Loss: {_loss(e * 4 + b // 100):#.3g} (2.50)  "
+                "Time: 0.250s,  1024.00/s  (0.260s,  990.00/s)  LR: 1.000e-03  Data: 0.010 (0.012)"
+                for b in (0, 100, 200, 389)]
+        if not (interrupted and e == last_epoch):
+            out.append(f"Test: [  78/78]  Time: 0.101 (0.120)  Loss:  1.200 ( 1.200)  Acc@1: {60 + e:7.3f} "
+                       f"({60 + e:7.3f})  Acc@5: 85.000 (85.000)")
+    return out + [f"*** Best metric: {60 + last_epoch - 1} (epoch {last_epoch - 1})"]
+
+
+def test_timm_launches_appended_and_its_best_metric_after_an_interrupt(tmp_path: Path) -> None:
+    done = _timm_launch(3, 2, interrupted=False)
+    assert _diagnose(tmp_path, done, "done.log").state == "completed"
+    # Ctrl-C in epoch 2 of 300: the summary is printed all the same, the plan says it stopped short
+    short = _diagnose(tmp_path, _timm_launch(300, 2, interrupted=True), "short.log")
+    f = [f for f in short.findings if f.name == "log-ends-unfinished"]
+    assert f and f[0].severity == "warning" and "of 300" in f[0].summary
+    # launches appended: a finished one, then one interrupted, then start-ups that never trained; the last
+    # launch that trained is the verdict
+    again = done + _timm_launch(300, 2, interrupted=True) + ["Scheduled epochs: 300"] * 3
+    assert _diagnose(tmp_path, again, "again.log").state == "unfinished"
+
+
+def test_a_repeated_key_keeps_the_total_and_names_the_others(tmp_path: Path) -> None:
+    # `Loss: X, Acc: A, Semantic loss: S, IC loss: I`: the total is the first `loss`, not the last one
+    lines = [f"Epoch: [{e}/50] Iter:[{i}/100], Time: 0.5, Loss: {_loss(e * 10 + i // 10):.6f}, Acc:0.7, "
+             f"Semantic loss: 0.4, IC loss: 0.1" for e in range(3) for i in range(0, 100, 10)]
+    curve = _curve(_write(tmp_path, "seg.log", lines))
+    assert [v for _, v in curve] == [_loss(e * 10 + i // 10) for e in range(3) for i in range(0, 100, 10)][1:]
+
+
+def test_a_summary_tables_iter_row_is_no_two_line_record(tmp_path: Path) -> None:
+    # W&B's closing run summary prints `wandb:   iter 3000` then `wandb:   lr 0.0001`: no step record
+    lines = [f"iter {s}: loss {_loss(s):.4f}, time 10.0ms" for s in range(1, 51)]
+    lines += ["wandb: Run summary:", "wandb:            iter 3000", "wandb:              lr 0.0001"]
+    lines += [f"iter {s}: loss {_loss(s):.4f}, time 10.0ms" for s in range(51, 61)]
+    assert [s for s, _ in _curve(_write(tmp_path, "wandb.log", lines))] == list(range(1, 61))
+    # a step line whose record never follows at once: the record after other lines is not its record
+    lines = ["iter = 100", "saving snapshot", "loss = 0.5, accuracy = 0.8"]
+    assert _curve(_write(tmp_path, "gap.log", lines)) == []

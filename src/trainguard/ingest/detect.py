@@ -2,7 +2,7 @@
 
 A folder is searched in this order: Hugging Face (`trainer_state.json`, `checkpoint-N/`), Lightning
 (`lightning_logs/version_N/metrics.csv`, newest version), `metrics.csv`, Ultralytics `results.csv`,
-mmengine `vis_data/scalars.json`, a W&B run folder (`files/wandb-summary.json`), TensorBoard event files,
+mmengine `vis_data/scalars.json`, LLaMA-Factory's `trainer_log.jsonl`, ms-swift's `logging.jsonl`, a W&B run folder (`files/wandb-summary.json`), TensorBoard event files,
 then a log (`output.log`, `*.log`, `*.txt`). Anything else is refused with one
 line naming what was looked for.
 """
@@ -78,6 +78,11 @@ def _open_dir(p: Path) -> Source:
     for scalars in (p / "scalars.json", p / "vis_data" / "scalars.json"):  # mmengine's LocalVisBackend
         if scalars.is_file():
             return tables.read_jsonl(scalars)
+    # LLaMA-Factory's output_dir (LogCallback's trainer_log.jsonl beside all_results.json) and ms-swift's
+    # (logging.jsonl): the trainer_state.json they may also hold was taken above
+    for name in ("trainer_log.jsonl", "logging.jsonl"):
+        if (p / name).is_file():
+            return tables.read_jsonl(p / name)
     run = wandb.run_folder(p)
     if run is not None:
         return wandb.read_run(run)
@@ -91,7 +96,7 @@ def _open_dir(p: Path) -> Source:
     if len(logs) == 1:
         return textlog.read_text_log(logs[0])
     raise UserError(f"{p}: nothing trainguard can read here (looked for trainer_state.json, lightning_logs/, "
-                    "metrics.csv, results.csv, vis_data/scalars.json, a W&B run folder, TensorBoard event files, "
+                    "metrics.csv, results.csv, vis_data/scalars.json, trainer_log.jsonl, logging.jsonl, a W&B run folder, TensorBoard event files, "
                     "output.log or one *.log)")
 
 

@@ -93,8 +93,10 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
     for (lineno, warning), count in _first_of_each(facts.warnings):
         if warning == signs.SCHEDULER_BEFORE_OPTIMIZER.name:
             found.append(signs.scheduler_before_optimizer(name, lineno, count))
-    if facts.completed is None and facts.last_line and _LAST_WORD_DONE.match(facts.last_line):
-        facts.completed = facts.last_line  # a script's own last word ("done"), as the log's very last line only
+    last_word = facts.last_word or facts.last_line
+    if facts.completed is None and last_word and _LAST_WORD_DONE.match(last_word):
+        # a script's own last word ("done"), as the log's very last line only (stray `0`, `50` after it aside)
+        facts.completed = last_word
     log_like = source.log_like and facts.ends_with != "unknown"  # "unknown": the reader cannot tell how it ended
     if log_like and not crashed and facts.completed is None:
         if not (facts.steps or facts.evals or facts.lines):

@@ -37,6 +37,7 @@ class Facts:
     completed: str | None = None  # the line (or key) that says the run finished
     warnings: list[tuple[int, str]] = field(default_factory=list)  # (line number, text) of PyTorch warnings
     last_line: str | None = None
+    last_word: str | None = None  # the last line that says something (not a stray `50` or `---` after the end)
     lines: int = 0  # lines (or rows, records) read; a text log's \r-separated redraws count
     newlines: int = 0  # newline-ended lines of a text log
     mtime: float | None = None  # when the file was last written

@@ -43,15 +43,19 @@ def read_csv(path: Path, fmt: str = "csv", delimiter: str = ",") -> Source:
     low = [h.strip().lower() for h in header]
     step_col = next((h for h, lo in zip(header, low) if lo in STEP_NAMES), None)
     epoch_col = next((h for h, lo in zip(header, low) if lo == "epoch"), None)
-    if step_col is None and epoch_col is None:
+    history = step_col is None and epoch_col is None and _keras_history(low)
+    if step_col is None and epoch_col is None and not history:
         raise UserError(f"{path}: a CSV without a step or epoch column ({', '.join(header[:8])}...): "
                         "not a metrics file trainguard can read")
-    fmt = flavour(fmt, path.name, low)
+    fmt = "keras history csv" if history else flavour(fmt, path.name, low)
     contract = formats.contract(fmt)
     facts = Facts(mtime=path.stat().st_mtime)
     parts = contract.parts_from if contract is not None else ()
-    key = step_col or epoch_col
+    key = step_col or epoch_col or "epoch"
     rows = _csv_rows(path, facts, delimiter)
+    if history:
+        # `pd.DataFrame(history.history).to_csv()`: one row per epoch in order, the row's index is its epoch
+        rows = ({**row, "epoch": str(i)} for i, row in enumerate(rows))
     plan: dict[str, Any] = {"parts_relation": contract.parts} if contract is not None else {}
     log_like = False
     if contract is not None and contract.step_unit == "epoch":
@@ -84,6 +88,14 @@ def _loss_per_epoch(path: Path, delimiter: str, epoch_col: str) -> bool:
         if with_loss > len(epochs) + 1:
             return False
     return len(epochs) >= 2 and with_loss > 0
+
+
+def _keras_history(low: list[str]) -> bool:
+    """A Keras `History.history` saved as a table (no epoch column): a `loss` column, and each `val_<m>` column
+    beside its `<m>` (the names Keras gives a metric on the validation data); a pandas index column may lead."""
+    names = [n for n in low if n and n != "unnamed: 0"]
+    vals = [n for n in names if n.startswith("val_")]
+    return "loss" in names and bool(vals) and all(n[4:] in names for n in vals)
 
 
 def flavour(fmt: str, name: str, low: list[str]) -> str:
@@ -167,7 +179,11 @@ def read_jsonl(path: Path) -> Source:
     plan: dict[str, Any] = {"parts_relation": contract.parts} if contract is not None else {}
     rows: Iterable[dict[str, Any]] = _json_rows(path, facts)
     log_like = False
-    if fmt == "detectron2 metrics.json":
+    if fmt == "mmcv log.json":
+        from trainguard.ingest import mmcv
+
+        rows, log_like = mmcv.rows(rows, facts, mmcv.plan_of(first or {})), True
+    elif fmt == "detectron2 metrics.json":
         rows, log_like = detectron2.rows(rows, facts), True
     elif fmt == "mmengine scalars.json":
         stated = mmengine.plan(path.parent, contract)
@@ -178,7 +194,7 @@ def read_jsonl(path: Path) -> Source:
         total = _total_of(first) or (_summary_step(path) if fmt == "ms-swift logging.jsonl" else None)
         if total:
             plan["total_steps"] = total
-            rows, log_like = _reaches(rows, total, facts), True
+            rows, log_like = _reaches(rows, total, facts, closing=fmt == "llama-factory trainer_log.jsonl"), True
         elif fmt == "llama-factory trainer_log.jsonl":
             fmt = "json lines"
     parts = contract.parts_from if contract is not None else ()
@@ -194,6 +210,10 @@ def jsonl_flavour(name: str, first: dict[str, Any] | None) -> str:
         return "ms-swift logging.jsonl"
     if "current_steps" in first and "total_steps" in first:
         return "llama-factory trainer_log.jsonl"
+    from trainguard.ingest import mmcv
+
+    if mmcv.is_log_json(name, first):
+        return "mmcv log.json"
     if "iteration" in first and ("eta_seconds" in first or "data_time" in first or "total_loss" in first):
         return "detectron2 metrics.json"
     if name.lower() == "scalars.json" and "step" in first and ("iter" in first or "epoch" in first):
@@ -266,14 +286,24 @@ def _of_max(row: dict[str, Any]) -> tuple[int, int] | None:
     return int(n), int(total)
 
 
-def _reaches(rows: Iterable[dict[str, Any]], total: int, facts: Facts) -> Iterator[dict[str, Any]]:
+# what LogCallback.on_log copies from a log_history row (None values dropped): a record with none of them is
+# the closing `train()` summary (train_runtime, train_loss), which the Trainer logs once training returned
+_LF_VALUES = ("loss", "eval_loss", "predict_loss", "reward", "accuracy", "lr", "learning_rate")
+
+
+def _reaches(rows: Iterable[dict[str, Any]], total: int, facts: Facts, *, closing: bool = False) -> Iterator[dict[str, Any]]:
     last = 0
+    summary: int | None = None  # the step of a closing summary record, while it is the last record
     for row in rows:
         step = _step_of(row, None)
         last = max(last, step or 0)
+        summary = (step or last) if closing and step is not None and not any(k in row for k in _LF_VALUES) else None
         yield row
     if last >= total:
         facts.completed = f"current_steps reaches total_steps ({total:,})"
+    elif summary is not None:
+        # total_steps is max_steps as the Trainer planned it, which may be one more than the steps it ran
+        facts.completed = f"the closing train() summary record at step {summary:,} of {total:,}"
     else:
         facts.ends_with = "step"
 

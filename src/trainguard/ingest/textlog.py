@@ -54,9 +54,10 @@ _NUM = r"[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+
 _QUALIFIER = r"(?:(?:train|training|val|valid|validation|eval|evaluation|test|dev|batch|average|avg|mean|epoch|total|running)\s+){0,2}"
 # a key starts where a word starts: without the look-behind a 64 KiB run of letters (a base64 blob) is
 # tried from each of its positions, quadratic in the line (minutes for one line)
-_PAIR = re.compile(r"(?<![\w/.\-])(" + _QUALIFIER + r"[A-Za-z][\w/.\-]*)\s*[=:]\s*(" + _NUM + r")(?![\w.])",
+_END = r"(?!\w|\.\d)"  # where a number ends: `Loss: 0.2154.` ends a sentence, `1.2.3` is no number
+_PAIR = re.compile(r"(?<![\w/.\-])(" + _QUALIFIER + r"[A-Za-z][\w/.\-]*)\s*[=:]\s*(" + _NUM + r")" + _END,
                    re.IGNORECASE)
-_SPACED = re.compile(r"\b(" + _QUALIFIER + r"(?:loss|lr|learning_rate|grad_norm|norm))\s+(" + _NUM + r")(?![\w.])",
+_SPACED = re.compile(r"\b(" + _QUALIFIER + r"(?:loss|lr|learning_rate|grad_norm|norm))\s+(" + _NUM + r")" + _END,
                      re.IGNORECASE)
 # one cell of a `| lr 20.0000 | loss   nan |` table (pytorch/examples, fairseq): a name, then its number
 _CELL = re.compile(r"((?:[A-Za-z][\w/.\-]*\s+){0,3}?[A-Za-z][\w/.\-]*)\s*[:=]?\s*(" + _NUM + r")", re.IGNORECASE)
@@ -65,7 +66,7 @@ _CELL = re.compile(r"((?:[A-Za-z][\w/.\-]*\s+){0,3}?[A-Za-z][\w/.\-]*)\s*[:=]?\s
 _CELL_METRIC = re.compile(r"(?:^|[\s|_/])(?:loss|ppl|perplexity|acc|accuracy|lr|grad_norm|bleu|rouge\w*|f1|wer|cer|"
                           r"exact\w*|em)\s+" + _NUM, re.IGNORECASE)
 # `BLEU-1 73.98, BLEU-2 68.28` on a line that says it is an evaluation
-_LOOSE = re.compile(r"(?<![\w/.\-])([A-Za-z][\w\-]*)\s+(" + _NUM + r")(?![\w.])", re.IGNORECASE)
+_LOOSE = re.compile(r"(?<![\w/.\-])([A-Za-z][\w\-]*)\s+(" + _NUM + r")" + _END, re.IGNORECASE)
 # Hugging Face 5 prints its values quoted ('loss': '1.181'), older versions bare ('loss': 1.181)
 _QUOTED = re.compile(r"""['"]([\w/.\-]+)['"]\s*:\s*['"]?(""" + _NUM + r""")['"]?(?![\w.])""", re.IGNORECASE)
 # `step 120`, `Step 5/100`, `global_step: 10` (PaddleOCR), `num_updates=100` (fairseq), `Iter(train) [100/40000]`
@@ -88,7 +89,8 @@ _TQDM = re.compile(r"(\d+)/(\d+) \[[^\]]{0,1000}?\]")
 # a bar with its bracket; the postfix (`loss=2.1, lr=1e-4`) is cut out of the bracket in Python: as one
 # regex (lazy prefix, comma, `=` inside) it was cubic in a bracket that never closes
 _TQDM_BRACKET = re.compile(r"(\d+)/(\d+) \[([^\]]{0,1000})\]")  # a bracket is short: bounded scan
-_EVAL_WORD = re.compile(r"(?:^|[\s\[(|])(?:eval|evaluation|val|valid|validation|dev|test)\b", re.IGNORECASE)
+_EVAL_WORD = re.compile(r"(?:^|[\s\[(|])(?:eval|evaluation|evaluating|val|valid|validation|validating|dev|test|testing)\b",
+                        re.IGNORECASE)
 # `train_bash.py: error: argument --fp16: ...` after argparse's `usage:` block: the run never started
 _USAGE_ERROR = re.compile(r"^([\w.\-]+): error: (.+)$")
 _EPOCH_BAR = re.compile(r"^\s*(?:epoch|validation|sanity)", re.IGNORECASE)
@@ -114,6 +116,20 @@ _FRACTION = re.compile(r"\s*/\s*(\d{1,15})(?![\d.])")
 # CIFAR-10 tutorial): the metric's own name is the phrase's first word, before the split it was measured on
 _ON_SET = re.compile(r"(?:^|[\s,;|\]])([A-Za-z][\w\-]*)\s+(?:on|of|for)\s+[^:=]*?\b(?:set|split)\s*[:=]",
                      re.IGNORECASE)
+# a line that is only a step (`iter = 43080`, `current step: 58036th step`): the record's metrics follow on the
+# very next line (`\tloss = 0.42, accuracy = 0.83`; `batch loss:0.0047`). Its separator is required: a summary
+# table's `wandb:   iter 3000` row is no record's step
+_STEP_ONLY = re.compile(r"(?:^|[\s\]|:>\-])(?:current\s+|global[_ ])?(?:step|iter(?:ation)?)\s*[:=]\s*(\d{1,15})"
+                        r"(?:st|nd|rd|th)?(?:\s+steps?)?\s*[.:]?\s*$", re.IGNORECASE)
+# glog's line prefix (absl, torch's C++ and `torch._logging`): `W0530 14:48:26.433000 2622492 file.py:1233] `;
+# an I/W line is information or a warning, never a crash, whatever it quotes
+_GLOG = re.compile(r"^[IW]\d{4} \d\d:\d\d:\d\d(?:\.\d+)?\s+\d+\s+[^\]\s]+:\d+\] ")
+# a shell prompt with a command after it (`user@host:~/dir$ python infer.py ...`): a new launch starts
+_PROMPT = re.compile(r"^[\w.\-]+@[\w.\-]+:[^\s$#]*[$#] +\S")
+# a line that is no statement at all (a stray `50`, `---`): it neither ends nor continues the run
+_LR_PRINTED = re.compile(r"\b(?:lr|learning[_ ]rate)\s*[:=]?\s*0\.(0+)(?![\d.eE])", re.IGNORECASE)
+_WORD_BEFORE = re.compile(r"([A-Za-z]\w{0,30})\s+$")
+_STRAY = re.compile(r"^[\W\d_]{0,8}$")
 # a line of many words that merely holds numbers (`[eval] A car travels at 62 km/h for 2 hours`): not metrics
 _WORD = re.compile(r"[A-Za-z]{2,}")
 
@@ -137,6 +153,12 @@ class _Contracts:
         self.not_eval = _union(p for r in rules for p in r.not_evaluation)
         self.samples = [re.compile(r.sample_counter, re.IGNORECASE) for r in rules if r.sample_counter]
         self.weighted = _union(r.weighted_parts for r in rules if r.weighted_parts)
+        self.closing = _union(p for r in rules for p in r.closing)
+        self.launch = _union(p for r in rules for p in r.launch)
+        # the short names a writer gives a position or a metric, each with the lines it applies on
+        self.keys: list[tuple[re.Pattern[str] | None, dict[str, str]]] = [
+            (re.compile(r.keys_when, re.IGNORECASE) if r.keys_when else None, {k.lower(): v for k, v in r.keys.items()})
+            for r in rules if r.keys]
         self.records: dict[str, str] = {}
         for r in rules:
             self.records.update(r.record_lines)
@@ -288,14 +310,35 @@ class _LineParser:
         self.iter_max = 0  # the largest iteration within an epoch seen (`[E, I]` lines without `/n`)
         self.epoch_axis = False  # the log's only loss is its epoch summaries: steps are epochs
         self.relaunch: int | None = None  # the last step of a relaunch not yet past the earlier launch's steps
+        self.pending: tuple[int, int] | None = None  # (line, step) of a step printed alone: the next line's record
+        self.lineno = 0
+        self.closing: str | None = None  # a closing line (declared `closing`) no training step has followed yet
+        # a launch started at a shell prompt: how the launch before it stood, kept in case this one never trains
+        self.before_launch: dict[str, Any] | None = None
+        self.steps_at_launch = 0
+        self.trained = 0  # training rows seen, kept or not (a relaunch's rows below the steps read are dropped)
 
     def feed(self, lineno: int, line: str) -> list[dict[str, Any]]:
         facts = self.facts
         stripped = line.strip()
         if not stripped:
             return []
+        self.lineno = lineno
         facts.last_line = stripped[:500]
+        if not _STRAY.match(stripped):
+            facts.last_word = facts.last_line
         facts.signs.feed(lineno, line, facts.steps + facts.evals, facts.completed is not None)
+        if line[:1] in "IW" and (g := _GLOG.match(line)) is not None:
+            rest = line[g.end():]
+            if self.tb is None and ("Traceback (most recent call last)" in rest or rest.startswith((" ", "\t"))):
+                return []  # a traceback a logger quotes as a warning (torch._dynamo's recompile notes)
+            line, stripped = rest, rest.strip()
+            if not stripped:
+                return []
+        if "@" in line and ("$" in line or "#" in line):
+            if _PROMPT.match(stripped):
+                self._new_launch()
+                return []
         if self.tb is not None:
             self._traceback_line(line)
         if "Traceback (most recent call last)" in line:
@@ -312,8 +355,13 @@ class _LineParser:
         if c.completion is not None and (c.completion_hints is None or any(h in low for h in c.completion_hints)) \
                 and c.completion.search(stripped):
             facts.completed = stripped[:200]
+        if c.closing is not None and c.closing.search(stripped):
+            self.closing = stripped[:200]
+            return []  # a summary of the run (`*** Best metric: 61 (epoch 1)`): no step, evaluation or position
         if "poch" in low and (ep := _epoch_of(line)) is not None and (ep[1] is not None or _EPOCH_HEAD.search(line)):
             self._epoch_seen(*ep)  # a position (`Epoch 3/500`, `=== Epoch 4 ===`), not a mention (`from epoch 66`)
+        if c.launch is not None and c.launch.search(stripped):
+            self._new_launch()
         if any(h in low for h in _PLAN_HINTS) and c.plan.search(line) is not None:
             self._plan_line(line)
         if stripped[-1] == "|" and (kv := _KV_ROW.search(stripped)) is not None:
@@ -338,6 +386,24 @@ class _LineParser:
         return self._metrics(stripped)
 
     # -- what a format's contract adds ------------------------------------------------------------
+
+    def _new_launch(self) -> None:
+        """A shell prompt and a command: what follows is another launch (an inference script after training, a
+        relaunch). The log is judged on its last launch that trains; how the one before stood is kept for the
+        case that this one never logs a training step."""
+        if self.trained > self.steps_at_launch:  # the launch now closing trained: the one to fall back on
+            self.before_launch = {"completed": self.facts.completed, "epoch_max": self.epoch_max,
+                                  "epoch_zero": self.epoch_zero, "epochs_of": self.epochs_of,
+                                  "plan_epochs": self.plan_epochs, "plan_steps": self.plan_steps,
+                                  "plan_total": self.plan_total, "closing": self.closing,
+                                  "ends_with": self.facts.ends_with, "cut_off": self.facts.cut_off,
+                                  "eval_steps": self.eval_steps}
+        self.steps_at_launch = self.trained
+        self.facts.completed = None
+        self.closing = None
+        self.epoch_max, self.epochs_of, self.epoch_zero = None, None, False
+        self.eval_steps = []  # the cadence of this launch's evaluations, not the last launch's
+
 
     def _epoch_seen(self, epoch: int, of: int | None) -> None:
         """Any line naming its epoch (`Epoch 3/500`, `End of epoch 16 / 200`): how far the run got."""
@@ -417,6 +483,15 @@ class _LineParser:
     def finish(self) -> None:
         """At the end of the log: the run held against the plan it states (see the module docstring)."""
         facts = self.facts
+        if self.before_launch is not None and self.trained == self.steps_at_launch:
+            # the last launch logged no training step (an inference or export script run after training)
+            for name, value in self.before_launch.items():
+                if name == "completed":
+                    facts.completed = facts.completed or value
+                elif name in ("ends_with", "cut_off"):
+                    setattr(facts, name, value)
+                else:
+                    setattr(self, name, value)
         if facts.completed is not None:
             return
         reached: list[str] = []
@@ -440,7 +515,14 @@ class _LineParser:
         if reached or final:
             facts.completed = f"reached {reached[0]}" if reached else final
         elif short:
+            # (a closing line short of the plan: the loop was left early, as timm's main() does on Ctrl-C)
             facts.cut_off = short[0]
+        elif self.closing is not None:
+            facts.completed = self.closing  # a closing summary no training step followed, and no plan against it
+        elif facts.steps == 0 and self.epoch_max is None and (epochs or total):
+            # a plan printed (a config dump, a start-up banner) and not one training step after it
+            facts.cut_off = (f"its start: no training step of its {epochs:,} planned epochs" if epochs else
+                             f"its start: no training step of its {total:,} planned steps")
 
     def _final_evaluation(self) -> str | None:
         """A last evaluation off the run's own evaluation cadence, at its last step: the evaluation a script
@@ -476,9 +558,14 @@ class _LineParser:
             rest = line[bar.end():].strip()
             return drawn + self._metrics(rest) if rest else drawn
         pairs = _pairs(line)
-        if not pairs:
+        if not pairs or len(pairs) == 1 and next(iter(pairs)) in ("step", "iter", "iteration", "global_step"):
+            if (only := _STEP_ONLY.search(line)) is not None:
+                self.pending = (self.lineno, int(only.group(1)))  # `iter = 43080`: its metrics are on the next line
             return []
         epoch = _epoch_of(line)
+        keyed = self._keyed(line, pairs) if self.c.keys else {}
+        if epoch is None and "epoch" in keyed:
+            epoch = (keyed["epoch"], None)
         train = {k: v for k, v in pairs.items() if not is_eval_name(k) and k not in _NOT_METRICS
                  and not k.startswith(_SUMMARY)}
         evals = {_eval_key(k): v for k, v in pairs.items() if is_eval_name(k) and not _eval_key(k).startswith("best")
@@ -494,6 +581,15 @@ class _LineParser:
             # `Epoch 100/100 - Train Loss: ...`: the last of the planned epochs was reached
             self.facts.completed = self.facts.completed or f"reached the last epoch: {line[:120]}"
         step = self._position(line, epoch, bool(train))
+        if step is None and "step" in keyed:
+            step = keyed["step"]
+        elif step is None and "batch" in keyed:
+            # `ep: 0, batch: 20`: a counter within the epoch (absolute with the epochs before), a step without one
+            step = self._epoch_iter(epoch[0], keyed["batch"], keyed.get("per")) if epoch is not None else keyed["batch"]
+        if step is None and epoch is None and self.pending is not None and train \
+                and self.pending[0] == self.lineno - 1:
+            step = self.pending[1]  # the second line of a two-line record
+        self.pending = None
         if train and (step is not None or epoch is not None) and not any(k in LOSS_NAMES for k in train):
             # a step line's own loss under another name: `[step 150] avg_loss=...` (the mean over the
             # step's samples), `[epoch: 16/200, iter: 325/489] total: 1.19`
@@ -515,6 +611,11 @@ class _LineParser:
         counting = epoch is not None or any(k.startswith("batch") for k in train)
         if train and (step is not None or counting):
             out = self._emit(step if step is not None else self.step + 1, train, parts=True)
+            if out and train.get("lr") == 0 and (res := _LR_PRINTED.search(line)) is not None:
+                # `lr:0.000000`: zero as printed, not as set: the rules allow for the print's resolution
+                for row in out:
+                    if row.get("kind") == "step":
+                        row["extra"]["lr_resolution"] = 10.0 ** -len(res.group(1))
             if out and self.c.weighted is not None and self.c.weighted.search(line):
                 for row in out:
                     if row.get("kind") == "step" and row.get("parts"):
@@ -526,6 +627,27 @@ class _LineParser:
             out += self._eval(at, evals)
         elif not out and pairs and any(k.startswith(_SUMMARY) for k in pairs):
             self.facts.ends_with = "summary"  # `Epoch 20 - Average Train Loss: 0.0038`: an epoch's end
+        return out
+
+    def _keyed(self, line: str, pairs: dict[str, float]) -> dict[str, int]:
+        """A writer's own short names (declared `keys`): positions taken out of `pairs` (returned), metrics
+        renamed in it to what they are (`trl` -> `loss`, `tel` -> `val_loss`)."""
+        out: dict[str, int] = {}
+        for when, keys in self.c.keys:
+            if when is not None and when.search(line) is None:
+                continue
+            for name in [k for k in pairs if k in keys]:
+                meaning, value = keys[name], pairs.pop(name)
+                if meaning in ("step", "epoch", "batch"):
+                    if value >= 0 and value == int(value):
+                        out.setdefault(meaning, int(value))
+                        if meaning == "batch" and (per := re.search(rf"\b{re.escape(name)}\s*[:=]\s*\d+\s*/\s*(\d{{1,12}})",
+                                                                    line, re.IGNORECASE)) is not None:
+                            out["per"] = int(per.group(1))
+                elif meaning.startswith("eval:"):
+                    pairs.setdefault(f"val_{meaning[5:]}", value)
+                else:
+                    pairs.setdefault(meaning, value)
         return out
 
     def _position(self, line: str, epoch: tuple[int, int | None] | None, train: bool) -> int | None:
@@ -623,13 +745,16 @@ class _LineParser:
         post = _bar_postfix(line)
         if post is None or n == 0:
             return []
-        pairs = {k: v for k, v in ((k, to_number(v)) for k, v in re.findall(r"([\w/.\-]+)=([^,\s\]]+)",
-                                                                            post)) if v is not None}
+        # Lightning's bar prints a NaN as `nan.0`
+        pairs = {k: v for k, v in ((k, to_number(v[:-2] if v.lower().endswith(("nan.0", "inf.0")) else v))
+                                   for k, v in re.findall(r"([\w/.\-]+)=([^,\s\]]+)", post)) if v is not None}
         if self.plan_total is None and not _EPOCH_BAR.match(line):
             self.plan_total = total
         return self._emit(self.bar_offset + n, pairs, parts=True)
 
     def _emit(self, step: int, pairs: dict[str, float], *, parts: bool) -> list[dict[str, Any]]:
+        if any(k in LOSS_NAMES for k in pairs):
+            self.trained += 1
         if step <= self.step or not pairs:
             if 0 <= step <= 1 < self.step // 100 and any(k in LOSS_NAMES for k in pairs):
                 # a fresh launch appended to the log (its steps start again from the beginning): the earlier
@@ -645,6 +770,7 @@ class _LineParser:
             self.step = step
             self.relaunch = None  # a relaunch that got past the earlier launch's steps is read as it goes
             self.facts.ends_with = "step"
+            self.closing = None
         return out
 
 
@@ -662,7 +788,14 @@ def _epoch_of(line: str) -> tuple[int, int | None] | None:
 
 def _pairs(line: str) -> dict[str, float]:
     """A line's named numbers, names lower-cased with their qualifying words joined (`train_loss`)."""
-    out = {_key(k): float(v) for k, v in _PAIR.findall(line)}  # _NUM only matches what float() reads
+    out: dict[str, float] = {}
+    for m in _PAIR.finditer(line):  # _NUM only matches what float() reads
+        key = _key(m.group(1))
+        if key in out and (word := _WORD_BEFORE.search(line, 0, m.start(1))) is not None:
+            # `Loss: 50.14  Rc Loss: 50.04  KL Loss: 0.99`: the later ones are terms under their own words, not
+            # the total overwritten; not parts either: whether (and with what weights) they sum is not printed
+            key = _key(f"{word.group(1)}_{key}_term")
+        out.setdefault(key, float(m.group(2)))
     if "/" in line:
         for m in _PAIR.finditer(line):
             if line.startswith(("/", " /"), m.end()) and (frac := _FRACTION.match(line, m.end())) is not None \

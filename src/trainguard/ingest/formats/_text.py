@@ -26,6 +26,14 @@ class TextRules:
     completion: tuple[str, ...] = ()
     """Regexes (case-insensitive) of a line the writer prints only when training ended as planned or stopped
     itself on purpose (early stopping, a time budget)."""
+    closing: tuple[str, ...] = ()
+    """Regexes (case-insensitive) of a closing line the writer prints once its loop is over (a final snapshot,
+    a `Best Epoch N ...` summary): the run completed when no training step follows it. Unlike `completion`,
+    the same line printed mid-run (a periodic snapshot) is undone by the steps after it, and a plan the log
+    states and did not reach outweighs it (a loop left early still prints its summary)."""
+    launch: tuple[str, ...] = ()
+    """Regexes (case-insensitive) of a line the writer prints once as it starts (a start-up banner): a later one
+    begins another launch appended to the same log, and the log is judged on its last launch that trains."""
     plan_steps: tuple[str, ...] = ()
     """Names of the setting that holds the planned optimizer steps, as printed in a config dump, an args
     Namespace or a command line (`max_iters = 3000`, `MAX_ITER: 2000`, `--learning_steps 50000`)."""
@@ -45,6 +53,15 @@ class TextRules:
     record_lines: dict[str, str] = field(default_factory=dict)
     """For `STEP NAME VALUE` record logs (build-nanogpt's log.txt): NAME -> what the value is ("loss" for the
     step's training loss; "eval:<metric>" for an evaluation's metric)."""
+    keys: dict[str, str] = field(default_factory=dict)
+    """Printed names (lower-cased, as `name: value` / `name = value` / `name:value`) that the writer uses for
+    a position or a known metric under its own short name -> what it is: "step" (the optimizer step),
+    "epoch", "batch" (a counter within the epoch: absolute with the epochs before it, a step without one),
+    "loss", "lr", "grad_norm", or "eval:<metric>" (an evaluation's metric). llm.c's `s:N trl:X`, `ep: 0,
+    batch: 20`."""
+    keys_when: str | None = None
+    """A regex a line must match for `keys` to apply (llm.c's `s` means the step only on its own lines);
+    None: on every line."""
     sample: tuple[str, ...] = ()
     """A few lines shaped exactly as the writer prints them (placeholders `{step}`, `{epoch}`, `{total}`,
     `{loss}`), from which tests build a log: the writer's format strings, not lines copied from a log."""

@@ -36,11 +36,13 @@ declare(
     FormatContract(
         name="llama-factory trainer_log.jsonl", family="LLaMA-Factory",
         writer="hiyouga/LLaMA-Factory src/llamafactory/train/callbacks.py LogCallback.on_log",
-        files=("trainer_log.jsonl",),
+        files=("trainer_log.jsonl", "an output_dir holding trainer_log.jsonl"),
         metrics="loss, lr, eval_loss, predict_loss, reward, accuracy per record",
         step_axis="current_steps, optimizer updates",
         plan="total_steps in every record",
-        completion="current_steps reaching total_steps",
+        completion="current_steps reaching total_steps; or a last record with no loss, eval_loss, predict_loss, "
+                   "reward or lr: the closing train() summary (its values are not copied), written when training "
+                   "returned, whose current_steps may be one short of total_steps (max_steps as planned)",
         parts="none",
         notes=("a resumed run appends to the same file: steps may restart below the last one",),
         plan_keys=("total_steps",),
@@ -48,7 +50,7 @@ declare(
     FormatContract(
         name="ms-swift logging.jsonl", family="ms-swift",
         writer="modelscope/ms-swift swift/trainers/callback.py (on_log), swift/utils append_to_jsonl",
-        files=("logging.jsonl",),
+        files=("logging.jsonl", "an output_dir holding logging.jsonl"),
         metrics="loss, acc, grad_norm, learning_rate; eval_loss, eval_acc; the train_runtime summary",
         step_axis="global_step (older) or `global_step/max_steps` \"N/M\" (newer), optimizer updates",
         plan="M of `global_step/max_steps`; in older files none, except the step of the closing summary",

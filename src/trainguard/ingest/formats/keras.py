@@ -21,4 +21,19 @@ declare(
                "the heads' losses cannot be checked against the total",),
         step_unit="epoch",
     ),
+    FormatContract(
+        name="keras history csv", family="Keras",
+        writer="keras-team/keras keras/src/callbacks/history.py History.on_epoch_end (appends each epoch's logs to "
+               "history.history), saved by the script as a table (pandas DataFrame(history.history).to_csv)",
+        files=("*.csv",),
+        metrics="loss, metrics, and each `val_<metric>` beside its `<metric>`; lr / learning_rate when a callback "
+                "logs it",
+        step_axis="no epoch column: the row's index is its epoch, 0-based, one row per epoch",
+        plan="none (epochs and EarlyStopping live in the script)",
+        completion="none",
+        parts="independent",
+        notes=("told from any other table by its columns: a `loss`, and every `val_*` column paired with its "
+               "training twin; a leading unnamed column is pandas' index",),
+        step_unit="epoch",
+    ),
 )

@@ -14,13 +14,17 @@ declare_text(
         metrics="`Loss: X (avg)`: X this batch, the bracket the epoch's running mean; `LR`",
         step_axis="the bracket counts batches (batch_idx/last_idx) within the epoch: absolute with the epochs before",
         plan="'Scheduled epochs: N'",
-        completion="'*** Best metric: X (epoch E)' after the last epoch",
+        completion="the last scheduled epoch reached; '*** Best metric: X (epoch E)' closes main() but is printed "
+                   "after a KeyboardInterrupt too (`except KeyboardInterrupt: pass`): it completes a run only where "
+                   "no plan says it stopped short",
         parts="none",
-        notes=("'Test: [i/n]' lines are the evaluation's progress; its last line holds the evaluation's result",),
+        notes=("'Test: [i/n]' lines are the evaluation's progress; its last line holds the evaluation's result",
+               "'Scheduled epochs: N' is printed once at start-up: another one begins a launch appended to the log"),
     ),
     TextRules(
         format="timm console",
-        completion=(r"\*\*\* best metric:",),
+        closing=(r"\*\*\* best metric:",),
+        launch=(r"\bscheduled epochs:\s*\d",),
         plan_epochs=("scheduled epochs",),
         sample=("Train: {epoch} [{batch:>4d}/{batches} ({pct:>3.0f}%)]  Loss: {loss} (2.50)  Time: 0.250s,  "
                 "1024.00/s  (0.260s,  990.00/s)  LR: 1.000e-03  Data: 0.010 (0.012)",),
