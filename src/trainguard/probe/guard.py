@@ -15,10 +15,13 @@ Definitions used everywhere in trainguard:
 `Guard` is the public face; the work is done by parts, each in a module of its own:
 - probe/steps.py: step assembly, the hot path (`step`, `log`, `set_step`, `experts`). A Guard is a
   StepRecorder, so the training loop reaches the hot path without a delegating call. It appends to lists
-  and launches a few tiny kernels; it never reads a number back from the device;
+  and launches a few tiny kernels; it never reads a number back from the device; it hands finished
+  records to the drain through probe/handoff.py;
+- probe/state.py: what every part shares (pid, switched off, its errors, progress counters);
 - probe/opthooks.py: the optimizer's hooks (LR, gradient norm, update ratio) and, where the contract
   checks' forward pre-hook (probe/contracts.py) does not count each forward as progress, a mark that does;
-- probe/flusher.py: the background thread that turns finished device copies into rows and commits them;
+- probe/drain.py: the background thread that turns finished device copies into rows and commits them;
+- probe/flightanswers.py: the flight-recorder responder (its own thread once the run is distributed);
 - probe/crashhook.py: the uncaught exception, recorded with its step and phase;
 - probe/alone.py: the standalone ending (status.json and the health rules when no watchdog owns them),
   or `Watched`, which does nothing; chosen once at start-up;
@@ -73,10 +76,11 @@ class Guard(Probe):
 
     def batches(self, iterable: Iterable[_Batch]) -> Iterator[_Batch]:
         """Yields from `iterable`, measuring the time spent waiting for each item (data wait)."""
-        if self._contracts is not None and not self._disabled:
-            self._contracts.loader(iterable)  # fingerprints DataLoader workers' generators (fail-open)
+        st = self.state
+        if self.contracts is not None and not st.disabled:
+            self.contracts.loader(iterable)  # fingerprints DataLoader workers' generators (fail-open)
         iterator = iter(self.fast_forward.batches(iterable))
-        perf_counter, keep = time.perf_counter, self._ring.keep
+        perf_counter, keep = time.perf_counter, self.ring.keep
         # A loader whose batches are never kept (they come on the device, or larger than the ring) is not
         # asked again after a few: two calls a micro-batch saved where the loop is launch-bound
         not_kept = 0
@@ -86,12 +90,12 @@ class Guard(Probe):
                 item = next(iterator)
             except StopIteration:
                 return
-            if not self._disabled:
-                self._data_wait += perf_counter() - t0
-                self._ticks += 1  # a batch is progress (counted: probe/steps.py says why not a clock read)
+            if not st.disabled:
+                self.data_wait += perf_counter() - t0
+                st.ticks += 1  # a batch is progress (counted: probe/state.py says why not a clock read)
                 if not_kept < NOT_KEPT_IN_A_ROW:
                     try:
-                        not_kept = 0 if keep(self.micro + 1, item) else not_kept + 1  # (for the next guard.step)
+                        not_kept = 0 if keep(st.micro + 1, item) else not_kept + 1  # (for the next guard.step)
                     except Exception as exc:
                         self.fail("batches", exc)
             yield item
@@ -112,22 +116,23 @@ class Guard(Probe):
             self._phase_event("end", name, seconds=time.time() - t0)
 
     def _phase_event(self, edge: str, name: str, **data: Any) -> None:
-        if self._disabled or thisprocess.pid != self._pid:
+        if self.state.disabled or thisprocess.pid != self.pid:
             return
         try:
-            self._t_progress = time.time()
+            self.state.t_progress = time.time()
             if edge == "begin":
                 data["nth"] = self.phases.begin(name)
             else:
                 self.phases.end(name)
-            self._writer.add_event(EVENT_PHASE, name, {"edge": edge, **data}, step=self.step_count)
+            self.writer.add_event(EVENT_PHASE, name, {"edge": edge, **data}, step=self.step_count)
         except Exception as exc:
             self.fail("phase", exc)
 
     def due(self, name: str, every: int) -> bool:
         """True once at every `every`-th optimizer step (e.g. `if guard.due("eval", every=2000): ...`)."""
         try:
-            opt_steps, loss_steps = self.opt_steps, self._loss_steps
+            st = self.state
+            opt_steps, loss_steps = st.opt_steps, st.loss_steps
             step = opt_steps if opt_steps > loss_steps else loss_steps  # step_count, without the property's call
             if self.fast_forward.active and self.fast_forward.due(name, every):
                 self._due_last[name] = step
@@ -144,25 +149,25 @@ class Guard(Probe):
 
     def eval(self, **metrics: Any) -> None:
         """Records evaluation results, e.g. `guard.eval(loss=val_loss, accuracy=acc)`."""
-        if self._disabled or thisprocess.pid != self._pid:
+        if self.state.disabled or thisprocess.pid != self.pid:
             return
         try:
             # Evaluation is rare and off the hot path: reading a tensor here may synchronise, once.
             values = {k: _to_float(v) for k, v in metrics.items()}
-            self._t_progress = time.time()
-            self._writer.add_event(EVENT_EVAL, None, values, step=self.step_count)
+            self.state.t_progress = time.time()
+            self.writer.add_event(EVENT_EVAL, None, values, step=self.step_count)
         except Exception as exc:
             self.fail("eval", exc)
 
     def checkpoint_saved(self, path: str | os.PathLike[str]) -> None:
         """Tells trainguard a checkpoint was written; restarts and preflight resume from the newest one."""
-        if self._disabled or thisprocess.pid != self._pid:
+        if self.state.disabled or thisprocess.pid != self.pid:
             return
         try:
             p = Path(path)
             size = p.stat().st_size if p.exists() and p.is_file() else None
-            self._t_progress = time.time()
-            self._writer.add_event(EVENT_CHECKPOINT, str(p), {"path": str(p.resolve()), "bytes": size},
+            self.state.t_progress = time.time()
+            self.writer.add_event(EVENT_CHECKPOINT, str(p), {"path": str(p.resolve()), "bytes": size},
                                    step=self.step_count)
             self._verify_checkpoint(p.resolve())
         except Exception as exc:

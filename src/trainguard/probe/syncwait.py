@@ -97,15 +97,15 @@ class SyncWait:
 
     def _mark(self) -> None:
         g = self.guard
-        if self.failed or self.synced_at is None or g._disabled or os.getpid() != g._pid:
+        if self.failed or self.synced_at is None or g.state.disabled or os.getpid() != g.pid:
             return
         try:
-            g._add_value("x:presync_s", time.perf_counter() - self.synced_at)
+            g.add_value("x:presync_s", time.perf_counter() - self.synced_at)
             start = self.synced_event
             if start is not None:  # (each micro-batch's mark adds one; the row keeps the last, as for the host's)
                 end = self._record()
                 if end is not None:
-                    g._add_interval("x:presync_device_s", start, end)
+                    g.add_interval("x:presync_device_s", start, end)
         except Exception as exc:
             self._fail(exc)
 
