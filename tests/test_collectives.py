@@ -491,7 +491,7 @@ if rank == 0:
     time.sleep(1.5)  # a flush or two: the process is one of two ranks, its answering thread starts
     out["threads"] = sorted(t.name for t in threading.enumerate() if t.name.startswith("trainguard"))
     wedged = threading.Event()
-    g.drainer.drain = lambda final=False: wedged.wait()  # the background thread's next pass never returns (a wedged GPU)
+    g.probe.drainer.drain = lambda final=False: wedged.wait()  # the background thread's next pass never returns (a wedged GPU)
     time.sleep(1.0)
 dist.barrier()  # #2, after rank 0's background thread is held: its copy of the counters never gets it
 if rank == 0:

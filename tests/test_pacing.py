@@ -130,7 +130,7 @@ def test_a_pass_over_a_real_loops_steps_is_cut_into_short_stretches(tmp_path, mo
         # test worker's heap, hundreds of tests in, is one stretch of its own wherever it lands (194 ms of
         # a 208 ms pass in one CI run; this pass is 15 ms alone), and any thread's allocation can start it.
         train(20)
-        guard.drain()
+        guard.probe.drain()
         guard.writer.flush()
         monkeypatch.setattr(pacing, "STRETCHES", pacing.Stretches())
         train(800)
@@ -139,7 +139,7 @@ def test_a_pass_over_a_real_loops_steps_is_cut_into_short_stretches(tmp_path, mo
         try:
             cpu0 = time.thread_time()
             pacing.begin_pass()
-            guard.drain()
+            guard.probe.drain()
             pacing.breathe()
             guard.writer.flush(pause=pacing.breathe)
             pacing.resting()

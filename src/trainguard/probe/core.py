@@ -107,7 +107,6 @@ class Probe(StepRecorder):
         self.drainer = Drain(self.state, self.handoff, self.writer, run_dir=folder, rank=rank,
                             grad_accum=self.grad_accum, ring=self.ring, memory=self.memory, phases=self.phases)
         self._verifier: Any = None  # made at the first reported checkpoint (probe/ckptverify.py)
-        self._due_last: dict[str, int] = {}  # (Guard.due's) due name -> the step it last answered True for
         # the ending is chosen once: the probe's own when no watchdog owns it (rank 0 only), else nothing
         alone = not self.under_watchdog and rank == 0
         self._ending = Alone(self, environ=os.environ, t0=self._t0, attempt=self.attempt) if alone else Watched()
@@ -282,7 +281,7 @@ class Probe(StepRecorder):
         # parent's SQLite connection: the guard goes quiet in the child.
         self.state.disabled = True
 
-    def _verify_checkpoint(self, path: Path) -> None:
+    def verify_checkpoint(self, path: Path) -> None:
         """Hands a reported checkpoint to the verifier (a deque append; the work is a child process's)."""
         if self.state.disabled or not ckptverify.enabled():
             return

@@ -19,7 +19,7 @@ also CUDA events (timing on) recorded on the model's stream, and the device time
 `extra["presync_device_s"]`: the first completes when the gradient all-reduce has (the device runs in
 order), the second when the device has run the optimizer step and the forward, so between them is the
 device's own work plus the time it sat idle for its host (a straggler's slow data). Two event records
-a step, read by the background thread once the step's row is made (probe/steps.py), never waited for.
+a step, read by the background thread once the step's row is made (probe/drain.py), never waited for.
 """
 
 from __future__ import annotations
