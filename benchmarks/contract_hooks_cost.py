@@ -65,7 +65,7 @@ def measure(shape: str, passes: int = 7, steps: int = 100) -> dict:
     model = TinyLM(vocab=cfg["vocab"], dim=cfg["dim"], layers=cfg["layers"], heads=cfg["heads"], ctx=64)
     opt = torch.optim.AdamW(model.parameters())
     guard = trainguard.watch(model, opt, grad_accum=cfg["accum"], run_dir=tempfile.mkdtemp(prefix="tg-hooks-"))
-    checks = guard._contracts
+    checks = guard.contracts
     if checks is None:
         raise SystemExit("the contract checks are off (TRAINGUARD_CONTRACTS=0)")
     x = torch.randint(0, cfg["vocab"], (1, 16))
@@ -110,17 +110,17 @@ def measure(shape: str, passes: int = 7, steps: int = 100) -> dict:
                 p.grad[:1].add_(0)  # the backward pass adds to the gradient in place (untimed)
             for p, fn in now["grad_after"]:
                 timed("grad_after", fn, p)
-            guard.micro += 1
+            guard.state.micro += 1
             if checks.last_output is not None:  # as guard.step calls it: only after a sampled forward
                 timed("on_loss", checks.on_loss, loss)
-        guard.opt_steps += 1
+        guard.state.opt_steps += 1
         timed("opt_pre", checks.opt_pre, opt)
 
     autocast = torch.autocast("cpu", dtype=torch.bfloat16)  # as the arms run (bf16): the autocast check runs
     best: dict[tuple[int, str], float] = {}  # (step, kind) -> the least seconds over the passes
     with autocast:
         for _ in range(passes):
-            guard.opt_steps = 10
+            guard.state.opt_steps = 10
             calls.clear()
             for i in range(steps):
                 spent.clear()
@@ -130,7 +130,7 @@ def measure(shape: str, passes: int = 7, steps: int = 100) -> dict:
     by_kind: dict[str, float] = {}
     for (_, kind), dt in best.items():
         by_kind[kind] = by_kind.get(kind, 0.0) + dt / steps
-    guard._disabled = True  # the replayed counters are not a run to record
+    guard.state.disabled = True  # the replayed counters are not a run to record
     return {"shape": shape, "tensors": len(list(model.parameters())), "micro_batches": cfg["accum"],
             "grad_watched": len(watched),
             "hooks_us_per_step": round(1e6 * sum(by_kind.values()), 1),

@@ -14,10 +14,10 @@ from pathlib import Path
 
 what = os.environ.get("ABLATE", "")
 if "bg" in what:  # the background thread idles (rows never drained)
-    import trainguard.probe.flusher as fl
+    import trainguard.probe.drain as dr
     def _loop(self):
         self.stopping.wait()
-    fl.Flusher._loop = _loop
+    dr.Drain._loop = _loop
 if "step" in what:
     import trainguard.probe.steps as st
     st.StepRecorder.step = lambda self, *a, **k: None
@@ -37,7 +37,7 @@ if "opt" in what:
     import trainguard.probe.opthooks as oh
     oh.OptimizerHooks.pre = lambda self, *a: None
     def post(self, optimizer, args, kwargs):
-        self.steps.opt_steps += 1
+        self.state.opt_steps += 1
     oh.OptimizerHooks.post = post
 sys.argv = ["fair_overhead.py"] + sys.argv[1:]
 runpy.run_path(str(Path(__file__).with_name("fair_overhead.py")), run_name="__main__")

@@ -83,7 +83,7 @@ class _null:
 
 def _rules_cpu(guard) -> float:
     """CPU seconds the probe's thread spent in the health rules (a probe running alone runs them)."""
-    rules = guard._ending.rules
+    rules = guard.probe._ending.rules
     return rules.cpu if rules is not None else 0.0
 
 
@@ -91,7 +91,7 @@ def _thread_cpu(guard) -> float:
     """CPU seconds used so far by the probe's background thread (user + system), from the OS."""
     import psutil
 
-    native = getattr(getattr(guard._flusher, "_thread", None), "native_id", None)
+    native = getattr(getattr(guard.probe.drainer, "_thread", None), "native_id", None)
     for th in psutil.Process().threads():
         if th.id == native:
             return th.user_time + th.system_time
@@ -102,7 +102,7 @@ def _time_contracts(guard, model, opt) -> dict[str, float]:
     """Re-registers the contract checks' hooks (probe/contracts.py) through a timer of their own: their
     share of the hot path, measured directly. TRAINGUARD_CONTRACTS=0 runs the benchmark without them."""
     spent = {"all": 0.0, "in_step": 0.0}
-    c = guard._contracts
+    c = guard.contracts
     if c is None:
         return spent
 
@@ -205,9 +205,9 @@ def main() -> int:
                 hot[0] += time.perf_counter() - t0
         return wrapper
 
-    guard._hooks.remove_optimizer_hooks()
-    watched[1].register_step_pre_hook(timed(guard._hooks.pre))
-    watched[1].register_step_post_hook(timed(guard._hooks.post))
+    guard.probe._hooks.remove_optimizer_hooks()
+    watched[1].register_step_pre_hook(timed(guard.probe._hooks.pre))
+    watched[1].register_step_post_hook(timed(guard.probe._hooks.post))
     guard.step = timed(guard.step)
     contracts_hot = _time_contracts(guard, watched[0], watched[1])
     gen_a, gen_b = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
@@ -273,7 +273,7 @@ def main() -> int:
         # of which the health rules (the probe runs them itself here: no watchdog)
         "rules_cpu_ms_per_step": round(1000 * (_rules_cpu(guard) - rules_cpu0) / (n * len(guarded_t)), 4),
         # of the hot path: the API-contract checks' hooks (optimizer, forward, gradient hooks; issue 20)
-        "contracts": guard._contracts is not None,
+        "contracts": guard.contracts is not None,
         "contracts_hot_ms_per_step": round(1000 * contracts_hot["all"] / (n * len(guarded_t)), 4),
         "contracts_hot_pct_of_step": round(100 * contracts_hot["all"] / sum(guarded_t), 3),
         "memory_samples": memory_samples,

@@ -57,4 +57,4 @@ def _no_guard_outlives_its_test():
         try:
             guard.finish()
         except Exception:
-            guard._disabled = True  # finish() failed: at least stop it counting as the process's guard
+            guard.state.disabled = True  # finish() failed: at least stop it counting as the process's guard

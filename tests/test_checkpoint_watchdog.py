@@ -102,11 +102,11 @@ STALL_AFTER_XID = textwrap.dedent('''
     from trainguard.devices.sampler import DeviceSampler
     guard = trainguard.watch()
     # the telemetry as the probe's sampler records it on a GPU (its sample rows and its `_event` path)
-    sampler = DeviceSampler(guard._writer, rank=0, local_rank=0, log=print, step_of=lambda: guard.step_count)
+    sampler = DeviceSampler(guard.writer, rank=0, local_rank=0, log=print, step_of=lambda: guard.step_count)
     for step in range(1, 11):
         guard.step(1.0)
         time.sleep(0.05)
-    guard._writer.add_event("device-sample", "gpu", {"gpu": 0, "pci": "0000:3b:00", "host": sampler.host})
+    guard.writer.add_event("device-sample", "gpu", {"gpu": 0, "pci": "0000:3b:00", "host": sampler.host})
     sampler._event(parse_line("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."))
     threading.Event().wait()  # what a process does when its GPU is gone: waits for it forever
 ''')

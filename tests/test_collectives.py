@@ -316,9 +316,9 @@ def test_nccl_device_waits_make_a_collective_cause_out_of_a_device_sync() -> Non
 
     item = [Frame("/tmp/z/train.py", 70, "<module>", 'print(f"step {step} loss {loss.item():.4f}")')]
     finish = [Frame("/tmp/z/train.py", 75, "<module>", "guard.finish()"),
-              Frame("/x/src/trainguard/probe/core.py", 133, "finish", "self.drain(final=True)"),
-              Frame("/x/src/trainguard/probe/steps.py", 520, "_drain_locked", None),
-              Frame("/x/src/trainguard/probe/steps.py", 590, "_wait_for_device_copies", "time.sleep(pause)")]
+              Frame("/x/src/trainguard/probe/core.py", 239, "finish", "self.drainer.drain(final=True)"),
+              Frame("/x/src/trainguard/probe/drain.py", 145, "_drain_locked", None),
+              Frame("/x/src/trainguard/probe/drain.py", 215, "_wait_for_device_copies", "time.sleep(pause)")]
     snap = Snapshot(root_pid=1, samples=[{10: proc(10, 0, item), 11: proc(11, 1, finish)}], interval=2.0, taken_at=0.0,
                     gpu={"gpus": [{"index": 0}]})
     assert where_now(snap.samples[0][10].main_thread) == "device" == where_now(snap.samples[0][11].main_thread)
@@ -373,7 +373,7 @@ def test_the_last_drain_answers_the_watchdog_while_it_waits_for_a_device_that_ne
     # itself must answer the flight-recorder request (and commit it), and give up on a sticky device error
     from types import SimpleNamespace
 
-    from trainguard.probe.steps import StepRecorder
+    from trainguard.probe.drain import Drain
 
     class Copy:
         def __init__(self, polls: int, broken: bool = False) -> None:
@@ -386,10 +386,11 @@ def test_the_last_drain_answers_the_watchdog_while_it_waits_for_a_device_that_ne
             return self.polls < 0
 
     answered: list[bool] = []
-    rec = SimpleNamespace(_answer_flight=lambda commit=False: answered.append(commit), _flight_thread=None)
-    assert StepRecorder._wait_for_device_copies(rec, [Copy(3), Copy(0)]) is True  # type: ignore[arg-type]
+    flight = SimpleNamespace(answer=lambda commit=False: answered.append(commit), thread=None)
+    rec = SimpleNamespace(flight=flight)
+    assert Drain._wait_for_device_copies(rec, [Copy(3), Copy(0)]) is True  # type: ignore[arg-type]
     assert answered == [True] * 3
-    assert StepRecorder._wait_for_device_copies(rec, [Copy(0, broken=True)]) is False  # type: ignore[arg-type]
+    assert Drain._wait_for_device_copies(rec, [Copy(0, broken=True)]) is False  # type: ignore[arg-type]
 
 
 def test_nccl_a_rank_blocked_setting_up_a_groups_communicator_waits_where_its_counter_says() -> None:
@@ -416,7 +417,7 @@ def _backward_stall(ranks: list[int | None]):
             Frame("/v/site-packages/torch/autograd/graph.py", 869, "_engine_run_backward",
                   "return Variable._execution_engine.run_backward(")]
     flusher = [Frame("/usr/lib/python3.12/threading.py", 1010, "run", "self._target(*self._args, **self._kwargs)"),
-               Frame("/x/src/trainguard/probe/flusher.py", 56, "_loop", "s.drain()"),
+               Frame("/x/src/trainguard/probe/drain.py", 103, "_loop", "self.drain()"),
                Frame("/x/src/trainguard/probe/devicestats.py", 259, "stage_step", "vec = torch.stack(tensors)")]
 
     def proc(pid: int, rank: int | None) -> ProcSample:
@@ -490,7 +491,7 @@ if rank == 0:
     time.sleep(1.5)  # a flush or two: the process is one of two ranks, its answering thread starts
     out["threads"] = sorted(t.name for t in threading.enumerate() if t.name.startswith("trainguard"))
     wedged = threading.Event()
-    g.drain = lambda final=False: wedged.wait()  # the background thread's next pass never returns (a wedged GPU)
+    g.probe.drainer.drain = lambda final=False: wedged.wait()  # the background thread's next pass never returns (a wedged GPU)
     time.sleep(1.0)
 dist.barrier()  # #2, after rank 0's background thread is held: its copy of the counters never gets it
 if rank == 0:

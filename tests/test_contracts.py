@@ -440,7 +440,7 @@ def test_one_worker_restarted_each_epoch_repeats_its_draws(workdir: Path) -> Non
     assert found["first"]["draws"] == found["second"]["draws"]
     assert loader.worker_init_fn is not None  # chained for the first epochs only: the user's (None) comes back
     guard2 = trainguard.watch(model, opt, total_steps=8, run_dir=workdir / "run2")
-    guard2._contracts.workers.epochs = 4
+    guard2.contracts.workers.epochs = 4
     list(guard2.batches(loader))
     assert loader.worker_init_fn is None
     guard2.finish()
@@ -537,7 +537,7 @@ def _counted_pre_hook(model: nn.Module, guard) -> list[bool]:
     """Wraps the contract checks' forward pre-hook in the model's hook dictionary and returns the list
     each call appends the model's mode to."""
     hooks = model._forward_pre_hooks
-    key = next(k for k, fn in hooks.items() if getattr(fn, "__self__", None) is guard._contracts)
+    key = next(k for k, fn in hooks.items() if getattr(fn, "__self__", None) is guard.contracts)
     hook = hooks[key]
     calls: list[bool] = []
 
@@ -584,11 +584,11 @@ def test_with_guard_batches_an_evaluation_after_a_step_is_looked_at(workdir: Pat
         opt.step()
         opt.zero_grad()
         if i == 30:  # step 15, not a sampled one
-            seen, ticks = len(calls), guard._ticks
+            seen, ticks = len(calls), guard.state.ticks
             with torch.no_grad():  # the model left in training mode: the bug
                 for _ in range(5):
                     model(torch.randn(32, 8))
-            assert len(calls) - seen == 5 and guard._ticks - ticks == 5
+            assert len(calls) - seen == 5 and guard.state.ticks - ticks == 5
     guard.finish()
     assert _contracts(workdir / "run")["eval-in-train-mode"]["modules"] == ["1 (Dropout)"]
 

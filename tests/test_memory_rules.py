@@ -198,10 +198,10 @@ def test_rules_that_break_stop_feeding_their_inbox(tmp_path: Path) -> None:
     def broken(batch):
         raise RuntimeError("a rules pass that raises")
 
-    rules = guard._ending.rules  # the probe's own rules (probe/alone.py): a script running alone
+    rules = guard.probe._ending.rules  # the probe's own rules (probe/alone.py): a script running alone
     rules.inbox.engine.feed_all = broken  # a fault inside the rules, to see what the probe does with it
     rules.run()
-    assert rules.inbox is None and guard._writer.tap is None
+    assert rules.inbox is None and guard.writer.tap is None
     train(20)
     guard.finish()
     with RunReader(tmp_path) as reader:

@@ -104,9 +104,9 @@ def test_a_pass_over_a_real_loops_steps_is_cut_into_short_stretches(tmp_path, mo
     import torch
 
     import trainguard
-    from trainguard.probe import flusher
+    from trainguard.probe import drain
 
-    monkeypatch.setattr(flusher, "FLUSH_INTERVAL", 3600.0)  # the guard's own thread stays out of the way
+    monkeypatch.setattr(drain, "FLUSH_INTERVAL", 3600.0)  # the guard's own thread stays out of the way
     monkeypatch.setattr(pacing, "STRETCHES", pacing.Stretches())
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8)
@@ -130,8 +130,8 @@ def test_a_pass_over_a_real_loops_steps_is_cut_into_short_stretches(tmp_path, mo
         # test worker's heap, hundreds of tests in, is one stretch of its own wherever it lands (194 ms of
         # a 208 ms pass in one CI run; this pass is 15 ms alone), and any thread's allocation can start it.
         train(20)
-        guard.drain()
-        guard._writer.flush()
+        guard.probe.drain()
+        guard.writer.flush()
         monkeypatch.setattr(pacing, "STRETCHES", pacing.Stretches())
         train(800)
         gc.collect()
@@ -139,9 +139,9 @@ def test_a_pass_over_a_real_loops_steps_is_cut_into_short_stretches(tmp_path, mo
         try:
             cpu0 = time.thread_time()
             pacing.begin_pass()
-            guard.drain()
+            guard.probe.drain()
             pacing.breathe()
-            guard._writer.flush(pause=pacing.breathe)
+            guard.writer.flush(pause=pacing.breathe)
             pacing.resting()
             cpu = time.thread_time() - cpu0
         finally:

@@ -153,9 +153,9 @@ def test_a_forked_child_leaves_the_parents_guard_alone(tmp_path: Path) -> None:
     if pid == 0:  # the child (a forked DataLoader worker, say) runs a step: the guard's calls and hooks
         code = 1
         try:
-            before = (guard.micro, guard.opt_steps, len(guard._pending))
+            before = (guard.micro, guard.opt_steps, len(guard.probe.pending))
             one_step()
-            code = 0 if (guard.micro, guard.opt_steps, len(guard._pending)) == before else 3
+            code = 0 if (guard.micro, guard.opt_steps, len(guard.probe.pending)) == before else 3
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
@@ -290,7 +290,7 @@ def test_a_guard_that_switched_itself_off_still_finishes(tmp_path: Path) -> None
     for _ in range(30):
         guard.step({"not": "a loss"})  # 30 errors of its own: the guard switches itself off after 20
     guard.finish()
-    assert guard._disabled
+    assert guard.state.disabled
     with RunReader(tmp_path / "run") as reader:
         assert [e["name"] for e in reader.events("probe")].count("finish") == 1
     assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "completed"
@@ -322,7 +322,7 @@ def test_log_without_step_is_stored_with_the_optimizer_steps(tmp_path: Path) -> 
         opt.step()
         opt.zero_grad()
     guard.finish()
-    assert guard._pending == []
+    assert guard.probe.pending == []
     with RunReader(tmp_path / "run") as reader:
         accs = [r["extra"].get("acc") for r in reader.steps()]
     assert accs == [float(i) for i in range(20)]
@@ -402,8 +402,7 @@ def test_a_waiting_run_does_not_rewrite_its_heartbeat_at_every_flush(tmp_path: P
     commit at every flush of a run that waits, an evaluation, a checkpoint); progress shows at once."""
     import time
 
-    from trainguard.probe.flusher import FLUSH_INTERVAL
-    from trainguard.probe.steps import BEAT_REFRESH
+    from trainguard.probe.drain import BEAT_REFRESH, FLUSH_INTERVAL
 
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -446,12 +445,12 @@ def test_a_loaders_batches_never_kept_are_no_longer_offered_to_the_ring(tmp_path
     on_device = [(torch.empty(2, device="meta"), torch.empty(2, device="meta"))] * (NOT_KEPT_IN_A_ROW + 4)
     then_host = [(torch.zeros(2), torch.ones(2))] * 3
     assert len(list(guard.batches(on_device + then_host))) == NOT_KEPT_IN_A_ROW + 7
-    assert len(guard._ring.items) == 0
+    assert len(guard.probe.ring.items) == 0
     guard.finish()
     # a loader of host batches keeps its batches (for the NaN batch's replay), as does one that starts on a device
     guard = trainguard.watch(run_dir=tmp_path / "host")
     list(guard.batches(on_device[:3] + then_host))
-    assert len(guard._ring.items) == 3
+    assert len(guard.probe.ring.items) == 3
     guard.finish()
 
 
@@ -485,7 +484,7 @@ def test_the_straggler_measures_optimizer_hook_fails_open(tmp_path: Path) -> Non
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     guard = trainguard.watch(model, opt, run_dir=tmp_path / "run")
-    measure = syncwait.SyncWait(guard)  # (attach() takes it only with 2+ ranks)
+    measure = syncwait.SyncWait(guard.probe)  # (attach() takes it only with 2+ ranks)
     measure.device = torch.device("cuda", 0)  # as for a model on a GPU
     for _ in range(3):
         model(torch.randn(8, 4)).pow(2).mean().backward()
@@ -509,12 +508,12 @@ def test_device_intervals_go_with_steps_also_without_guard_step(tmp_path: Path) 
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     guard = trainguard.watch(model, opt, run_dir=tmp_path / "run")
-    opt.register_step_pre_hook(lambda *a: guard._add_interval("x:presync_device_s", Done(), Done()))
+    opt.register_step_pre_hook(lambda *a: guard.probe.add_interval("x:presync_device_s", Done(), Done()))
     for _ in range(50):
         model(torch.randn(8, 4)).pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
-        assert len(guard._intervals) == 0
+        assert len(guard.probe.intervals) == 0
     guard.finish()
     rows = list(RunReader(tmp_path / "run").steps())
     assert len(rows) == 50 and all((r.get("extra") or {}).get("presync_device_s") == 0.002 for r in rows), rows[:2]

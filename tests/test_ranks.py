@@ -413,7 +413,7 @@ for step in range(1, 201):
     if step == 20 and rank == 1:
         time.sleep(1.5)  # a flush or two first: its rows of steps 1-20 are in the store
         held = threading.Event()
-        guard.drain = lambda final=False: held.wait()
+        guard.probe.drainer.drain = lambda final=False: held.wait()
     if step == 60 and rank == 0:
         dist.barrier()
 guard.finish()

@@ -220,10 +220,10 @@ def test_a_forward_of_the_watched_model_is_progress(tmp_path) -> None:
     model = torch.nn.Linear(4, 1)
     guard = trainguard.watch(model, torch.optim.SGD(model.parameters(), lr=0.1), run_dir=tmp_path / "run")
     try:
-        before = guard._ticks  # (progress is counted; the background thread turns a new count into a time)
+        before = guard.state.ticks  # (progress is counted; the background thread turns a new count into a time)
         with torch.no_grad():
             model(torch.randn(2, 4))  # an evaluation's forward: no step, no batch, no phase
-        assert guard._ticks > before
+        assert guard.state.ticks > before
     finally:
         guard.finish()
 

@@ -40,7 +40,7 @@ def accumulator_loop(run_dir: Path, device: str = "cpu", steps: int = 30):
     guard and the number each step gave."""
     model, opt, guard = linear_run(run_dir, steps, device)
     acc = torch.zeros((), device=device)
-    with guard._drain_lock:  # the background thread drains nothing until the loop is over
+    with guard.probe.drainer.lock:  # the background thread drains nothing until the loop is over
         given = [accumulator_step(model, opt, guard, acc) for _ in range(steps)]
     guard.finish()
     return guard, given
@@ -78,11 +78,11 @@ def test_an_accumulator_reused_in_place_on_a_gpu_is_never_recorded_wrong(tmp_pat
     acc = torch.zeros((), device="cuda")
     given = []
     settle = 5
-    guard._drain_lock.acquire()  # the first steps wait for the background thread until the loop changed them
+    guard.probe.drainer.lock.acquire()  # the first steps wait for the background thread until the loop changed them
     for i in range(30):
         given.append(accumulator_step(model, opt, guard, acc))
         if i + 1 == settle:
-            guard._drain_lock.release()
+            guard.probe.drainer.lock.release()
             log = Path(guard.run_dir) / "guard.log"
             deadline = time.time() + 20
             while time.time() < deadline and not (log.exists() and "changed in place" in log.read_text()):

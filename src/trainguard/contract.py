@@ -32,9 +32,9 @@ ENV_STACKS = "TRAINGUARD_STACKS"  # the folder a spawned child writes its stack 
 COLLECTIVES_REQUEST = "collectives.request"
 DEFAULT_GROUP = "default"  # how the probe's counters and recorder answers name the world process group
 FLIGHT_ANSWER_PREFIX = "flightrec."  # + the rank: the meta key of its answer (with the step it works on)
-# the probe's last drain waits for its device copies in this function of probe/steps.py: a main thread
+# the probe's last drain waits for its device copies in this function of probe/drain.py: a main thread
 # stuck there waits for its GPU (the watchdog reads it as a device wait, watchdog/classify.py)
-PROBE_DEVICE_WAIT = ("trainguard/probe/steps.py", "_wait_for_device_copies")
+PROBE_DEVICE_WAIT = ("trainguard/probe/drain.py", "_wait_for_device_copies")
 ENV_CONTRACTS = "TRAINGUARD_CONTRACTS"  # "0": no API-contract checks (their hooks are not even installed)
 ENV_CAPTURE_GATE = "TRAINGUARD_CAPTURE_GATE"  # "0": the probe leaves torch.cuda.CUDAGraph's capture alone
 ENV_SINKS = "TRAINGUARD_SINKS"  # sinks to feed, comma-separated NAME[=VALUE]

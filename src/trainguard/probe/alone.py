@@ -12,14 +12,16 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainguard.contract import ENV_RULES, EVENT_FINDING
 from trainguard.probe.pacing import breathe, paced
-from trainguard.probe.steps import StepRecorder
 from trainguard.store.ending import Ending, ending_status, live_status
 from trainguard.store.status import reserve_space, write_status
 from trainguard.untrusted import printable
+
+if TYPE_CHECKING:
+    from trainguard.probe.core import Probe
 
 STATUS_INTERVAL = 1.0  # seconds: status.json is rewritten at most this often when what it says changed
 # ... and when only the progress changed (step, loss, LR), at most this often: each rewrite (JSON, a temp
@@ -58,13 +60,13 @@ class Watched:
 class Alone:
     """A script running alone: status.json and the health rules are the probe's."""
 
-    def __init__(self, steps: StepRecorder, *, environ: Any, t0: float, attempt: int) -> None:
+    def __init__(self, steps: Probe, *, environ: Any, t0: float, attempt: int) -> None:
         from trainguard.store.owner import owner_record
 
         self.steps = steps
         self.rules: ProbeRules | None = None
         self._rules_on = environ.get(ENV_RULES, "1") != "0"
-        self._owner = owner_record(steps._pid)  # status.json names its writer, so readers can tell it is gone
+        self._owner = owner_record(steps.pid)  # status.json names its writer, so readers can tell it is gone
         self._last_status = 0.0
         self._written: tuple[Any, ...] | None = None  # what the last status.json said that readers act on
         self._said_progress: tuple[Any, ...] | None = None  # ... and the progress it showed
@@ -86,7 +88,7 @@ class Alone:
         import os
         import platform
 
-        w = self.steps._writer
+        w = self.steps.writer
         w.set_meta("command", sys.argv)
         w.set_meta("cwd", os.getcwd())
         w.set_meta("started", t0)
@@ -100,7 +102,7 @@ class Alone:
         try:
             self._fields()  # reads the findings a resumed run folder holds now, not in the first status write
         except Exception as exc:
-            self.steps._selflog.error("status.json", exc)
+            self.steps.selflog.error("status.json", exc)
 
     def _found(self, f: Any) -> None:
         if self.notifier is not None:
@@ -129,10 +131,10 @@ class Alone:
         except Exception as exc:
             # Why not the guard's fail: status.json is a summary beside the store; a folder that refuses
             # it (replaced by a directory, full) must not switch the recording off.
-            s._selflog.error("status.json", exc)
+            s.selflog.error("status.json", exc)
 
     def finished(self) -> None:
-        if self.rules is not None and not self.steps._disabled:
+        if self.rules is not None and not self.steps.state.disabled:
             self.rules.run(final=True)
         self._write(ending_status(Ending(probe_used=True, probe_finished=True), **self._fields()))
 
@@ -155,7 +157,7 @@ class Alone:
         from trainguard.rules.ending import killed_finding
 
         s = self.steps
-        if self.rules is not None and not s._disabled:
+        if self.rules is not None and not s.state.disabled:
             self.rules.run(final=True)
         fields = self._fields()
         found = killed_finding(signal.SIGINT, step=s.step_count, oom={})
@@ -167,7 +169,7 @@ class Alone:
         s = self.steps
         if s.finished:
             return
-        if self.rules is not None and not s._disabled:
+        if self.rules is not None and not s.state.disabled:
             self.rules.run(final=True)
         if not s.crashed:
             from trainguard.rules.ending import probe_not_finished
@@ -190,7 +192,7 @@ class Alone:
             findings = [f.to_dict() for f in list(self._status_findings.values())]  # a snapshot: list() is atomic
         return {"step": s.summary.get("step", s.step_count), "total_steps": s.total_steps,
                 "phase": s.phases.current, "loss": s.summary.get("loss"), "lr": s.summary.get("lr"),
-                "pid": s._pid, "updated": time.time(), "watched_by": "probe", "owner": self._owner,
+                "pid": s.pid, "updated": time.time(), "watched_by": "probe", "owner": self._owner,
                 "command": self._command, "started": self._started,
                 "findings": findings}
 
@@ -204,7 +206,7 @@ class Alone:
             notifier.close(status)  # bounded (notify/notifier.py's CLOSE_WAIT): this is the script's end
 
 
-def _notifier(steps: StepRecorder, environ: Any) -> Any:
+def _notifier(steps: Probe, environ: Any) -> Any:
     """$TRAINGUARD_NOTIFY for a script running alone: the probe tells a person itself (notify/). A bad
     value never stops the script: it is logged once and the run goes on without notifications."""
     from trainguard.contract import ENV_NOTIFY, ENV_NOTIFY_END
@@ -218,20 +220,20 @@ def _notifier(steps: StepRecorder, environ: Any) -> Any:
         targets = parse_targets([], env=environ.get(ENV_NOTIFY, ""))
         return Notifier(steps.run_dir, targets, notify_end=environ.get(ENV_NOTIFY_END, "") == "1")
     except Exception as exc:
-        steps._selflog.error("notify", exc)
+        steps.selflog.error("notify", exc)
         return None
 
 
 class ProbeRules:
     """The health rules in the probe, fed in memory with what it queues for the store (rules/live.py)."""
 
-    def __init__(self, steps: StepRecorder, plan: dict[str, Any], on_found: Any = None) -> None:
+    def __init__(self, steps: Probe, plan: dict[str, Any], on_found: Any = None) -> None:
         from trainguard.rules.live import InboxRules
 
         self.steps = steps
         self._on_found = on_found  # told of each new finding (status.json's list)
         self.inbox: Any = InboxRules(plan, source="probe")
-        steps._writer.tap = self.inbox.take
+        steps.writer.tap = self.inbox.take
         self._lock = threading.Lock()  # the background thread and an exit path may both run them
         self.last = 0.0
         self.cpu = 0.0  # CPU seconds the probe's thread spent in the health rules
@@ -248,7 +250,7 @@ class ProbeRules:
                 self._run_locked(final)
 
     def _run_locked(self, final: bool) -> None:
-        s, w = self.steps, self.steps._writer
+        s, w = self.steps, self.steps.writer
         self.last = time.time()
         cpu0 = time.thread_time()
         try:

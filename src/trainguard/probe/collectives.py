@@ -16,7 +16,7 @@ number of collectives the user's code made, the same on every rank of a correct 
 calls (send/recv) are not counted: they pair two ranks, not the group. The counters live in plain Python
 objects; the probe's background thread copies them to the store (`meta` key `collectives.<rank>`) a few
 times a second, so the hot path writes nothing. A rank's answer to the watchdog's flight-recorder request
-carries them too (probe/steps.py), fresher than the copy when that thread is held behind a wedged GPU.
+carries them too (probe/flightanswers.py), fresher than the copy when that thread is held behind a wedged GPU.
 
 Known limits: collectives made from C++ (DDP's gradient buckets, FSDP's) are not counted (their waits show
 in the stacks as the backward pass); a name imported before the probe was installed (`from

@@ -1,8 +1,12 @@
 """The probe without its public face: the parts of a guard wired together, started and ended.
 
 `Probe` is what the automatic probe (probe/auto.py) makes at a script's first optimizer step: the step
-recorder with the optimizer's hooks, the store, the background flusher, the crash hook and the ending,
-and nothing a script calls. `Guard` (probe/guard.py) is a Probe with the public API on top.
+assembler with the optimizer's hooks, the store, the drain (the background thread), the crash hook and the
+ending, and nothing a script calls. `Guard` (probe/guard.py) is a Probe with the public API on top.
+
+The parts share one `ProbeState` (probe/state.py) and meet only through it and the hand-off
+(probe/handoff.py): the assembler (probe/steps.py) fills the hand-off on the training thread, the drain
+(probe/drain.py) empties it on its own.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ from trainguard.probe import (
     syncwait,
 )
 from trainguard.probe.alone import Alone, Watched
-from trainguard.probe.flusher import Flusher
+from trainguard.probe.drain import Drain
+from trainguard.probe.handoff import Handoff
 from trainguard.probe.opthooks import OptimizerHooks
 from trainguard.probe.startrecord import record_start
+from trainguard.probe.state import ProbeState
 from trainguard.probe.steps import StepRecorder
 from trainguard.store import lock as run_lock
 from trainguard.store.paths import new_run_dir, prepare_run_dir
@@ -89,28 +95,38 @@ class Probe(StepRecorder):
         # refused; an earlier run found there is kept apart (one rank alone: other ranks may be writing)
         self._run_lock = run_lock.claim(folder, keep_apart=launched_alone()) \
             if not self.under_watchdog and rank == 0 else None
-        selflog = GuardLog(folder, rank, stderr_fallback=True)
+        self.run_dir = folder
+        self.rank = rank
+        self.selflog = GuardLog(folder, rank, stderr_fallback=True)
+        self.state = ProbeState(self.selflog)
+        self.handoff = Handoff()
+        self.writer = StoreWriter(folder, rank=rank, attempt=self.attempt)
         StepRecorder.__init__(
-            self, writer=StoreWriter(folder, rank=rank, attempt=self.attempt), selflog=selflog, run_dir=folder,
-            rank=rank, grad_accum=int(grad_accum), total_steps=total_steps, stats_every=max(1, int(stats_every)),
-            optimizer=optimizer, scaler=scaler)
+            self, self.state, self.handoff, self.writer, grad_accum=int(grad_accum), total_steps=total_steps,
+            stats_every=max(1, int(stats_every)), optimizer=optimizer, scaler=scaler)
+        # the names probe/contracts.py still reads (issue 35: they go once it follows the rename); the fixed
+        # ones are plain attributes (its forward hook reads them at every forward), the moving ones properties
+        self._writer, self._pid, self._ring = self.writer, self.pid, self.ring
+        self.drainer = Drain(self.state, self.handoff, self.writer, run_dir=folder, rank=rank,
+                            grad_accum=self.grad_accum, ring=self.ring, memory=self.memory, phases=self.phases)
         self._verifier: Any = None  # made at the first reported checkpoint (probe/ckptverify.py)
-        self._due_last: dict[str, int] = {}  # (Guard.due's) due name -> the step it last answered True for
         # the ending is chosen once: the probe's own when no watchdog owns it (rank 0 only), else nothing
         alone = not self.under_watchdog and rank == 0
         self._ending = Alone(self, environ=os.environ, t0=self._t0, attempt=self.attempt) if alone else Watched()
-        self._ending.start(record_start(self._writer, self, pid=self._pid, label=label, config=config))
+        self.drainer.ending = self._ending
+        self._ending.start(record_start(self.writer, self, pid=self.pid, label=label, config=config))
         # preflight's mode, or the do-nothing default (before the hooks: it copies the scheduler)
-        self.fast_forward = fastforward.from_env(self, self._writer, self._selflog.write)
-        self._hooks = OptimizerHooks(self, model=model, scheduler=scheduler)
+        self.fast_forward = fastforward.from_env(self, self.writer, self.selflog.write)
+        self._hooks = OptimizerHooks(self.state, self, model=model, scheduler=scheduler)
         self._hooks.install()
         collectives.install()  # each collective numbered per group, for the hang diagnosis across ranks
         try:  # API-contract checks (probe/contracts.py): hooks of their own, fail-open like the rest
-            self._contracts = contracts.attach(self)
+            self.contracts = contracts.attach(self)
         except Exception as exc:
-            self._contracts = None
+            self.contracts = None
             self.fail("contract checks", exc)
-        if self._contracts is None or self._contracts.module is None or self._contracts.module is not model:
+        self.drainer.contracts = self.contracts
+        if self.contracts is None or self.contracts.module is None or self.contracts.module is not model:
             self._hooks.install_marker()  # (else the checks' forward pre-hook counts each forward as progress)
         try:  # per rank, the time a step works before it synchronises (TG703 straggler-rank), fail-open
             self._syncwait = syncwait.attach(self)
@@ -119,8 +135,7 @@ class Probe(StepRecorder):
             self.fail("sync-wait measure", exc)
         # CUDA graph captures: the background thread and the hooks stay off the device during one (fail-open)
         capturegate.install()
-        self._flusher = Flusher(self, self._ending)
-        self._flusher.start()
+        self.drainer.start()
         self._devices = self._start_devices()  # GPU telemetry off the training thread (devices/), fail-open
         crashhook.install(self)
         os.register_at_fork(after_in_child=self._after_fork_in_child)
@@ -129,40 +144,98 @@ class Probe(StepRecorder):
 
         atexit.register(self._at_exit)
 
+    # -- what the parts read of the probe as a whole ---------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        """`finish()` ran."""
+        return self.state.finished
+
+    @property
+    def crashed(self) -> bool:
+        """An uncaught exception (or Ctrl-C) ended the script, and was recorded."""
+        return self.state.crashed
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The last step row's step, loss and LR (for status.json)."""
+        return self.drainer.summary
+
+    @property
+    def ending(self) -> Any:
+        """Set once the run is ending: paced background work stops pausing (probe/pacing.py)."""
+        return self.drainer.stopping
+
+    def fail(self, where: str, exc: BaseException) -> None:
+        """One of the guard's own errors: logged, counted toward switching itself off (`ProbeState.fail`)."""
+        self.state.fail(where, exc)
+
+    def drain(self, final: bool = False) -> None:
+        """Finished device copies become step rows in the store (all of them, waited for, when `final`)."""
+        self.drainer.drain(final)
+
+    def abandon_device(self, exc: BaseException) -> None:
+        """A sticky device error: every device copy in flight is dropped, never freed (`Handoff.abandon`)."""
+        self.handoff.abandon(self.state, exc)
+
+    # -- the names probe/contracts.py still reads (kept until it follows the rename; see issue 35) ------
+
+    @property
+    def _disabled(self) -> bool:
+        return self.state.disabled
+
+    @property
+    def _ticks(self) -> int:
+        return self.state.ticks
+
+    @_ticks.setter
+    def _ticks(self, value: int) -> None:
+        self.state.ticks = value
+
+    @property
+    def _loss_steps(self) -> int:
+        return self.state.loss_steps
+
+    @property
+    def _output_kept(self) -> bool:
+        return self.output_kept
+
+    @_output_kept.setter
+    def _output_kept(self, value: bool) -> None:
+        self.output_kept = value
+
+    # -- the run's end ----------------------------------------------------------------------------------
+
     def finish(self) -> None:
         """The script reached its end: flush everything and mark the probe finished.
 
         Also when the guard switched itself off after errors of its own: the run did end, and saying so
         is what keeps a completed run from being reported as failed.
         """
-        if self.finished or os.getpid() != self._pid:
+        if self.finished or os.getpid() != self.pid:
             return
-        self.finished = True
+        self.state.finished = True
         crashhook.forget(self)  # a later crash of another guard in this process is not this run's
         self._settle_verifier(ckptverify.FINISH_WAIT)  # the last checkpoint's verdict, before the ending
         self._stop_devices()
         self._sched.close()
         try:
-            if not self._disabled:
+            if not self.state.disabled:
                 self.emit_all()
-            self._writer.add_event(EVENT_PROBE, "finish", {"steps": self.step_count, "micro": self.micro,
-                                                           "guard_disabled": self._disabled}, step=self.step_count)
-            self._flusher.stop(timeout=5.0)
-            if not self._disabled:
-                self.drain(final=True)
-            self.flight_done.set()
-            self._writer.flush()
+            self.writer.add_event(EVENT_PROBE, "finish", {"steps": self.step_count, "micro": self.micro,
+                                                           "guard_disabled": self.state.disabled}, step=self.step_count)
+            self.drainer.stop(timeout=5.0)
+            if not self.state.disabled:
+                self.drainer.drain(final=True)
+            self.drainer.flight.done.set()
+            self.writer.flush()
             self._ending.finished()
         except Exception as exc:
             self.fail("finish", exc)
 
-    def add_observer(self, fn: Any) -> None:
-        """Registers `fn(row)` to be called from the background thread with each resolved step row."""
-        self._observers.append(fn)
-
     def record_crash(self, exc_type: type, exc: BaseException, tb: Any) -> None:
         """Called by the crash hook: records the exception with the step and phase it happened in."""
-        if os.getpid() != self._pid:
+        if os.getpid() != self.pid:
             return
         try:
             crashhook.record(self, self._ending, self._t0, exc_type, exc, tb)
@@ -172,13 +245,13 @@ class Probe(StepRecorder):
     def record_interrupt(self) -> None:
         """Called by the crash hook (and the CLI) on a KeyboardInterrupt: the run was interrupted, it did not
         forget `finish()`; what it recorded is flushed and the ending says so."""
-        if self.finished or self.crashed or os.getpid() != self._pid:
+        if self.finished or self.crashed or os.getpid() != self.pid:
             return
-        self.crashed = True  # the ending is written here: interpreter exit adds no probe-not-finished
+        self.state.crashed = True  # the ending is written here: interpreter exit adds no probe-not-finished
         try:
             self.emit_all()
-            self.drain(final=True)
-            self._writer.flush()
+            self.drainer.drain(final=True)
+            self.writer.flush()
             self._ending.interrupted()
         except Exception as exc:
             self.fail("interrupt record", exc)
@@ -187,24 +260,24 @@ class Probe(StepRecorder):
         """The automatic probe steps aside for the script's own guard: its hooks come off, it stops recording."""
         self._hooks.remove_optimizer_hooks()
         self._stop_devices(wait=0.0)  # the script's guard samples the GPU from now on (its threads end alone)
-        self._writer.add_event(EVENT_PROBE, "auto-retired", {"steps": self.step_count})
-        self._writer.flush()
-        self._disabled = True
-        self._flusher.stop()
-        self.flight_done.set()
+        self.writer.add_event(EVENT_PROBE, "auto-retired", {"steps": self.step_count})
+        self.writer.flush()
+        self.state.disabled = True
+        self.drainer.stop()
+        self.drainer.flight.done.set()
         crashhook.forget(self)
 
     def _after_fork_in_child(self) -> None:
         # A forked DataLoader worker inherits this object but not its thread, and must never touch the
         # parent's SQLite connection: the guard goes quiet in the child.
-        self._disabled = True
+        self.state.disabled = True
 
-    def _verify_checkpoint(self, path: Path) -> None:
+    def verify_checkpoint(self, path: Path) -> None:
         """Hands a reported checkpoint to the verifier (a deque append; the work is a child process's)."""
-        if self._disabled or not ckptverify.enabled():
+        if self.state.disabled or not ckptverify.enabled():
             return
         if self._verifier is None:
-            self._verifier = ckptverify.make(self._writer, self._selflog, self.learning)
+            self._verifier = ckptverify.make(self.writer, self.selflog, self.learning)
         self._verifier.submit(path, self.step_count, rank=self.rank)
 
     def _start_devices(self) -> Any:
@@ -213,8 +286,8 @@ class Probe(StepRecorder):
 
             if not sampler.enabled():
                 return None
-            return sampler.DeviceSampler(self._writer, rank=self.rank, local_rank=self.place["local_rank"],
-                                         log=self._selflog.write, step_of=lambda: self.step_count).start()
+            return sampler.DeviceSampler(self.writer, rank=self.rank, local_rank=self.place["local_rank"],
+                                         log=self.selflog.write, step_of=lambda: self.step_count).start()
         except Exception as exc:
             self.fail("device telemetry", exc)
             return None
@@ -231,30 +304,30 @@ class Probe(StepRecorder):
         if self._verifier is not None:
             try:
                 if not self._verifier.settle(timeout):
-                    self._selflog.write(f"the last checkpoint's verification did not end within {timeout:.0f} s")
+                    self.selflog.write(f"the last checkpoint's verification did not end within {timeout:.0f} s")
                 self._verifier.stop()
             except Exception as exc:
                 self.fail("checkpoint verification", exc)
 
     def _at_exit(self) -> None:
-        if os.getpid() != self._pid:
+        if os.getpid() != self.pid:
             return
         # an exit without finish() lets the last verification end (bounded); a crash or Ctrl-C does not wait
         self._settle_verifier(0.0 if self.crashed else ckptverify.EXIT_WAIT)
         self._stop_devices()
         try:
-            if not self._disabled:
+            if not self.state.disabled:
                 self.emit_all()
-            self._flusher.stop(timeout=2.0)
-            if not self._disabled:
-                self.drain(final=True)
-            self._writer.add_event(EVENT_PROBE, "exit", {"finished": self.finished, "crashed": self.crashed})
-            self.flight_done.set()
-            self._writer.flush()
+            self.drainer.stop(timeout=2.0)
+            if not self.state.disabled:
+                self.drainer.drain(final=True)
+            self.writer.add_event(EVENT_PROBE, "exit", {"finished": self.finished, "crashed": self.crashed})
+            self.drainer.flight.done.set()
+            self.writer.flush()
             self._ending.exited()
-            self._writer.close()
-            if self._writer.unstored:  # steps the store never took are counted and said, never lost in silence
-                self._selflog.write(f"{self._writer.unstored}; the training itself went on to step {self.step_count}")
+            self.writer.close()
+            if self.writer.unstored:  # steps the store never took are counted and said, never lost in silence
+                self.selflog.write(f"{self.writer.unstored}; the training itself went on to step {self.step_count}")
         except Exception as exc:
             self.fail("exit", exc)
 

@@ -22,7 +22,7 @@ _HOOKED: list[Any] = []  # the guards made in this process, oldest first, until 
 def active_guard() -> Any:
     """The guard watching this process now (made by `watch`, not finished), if any."""
     for g in _HOOKED:
-        if not g.finished and g._pid == os.getpid() and not g._disabled:
+        if not g.finished and g.pid == os.getpid() and not g.state.disabled:
             return g
     return None
 
@@ -67,7 +67,7 @@ def install(guard: Any) -> None:
 
 def record(steps: Any, ending: Any, t0: float, exc_type: type, exc: BaseException, tb: Any) -> None:
     """Writes the crash (first: it is worth more than the last steps), then the last steps, then the ending."""
-    steps.crashed = True
+    steps.state.crashed = True
     frames = [
         {"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line}
         for f in traceback.extract_tb(tb)
@@ -85,14 +85,14 @@ def record(steps: Any, ending: Any, t0: float, exc_type: type, exc: BaseExceptio
     }
     # The crash itself is written first: the last steps are worth less than the crash, and reading
     # them back from a device in an error state can fail.
-    steps._writer.add_event(EVENT_CRASH, exc_type.__name__, data, step=steps.step_count)
-    steps._writer.flush()
+    steps.writer.add_event(EVENT_CRASH, exc_type.__name__, data, step=steps.step_count)
+    steps.writer.flush()
     if devicestats.is_device_error(exc):
         steps.abandon_device(exc)
     try:
         steps.emit_all()
         steps.drain(final=True)
-        steps._writer.flush()
+        steps.writer.flush()
     except Exception as exc3:
         steps.fail("crash record (last steps)", exc3)
     ending.crashed(data, frames)

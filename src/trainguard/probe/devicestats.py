@@ -258,7 +258,7 @@ def stage_step(pending: Any, weights: Any, weights_fresh: bool, extra: Any) -> t
     return stage(named) if named else [], floats
 
 
-DEFERRED: Any = object()  # a GPU step's values, unstacked: the background thread stacks them (probe/steps.py)
+DEFERRED: Any = object()  # a GPU step's values, unstacked: the background thread stacks them (probe/drain.py)
 
 
 def versions(pending: Any, weights: Any, weights_fresh: bool, dims: bool = True) -> list[int | None] | None:

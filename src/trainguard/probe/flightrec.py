@@ -19,9 +19,9 @@ When: only on the watchdog's request, never on the hot path. The watchdog touche
 the newer time (one stat per flush) and writes the answer to the store (`meta` key `flightrec.<rank>`).
 Once the process is one rank of several, a thread of its own does that instead, every half second: the
 background thread may be blocked in a device call behind a GPU a NCCL collective has wedged
-(probe/steps.py, `start_flight_answers`). These threads run while the main thread waits in a collective
+(probe/flightanswers.py, `FlightResponder.start`). These threads run while the main thread waits in a collective
 or for the device (gloo, NCCL and the device waits release the GIL there); once they have stopped, the
-last drain's wait answers instead (probe/steps.py). Bounded: a few in-flight entries with their stacks
+last drain's wait answers instead (probe/drain.py). Bounded: a few in-flight entries with their stacks
 (each group's oldest and the newest), and the kinds of collective of the recorders' window without
 stacks (a millisecond or two).
 Fail-open: an older torch without the dump, a recorder switched off, anything unexpected gives None.

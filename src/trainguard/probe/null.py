@@ -70,9 +70,6 @@ class NullGuard:
     def finish(self) -> None:
         pass
 
-    def add_observer(self, fn: Any) -> None:
-        pass
-
     def __enter__(self) -> NullGuard:
         return self
 

@@ -19,13 +19,16 @@ from trainguard.contract import EVENT_PARAMS_NOT_IN_OPTIMIZER
 from trainguard.probe import devicestats, planinfo, thisprocess
 from trainguard.probe.capturegate import GATE
 from trainguard.probe.eager import always_compiled, compile_checks, eager_hook
+from trainguard.probe.state import ProbeState
 from trainguard.probe.steps import StepRecorder, is_tensor
 
 
 class OptimizerHooks:
-    """Hooks on one optimizer (and a progress mark on the model) feeding a StepRecorder."""
+    """Hooks on one optimizer (and a progress mark on the model): the optimizer's half of the step records
+    the assembler (probe/steps.py) keeps in `records`."""
 
-    def __init__(self, steps: StepRecorder, *, model: Any, scheduler: Any) -> None:
+    def __init__(self, state: ProbeState, steps: StepRecorder, *, model: Any, scheduler: Any) -> None:
+        self.state = state
         self.steps = steps
         self.model = model
         self.scheduler = scheduler
@@ -60,7 +63,7 @@ class OptimizerHooks:
             self.model_params = list(model.parameters())
             cuda = [p.device.index for p in self.model_params[:1] if p.device.type == "cuda"]
             if cuda:
-                s._cuda_index = s.memory.cuda_index = cuda[0]
+                s.cuda_index = s.memory.cuda_index = cuda[0]
         optimizer = s.optimizer
         if optimizer is None:
             return
@@ -68,13 +71,13 @@ class OptimizerHooks:
             pre, post = (self.pre, self.post) if self._checks is not None else (eager_hook(self.pre), eager_hook(self.post))
             self.handles = [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
         except AttributeError:
-            s._selflog.write("optimizer has no step hooks (torch < 2.0?): optimizer steps counted from guard.step")
+            self.state.selflog.write("optimizer has no step hooks (torch < 2.0?): optimizer steps counted from guard.step")
             s.optimizer = None
         if self.model_params is not None and s.optimizer is not None:
             in_opt = {id(p) for g in optimizer.param_groups for p in g["params"]}
             missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in in_opt]
             if missing:
-                s._writer.add_event(EVENT_PARAMS_NOT_IN_OPTIMIZER, None, {
+                s.writer.add_event(EVENT_PARAMS_NOT_IN_OPTIMIZER, None, {
                     "count": len(missing), "names": missing[:20],
                     "total_trainable": sum(1 for p in self.model_params if p.requires_grad),
                 })
@@ -82,10 +85,10 @@ class OptimizerHooks:
     def install_marker(self) -> None:
         """The forward mark on the model, where the contract checks' forward pre-hook does not count its
         forwards already (they are off, or could not attach): one hook a forward either way."""
-        s, model = self.steps, self.model
+        model = self.model
         if model is None or not hasattr(model, "register_forward_hook"):
             return
-        marker = ForwardMarker(s)
+        marker = ForwardMarker(self.state)
         try:
             try:
                 model.register_forward_hook(marker, with_kwargs=True)
@@ -93,7 +96,7 @@ class OptimizerHooks:
             except TypeError:  # a model whose forward hooks take no keyword arguments
                 model.register_forward_hook(marker)
         except Exception as exc:
-            s.fail("forward hook", exc)
+            self.state.fail("forward hook", exc)
 
     def remove_optimizer_hooks(self) -> None:
         """The optimizer's hooks come off (the automatic probe retiring)."""
@@ -106,16 +109,17 @@ class OptimizerHooks:
             # under torch.compile: this same method again, through `torch.compiler.disable` (probe/eager.py
             # says why). Eagerly the tests are all it costs: no wrapper's frame.
             return self._compiled(0, optimizer, args, kwargs)
-        s = self.steps
-        if s._disabled or thisprocess.pid != s._pid or GATE.capturing and GATE.here():
+        s, st = self.steps, self.state
+        if st.disabled or thisprocess.pid != st.pid or GATE.capturing and GATE.here():
             return  # (a step captured into a CUDA graph is recorded, not taken; its replays run no hook)
         try:
             if s.fast_forward.active:
                 s.fast_forward.before_opt_step()
-            step = s.opt_steps + 1
-            rec = s._records.get(step)
+            step = st.opt_steps + 1
+            records = s.records
+            rec = records.get(step)
             if rec is None:
-                rec = s._records[step] = {"step": step}
+                rec = records[step] = {"step": step}
             groups = optimizer.param_groups
             lr = groups[0].get("lr") if groups else None
             if type(lr) is float:
@@ -140,29 +144,30 @@ class OptimizerHooks:
             if step <= every or step % every == 0:
                 self._grad_stats(optimizer, rec)
         except Exception as exc:
-            s.fail("optimizer pre-hook", exc)
-        contracts = s._contracts
+            st.fail("optimizer pre-hook", exc)
+        contracts = s.contracts
         if contracts is not None:
             try:
                 contracts.opt_pre(optimizer)  # (fail-open inside, check by check)
             except Exception as exc:
-                s.fail("contract checks", exc)
+                st.fail("contract checks", exc)
 
     def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         checks = self._checks
         if checks is not None and (checks[0]() or checks[1]() is not None):
             return self._compiled(1, optimizer, args, kwargs)  # (as in `pre`)
-        s = self.steps
-        if thisprocess.pid != s._pid or GATE.capturing and GATE.here():
+        s, st = self.steps, self.state
+        if thisprocess.pid != st.pid or GATE.capturing and GATE.here():
             return
-        s.opt_steps += 1  # counted even when switched off: `due()` depends on it
-        if s._disabled:
+        st.opt_steps += 1  # counted even when switched off: `due()` depends on it
+        if st.disabled:
             return
+        handoff = s.handoff
         try:
             ratio = None
-            if s.update_snapshot is not None:
-                before = s.update_snapshot
-                s.update_snapshot = None
+            if handoff.update_snapshot is not None:
+                before = handoff.update_snapshot
+                handoff.update_snapshot = None
                 after = self._sampler.take(self._update_sample or [])
                 import torch
 
@@ -170,14 +175,14 @@ class OptimizerHooks:
                 ratio = delta / (torch.linalg.vector_norm(before) + 1e-12)
             s.opt_step_done(ratio)
         except Exception as exc:
-            s.fail("optimizer post-hook", exc)
-        contracts = s._contracts
+            st.fail("optimizer post-hook", exc)
+        contracts = s.contracts
         if contracts is not None:
             try:
                 contracts.opt_post(optimizer)
             except Exception as exc:
-                s.fail("contract checks", exc)
-        if not s._uses_step and s.fast_forward.active:
+                st.fail("contract checks", exc)
+        if not s.uses_step and s.fast_forward.active:
             s.fast_forward.after_step()  # a loop without guard.step is stopped here (preflight only)
 
     def _compiled(self, which: int, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -195,8 +200,8 @@ class OptimizerHooks:
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         grads = [grad for grad in (p.grad for p in params) if grad is not None and not grad.is_sparse]
         if grads:
-            if self.steps._cuda_index is None and grads[0].is_cuda:
-                self.steps._cuda_index = self.steps.memory.cuda_index = grads[0].device.index
+            if self.steps.cuda_index is None and grads[0].is_cuda:
+                self.steps.cuda_index = self.steps.memory.cuda_index = grads[0].device.index
             norms = torch._foreach_norm(grads)
             # one stack (promoting mixed dtypes) and one cast, not a cast per tensor
             total = torch.linalg.vector_norm(torch.stack(norms).float())
@@ -213,20 +218,20 @@ class OptimizerHooks:
             chosen = {id(p): p for p in [watched[0], *by_size, watched[-1]]} if watched else {}
             self._update_sample = list(chosen.values())
         if self._update_sample:
-            self.steps.update_snapshot = self._sampler.take(self._update_sample)
+            self.steps.handoff.update_snapshot = self._sampler.take(self._update_sample)
 
 class ForwardMarker:
     """A forward hook on the watched model's top module: every forward is progress for the watchdog (an
     evaluation over the same model included), at the cost of a counter. Registered only where the contract
     checks' forward pre-hook, which counts the same, is not on the model (probe/contracts.py). It holds the
-    recorder weakly, and is kept out of `torch.compile` graphs (a counter traced into a graph would be read
+    probe's state weakly, and is kept out of `torch.compile` graphs (a counter traced into a graph would be read
     as a constant and guarded on).
 
     An object, not a closure, so that a model saved with its hooks pickles (as an inert `Detached`) and a
     deep-copied model shares it."""
 
-    def __init__(self, steps: StepRecorder) -> None:
-        self._ref = weakref.ref(steps)
+    def __init__(self, state: ProbeState) -> None:
+        self._ref = weakref.ref(state)
         self._checks: Any = None
         try:
             import torch
@@ -241,7 +246,7 @@ class ForwardMarker:
     def _mark_now(self) -> None:
         s = self._ref()
         if s is not None:
-            s._ticks += 1
+            s.ticks += 1
 
     def __call__(self, module: Any, args: Any, *rest: Any) -> None:
         # (module, args, kwargs, output) as registered with kwargs, else (module, args, output)
@@ -249,7 +254,7 @@ class ForwardMarker:
         if checks is not None and not (checks[0]() or checks[1]() is not None):
             s = self._ref()  # eager: `_mark_now` written out (the plain call is the same as the disabled one)
             if s is not None:
-                s._ticks += 1  # (progress counted: probe/steps.py says why not a clock read)
+                s.ticks += 1  # (progress counted: probe/steps.py says why not a clock read)
         else:
             self._mark()
 

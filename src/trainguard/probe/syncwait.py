@@ -19,7 +19,7 @@ also CUDA events (timing on) recorded on the model's stream, and the device time
 `extra["presync_device_s"]`: the first completes when the gradient all-reduce has (the device runs in
 order), the second when the device has run the optimizer step and the forward, so between them is the
 device's own work plus the time it sat idle for its host (a straggler's slow data). Two event records
-a step, read by the background thread once the step's row is made (probe/steps.py), never waited for.
+a step, read by the background thread once the step's row is made (probe/drain.py), never waited for.
 """
 
 from __future__ import annotations
@@ -97,15 +97,15 @@ class SyncWait:
 
     def _mark(self) -> None:
         g = self.guard
-        if self.failed or self.synced_at is None or g._disabled or os.getpid() != g._pid:
+        if self.failed or self.synced_at is None or g.state.disabled or os.getpid() != g.pid:
             return
         try:
-            g._add_value("x:presync_s", time.perf_counter() - self.synced_at)
+            g.add_value("x:presync_s", time.perf_counter() - self.synced_at)
             start = self.synced_event
             if start is not None:  # (each micro-batch's mark adds one; the row keeps the last, as for the host's)
                 end = self._record()
                 if end is not None:
-                    g._add_interval("x:presync_device_s", start, end)
+                    g.add_interval("x:presync_device_s", start, end)
         except Exception as exc:
             self._fail(exc)
 
