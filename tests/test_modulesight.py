@@ -41,7 +41,7 @@ def _events(run_dir: Path, kind: str) -> list[tuple[str, dict]]:
 TAIL = """
     from torch.nn.modules import module as M
     from trainguard.probe import auto
-    c = auto._state["guard"]._contracts
+    c = auto._state["guard"].contracts
     print(len(M._global_forward_pre_hooks), type(c.module).__name__, len(c.mode_modules))
 """
 

@@ -282,9 +282,11 @@ class Contracts:
         self.workers = workerrng.Reports(guard.run_dir)
         self.last_worker_look = 0.0
 
-    def adopt(self, module: Any) -> None:
+    def adopt(self, module: Any, args: Any = None) -> None:
         """The model found without `watch()` (probe/modulesight.py): the forward checks attach to it as they
-        attach to a watched model; a larger module found later (one that holds this one) takes its place."""
+        attach to a watched model; a larger module found later (one that holds this one) takes its place.
+        `args`: the inputs of the forward it was found in (that forward's hooks were taken before this one
+        was registered, so it is checked here once)."""
         import torch
 
         for h in self.handles:
@@ -300,6 +302,8 @@ class Contracts:
         self.mode_modules, self.bn_modules, self.big_layers = [], [], []
         self._survey(module)
         self.handles.append(module.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
+        if args is not None:
+            self._forward_pre(module, args, {})
 
     # ------------------------------------------------------------------------------------------------
     # small helpers

@@ -69,7 +69,7 @@ class ModuleSight:
                         self.close()
                 return None
             g = self.guard
-            if g._disabled or thisprocess.pid != g._pid or g.opt_steps > self.until:
+            if g.state.disabled or thisprocess.pid != g.pid or g.opt_steps > self.until:
                 self.close()  # (retired, a forked child, or the window passed)
                 return None
             self.seen[key] = True
@@ -93,10 +93,8 @@ class ModuleSight:
         self.root = module
         self.inside = {id(m) for m in module.modules()}
         self.after_root = 0
-        self.contracts.adopt(module)
-        # this forward's own module hooks were taken before the new one was registered: called here once
-        self.contracts._forward_pre(module, args, {})
-        self.guard._writer.add_event(EVENT_PROBE, "model-seen", {
+        self.contracts.adopt(module, args)
+        self.guard.writer.add_event(EVENT_PROBE, "model-seen", {
             "model": type(module).__name__, "by": "global module hooks", "modules": len(self.inside),
             "parameters": sum(1 for _ in module.parameters()),
             "replaced": type(replaced).__name__ if replaced is not None else None,
@@ -105,7 +103,7 @@ class ModuleSight:
 
 def start(guard: Any) -> ModuleSight | None:
     """Opens the discovery window for the automatic probe `guard` (None: nothing to find or to check)."""
-    contracts = getattr(guard, "_contracts", None)
+    contracts = getattr(guard, "contracts", None)
     optimizer = getattr(guard, "optimizer", None)
     if contracts is None or contracts.module is not None or optimizer is None:
         return None
