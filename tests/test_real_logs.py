@@ -45,8 +45,6 @@ STILL_WRONG = {
         "false-alarm: text log: 110 steps, 0 evals, state completed; TG521 log-flood [warning] at step 1",
     "textlog/JunyiJ__PostTraining-LLM-Small__train_grpo_gemma2_3.log":
         "false-alarm: text log: 8 steps, 0 evals, state completed; TG521 log-flood [warning] at step 1",
-    "hf/Tanisha-anshu__OpenAi-Whisper-small-Braj/trainer_state.json":
-        "miss: five train rows rising 1.24 -> 2.16 -> 1.79 and an eval loss rising: too few rows for loss-diverging's window (rule-level, not the reader)",
     "ultralytics/0x90Vold__Plant-Disease-Detection__train2/results.csv":
         "miss: the args.yaml its verdict cites is not in the corpus folder; one row in warmup cannot show the plan",
     "ultralytics/Arthas1998__yolo_gas__exp2-New/results.csv":

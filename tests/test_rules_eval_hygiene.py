@@ -226,3 +226,32 @@ def test_a_short_run_that_leaves_chance_or_sits_where_no_ln_k_is_meant_is_quiet(
         assert _named(flat, "loss-not-decreasing") == []
     # three rows say nothing
     assert _named(learns[:3], "loss-not-decreasing") == []
+
+
+def _trainer_rows(train: list[float], evals: list[float], total: int = 2640) -> list[dict]:
+    """A Trainer logging every 500 steps and evaluating every 132: few training rows, many evaluations."""
+    out = [{"kind": "step", "step": 500 * (i + 1), "t": float(i), "loss": v} for i, v in enumerate(train)]
+    out += [{"kind": "eval", "step": 132 * (i + 1), "t": float(i), "data": {"loss": v, "wer": 93.0 + i % 3}}
+            for i, v in enumerate(evals)]
+    return sorted(out, key=lambda e: (e["step"], e["kind"] == "eval"))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_few_row_run_whose_training_and_evaluation_losses_climb_is_diverging(seed: int) -> None:
+    """An LR far too high: the training loss climbs from its first row and stays up, the evaluation loss too."""
+    rng = random.Random(seed)
+    base = rng.uniform(0.8, 1.5)
+    train = [base] + [base * rng.uniform(1.45, 1.8) for _ in range(4)]
+    evals = [2 * base] + [2 * base * rng.uniform(1.35, 1.8) for _ in range(19)]
+    plan = {"total_steps": 2640}
+    (f,) = _named(_trainer_rows(train, evals), "loss-diverging", plan)
+    assert f.cause == "few-rows" and f.step == 500
+    # overfitting: the training loss falls while the evaluation loss rises; not a divergence
+    falling = [base * (1 - 0.1 * i) for i in range(5)]
+    assert _named(_trainer_rows(falling, evals), "loss-diverging", plan) == []
+    # the training loss climbs but the evaluation loss falls (a harder data mix later): not sure, quiet
+    better = [2 * base * (1 - 0.02 * i) for i in range(20)]
+    assert _named(_trainer_rows(train, better), "loss-diverging", plan) == []
+    # a noisy short run that learns
+    learns = [base * (1 - 0.08 * i) * rng.uniform(0.95, 1.05) for i in range(5)]
+    assert _named(_trainer_rows(learns, [2 * base * (1 - 0.01 * i) for i in range(20)]), "loss-diverging", plan) == []

@@ -805,6 +805,11 @@ class _Blocks:
         return best, c, b, self.onset or c, need, self.first  # c itself clears the bar: an onset was seen
 
 
+FEW_ROWS = 16  # fewer loss rows than this: judged at the end by `LossDiverging.end`
+FEW_RISE = 1.3  # every training row after the best, and the evaluations' median, this far above their best
+FEW_EVAL_RISE = 1.2  # the last evaluation
+
+
 class LossDiverging(Rule):
     """TG206 loss-diverging: the loss climbs back up, well above the best level it reached.
 
@@ -834,6 +839,10 @@ class LossDiverging(Rule):
     whose weights are applied but not reported.
 
     ## Options
+    A run with 4 to 15 loss rows (too few for blocks) is judged at its end (cause `few-rows`): every
+    training row after its best at least 1.3x the best, and the evaluation loss rising with it (the
+    evaluations after the best training row 1.3x the best before it in median, the last 1.2x).
+
     Not judged for a job watched with `trainguard.watch(..., learning=False)`.
     """
 
@@ -847,10 +856,52 @@ class LossDiverging(Rule):
         self.parts: dict[str, _Blocks] = {}
         self.first_weights: dict[str, float] = {}
         self.weighted = False  # the reported weights changed: the total is judged through its parts
+        self.rows: list[tuple[int, float]] = []  # the first training losses, for a run too short for blocks
+        self.evals: list[tuple[Any, float]] = []  # its evaluation losses
+        self.said = False
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        value = (event.get("data") or {}).get("loss")
+        if event.get("kind") == "eval" and finite(value) and len(self.evals) < 10_000:
+            self.evals.append((event.get("step"), float(value)))
+
+    def end(self) -> Finding | None:
+        """A run whose loss rows are too few for blocks (the Trainer logging every 500 of 2,640 steps: five
+        rows), judged once at its end: its training loss ends well above its best row and never came back near
+        it, and the evaluation loss says the same (the evaluations after the best training row well above the
+        best before it). Both rising is a divergence; a training loss that falls while the evaluation loss
+        rises is overfitting, and not this."""
+        rows = self.rows
+        if self.said or not self.learning or not 4 <= len(rows) < FEW_ROWS:
+            return None
+        b = min(range(len(rows)), key=lambda i: rows[i][1])
+        best_step, best = rows[b]
+        after = [v for _, v in rows[b + 1:]]
+        if best <= 0 or len(after) < 2 or min(after) < FEW_RISE * best:
+            return None
+        before = [v for s, v in self.evals if isinstance(s, (int, float)) and s <= best_step]
+        later = [v for s, v in self.evals if isinstance(s, (int, float)) and s > best_step]
+        if not before or len(later) < 3:
+            return None
+        e_best = min(before)
+        if median(later) < FEW_RISE * e_best or later[-1] < FEW_EVAL_RISE * e_best:
+            return None
+        return self.finding(
+            step=best_step, cause="few-rows",
+            summary=f"the loss rose from its best {fmt(best)} (step {best_step}) to {fmt(max(after))} and never came "
+                    f"back near it ({fmt(after[-1])} at step {rows[-1][0]}, {len(after)} rows after the best); the "
+                    f"evaluation loss rose with it, from {fmt(e_best)} to a median of {fmt(median(later))} over "
+                    f"{len(later)} evaluations, ending at {fmt(later[-1])}",
+            fix="lower the peak LR or lengthen the warmup, clip gradients, resume from the last good checkpoint",
+            evidence={"best": best, "best_step": best_step, "after": after, "eval_best": e_best,
+                      "eval_later_median": median(later), "eval_last": later[-1], "detected_step": rows[-1][0]},
+        )
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         if not self.learning:
             return None
+        if finite(row.get("loss")) and len(self.rows) < FEW_ROWS:
+            self.rows.append((row["step"], float(row["loss"])))
         weights = row.get("weights") or {}
         for name, w in weights.items():
             if finite(w) and abs(self.first_weights.setdefault(name, w) - w) > 1e-9 * max(1.0, abs(w)):
@@ -861,6 +912,7 @@ class LossDiverging(Rule):
             got = self.total.add(row["step"], loss)
             if got is not None and not self.weighted:
                 found = self._found(row, got, "the loss", None, weights)
+                self.said = True
         for name, value in (row.get("parts") or {}).items():
             if finite(value) and (name in self.parts or len(self.parts) < 16):
                 got = self.parts.setdefault(name, _Blocks(self.k)).add(row["step"], value)
