@@ -351,8 +351,12 @@ def test_a_loss_logged_per_epoch_is_judged_over_its_epochs(tmp_path: Path) -> No
     assert "loss-not-decreasing" in severe(diagnose_path(flat))
     learning = keras("learning.csv", [0.69 * 0.93 ** e for e in range(20)])
     assert severe(diagnose_path(learning)) == []
-    short = keras("short.csv", [0.6931 + 0.001 * (e % 3) for e in range(7)])  # fewer than 16 epochs: too few
+    short = keras("short.csv", [0.4512 + 0.001 * (e % 3) for e in range(7)])  # fewer than 16 epochs: too few
     assert "loss-not-decreasing" not in severe(diagnose_path(short))
+    # unless every epoch sits at ln(K), the loss of a uniform guess: then 7 epochs say it never learned
+    chance = keras("chance.csv", [0.6931 + 0.001 * (e % 3) for e in range(7)])
+    found = [f for f in diagnose_path(chance).findings if f.name == "loss-not-decreasing"]
+    assert [f.cause for f in found] == ["at-chance"] and "ln(2)" in found[0].summary
 
 
 def test_lightning_metrics_csv_whose_losses_are_all_named_loss(tmp_path: Path) -> None:
