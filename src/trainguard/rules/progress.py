@@ -255,7 +255,6 @@ FROZEN_SPREAD = 1e-5  # relative: a loss equal to 5 significant digits
 _SCORE = re.compile(r"map|precision|recall|acc|f1|dice|iou|auc|bleu|rouge|top-?[15]")
 _NOT_SCORE = ("loss", "err", "wer", "cer", "ppl", "perplexity", "fpr", "eer", "best", "std")
 PINNED_SCORE = 0.01  # a score at or below this (of 1, or of 100 %) is at its floor
-SCORES_KEPT = 100_000  # per score: evaluations are few; a bound all the same
 FROZEN_EVALS = 5  # evaluations in a row, for one metric while others move
 
 
@@ -334,9 +333,13 @@ class EvalMetricsFrozen(Rule):
         self.loss_at_eval: float | None = None  # the training loss at the previous evaluation
         self.trained = False  # the training moved at some point between the evaluations of the streak
         self.first_loss: float | None = None
-        # higher-is-better scores (mAP, accuracy, F1, Dice) of every evaluation, for `_pinned_at_zero`
-        self.scores: dict[str, list[tuple[Any, float]]] = {}
+        # higher-is-better scores (mAP, accuracy, F1, Dice), for `_pinned_at_zero`: how many evaluations
+        # carried each, and the latest evaluations in a row with every score at the floor
+        self.score_counts: dict[str, int] = {}
+        self.low = Streak()
+        self.low_max: dict[str, float] = {}
         self.n_evals = 0
+        self.last_eval_step: Any = None
 
     def on_step(self, row: dict[str, Any]) -> None:
         lr = step_lr(row)
@@ -353,9 +356,18 @@ class EvalMetricsFrozen(Rule):
             return None
         data = event.get("data") or {}
         self.n_evals += 1
-        for name, value in data.items():
-            if _score(name) and finite(value) and len(self.scores.setdefault(name, [])) < SCORES_KEPT:
-                self.scores[name].append((event.get("step"), float(value)))
+        self.last_eval_step = event.get("step")
+        scores = {k: float(v) for k, v in data.items() if _score(k) and finite(v)}
+        for name in scores:
+            self.score_counts[name] = self.score_counts.get(name, 0) + 1
+        if scores and all(v <= PINNED_SCORE for v in scores.values()):
+            if not self.low.count:
+                self.low_max = {}
+            self.low.add(event.get("step"))
+            for name, v in scores.items():
+                self.low_max[name] = max(self.low_max.get(name, 0.0), v)
+        else:
+            self.low.clear()
         return self._all_same(event, data) or self._one_frozen(event, data)
 
     def end(self) -> Finding | None:
@@ -366,29 +378,26 @@ class EvalMetricsFrozen(Rule):
         (at least 5 evaluations) while training went on: a model that gets nothing right. `_at_bound` takes 0
         as a finished error; for a score 0 is the floor it should have left: YOLO runs whose P, R and mAP
         are 0 in all 50 rows, a segmentation run whose mean Dice never passes 0.003 in 100 epochs."""
-        if not self.scores or self.n_evals < FROZEN_EVALS or any(len(v) != self.n_evals for v in self.scores.values()):
+        if not self.score_counts or self.n_evals < FROZEN_EVALS or \
+                any(n != self.n_evals for n in self.score_counts.values()):
             return None  # a score missing from some evaluations: not the same evaluation each time
-        tail = 0  # the evaluations at the floor, counted back from the last
-        while tail < self.n_evals and all(values[-tail - 1][1] <= PINNED_SCORE for values in self.scores.values()):
-            tail += 1
+        tail = self.low.count  # the evaluations at the floor, counted back from the last
         if tail < max(FROZEN_EVALS, self.n_evals // 2):
             return None
-        last = {name: values[-tail:] for name, values in self.scores.items()}
-        steps = [s for s, _ in next(iter(last.values()))]
+        steps = self.low.steps
         since = "at every evaluation" if tail == self.n_evals else f"over the last {tail} of its {self.n_evals} evaluations"
-        tops = ", ".join(f"{n} {'at' if top == 0 else 'at most'} {fmt(top)}" for n, top in
-                         ((n, max(v for _, v in values)) for n, values in list(last.items())[:4]))
+        tops = ", ".join(f"{n} {'at' if top == 0 else 'at most'} {fmt(top)}" for n, top in list(self.low_max.items())[:4])
         loss = (f" while the training loss went {fmt(self.first_loss)} -> {fmt(self.loss)}"
                 if self.first_loss is not None and self.loss is not None else "")
         return self.finding(
             step=steps[0], cause="scores-at-zero",
-            summary=f"{tops} {since} (steps {steps[0]}-{steps[-1]}){loss}: the model gets nothing right on the "
+            summary=f"{tops} {since} (from step {steps[0]}){loss}: the model gets nothing right on the "
                     "evaluation set",
             fix="check that the labels match the data (class ids, mask values, annotation format and paths), that "
                 "the head has the dataset's number of classes, and the score's thresholds (confidence, IoU)",
-            evidence={"scores": {n: max(v for _, v in values) for n, values in last.items()}, "evaluations": tail,
-                      "of_evaluations": self.n_evals, "steps": steps[:20], "first_loss": self.first_loss,
-                      "last_loss": self.loss, "detected_step": steps[-1]},
+            evidence={"scores": dict(self.low_max), "evaluations": tail, "of_evaluations": self.n_evals,
+                      "steps": list(steps), "first_loss": self.first_loss, "last_loss": self.loss,
+                      "detected_step": self.last_eval_step},
         )
 
     def _all_same(self, event: dict[str, Any], data: dict[str, Any]) -> Finding | None:
@@ -862,7 +871,8 @@ class LossDiverging(Rule):
 
     def on_event(self, event: dict[str, Any]) -> None:
         value = (event.get("data") or {}).get("loss")
-        if event.get("kind") == "eval" and finite(value) and len(self.evals) < 10_000:
+        # only while the run can still be a short one (bounded state on a long log)
+        if event.get("kind") == "eval" and finite(value) and len(self.rows) < FEW_ROWS and len(self.evals) < 2000:
             self.evals.append((event.get("step"), float(value)))
 
     def end(self) -> Finding | None:
