@@ -42,9 +42,11 @@ STILL_WRONG = {
         "training losses (a broken metric): the own corpus judges the same pattern healthy (ANPR, inf in "
         "every row); nonfinite-loss says it as info",
     "textlog/JunyiJ__PostTraining-LLM-Small__ppo_20251228_2.log":
-        "false-alarm: text log: 110 steps, 0 evals, state completed; TG521 log-flood [warning] at step 1",
+        "false-alarm: TG521 on 30 lines a step that are the RL loop's own printed samples (prompts and "
+        "completions, each step ~277 s by its '[timing]' lines); the output event carries only a line count, "
+        "so log-flood cannot tell printed text from a repeated debug line, nor lines per second offline",
     "textlog/JunyiJ__PostTraining-LLM-Small__train_grpo_gemma2_3.log":
-        "false-alarm: text log: 8 steps, 0 evals, state completed; TG521 log-flood [warning] at step 1",
+        "false-alarm: TG521 on 80 lines a step of printed GRPO completions: the same gap as the PPO log",
     "ultralytics/0x90Vold__Plant-Disease-Detection__train2/results.csv":
         "miss: the args.yaml its verdict cites is not in the corpus folder; one row in warmup cannot show the plan",
     "ultralytics/Arthas1998__yolo_gas__exp2-New/results.csv":
@@ -56,7 +58,8 @@ STILL_WRONG = {
     "hf/aaghaazkhan__law-llm/trainer_state.json":
         "miss: a mis-scaled train loss (285 at step 100, 16x the eval loss): initial-loss-off needs the vocabulary size, which trainer_state.json does not hold",
     "ultralytics/1WangXT__Pipeline_Defect_Recognition__exp3/results.csv":
-        "miss: an mAP collapse after a one-epoch peak while train loss falls: no rule judges an evaluation metric's fall yet",
+        "miss (verdict in question): mAP@0.5 rises 0.015 (epoch 4) -> 0.20 (epoch 154) with two one-epoch "
+        "spikes (0.487 at 58, 0.453 at 76); no collapse and no failure mechanism in the file, only a weak model",
     "csv/Aaryan004__Pothole_Detection_Model_RCNNs__output-metrics.json":
         "miss: a first total_loss of 86 (30x a detectron2 start): initial-loss-off needs NUM_CLASSES, not in metrics.json; the TG401 it accepts fired only on windowed medians read as a sum",
     "tensorboard/1WangXT__Pipeline_Defect_Recognition__exp3":
