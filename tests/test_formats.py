@@ -142,12 +142,27 @@ def test_ultralytics_variants_extra_columns_empty_cells_truncated_row(tmp_path: 
 
 
 def test_ultralytics_nan_validation_loss_is_named(tmp_path: Path) -> None:
+    """Non-finite validation losses beside finite training losses: the evaluation's arithmetic, named as info
+    (transient, or broken from the first row as Ultralytics 8.0.x wrote val/cls_loss); the same NaN in the
+    training losses is the run's own fault, a warning."""
     rows = ultralytics_rows(30, 30)
     for r in rows[2:6]:
         r[9:12] = ["nan", "inf", "nan"]
     d = diagnose_path(write_results(tmp_path / "train", rows, args={"epochs": 30}))
     f = next(f for f in d.findings if f.name == "nonfinite-loss")
-    assert f.severity == "warning" and f.step == 3 and "evaluation loss" in f.summary
+    assert f.severity == "info" and f.step == 3 and "evaluation loss" in f.summary, f.one_line()
+    assert "evaluation 3" in f.summary
+    always = ultralytics_rows(30, 30)
+    for r in always:
+        r[9:12] = ["0", "inf", "0"]
+    d = diagnose_path(write_results(tmp_path / "always", always, args={"epochs": 30}))
+    f = next(f for f in d.findings if f.name == "nonfinite-loss")
+    assert f.severity == "info" and "from the first evaluation" in f.summary
+    for r in rows[2:6]:
+        r[2:5] = ["nan", "nan", "nan"]  # the training losses too: the weights went bad
+    d = diagnose_path(write_results(tmp_path / "both", rows, args={"epochs": 30}))
+    loud = [f for f in d.findings if f.name == "nonfinite-loss" and f.severity in ("warning", "error")]
+    assert loud and loud[0].step == 3, [f.one_line() for f in d.findings]
 
 
 def test_yolov5_padded_zero_based_with_opt_yaml(tmp_path: Path) -> None:
@@ -336,8 +351,12 @@ def test_a_loss_logged_per_epoch_is_judged_over_its_epochs(tmp_path: Path) -> No
     assert "loss-not-decreasing" in severe(diagnose_path(flat))
     learning = keras("learning.csv", [0.69 * 0.93 ** e for e in range(20)])
     assert severe(diagnose_path(learning)) == []
-    short = keras("short.csv", [0.6931 + 0.001 * (e % 3) for e in range(7)])  # fewer than 16 epochs: too few
+    short = keras("short.csv", [0.4512 + 0.001 * (e % 3) for e in range(7)])  # fewer than 16 epochs: too few
     assert "loss-not-decreasing" not in severe(diagnose_path(short))
+    # unless every epoch sits at ln(K), the loss of a uniform guess: then 7 epochs say it never learned
+    chance = keras("chance.csv", [0.6931 + 0.001 * (e % 3) for e in range(7)])
+    found = [f for f in diagnose_path(chance).findings if f.name == "loss-not-decreasing"]
+    assert [f.cause for f in found] == ["at-chance"] and "ln(2)" in found[0].summary
 
 
 def test_lightning_metrics_csv_whose_losses_are_all_named_loss(tmp_path: Path) -> None:

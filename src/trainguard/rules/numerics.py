@@ -65,7 +65,9 @@ class NonfiniteLoss(_RateRule):
     exactly 0.0 at an isolated step although its recent values are well above zero (a non-finite value
     replaced by 0 before it was reported). The first occurrence is a warning; once such steps exceed 1%
     of the steps seen (and there are at least two), an error finding follows with the rate. An
-    evaluation whose loss (any metric named `*loss*`) is NaN or inf is named once, as a warning.
+    evaluation whose loss (any metric named `*loss*`) is NaN or inf is named once: a warning when it is
+    the only loss the run shows, info when the training losses beside it are finite (the evaluation's own
+    arithmetic failed: a column broken from the first row, an epoch in which nothing was predicted).
 
     ## Why it matters
     A NaN loss puts NaN into every weight it touches; clamping it to zero hides the symptom and keeps
@@ -97,12 +99,24 @@ class NonfiniteLoss(_RateRule):
         super().__init__(plan)
         self.part_hist: dict[str, collections.deque[float]] = {}
         self.eval_hits = 0  # evaluations with a non-finite loss
+        self.evals = 0  # evaluations seen
+        self.train_finite = 0  # training losses seen, all finite so far (a non-finite one is the step finding)
+        # a non-finite evaluation seen before any training loss (a TensorBoard folder gives an epoch's val
+        # scalars before its train scalars): judged at the next training row, or at the end without one
+        self.pending: tuple[Any, dict[str, Any], int] | None = None
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         """An evaluation's loss is a loss too: NaN there (Ultralytics' `val/cls_loss`) is the same fault,
-        seen on held-out data, and often the only place a per-epoch table shows it."""
+        seen on held-out data, and often the only place a per-epoch table shows it. But when the training
+        losses beside it are finite, the weights are finite too: the evaluation's own arithmetic failed,
+        not the training. Ultralytics 8.0.x wrote `val/cls_loss = inf` in every row of healthy runs (a broken
+        metric, non-finite from the first evaluation); its validator gives NaN box/cls/dfl losses for an
+        epoch in which the model predicted nothing (P, R and mAP 0), finite again once it does. So with
+        finite training losses the finding is info; without training losses the evaluation is all there is,
+        and it stays a warning."""
         if event.get("kind") != "eval":
             return None
+        self.evals += 1
         data = event.get("data") or {}
         bad = {k: v for k, v in data.items() if "loss" in str(k).lower() and _nonfinite(v)}
         if not bad:
@@ -110,8 +124,32 @@ class NonfiniteLoss(_RateRule):
         self.eval_hits += 1
         if self.eval_hits > 1:
             return None
-        step = event.get("step")
+        if not self.train_finite:
+            self.pending = (event.get("step"), bad, self.evals)
+            return None
+        return self._eval_finding(event.get("step"), bad, self.evals)
+
+    def end(self) -> Finding | None:
+        if self.pending is None:
+            return None
+        step, bad, index = self.pending
+        self.pending = None
+        return self._eval_finding(step, bad, index)
+
+    def _eval_finding(self, step: Any, bad: dict[str, Any], index: int) -> Finding:
         what = ", ".join(f"{k} is {v}" for k, v in bad.items())
+        if self.train_finite:
+            since = "from the first evaluation" if index == 1 else f"first at evaluation {index}"
+            return self.finding(
+                step=step, cause="eval-only", severity="info",
+                summary=f"evaluation loss {what} at step {step} ({since}) while the {self.train_finite} training "
+                        "losses so far are finite: the evaluation's arithmetic, not the training (a metric broken "
+                        "from the start, or an evaluation in which the model predicted nothing)",
+                fix="if it lasts, evaluate that checkpoint on the validation batches alone: check for an empty "
+                    "prediction or target set, log(0), fp16/AMP overflow in the validation loss",
+                evidence={"values": {k: str(v) for k, v in bad.items()}, "evaluation": index,
+                          "finite_training_losses": self.train_finite, "detected_step": step},
+            )
         return self.finding(
             step=step, cause="eval",
             summary=f"evaluation loss {what} at step {step} (the first non-finite evaluation loss of the run)",
@@ -136,6 +174,11 @@ class NonfiniteLoss(_RateRule):
                 continue  # the clamped zero stays out of the history it is judged against
             if finite(value):
                 hist.append(value)
+        if not bad and not self.hits and finite(row.get("loss")):
+            self.train_finite += 1
+        out: list[Finding] = []
+        if self.pending is not None and (bad or self.train_finite):
+            out.append(self.end())  # type: ignore[arg-type]  # pending: end() gives its finding
         first = None
         if not self.hits and bad:
             what = ", ".join(f"{k} is {v}" for k, v in bad.items())
@@ -157,7 +200,7 @@ class NonfiniteLoss(_RateRule):
                     "clamping it",
                 evidence={"part": name, "value": 0.0, "recent_median": med, "detected_step": step},
             )
-        return self._count(row, bool(bad or zeroed), first)
+        return out + (self._count(row, bool(bad or zeroed), first) or [])
 
 
 class NonfiniteGrad(_RateRule):

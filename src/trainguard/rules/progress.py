@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import collections
 import math
+import re
 from typing import Any
 
 from trainguard.findings import EVAL, LOSS, OUTPUT_SIZE, PROBE, UPDATE_RATIO, Finding
@@ -250,7 +251,16 @@ _CONTINUOUS = ("loss", "ppl", "perplexity", "nll")
 # Metrics about the evaluation's cost, not the model: they change on their own.
 _NOT_MODEL = ("runtime", "per_second", "samples", "steps", "epoch", "time", "flos", "mem", "best", "fps", "wps")
 FROZEN_SPREAD = 1e-5  # relative: a loss equal to 5 significant digits
+# Higher-is-better scores: 0 is the floor a learning model leaves (precision(B), mAP50-95, val_acc, mean_dice)
+_SCORE = re.compile(r"map|precision|recall|acc|f1|dice|iou|auc|bleu|rouge|top-?[15]")
+_NOT_SCORE = ("loss", "err", "wer", "cer", "ppl", "perplexity", "fpr", "eer", "best", "std")
+PINNED_SCORE = 0.01  # a score at or below this (of 1, or of 100 %) is at its floor
 FROZEN_EVALS = 5  # evaluations in a row, for one metric while others move
+
+
+def _score(name: Any) -> bool:
+    low = str(name).lower()
+    return _SCORE.search(low) is not None and not any(w in low for w in _NOT_SCORE) and _model_metric(name)
 
 
 def _uniform_classes(value: float) -> int | None:
@@ -273,6 +283,12 @@ class EvalMetricsFrozen(Rule):
     the other metrics move, judged per metric. A frozen loss at ln(K) is named as the loss of a
     uniform guess over K classes. NaN and inf are left to `nonfinite-loss`.
 
+    While the training goes on between the repeats (its loss changed, its LR is not 0), three identical
+    evaluations are not enough: the streak must reach five (ten when every result has one significant
+    digit, like `Val Loss=0.0005`). And at the end of the run: every higher-is-better score of the
+    evaluations (mAP, precision, recall, accuracy, F1, Dice, IoU) at or below 0.01 over at least the last
+    half of them (five or more) while the training ran: a model that gets nothing right.
+
     ## Why it matters
     Between two evaluations the weights changed, so the results should too. Identical results mean
     the weights did not change (seed 002: `101.40 -> 101.40 -> 101.40` with the LR at zero), or the
@@ -293,7 +309,9 @@ class EvalMetricsFrozen(Rule):
     ## Known false positives
     An evaluation that reports a rounded or integer metric that truly did not change; a loss measured
     after the LR schedule has decayed to nothing (not judged per metric once the LR is below 5% of
-    its peak).
+    its peak). Not one: a framework that copies its last evaluation forward over epochs it does not
+    evaluate (Ultralytics, runs of 2-3 identical rows while the training loss moves), or an accuracy
+    over a fixed set repeating near convergence: both stay below five in a row.
 
     ## Options
     None.
@@ -311,31 +329,108 @@ class EvalMetricsFrozen(Rule):
         self.others: dict[str, collections.deque[float]] = {}
         self.lr_peak = 0.0
         self.lr: float | None = None
+        self.loss: float | None = None  # the latest training loss
+        self.loss_at_eval: float | None = None  # the training loss at the previous evaluation
+        self.trained = False  # the training moved at some point between the evaluations of the streak
+        self.first_loss: float | None = None
+        # higher-is-better scores (mAP, accuracy, F1, Dice), for `_pinned_at_zero`: how many evaluations
+        # carried each, and the latest evaluations in a row with every score at the floor
+        self.score_counts: dict[str, int] = {}
+        self.low = Streak()
+        self.low_max: dict[str, float] = {}
+        self.n_evals = 0
+        self.last_eval_step: Any = None
 
     def on_step(self, row: dict[str, Any]) -> None:
         lr = step_lr(row)
         if finite(lr):
             self.lr = lr
             self.lr_peak = max(self.lr_peak, lr)
+        if finite(row.get("loss")):
+            self.loss = row["loss"]
+            if self.first_loss is None:
+                self.first_loss = self.loss
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         if event.get("kind") != "eval":
             return None
         data = event.get("data") or {}
+        self.n_evals += 1
+        self.last_eval_step = event.get("step")
+        scores = {k: float(v) for k, v in data.items() if _score(k) and finite(v)}
+        for name in scores:
+            self.score_counts[name] = self.score_counts.get(name, 0) + 1
+        if scores and all(v <= PINNED_SCORE for v in scores.values()):
+            if not self.low.count:
+                self.low_max = {}
+            self.low.add(event.get("step"))
+            for name, v in scores.items():
+                self.low_max[name] = max(self.low_max.get(name, 0.0), v)
+        else:
+            self.low.clear()
         return self._all_same(event, data) or self._one_frozen(event, data)
 
+    def end(self) -> Finding | None:
+        return self._pinned_at_zero()
+
+    def _pinned_at_zero(self) -> Finding | None:
+        """Every higher-is-better score of the evaluations at (or within 0.01 of) 0 over the run's last half
+        (at least 5 evaluations) while training went on: a model that gets nothing right. `_at_bound` takes 0
+        as a finished error; for a score 0 is the floor it should have left: YOLO runs whose P, R and mAP
+        are 0 in all 50 rows, a segmentation run whose mean Dice never passes 0.003 in 100 epochs."""
+        if not self.score_counts or self.n_evals < FROZEN_EVALS or \
+                any(n != self.n_evals for n in self.score_counts.values()):
+            return None  # a score missing from some evaluations: not the same evaluation each time
+        tail = self.low.count  # the evaluations at the floor, counted back from the last
+        if tail < max(FROZEN_EVALS, self.n_evals // 2):
+            return None
+        steps = self.low.steps
+        since = "at every evaluation" if tail == self.n_evals else f"over the last {tail} of its {self.n_evals} evaluations"
+        tops = ", ".join(f"{n} {'at' if top == 0 else 'at most'} {fmt(top)}" for n, top in list(self.low_max.items())[:4])
+        loss = (f" while the training loss went {fmt(self.first_loss)} -> {fmt(self.loss)}"
+                if self.first_loss is not None and self.loss is not None else "")
+        return self.finding(
+            step=steps[0], cause="scores-at-zero",
+            summary=f"{tops} {since} (from step {steps[0]}){loss}: the model gets nothing right on the "
+                    "evaluation set",
+            fix="check that the labels match the data (class ids, mask values, annotation format and paths), that "
+                "the head has the dataset's number of classes, and the score's thresholds (confidence, IoU)",
+            evidence={"scores": dict(self.low_max), "evaluations": tail, "of_evaluations": self.n_evals,
+                      "steps": list(steps), "first_loss": self.first_loss, "last_loss": self.loss,
+                      "detected_step": self.last_eval_step},
+        )
+
     def _all_same(self, event: dict[str, Any], data: dict[str, Any]) -> Finding | None:
+        # Did the training move since the previous evaluation (its loss changed, the LR is not 0)? Weights at
+        # a standstill (seed 002's LR of 0) give identical evaluations at once; while they move, a short
+        # repeat is the framework carrying its last evaluation forward over epochs it did not evaluate
+        # (Ultralytics: 61 of 100 rows repeat the previous one in runs of 2-3, then change again) or a
+        # discrete score settling (an accuracy over a fixed set near convergence): a stale copy of the model
+        # stays frozen for good, so it is said at the fifth.
+        moved = (self.loss is not None and self.loss_at_eval is not None and self.loss != self.loss_at_eval
+                 and self.lr != 0)
+        self.loss_at_eval = self.loss
         key = _eval_key(data)
         if key is None:
             return None
         if key != self.key:
             self.key = key
             self.same.clear()
+            self.trained = False
+        elif moved:
+            # a loss printed to 4 decimals repeats between some epochs of a run that learns: one change in
+            # the streak is enough to say the training went on
+            self.trained = True
         self.same.add(event.get("step"))
         # results printed to 3 significant digits or fewer (`Validation accuracy: 0.551`) repeat by chance
         # between evaluations that differ: five in a row, not three
         coarse = all(float(f"{v:.3g}") == v for _, v in key)
-        if self.same.count < (FROZEN_EVALS if coarse else 3):
+        need = FROZEN_EVALS if coarse or self.trained else 3
+        if self.trained and all(float(f"{v:.1g}") == v for _, v in key):
+            # one significant digit (`Val Loss=0.0005`): the print's step is 10-50% of the value, so a model
+            # still improving prints the same number for many evaluations while its training loss moves
+            need = 2 * FROZEN_EVALS
+        if self.same.count < need:
             return None
         values = ", ".join(f"{k}={fmt(v)}" for k, v in key)
         steps = self.same.steps
@@ -391,6 +486,11 @@ class EvalMetricsFrozen(Rule):
         return None
 
 
+CHANCE_ROWS = 4  # values of a short run's loss, all at ln(K)
+CHANCE_CLASSES = 10
+CHANCE_BAND = 0.015  # relative: ln 2 +- 0.010, ln 6 +- 0.027
+
+
 class LossNotDecreasing(Rule):
     """TG204 loss-not-decreasing: no improvement beyond the loss's own noise over a window of the run.
 
@@ -425,6 +525,11 @@ class LossNotDecreasing(Rule):
     A source whose loss rows are epochs (`step_unit: epoch` in the plan its reader states) is judged
     once, when it ends, over all its epochs (at least 16): its first half against its second.
 
+    A fall of more than one standard error but less than two is undecided, not flat: the rule waits for
+    more steps (up to 3/4 of a planned run). A run too short for the comparison (4 to 15 rows) is judged
+    at its end on one thing: whether its training or evaluation loss stayed within 1.5% of ln(K), K up
+    to 10, at every value, the loss of a uniform guess over K classes (cause `at-chance`).
+
     ## Known false positives
     Fine-tuning a model that already solves the task (the loss starts at its floor); a warmup longer
     than the window that keeps the LR near zero.
@@ -457,11 +562,26 @@ class LossNotDecreasing(Rule):
         self.n = 0
         self.next_check = self.w
         self.decided = False
+        # an undecided fall (see `_judge`) waits up to 3/4 of a planned run, at most twice the patience
+        self.long_patience = (max(self.patience, min(3 * self.total_steps // 4, 2 * self.patience))
+                              if self.total_steps else self.patience)
+        self.undecided = False  # a fall of 1-2 standard errors waited for more steps
+        self.eval_losses: list[tuple[Any, float]] = []  # (step, loss) of the first evaluations, for `_at_chance`
+        self.first_losses: list[tuple[Any, float]] = []
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event.get("kind") != "eval" or len(self.eval_losses) >= self.MIN_ROWS:
+            return
+        value = (event.get("data") or {}).get("loss")
+        if finite(value):
+            self.eval_losses.append((event.get("step"), float(value)))
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         loss = row.get("loss")
         if self.decided or not finite(loss) or not self.learning:
             return None
+        if len(self.first_losses) < self.MIN_ROWS:
+            self.first_losses.append((row["step"], float(loss)))
         self.n += 1
         if self.first_step is None:
             self.first_step = row["step"]
@@ -484,14 +604,42 @@ class LossNotDecreasing(Rule):
         if span < self.next_check or self.n < self.MIN_ROWS:
             return None
         self.next_check = span + max(5, len(self.losses) // 8) * max(1, span // self.n)  # a quarter of a half again
-        return self._judge(row["step"], span < self.patience)
+        return self._judge(row["step"], span < self.patience, span < self.long_patience)
 
     def end(self) -> Finding | None:
         if self.epochs and not self.decided and self.n >= self.MIN_ROWS and self.last_step is not None:
             return self._judge(self.last_step, False)
+        if not self.decided and self.n < self.MIN_ROWS and self.learning:
+            return self._at_chance()
+        if self.undecided and not self.decided and self.last_step is not None:
+            return self._judge(self.last_step, False)
         return None
 
-    def _judge(self, step: int, can_wait: bool) -> Finding | None:
+    def _at_chance(self) -> Finding | None:
+        """A run too short for the halves' comparison (fewer than 16 rows: 4 epochs of a BERT fine-tune, 13
+        of an EEG classifier) whose training or evaluation loss never left ln(K), the loss of a uniform guess
+        over K classes, K up to 10: it ended where an untrained model starts. Above K = 10 the ln(K) lie
+        closer together than the band, and any loss would sit near one of them."""
+        for what, series in (("training loss", self.first_losses), ("evaluation loss", self.eval_losses)):
+            if len(series) < CHANCE_ROWS:
+                continue
+            values = [v for _, v in series]
+            k = round(math.exp(median(values)))
+            if not 2 <= k <= CHANCE_CLASSES or any(abs(v - math.log(k)) > CHANCE_BAND * math.log(k) for v in values):
+                continue
+            return self.finding(
+                step=series[0][0], cause="at-chance",
+                summary=f"the {what} stayed within {CHANCE_BAND:.1%} of ln({k}) = {math.log(k):.4f}, the loss of a "
+                        f"uniform guess over {k} classes, at all {len(values)} of its values (steps {series[0][0]}-"
+                        f"{series[-1][0]}: {fmt(values[0])} -> {fmt(values[-1])}): the model never got past chance",
+                fix="check that the labels reach the loss and match the inputs (shuffled separately? one class?), "
+                    "that the LR is not far too small or too large, and that the output head is trained",
+                evidence={"what": what, "classes": k, "chance_loss": math.log(k), "values": values,
+                          "steps": [s for s, _ in series], "detected_step": series[-1][0]},
+            )
+        return None
+
+    def _judge(self, step: int, can_wait: bool, can_wait_longer: bool = False) -> Finding | None:
         k = len(self.losses) // 2
         series, judged = self._series()
         first, recent = series[:k], series[-k:]
@@ -500,8 +648,15 @@ class LossNotDecreasing(Rule):
         se = 1.25 * noise * math.sqrt(2.0 / k)
         if se > 0.025 * abs(start) and can_wait:
             return None  # too noisy to tell a 5% fall from chance yet: wait for more steps
-        self.decided = True
         need = max(2 * se, 0.01 * abs(start))
+        if se < start - now <= need and can_wait_longer:
+            # It fell by more than its standard error but less than twice: undecided, not flat (a 100-step
+            # DeepSpeed run fell 4.88 -> 4.80 under noise 0.13 by step 50, 0.12 by step 70). More steps tell;
+            # a loss that did not fall at all is still said at the first look; a stream that ends first is
+            # decided at its end (a flat 7.6 over 220 rows that drifts down by 1-2 standard errors).
+            self.undecided = True
+            return None
+        self.decided = True
         if start - now > need:
             return None
         if se > 0.025 * abs(start) and start - now > 0:
@@ -659,6 +814,11 @@ class _Blocks:
         return best, c, b, self.onset or c, need, self.first  # c itself clears the bar: an onset was seen
 
 
+FEW_ROWS = 16  # fewer loss rows than this: judged at the end by `LossDiverging.end`
+FEW_RISE = 1.3  # every training row after the best, and the evaluations' median, this far above their best
+FEW_EVAL_RISE = 1.2  # the last evaluation
+
+
 class LossDiverging(Rule):
     """TG206 loss-diverging: the loss climbs back up, well above the best level it reached.
 
@@ -688,6 +848,10 @@ class LossDiverging(Rule):
     whose weights are applied but not reported.
 
     ## Options
+    A run with 4 to 15 loss rows (too few for blocks) is judged at its end (cause `few-rows`): every
+    training row after its best at least 1.3x the best, and the evaluation loss rising with it (the
+    evaluations after the best training row 1.3x the best before it in median, the last 1.2x).
+
     Not judged for a job watched with `trainguard.watch(..., learning=False)`.
     """
 
@@ -701,10 +865,53 @@ class LossDiverging(Rule):
         self.parts: dict[str, _Blocks] = {}
         self.first_weights: dict[str, float] = {}
         self.weighted = False  # the reported weights changed: the total is judged through its parts
+        self.rows: list[tuple[int, float]] = []  # the first training losses, for a run too short for blocks
+        self.evals: list[tuple[Any, float]] = []  # its evaluation losses
+        self.said = False
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        value = (event.get("data") or {}).get("loss")
+        # only while the run can still be a short one (bounded state on a long log)
+        if event.get("kind") == "eval" and finite(value) and len(self.rows) < FEW_ROWS and len(self.evals) < 2000:
+            self.evals.append((event.get("step"), float(value)))
+
+    def end(self) -> Finding | None:
+        """A run whose loss rows are too few for blocks (the Trainer logging every 500 of 2,640 steps: five
+        rows), judged once at its end: its training loss ends well above its best row and never came back near
+        it, and the evaluation loss says the same (the evaluations after the best training row well above the
+        best before it). Both rising is a divergence; a training loss that falls while the evaluation loss
+        rises is overfitting, and not this."""
+        rows = self.rows
+        if self.said or not self.learning or not 4 <= len(rows) < FEW_ROWS:
+            return None
+        b = min(range(len(rows)), key=lambda i: rows[i][1])
+        best_step, best = rows[b]
+        after = [v for _, v in rows[b + 1:]]
+        if best <= 0 or len(after) < 2 or min(after) < FEW_RISE * best:
+            return None
+        before = [v for s, v in self.evals if isinstance(s, (int, float)) and s <= best_step]
+        later = [v for s, v in self.evals if isinstance(s, (int, float)) and s > best_step]
+        if not before or len(later) < 3:
+            return None
+        e_best = min(before)
+        if median(later) < FEW_RISE * e_best or later[-1] < FEW_EVAL_RISE * e_best:
+            return None
+        return self.finding(
+            step=best_step, cause="few-rows",
+            summary=f"the loss rose from its best {fmt(best)} (step {best_step}) to {fmt(max(after))} and never came "
+                    f"back near it ({fmt(after[-1])} at step {rows[-1][0]}, {len(after)} rows after the best); the "
+                    f"evaluation loss rose with it, from {fmt(e_best)} to a median of {fmt(median(later))} over "
+                    f"{len(later)} evaluations, ending at {fmt(later[-1])}",
+            fix="lower the peak LR or lengthen the warmup, clip gradients, resume from the last good checkpoint",
+            evidence={"best": best, "best_step": best_step, "after": after, "eval_best": e_best,
+                      "eval_later_median": median(later), "eval_last": later[-1], "detected_step": rows[-1][0]},
+        )
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         if not self.learning:
             return None
+        if finite(row.get("loss")) and len(self.rows) < FEW_ROWS:
+            self.rows.append((row["step"], float(row["loss"])))
         weights = row.get("weights") or {}
         for name, w in weights.items():
             if finite(w) and abs(self.first_weights.setdefault(name, w) - w) > 1e-9 * max(1.0, abs(w)):
@@ -715,6 +922,7 @@ class LossDiverging(Rule):
             got = self.total.add(row["step"], loss)
             if got is not None and not self.weighted:
                 found = self._found(row, got, "the loss", None, weights)
+                self.said = True
         for name, value in (row.get("parts") or {}).items():
             if finite(value) and (name in self.parts or len(self.parts) < 16):
                 got = self.parts.setdefault(name, _Blocks(self.k)).add(row["step"], value)
