@@ -23,8 +23,13 @@ pytestmark = pytest.mark.unit
 
 @pytest.mark.parametrize(("url", "shown"), [
     ("https://hooks.slack.com/services/T0/B0/abcSECRET", "https://hooks.slack.com/services/***"),
-    ("https://user:pw@example.org:8443/hook?token=abc&x=1", "https://user:***@example.org:8443/hook?token=***&x=***"),
+    ("https://user:pw@example.org:8443/hook?token=abc&x=1", "https://***@example.org:8443/hook?token=***&x=***"),
     ("https://example.org", "https://example.org"),
+    ("https://ntfy.sh/my-secret-topic", "https://ntfy.sh/***"),  # ntfy's topic is its secret
+    ("https://h/TOKEN123", "https://h/***"),
+    ("https://discord.com/api/webhooks/123/SECRET", "https://discord.com/api/webhooks/***"),
+    ("slack+https://chat.example.org/services/T/B/SECRET", "slack+https://chat.example.org/services/***"),
+    ("https://h/x?SECRET#frag", "https://h/***?***#***"),
     ("exec:/usr/bin/page-me --key SECRET", "exec:/usr/bin/page-me ***"),
     ("mailto:a@b.org", "mailto:a@b.org"),
 ])
@@ -32,6 +37,32 @@ def test_a_target_is_shown_masked(url: str, shown: str) -> None:
     assert mask(url) == shown
     if not url.startswith("mailto"):
         assert "SECRET" not in mask(url) and "pw" not in mask(url).replace("page-me", "")
+
+
+# Tokens of the shapes services hand out, and every place of a URL that can carry one: none is ever shown.
+_TOKENS = ["TOKEN123", "my-secret-topic", "xoxb0Zq9x", "3f2a9c0d1e4b5a6978c0d1e2f3a4b5c6",
+           "0c8e6a0e-5a4b-4f7e-9d2c-1b3a5c7e9f00", "AbC_dEf-GhI.jKl~mN", "q%2Fw%3De", "9876543210"]
+_PLACES = [
+    "https://{t}@h.example/x", "https://u:{t}@h.example/x", "https://{t}:pw@h.example",
+    "https://h.example/{t}", "https://h.example/{t}/", "https://h.example/hook/{t}", "https://h.example/a/{t}/b",
+    "https://ntfy.sh/{t}", "https://hooks.slack.com/services/{t}/B0/C0", "https://hooks.slack.com/services/T0/{t}/C0",
+    "https://hooks.slack.com/services/T0/B0/{t}", "https://discord.com/api/webhooks/1/{t}",
+    "slack+https://chat.example.org/hooks/{t}", "https://h.example/x?key={t}", "https://h.example/x?a=1&b={t}",
+    "https://h.example/x?{t}", "https://h.example/x#{t}", "https://h.example:8443/{t}?k={t}#{t}",
+    "exec:/usr/bin/page-me --token {t}",
+]
+
+
+@pytest.mark.parametrize("place", _PLACES)
+def test_no_token_is_shown_wherever_it_sits(place: str) -> None:
+    for token in _TOKENS:
+        url = place.format(t=token)
+        target = parse_target(url)
+        for shown in (mask(url), target.shown, repr(target), scrub(f"cannot post to {url}: 500", [target])):
+            assert token not in shown and "***" in shown, (url, shown)
+    # what may be shown is: the host, the port, a known service's words
+    assert mask("https://hooks.slack.com/services/T0/B0/C0").startswith("https://hooks.slack.com/services/")
+    assert mask("https://h.example:8443/x").startswith("https://h.example:8443/")
 
 
 def test_targets_from_the_environment_and_flags() -> None:
