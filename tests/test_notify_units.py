@@ -163,3 +163,63 @@ def test_the_exit_code_table_is_the_one_the_code_uses() -> None:
     assert (supervisor.FAIL_ON_EXIT, verdict.EXIT_FAILED, verdict.EXIT_HUNG, verdict.EXIT_STOPPED, EXIT_INCOMPLETE) \
         == (122, 123, 124, 125, 3)
     assert len({r.code for r in exitcodes.TABLE}) == len(exitcodes.TABLE)
+
+
+def test_the_end_message_quotes_the_most_severe_open_finding(tmp_path: Path) -> None:
+    # watch() alone lists the warning a finding grew from before its error: the error is what is quoted
+    status = {"state": "completed", "health": "error", "step": 40, "findings": [
+        {"code": "TG522", "name": "throughput-drop", "severity": "warning", "step": 3},
+        {"code": "TG301", "name": "nonfinite-loss", "severity": "warning", "step": 20, "summary": "loss is nan"},
+        {"code": "TG301", "name": "nonfinite-loss", "severity": "error", "step": 20, "cause": "rate",
+         "summary": "at 21 of the 40 steps"},
+        {"code": "TG101", "name": "lr-reaches-zero", "severity": "error", "step": 1, "acked": {"by": "a@h"}}]}
+    msg = message.end_message(status, run_dir=tmp_path)
+    assert (msg["code"], msg["severity"], msg["summary"]) == ("TG301", "error", "at 21 of the 40 steps"), msg
+    assert "TG301 nonfinite-loss [error]: at 21 of the 40 steps" in msg["text"]
+    assert msg["acknowledged"] == ["TG101 lr-reaches-zero"] and len(msg["findings"]) == 3
+
+
+def test_a_cause_is_said_in_words_and_kept_as_its_label(tmp_path: Path) -> None:
+    nan = {"code": "TG301", "name": "nonfinite-loss", "severity": "error", "cause": "rate", "summary": "x"}
+    msg = message.finding_message(nan, run_dir=tmp_path, state="running")
+    assert msg["cause_label"] == "rate" and msg["cause"] != "rate" and "non-finite" in msg["cause"], msg
+    assert f"cause: {msg['cause']}" in msg["text"]
+    hang = message.finding_message({**nan, "cause": "dataloader-worker"}, run_dir=tmp_path, state="hung")
+    assert hang["cause"] == "dataloader worker" and hang["cause_label"] == "dataloader-worker"
+    assert message.finding_message({**nan, "cause": None}, run_dir=tmp_path, state="x")["cause"] is None
+
+
+def test_an_email_carries_its_date_and_message_id(tmp_path: Path) -> None:
+    from email.utils import parsedate_to_datetime
+
+    from trainguard.notify.send import compose
+
+    msg = message.finding_message({"code": "TG301", "name": "nonfinite-loss", "severity": "error"},
+                                  run_dir=tmp_path, state="running")
+    mail = compose(parse_target("mailto:ops@test.invalid"), msg)
+    assert parsedate_to_datetime(mail["Date"]).tzinfo is not None
+    assert mail["Message-ID"].startswith("<") and mail["Message-ID"].endswith(">") and "@" in mail["Message-ID"]
+    assert compose(parse_target("mailto:ops@test.invalid"), msg)["Message-ID"] != mail["Message-ID"]
+
+
+def test_ls_counts_an_acknowledged_error_apart() -> None:
+    from trainguard.cli import _finding_counts
+
+    found = [{"code": "TG301", "severity": "error", "acked": {"by": "a@h"}},
+             {"code": "TG522", "severity": "warning"}, {"code": "TG101", "severity": "error"}]
+    assert _finding_counts(found) == "1E 1W 1ack"
+    assert _finding_counts(found[:1]) == "1ack"
+
+
+def test_the_env_separator_is_what_the_help_and_the_docs_say() -> None:
+    from click.testing import CliRunner
+
+    from trainguard.cli import main
+
+    comma = parse_targets([], env="https://a.example/h,mailto:a@b.org,c@d.org,exec:/bin/true --x")
+    space = parse_targets([], env="https://a.example/h mailto:a@b.org,c@d.org  exec:/bin/true --x")
+    assert comma == space and [t.kind for t in comma] == ["webhook", "email", "exec"]
+    helped = " ".join(CliRunner().invoke(main, ["run", "--help"], terminal_width=200).output.split())
+    docs = " ".join((Path(__file__).parent.parent / "docs" / "notify.md").read_text().split())
+    for text in (helped, docs):
+        assert "separated by commas or spaces" in text, text

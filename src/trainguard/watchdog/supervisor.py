@@ -882,13 +882,16 @@ class Supervisor:
             head += f", step {step}"
         head += f"; health {health}"
         lines = [head]
-        errors = [f for f in self.findings if f.severity == "error"]
-        warnings = [f for f in self.findings if f.severity == "warning"]
+        # an acknowledged finding is listed as such, never counted as an open error beside "health ok"
+        errors = [f for f in self.findings if f.severity == "error" and f.code not in acks]
+        warnings = [f for f in self.findings if f.severity == "warning" and f.code not in acks]
+        acked = sum(f.code in acks for f in self.findings)
         if not self.findings:
             lines.append("trainguard: no findings")
         else:
-            lines.append(f"trainguard: {len(errors)} error(s), {len(warnings)} warning(s)")
-            for f in most_severe_first(self.findings)[:8]:
+            lines.append(f"trainguard: {len(errors)} error(s), {len(warnings)} warning(s)"
+                         + (f", {acked} acknowledged" if acked else ""))
+            for f in sorted(most_severe_first(self.findings), key=lambda f: f.code in acks)[:8]:  # open first
                 ack = acks.get(f.code)
                 lines.append(f"  {f.one_line()}" + (f" (acknowledged by {ack['by']})" if ack else ""))
                 if f.where:
