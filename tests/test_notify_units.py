@@ -223,3 +223,21 @@ def test_the_env_separator_is_what_the_help_and_the_docs_say() -> None:
     docs = " ".join((Path(__file__).parent.parent / "docs" / "notify.md").read_text().split())
     for text in (helped, docs):
         assert "separated by commas or spaces" in text, text
+
+
+def test_the_exit_line_quotes_the_most_severe_open_finding(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from trainguard.findings import Finding
+    from trainguard.watchdog.supervisor import Supervisor
+
+    found = [Finding(code=code, name=name, severity=sev, summary="x", step=step) for code, name, sev, step in (
+        ("TG522", "throughput-drop", "warning", 3), ("TG101", "lr-reaches-zero", "error", 8),
+        ("TG301", "nonfinite-loss", "error", 2))]
+    said: list[str] = []
+    add_ack(tmp_path, "TG301", "nonfinite-loss", "known")
+    # the supervisor's own method, on the fields it reads: --fail-on warning counts the warning found first
+    sup = SimpleNamespace(options=SimpleNamespace(fail_on="warning"), run_dir=tmp_path, findings=found,
+                          _note=said.append)
+    assert Supervisor._fail_on(sup, 0) == exitcodes.HEALTH  # type: ignore[arg-type]
+    assert "2 finding(s)" in said[0] and "(the first: TG101 lr-reaches-zero;" in said[0], said

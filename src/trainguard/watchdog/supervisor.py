@@ -733,7 +733,8 @@ class Supervisor:
             return code
         worst = {"error"} if self.options.fail_on == "error" else {"error", "warning"}
         acks = read_acks(self.run_dir)  # `trainguard ack RUN CODE`: known and accepted, not a failure
-        hits = [f for f in self.findings if f.severity in worst and f.code not in acks]
+        # the most severe first: the line quotes an error, not the stall warning that came before it
+        hits = most_severe_first([f for f in self.findings if f.severity in worst and f.code not in acks])
         if not hits:
             return code
         self._note(f"trainguard: exit {FAIL_ON_EXIT}: {len(hits)} finding(s) at --fail-on {self.options.fail_on}"
