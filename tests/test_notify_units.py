@@ -241,3 +241,19 @@ def test_the_exit_line_quotes_the_most_severe_open_finding(tmp_path: Path) -> No
                           _note=said.append)
     assert Supervisor._fail_on(sup, 0) == exitcodes.HEALTH  # type: ignore[arg-type]
     assert "2 finding(s)" in said[0] and "(the first: TG101 lr-reaches-zero;" in said[0], said
+
+
+def test_the_live_line_counts_an_acknowledged_error_apart(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from trainguard.findings import Finding
+    from trainguard.watchdog import statusline
+
+    state = SimpleNamespace(reader=None, step=7, phase=None, scratch={})
+    found = [Finding(code="TG301", name="nonfinite-loss", severity="error", summary="x"),
+             Finding(code="TG522", name="throughput-drop", severity="warning", summary="y")]
+    assert statusline.render(state, 60.0, found, None).endswith("1 error(s) 1 warning(s)")
+    add_ack(tmp_path, "TG301", "nonfinite-loss", "known")
+    line = statusline.render(state, 60.0, found, None, read_acks(tmp_path))
+    assert line.endswith("0 error(s) 1 warning(s) (1 acknowledged)"), line
+    assert statusline.render(state, 60.0, found[:1], None, {"TG301": {}}).endswith("healthy (1 acknowledged)")

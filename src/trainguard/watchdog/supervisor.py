@@ -352,7 +352,7 @@ class Supervisor:
                             self._wait_forever_on_hang(state)
                         self._terminate()
                 self._write_status("running" if hang is None else "hung", state)
-                self.line.show(state, self.options, self.stall.timeout(state.phase), self.findings)
+                self.line.show(state, self.options, self.stall.timeout(state.phase), self.findings, self.run_dir)
         finally:
             self.line.clear()
             self._restore_signals()
