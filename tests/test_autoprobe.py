@@ -83,7 +83,11 @@ def test_the_first_optimizer_step_starts_the_probe_with_the_optimizers_numbers(t
     assert "finish" in [n for n, _ in events]  # reaching interpreter exit is the script's end
     with sqlite3.connect(run_dir / "run.db") as db:
         rows = db.execute("select step, lr, grad_norm, update_ratio from steps order by step").fetchall()
+        timed = db.execute("select count(step_time) from steps").fetchone()[0]
     assert [r[0] for r in rows] == list(range(1, 31))
+    # the optimizer hooks time no step: the README's "cannot see" says so, and what it costs (TG522)
+    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+    assert timed == 0 and "TG522 throughput-drop runs only with `guard.step()`" in readme
     assert all(lr == 0.1 for _, lr, _, _ in rows)
     assert all(g is not None and g > 0 for _, _, g, _ in rows[:10])
     assert all(u is not None and u > 0 for _, _, _, u in rows[:10])

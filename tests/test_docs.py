@@ -7,6 +7,7 @@ command prints today (docs/generate.py --check), the exit-code table included.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,13 @@ def test_the_readme_fits_in_200_lines_and_says_what_a_newcomer_needs_first() -> 
                    "*Sees:*", "*Cannot see:*", "60 s", "exits 122"):
         assert needed in text, needed
     assert text.index("pip install -e") < text.index('pip install "trainguard[torch]"')  # a checkout first
+    # the Quick start itself shows the exit code that tells, and how to get the command's own back
+    quick = text[text.index("## Quick start"):text.index("\n## ", text.index("## Quick start") + 1)]
+    for needed in ("exits 122", "--fail-on never", "echo $?"):
+        assert needed in quick, needed
+    script = re.search(r"trainguard run -- \.venv/bin/python (\S+); echo \$\?", quick)
+    assert script and (ROOT / script.group(1)).is_file(), quick  # a script of this checkout, as written
+    assert "exit_code: 122" in (ROOT / script.group(1)).with_name("expect.yaml").read_text()  # the zoo runs it
 
 
 def test_the_generated_excerpts_are_what_the_commands_print() -> None:

@@ -10,6 +10,7 @@ alerted nor stopped on, while a later, different one still is.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import sys
 import textwrap
@@ -125,6 +126,8 @@ def test_a_nan_run_sends_its_error_and_its_end_to_every_target(tmp_path: Path, h
     assert _events(generic) == [("finding", "TG301"), ("end", "completed")], generic
     first, end = generic
     assert first["severity"] == "error" and first["step"] == 20 and first["fix"], first
+    # the cause in words, its label apart (a program matches on "rate"; a person reads what it means)
+    assert first["cause_label"] == "rate" and "non-finite" in first["cause"], first
     assert first["host"] and first["run_dir"] == str((tmp_path / "run").resolve())
     assert end["health"] == "error" and end["code"] == "TG301" and "TG301 nonfinite-loss" in end["text"]
     chat = [b for p, b in http.got if p.startswith("/services/")]
@@ -133,6 +136,7 @@ def test_a_nan_run_sends_its_error_and_its_end_to_every_target(tmp_path: Path, h
     subjects = [m["Subject"] for m in smtp.messages]
     assert len(subjects) == 2 and "TG301 nonfinite-loss at step 20" in subjects[0] and "completed" in subjects[1]
     assert smtp.rcpts == [["ops@test.invalid"]] * 2
+    assert all(m["Date"] and m["Message-ID"] for m in smtp.messages), [dict(m) for m in smtp.messages]
     hooked = [json.loads(line) for line in (tmp_path / "hook.jsonl").read_text().splitlines()]
     assert _events(hooked) == [("finding", "TG301"), ("end", "completed")]
     # the Slack URL's token is a secret: never printed nor stored
@@ -282,6 +286,8 @@ def test_an_acknowledged_finding_is_not_alerted_nor_stopped_on_and_a_later_one_s
     finally:
         proc.kill()
     assert proc.returncode == 0, err  # not stopped on the acked finding (--stop-on), nor failed for it
+    # the end message counts it as acknowledged, never as an open error beside "health ok"
+    assert "health ok" in err and "trainguard: 0 error(s)" in err and " acknowledged" in err, err
     assert [code for event, code in _events(http.bodies()) if event == "finding"] == ["TG509"], http.bodies()
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     nan = [f for f in status["findings"] if f["code"] == "TG301"]
@@ -299,6 +305,14 @@ def test_ack_after_the_run_changes_what_status_says(tmp_path: Path) -> None:
     assert run_trainguard("ack", str(tmp_path / "run"), "nonfinite-loss").returncode == 0
     after = json.loads(run_trainguard("status", "--json", str(tmp_path / "run")).stdout)
     assert after["health"] == "ok" and all("acked" in f for f in after["findings"] if f["code"] == "TG301")
+    # every summary counts it as acknowledged, not as an open error: status, ls, the report
+    line = run_trainguard("status", str(tmp_path / "run")).stdout.splitlines()[0]
+    assert "health ok (" in line and "acknowledged" in line and "error" not in line, line
+    listed = run_trainguard("ls", "--root", str(tmp_path)).stdout
+    assert "1ack" in listed and not re.search(r"\b\d+E\b", listed), listed
+    assert run_trainguard("report", str(tmp_path / "run")).returncode == 0
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "**health: ok**" in report and "> TG301" not in report, report[:600]
     exported = run_trainguard("export", str(tmp_path / "run"), "--sink", f"prometheus={tmp_path / 'm.prom'}")
     assert exported.returncode == 0, exported.stderr
     series = [line for line in (tmp_path / "m.prom").read_text().splitlines() if line.startswith("trainguard_finding{")]

@@ -145,8 +145,8 @@ def _run_help() -> str:
 @click.option("--notify", "notify", multiple=True, metavar="URL",
               help="Tell a person: https://... (a JSON POST), slack+https://... (or any hooks.slack.com URL), "
                    "mailto:ADDR (SMTP from TRAINGUARD_SMTP_*), exec:COMMAND (repeatable; also "
-                   f"{ENV_NOTIFY}=URL,...). Sent for a stall, a hang, a crash, a kill, each error finding and "
-                   "a bad end; see docs/notify.md.")
+                   f"{ENV_NOTIFY}: targets separated by commas or spaces). Sent for a stall, a hang, a crash, a "
+                   "kill, each error finding and a bad end; see docs/notify.md.")
 @click.option("--notify-end", is_flag=True,
               help="Also send the end message of a run that completed healthy (a bad end is always sent).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
@@ -554,11 +554,14 @@ def _job_of(st: Any) -> str:
 
 
 def _finding_counts(findings: Any) -> str:
-    """`ls`'s findings column: errors and warnings apart ("2E 1W"), blank when there are none."""
+    """`ls`'s findings column: open errors and warnings apart, then those acknowledged ("2E 1W 1ack"), blank
+    when there are none. An acknowledged error is not counted as an error: the health beside it says ok."""
     found = [f for f in findings or [] if isinstance(f, dict)]
-    errors = sum(f.get("severity") == "error" for f in found)
-    warnings = sum(f.get("severity") == "warning" for f in found)
-    return " ".join(p for p in (f"{errors}E" if errors else "", f"{warnings}W" if warnings else "") if p)
+    errors = sum(f.get("severity") == "error" and not f.get("acked") for f in found)
+    warnings = sum(f.get("severity") == "warning" and not f.get("acked") for f in found)
+    acked = sum(bool(f.get("acked")) for f in found)
+    return " ".join(p for p in (f"{errors}E" if errors else "", f"{warnings}W" if warnings else "",
+                                f"{acked}ack" if acked else "") if p)
 
 
 @main.command()

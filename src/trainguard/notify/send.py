@@ -67,13 +67,25 @@ def smtp_settings(environ: Any = None) -> dict[str, Any]:
     }
 
 
-def _mail(target: Target, msg: dict[str, Any], timeout: float) -> None:
-    cfg = smtp_settings()
+def compose(target: Target, msg: dict[str, Any], sender: str | None = None) -> EmailMessage:
+    """The e-mail of one message. Date and Message-ID are set here: servers are not bound to add them, and
+    a mail without them is sorted wrongly, threaded wrongly or scored as spam."""
+    from email.utils import formatdate, make_msgid
+
+    host = msg.get("host") or "localhost"
     mail = EmailMessage()
     mail["Subject"] = msg["title"]
-    mail["From"] = cfg["sender"] or f"trainguard@{msg.get('host') or 'localhost'}"
+    mail["From"] = sender or f"trainguard@{host}"
     mail["To"] = target.value
+    mail["Date"] = formatdate(localtime=True)
+    mail["Message-ID"] = make_msgid("trainguard", domain=host)
     mail.set_content(msg["text"] + "\n\n" + json.dumps(msg, indent=2, default=str) + "\n")
+    return mail
+
+
+def _mail(target: Target, msg: dict[str, Any], timeout: float) -> None:
+    cfg = smtp_settings()
+    mail = compose(target, msg, cfg["sender"])
     try:
         with smtplib.SMTP(cfg["host"], cfg["port"], timeout=timeout) as smtp:
             smtp.ehlo()

@@ -11,8 +11,9 @@
                                  $TRAINGUARD_NOTIFY_TEXT (run without a shell)
 
 A webhook URL is a secret (whoever holds a Slack hook URL can post to the channel): `Target.shown`, the
-form that is ever printed or stored (guard.log, the run's meta, errors), keeps the scheme, the host and
-the first path segment and masks the rest, the password and every query value.
+form that is ever printed or stored (guard.log, the run's meta, errors), keeps the scheme, the host, the
+port and the path's leading words that name a known service's hook (`services` of a Slack URL), and masks
+the user and password, the rest of the path, every query value and the fragment.
 """
 
 from __future__ import annotations
@@ -86,9 +87,24 @@ def parse_target(text: str) -> Target:
     return Target(kind, url, mask(text))
 
 
+# The path words of known services that name the kind of hook, never a secret: shown as long as every
+# segment before them was one too. Anything else after the host may be a token (ntfy's topic is its
+# secret; a generic hook's first segment often is), so it is masked.
+PUBLIC_WORDS: dict[str, tuple[str, ...]] = {
+    "hooks.slack.com": ("services", "workflows", "triggers"),
+    "discord.com": ("api", "webhooks"), "discordapp.com": ("api", "webhooks"),
+    "chat.googleapis.com": ("v1", "spaces"),
+}
+# Mattermost's and Rocket.Chat's incoming hooks live on the user's own host: these words say so on any host
+ANY_HOST_WORDS = ("hooks", "hook", "webhook", "webhooks")
+_QUERY_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
+
+
 def mask(text: str) -> str:
-    """A target as it may be shown: scheme, host and first path segment; the rest, passwords and query
-    values as ***. `exec:` keeps the program and masks its arguments (a token may be one)."""
+    """A target as it may be shown: the scheme, the host, the port, and the path's leading words that name
+    a known service's hook (PUBLIC_WORDS); the user and password, the rest of the path, query values (and a
+    query item without a name) and the fragment as ***. `exec:` keeps the program and masks its arguments
+    (a token may be one)."""
     scheme, sep, rest = text.partition(":")
     if not sep:
         return MASK
@@ -106,16 +122,30 @@ def mask(text: str) -> str:
         port = f":{parts.port}" if parts.port else ""
     except ValueError:
         return f"{scheme}:{MASK}"
-    user = f"{parts.username}:{MASK}@" if parts.password else (f"{MASK}@" if parts.username else "")
-    segments = [s for s in parts.path.split("/") if s]
-    path = ""
-    if segments:
-        path = "/" + segments[0] + (f"/{MASK}" if len(segments) > 1 else "")
+    if ":" in host:  # an IPv6 address keeps its brackets
+        host = f"[{host}]"
+    user = f"{MASK}@" if "@" in parts.netloc else ""  # a user name may be a token too (https://TOKEN@host)
+    # a slack+ URL has Slack's form on any host (a self-hosted receiver of Slack's body)
+    known = PUBLIC_WORDS["hooks.slack.com"] if scheme.lower().startswith("slack+") else PUBLIC_WORDS.get(host, ())
+    words = known + ANY_HOST_WORDS
+    segments = parts.path.split("/")[1:] if parts.path.startswith("/") else [s for s in [parts.path] if s]
+    shown: list[str] = []
+    for i, segment in enumerate(segments):
+        if segment == "" and i == len(segments) - 1:  # a trailing slash carries nothing
+            shown.append(segment)
+            break
+        if segment.lower() not in words:
+            shown.append(MASK)  # one *** for all the rest: not even how many segments there were
+            break
+        shown.append(segment)
+    path = "/" + "/".join(shown) if parts.path.startswith("/") or shown else ""
     query = ""
     if parts.query:
-        keys = [q.split("=", 1)[0] for q in parts.query.split("&") if q]
-        query = "?" + "&".join(f"{k}={MASK}" for k in keys)
-    return f"{scheme}://{user}{host}{port}{path}{query}"
+        items = [q.split("=", 1) for q in parts.query.split("&") if q]
+        query = "?" + "&".join(f"{q[0]}={MASK}" if len(q) == 2 and _QUERY_KEY.match(q[0]) else MASK
+                               for q in items)
+    fragment = f"#{MASK}" if parts.fragment else ""
+    return f"{scheme}://{user}{host}{port}{path}{query}{fragment}"
 
 
 def scrub(text: str, targets: list[Target]) -> str:

@@ -186,18 +186,27 @@ def build_verdict(data: RunData) -> Verdict:
     if done is None and steps is not None and steps.any:
         done = int(np.nanmax(steps.values))
     planned = st.get("total_steps") or (data.meta.get("plan") or {}).get("total_steps")
-    errors = [f for f in data.findings if f.severity == "error"]
+    from trainguard.store.acks import read_acks
+    from trainguard.store.status import health_of
+
+    # an acknowledged finding (`trainguard ack`) stays listed, but neither the headline nor the health
+    acks = read_acks(data.run_dir)
+    open_ = [f for f in data.findings if f.code not in acks]
+    acked = len(data.findings) - len(open_)
+    errors = [f for f in open_ if f.severity == "error"]
     if errors:
         first = min(errors, key=lambda f: (f.t if f.t is not None else float("inf"), f.step or 0))
         headline = sentence(first)
-    elif data.findings:
-        headline = (f"No errors; {len(data.findings)} other finding(s), the first: "
-                    f"{sentence(most_severe_first(list(data.findings))[0])}")
+    elif open_:
+        headline = (f"No errors; {len(open_)} other finding(s), the first: "
+                    f"{sentence(most_severe_first(list(open_))[0])}")
+    elif acked:
+        headline = f"No open findings; {acked} acknowledged (see Findings)."
     else:
         headline = "No findings: every check that this run's data allows passed (see 'What was checked')."
-    from trainguard.store.status import health_of
-
-    health = health_of({"state": state, "findings": [f.to_dict() for f in data.findings]})
+    if acked and open_:
+        headline += f" ({acked} acknowledged finding(s) apart.)"
+    health = health_of({"state": state, "findings": [{**f.to_dict(), "acked": f.code in acks} for f in data.findings]})
     return Verdict(state, started, ended, duration, done, planned, st.get("exit_code"), st.get("signal"), headline,
                    health)
 

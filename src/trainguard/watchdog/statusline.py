@@ -27,10 +27,15 @@ class StatusLine:
                 pass
             self._shown = False
 
-    def show(self, state: Any, options: Any, timeout: float, findings: list) -> None:
+    def show(self, state: Any, options: Any, timeout: float, findings: list, run_dir: Any = None) -> None:
         if not self.enabled:
             return
-        text = render(state, timeout, findings, self._rate(state))
+        acked: Any = ()
+        if findings and run_dir is not None:  # `trainguard ack` while it runs: not an open error on the line
+            from trainguard.store.acks import read_acks
+
+            acked = read_acks(run_dir)
+        text = render(state, timeout, findings, self._rate(state), acked)
         try:
             sys.stderr.write("\r\x1b[K" + text[:200])
             sys.stderr.flush()
@@ -51,7 +56,8 @@ class StatusLine:
         return (state.step - s0) / (now - t0)
 
 
-def render(state: Any, timeout: float, findings: list, rate: float | None) -> str:
+def render(state: Any, timeout: float, findings: list, rate: float | None, acked: Any = ()) -> str:
+    """The live line; `acked`: the codes acknowledged, counted apart from the open errors and warnings."""
     last = state.reader.last_step() if state.reader is not None else None
     total = (state.reader.meta().get("plan") or {}).get("total_steps") if state.reader is not None else None
     # what the command printed (watchdog/liveoutput.py) stands in for what the probe did not measure
@@ -72,9 +78,11 @@ def render(state: Any, timeout: float, findings: list, rate: float | None) -> st
             parts.append(f"ETA {_eta((total - step) / rate)}")
     if state.phase:
         parts.append(f"[{state.phase}]")
-    errors = sum(1 for f in findings if f.severity == "error")
-    warns = sum(1 for f in findings if f.severity == "warning")
-    parts.append("healthy" if not (errors or warns) else f"{errors} error(s) {warns} warning(s)")
+    errors = sum(1 for f in findings if f.severity == "error" and f.code not in acked)
+    warns = sum(1 for f in findings if f.severity == "warning" and f.code not in acked)
+    n_acked = sum(1 for f in findings if f.code in acked)
+    parts.append(("healthy" if not (errors or warns) else f"{errors} error(s) {warns} warning(s)")
+                 + (f" ({n_acked} acknowledged)" if n_acked else ""))
     return "  ".join(parts)
 
 

@@ -354,7 +354,7 @@ class Supervisor:
                             self._wait_forever_on_hang(state)
                         self._terminate()
                 self._write_status("running" if hang is None else "hung", state)
-                self.line.show(state, self.options, self.stall.timeout(state.phase), self.findings)
+                self.line.show(state, self.options, self.stall.timeout(state.phase), self.findings, self.run_dir)
         finally:
             self.line.clear()
             self._restore_signals()
@@ -736,7 +736,8 @@ class Supervisor:
             return code
         worst = {"error"} if self.options.fail_on == "error" else {"error", "warning"}
         acks = read_acks(self.run_dir)  # `trainguard ack RUN CODE`: known and accepted, not a failure
-        hits = [f for f in self.findings if f.severity in worst and f.code not in acks]
+        # the most severe first: the line quotes an error, not the stall warning that came before it
+        hits = most_severe_first([f for f in self.findings if f.severity in worst and f.code not in acks])
         if not hits:
             return code
         self._note(f"trainguard: exit {FAIL_ON_EXIT}: {len(hits)} finding(s) at --fail-on {self.options.fail_on}"
@@ -885,13 +886,16 @@ class Supervisor:
             head += f", step {step}"
         head += f"; health {health}"
         lines = [head]
-        errors = [f for f in self.findings if f.severity == "error"]
-        warnings = [f for f in self.findings if f.severity == "warning"]
+        # an acknowledged finding is listed as such, never counted as an open error beside "health ok"
+        errors = [f for f in self.findings if f.severity == "error" and f.code not in acks]
+        warnings = [f for f in self.findings if f.severity == "warning" and f.code not in acks]
+        acked = sum(f.code in acks for f in self.findings)
         if not self.findings:
             lines.append("trainguard: no findings")
         else:
-            lines.append(f"trainguard: {len(errors)} error(s), {len(warnings)} warning(s)")
-            for f in most_severe_first(self.findings)[:8]:
+            lines.append(f"trainguard: {len(errors)} error(s), {len(warnings)} warning(s)"
+                         + (f", {acked} acknowledged" if acked else ""))
+            for f in sorted(most_severe_first(self.findings), key=lambda f: f.code in acks)[:8]:  # open first
                 ack = acks.get(f.code)
                 lines.append(f"  {f.one_line()}" + (f" (acknowledged by {ack['by']})" if ack else ""))
                 if f.where:
