@@ -142,22 +142,23 @@ def test_ultralytics_variants_extra_columns_empty_cells_truncated_row(tmp_path: 
 
 
 def test_ultralytics_nan_validation_loss_is_named(tmp_path: Path) -> None:
-    """Non-finite validation losses beside finite training losses: the evaluation's arithmetic, named as info
-    (transient, or broken from the first row as Ultralytics 8.0.x wrote val/cls_loss); the same NaN in the
-    training losses is the run's own fault, a warning."""
+    """Non-finite validation losses beside finite training losses: the evaluation's arithmetic, named as such
+    (transient, or broken from the first row as Ultralytics 8.0.x wrote val/cls_loss), a warning since what
+    the run chooses from its evaluation reads a NaN; the same NaN in the training losses is the weights'."""
     rows = ultralytics_rows(30, 30)
     for r in rows[2:6]:
         r[9:12] = ["nan", "inf", "nan"]
     d = diagnose_path(write_results(tmp_path / "train", rows, args={"epochs": 30}))
     f = next(f for f in d.findings if f.name == "nonfinite-loss")
-    assert f.severity == "info" and f.step == 3 and "evaluation loss" in f.summary, f.one_line()
+    assert f.severity == "warning" and f.cause == "eval-only" and f.step == 3 and "evaluation loss" in f.summary, \
+        f.one_line()
     assert "evaluation 3" in f.summary
     always = ultralytics_rows(30, 30)
     for r in always:
         r[9:12] = ["0", "inf", "0"]
     d = diagnose_path(write_results(tmp_path / "always", always, args={"epochs": 30}))
     f = next(f for f in d.findings if f.name == "nonfinite-loss")
-    assert f.severity == "info" and "from the first evaluation" in f.summary
+    assert f.severity == "warning" and f.cause == "eval-only" and "from the first evaluation" in f.summary
     for r in rows[2:6]:
         r[2:5] = ["nan", "nan", "nan"]  # the training losses too: the weights went bad
     d = diagnose_path(write_results(tmp_path / "both", rows, args={"epochs": 30}))

@@ -33,14 +33,6 @@ STILL_WRONG = {
         "false-alarm: several launches appended in one file are read as one run: the rows of an earlier launch "
         "that collapsed at ln(50) (3.9121 flat) are loss-not-decreasing's first window; needs the reader to "
         "judge the last launch",
-    "ultralytics/110062122domingo__CoffeeBean__train7/results.csv":
-        "miss (verdict in question): NaN validation losses while P/R/mAP fell near 0 in warmup beside finite "
-        "training losses, then recovered to mAP 0.90: the own corpus judges the same pattern healthy (BeObm "
-        "WormCount); nonfinite-loss says it as info",
-    "ultralytics/AJ-C22__CourtVision__train/results.csv":
-        "miss (verdict in question): validation losses NaN in every row from the first beside finite, falling "
-        "training losses (a broken metric): the own corpus judges the same pattern healthy (ANPR, inf in "
-        "every row); nonfinite-loss says it as info",
     "textlog/JunyiJ__PostTraining-LLM-Small__ppo_20251228_2.log":
         "false-alarm: TG521 on 30 lines a step that are the RL loop's own printed samples (prompts and "
         "completions, each step ~277 s by its '[timing]' lines); the output event carries only a line count, "

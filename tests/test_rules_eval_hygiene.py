@@ -154,20 +154,20 @@ def _nonfinite(events: list[dict]) -> list[tuple[str, str | None]]:
     return [(f.severity, f.cause) for f in run_rules(events, {}) if f.name == "nonfinite-loss"]
 
 
-def test_nonfinite_evaluation_losses_beside_finite_training_losses_are_info() -> None:
+def test_nonfinite_evaluation_losses_beside_finite_training_losses_say_so() -> None:
     train = [1.6 * math.exp(-e / 30) + 0.4 for e in range(60)]
     scores = {"precision(B)": 0.6, "recall(B)": 0.5, "mAP50(B)": 0.4}
     broken = [dict(scores, box_loss=0.0, cls_loss=math.inf, dfl_loss=0.0) for _ in range(60)]  # from the first row
-    assert _nonfinite(_epochs(train, broken)) == [("info", "eval-only")]
+    assert _nonfinite(_epochs(train, broken)) == [("warning", "eval-only")]
     nothing = [dict(scores, box_loss=1.1, cls_loss=2.0, dfl_loss=1.3) for _ in range(60)]
     for e in (2, 3, 4, 7, 12):  # epochs in which nothing was predicted
         nothing[e] = {"precision(B)": 0.0, "recall(B)": 0.0, "mAP50(B)": 0.0, "box_loss": math.nan,
                       "cls_loss": math.nan, "dfl_loss": math.nan}
-    assert _nonfinite(_epochs(train, nothing)) == [("info", "eval-only")]
+    assert _nonfinite(_epochs(train, nothing)) == [("warning", "eval-only")]
     # evaluations read before the training rows of the same epochs (a TensorBoard folder's tag order)
     evals_first = [e for e in _epochs(train, broken) if e["kind"] == "eval"] + \
         [e for e in _epochs(train, broken) if e["kind"] == "step"]
-    assert _nonfinite(evals_first) == [("info", "eval-only")]
+    assert _nonfinite(evals_first) == [("warning", "eval-only")]
 
 
 def test_nonfinite_training_loss_or_an_evaluation_alone_stays_a_warning() -> None:

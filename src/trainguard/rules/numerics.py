@@ -141,10 +141,13 @@ class NonfiniteLoss(_RateRule):
         if self.train_finite:
             since = "from the first evaluation" if index == 1 else f"first at evaluation {index}"
             return self.finding(
-                step=step, cause="eval-only", severity="info",
+                # a warning, not a note: the weights may be sound, but every decision the run makes from its
+                # evaluation (the best checkpoint, early stopping, the LR on a plateau) now reads a NaN
+                step=step, cause="eval-only",
                 summary=f"evaluation loss {what} at step {step} ({since}) while the {self.train_finite} training "
                         "losses so far are finite: the evaluation's arithmetic, not the training (a metric broken "
-                        "from the start, or an evaluation in which the model predicted nothing)",
+                        "from the start, or an evaluation in which the model predicted nothing); what is chosen "
+                        "from the evaluation (best checkpoint, early stopping) reads a NaN",
                 fix="if it lasts, evaluate that checkpoint on the validation batches alone: check for an empty "
                     "prediction or target set, log(0), fp16/AMP overflow in the validation loss",
                 evidence={"values": {k: str(v) for k, v in bad.items()}, "evaluation": index,
