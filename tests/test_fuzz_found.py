@@ -51,3 +51,12 @@ def test_lines_of_thousands_of_digits_or_equals_signs_read_in_linear_time(tmp_pa
     t0 = time.process_time()
     list(read_text_log(log).events)
     assert time.process_time() - t0 < 10  # was minutes (200 lines at 0.6 to 4 s each)
+
+
+def test_a_root_cause_whose_pid_has_thousands_of_digits_is_read_without_one() -> None:
+    from trainguard.rules.firstfailure import read_failures
+
+    lines = ["Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
+             f"  exitcode  : -9 (pid: {'4' * 5000})", "=" * 40]
+    root = read_failures(lines).root
+    assert root is not None and root.rank == 1 and root.exit_code == -9 and root.pid is None
