@@ -990,6 +990,7 @@ def run_case(target: str, seed: int, index: int, keep: Path | None = None) -> tu
 
 
 _WARM: set[str] = set()
+WARM_CASES = 12  # cases run in the harness itself before the forked ones: enough to meet every format of a target
 ISOLATED_TIMEOUT = 20  # seconds a case may take in its own process before it counts as a hang
 ISOLATED_MEMORY = 2 << 30  # bytes of address space a case may add to what the harness already maps
 
@@ -1005,10 +1006,12 @@ def run_case_isolated(target: str, seed: int, index: int, keep: Path | None = No
     if target == "cache" and not _BOMBS:  # made here, once: a forked child's would die with it
         _damaged_shard(random.Random(0), b"", bombs_only=True)
     if target not in _WARM:
-        # one case in this process first: the modules its command imports (torch and transformers for
-        # `distill cache`, 10 s on a loaded machine) are then loaded once, not in every forked child
+        # cases in this process first: the modules their commands import (torch and transformers for
+        # `distill cache`, 10 s on a loaded machine; each reader's own for a target of several formats) are
+        # then loaded once, not in every forked child
         _WARM.add(target)
-        run_case(target, seed, -1)
+        for warm in range(-1, -WARM_CASES - 1, -1):
+            run_case(target, seed, warm)
     r, w = os.pipe()
     t0 = time.perf_counter()
     pid = os.fork()
