@@ -614,10 +614,288 @@ def gen_special(rng: random.Random, folder: Path) -> list[str]:
     return ["diagnose", str(rng.choice([path, folder]))]
 
 
+# ---------------------------------------------------------------------------------------------------------
+# the campaign of issue 32 for the readers of other tools' files: every printed family, every table, every
+# plan or config file, each written from its writer's contract (the sample lines and file names declared in
+# trainguard/ingest/formats/) and then damaged
+
+
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{(\w+)(?::[^{}]*)?\}")
+_ENCODINGS = ["utf-8", "utf-8", "utf-8", "utf-8-sig", "utf-16", "latin-1", "cp1252"]
+
+
+def _render(sample: str, values: dict[str, str]) -> str:
+    """A sample line with every field filled by text (format specs dropped: a hostile value is no int)."""
+    def one(m: re.Match[str]) -> str:
+        return "{" if m.group() == "{{" else "}" if m.group() == "}}" else values.get(m.group(1) or "", "0")
+    return _PLACEHOLDER.sub(one, sample)
+
+
+def _hostile_step(rng: random.Random, step: int) -> str:
+    return rng.choice([str(step)] * 8 + [_big_int(rng), str(-step), "nan", f"{step}.5", ""])
+
+
+def _encode(text: str, rng: random.Random) -> bytes:
+    """The text as some writer's locale or a Windows console would store it; a character the encoding
+    lacks is replaced (the writer's own `errors=`), a lone surrogate kept as its bytes."""
+    encoding = rng.choice(_ENCODINGS)
+    if encoding.startswith("utf-8"):
+        return text.encode(encoding, "surrogatepass")
+    return text.encode(encoding, "replace")
+
+
+def _text_rules() -> list[Any]:
+    from trainguard.ingest.formats._text import text_rules
+
+    return sorted(text_rules(), key=lambda r: r.format)
+
+
+def gen_textlog_family(rng: random.Random, folder: Path) -> list[str]:
+    """A console log of one printed family (cycled by case index through the contracts' sample lines), its
+    values hostile now and then, varied the ways real logs vary, then damaged."""
+    rules = rng.choice(_text_rules())
+    lines: list[str] = []
+    if rng.random() < 0.3:  # a config dump printed first: the plan keys the contract reads
+        for key in rules.plan_steps + rules.plan_epochs + rules.batch_size:
+            lines.append(f"{key}{rng.choice([': ', '=', ' = '])}{_number(rng)}")
+    prefix = rng.choice(["", "", "[rank0]: ", "2026-01-01 12:00:00,123 - INFO - ", "\x1b[32m", "[default1]:"])
+    total = rng.choice([60, 0, 10**6, -1])
+    steps = rng.randint(0, 150)
+    step = 0
+    for _ in range(steps):
+        step += rng.choice([1, 1, 1, 0, -3, 1000])
+        epoch, batch = divmod(max(step, 0), 20)
+        hostile = rng.random() < 0.2
+        values = {"step": _hostile_step(rng, step) if hostile else str(step), "total": str(total),
+                  "epoch": str(epoch + 1), "epochs": _number(rng) if hostile else "4", "batch": str(batch),
+                  "batches": "20", "pct": "50", "samples": str(batch * 64), "size": "1280",
+                  "loss": _number(rng) if hostile else f"{3.0 / (1 + step % 97):.4f}",
+                  "val": _number(rng) if hostile else "2.1000"}
+        for sample in rules.sample:
+            line = prefix + _render(sample, values)
+            if rng.random() < 0.05:
+                line = line.replace(" ", rng.choice(["\t", "  ", "\r", ""]))
+            lines.append(line)
+        if rng.random() < 0.02:  # a relaunch appended: the steps start over
+            step = 0
+    if rng.random() < 0.05:  # an enormous line, somewhere
+        lines.insert(rng.randint(0, len(lines)), "x" * rng.choice([70_000, 3_000_000]) + f" loss {_number(rng)}")
+    if rules.completion and rng.random() < 0.3:
+        lines.append(rng.choice(rules.completion).replace("\\", "").replace("d+", "12"))
+    if rng.random() < 0.15:
+        lines += _failure_tail(rng)
+    end = rng.choice(["\n", "\n", "\r\n", "\r"])
+    data = _mutate(_encode(end.join(lines), rng), rng) if rng.random() < 0.7 else _encode(end.join(lines), rng)
+    path = folder / rng.choice(["train.log", "output.log", "stdout.txt", "slurm-123.out", "log.txt"])
+    if rng.random() < 0.05:
+        real = folder / "real.log"
+        real.write_bytes(data)
+        path.symlink_to(real)  # a link the user named: read through it, bounded like any file
+    else:
+        path.write_bytes(data)
+    return ["diagnose", str(path)] + (["--json"] if rng.random() < 0.3 else [])
+
+
+def _failure_tail(rng: random.Random) -> list[str]:
+    """The end of a multi-process run as torchrun prints it, its fields hostile now and then."""
+    rank = rng.choice(["0", "1", "7", "-1", _big_int(rng), "x"])
+    code = rng.choice(["-9", "1", "-6", "137", "-15", "", _big_int(rng)])
+    out = [f"[rank{rng.randint(0, 3)}]: RuntimeError: Connection reset by peer",
+           f"E1206 07:32:01.672000 5185 api.py:1002] failed (exitcode: {code}) local_rank: {rank} (pid: 5)"]
+    out += ["=" * 54, "train.py FAILED", "-" * 54, "Failures:", rng.choice(["  <NO_OTHER_FAILURES>", "[1]:"]),
+            "-" * 54, "Root Cause (first observed failure):", "[0]:",
+            f"  time      : {rng.choice(['2026-12-06_07:32:01', '', _garbage(rng)])}",
+            f"  rank      : {rank} (local_rank: {rank})", f"  exitcode  : {code} (pid: {_number(rng)})",
+            f"  traceback : Signal {code.lstrip('-')} (SIGKILL) received by PID 5", "=" * 54]
+    return out[:rng.randint(1, len(out))]
+
+
+# the tables other tools write, by their writers' columns (docs of ultralytics, yolov5, Keras CSVLogger,
+# Lightning's CSVLogger, timm's train.py): (file name, columns, plan file, epoch base)
+_TABLES: dict[str, tuple[str, list[str], str | None]] = {
+    "ultralytics": ("results.csv", ["epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss",
+                                    "metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)",
+                                    "metrics/mAP50-95(B)", "val/box_loss", "val/cls_loss", "val/dfl_loss", "lr/pg0",
+                                    "lr/pg1", "lr/pg2"], "args.yaml"),
+    "yolov5": ("results.csv", ["               epoch", "      train/box_loss", "      train/obj_loss",
+                               "      train/cls_loss", "   metrics/precision", "      metrics/recall",
+                               "     metrics/mAP_0.5", "metrics/mAP_0.5:0.95", "        val/box_loss",
+                               "        val/obj_loss", "        val/cls_loss", "               x/lr0",
+                               "               x/lr1", "               x/lr2"], "opt.yaml"),
+    "keras": ("training.csv", ["epoch", "accuracy", "learning_rate", "loss", "val_accuracy", "val_loss"], None),
+    "lightning": ("lightning_logs/version_0/metrics.csv", ["epoch", "step", "train_loss", "train_loss_step",
+                                                           "train_loss_epoch", "val_loss", "val_acc", "lr-AdamW"],
+                  "lightning_logs/version_0/hparams.yaml"),
+    "timm": ("summary.csv", ["epoch", "train_loss", "eval_loss", "eval_top1", "eval_top5", "lr"], "args.yaml"),
+}
+
+
+def _cell(rng: random.Random, good: float) -> str:
+    return f"{good:.5g}" if rng.random() < 0.85 else rng.choice([_number(rng), "", '"1,2"', _garbage(rng, 8)])
+
+
+def gen_table(rng: random.Random, folder: Path) -> list[str]:
+    """A metrics table of one writer (cycled by case index) with its plan file beside it, rows hostile now and
+    then (huge numbers, NaN/inf text, ragged rows, a quoted newline), then damaged."""
+    kind = rng.choice(sorted(_TABLES))
+    name, columns, plan = _TABLES[kind]
+    cols = list(columns)
+    if rng.random() < 0.1:
+        cols = rng.sample(cols, rng.randint(0, len(cols))) + [_garbage(rng, 12)]
+    rows = [",".join(cols)]
+    epochs = rng.choice([10, 300, 0, 1])
+    for i in range(rng.randint(0, 300)):
+        row = [str(i if rng.random() < 0.95 else rng.choice([_big_int(rng), -i, "nan", "1e309"]))]
+        row += [_cell(rng, 2.0 / (i + 1)) for _ in cols[1:]]
+        if rng.random() < 0.03:
+            row = row[:rng.randint(0, len(row))] if rng.random() < 0.5 else row * 3  # ragged
+        if rng.random() < 0.01:
+            row.append('"a\nb"')
+        rows.append(",".join(row))
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(rows) + rng.choice(["\n", "", "\r\n"])
+    data = _encode(text, rng) if rng.random() < 0.2 else text.encode("utf-8", "surrogatepass")
+    path.write_bytes(_mutate(data, rng) if rng.random() < 0.5 else data)
+    if plan is not None and rng.random() < 0.8:
+        _write_plan(rng, folder / plan, {"epochs": epochs, "patience": rng.choice([50, 0, 3]),
+                                         "max_epochs": epochs, "lr0": 0.01, "lrf": 0.01})
+    target = rng.choice([path, folder, path.parent])
+    return ["diagnose", str(target)] + (["--json"] if rng.random() < 0.3 else [])
+
+
+def _hostile_yaml(rng: random.Random, values: dict[str, Any]) -> str:
+    """A plan or config file: its writer's YAML (yaml.safe_dump of a dict), or what a hostile hand makes."""
+    import yaml
+
+    roll = rng.random()
+    if roll < 0.5:
+        return yaml.safe_dump({k: rng.choice([v, v, _number(rng), None, [v], {"value": v}, "x" * 100])
+                               for k, v in values.items()})
+    if roll < 0.58:
+        return _alias_bomb(rng.randint(3, 12))
+    if roll < 0.64:
+        return "epochs: " + "[" * rng.choice([100, 3000, 50_000]) + "\n"
+    if roll < 0.7:
+        return f"epochs: {_big_int(rng)}\npatience: !!int {_big_int(rng)}\n"
+    if roll < 0.74:
+        return "epochs: !!python/object/apply:os.system ['echo hi']\n"
+    if roll < 0.8:
+        return "epochs: &x [*x]\n" if rng.random() < 0.5 else "a: &x {b: *x}\nepochs: 1\n"
+    if roll < 0.86:
+        return "epochs:\n  value: " + rng.choice(["1e999", "-.inf", ".nan", "0x10", "0o7", "1_000", "'10'"]) + "\n"
+    if roll < 0.9:
+        return "- " * rng.randint(1, 5000) + "epochs\n"
+    return _garbage(rng, 400)
+
+
+def _write_plan(rng: random.Random, path: Path, values: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    roll = rng.random()
+    if roll < 0.04:
+        os.mkfifo(path)
+    elif roll < 0.07:
+        path.symlink_to("/dev/zero")
+    elif roll < 0.09:
+        path.mkdir()
+    elif roll < 0.11:
+        path.write_bytes(b"epochs: 10\n" + b"#" * (2 << 20))  # past any plan file's cap
+    else:
+        text = _hostile_yaml(rng, values)
+        path.write_bytes(_mutate(_encode(text, rng), rng) if rng.random() < 0.4 else _encode(text, rng))
+
+
+_PYCONFIG = ["max_epochs = {n}", "train_cfg = dict(type='EpochBasedTrainLoop', max_epochs={n}, val_interval=1)",
+             "train_cfg = dict(by_epoch=False, max_iters={n})", "import os\nos.system('echo hi')",
+             "max_epochs = __import__('os').getpid()", "x = " + "(" * 500 + "1" + ")" * 500,
+             "x = dict(" * 200 + ")" * 200, "max_epochs = {n} ** {n} ** {n}", "max_epochs = '1' * 10**9",
+             "def f():\n    return 1\nmax_epochs = f()", "lambda: (yield)"]
+
+
+def gen_plan_config(rng: random.Random, folder: Path) -> list[str]:
+    """The plan and config files read beside metrics (Ultralytics args.yaml, YOLOv5 opt.yaml, Lightning
+    hparams.yaml, timm args.yaml, W&B files/config.yaml, an OpenMMLab config.py, Hugging Face
+    trainer_state.json) hostile, beside a table or log that is sound: the reader of the plan is what is fuzzed."""
+    kind = rng.choice(["ultralytics", "yolov5", "lightning", "timm", "wandb", "mmengine", "trainer_state"])
+    n = rng.choice(["10", "0", "-1", _big_int(rng), "1e309", "nan"])
+    if kind in _TABLES:
+        name, columns, plan = _TABLES[kind]
+        rows = [",".join(columns)] + [",".join([str(i)] + [f"{2.0 / (i + 1):.5g}"] * (len(columns) - 1))
+                                      for i in range(rng.randint(1, 40))]
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("\n".join(rows) + "\n")
+        assert plan is not None
+        _write_plan(rng, folder / plan, {"epochs": n, "patience": n, "max_epochs": n})
+        if kind == "yolov5" and rng.random() < 0.5:
+            _write_plan(rng, folder / "hyp.yaml", {"lr0": n, "lrf": n, "warmup_epochs": n})
+        target = rng.choice([folder, folder / name])
+    elif kind == "wandb":
+        files = folder / "wandb" / "run-20260101_000000-abc" / "files"
+        files.mkdir(parents=True)
+        (files / "wandb-summary.json").write_text(json.dumps({"_step": 99, "train_loss": 0.5, "epoch": 3}))
+        (files / "output.log").write_text("\n".join(f"step {i} loss {2.0 / (i + 1):.4f}" for i in range(50)) + "\n")
+        _write_plan(rng, files / "config.yaml", {"epochs": {"desc": None, "value": n}, "num_epochs": n})
+        target = rng.choice([files.parent, files / "output.log"])
+    elif kind == "mmengine":
+        vis = folder / "20260101_000000" / "vis_data"
+        vis.mkdir(parents=True)
+        (vis / "scalars.json").write_text("\n".join(json.dumps({"lr": 0.01, "loss": 2.0 / i, "iter": i * 10, "epoch": 1,
+                                                                "step": i * 10}) for i in range(1, 40)) + "\n")
+        text = rng.choice(_PYCONFIG).format(n=n) if rng.random() < 0.7 else _garbage(rng, 300)
+        cfg = vis / "config.py"
+        if rng.random() < 0.1:
+            os.mkfifo(cfg)
+        else:
+            cfg.write_bytes(_mutate(_encode(text, rng), rng) if rng.random() < 0.4 else _encode(text, rng))
+        target = rng.choice([vis.parent, vis, vis / "scalars.json"])
+    else:
+        return gen_trainer_state(rng, folder)
+    return ["diagnose", str(target)] + (["--json"] if rng.random() < 0.3 else [])
+
+
+_JSONL_NAMES = ["metrics.jsonl", "log.ndjson", "metrics.json", "trainer_log.jsonl", "logging.jsonl",
+                "vis_data/scalars.json", "files/wandb-history.jsonl"]
+
+
+def gen_jsonlines(rng: random.Random, folder: Path) -> list[str]:
+    """JSON Lines of each writer (detectron2 metrics.json, mmengine scalars.json, LLaMA-Factory
+    trainer_log.jsonl, ms-swift logging.jsonl, any jsonl): records of the writer's keys, hostile now and then
+    (wrong types, deep nesting, huge numbers, NaN/Infinity literals, a record of megabytes)."""
+    name = rng.choice(_JSONL_NAMES)
+    keys = {"metrics.json": ["iteration", "total_loss", "lr", "loss_cls"],
+            "vis_data/scalars.json": ["iter", "step", "epoch", "loss", "lr"],
+            "trainer_log.jsonl": ["current_steps", "total_steps", "loss", "lr", "epoch"],
+            "logging.jsonl": ["global_step/max_steps", "loss", "learning_rate", "epoch"]}.get(name, ["step", "loss", "lr"])
+    lines = []
+    for i in range(rng.randint(0, 300)):
+        roll = rng.random()
+        if roll < 0.03:
+            lines.append(_deep_json(rng))
+        elif roll < 0.06:
+            lines.append("{" + ", ".join(f'"{k}": {_big_int(rng)}' for k in keys) + "}")
+        elif roll < 0.09:
+            lines.append("{" + ", ".join(f'"{k}": {rng.choice(["NaN", "Infinity", "-Infinity", "1e999"])}'
+                                         for k in keys) + "}")
+        elif roll < 0.1:
+            lines.append(json.dumps({keys[0]: i, "blob": "x" * rng.choice([100_000, 3_000_000])}))
+        else:
+            rec: dict[str, Any] = {}
+            for k in keys:
+                rec[k] = (i if k in ("iteration", "iter", "step", "current_steps") else 2.0 / (i + 1)) \
+                    if rng.random() < 0.9 else rng.choice([None, "x", [1], {"a": 1}, True, -1, f"{i}/100"])
+            lines.append(json.dumps(rec))
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(lines) + "\n"
+    path.write_bytes(_mutate(_encode(text, rng), rng) if rng.random() < 0.6 else _encode(text, rng))
+    return ["diagnose", str(rng.choice([path, path.parent]))] + (["--json"] if rng.random() < 0.3 else [])
+
+
 TARGETS: dict[str, Callable[[random.Random, Path], list[str]]] = {
     "textlog": gen_textlog, "csv": gen_csv, "jsonl": gen_jsonl, "trainer_state": gen_trainer_state,
     "tensorboard": gen_tensorboard, "run_folder": gen_run_folder, "check": gen_check, "special": gen_special,
-    "run_store": gen_run_store, "cache": gen_cache,
+    "run_store": gen_run_store, "cache": gen_cache, "textlog_family": gen_textlog_family, "table": gen_table,
+    "plan_config": gen_plan_config, "jsonlines": gen_jsonlines,
 }
 
 
@@ -631,6 +909,9 @@ class Tally:
     exit_codes: dict[int, int] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     slowest: float = 0.0
+    peak_grew: int = 0
+    """The most one isolated case's resident memory grew (bytes, from VmHWM)."""
+    seconds: float = 0.0
 
     def ok(self) -> bool:
         return not self.failures
@@ -709,6 +990,7 @@ def run_case(target: str, seed: int, index: int, keep: Path | None = None) -> tu
 
 
 _WARM: set[str] = set()
+WARM_CASES = 12  # cases run in the harness itself before the forked ones: enough to meet every format of a target
 ISOLATED_TIMEOUT = 20  # seconds a case may take in its own process before it counts as a hang
 ISOLATED_MEMORY = 2 << 30  # bytes of address space a case may add to what the harness already maps
 
@@ -724,26 +1006,33 @@ def run_case_isolated(target: str, seed: int, index: int, keep: Path | None = No
     if target == "cache" and not _BOMBS:  # made here, once: a forked child's would die with it
         _damaged_shard(random.Random(0), b"", bombs_only=True)
     if target not in _WARM:
-        # one case in this process first: the modules its command imports (torch and transformers for
-        # `distill cache`, 10 s on a loaded machine) are then loaded once, not in every forked child
+        # cases in this process first: the modules their commands import (torch and transformers for
+        # `distill cache`, 10 s on a loaded machine; each reader's own for a target of several formats) are
+        # then loaded once, not in every forked child
         _WARM.add(target)
-        run_case(target, seed, -1)
+        for warm in range(-1, -WARM_CASES - 1, -1):
+            run_case(target, seed, warm)
     r, w = os.pipe()
     t0 = time.perf_counter()
     pid = os.fork()
     if pid == 0:  # the child: cap, run, report, leave without running the parent's atexit hooks
         os.close(r)
         code, failure = -1, "the case raised in the harness"
+        grew = 0
         try:
             mapped = _mapped_bytes()
             resource.setrlimit(resource.RLIMIT_AS, (mapped + memory, mapped + memory))
+            start = _reset_peak()
             code, failure, _ = run_case(target, seed, index, keep)
+            grew = max(0, _status_kib("VmHWM") * 1024 - start)
             if isinstance(failure, str) and "MemoryError" in failure:
                 failure = f"memory: past the cap of {memory >> 20} MiB ({failure})"
+            elif failure is None and grew > MEMORY_LIMIT:
+                failure = f"memory: the case's peak resident size grew {grew >> 20} MiB (limit {MEMORY_LIMIT >> 20} MiB)"
         except BaseException as exc:  # noqa: BLE001 - anything here is the case's failure, said in the report
             failure = f"harness: {type(exc).__name__}: {str(exc)[:200]}"
         try:
-            os.write(w, json.dumps({"code": code, "failure": failure}).encode())
+            os.write(w, json.dumps({"code": code, "failure": failure, "grew": grew}).encode())
         finally:
             os._exit(0)
     os.close(w)
@@ -773,7 +1062,36 @@ def run_case_isolated(target: str, seed: int, index: int, keep: Path | None = No
     except ValueError:
         why = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
         return None, f"the case's process died ({why}) without an answer", seconds
+    _LAST_PEAK[0] = int(answer.get("grew") or 0)
     return answer["code"], answer["failure"], seconds
+
+
+MEMORY_LIMIT = 1 << 30  # bytes of resident memory one case may add to what the forked child began with
+_LAST_PEAK = [0]  # what the last isolated case's resident size grew by (bytes), for the tally
+
+
+def _status_kib(key: str) -> int:
+    """A field of /proc/self/status in KiB (VmHWM, VmRSS), 0 where it cannot be read."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _reset_peak() -> int:
+    """Resets this process's peak resident size (VmHWM) to its current one and returns that, in bytes.
+    A forked child inherits its parent's resident pages and peak; ru_maxrss would also survive an exec.
+    Writing 5 to clear_refs (Linux 4.0+) starts the peak again from here, so VmHWM - this is the case's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+    return _status_kib("VmRSS") * 1024
 
 
 def _mapped_bytes() -> int:
@@ -802,8 +1120,11 @@ def fuzz(targets: list[str], cases: int, seed: int = 1, first: int = 0, keep: Pa
         tally = Tally()
         for index in range(first, first + cases):
             one = run_case_isolated if isolated else run_case
+            _LAST_PEAK[0] = 0
             code, failure, seconds = one(target, seed, index, keep)
             tally.cases += 1
+            tally.seconds += seconds
+            tally.peak_grew = max(tally.peak_grew, _LAST_PEAK[0])
             tally.exit_codes[code if code is not None else -1] = tally.exit_codes.get(code if code is not None else -1, 0) + 1
             tally.slowest = max(tally.slowest, seconds)
             if failure:
@@ -813,7 +1134,8 @@ def fuzz(targets: list[str], cases: int, seed: int = 1, first: int = 0, keep: Pa
             if progress and tally.cases % 100 == 0:
                 print(f"  {target}: {tally.cases} cases, exit codes {dict(sorted(tally.exit_codes.items()))}, "
                       f"{len(tally.failures)} failures {tally.kinds()}, slowest {tally.slowest:.1f} s, "
-                      f"peak memory {peak_rss_mib():.0f} MiB", file=sys.stderr, flush=True)
+                      f"case peak +{tally.peak_grew >> 20} MiB, harness {peak_rss_mib():.0f} MiB",
+                      file=sys.stderr, flush=True)
         tallies[target] = tally
     return tallies
 
@@ -839,7 +1161,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = 0
     for target, t in tallies.items():
         print(f"{target:14} {t.cases} cases, exit codes {dict(sorted(t.exit_codes.items()))}, "
-              f"{len(t.failures)} failures {t.kinds()}, slowest {t.slowest:.1f} s")
+              f"{len(t.failures)} failures {t.kinds()}, slowest {t.slowest:.1f} s, {t.seconds:.0f} s in all, "
+              f"largest case peak +{t.peak_grew >> 20} MiB")
         for f in t.failures[:20]:
             print(f"    {f}")
         bad += len(t.failures)

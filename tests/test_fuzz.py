@@ -29,10 +29,14 @@ CAMPAIGN = int(os.environ.get("TRAINGUARD_FUZZ_CAMPAIGN", "200"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["run_store", "run_folder", "cache", "special"])
+@pytest.mark.parametrize("target", ["run_store", "run_folder", "cache", "special", "textlog", "textlog_family",
+                                    "jsonl", "jsonlines", "csv", "table", "trainer_state", "plan_config", "check"])
 def test_thousands_of_damaged_run_folders_and_caches_never_break_a_reader(target: str) -> None:
     """The campaign (issue 32): each case in its own process under a memory cap (RLIMIT_AS: 2 GiB more than
-    the harness maps) and a 20 s limit; exit 70, tracebacks, timeouts and memory blow-ups must all be 0.
+    the harness maps; a case whose peak resident size, VmHWM, grows past 1 GiB fails too) and a 20 s limit;
+    exit 70, tracebacks, timeouts and memory blow-ups must all be 0. The readers of other tools' files:
+    every printed family's log (textlog_family), JSON lines of each writer (jsonlines), the tables of
+    Ultralytics, YOLOv5, Keras, Lightning and timm (table), their plan and config files (plan_config).
     Run once, niced: `nice -n 19 python -m pytest -p no:xdist -m slow tests/test_fuzz.py -k thousands`."""
     tally = fuzzing.fuzz([target], CAMPAIGN, seed=11, isolated=True)[target]
     print(f"{target}: {tally.cases} cases, exit codes {dict(sorted(tally.exit_codes.items()))}, "

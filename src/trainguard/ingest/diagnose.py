@@ -77,7 +77,12 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
     ending: str | None = None  # how the log shows the run ended, when it shows a failure
     printed = facts.signs.outcome(facts.steps + facts.evals, completed=facts.completed is not None,
                                   traceback=facts.traceback is not None or facts.launch_error is not None)
-    if facts.traceback is not None:
+    killed = _killed_rank(source.path, last_step) if facts.traceback is not None or printed else None
+    if killed is not None:
+        # a rank killed by SIGKILL (torchrun's table): the cause, before its peers' connection errors
+        found.append(killed)
+        ending = "killed"
+    elif facts.traceback is not None:
         crash = _first_failure(source.path, last_step) or _crash(facts.traceback, last_step)
         finding, ending = _traceback_ending(name, crash, printed, facts.signs.first_traceback_at,
                                             facts.steps + facts.evals, last_step)
@@ -181,14 +186,28 @@ def _first_failure(path: Path, last_step: int | None) -> Finding | None:
     None for one process's log, or when the end cannot be read: the last traceback then stands."""
     from trainguard.rules.firstfailure import first_failure_finding
 
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, 2) - TAIL_BYTES))
-            lines = fh.read(TAIL_BYTES).decode("utf-8", "replace").splitlines()
-    except (OSError, ValueError):
+    lines = _tail_lines(path)
+    if not lines:
         return None
     finding = first_failure_finding(lines, step=last_step, elapsed=None, source="diagnose")
     return finding if finding is not None and "root_cause_by" in finding.evidence else None
+
+
+def _killed_rank(path: Path, last_step: int | None) -> Finding | None:
+    """TG503 for a rank torchrun reports killed by SIGKILL (rules/killedrank.py), read from the log's end."""
+    from trainguard.rules.killedrank import killed_rank_finding
+
+    lines = _tail_lines(path)
+    return killed_rank_finding(lines, step=last_step, source="diagnose") if lines else None
+
+
+def _tail_lines(path: Path) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - TAIL_BYTES))
+            return fh.read(TAIL_BYTES).decode("utf-8", "replace").splitlines()
+    except (OSError, ValueError):
+        return []
 
 
 def _traceback_ending(name: str, crash: Finding, printed: list[Sighting], first_traceback: int | None,

@@ -85,10 +85,12 @@ _NOT_METRICS = {"step", "global_step", "iter", "iters", "iteration", "iterations
                 "num_updates", "sample", "samples", "batch", "consumed_samples"}
 _COUNTS = {"sample", "samples", "images", "examples", "batches", "size", "tokens"}
 _SUMMARY = ("average_", "avg_", "mean_", "epoch_", "best_")  # an epoch's summary, not a step's value
-_TQDM = re.compile(r"(\d+)/(\d+) \[[^\]]{0,1000}?\]")
+# counts of at most 12 digits, begun where a number begins: `(\d+)/` tried at every digit of a run of thousands
+# (a hostile or damaged log) was quadratic, 0.6 s a line of 5,000 digits
+_TQDM = re.compile(r"(?<!\d)(\d{1,12})/(\d{1,12}) \[[^\]]{0,1000}?\]")
 # a bar with its bracket; the postfix (`loss=2.1, lr=1e-4`) is cut out of the bracket in Python: as one
 # regex (lazy prefix, comma, `=` inside) it was cubic in a bracket that never closes
-_TQDM_BRACKET = re.compile(r"(\d+)/(\d+) \[([^\]]{0,1000})\]")  # a bracket is short: bounded scan
+_TQDM_BRACKET = re.compile(r"(?<!\d)(\d{1,12})/(\d{1,12}) \[([^\]]{0,1000})\]")  # a bracket is short: bounded scan
 _EVAL_WORD = re.compile(r"(?:^|[\s\[(|])(?:eval|evaluation|evaluating|val|valid|validation|validating|dev|test|testing)\b",
                         re.IGNORECASE)
 # `train_bash.py: error: argument --fp16: ...` after argparse's `usage:` block: the run never started
@@ -358,7 +360,9 @@ class _LineParser:
         if c.closing is not None and c.closing.search(stripped):
             self.closing = stripped[:200]
             return []  # a summary of the run (`*** Best metric: 61 (epoch 1)`): no step, evaluation or position
-        if "poch" in low and (ep := _epoch_of(line)) is not None and (ep[1] is not None or _EPOCH_HEAD.search(line)):
+        # (an epoch's heading is a short line: _EPOCH_HEAD's `=+` runs are quadratic in a line of thousands of `=`)
+        if "poch" in low and (ep := _epoch_of(line)) is not None and (ep[1] is not None or (
+                len(line) < 500 and _EPOCH_HEAD.search(line))):
             self._epoch_seen(*ep)  # a position (`Epoch 3/500`, `=== Epoch 4 ===`), not a mention (`from epoch 66`)
         if c.launch is not None and c.launch.search(stripped):
             self._new_launch()
@@ -419,7 +423,10 @@ class _LineParser:
         """A printed setting that states the plan; the last printed wins (a relaunch may change it)."""
         for m in self.c.plan.finditer(line):
             kind = self.c.plan_kind.get(_norm(m.group(1)))
-            value = int(m.group(2).replace(",", ""))
+            digits = m.group(2).replace(",", "")
+            if len(digits) > 12:  # `1,000,000,...` thousands of groups long: no plan, and int() refuses it
+                continue
+            value = int(digits)
             if value <= 0:
                 continue
             if kind == "steps":
@@ -434,8 +441,8 @@ class _LineParser:
         kv, self.kv = self.kv, {}
         step = kv.pop("step", None)
         kv.pop("samples", None)
-        if step is None or not kv:
-            return []
+        if step is None or not kv or not math.isfinite(step):
+            return []  # a `| step | nan |` row is no step
         # `loss_q0..3` are the same loss per quartile of timesteps, not parts: no parts for a table
         return self._emit(int(step), kv, parts=False)
 

@@ -155,7 +155,7 @@ def _root_cause(lines: list[str]) -> RootCause | None:
             root.rank = _int(value.split()[0] if value else "")
         elif key == "exitcode":
             root.exit_code = _int(value.split()[0] if value else "")
-            pid = re.search(r"pid:\s*(\d+)", value)
+            pid = re.search(r"pid:\s*(\d{1,10})\b", value)  # (a pid of thousands of digits is none: int() refuses it)
             root.pid = int(pid.group(1)) if pid else None
         elif key == "time":
             root.time = value

@@ -393,6 +393,8 @@ def match_line(line: str) -> Signature | None:
         return None
     code = next(g for g in m.groups() if g is not None)
     if code.lstrip("-").isdigit():
+        if len(code) > 12:  # no exit code or signal has this many digits (int() refuses past 4,300 of them)
+            return EXITED
         n = int(code)
         if m.group(6) or m.group(8):  # died with <Signals.SIGKILL: 9>, torchrun's "Received 15 death signal"
             return BY_SIGNAL.get(n, EXITED)

@@ -44,6 +44,7 @@ from trainguard.findings import Finding, most_severe_first
 from trainguard.rules import crash
 from trainguard.rules.ending import RUN_KILLED
 from trainguard.rules.firstfailure import first_failure_finding
+from trainguard.rules.killedrank import killed_rank_finding
 from trainguard.store import lock as run_lock
 from trainguard.store.acks import read_acks
 from trainguard.store.ending import Ending, ending_status, live_status
@@ -659,6 +660,15 @@ class Supervisor:
                 step=step if step is not None else crash.last_printed_step(self.capture.stdout_tail),
                 elapsed=self._elapsed(),
             )
+        if returncode > 0:
+            # a rank torchrun reports killed by a SIGKILL it did not send is the cause: the probe saw only its
+            # peers' lost connections (or a rank gone silent), the output's table names the rank and the kill
+            killed_rank = killed_rank_finding(
+                list(self.capture.stderr_tail),
+                step=step if step is not None else crash.last_printed_step(self.capture.stdout_tail),
+                elapsed=self._elapsed())
+            if killed_rank is not None:
+                probe_crash, stderr_crash = None, killed_rank
         oom = {}
         if returncode == -signal.SIGKILL and hang is None and stopped is None:
             oom = _oom_evidence(self.proc.pid, self.oom_before)

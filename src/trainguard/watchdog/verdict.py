@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from trainguard import exitcodes
 from trainguard.findings import EXPECTS, WATCHDOG, Code, Finding
 from trainguard.rules.crash import RUN_CRASHED
-from trainguard.rules.ending import killed_finding, probe_not_finished, signal_name
+from trainguard.rules.ending import RUN_KILLED, killed_finding, probe_not_finished, signal_name
 from trainguard.rules.sightings import enrich, launcher_only, sighting_finding
 from trainguard.rules.signatures import CUT_OFF, KILLED, Sighting
 from trainguard.store.ending import Ending, state_of
@@ -190,6 +190,11 @@ def decide(
         return _verdict(replace(facts, signal=signal_name(sig)), returncode, [killed], exitcodes.SIGNAL_BASE + sig)
     if returncode != 0:
         crash = probe_crash or stderr_crash
+        if crash is not None and crash.code == RUN_KILLED.code:
+            # one rank killed (rules/killedrank.py): the run was killed, though its launcher exited with 1
+            crash.evidence.setdefault("exit_code", returncode)
+            return _verdict(replace(facts, signal=crash.evidence.get("signal") or "SIGKILL"), returncode, [crash],
+                            returncode)
         if printed and crash is not None and launcher_only(crash):
             crash = None  # torchrun's summary without the rank's traceback: the printed line says how it ended
         if crash is None and printed:

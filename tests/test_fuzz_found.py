@@ -1,0 +1,62 @@
+"""What the fuzz campaign of issue 32 found in the readers of other tools' logs, each pinned by the smallest
+input that broke it (tests/fuzzing.py finds them; these keep them fixed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard.ingest.textlog import read_text_log
+from trainguard.rules.signatures import EXITED, match_line
+
+pytestmark = pytest.mark.unit
+
+
+def test_an_exit_code_of_thousands_of_digits_is_an_exit_line_not_a_crash_of_the_reader() -> None:
+    # int() refuses more than 4,300 digits (ValueError): `diagnose` exited 70
+    line = f"E1206 07:32:01 5185 api.py:1002] failed (exitcode: -{'9' * 5000}) local_rank: 1 (pid: 5)"
+    assert match_line(line) is EXITED
+
+
+def test_an_openai_logger_table_whose_step_is_nan_is_no_step(tmp_path: Path) -> None:
+    # `| step | nan |` closed a record whose step int(nan) refused (ValueError): `diagnose` exited 70
+    table = ["-" * 25, "| loss      | 0.5      |", "| step      | nan      |", "-" * 25,
+             "-" * 25, "| loss      | 0.4      |", "| step      | 20       |", "-" * 25]
+    log = tmp_path / "log.txt"
+    log.write_text("\n".join(table * 3) + "\n")
+    src = read_text_log(log)
+    steps = [e["step"] for e in src.events if e["kind"] == "step"]
+    assert steps and all(s == 20 for s in steps)
+
+
+def test_a_plan_of_thousands_of_comma_groups_states_no_plan(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("max_steps: 1" + ",000" * 2000 + "\n" + "\n".join(f"step {s} loss {1 / s:.4f}" for s in range(1, 30)))
+    src = read_text_log(log)
+    assert src.plan.get("total_steps") is None
+    assert [e for e in src.events if e["kind"] == "step"]
+
+
+def test_lines_of_thousands_of_digits_or_equals_signs_read_in_linear_time(tmp_path: Path) -> None:
+    # a progress-bar pattern tried at every digit of a 5,000-digit run took 0.6 s a line, an epoch heading's
+    # `=+` 4 s a line of 5,000 `=`: a damaged log of a few hundred such lines ran for minutes
+    import time
+
+    digits = "7" * 5000
+    lines = [f"[epoch: 1/{digits}, iter: 3/20] total: {digits}", f"End of epoch 5 / {digits}",
+             "=" * 5000 + " epoch 3", f"step {digits}/{digits} [loss={digits}"] * 50
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n")
+    t0 = time.process_time()
+    list(read_text_log(log).events)
+    assert time.process_time() - t0 < 10  # was minutes (200 lines at 0.6 to 4 s each)
+
+
+def test_a_root_cause_whose_pid_has_thousands_of_digits_is_read_without_one() -> None:
+    from trainguard.rules.firstfailure import read_failures
+
+    lines = ["Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
+             f"  exitcode  : -9 (pid: {'4' * 5000})", "=" * 40]
+    root = read_failures(lines).root
+    assert root is not None and root.rank == 1 and root.exit_code == -9 and root.pid is None
