@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.findings import NODES, Code, Finding
+from trainguard.findings import Finding
+from trainguard.rules.scheduler import NODE_LOST, node_lost
 
 BEAT = 2.0  # seconds between a watchdog's beats in the store
 LOST_AFTER = 20.0  # seconds without a new beat from a node that had beaten: it is lost
@@ -202,32 +203,10 @@ class NodeWatch:
 
 def node_lost_finding(node: int, beat: dict[str, Any], *, silent: float, this_node: int, step: int | None,
                       endpoint: str) -> Finding:
-    """TG711 node-lost: another node of the job stopped beating through the rendezvous store.
-
-    ## What it detects
-    Each node's `trainguard run` writes a beat into the job's rendezvous store (torchrun's c10d TCPStore)
-    every 2 s. A node whose beat stopped changing for 20 s without saying its part ended is lost: its agent
-    and watchdog were killed, or its machine went away.
-
-    ## Why it matters
-    The ranks of the surviving nodes fail next ("Connection closed by peer", a timeout) or wait in a
-    collective forever; their errors are consequences, and the cause is on the lost node, which may have
-    left no record of its own (a node killed by the scheduler, an out-of-memory kill of the whole job step).
-
-    ## Example
-    node 1 (host gpu-b) lost: no beat for 24 s through the store at 10.0.0.1:29400; last at step 37.
-
-    ## What to change
-    Look at why that node went away: the scheduler's log (preemption, time limit, a node failure), the
-    kernel log (the OOM killer), its own run folder (`RUN/node-1/`). Restart from the last checkpoint;
-    torchrun's `--max-restarts` with an elastic `--nnodes=MIN:MAX` lets the job continue without it.
-
-    ## Known false positives
-    A watchdog stopped for a long time (SIGSTOP, a frozen machine that comes back) looks lost.
-    """
+    """TG711 node-lost (its page: rules/scheduler.py) for a node whose beat stopped."""
     host = beat.get("host")
-    return Finding.of(
-        NODE_LOST, step=step,
+    return node_lost(
+        step=step,
         summary=(f"node {node}{f' (host {host})' if host else ''} lost: no beat for {silent:.0f} s through the "
                  f"rendezvous store at {endpoint}; last at step {beat.get('step')}. What this node's ranks do next "
                  "(a closed connection, a wait in a collective) is a consequence"),
@@ -239,6 +218,3 @@ def node_lost_finding(node: int, beat: dict[str, Any], *, silent: float, this_no
              "--nnodes=MIN:MAX with --max-restarts lets torchrun go on without it."),
         cause=NODE_LOST.name, where=f"node {node}", source="watchdog",
     )
-
-
-NODE_LOST = Code("TG711", "node-lost", "error", needs=(NODES,), page=node_lost_finding, status="preview")

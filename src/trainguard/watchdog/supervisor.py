@@ -662,11 +662,13 @@ class Supervisor:
             oom = _oom_evidence(self.proc.pid, self.oom_before)
         cut = None
         if self.scheduler is not None and hang is None and stopped is None:
-            returncode, cut = self.scheduler.ending(
+            cut = self.scheduler.ending(
                 returncode, step=step, total=(self.reader.meta().get("plan") or {}).get("total_steps"),
                 checkpoints=[e for e in self.reader.events("checkpoint") if e["attempt"] == self.attempt])
             if cut is not None:
                 probe_crash = stderr_crash = None  # the tracebacks a cut leaves are its consequence
+                if cut.cause == "cancelled" and returncode >= 0:
+                    returncode = -cut.signum  # a cancel is a kill, by whoever ran scancel
         unwritable = self._store_unwritable()
         if unwritable and probe_used and not finished:
             self._note(f"trainguard: the run folder stopped taking writes ({unwritable}): what the script did "
@@ -679,8 +681,10 @@ class Supervisor:
             probe_exited=_all_exited(probe_events), total_steps=(self.reader.meta().get("plan") or {}).get("total_steps"),
             printed=self._printed_failures() if returncode != 0 and hang is None and stopped is None else None,
         )
-        if cut is not None:
-            v.findings = [cut] + [f for f in v.findings if f.code != RUN_KILLED.code]
+        if cut is not None and cut.cause == "cancelled":
+            v.findings = [cut.finding] + [f for f in v.findings if f.code != RUN_KILLED.code]
+        elif cut is not None:
+            v = verdict.cut_off(cut.cause, returncode, cut.finding, trainguard_exit=cut.exit_code)
         earlier = list(self.findings) + self.reader.findings()
         for f in v.findings:
             if f.code == crash.RUN_CRASHED.code:  # after the loss diverged: the crash says so and names the LR
