@@ -182,3 +182,57 @@ def test_a_plan_that_fits_its_time_limit_stays_quiet(cluster: SlurmCluster, tmp_
     assert st["state"] == "completed" and st["exit_code"] == 0, (st["state"], codes(st))
     assert not {"TG551", "TG552"} & set(codes(st)), codes(st)
     assert st["scheduler"]["time_limit_s"] == 180
+
+
+def test_a_node_set_down_mid_job_is_node_lost_with_its_name_and_slurms_reason(cluster: SlurmCluster,
+                                                                               tmp_path: Path) -> None:
+    """Two "nodes" under srun; tgn2 stops answering (its slurmd stopped) and is set DOWN with a reason while
+    the job trains: Slurm ends the job (NODE_FAIL) and the surviving node's part names tgn2 and Slurm's
+    reason, "test". (A node set DOWN whose slurmd still answers is back in service within milliseconds here,
+    ReturnToService=2: the job is then only requeued, and nothing names the node any more.)"""
+    run = tmp_path / "run"
+    script = job_script(tmp_path, str(run), total=100000, pace=0.05, launcher="srun --ntasks-per-node=1")
+    job = cluster.sbatch(script, "-N2", "--no-requeue", f"--output={tmp_path}/job.out")
+    cluster.wait(lambda: all((status(run / f"node-{n}").get("step") or 0) >= 5 for n in (0, 1)), 90,
+                 "5 steps on both nodes")
+    parts = {status(run / f"node-{n}")["scheduler"]["node"]: run / f"node-{n}" for n in (0, 1)}
+    try:
+        cluster.stop_slurmd("tgn2")
+        cluster.run("scontrol", "update", "nodename=tgn2", "state=down", "reason=test")
+        st = cluster.wait(lambda: (s := status(parts["tgn1"])) and s.get("ended") and s, 90, "tgn1's part to end")
+        node = cluster.run("scontrol", "show", "node", "-o", "tgn2").stdout
+    finally:
+        cluster.start_slurmd("tgn2")
+        cluster.wait(lambda: "tgn2" in cluster.run("scontrol", "show", "node", "-o", "tgn2", check=False).stdout, 30,
+                     "tgn2 to register")
+        cluster.run("scontrol", "update", "nodename=tgn2", "state=resume", check=False)
+        _end_part(cluster, parts["tgn2"])
+    out = (tmp_path / "job.out").read_text()
+    assert st["state"] == "cut-off", (st["state"], codes(st), out[-2000:])
+    f = next((f for f in st["findings"] if f["code"] == "TG711"), None)
+    assert f is not None, (codes(st), st.get("scheduler"), node, out[-2000:])
+    assert f["cause"] == "node-failure" and f["evidence"]["lost_nodes"] == ["tgn2"], f
+    assert f["evidence"]["slurm_reasons"] == ["test"] and 'reason "test"' in f["summary"], f
+    assert st["scheduler"]["ended_by"] == "node-failure"
+    assert st["scheduler"]["lost_nodes"] == [{"name": "tgn2", "state": f["evidence"]["node_states"][0], "reason": "test"}]
+    assert not {"TG501", "TG503", "TG552"} & set(codes(st)), codes(st)
+    state = cluster.wait(lambda: (j := cluster.job(job).get("JobState")) not in ("RUNNING", "COMPLETING") and j, 60,
+                         "the job's end")
+    assert state == "NODE_FAIL", state
+
+
+def _end_part(cluster: SlurmCluster, part: Path) -> None:
+    """The lost node's part, cut off from its controller, ends when its slurmd comes back and is told the job
+    is gone; if it does not, its watchdog (this test's own process) is stopped here."""
+    import os
+    import signal as signals
+
+    try:
+        cluster.wait(lambda: status(part).get("ended"), 30, "the lost node's part to end")
+    except AssertionError:
+        pid = (status(part).get("owner") or {}).get("pid")
+        if isinstance(pid, int):
+            try:
+                os.kill(pid, signals.SIGTERM)
+            except OSError:
+                pass

@@ -138,8 +138,9 @@ def node_failed(job: SlurmJob, lost: list[NodeState], *, signal_name: str, step:
     """TG711 node-lost (its page: rules/scheduler.py), as Slurm tells it: a node of the job failed, named with
     Slurm's own reason (`scontrol show node`'s State and Reason, `sacct`'s NODE_FAIL); the signal that ended
     this node's part is its consequence."""
-    names = ", ".join(n.name for n in lost)
-    why = "; ".join(f"{n.name}: {n.state}" + (f", reason \"{n.reason}\"" if n.reason else "") for n in lost)
+    names = ", ".join(n.name for n in lost) or f"of {job.nodes or 'its nodes'}"
+    why = "; ".join(f"{n.name}: {n.state}" + (f", reason \"{n.reason}\"" if n.reason else "") for n in lost) \
+        or "NODE_FAIL, without naming the node any more"
     of_plan = f" of {total:,}" if step is not None and total else ""
     at = f" at step {step:,}{of_plan}" if step is not None else ""
     ckpt = (f"the last checkpoint is at step {last_checkpoint:,}" if last_checkpoint is not None
@@ -151,7 +152,8 @@ def node_failed(job: SlurmJob, lost: list[NodeState], *, signal_name: str, step:
         evidence={"job": job.job_id, "lost_nodes": [n.name for n in lost], "node_states": [n.state for n in lost],
                   "slurm_reasons": [n.reason for n in lost], "signal": signal_name, "this_node": job.node,
                   "step": step, "total_steps": total, "last_checkpoint": last_checkpoint},
-        fix=(f"Look at node {names} (scontrol show node {lost[0].name}; its slurmd log; the kernel log) and, once "
+        fix=(f"Look at node {names} (scontrol show node {lost[0].name if lost else 'NAME'}; its slurmd log; the "
+             "kernel log) and, once "
              "it is back or excluded (sbatch --exclude), continue from the last checkpoint; --requeue lets Slurm "
              "restart the job on other nodes as this run's next attempt."),
     )
