@@ -206,3 +206,18 @@ def test_a_log_its_scheduler_cut_says_how_much_of_the_plan_fit(tmp_path) -> None
     cut = next(f for f in d.findings if f.cause == "time-limit")
     assert d.state == "cut-off" and cut.code == "TG552"  # one code for the cut, live and in a log
     assert "step 750 of 19,560 (3.8%)" in cut.summary and "26.3x the time" in cut.summary
+
+
+def test_a_node_lost_through_the_store_names_its_slurm_node_and_slurms_reason() -> None:
+    from trainguard.watchdog.nodes import node_lost_finding
+
+    beat = {"t": T0, "step": 37, "host": "vm", "pid": 4, "run_dir": "/r/node-1", "slurm_node": "tgn2",
+            "slurm_state": "DOWN*", "slurm_reason": "Not responding"}
+    f = node_lost_finding(1, beat, silent=24, this_node=0, step=40, endpoint="10.0.0.1:29400")
+    assert f.code == "TG711" and f.where == "node tgn2"
+    assert "node 1 (Slurm node tgn2, host vm) lost" in f.summary
+    assert 'Slurm says tgn2: DOWN*, reason "Not responding"' in f.summary
+    assert f.evidence["slurm_reason"] == "Not responding"
+    plain = node_lost_finding(1, {"t": T0, "step": 37, "host": "gpu-b"}, silent=24, this_node=0, step=40,
+                              endpoint="10.0.0.1:29400")
+    assert "node 1 (host gpu-b) lost" in plain.summary and "Slurm" not in plain.summary and plain.where == "node 1"
