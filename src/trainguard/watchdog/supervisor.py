@@ -52,7 +52,7 @@ from trainguard.store.owner import owner_record
 from trainguard.store.paths import new_run_dir, prepare_run_dir, runs_root
 from trainguard.store.reader import RunReader
 from trainguard.store.selflog import GuardLog
-from trainguard.store.status import reserve_space, write_status
+from trainguard.store.status import BAD_ENDS, reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
 from trainguard.watchdog import keeper, nodes, restart, statusline, stop, verdict
@@ -868,7 +868,8 @@ class Supervisor:
         dur = self._elapsed()
         acks = read_acks(self.run_dir)
         severities = {f.severity for f in self.findings if f.code not in acks}
-        health = ("error" if v.state != "completed" or "error" in severities else
+        # as status.json's health says it (store/status.py): a bad end is an error; a cut-off is as its findings
+        health = ("error" if v.state in BAD_ENDS or "error" in severities else
                   "warning" if "warning" in severities else "ok")
         head = f"trainguard: run {v.state}"
         if v.ending.hung or v.ending.stopped:
