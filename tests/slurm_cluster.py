@@ -60,6 +60,7 @@ class SlurmCluster:
         self.procs: list[subprocess.Popen] = []
         self.cred_expire = cred_expire
         self.env: dict[str, str] = {}
+        self.slurmd: dict[str, subprocess.Popen] = {}
 
     def __enter__(self) -> SlurmCluster:
         self.start()
@@ -117,8 +118,7 @@ PartitionName=debug Nodes=tgn[1-{len(NODES)}] Default=YES MaxTime=INFINITE State
         self.procs.append(subprocess.Popen([_exe("slurmctld"), "-D", "-c", "-i"], env=env,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for node in NODES:
-            self.procs.append(subprocess.Popen([_exe("slurmd"), "-D", "-N", node], env=env,
-                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.start_slurmd(node)
         deadline = time.time() + 60
         while time.time() < deadline:
             out = self.run("sinfo", "-h", "-o", "%T %D", check=False).stdout
@@ -165,6 +165,22 @@ PartitionName=debug Nodes=tgn[1-{len(NODES)}] Default=YES MaxTime=INFINITE State
                         os.kill(int(pid), signal.SIGKILL)
             except OSError:
                 continue
+
+    def start_slurmd(self, node: str) -> None:
+        proc = subprocess.Popen([_exe("slurmd"), "-D", "-N", node], env={**os.environ, **self.env},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.procs.append(proc)
+        self.slurmd[node] = proc
+
+    def stop_slurmd(self, node: str) -> None:
+        """A node that stops answering (its slurmd gone; its job steps' slurmstepd live on, as on a real node
+        cut off from the controller)."""
+        proc = self.slurmd.pop(node)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
     # -- using it ---------------------------------------------------------------------------------------
 

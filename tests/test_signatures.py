@@ -139,10 +139,16 @@ def test_diagnose_names_the_state_and_cause_of_a_log_of_only_that_line(tmp_path:
     log.write_bytes(("wandb: Tracking run with wandb version 0.16.3\n" + dress[1](line)).encode())
     d = diagnose_path(log)  # not refused: the log has no metrics, but it says how the run ended
     assert d.state == state
-    failure = [f for f in d.findings if f.code in ("TG501", "TG503")]
+    # a scheduler's cut read from a log is TG503 run-killed with its cause (a node's failure TG711, as the live
+    # watchdog names it), the rest TG501 crashed or TG503 killed
+    expected = {"cut-off": "TG711" if cause == "node-failure" else "TG503"}.get(state)
+    failure = [f for f in d.findings if f.code in ("TG501", "TG503", "TG552", "TG711")]
     assert failure and failure[0].cause == cause, [f.one_line() for f in d.findings]
+    assert expected is None or failure[0].code == expected, failure[0].one_line()
     assert failure[0].evidence["line"] == 2 and "line 2" in failure[0].summary
     assert failure[0].fix
+    if cause == "node-failure" and "ON node17" in line:
+        assert failure[0].where == "node node17" and failure[0].evidence["lost_nodes"] == ["node17"]
 
 
 def test_every_signature_is_declared_with_a_known_state_and_a_fix() -> None:

@@ -44,8 +44,8 @@ from trainguard.rules.crash import RUN_CRASHED
 from trainguard.rules.devices import DEVICE_EVENT_NOTED
 from trainguard.rules.ending import PROBE_NOT_FINISHED, RUN_KILLED
 from trainguard.rules.health import HEALTH_RULES
-from trainguard.watchdog.joblimit import CUT_BY_SCHEDULER, PLAN_EXCEEDS_TIME_LIMIT
-from trainguard.watchdog.nodes import NODE_LOST
+from trainguard.rules.scheduler import CUT_BY_SCHEDULER, NODE_LOST
+from trainguard.watchdog.joblimit import PLAN_EXCEEDS_TIME_LIMIT
 from trainguard.watchdog.rendezvous import RENDEZVOUS_INCOMPLETE
 from trainguard.watchdog.restart import HANG_REPEATS
 from trainguard.watchdog.stall import RUN_HUNG, RUN_STALLED

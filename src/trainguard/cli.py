@@ -359,7 +359,7 @@ def _diagnose_run_folder(run_dir: Any, as_json: bool, alive: bool) -> None:
 
     extra: list[str] = []
     st = read_status(run_dir)
-    ended = st.get("state") in ("completed", "failed", "crashed", "killed") or bool(st.get("ended"))
+    ended = st.get("state") in ("completed", "failed", "crashed", "killed", "cut-off") or bool(st.get("ended"))
     from trainguard.folderio import regular_or_missing
 
     # (a link or a FIFO planted as output.log: UserError, one line; never followed)

@@ -109,8 +109,9 @@ BEAT_FINISHED = "finished"  # the probe reached guard.finish()
 
 STATUS_NAME = "status.json"
 # `state` says how the process is or ended; `abandoned` is only ever read, never written (a live state
-# whose owner is gone, see store/owner.py).
-STATES = ("running", "hung", "completed", "failed", "crashed", "killed")
+# whose owner is gone, see store/owner.py). `cut-off`: its job scheduler ended it (a time limit, a preemption,
+# a requeue, a node's failure); `diagnose` names a log's ending with the same word.
+STATES = ("running", "hung", "completed", "failed", "crashed", "killed", "cut-off")
 LIVE_STATES = ("running", "hung")
 # A preflight's verdict is a field beside the state (the script's start ended; the check passed or not).
 PREFLIGHT_OUTCOMES = ("passed", "incomplete", "failed")
@@ -134,7 +135,7 @@ def checked_status(status: dict[str, Any]) -> Status:
 if TYPE_CHECKING:
     from typing import Any, Literal, TypedDict
 
-    State = Literal["running", "hung", "completed", "failed", "crashed", "killed"]
+    State = Literal["running", "hung", "completed", "failed", "crashed", "killed", "cut-off"]
     PreflightOutcome = Literal["passed", "incomplete", "failed"]
     Watcher = Literal["probe", "watchdog", "preflight", "keeper"]
 

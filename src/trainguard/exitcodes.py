@@ -16,6 +16,7 @@ FINDINGS = 1  # preflight, check, diagnose: error findings
 BAD_INPUT = 2
 PREFLIGHT_INCOMPLETE = 3
 INTERNAL = 70  # sysexits' EX_SOFTWARE: trainguard itself failed
+CUT_OFF = 121  # `run`: its job scheduler cut it (time limit, preemption, requeue, a node's failure), unsaved
 HEALTH = 122  # `run`: completed, but findings at --fail-on's severity (default: error) that nobody acknowledged
 FAILED = 123  # `run`: the command exited 0, but an expected artifact is missing or stale, or it stopped early
 HUNG = 124  # `run`: stopped for a hang (proof that it cannot recover, or past its limit)
@@ -38,6 +39,10 @@ TABLE: tuple[Row, ...] = (
     Row(str(BAD_INPUT), "all", "bad input: an unknown run, option or command; one line on stderr"),
     Row(str(PREFLIGHT_INCOMPLETE), "preflight", "the script could not be fast-forwarded: what was not checked is listed"),
     Row(str(INTERNAL), "all", "trainguard itself failed (TRAINGUARD_DEBUG=1 shows the traceback)"),
+    Row(str(CUT_OFF), "run", "cut off by its job scheduler (Slurm: a time limit, a preemption, a requeue, a node's "
+        "failure; state `cut-off`) without the command saving a checkpoint after the scheduler's signal and exiting "
+        "0 by itself; one that did (a warned job that saved and stopped) exits 0, so `--dependency=afterok` chains "
+        "go on, and its state still says `cut-off`"),
     Row(str(HEALTH), "run", "completed, but with error findings (`--fail-on warning`: warnings too) nobody "
         "acknowledged; `--fail-on never` gives the command's own code"),
     Row(str(FAILED), "run", "exit 0, but an `--expect`ed artifact is missing or stale, or the script stopped early"),

@@ -14,7 +14,8 @@ from trainguard.store.ending import how_it_exited
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 STATE_COLORS = {"completed": "#2ca02c", "running": "#1f77b4", "failed": "#d62728", "crashed": "#d62728",
-                "hung": "#d62728", "killed": "#d62728"}
+                "hung": "#d62728", "killed": "#d62728",
+                "cut-off": "#e08a00"}
 HEALTH_COLORS = {"ok": "#2ca02c", "warning": "#e08a00", "error": "#d62728"}
 
 STYLE = """

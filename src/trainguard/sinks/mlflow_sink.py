@@ -16,7 +16,7 @@ from typing import Any
 
 DEFAULT_EXPERIMENT = "trainguard"
 DEFAULT_URI = "file:./mlruns"
-STATUS = {"completed": "FINISHED", "hung": "KILLED", "killed": "KILLED"}
+STATUS = {"completed": "FINISHED", "hung": "KILLED", "killed": "KILLED", "cut-off": "KILLED"}
 MAX_TAG = 5000  # MLflow's limit on a tag's value
 BATCH = 1000  # metrics per log_batch call
 

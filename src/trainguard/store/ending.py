@@ -34,6 +34,7 @@ class Ending:
     probe_finished: bool = False  # ...and it reached `finish()`
     finish_forgotten: bool = False  # ...or not, but it exited normally with no sign of an early end (TG506 warns)
     artifacts_missing: bool = False  # an expected artifact (--expect) is missing or stale
+    cut_by: str | None = None  # its job scheduler ended it: time-limit, preempted, requeued, node-failure
     exit_unknown: bool = False  # the command ended unwatched (its watchdog was killed): how is not known
     preflight: PreflightOutcome | None = None  # preflight's verdict on the script (passed, incomplete, failed)
 
@@ -47,6 +48,8 @@ def state_of(e: Ending) -> State:
         return "failed" if e.preflight == "failed" else "completed"
     if e.stopped or e.exit_unknown:
         return "failed"  # (an ending nobody saw is never called completed)
+    if e.cut_by is not None:
+        return "cut-off"
     if e.signal is not None:
         return "killed"
     if e.crashed or e.exit_code not in (None, 0):

@@ -29,7 +29,7 @@ TABLES = ("steps", "events", "heartbeat", "ranks")
 _EVENT_COLUMNS = ("t", "attempt", "rank", "pid", "step", "kind", "name", "data")
 _RENUMBERED = {"steps": ("rowid", STEP_COLUMNS), "events": ("id", _EVENT_COLUMNS)}
 # a node that ended in one of these is the run's end; "running" wins while any node runs
-_BAD_FIRST = ("crashed", "hung", "killed", "failed", "abandoned")
+_BAD_FIRST = ("crashed", "hung", "killed", "failed", "abandoned", "cut-off")
 
 
 def node_dir(run_dir: str | Path, node: int) -> Path:

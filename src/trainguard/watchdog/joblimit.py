@@ -12,7 +12,9 @@ import time
 from typing import Any
 
 from trainguard.findings import PROCESS, Code, Finding
-from trainguard.watchdog.slurm import SlurmJob, describe
+from trainguard.rules.scheduler import cut_by_scheduler as scheduler_cut
+from trainguard.rules.scheduler import node_lost
+from trainguard.watchdog.slurm import NodeState, SlurmJob, describe
 
 MIN_STEPS = 5  # steps measured before the rate is trusted
 MIN_SECONDS = 10.0  # ...and seconds
@@ -90,21 +92,10 @@ PLAN_EXCEEDS_TIME_LIMIT = Code("TG551", "plan-exceeds-time-limit", "warning", ne
 
 
 def cut_by_scheduler(job: SlurmJob, cause: str, *, signal_name: str, step: int | None, total: int | None,
-                     signalled_at: float, checkpoints_after: list[int], last_checkpoint: int | None) -> Finding:
-    """TG552 cut-by-scheduler: the job scheduler ended the run (its time limit, a preemption, a cancel).
-
-    What it detects: the signal that ended a run under Slurm came from the scheduler: the job reached its
-    time limit (or was warned of it by `--signal`), was preempted or requeued, or was cancelled; told apart
-    from a crash or a user's kill by the job's own state in `scontrol` when the signal came.
-    Why it matters: a run cut by its time limit is not broken; it needs more time or a continuation, and
-    what it can continue from is its last checkpoint: the finding says whether one was saved after the
-    warning, in the grace time.
-    Example: job 4182 reached its time limit (SIGTERM) at step 750 of 19,560 (4%); a checkpoint was saved at
-    step 750 after the signal.
-    What to change: continue from the last checkpoint in a new job with the time the rest needs, or chain
-    jobs; to save in the grace time, have Slurm warn the script (`--signal=B:USR1@120`) and save when
-    `guard.stop_requested` turns true (or on the signal).
-    """
+                     signalled_at: float, checkpoints_after: list[int], last_checkpoint: int | None,
+                     warned: bool = False) -> Finding:
+    """TG552 cut-by-scheduler (its page: rules/scheduler.py) for a run under `trainguard run`: what was saved
+    after the scheduler's first signal decides the fix (a job already warned is not told to ask for a warning)."""
     of_plan = f" of {total:,} ({100 * step / total:.0f}%)" if step is not None and total else ""
     at = f" at step {step:,}{of_plan}" if step is not None else ""
     if checkpoints_after:
@@ -113,24 +104,59 @@ def cut_by_scheduler(job: SlurmJob, cause: str, *, signal_name: str, step: int |
         saved = f"; no checkpoint after the signal: the last one is at step {last_checkpoint:,}"
     else:
         saved = "; no checkpoint was reported"
-    severity = "warning" if checkpoints_after or cause == "cancelled" else "error"
-    return Finding.of(
-        CUT_BY_SCHEDULER, severity=severity, step=step, t=signalled_at, source="watchdog", cause=cause,
+    resume_from = checkpoints_after[-1] if checkpoints_after else last_checkpoint
+    go_on = (f"Continue from the checkpoint at step {resume_from:,}" if resume_from is not None
+             else "Continue (from the start: nothing was saved)")
+    chain = " in a job with the time the rest needs, or chain jobs (--requeue, sbatch --dependency=afterany:JOBID)"
+    if cause == "cancelled":
+        fix = "The job was cancelled with scancel: if that was not meant, find who cancelled it (sacct -j JOBID)."
+    elif checkpoints_after:
+        fix = go_on + chain + "; the warning and the save worked as meant: nothing to change in the script."
+    elif warned:
+        fix = (go_on + chain + "; the script was warned (guard.stop_requested turned true, the signal passed on to a "
+               "handler) but saved nothing after it: save a checkpoint when guard.stop_requested turns true.")
+    elif cause in ("preempted", "requeued"):
+        fix = (go_on + "; a requeued job continues this run folder as its next attempt. To lose less, save when "
+               "guard.stop_requested turns true (it does on the scheduler's SIGTERM, KillWait seconds before "
+               "SIGKILL) and save every few hundred steps.")
+    else:
+        fix = (go_on + chain + "; to save in the grace time, ask Slurm for a warning (--signal=B:USR1@120) and save "
+               "when guard.stop_requested turns true.")
+    return scheduler_cut(
+        step=step, t=signalled_at, source="watchdog", cause=cause,
         summary=f"{job.label()} {describe(cause)} ({signal_name}){at}{saved}",
         evidence={"job": job.job_id, "cause": cause, "signal": signal_name, "restarts": job.restarts,
                   "time_limit_s": job.time_limit_s, "job_end": job.end, "signalled_at": signalled_at,
                   "step": step, "total_steps": total, "checkpoints_after_signal": checkpoints_after,
-                  "last_checkpoint": last_checkpoint},
-        fix=("Continue from the last checkpoint in a job with the time the rest needs, or chain jobs (--requeue, "
-             "sbatch --dependency=afterany:JOBID); to save in the grace time, ask Slurm for a warning "
-             "(--signal=B:USR1@120) and save when guard.stop_requested turns true."
-             if cause != "cancelled" else
-             "The job was cancelled with scancel: if that was not meant, find who cancelled it (sacct -j JOBID)."),
+                  "last_checkpoint": last_checkpoint, "warned": warned},
+        fix=fix,
     )
 
 
-CUT_BY_SCHEDULER = Code("TG552", "cut-by-scheduler", "error", needs=(PROCESS,), page=cut_by_scheduler,
-                        since="0.2.0")
+def node_failed(job: SlurmJob, lost: list[NodeState], *, signal_name: str, step: int | None, total: int | None,
+                signalled_at: float, last_checkpoint: int | None) -> Finding:
+    """TG711 node-lost (its page: rules/scheduler.py), as Slurm tells it: a node of the job failed, named with
+    Slurm's own reason (`scontrol show node`'s State and Reason, `sacct`'s NODE_FAIL); the signal that ended
+    this node's part is its consequence."""
+    names = ", ".join(n.name for n in lost) or f"of {job.nodes or 'its nodes'}"
+    why = "; ".join(f"{n.name}: {n.state}" + (f", reason \"{n.reason}\"" if n.reason else "") for n in lost) \
+        or "NODE_FAIL, without naming the node any more"
+    of_plan = f" of {total:,}" if step is not None and total else ""
+    at = f" at step {step:,}{of_plan}" if step is not None else ""
+    ckpt = (f"the last checkpoint is at step {last_checkpoint:,}" if last_checkpoint is not None
+            else "no checkpoint was reported")
+    return node_lost(
+        step=step, t=signalled_at, source="watchdog", cause="node-failure", where=f"node {names}",
+        summary=(f"{job.label()} lost node {names} (Slurm says {why}); this part was ended ({signal_name}){at}; "
+                 f"{ckpt}"),
+        evidence={"job": job.job_id, "lost_nodes": [n.name for n in lost], "node_states": [n.state for n in lost],
+                  "slurm_reasons": [n.reason for n in lost], "signal": signal_name, "this_node": job.node,
+                  "step": step, "total_steps": total, "last_checkpoint": last_checkpoint},
+        fix=(f"Look at node {names} (scontrol show node {lost[0].name if lost else 'NAME'}; its slurmd log; the "
+             "kernel log) and, once "
+             "it is back or excluded (sbatch --exclude), continue from the last checkpoint; --requeue lets Slurm "
+             "restart the job on other nodes as this run's next attempt."),
+    )
 
 
 class PlanVsTimeLimit:
@@ -140,17 +166,22 @@ class PlanVsTimeLimit:
         self.job = job
         self.clock = clock
         self._first: tuple[float, int] | None = None
+        self._last: tuple[float, int] | None = None  # when the step last changed, by this monitor's clock
         self._next = 0.0
-        self.done = False
+        self.done = False  # said once; also set by the scheduler's signal (the projection is moot then)
 
     def poll(self, state: Any) -> list[Finding]:
         if self.done or state.step is None or state.step <= 0:
             return []
         now = self.clock()
         if self._first is None:
-            self._first = (now, state.step)
+            self._first = self._last = (now, state.step)
             return []
-        if now < self._next:
+        stepped = self._last is not None and state.step != self._last[1]
+        if stepped:
+            self._last = (now, state.step)
+        # a run that stopped stepping (it ended, or saved and stops) is not projected: its rate would only grow
+        if now < self._next or not stepped:
             return []
         self._next = now + CHECK_EVERY
         t0, s0 = self._first

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.findings import NODES, Code, Finding
+from trainguard.findings import Finding
+from trainguard.rules.scheduler import NODE_LOST, node_lost
 
 BEAT = 2.0  # seconds between a watchdog's beats in the store
 LOST_AFTER = 20.0  # seconds without a new beat from a node that had beaten: it is lost
@@ -179,7 +180,9 @@ class NodeWatch:
         try:
             store.set(self.prefix + str(self.launch.node), json.dumps({
                 "t": time.time(), "step": self._step, "host": socket.gethostname(), "pid": os.getpid(),
-                "run_dir": self.run_dir, "ended": self._ended}))
+                "run_dir": self.run_dir, "ended": self._ended,
+                # under Slurm, the node's name as the scheduler knows it (what `scontrol show node` takes)
+                "slurm_node": os.environ.get("SLURMD_NODENAME") or None}))
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
 
@@ -198,47 +201,40 @@ class NodeWatch:
                 # measured on this node's clock (the nodes' clocks may disagree): when the beat last changed
                 changed = now if before is None or before.get("t") != beat.get("t") else before["changed"]
                 self._seen[node] = {**beat, "changed": changed}
+                asked = (before or {}).get("slurm_asked", False)
+            if beat.get("slurm_node") and not beat.get("ended") and not asked and now - changed >= LOST_AFTER / 2:
+                # a node going silent under Slurm: ask Slurm why, here in this thread (bounded, fail-open), so
+                # that poll() has Slurm's state and reason when it says the node is lost
+                from trainguard.watchdog.slurm import node_state
+
+                state = node_state(beat["slurm_node"], timeout=CONNECT_TIMEOUT)
+                with self._lock:
+                    self._seen[node]["slurm_asked"] = True
+                    if state is not None:
+                        self._seen[node].update(slurm_state=state.state, slurm_reason=state.reason)
 
 
 def node_lost_finding(node: int, beat: dict[str, Any], *, silent: float, this_node: int, step: int | None,
                       endpoint: str) -> Finding:
-    """TG711 node-lost: another node of the job stopped beating through the rendezvous store.
-
-    ## What it detects
-    Each node's `trainguard run` writes a beat into the job's rendezvous store (torchrun's c10d TCPStore)
-    every 2 s. A node whose beat stopped changing for 20 s without saying its part ended is lost: its agent
-    and watchdog were killed, or its machine went away.
-
-    ## Why it matters
-    The ranks of the surviving nodes fail next ("Connection closed by peer", a timeout) or wait in a
-    collective forever; their errors are consequences, and the cause is on the lost node, which may have
-    left no record of its own (a node killed by the scheduler, an out-of-memory kill of the whole job step).
-
-    ## Example
-    node 1 (host gpu-b) lost: no beat for 24 s through the store at 10.0.0.1:29400; last at step 37.
-
-    ## What to change
-    Look at why that node went away: the scheduler's log (preemption, time limit, a node failure), the
-    kernel log (the OOM killer), its own run folder (`RUN/node-1/`). Restart from the last checkpoint;
-    torchrun's `--max-restarts` with an elastic `--nnodes=MIN:MAX` lets the job continue without it.
-
-    ## Known false positives
-    A watchdog stopped for a long time (SIGSTOP, a frozen machine that comes back) looks lost.
-    """
+    """TG711 node-lost (its page: rules/scheduler.py) for a node whose beat stopped."""
     host = beat.get("host")
-    return Finding.of(
-        NODE_LOST, step=step,
-        summary=(f"node {node}{f' (host {host})' if host else ''} lost: no beat for {silent:.0f} s through the "
-                 f"rendezvous store at {endpoint}; last at step {beat.get('step')}. What this node's ranks do next "
-                 "(a closed connection, a wait in a collective) is a consequence"),
-        evidence={"lost_node": node, "host": host, "seconds_silent": round(silent, 1),
+    name = beat.get("slurm_node")
+    said = ""
+    if name and beat.get("slurm_state"):
+        reason = beat.get("slurm_reason")
+        said = f"; Slurm says {name}: {beat['slurm_state']}" + (f", reason \"{reason}\"" if reason else "")
+    who = ", ".join(x for x in (f"Slurm node {name}" if name else "", f"host {host}" if host else "") if x)
+    return node_lost(
+        step=step,
+        summary=(f"node {node}{f' ({who})' if who else ''} lost: no beat for {silent:.0f} s through the "
+                 f"rendezvous store at {endpoint}; last at step {beat.get('step')}{said}. What this node's ranks do "
+                 "next (a closed connection, a wait in a collective) is a consequence"),
+        evidence={"lost_node": node, "host": host, "slurm_node": name, "slurm_state": beat.get("slurm_state"),
+                  "slurm_reason": beat.get("slurm_reason"), "seconds_silent": round(silent, 1),
                   "last_step": beat.get("step"), "last_beat_at": beat.get("t"), "pid": beat.get("pid"),
                   "its_run_dir": beat.get("run_dir"), "seen_from_node": this_node, "store": endpoint},
         fix=("Find why that node went away (the scheduler's log: preemption, time limit, node failure; the kernel "
              "log: the OOM killer; its own part of the run folder). Restart from the last checkpoint; an elastic "
              "--nnodes=MIN:MAX with --max-restarts lets torchrun go on without it."),
-        cause=NODE_LOST.name, where=f"node {node}", source="watchdog",
+        cause=NODE_LOST.name, where=f"node {name or node}", source="watchdog",
     )
-
-
-NODE_LOST = Code("TG711", "node-lost", "error", needs=(NODES,), page=node_lost_finding, status="preview")

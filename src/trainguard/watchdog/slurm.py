@@ -149,6 +149,8 @@ def signal_cause(job: SlurmJob, signum: int, now: float, fields_now: Mapping[str
         return "time-limit"
     if state == "PREEMPTED" or "preempt" in reason:
         return "preempted"
+    if state == "NODE_FAIL" or "nodedown" in reason.replace("_", "") or "node_fail" in reason:
+        return "node-failure"  # before "requeued": a job with --requeue is requeued after its node's failure
     restarts_now = _int(fields_now.get("Restarts"))
     if restarts_now is not None and restarts_now > job.restarts:
         return "requeued"  # counted as restarted the moment it is requeued, while still COMPLETING
@@ -169,7 +171,94 @@ def describe(cause: str) -> str:
     return {"time-limit": "reached its time limit", "time-limit-warning": "was warned of its time limit",
             "preempted": "was preempted (taken off its nodes for another job)",
             "requeued": "was requeued (taken off its nodes, to start again as its next attempt)",
-            "cancelled": "was cancelled (scancel)"}.get(cause, cause)
+            "cancelled": "was cancelled (scancel)", "node-failure": "lost a node"}.get(cause, cause)
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node as Slurm sees it: `scontrol show node`'s State and Reason (`Reason=test [root@2026-12-06T08:12:01]`)."""
+
+    name: str
+    state: str
+    reason: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """DOWN, FAIL(ING) or not responding (`IDLE*`): a node that cannot run the job's processes any more."""
+        flags = set(re.split(r"[+*]", self.state.upper()))
+        return bool(flags & {"DOWN", "FAIL", "FAILING", "NOT_RESPONDING"}) or self.state.endswith("*")
+
+
+def hostnames(nodelist: str, timeout: float = QUERY_TIMEOUT) -> list[str]:
+    """`tgn[1-2],gpu7` as ["tgn1", "tgn2", "gpu7"] (scontrol show hostnames); the list as given where it fails."""
+    exe = shutil.which("scontrol")
+    if exe is not None:
+        out = _bounded([exe, "show", "hostnames", nodelist], timeout)
+        if out:
+            return out.split()
+    return [n for n in nodelist.split(",") if n and "[" not in n and "]" not in n]
+
+
+def node_state(name: str, timeout: float = QUERY_TIMEOUT) -> NodeState | None:
+    """`scontrol show node -o NAME` as a NodeState; None where scontrol is missing, slow or does not know it."""
+    exe = shutil.which("scontrol")
+    if exe is None:
+        return None
+    return parse_node(_bounded([exe, "show", "node", "-o", name], timeout))
+
+
+def parse_node(text: str) -> NodeState | None:
+    line = next((ln for ln in text.splitlines() if "NodeName=" in ln), "")
+    fields: dict[str, str] = {}
+    for m in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?=\s[A-Za-z][A-Za-z0-9_:/]*=|$)", line):
+        fields.setdefault(m.group(1), m.group(2).strip())
+    if not fields.get("NodeName"):
+        return None
+    reason = _none(fields.get("Reason"))
+    if reason:
+        reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", reason)  # "[root@2026-12-06T08:12:01]": who and when
+    return NodeState(fields["NodeName"], fields.get("State") or "UNKNOWN", reason or None)
+
+
+def sacct_nodes(job_id: str, timeout: float = QUERY_TIMEOUT) -> list[dict[str, str]]:
+    """`sacct -j JOB --format=NodeList,State,Reason` rows (the job and its steps); [] without accounting."""
+    exe = shutil.which("sacct")
+    if exe is None or not job_id.isdigit():
+        return []
+    return parse_sacct(_bounded([exe, "-n", "-P", "-j", job_id, "--format=JobID,NodeList,State,Reason"], timeout))
+
+
+def parse_sacct(text: str) -> list[dict[str, str]]:
+    """sacct's parsable form (`-P`: `|` between fields, no header): JobID|NodeList|State|Reason."""
+    rows = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) >= 4 and parts[0].strip():
+            rows.append({"job": parts[0], "nodes": parts[1], "state": parts[2], "reason": parts[3]})
+    return rows
+
+
+def lost_nodes(job: SlurmJob, timeout: float = QUERY_TIMEOUT) -> list[NodeState]:
+    """The job's nodes Slurm says failed (DOWN, FAIL, not responding), each with Slurm's own reason; sacct's
+    NODE_FAIL rows name the nodes where scontrol no longer knows them. Bounded, fail-open: [] when nobody answers."""
+    names = hostnames(job.nodes, timeout) if job.nodes else []
+    lost = [n for n in (node_state(name, timeout) for name in names) if n is not None and n.failed]
+    if lost:
+        return lost
+    for row in sacct_nodes(job.job_id, timeout):
+        if row["state"].upper().startswith("NODE_FAIL") and row["nodes"] not in ("", "None assigned"):
+            reason = _none(row["reason"])
+            return [NodeState(name, "NODE_FAIL", reason) for name in hostnames(row["nodes"], timeout)]
+    return []
+
+
+def _bounded(argv: list[str], timeout: float) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout if out.returncode == 0 else ""
 
 
 def run_label(job: SlurmJob) -> str:

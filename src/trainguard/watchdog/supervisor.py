@@ -53,7 +53,7 @@ from trainguard.store.owner import owner_record
 from trainguard.store.paths import new_run_dir, prepare_run_dir, runs_root
 from trainguard.store.reader import RunReader
 from trainguard.store.selflog import GuardLog
-from trainguard.store.status import reserve_space, write_status
+from trainguard.store.status import BAD_ENDS, reserve_space, write_status
 from trainguard.store.writer import StoreWriter
 from trainguard.untrusted import printable
 from trainguard.watchdog import keeper, nodes, rendezvous, restart, statusline, stop, verdict
@@ -674,11 +674,13 @@ class Supervisor:
             oom = _oom_evidence(self.proc.pid, self.oom_before)
         cut = None
         if self.scheduler is not None and hang is None and stopped is None:
-            returncode, cut = self.scheduler.ending(
+            cut = self.scheduler.ending(
                 returncode, step=step, total=(self.reader.meta().get("plan") or {}).get("total_steps"),
                 checkpoints=[e for e in self.reader.events("checkpoint") if e["attempt"] == self.attempt])
             if cut is not None:
                 probe_crash = stderr_crash = None  # the tracebacks a cut leaves are its consequence
+                if cut.cause == "cancelled" and returncode >= 0:
+                    returncode = -cut.signum  # a cancel is a kill, by whoever ran scancel
         unwritable = self._store_unwritable()
         if unwritable and probe_used and not finished:
             self._note(f"trainguard: the run folder stopped taking writes ({unwritable}): what the script did "
@@ -691,8 +693,10 @@ class Supervisor:
             probe_exited=_all_exited(probe_events), total_steps=(self.reader.meta().get("plan") or {}).get("total_steps"),
             printed=self._printed_failures() if returncode != 0 and hang is None and stopped is None else None,
         )
-        if cut is not None:
-            v.findings = [cut] + [f for f in v.findings if f.code != RUN_KILLED.code]
+        if cut is not None and cut.cause == "cancelled":
+            v.findings = [cut.finding] + [f for f in v.findings if f.code != RUN_KILLED.code]
+        elif cut is not None:
+            v = verdict.cut_off(cut.cause, returncode, cut.finding, trainguard_exit=cut.exit_code)
         earlier = list(self.findings) + self.reader.findings()
         for f in v.findings:
             if f.code == crash.RUN_CRASHED.code:  # after the loss diverged: the crash says so and names the LR
@@ -878,7 +882,8 @@ class Supervisor:
         dur = self._elapsed()
         acks = read_acks(self.run_dir)
         severities = {f.severity for f in self.findings if f.code not in acks}
-        health = ("error" if v.state != "completed" or "error" in severities else
+        # as status.json's health says it (store/status.py): a bad end is an error; a cut-off is as its findings
+        health = ("error" if v.state in BAD_ENDS or "error" in severities else
                   "warning" if "warning" in severities else "ok")
         head = f"trainguard: run {v.state}"
         if v.ending.hung or v.ending.stopped:

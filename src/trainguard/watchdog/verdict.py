@@ -225,5 +225,15 @@ def decide(
     return _verdict(ending, 0, findings, EXIT_FAILED if failed else 0)
 
 
+def cut_off(cause: str, returncode: int, finding: Finding, *, trainguard_exit: int) -> Verdict:
+    """The run its job scheduler cut off (a time limit, a preemption, a requeue, a node's failure): the state
+    `cut-off` whatever the command did with the signal (caught it and exited 0 or 1, or died of it); the
+    finding (TG552, or TG711 for a node's failure) replaces run-killed and any crash it caused."""
+    sig = -returncode if returncode < 0 else None
+    ending = Ending(exit_code=returncode if returncode >= 0 else None, signal=signal_name(sig) if sig else None,
+                    cut_by=cause)
+    return _verdict(ending, returncode, [finding], trainguard_exit)
+
+
 def _verdict(ending: Ending, returncode: int, findings: list[Finding], trainguard_exit: int) -> Verdict:
     return Verdict(state_of(ending), returncode, ending.signal, findings, trainguard_exit, ending)
