@@ -221,3 +221,40 @@ def test_a_node_lost_through_the_store_names_its_slurm_node_and_slurms_reason() 
     plain = node_lost_finding(1, {"t": T0, "step": 37, "host": "gpu-b"}, silent=24, this_node=0, step=40,
                               endpoint="10.0.0.1:29400")
     assert "node 1 (host gpu-b) lost" in plain.summary and "Slurm" not in plain.summary and plain.where == "node 1"
+
+
+@pytest.mark.parametrize("epochs_line", [None, "Epoch 1/3"])
+def test_a_cut_log_whose_step_counter_restarts_each_epoch_says_its_position(tmp_path, epochs_line) -> None:
+    """`epoch 1 step 1300/8000`: the `/8000` is the epoch's steps, not the run's; with the epochs planned the
+    position is in the run's steps, without them in the epoch's, and no projection of the whole plan."""
+    from trainguard.ingest.diagnose import diagnose_path
+
+    lines = [] if epochs_line is None else [epochs_line]
+    lines += [f"[2026-11-02 01:{i // 60:02d}:{i % 60:02d}] epoch 1 step {i * 10}/8000 loss {3.2 - i * 0.008:.4f} "
+              f"lr 3.0e-04" for i in range(1, 131)]
+    lines.append("slurmstepd: error: *** JOB 812345 ON gpu017 CANCELLED AT 2026-11-02T01:54:10 DUE TO TIME LIMIT ***")
+    log = tmp_path / "slurm-812345.out"
+    log.write_text("\n".join(lines) + "\n")
+    d = diagnose_path(log)
+    cut = next(f for f in d.findings if f.cause == "time-limit")
+    assert d.state == "cut-off"
+    if epochs_line is None:
+        assert "step 1,300 of 8,000 in epoch 1" in cut.summary and "x the time" not in cut.summary, cut.summary
+    else:
+        assert "step 1,300 of 24,000 (5.4%)" in cut.summary and "18.5x the time" in cut.summary, cut.summary
+
+
+@pytest.mark.parametrize("sep", ["\r", "\n"])
+def test_a_cut_log_of_bare_progress_bars_says_how_far_they_got(tmp_path, sep) -> None:
+    """tqdm bars without metrics (Hugging Face's Trainer at logging_steps past the cut): the bar's position is
+    where the run got, also when slurmstepd's line lands on the bar's own line."""
+    from trainguard.ingest.diagnose import diagnose_path
+
+    bars = sep.join(f" {2 * i}%|##        | {i}/50 [0:{i:02d}:00<7:00:00, 630.0{i}s/it]" for i in range(1, 12))
+    text = ("***** Running training *****\n  Num Epochs = 1\n  Total optimization steps = 50\n" + bars +
+            "slurmstepd: error: *** JOB 42221 ON clr1247 CANCELLED AT 2022-04-14T16:20:46 DUE TO TIME LIMIT ***\n")
+    log = tmp_path / "slurm-42221.out"
+    log.write_text(text)
+    d = diagnose_path(log)
+    cut = next(f for f in d.findings if f.cause == "time-limit")
+    assert d.state == "cut-off" and "step 11 of 50 (22.0%)" in cut.summary, cut.summary

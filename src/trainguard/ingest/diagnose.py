@@ -130,7 +130,11 @@ def _with_plan_fraction(finding: Finding, cut_off: str | None) -> Finding:
     """A run its scheduler cut at its time limit: how much of its plan fit in the job's time, and so about how
     many times that time the whole plan needed (at the pace the log shows)."""
     m = _FRACTION.search(cut_off or "")
-    if finding.cause not in SCHEDULER_CUTS or m is None:
+    if finding.cause not in SCHEDULER_CUTS or not cut_off:
+        return finding
+    if m is None:  # a position without the whole plan (`step 1,300 of 8,000 in epoch 1`): said, not projected
+        finding.summary += f"; by then it had reached {cut_off}"
+        finding.evidence["plan_reached"] = cut_off
         return finding
     fraction = float(m.group(1)) / 100
     finding.summary += f"; by then it had reached {cut_off}"

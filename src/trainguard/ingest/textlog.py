@@ -310,6 +310,9 @@ class _LineParser:
         self.sample_unit: int | None = None  # a sample counter's smallest increment (one printed interval)
         self.batch_size: int | None = None  # a printed `batch_size` setting: a sample counter's unit
         self.iter_max = 0  # the largest iteration within an epoch seen (`[E, I]` lines without `/n`)
+        self.epoch_at: tuple[int, int] | None = None  # (epoch, step within it) of the last such line
+        self.steps_per_epoch: int | None = None  # a step counter that restarts each epoch: its `/n`
+        self.bar_seen = 0  # the furthest training progress bar drawn, metrics or not (a bar is a position)
         self.epoch_axis = False  # the log's only loss is its epoch summaries: steps are epochs
         self.relaunch: int | None = None  # the last step of a relaunch not yet past the earlier launch's steps
         self.pending: tuple[int, int] | None = None  # (line, step) of a step printed alone: the next line's record
@@ -504,7 +507,21 @@ class _LineParser:
         reached: list[str] = []
         short: list[str] = []
         epochs = self.epochs_of or self.plan_epochs
-        if epochs and self.epoch_max is not None:
+        at = self.epoch_at
+        if self.steps_per_epoch and at is not None and self.first_epoch is not None and self.step > 0:
+            # a step counter that restarts each epoch (`epoch 1 step 1300/8000`): the position in steps
+            per, (e, n) = self.steps_per_epoch, at
+            if epochs:
+                total_steps = epochs * per
+                if self.step >= total_steps - 1:
+                    reached.append(f"its last planned step ({self.step:,} of {total_steps:,})")
+                else:
+                    short.append(f"step {self.step:,} of {total_steps:,} ({100 * self.step / total_steps:.1f}%), "
+                                 f"step {n:,} of {per:,} in epoch {e} of {epochs}")
+            elif n < per:
+                short.append(f"step {n:,} of {per:,} in epoch {e} (the log does not say how many epochs were "
+                             f"planned)")
+        if not short and not reached and epochs and self.epoch_max is not None:
             # epochs counted from 0 end at N - 1 (SwAV, DETR, `for epoch in range(N)`)
             done = self.epoch_max + (1 if self.epoch_zero else 0)
             if done >= epochs:
@@ -513,7 +530,9 @@ class _LineParser:
                 short.append(f"epoch {done} of {epochs} ({100 * done / epochs:.0f}%)")
         total = self.plan_total or self.plan_steps
         last = self.relaunch if self.relaunch is not None else self.step
-        if total and last > 0:
+        if last == 0 and self.bar_seen:
+            last = self.bar_seen  # bars without metrics: the position they drew is where the run got
+        if total and last > 0 and not short and not reached:
             if last >= total - 1:  # steps counted from 0 end at N - 1 (detectron2, build-nanogpt)
                 reached.append(f"its last planned step ({last:,} of {total:,})")
             else:
@@ -712,6 +731,7 @@ class _LineParser:
         e = epoch[0]
         if self.first_epoch is None:
             self.first_epoch = e
+        self.steps_per_epoch, self.epoch_at = per, (e, n)
         # the counter restarts each epoch: epochs before this one, times the steps each holds
         return max(0, e - self.first_epoch) * per + n
 
@@ -750,6 +770,10 @@ class _LineParser:
             self.bar_offset += self.bar_total  # a bar that restarts each epoch
         self.bar_last, self.bar_total = n, total
         post = _bar_postfix(line)
+        if not _EPOCH_BAR.match(line):  # where the run is, with or without metrics on its bar
+            self.bar_seen = max(self.bar_seen, self.bar_offset + n)
+            if self.plan_total is None and post is None and n > 0:
+                self.plan_total = total
         if post is None or n == 0:
             return []
         # Lightning's bar prints a NaN as `nan.0`
