@@ -29,7 +29,7 @@ CAMPAIGN = int(os.environ.get("TRAINGUARD_FUZZ_CAMPAIGN", "200"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["run_store", "run_folder", "cache", "special", "textlog", "textlog_family",
+@pytest.mark.parametrize("target", ["run_store", "run_folder", "cache", "special", "textlog", "textlog_family", "tensorboard",
                                     "jsonl", "jsonlines", "csv", "table", "trainer_state", "plan_config", "check"])
 def test_thousands_of_damaged_run_folders_and_caches_never_break_a_reader(target: str) -> None:
     """The campaign (issue 32): each case in its own process under a memory cap (RLIMIT_AS: 2 GiB more than

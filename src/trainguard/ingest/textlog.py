@@ -507,32 +507,31 @@ class _LineParser:
         reached: list[str] = []
         short: list[str] = []
         epochs = self.epochs_of or self.plan_epochs
-        at = self.epoch_at
-        if self.steps_per_epoch and at is not None and self.first_epoch is not None and self.step > 0:
-            # a step counter that restarts each epoch (`epoch 1 step 1300/8000`): the position in steps
-            per, (e, n) = self.steps_per_epoch, at
-            if epochs:
-                total_steps = epochs * per
-                if self.step >= total_steps - 1:
-                    reached.append(f"its last planned step ({self.step:,} of {total_steps:,})")
-                else:
-                    short.append(f"step {self.step:,} of {total_steps:,} ({100 * self.step / total_steps:.1f}%), "
-                                 f"step {n:,} of {per:,} in epoch {e} of {epochs}")
-            elif n < per:
-                short.append(f"step {n:,} of {per:,} in epoch {e} (the log does not say how many epochs were "
-                             f"planned)")
-        if not short and not reached and epochs and self.epoch_max is not None:
+        at = self.epoch_at if self.first_epoch is not None and self.step > 0 else None
+        per = self.steps_per_epoch if at is not None else None  # a step counter that restarts each epoch
+        if epochs and self.epoch_max is not None:
             # epochs counted from 0 end at N - 1 (SwAV, DETR, `for epoch in range(N)`)
             done = self.epoch_max + (1 if self.epoch_zero else 0)
             if done >= epochs:
                 reached.append(f"its last planned epoch ({done} of {epochs})")
+            elif per and at is not None:  # `epoch 1 step 1300/8000`: the position in the run's steps
+                short.append(self._steps_of_epochs(epochs, per, at))
             else:
                 short.append(f"epoch {done} of {epochs} ({100 * done / epochs:.0f}%)")
+        elif per and at is not None:
+            if epochs and self.step < epochs * per - 1:
+                short.append(self._steps_of_epochs(epochs, per, at))
+            elif not epochs and at[1] < per:
+                short.append(f"step {at[1]:,} of {per:,} in epoch {at[0]} (the log does not say how many epochs "
+                             f"were planned)")
         total = self.plan_total or self.plan_steps
         last = self.relaunch if self.relaunch is not None else self.step
-        if last == 0 and self.bar_seen:
-            last = self.bar_seen  # bars without metrics: the position they drew is where the run got
-        if total and last > 0 and not short and not reached:
+        bars_only = last == 0 and self.bar_seen > 0
+        if bars_only:
+            # bars without metrics (a bar is a position, but a data-loading bar is one too): where the run got
+            # against a plan the log printed, never a completion
+            last = self.bar_seen
+        if total and last > 0 and not (bars_only and last >= total - 1):
             if last >= total - 1:  # steps counted from 0 end at N - 1 (detectron2, build-nanogpt)
                 reached.append(f"its last planned step ({last:,} of {total:,})")
             else:
@@ -549,6 +548,11 @@ class _LineParser:
             # a plan printed (a config dump, a start-up banner) and not one training step after it
             facts.cut_off = (f"its start: no training step of its {epochs:,} planned epochs" if epochs else
                              f"its start: no training step of its {total:,} planned steps")
+
+    def _steps_of_epochs(self, epochs: int, per: int, at: tuple[int, int]) -> str:
+        total = epochs * per
+        return (f"step {self.step:,} of {total:,} ({100 * self.step / total:.1f}%), step {at[1]:,} of {per:,} in "
+                f"epoch {at[0]} of {epochs}")
 
     def _final_evaluation(self) -> str | None:
         """A last evaluation off the run's own evaluation cadence, at its last step: the evaluation a script
@@ -772,8 +776,6 @@ class _LineParser:
         post = _bar_postfix(line)
         if not _EPOCH_BAR.match(line):  # where the run is, with or without metrics on its bar
             self.bar_seen = max(self.bar_seen, self.bar_offset + n)
-            if self.plan_total is None and post is None and n > 0:
-                self.plan_total = total
         if post is None or n == 0:
             return []
         # Lightning's bar prints a NaN as `nan.0`
