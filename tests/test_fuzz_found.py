@@ -60,3 +60,16 @@ def test_a_root_cause_whose_pid_has_thousands_of_digits_is_read_without_one() ->
              f"  exitcode  : -9 (pid: {'4' * 5000})", "=" * 40]
     root = read_failures(lines).root
     assert root is not None and root.rank == 1 and root.exit_code == -9 and root.pid is None
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e300", "-3"])
+def test_a_short_step_key_whose_value_is_no_position_is_no_step(tmp_path: Path, value: str) -> None:
+    # `ep: inf, batch: 20, loss: ...` (a writer's short keys, read by name): int(inf) raised OverflowError and
+    # `diagnose` exited 70 (textlog_family#45)
+    rows = [f"ep: {value}, batch: 20, time: 9.17, loss: 10.98"] + [f"ep: 0, batch: {b}, time: 9.1, loss: {10 - b / 100}"
+                                                                 for b in range(40, 200, 20)]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(rows) + "\n")
+    src = read_text_log(log)
+    steps = [e["step"] for e in src.events if e["kind"] == "step"]
+    assert steps == sorted(steps) and len(steps) >= 8

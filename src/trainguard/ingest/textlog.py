@@ -669,7 +669,7 @@ class _LineParser:
             for name in [k for k in pairs if k in keys]:
                 meaning, value = keys[name], pairs.pop(name)
                 if meaning in ("step", "epoch", "batch"):
-                    if value >= 0 and value == int(value):
+                    if math.isfinite(value) and 0 <= value < 1e15 and value == int(value):  # (inf, nan: no position)
                         out.setdefault(meaning, int(value))
                         if meaning == "batch" and (per := re.search(rf"\b{re.escape(name)}\s*[:=]\s*\d+\s*/\s*(\d{{1,12}})",
                                                                     line, re.IGNORECASE)) is not None:
