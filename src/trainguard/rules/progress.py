@@ -256,6 +256,9 @@ _SCORE = re.compile(r"map|precision|recall|acc|f1|dice|iou|auc|bleu|rouge|top-?[
 _NOT_SCORE = ("loss", "err", "wer", "cer", "ppl", "perplexity", "fpr", "eer", "best", "std")
 PINNED_SCORE = 0.01  # a score at or below this (of 1, or of 100 %) is at its floor
 FROZEN_EVALS = 5  # evaluations in a row, for one metric while others move
+# a run from scratch often scores 0 through its first epochs (a detector's warm-up: no box passes the
+# confidence threshold yet); ten evaluations at the floor are no warm-up any more
+SCORES_AT_ZERO_EVALS = 10
 
 
 def _score(name: Any) -> bool:
@@ -375,14 +378,14 @@ class EvalMetricsFrozen(Rule):
 
     def _pinned_at_zero(self) -> Finding | None:
         """Every higher-is-better score of the evaluations at (or within 0.01 of) 0 over the run's last half
-        (at least 5 evaluations) while training went on: a model that gets nothing right. `_at_bound` takes 0
+        (at least 10 evaluations) while training went on: a model that gets nothing right. `_at_bound` takes 0
         as a finished error; for a score 0 is the floor it should have left: YOLO runs whose P, R and mAP
         are 0 in all 50 rows, a segmentation run whose mean Dice never passes 0.003 in 100 epochs."""
-        if not self.score_counts or self.n_evals < FROZEN_EVALS or \
+        if not self.score_counts or self.n_evals < SCORES_AT_ZERO_EVALS or \
                 any(n != self.n_evals for n in self.score_counts.values()):
             return None  # a score missing from some evaluations: not the same evaluation each time
         tail = self.low.count  # the evaluations at the floor, counted back from the last
-        if tail < max(FROZEN_EVALS, self.n_evals // 2):
+        if tail < max(SCORES_AT_ZERO_EVALS, self.n_evals // 2):
             return None
         steps = self.low.steps
         since = "at every evaluation" if tail == self.n_evals else f"over the last {tail} of its {self.n_evals} evaluations"
