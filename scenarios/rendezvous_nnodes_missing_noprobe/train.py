@@ -4,7 +4,7 @@ Modelled on pytorch/pytorch#52848 ("init_process_group with launch.py --nnode=2 
 machines"; the usual cause named there: a world declared larger than the processes that come). torchrun's
 static rendezvous (the default backend with --master-addr/--master-port) hosts a TCPStore on node 0 and
 waits for node 1's agent, which nobody starts: no rank runs, nothing is printed until the rendezvous
-timeout (600 s by default, 30 s here through --rdzv-conf so the scenario ends).
+timeout (600 s by default, 75 s here through --rdzv-conf so the scenario ends, with room for the watch under a loaded machine).
 """
 import torch
 import torch.distributed as dist
