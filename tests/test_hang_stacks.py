@@ -218,3 +218,24 @@ def test_files_of_workers_that_ended_without_dumping_are_swept(tmp_path: Path) -
     assert not (folder / f"proc-{silent}.json").exists() and not (folder / f"proc-{silent}.txt").exists()
     assert (folder / f"proc-{dumped}.txt").exists()  # it dumped: evidence, kept
     assert (folder / f"proc-{live}.json").exists()  # alive: kept
+
+
+@pytest.mark.process
+def test_a_run_started_from_a_watched_process_takes_its_stacks_into_its_own_folder(tmp_path: Path) -> None:
+    # A process that called watch() (a notebook, a test runner, an outer `trainguard run`) carries
+    # TRAINGUARD_STACKS for its own children: a `trainguard run` it starts must not inherit it, or the new
+    # run's processes dump into the old folder and its watchdog, looking in its own, sees no stack at all
+    # (TG712 never came in a full test run for that reason).
+    from tgtest import run_trainguard
+
+    stale = tmp_path / "outer" / "stacks"
+    stale.mkdir(parents=True)
+    script = tmp_path / "child.py"
+    script.write_text("import os; print('child', os.getpid(), flush=True)\n")
+    out = run_trainguard("run", "--run-dir", str(tmp_path / "run"), "--", sys.executable, str(script),
+                         cwd=tmp_path, env={"TRAINGUARD_STACKS": str(stale)})
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split("child", 1)[1].split()[0])
+    assert (tmp_path / "run" / "stacks" / f"proc-{pid}.json").exists()
+    # (the trainguard process itself is the caller's child: its own files stay in the caller's folder)
+    assert not (stale / f"proc-{pid}.json").exists()

@@ -33,6 +33,7 @@ from trainguard.contract import (
     ENV_ATTEMPT,
     ENV_RESUME_FROM,
     ENV_RUN_DIR,
+    ENV_STACKS,
     ENV_WATCHDOG,
     EVENT_CHECKPOINT,
     EVENT_CHECKPOINT_CHECK,
@@ -305,6 +306,9 @@ class Supervisor:
         env.update({ENV_RUN_DIR: str(self.run_dir.resolve()), ENV_WATCHDOG: "1", ENV_ATTEMPT: str(self.attempt),
                     "PYTHONUNBUFFERED": "1"})
         env.pop(ENV_RESUME_FROM, None)
+        # a stacks folder inherited from a watched caller (a notebook, a test runner, an outer run) is that
+        # run's: this run's processes dump into its own, which the bootstrap makes from ENV_RUN_DIR
+        env.pop(ENV_STACKS, None)
         env.update(self.options.env)
         if resume:
             env[ENV_RESUME_FROM] = resume
