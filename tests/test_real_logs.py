@@ -47,13 +47,9 @@ STILL_WRONG = {
         "miss: a resumed run whose LR schedule restarts (8.9e-4 -> 0.01) as mAP halves: no rule names a schedule restart yet",
     "ultralytics/AI23mani__Parking_space_dedction/results.csv":
         "miss: the args.yaml its verdict cites is not in the corpus folder; three rows, all in LR warmup, cannot show the plan",
-    "hf/aaghaazkhan__law-llm/trainer_state.json":
-        "miss: a mis-scaled train loss (285 at step 100, 16x the eval loss): initial-loss-off needs the vocabulary size, which trainer_state.json does not hold",
     "ultralytics/1WangXT__Pipeline_Defect_Recognition__exp3/results.csv":
         "miss (verdict in question): mAP@0.5 rises 0.015 (epoch 4) -> 0.20 (epoch 154) with two one-epoch "
         "spikes (0.487 at 58, 0.453 at 76); no collapse and no failure mechanism in the file, only a weak model",
-    "csv/Aaryan004__Pothole_Detection_Model_RCNNs__output-metrics.json":
-        "miss: a first total_loss of 86 (30x a detectron2 start): initial-loss-off needs NUM_CLASSES, not in metrics.json; the TG401 it accepts fired only on windowed medians read as a sum",
     "tensorboard/1WangXT__Pipeline_Defect_Recognition__exp3":
         "miss: an mAP collapse after a one-epoch peak while train loss falls: no rule judges an evaluation metric's fall yet",
 }

@@ -56,8 +56,9 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
     from trainguard.errors import UserError
     from trainguard.ingest import signs
 
-    engine, notes = _engine(source.plan) if rules else (None, ["the health rules were not run"])
-    idle = starved(engine, source.plan) if engine is not None else []
+    plan = _with_contract(source.plan, source.format)
+    engine, notes = _engine(plan) if rules else (None, ["the health rules were not run"])
+    idle = starved(engine, plan) if engine is not None else []
     if engine is not None:
         engine.rules = [r for r in engine.rules if r not in idle]
     found: list[Finding] = []
@@ -116,7 +117,7 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
     # what the source carried, in the names of the rules' needs: the step fields it filled, its events
     have = set(facts.fields) | {k for k in kinds if k not in ("step", "eval")}
     have |= {CHECKPOINTS.key} if "checkpoint" in kinds else set()
-    not_run = _not_run(engine, have, source.plan, idle)
+    not_run = _not_run(engine, have, plan, idle)
     return Diagnosis(path=source.path, format=source.format, state=state, findings=most_severe_first(found),
                      not_run=not_run, steps=facts.steps, evals=facts.evals, lines=facts.lines,
                      skipped=facts.skipped, notes=notes)
@@ -154,6 +155,21 @@ def diagnose_path(path: str | Path, now: float | None = None, ended: str | None 
     if ended:
         source.facts.completed = ended
     return diagnose_source(source, now=now, rules=rules, alive=alive)
+
+
+def _with_contract(plan: dict[str, Any], format_name: str) -> dict[str, Any]:
+    """The source's plan and what its format's contract says the rules must know about its losses."""
+    from trainguard.ingest.formats import contract
+
+    c = contract(format_name)
+    if c is None:
+        return plan
+    extra: dict[str, Any] = {}
+    if c.cross_entropy:
+        extra["cross_entropy"] = dict(c.cross_entropy)
+    if c.eval_same_loss:
+        extra["eval_same_loss"] = True
+    return {**extra, **plan}
 
 
 def _engine(plan: dict[str, Any]) -> tuple[Any, list[str]]:

@@ -28,6 +28,7 @@ from trainguard.rules.contracts import (
     WorkersShareRng,
 )
 from trainguard.rules.devices import DEVICE_RULES
+from trainguard.rules.lossscale import InitialLossOff
 from trainguard.rules.model import ExpertCollapse, PerplexityImplausible
 from trainguard.rules.numerics import ClipBeforeUnscale, GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
 from trainguard.rules.process import (
@@ -40,7 +41,6 @@ from trainguard.rules.process import (
 )
 from trainguard.rules.progress import (
     EvalMetricsFrozen,
-    InitialLossOff,
     LossDiverged,
     LossDiverging,
     LossNotDecreasing,

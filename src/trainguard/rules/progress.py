@@ -8,7 +8,7 @@ import math
 import re
 from typing import Any
 
-from trainguard.findings import EVAL, LOSS, OUTPUT_SIZE, PROBE, UPDATE_RATIO, Finding
+from trainguard.findings import EVAL, LOSS, PROBE, UPDATE_RATIO, Finding
 from trainguard.rules.rule import Rule, Streak, finite, fmt, median, robust_std
 from trainguard.rules.schedule import step_lr
 
@@ -695,69 +695,6 @@ class LossNotDecreasing(Rule):
         if len(fixed) < len(self.losses):  # a row without every weighted part: the total it is
             return self.losses, "the loss"
         return fixed, "the loss at fixed weights (" + ", ".join(f"{n} x {fmt(w)}" for n, w in self.weights.items()) + ")"
-
-
-class InitialLossOff(Rule):
-    """TG205 initial-loss-off: the first losses are far above what the task implies.
-
-    ## What it detects
-    When the probe can read the model's output size (`out_features` of a Linear that is its last layer, or
-    `vocab_size`/`num_classes`/`num_labels` in the config given to `trainguard.watch`), a freshly
-    initialised classifier or language model should start near ln(output size): the loss of a uniform
-    guess. The rule fires when the lowest of the first three losses is more than 3x that and more
-    than 2 above it (the lowest: the first is computed before any update, and an LR far too high
-    sends the next two up, which is `loss-diverged`'s to say, not a sign of the initialisation).
-
-    ## Why it matters
-    A first loss far above ln(V) means the loss is not what it seems: summed instead of averaged,
-    multiplied by a weight, mixed with other terms of another scale, or logits blown up by the
-    initialisation. Seed 002 started at 101.4 where ln(49152) = 10.8.
-
-    ## Example
-    `TG205 initial-loss-off [warning] at step 1: the first losses are 101 or more (the lowest of 3), 9.4x ln(49,152)
-    = 10.8, the loss of a uniform guess over the model's 49,152 outputs`
-
-    ## What to change
-    Check the reduction (`mean`, not `sum`), the weights of the loss parts, and the scale of the
-    output layer's initialisation.
-
-    ## Known false positives
-    Models whose last linear layer is not the output (regression heads with several outputs, models
-    that register the output layer before others); losses that are not cross-entropy.
-
-    ## Options
-    Pass `config={"vocab_size": V}` (or `num_classes`) to `trainguard.watch` to state the output size.
-    """
-
-    code, name, severity = "TG205", "initial-loss-off", "warning"
-    needs = (LOSS, OUTPUT_SIZE)
-
-    def __init__(self, plan: dict[str, Any]) -> None:
-        super().__init__(plan)
-        size = plan.get("output_size")
-        self.size = int(size) if finite(size) and size >= 2 else None
-        self.first: list[tuple[int, float]] = []
-
-    def on_step(self, row: dict[str, Any]) -> Finding | None:
-        if self.size is None or len(self.first) >= 3 or not finite(row.get("loss")):
-            return None
-        self.first.append((row["step"], row["loss"]))
-        if len(self.first) < 3:
-            return None
-        # the lowest of the first three: step 1's loss is computed before any update, and an LR far too high
-        # sends steps 2 and 3 up (5.8, 31, 326): that is the update's fault (loss-diverged), not the init's
-        start = min(v for _, v in self.first)
-        expected = math.log(self.size)
-        if start <= 3 * expected or start - expected <= 2:
-            return None
-        return self.finding(
-            step=self.first[0][0],
-            summary=f"the first losses are {fmt(start)} or more (the lowest of 3), {start / expected:.1f}x ln({fmt(self.size)}) "
-                    f"= {fmt(expected)}, the loss of a uniform guess over the model's {fmt(self.size)} outputs",
-            fix="check the loss reduction (mean, not sum), the weights of loss parts, and the output layer's init",
-            evidence={"first_losses": [v for _, v in self.first], "output_size": self.size,
-                      "expected": expected, "ratio": start / expected, "detected_step": row["step"]},
-        )
 
 
 class _Blocks:

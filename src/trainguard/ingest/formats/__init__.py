@@ -61,6 +61,13 @@ class FormatContract:
     """Keys of an early-stopping patience (in epochs) in the plan files: a run may end before its plan."""
     parts_from: tuple[str, ...] = field(default=())
     """Metric-name prefixes or suffixes (`train/`, `_loss`) whose values are loss parts."""
+    cross_entropy: tuple[tuple[str, int], ...] = field(default=())
+    """Loss fields (`loss` for the total, else a part's name) that the writer computes as a mean
+    cross-entropy, each with its class count (2 for a binary one, 0 when the task decides): a uniform
+    guess scores ln(count), and nothing starts far above ln of a million."""
+    eval_same_loss: bool = False
+    """The evaluation loss is the training loss's own function on held-out data (the Hugging Face
+    Trainer's `prediction_step` calls `compute_loss`): the two are on one scale."""
 
 
 FORMATS: list[FormatContract] = []

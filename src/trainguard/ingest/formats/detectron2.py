@@ -26,5 +26,7 @@ declare(
                "ratio is not the ratio of what the optimizer saw",
                "NaN in an evaluation bucket (APl with no large objects) is not a training fault"),
         step_unit="iteration",
+        # fast_rcnn.py: softmax cross-entropy over K+1 classes, mean; rpn.py: objectness BCE (binary)
+        cross_entropy=(("loss_cls", 0), ("loss_rpn_cls", 2)),
     ),
 )

@@ -32,6 +32,7 @@ declare(
         notes=("a checkpoint-N/trainer_state.json is a snapshot: it never holds the summary",
                "the file is rewritten whole at each save: read it streaming, one log_history record at a time"),
         plan_keys=("max_steps",),
+        eval_same_loss=True,  # prediction_step computes eval_loss with compute_loss itself
     ),
     FormatContract(
         name="llama-factory trainer_log.jsonl", family="LLaMA-Factory",
@@ -46,6 +47,7 @@ declare(
         parts="none",
         notes=("a resumed run appends to the same file: steps may restart below the last one",),
         plan_keys=("total_steps",),
+        eval_same_loss=True,  # prediction_step computes eval_loss with compute_loss itself
     ),
     FormatContract(
         name="ms-swift logging.jsonl", family="ms-swift",
@@ -59,5 +61,6 @@ declare(
         notes=("every float is rounded to 8 decimals: a learning_rate of 0.0 is below 5e-9, not zero",
                "two writers (main process and a callback) may write every record twice"),
         plan_keys=("global_step/max_steps",),
+        eval_same_loss=True,  # prediction_step computes eval_loss with compute_loss itself
     ),
 )

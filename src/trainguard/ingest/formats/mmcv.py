@@ -21,5 +21,8 @@ declare(
         notes=("the first record is the runner's meta (env_info, config, seed, exp_name), not metrics",
                "a validation record's `iter` is the evaluation's length (eval_iter_num), not a training step"),
         plan_keys=("runner.max_epochs", "runner.max_iters", "total_epochs"),
+        # mmdet's CrossEntropyLoss/FocalLoss heads (loss_cls), RPN objectness (sigmoid: binary), mmseg's
+        # decode/auxiliary heads (loss_ce): each a mean over its samples
+        cross_entropy=(("loss_cls", 0), ("loss_rpn_cls", 2), ("decode.loss_ce", 0), ("aux.loss_ce", 0)),
     ),
 )

@@ -27,5 +27,8 @@ declare(
         step_unit="iteration", plan_files=("config.py", "*.py"),
         plan_keys=("train_cfg.max_epochs", "train_cfg.max_iters", "max_epochs", "max_iters"),
         parts_from=("loss_",),
+        # mmdet's CrossEntropyLoss/FocalLoss heads (loss_cls), RPN objectness (sigmoid: binary), mmseg's
+        # decode/auxiliary heads (loss_ce): each a mean over its samples
+        cross_entropy=(("loss_cls", 0), ("loss_rpn_cls", 2), ("decode.loss_ce", 0), ("aux.loss_ce", 0)),
     ),
 )

@@ -19,5 +19,6 @@ declare(
         completion="a row at the last planned epoch",
         parts="none",
         step_unit="epoch", plan_files=("args.yaml",), plan_keys=("epochs",),
+        cross_entropy=(("loss", 0),),  # train.py: (soft-target) cross-entropy, mean over the batch
     ),
 )
