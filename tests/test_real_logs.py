@@ -33,12 +33,6 @@ STILL_WRONG = {
         "false-alarm: several launches appended in one file are read as one run: the rows of an earlier launch "
         "that collapsed at ln(50) (3.9121 flat) are loss-not-decreasing's first window; needs the reader to "
         "judge the last launch",
-    "textlog/JunyiJ__PostTraining-LLM-Small__ppo_20251228_2.log":
-        "false-alarm: TG521 on 30 lines a step that are the RL loop's own printed samples (prompts and "
-        "completions, each step ~277 s by its '[timing]' lines); the output event carries only a line count, "
-        "so log-flood cannot tell printed text from a repeated debug line, nor lines per second offline",
-    "textlog/JunyiJ__PostTraining-LLM-Small__train_grpo_gemma2_3.log":
-        "false-alarm: TG521 on 80 lines a step of printed GRPO completions: the same gap as the PPO log",
     "ultralytics/0x90Vold__Plant-Disease-Detection__train2/results.csv":
         "miss: the args.yaml its verdict cites is not in the corpus folder; one row in warmup cannot show the plan",
     "ultralytics/Arthas1998__yolo_gas__exp2-New/results.csv":

@@ -21,8 +21,10 @@ class LogFlood(Rule):
 
     ## What it detects
     Lines the run printed (counted by the watchdog from its captured output; offline, from
-    `output.log`) per optimizer step, over a window of 2% of the planned run (20 to 100 steps): above
-    8 lines a step, with at least 200 lines in the window.
+    `output.log` or the log itself) per optimizer step, over a window of 2% of the planned run (20 to
+    100 steps): above 8 lines a step, with at least 200 lines in the window, scrolling faster than
+    anyone reads (above 20 lines a second). Offline, where the lines carry no time, the volume must
+    say it instead: 100,000 lines or more over the run.
 
     ## Why it matters
     A log that scrolls dozens of lines a step hides the one line that matters, slows the loop (printing
@@ -31,14 +33,16 @@ class LogFlood(Rule):
 
     ## Example
     `TG521 log-flood [warning] at step 1: 36.2 lines of output per optimizer step over steps 1-51
-    (1,846 lines)`
+    (1,846 lines, 720 a second)`
 
     ## What to change
     Print every N steps (`guard.due("log", every=N)`), move per-batch detail to a debug level, and
     print each warning once.
 
     ## Known false positives
-    A progress bar that redraws with newlines instead of carriage returns.
+    A progress bar that redraws with newlines instead of carriage returns. A loop whose steps take
+    minutes and print a report of a dozen lines each (a reinforcement-learning loop printing its
+    samples and timings) is not one: 30 lines a step at 277 s a step scroll 0.1 lines a second.
 
     ## Options
     None.
@@ -47,11 +51,13 @@ class LogFlood(Rule):
     code, name, severity = "TG521", "log-flood", "warning"
     needs = (OUTPUT,)
     PER_STEP = 8.0
+    PER_SECOND = 20.0  # faster than anyone reads a scrolling terminal
+    UNTIMED = 100_000  # lines over the window, where the lines carry no time (a log read offline)
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
         self.w = self.window(0.02, 20, 100)
-        self.samples: collections.deque[tuple[int, int]] = collections.deque()
+        self.samples: collections.deque[tuple[int, int, float | None]] = collections.deque()
 
     def on_event(self, event: dict[str, Any]) -> Finding | None:
         if event.get("kind") != "output":
@@ -59,7 +65,8 @@ class LogFlood(Rule):
         step, lines = event.get("step"), (event.get("data") or {}).get("lines")
         if step is None or lines is None:
             return None
-        self.samples.append((int(step), int(lines)))
+        t = event.get("t")
+        self.samples.append((int(step), int(lines), float(t) if finite(t) else None))
         base = None
         while len(self.samples) >= 2 and self.samples[1][0] <= step - self.w:
             self.samples.popleft()
@@ -71,11 +78,21 @@ class LogFlood(Rule):
         rate = count / steps
         if rate <= self.PER_STEP or count < 200:
             return None
+        # lines a step alone cannot say it: a loop of minutes a step may print a dozen-line report each
+        seconds = t - base[2] if finite(t) and base[2] is not None else None
+        per_second = count / seconds if seconds else None
+        if per_second is not None and per_second <= self.PER_SECOND:
+            return None
+        if seconds is None and count < self.UNTIMED:
+            return None
+        pace = f", {per_second:.0f} a second" if per_second is not None else ""
         return self.finding(
             step=max(1, base[0]),
-            summary=f"{rate:.1f} lines of output per optimizer step over steps {base[0]}-{step} ({fmt(count)} lines)",
+            summary=f"{rate:.1f} lines of output per optimizer step over steps {base[0]}-{step} ({fmt(count)} lines"
+                    f"{pace})",
             fix="print every N steps (guard.due('log', every=N)) and each warning once",
-            evidence={"lines_per_step": rate, "lines": count, "steps": steps, "detected_step": step},
+            evidence={"lines_per_step": rate, "lines": count, "steps": steps, "lines_per_second": per_second,
+                      "detected_step": step},
         )
 
 
