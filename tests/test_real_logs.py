@@ -36,7 +36,8 @@ STILL_WRONG = {
     "ultralytics/0x90Vold__Plant-Disease-Detection__train2/results.csv":
         "miss: the args.yaml its verdict cites is not in the corpus folder; one row in warmup cannot show the plan",
     "ultralytics/Arthas1998__yolo_gas__exp2-New/results.csv":
-        "miss: a resumed run whose LR schedule restarts (8.9e-4 -> 0.01) as mAP halves: no rule names a schedule restart yet",
+        "miss (accept list in question): TG105 lr-restarts-at-resume names the restart (8.92e-4 -> 0.01 at epoch 25, "
+        "cause jump-after-decay), the code for exactly this, but the verdict accepts only TG207/102/103/602/203",
     "tensorboard/Arthas1998__yolo_gas__exp2-New":
         "miss: a resumed run whose LR schedule restarts (8.9e-4 -> 0.01) as mAP halves: no rule names a schedule restart yet",
     "ultralytics/AI23mani__Parking_space_dedction/results.csv":

@@ -169,6 +169,8 @@ def _with_contract(plan: dict[str, Any], format_name: str) -> dict[str, Any]:
         extra["cross_entropy"] = dict(c.cross_entropy)
     if c.eval_same_loss:
         extra["eval_same_loss"] = True
+    if c.lr_decays_only:
+        extra["lr_decays_only"] = True
     return {**extra, **plan}
 
 

@@ -376,6 +376,11 @@ class LrRestartsAtResume(Rule):
     row: the schedule started over (its warm-up again, its peak after a decay, or a chained warm-up
     multiplying an LR already restored) instead of continuing.
 
+    Where the log's format says its schedule only decays after the warm-up (Ultralytics and YOLOv5:
+    lr0 x lf(epoch), lf falling from 1 to lrf), no resume needs to be seen: an LR that jumps 5x or more
+    above the row before, after at least three rows of decay, is the schedule started over (cause
+    `jump-after-decay`), the usual trace of a run resumed into the same folder with a rebuilt optimizer.
+
     ## Why it matters
     A checkpoint that holds the model and the optimizer but not the scheduler resumes with a fresh
     schedule: a run at its peak LR drops back to the first warm-up step (or a decayed run jumps back to
@@ -406,6 +411,8 @@ class LrRestartsAtResume(Rule):
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
+        self.decays_only = bool(plan.get("lr_decays_only"))  # the format's schedule never rises after warm-up
+        self.decaying = 0  # rows in a row whose LR did not rise (the run is past its warm-up)
         self.lr_at: dict[int, float] = {}  # step -> LR, the last REMEMBER steps
         self.last: tuple[int, float] | None = None
         self.resume: dict[str, Any] | None = None  # the resume being judged: where, how, what was planned
@@ -436,12 +443,40 @@ class LrRestartsAtResume(Rule):
         if self.last is not None and step <= self.last[0] and self.resume is None:
             self._resumed("steps starting again", step, row.get("attempt"))
         found = self._judge(step, lr) if self.resume is not None else None
+        if found is None and self.decays_only and self.resume is None:
+            found = self._jump(step, lr)
         if self.resume is None:
             self.lr_at[step] = lr
             if len(self.lr_at) > self.REMEMBER:
                 del self.lr_at[next(iter(self.lr_at))]
         self.last = (step, lr)
         return found
+
+    def _jump(self, step: int, lr: float) -> Finding | None:
+        """In a schedule that only decays after its warm-up: an LR 5x above the row before, after decay."""
+        if self.last is None:
+            return None
+        prev_step, prev = self.last
+        if lr <= prev * (1 + 1e-6):
+            self.decaying += 1
+            return None
+        decayed, self.decaying = self.decaying, 0
+        if decayed < 3 or prev <= 0 or lr < self.OFF * prev:
+            return None
+        self.done = True
+        peak = max(self.lr_at.values(), default=lr)
+        back = " (back at the run's peak)" if lr >= 0.5 * peak else ""
+        return self.finding(
+            step=step, cause="jump-after-decay",
+            summary=f"the LR jumped from {fmt(prev)} at step {prev_step} to {fmt(lr)} at step {step} ({lr / prev:.0f}x)"
+                    f"{back} after {decayed} steps of decay, in a schedule that only decays after its warm-up: it "
+                    "started over instead of continuing (a resume with a rebuilt optimizer or scheduler)",
+            fix="resume with the framework's own resume (YOLO: `resume=True` / `--resume` on the last.pt of the "
+                "same run), which restores the optimizer and the epoch; to train longer, start a new run from the "
+                "weights with its own schedule; in your own loop, save and load scheduler.state_dict()",
+            evidence={"before": {"step": prev_step, "lr": prev}, "after": {"step": step, "lr": lr},
+                      "ratio": lr / prev, "decay_steps": decayed, "peak": peak, "detected_step": step},
+        )
 
     def _judge(self, step: int, lr: float) -> Finding | None:
         """One step after the resume: its LR against the plan's. The plan is the LR the earlier attempt had at

@@ -65,6 +65,8 @@ class FormatContract:
     """Loss fields (`loss` for the total, else a part's name) that the writer computes as a mean
     cross-entropy, each with its class count (2 for a binary one, 0 when the task decides): a uniform
     guess scores ln(count), and nothing starts far above ln of a million."""
+    lr_decays_only: bool = False
+    """The writer's LR schedule never rises after its warm-up (no restarts, no cycles)."""
     eval_same_loss: bool = False
     """The evaluation loss is the training loss's own function on held-out data (the Hugging Face
     Trainer's `prediction_step` calls `compute_loss`): the two are on one scale."""

@@ -30,7 +30,7 @@ declare(
                    "fitness, 0.1 mAP50 + 0.9 mAP50-95)",
         parts="sum", notes=(_LR, _STOP, "a resumed run continues the same file"),
         step_unit="epoch", plan_files=("args.yaml",), plan_keys=("epochs",), patience_keys=("patience",),
-        parts_from=("train/",),
+        parts_from=("train/",), lr_decays_only=True,
     ),
     FormatContract(
         name="yolov5 results.csv", family="YOLOv5",
@@ -43,6 +43,6 @@ declare(
         completion="a row at the last planned epoch (epochs - 1), or early stopping",
         parts="sum", notes=(_LR, _STOP, "opt.yaml `resume: true` continues a run into the same folder"),
         step_unit="epoch", plan_files=("opt.yaml",), plan_keys=("epochs",), patience_keys=("patience",),
-        parts_from=("train/",),
+        parts_from=("train/",), lr_decays_only=True,
     ),
 )

@@ -1,0 +1,61 @@
+"""TG105 lr-restarts-at-resume without a resume event, where the format's schedule only decays.
+
+YOLOv5 and Ultralytics schedule every param group as lr0 x lf(epoch), lf falling from 1 to lrf after
+a warm-up (ultralytics/yolov5 train.py, ultralytics/engine/trainer.py `_setup_scheduler`): a jump back up
+after the decay is the schedule started over. A generic CSV promises no such thing (cosine with warm
+restarts is a schedule people choose), and stays quiet. Files written here from the writers' columns.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard.ingest.detect import open_source
+from trainguard.ingest.diagnose import diagnose_source
+
+pytestmark = pytest.mark.unit
+
+COLS = ["epoch", "train/box_loss", "train/obj_loss", "train/cls_loss", "metrics/precision", "metrics/recall",
+        "metrics/mAP_0.5", "metrics/mAP_0.5:0.95", "val/box_loss", "val/obj_loss", "val/cls_loss",
+        "x/lr0", "x/lr1", "x/lr2"]
+
+
+def _lr(epoch: int, epochs: int, lr0: float = 0.01, lrf: float = 0.01) -> float:
+    return lr0 * ((1 - epoch / epochs) * (1.0 - lrf) + lrf)
+
+
+def _write(folder: Path, lrs: list[float]) -> Path:
+    folder.mkdir()
+    rows = [",".join(f"{c:>20}" for c in COLS)]
+    for e, lr in enumerate(lrs):
+        m = 0.1 + 0.35 * (1 - 0.9 ** e)
+        rows.append(",".join(f"{v:>20}" for v in [e, 0.06 - 0.0005 * e, 0.03, 0.01, m + 0.1, m, m, m / 2, 0.05,
+                                                   0.02, 0.005, lr, lr, lr]))
+    (folder / "results.csv").write_text("\n".join(rows) + "\n")
+    (folder / "opt.yaml").write_text("epochs: 40\npatience: 100\nresume: true\n")
+    return folder / "results.csv"
+
+
+def _tg105(path: Path) -> list:
+    return [f for f in diagnose_source(open_source(path)).findings if f.code == "TG105"]
+
+
+def test_a_yolov5_schedule_that_jumps_back_to_lr0_after_its_decay_started_over(tmp_path: Path) -> None:
+    lrs = [_lr(e, 25) for e in range(25)] + [0.01] + [_lr(e, 40) for e in range(26, 40)]
+    found = _tg105(_write(tmp_path / "exp", lrs))
+    assert len(found) == 1 and found[0].cause == "jump-after-decay" and found[0].step == 25
+    assert found[0].evidence["ratio"] > 5
+
+
+def test_a_yolov5_run_resumed_properly_continues_its_schedule_and_is_quiet(tmp_path: Path) -> None:
+    assert _tg105(_write(tmp_path / "exp", [_lr(e, 40) for e in range(40)])) == []
+
+
+def test_a_generic_csv_whose_lr_restarts_is_a_schedule_someone_chose(tmp_path: Path) -> None:
+    # SGDR: the same jump, in a format that promises no monotone schedule
+    lrs = [0.01 * (1 - (e % 20) / 20) + 1e-4 for e in range(40)]
+    path = tmp_path / "log.csv"
+    path.write_text("step,loss,lr\n" + "".join(f"{e},{1.0 / (e + 1):.4f},{lr:.6f}\n" for e, lr in enumerate(lrs)))
+    assert _tg105(path) == []
