@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from trainguard.rules.progress import LossDiverged
+from trainguard.rules.divergence import LossDiverged
 
 pytestmark = pytest.mark.unit
 

@@ -334,8 +334,8 @@ def _duration(seconds: float) -> str:
 def _divergence_signs() -> set[str]:
     """The findings that say the loss diverged or went non-finite (TG208, TG206, TG301, TG302), by their
     declarations (imported here: those rules' modules come after this one)."""
+    from trainguard.rules.divergence import LossDiverged, LossDiverging
     from trainguard.rules.numerics import NonfiniteGrad, NonfiniteLoss
-    from trainguard.rules.progress import LossDiverged, LossDiverging
 
     return {r.name for r in (LossDiverged, LossDiverging, NonfiniteLoss, NonfiniteGrad)}
 

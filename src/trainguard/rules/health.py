@@ -28,6 +28,9 @@ from trainguard.rules.contracts import (
     WorkersShareRng,
 )
 from trainguard.rules.devices import DEVICE_RULES
+from trainguard.rules.divergence import LossDiverged, LossDiverging, LossSpike
+from trainguard.rules.evalfrozen import EvalMetricsFrozen
+from trainguard.rules.lossfall import LossNotDecreasing
 from trainguard.rules.lossscale import InitialLossOff
 from trainguard.rules.model import ExpertCollapse, PerplexityImplausible
 from trainguard.rules.numerics import ClipBeforeUnscale, GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
@@ -39,15 +42,7 @@ from trainguard.rules.process import (
     MemoryCreep,
     ThroughputDrop,
 )
-from trainguard.rules.progress import (
-    EvalMetricsFrozen,
-    LossDiverged,
-    LossDiverging,
-    LossNotDecreasing,
-    LossSpike,
-    ParamsWithoutGrad,
-    WeightsNotUpdating,
-)
+from trainguard.rules.progress import ParamsWithoutGrad, WeightsNotUpdating
 from trainguard.rules.ranks import GradNormsDiffer, NonfiniteOnOneRank, RankStopped, StragglerRank
 from trainguard.rules.rule import Rule
 from trainguard.rules.schedule import (
