@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard.rules.process import MemoryCreep
+from trainguard.rules.memory import MemoryCreep
 
 pytestmark = pytest.mark.unit
 MIB = 2**20

@@ -18,7 +18,7 @@ import torch
 import trainguard
 from trainguard.probe import samples
 from trainguard.rules.engine import Engine
-from trainguard.rules.process import MemoryCreep, _Thinned
+from trainguard.rules.memory import MemoryCreep, _Thinned
 from trainguard.store.reader import RunReader
 
 MIB = 2**20

@@ -32,16 +32,10 @@ from trainguard.rules.divergence import LossDiverged, LossDiverging, LossSpike
 from trainguard.rules.evalfrozen import EvalMetricsFrozen
 from trainguard.rules.lossfall import LossNotDecreasing
 from trainguard.rules.lossscale import InitialLossOff
+from trainguard.rules.memory import DeviceMemoryNearFull, MemoryCreep
 from trainguard.rules.model import ExpertCollapse, PerplexityImplausible
 from trainguard.rules.numerics import ClipBeforeUnscale, GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
-from trainguard.rules.process import (
-    CheckpointStale,
-    DataWaitDominant,
-    DeviceMemoryNearFull,
-    LogFlood,
-    MemoryCreep,
-    ThroughputDrop,
-)
+from trainguard.rules.process import CheckpointStale, DataWaitDominant, LogFlood, ThroughputDrop
 from trainguard.rules.progress import ParamsWithoutGrad, WeightsNotUpdating
 from trainguard.rules.ranks import GradNormsDiffer, NonfiniteOnOneRank, RankStopped, StragglerRank
 from trainguard.rules.rule import Rule
