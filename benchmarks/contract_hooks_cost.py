@@ -10,7 +10,7 @@ it on: `post_due`), the gradient hooks (tensor hooks before the gradient is adde
 after), the loss check after a sampled forward; then the optimizer's pre- and post-hook halves
 (`opt_pre`, `opt_post`, called from the guard's optimizer hooks).
 Which hooks there are is read from torch's own hook dictionaries (every hook a function of
-probe/contracts.py registered on the model, its modules or its parameters), so no hook is missed
+probe/contracts.py or its families of checks registered on the model, its modules or its parameters), so no hook is missed
 whatever the checks register. Steps 11-110 are timed, so that the sampled steps (every `stats_every`)
 count in the mean; each hook call is timed on its own (the replayed backward's accumulation,
 `grad[:1].add_(0)`, is not), and each step's calls of a kind count as the best of 7 passes (a loaded
@@ -37,11 +37,11 @@ SHAPES = {  # fair_overhead.py's arms: (dim, layers, heads, vocab, micro-batches
 
 def _ours(fn) -> bool:
     fn = getattr(fn, "__func__", fn)
-    return (getattr(fn, "__module__", "") or "") == "trainguard.probe.contracts"
+    return (getattr(fn, "__module__", "") or "").startswith("trainguard.probe.contract")  # the dispatcher, its families
 
 
 def contract_hooks(model) -> dict[str, list]:
-    """The hooks probe/contracts.py registered, by kind: [(module or parameter, hook), ...]."""
+    """The hooks the contract checks (probe/contract*.py) registered, by kind: [(module or parameter, hook), ...]."""
     found: dict[str, list] = {"forward_pre": [], "forward": [], "grad_before": [], "grad_after": []}
     for m in model.modules():
         found["forward_pre"] += [(m, fn, k in m._forward_pre_hooks_with_kwargs)
@@ -111,7 +111,7 @@ def measure(shape: str, passes: int = 7, steps: int = 100) -> dict:
             for p, fn in now["grad_after"]:
                 timed("grad_after", fn, p)
             guard.state.micro += 1
-            if checks.last_output is not None:  # as guard.step calls it: only after a sampled forward
+            if checks.shapes.last_output is not None:  # as guard.step calls it: only after a sampled forward
                 timed("on_loss", checks.on_loss, loss)
         guard.state.opt_steps += 1
         timed("opt_pre", checks.opt_pre, opt)

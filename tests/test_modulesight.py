@@ -42,7 +42,7 @@ TAIL = """
     from torch.nn.modules import module as M
     from trainguard.probe import auto
     c = auto._state["guard"].contracts
-    print(len(M._global_forward_pre_hooks), type(c.module).__name__, len(c.mode_modules))
+    print(len(M._global_forward_pre_hooks), type(c.module).__name__, len(c.modes.mode_modules))
 """
 
 

@@ -203,7 +203,7 @@ def test_an_email_carries_its_date_and_message_id(tmp_path: Path) -> None:
 
 
 def test_ls_counts_an_acknowledged_error_apart() -> None:
-    from trainguard.cli import _finding_counts
+    from trainguard.report.runlist import finding_counts as _finding_counts
 
     found = [{"code": "TG301", "severity": "error", "acked": {"by": "a@h"}},
              {"code": "TG522", "severity": "warning"}, {"code": "TG101", "severity": "error"}]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from trainguard.errors import UserError
 from trainguard.findings import Code, Data, Declared
 from trainguard.ingest.signs import LOG_ENDS_UNFINISHED, SCHEDULER_BEFORE_OPTIMIZER
-from trainguard.preflight.check import (
+from trainguard.preflight.configrules import (
     IMPLAUSIBLE_VALUE,
     INTERVAL_DOMINATES_RUN,
     INTERVAL_EXCEEDS_RUN,
@@ -30,7 +30,7 @@ from trainguard.preflight.check import (
     WARMUP_EXCEEDS_RUN,
     WARMUP_IGNORED,
 )
-from trainguard.preflight.judge import (
+from trainguard.preflight.runrules import (
     CHECKPOINT_RESUME_FAILED,
     PERIODIC_PATH_CRASHED,
     PERIODIC_PATH_DOMINATES,

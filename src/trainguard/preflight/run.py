@@ -48,6 +48,7 @@ from trainguard.errors import UserError
 from trainguard.findings import Finding, most_severe_first
 from trainguard.folderio import read_capped, regular_or_missing, write_atomic
 from trainguard.preflight import judge, scratch
+from trainguard.preflight.runrules import PREFLIGHT_TIMED_OUT, TimeLimit
 from trainguard.probe.fastforward import SCHEDULE_FILE
 from trainguard.store.ending import Ending, ending_status
 from trainguard.store.paths import new_run_dir, prepare_run_dir, runs_root
@@ -162,9 +163,9 @@ def _start(opts: PreflightOptions, start_dir: Path, work: Path, *, mode: str, st
     # the bootstrap: the write watch from the first line on, and the automatic probe for a script without
     # trainguard.watch (a few real optimizer steps, then stopped)
     options = RunOptions(command=list(opts.command), run_dir=str(start_dir), echo=opts.echo, live=False,
-                         stop_on=[judge.PREFLIGHT_TIMED_OUT.name], cwd=str(work),
+                         stop_on=[PREFLIGHT_TIMED_OUT.name], cwd=str(work),
                          env={**bootstrap_env(), ENV_PREFLIGHT: json.dumps(cfg), **(env or {})})
-    sup = Supervisor(options, monitors=[judge.TimeLimit(opts.timeout, mode)])
+    sup = Supervisor(options, monitors=[TimeLimit(opts.timeout, mode)])
     code = sup.run()
     return judge.load_start(start_dir, mode=mode, exit_code=code, scratch=str(work), origin=str(Path.cwd()))
 

@@ -136,23 +136,23 @@ def _install_write_watch() -> None:
     try:
         import json
 
-        from trainguard.probe import fastforward
+        from trainguard.probe import scratchwrites
 
         cfg = json.loads(os.environ[ENV_PREFLIGHT])
         if cfg.get("scratch"):
             from pathlib import Path
 
-            fastforward.install_write_watch(Path(cfg["scratch"]), Path(os.environ[ENV_RUN_DIR]),
-                                            cfg.get("origin"))
+            scratchwrites.install_write_watch(Path(cfg["scratch"]), Path(os.environ[ENV_RUN_DIR]),
+                                              cfg.get("origin"))
     except Exception as exc:
         _note(f"preflight write watch not installed at start-up: {exc!r}")
 
 
 def _wrap_savers(module: Any) -> None:
     try:
-        from trainguard.probe import fastforward
+        from trainguard.probe import scratchwrites
 
-        fastforward.wrap_savers()
+        scratchwrites.wrap_savers()
     except Exception as exc:
         _note(f"preflight: torch.save / save_file not wrapped: {exc!r}")
 

@@ -104,9 +104,6 @@ class Probe(StepRecorder):
         StepRecorder.__init__(
             self, self.state, self.handoff, self.writer, grad_accum=int(grad_accum), total_steps=total_steps,
             stats_every=max(1, int(stats_every)), optimizer=optimizer, scaler=scaler)
-        # the names probe/contracts.py still reads (issue 35: they go once it follows the rename); the fixed
-        # ones are plain attributes (its forward hook reads them at every forward), the moving ones properties
-        self._writer, self._pid, self._ring = self.writer, self.pid, self.ring
         self.drainer = Drain(self.state, self.handoff, self.writer, run_dir=folder, rank=rank,
                             grad_accum=self.grad_accum, ring=self.ring, memory=self.memory, phases=self.phases)
         self._verifier: Any = None  # made at the first reported checkpoint (probe/ckptverify.py)
@@ -177,32 +174,6 @@ class Probe(StepRecorder):
     def abandon_device(self, exc: BaseException) -> None:
         """A sticky device error: every device copy in flight is dropped, never freed (`Handoff.abandon`)."""
         self.handoff.abandon(self.state, exc)
-
-    # -- the names probe/contracts.py still reads (kept until it follows the rename; see issue 35) ------
-
-    @property
-    def _disabled(self) -> bool:
-        return self.state.disabled
-
-    @property
-    def _ticks(self) -> int:
-        return self.state.ticks
-
-    @_ticks.setter
-    def _ticks(self, value: int) -> None:
-        self.state.ticks = value
-
-    @property
-    def _loss_steps(self) -> int:
-        return self.state.loss_steps
-
-    @property
-    def _output_kept(self) -> bool:
-        return self.output_kept
-
-    @_output_kept.setter
-    def _output_kept(self, value: bool) -> None:
-        self.output_kept = value
 
     # -- the run's end ----------------------------------------------------------------------------------
 

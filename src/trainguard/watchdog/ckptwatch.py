@@ -1,7 +1,7 @@
 """The watchdog's checkpoint verification: every checkpoint the run reports, and every file it saw the run
 write and close that looks like one, verified outside the training process (checkpoints/verifier.py).
 
-A monitor (watchdog/supervisor.py's `Monitor`): each poll hands new `checkpoint` events and newly closed
+A monitor (watchdog/watchstate.py's `Monitor`): each poll hands new `checkpoint` events and newly closed
 files to the verifier and commits the verdicts it recorded (`checkpoint-check` events, stamped with the
 watchdog's rank -1 and the reporting rank in their data); the health rules (rules/checkpoints.py) read
 them from the store like any event. It returns no findings itself. `settle` lets the verifications in

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract import COLLECTIVES_REQUEST, DEFAULT_GROUP, FLIGHT_ANSWER_PREFIX
+from trainguard.watchdog import collectivewords as words
 
 META_PREFIX = "collectives."
 FLIGHT_PREFIX = FLIGHT_ANSWER_PREFIX
@@ -159,19 +160,19 @@ def judge(positions: dict[int, dict[str, Any]], in_stack: dict[int, str | None],
         blame = [r for r in outside if r not in unseen]
     elif len(groups) > 1:
         blame = _odd_group(groups, positions)
-    sentence = _sentence(groups, [r for r in outside if r not in unseen], blame, positions)
+    sentence = words.sentence(groups, [r for r in outside if r not in unseen], blame, positions)
     if unseen:
-        others = "; ".join(f"{_ranks(rs)} {'wait' if len(rs) > 1 else 'waits'} in {_label(k)}"
+        others = "; ".join(f"{words.rank_list(rs)} {'wait' if len(rs) > 1 else 'waits'} in {words.position_label(k)}"
                            for k, rs in sorted(groups.items(), key=lambda kv: kv[1]))
-        sentence = (f"{_ranks(unseen)} {'are' if len(unseen) > 1 else 'is'} inside backward, where DDP's gradient "
+        sentence = (f"{words.rank_list(unseen)} {'are' if len(unseen) > 1 else 'is'} inside backward, where DDP's gradient "
                     "all-reduce is not seen without the flight recorder (TORCH_FR_BUFFER_SIZE), while "
                     + (others if not blame else sentence))
     unrecoverable = None
     if not outside and len(groups) > 1:
-        unrecoverable = f"the ranks wait in different collectives ({_list_positions(groups)}): none can complete"
+        unrecoverable = f"the ranks wait in different collectives ({words.list_positions(groups)}): none can complete"
     return {"sentence": sentence, "blame": blame[0] if len(blame) == 1 else None, "blamed": blame,
             "unrecoverable": unrecoverable,
-            "positions": {str(r): _label(w) if w else "in no collective" for r, w in where.items()}}
+            "positions": {str(r): words.position_label(w) if w else "in no collective" for r, w in where.items()}}
 
 
 def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
@@ -279,7 +280,7 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
         w = waits[r]
         if w is None:
             return False
-        kind = _kind(w)
+        kind = words.window_kind(w)
         return all(not ((flight[x].get("kinds") or {}).get(w["group"]) or {}).get(kind)
                    for x in ranks if x != r and (w["group"] not in members or x in members[w["group"]]))
 
@@ -294,10 +295,10 @@ def judge_flight(flight: dict[int, dict[str, Any]], now: dict[int, str | None],
                 odd = []
         blame = odd if 0 < len(odd) < len(ranks) else []
 
-    sentence = _flight_sentence(ranks, waits, outside, blame, missing, behind, flight)
+    sentence = words.flight_sentence(ranks, waits, outside, blame, missing, behind, flight)
     return {"sentence": sentence, "blame": blame[0] if len(blame) == 1 else None, "blamed": blame,
             "unrecoverable": unrecoverable, "straggling": outside if not unrecoverable and outside else [],
-            "positions": {str(r): _flight_label(w) if w else "in no collective" for r, w in waits.items()},
+            "positions": {str(r): words.flight_label(w) if w else "in no collective" for r, w in waits.items()},
             "waits": waits}
 
 
@@ -322,59 +323,6 @@ def user_lines(t: Any) -> set[str]:
     from trainguard.rules.crash import is_user_frame
 
     return {f"{Path(f.file).name}:{f.line}" for f in (t.frames if t is not None else []) if is_user_frame(f.file)}
-
-
-def _kind(w: dict[str, Any]) -> str:
-    try:
-        shown = ",".join("x".join(str(n) for n in s) for s in w.get("sizes") or [])
-    except TypeError:
-        shown = ""
-    return f"{w.get('op')} [{shown}]"  # as probe/flightrec.kind_of writes the window's kinds
-
-
-def _flight_label(w: dict[str, Any]) -> str:
-    g = "" if w.get("group") == DEFAULT_GROUP else f" of group {w.get('group')}"
-    number = f"{w.get('op')} #{w.get('seq')}{g}"
-    at = f" at {w['where']}" if w.get("where") else ""
-    on = " on the device" if w.get("device") else ""
-    if w.get("from") == "backward":
-        what = "DDP's gradient all-reduce" if w.get("op") == "all_reduce" else f"a {w.get('op')} of the backward"
-        whose = f"step {w['step']}'s backward" if isinstance(w.get("step"), int) else "backward"
-        return f"{what} ({number}{on}, in {whose}{at})"
-    if w.get("device") and not w.get("where"):
-        # issued without a Python stack: from C++, as DDP's Reducer issues its gradient buckets on a GPU
-        # (autograd runs a CUDA backward on a thread of its own; no step is named: the host ran on past it)
-        return f"{number} on the device, issued from C++ (DDP's gradient all-reduce, or the like)"
-    return number + at + on
-
-
-def _flight_sentence(ranks: list[int], waits: dict[int, dict[str, Any] | None], outside: list[int],
-                     blame: list[int], missing: dict[int, list[int]], behind: dict[int, list[int]],
-                     flight: dict[int, dict[str, Any]]) -> str:
-    by_key: dict[tuple, list[int]] = {}
-    for r in ranks:
-        w = waits[r]
-        if w:
-            by_key.setdefault((w["group"], int(w["seq"]), w.get("op"), w.get("from")), []).append(r)
-    first = set(blame)
-    ordered = sorted(by_key.values(), key=lambda rs: (not (set(rs) & first), rs))
-    parts = []
-    for rs in ordered:
-        w = waits[rs[0]]
-        assert w is not None
-        clause = f"{_ranks(rs)} {'wait' if len(rs) > 1 else 'waits'} in {_flight_label(w)}"
-        lost = sorted({x for r in rs for x in missing.get(r, [])})
-        if lost:
-            never = all(not ((flight[x].get("kinds") or {}).get(w["group"]) or {}).get(_kind(w)) for x in lost)
-            verb = "never called" if never else ("has not reached" if len(lost) == 1 else "have not reached")
-            clause += f", which {_ranks(lost)} {verb}"
-        parts.append(clause)
-    text = "; ".join(parts)
-    if outside:
-        reach = sorted({x for r in behind for x in behind[r]} & set(outside))
-        yet = " yet (behind: slow, or stuck where its stack shows)" if reach else ""
-        text = f"{_ranks(outside)} {'are' if len(outside) > 1 else 'is'} in no collective{yet} while " + text
-    return text
 
 
 def refine(diagnosis: Any, snap: Any, positions: dict[int, dict[str, Any]],
@@ -440,7 +388,7 @@ def flight_waits(snap: Any, flight: dict[int, dict[str, Any]]) -> dict[int, str]
         if now == "device":
             w = device_wait(flight.get(r) or {})
             if w is not None:
-                out[r] = _flight_label(w)
+                out[r] = words.flight_label(w)
             continue
         if now != "backward":
             continue
@@ -538,8 +486,8 @@ def _out_of_step(positions: dict[int, dict[str, Any]], ranks: list[int], in_back
     # the side that is fewer is the odd one: ranks that made an extra call, or a rank that skipped one
     blame = ahead if len(ahead) <= len(behind) else behind
     of_group = "" if group == DEFAULT_GROUP else f" of group {group}"
-    sentence = (f"no rank waits in a collective its Python code called, but {_ranks(ahead)} made "
-                f"{_label((op, top))}{of_group}{f' at {where}' if where else ''}, a call {_ranks(behind)} never made")
+    sentence = (f"no rank waits in a collective its Python code called, but {words.rank_list(ahead)} made "
+                f"{words.position_label((op, top))}{of_group}{f' at {where}' if where else ''}, a call {words.rank_list(behind)} never made")
     if in_backward & set(ranks):
         sentence += ("; inside backward, a collective the backward issues (DDP's gradient all-reduce, or the like) "
                      "pairs with it and waits for a partner that never comes")
@@ -547,7 +495,7 @@ def _out_of_step(positions: dict[int, dict[str, Any]], ranks: list[int], in_back
             sentence += " (the flight recorder, TORCH_FR_BUFFER_SIZE, would name it)"
     return {"sentence": sentence, "blame": blame[0] if len(blame) == 1 else None, "blamed": blame,
             "unrecoverable": None, "where": where if blame == ahead and len(ahead) == 1 else None,
-            "positions": {str(r): f"{made[r]} call(s)" + (f", last {_label((str(positions[r].get('op')), made[r]))}"
+            "positions": {str(r): f"{made[r]} call(s)" + (f", last {words.position_label((str(positions[r].get('op')), made[r]))}"
                                                          if r in positions else "") for r in ranks}}
 
 
@@ -570,42 +518,3 @@ def _odd_group(groups: dict[tuple[str, int], list[int]], positions: dict[int, di
 def _calls(positions: dict[int, dict[str, Any]], rank: int, op: str) -> int:
     ops = (positions.get(rank) or {}).get("ops") or {}
     return int(ops.get(op, 0) or 0)
-
-
-def _sentence(groups: dict[tuple[str, int], list[int]], outside: list[int], blame: list[int],
-              positions: dict[int, dict[str, Any]]) -> str:
-    if outside:
-        last = positions.get(outside[0]) or {}
-        was = f" (its last: {_label((last['op'], last['seq']))}, finished)" if last.get("seq") else ""
-        others = "; ".join(f"{_ranks(rs)} {'wait' if len(rs) > 1 else 'waits'} in {_label(k)}"
-                           for k, rs in sorted(groups.items(), key=lambda kv: kv[1]))
-        return f"{_ranks(outside)} {'are' if len(outside) > 1 else 'is'} in no collective{was} while {others}"
-    if len(groups) == 1:
-        (k, rs), = groups.items()
-        return f"{_ranks(rs)} all wait in the same collective, {_label(k)}"
-    first = tuple(blame) if blame else None
-    ordered = sorted(groups.items(), key=lambda kv: (tuple(kv[1]) != first, kv[1]))
-    (k0, r0), rest = ordered[0], ordered[1:]
-    same_op = all(k[0] == k0[0] for k, _ in rest)
-    tail = ", ".join(f"{_ranks(rs)} {'are' if len(rs) > 1 else 'is'} in {_label(k, with_op=not same_op)}"
-                     for k, rs in rest)
-    return f"{_ranks(r0)} {'wait' if len(r0) > 1 else 'waits'} in {_label(k0)} while {tail}"
-
-
-def _label(pos: tuple[str, int], with_op: bool = True) -> str:
-    op, seq = pos
-    number = f"#{seq}" if seq >= 0 else "(not counted)"
-    return f"{op} {number}" if with_op else number
-
-
-def _list_positions(groups: dict[tuple[str, int], list[int]]) -> str:
-    return "; ".join(f"{_ranks(rs)}: {_label(k)}" for k, rs in sorted(groups.items(), key=lambda kv: kv[1]))
-
-
-def _ranks(rs: list[int]) -> str:
-    rs = sorted(rs)
-    if len(rs) == 1:
-        return f"rank {rs[0]}"
-    if rs == list(range(rs[0], rs[-1] + 1)) and len(rs) > 2:
-        return f"ranks {rs[0]}\u2013{rs[-1]}"
-    return "ranks " + ", ".join(str(r) for r in rs)

@@ -11,12 +11,17 @@ stops and says so (TG507 hang-repeats).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trainguard.contract import EVENT_CHECKPOINT, EVENT_CHECKPOINT_CHECK
 from trainguard.errors import UserError
 from trainguard.findings import WATCHDOG, Code, Finding
+
+if TYPE_CHECKING:
+    from trainguard.store.reader import RunReader
 
 ON_HANG = ("wait", "kill", "restart")
 
@@ -99,3 +104,17 @@ def repeats_finding(first: Finding, again: Finding, *, restarts: int, checkpoint
 
 
 HANG_REPEATS = Code("TG507", "hang-repeats", "error", needs=(WATCHDOG,), page=repeats_finding)
+
+
+def resume_choice(monitors: list[Any], reader: RunReader, guard_error: Callable[[str], None]) -> tuple[str | None, str]:
+    """The newest checkpoint verified good (checkpoints/resume.py), once the verifications in flight ended."""
+    from trainguard.checkpoints import resume
+
+    for mon in monitors:
+        settle = getattr(mon, "settle", None)
+        if settle is not None:
+            try:
+                settle()
+            except Exception as exc:
+                guard_error(f"monitor {type(mon).__name__} failed to settle: {exc!r}")
+    return resume.resume_choice(reader.events(EVENT_CHECKPOINT), reader.events(EVENT_CHECKPOINT_CHECK))

@@ -18,12 +18,15 @@ past a per-phase limit (watchdog/stop.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from trainguard.contract import EVENT_DEVICE, EVENT_DEVICE_SAMPLE
 from trainguard.findings import WATCHDOG, Code, Finding
 
 if TYPE_CHECKING:  # hang.py (the stacks and their diagnosis) imports this module
+    from trainguard.store.reader import RunReader
     from trainguard.watchdog.hang import StallDiagnosis
 
 
@@ -206,3 +209,25 @@ def hang_finding(stall: Stall, looked: StallDiagnosis | None = None, *, stopped_
 
 
 RUN_HUNG = Code("TG502", "run-hung", "error", needs=(WATCHDOG,), page=hang_finding)
+
+
+def with_devices(f: Finding, reader: RunReader, guard_error: Callable[..., None]) -> None:
+    """A stall or hang, told whether a device event came with it (rules/devices.py): the events are the
+    probes' rows in the store; the symptom's moment is the last progress before it."""
+    from trainguard.rules.devices import DeviceTimeline, annotate
+
+    symptoms = frozenset({RUN_STALLED.name, RUN_HUNG.name})
+    if f.name not in symptoms:
+        return
+    try:
+        timeline = DeviceTimeline()
+        for kind in (EVENT_DEVICE_SAMPLE, EVENT_DEVICE):
+            for ev in reader.events(kind)[-2000:]:
+                timeline.note(ev)
+        since = (f.evidence or {}).get("last_progress_at")
+        if isinstance(since, (int, float)):  # the stall's whole length counts, not only what came before
+            annotate(f, timeline, since, after=max(0.0, time.time() - since), symptoms=symptoms)
+        else:
+            annotate(f, timeline, f.t, symptoms=symptoms)
+    except Exception as exc:
+        guard_error(f"device attribution failed: {exc!r}", kind="device attribution")
