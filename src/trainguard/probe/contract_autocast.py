@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.probe.contract_context import MAX_NAMES, CheckContext, first_tensor
-from trainguard.rules.contracts import AutocastRunsFp32
+from trainguard.rules.contracts_data import AutocastRunsFp32
 
 AUTOCAST_FP32_SHARE = 0.5  # of the largest layers' weights computing in fp32 inside autocast
 AUTOCAST_SAMPLES = 10  # sampled steps per autocast check past the first three steps

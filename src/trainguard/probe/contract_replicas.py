@@ -11,7 +11,7 @@ from typing import Any
 
 from trainguard.contract import EVENT_CONTRACT
 from trainguard.probe.contract_context import CheckContext, Launched
-from trainguard.rules.contracts import ReplicasDiverged
+from trainguard.rules.contracts_data import ReplicasDiverged
 
 CHECKSUM_TENSORS = 8  # parameter tensors in the DDP checksum
 CHECKSUM_ELEMENTS = 1 << 16  # elements per tensor at most (strided sample)

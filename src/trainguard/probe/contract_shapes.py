@@ -14,7 +14,7 @@ from typing import Any
 
 from trainguard.probe.capturegate import GATE
 from trainguard.probe.contract_context import CheckContext, Launched, first_tensor, tensors
-from trainguard.rules.contracts import BatchDimLost, LossBroadcastsBatch
+from trainguard.rules.contracts_data import BatchDimLost, LossBroadcastsBatch
 
 BATCH_SHAPES_LEARNED = 3  # training forwards whose first input has one rank before a rank one less is judged
 

@@ -54,14 +54,12 @@ from trainguard.probe.contract_params import SCAN_WARMUP, ParamChecks
 from trainguard.probe.contract_replicas import ReplicaChecks
 from trainguard.probe.contract_shapes import ShapeChecks
 from trainguard.probe.eager import compile_checks
-from trainguard.rules.contracts import (
+from trainguard.rules.contracts import FrozenParamsUpdated, GradsNeverReset, TrainInEvalMode
+from trainguard.rules.contracts_data import (
     AutocastRunsFp32,
     BatchDimLost,
-    FrozenParamsUpdated,
-    GradsNeverReset,
     LossBroadcastsBatch,
     ReplicasDiverged,
-    TrainInEvalMode,
     WorkersShareRng,
 )
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from trainguard.contract import EVENT_CHECKPOINT_CHECK, EVENT_DEVICE, EVENT_DEVICE_SAMPLE
 from trainguard.findings import DEVICE, Code, Finding
-from trainguard.rules.contracts import ReplicasDiverged
+from trainguard.rules.contracts_data import ReplicasDiverged
 from trainguard.rules.divergence import LossDiverging, LossSpike
 from trainguard.rules.numerics import GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
 from trainguard.rules.process import ThroughputDrop

@@ -14,17 +14,19 @@ from trainguard.rules.composition import (
     LossWeightStalled,
 )
 from trainguard.rules.contracts import (
-    AutocastRunsFp32,
-    BatchDimLost,
     EvalBeforeTrainInit,
     EvalInTrainMode,
     EvalNotDeterministic,
     FrozenParamsUpdated,
     GradsNeverReset,
-    LossBroadcastsBatch,
-    ReplicasDiverged,
     StepUpdatesNothing,
     TrainInEvalMode,
+)
+from trainguard.rules.contracts_data import (
+    AutocastRunsFp32,
+    BatchDimLost,
+    LossBroadcastsBatch,
+    ReplicasDiverged,
     WorkersShareRng,
 )
 from trainguard.rules.devices import DEVICE_RULES
