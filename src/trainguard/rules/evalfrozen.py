@@ -81,7 +81,9 @@ class EvalMetricsFrozen(Rule):
 
     While the training goes on between the repeats (its loss changed, its LR is not 0), three identical
     evaluations are not enough: the streak must reach five (ten when every result has one significant
-    digit, like `Val Loss=0.0005`). And at the end of the run: every higher-is-better score of the
+    digit, like `Val Loss=0.0005`). Five, too, while the LR is in its schedule's tail (at most 1% of its
+    peak, or printed as 0 below the print's resolution): a decay to 0 at the planned end holds the
+    weights nearly still by design. And at the end of the run: every higher-is-better score of the
     evaluations (mAP, precision, recall, accuracy, F1, Dice, IoU) at or below 0.01 over at least the last
     half of them (five or more) while the training ran: a model that gets nothing right.
 
@@ -125,6 +127,9 @@ class EvalMetricsFrozen(Rule):
         self.others: dict[str, collections.deque[float]] = {}
         self.lr_peak = 0.0
         self.lr: float | None = None
+        # the LR is in its schedule's tail (at most 1% of its peak, or a print's zero below its resolution):
+        # a decay to 0 at the run's planned end holds the weights nearly still by design
+        self.lr_tail = False
         self.loss: float | None = None  # the latest training loss
         self.loss_at_eval: float | None = None  # the training loss at the previous evaluation
         self.trained = False  # the training moved at some point between the evaluations of the streak
@@ -142,6 +147,8 @@ class EvalMetricsFrozen(Rule):
         if finite(lr):
             self.lr = lr
             self.lr_peak = max(self.lr_peak, lr)
+            rounded = lr == 0 and bool((row.get("extra") or {}).get("lr_resolution"))
+            self.lr_tail = rounded or 0 < lr <= 0.01 * self.lr_peak
         if finite(row.get("loss")):
             self.loss = row["loss"]
             if self.first_loss is None:
@@ -202,7 +209,9 @@ class EvalMetricsFrozen(Rule):
         # repeat is the framework carrying its last evaluation forward over epochs it did not evaluate
         # (Ultralytics: 61 of 100 rows repeat the previous one in runs of 2-3, then change again) or a
         # discrete score settling (an accuracy over a fixed set near convergence): a stale copy of the model
-        # stays frozen for good, so it is said at the fifth.
+        # stays frozen for good, so it is said at the fifth. So is an LR in its schedule's tail: the weights
+        # nearly still by plan (llm.c's cosine to 0 prints lr:0.000000 over its last 2%, 4-decimal
+        # evaluations repeating there).
         moved = (self.loss is not None and self.loss_at_eval is not None and self.loss != self.loss_at_eval
                  and self.lr != 0)
         self.loss_at_eval = self.loss
@@ -221,7 +230,7 @@ class EvalMetricsFrozen(Rule):
         # results printed to 3 significant digits or fewer (`Validation accuracy: 0.551`) repeat by chance
         # between evaluations that differ: five in a row, not three
         coarse = all(float(f"{v:.3g}") == v for _, v in key)
-        need = FROZEN_EVALS if coarse or self.trained else 3
+        need = FROZEN_EVALS if coarse or self.trained or self.lr_tail else 3
         if self.trained and all(float(f"{v:.1g}") == v for _, v in key):
             # one significant digit (`Val Loss=0.0005`): the print's step is 10-50% of the value, so a model
             # still improving prints the same number for many evaluations while its training loss moves

@@ -51,6 +51,11 @@ class LrReachesZero(Rule):
     once per optimizer step; give a decaying schedule a floor (`eta_min`, a min-LR ratio) if it may end
     before the run does.
 
+    A printed LR rounded to zero (`lr:0.000000`, whose print's resolution the reader records) is no
+    proof of a zero LR: a schedule that decays to 0 at its planned end prints zeros over its last
+    percent or two. Without a plan such a log is judged at its end: the rounded zeros must cover more
+    than 5% of the steps it shows.
+
     ## Known false positives
     A run that deliberately freezes learning (LR 0) for a while, e.g. to collect statistics; a
     schedule that decays more than 10,000x while it still has over 5% of the run to go.
@@ -68,13 +73,23 @@ class LrReachesZero(Rule):
         self.peak_step: int | None = None
         self.onset: tuple[int, float] | None = None
         self.streak = 0
+        self.rounded: tuple[int, int] | None = None  # (onset, last step) of printed zeros below their resolution
+        self.first_step: int | None = None
+        self.said = False
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
         lr, step = step_lr(row), row.get("step")
-        if lr is None or step is None:
+        if lr is None or step is None or self.said:
             return None
+        if self.first_step is None:
+            self.first_step = step
         if lr > self.peak:
             self.peak, self.peak_step = lr, step
+        if not self.total_steps and lr == 0 and (row.get("extra") or {}).get("lr_resolution"):
+            # a print's zero, not a zero: a decay to 0 at the run's end prints the same; judged at the end
+            self.rounded = (self.rounded[0] if self.rounded else step, step)
+            return None
+        self.rounded = None
         if self.total_steps:
             negligible = lr <= 0 or lr <= NEGLIGIBLE * self.peak
         else:
@@ -92,9 +107,28 @@ class LrReachesZero(Rule):
         left_share = (self.total_steps - onset + 1) / self.total_steps if self.total_steps else None
         if left_share is not None and left_share < LEFT_AT_LEAST:
             return None
+        self.said = True
+        return self._finding(onset, onset_lr, step, left_share)
+
+    def end(self) -> Finding | None:
+        """Printed zeros below the print's resolution at the end of a log with no plan: a schedule's own end
+        unless they cover more than 5% of the steps the log shows."""
+        if self.said or self.rounded is None or self.first_step is None:
+            return None
+        onset, last = self.rounded
+        shown = last - self.first_step + 1
+        if last - onset + 1 < STREAK or shown <= 0 or (last - onset + 1) / shown <= LEFT_AT_LEAST:
+            return None
+        self.said = True
+        return self._finding(onset, 0.0, last, None, rounded=(last - onset + 1) / shown)
+
+    def _finding(self, onset: int, onset_lr: float, step: int, left_share: float | None,
+                 rounded: float | None = None) -> Finding:
         left = ""
-        if self.total_steps:
+        if self.total_steps and left_share is not None:
             left = f"; {left_share:.0%} of the planned {fmt(self.total_steps)} steps are left"
+        elif rounded is not None:
+            left = f" (printed as 0 at the print's resolution over the last {rounded:.0%} of the steps the log shows)"
         peak = f"peak {fmt(self.peak)} at step {self.peak_step}" if self.peak > 0 else "it was never above 0"
         return self.finding(
             step=onset,

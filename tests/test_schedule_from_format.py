@@ -1,4 +1,4 @@
-"""TG105 lr-restarts-at-resume without a resume event, where the format's schedule only decays.
+"""Schedules judged by what the log's format promises: YOLO's only decays, llm.c prints its LR to 6 decimals.
 
 YOLOv5 and Ultralytics schedule every param group as lr0 x lf(epoch), lf falling from 1 to lrf after
 a warm-up (ultralytics/yolov5 train.py, ultralytics/engine/trainer.py `_setup_scheduler`): a jump back up
@@ -59,3 +59,33 @@ def test_a_generic_csv_whose_lr_restarts_is_a_schedule_someone_chose(tmp_path: P
     path = tmp_path / "log.csv"
     path.write_text("step,loss,lr\n" + "".join(f"{e},{1.0 / (e + 1):.4f},{lr:.6f}\n" for e, lr in enumerate(lrs)))
     assert _tg105(path) == []
+
+
+def _llmc_log(path: Path, steps: int, zero_from: int, evals_same_from: int) -> Path:
+    """llm.c's log file (`s:N trl:X lr:%.6f norm:Y`, `s:N tel:X` every 250 steps): a cosine to 0 whose last
+    values print as 0.000000."""
+    import math
+
+    out = []
+    for s in range(steps):
+        lr = 6e-4 * 0.5 * (1 + math.cos(math.pi * s / zero_from)) if s < zero_from else 0.0
+        out.append(f"s:{s} trl:{3.3 + 1.0 / (1 + s / 500):.4f} lr:{lr:.6f} norm:0.24")
+        if s % 250 == 0 or s == steps - 1:
+            tel = 3.2722 if s >= evals_same_from else 3.27 + 1.0 / (1 + s / 300)
+            out.append(f"s:{s + 1 if s == steps - 1 else s} tel:{tel:.4f}")
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def test_a_cosine_to_zero_printed_as_zero_at_its_end_is_neither_lr_zero_nor_frozen(tmp_path: Path) -> None:
+    # the last 1.8% of a cosine to 0 prints lr:0.000000; its last three evaluations agree to 4 decimals
+    path = _llmc_log(tmp_path / "main.log", 6000, 6000, 5500)
+    found = diagnose_source(open_source(path)).findings
+    assert [f.code for f in found if f.code in ("TG101", "TG203")] == []
+
+
+def test_a_printed_zero_over_most_of_the_log_is_still_lr_zero(tmp_path: Path) -> None:
+    # seed 002's mechanism printed at the same resolution: the schedule ended after a fifth of the run
+    path = _llmc_log(tmp_path / "main.log", 6000, 1200, 10**9)
+    found = [f for f in diagnose_source(open_source(path)).findings if f.code == "TG101"]
+    assert len(found) == 1 and 1100 <= found[0].step <= 1250
