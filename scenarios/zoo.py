@@ -182,7 +182,8 @@ def run_scenario(name: str, keep: str | None = None, backend: str = "gloo", time
     if keep:
         dest = Path(keep) / (name if backend == "gloo" else f"{name}.{backend}")
         shutil.rmtree(dest, ignore_errors=True)
-        shutil.copytree(work, dest, ignore=shutil.ignore_patterns("*.pt", "*.bin", "*.safetensors"))
+        # links kept as links: a preflight's scratch folder links back into the scenario's own folder
+        shutil.copytree(work, dest, symlinks=True, ignore=shutil.ignore_patterns("*.pt", "*.bin", "*.safetensors"))
     shutil.rmtree(work, ignore_errors=True)
     return result
 

@@ -2,7 +2,7 @@
 
 A slowdown the process's CPU time does not share is not the run's work: at most an info note, `machine`
 when other processes' load shows, `off-cpu` when nothing does. Rows are fed as the probe writes them
-(`extra`: cpu_s, run_wait_s, proc_cpu_s, others_cores every 8th step, probe/schedclock.py).
+(`extra`: cpu_s, run_wait_s, proc_cpu_s, others_cores, runnable_per_core every 8th step, probe/schedclock.py).
 """
 
 from __future__ import annotations
@@ -61,6 +61,33 @@ def test_cpu_that_doubled_with_no_load_is_the_runs_and_without_any_clock_it_stay
     assert f is not None and f.severity == "warning" and "CPU" not in f.summary
 
 
+def test_a_machine_already_full_before_the_baseline_shows_its_load_in_the_queue_for_its_cores() -> None:
+    # the CI case: two cores busy with other tests in the baseline already (others_cores cannot rise past
+    # the cores), then two busy processes more; the run's CPU time a step x2.4 on the contended cores
+    base = {"proc_cpu_s": 0.0696, "run_wait_s": 0.01, "others_cores": 1.8, "runnable_per_core": 1.5}
+    slow = {"proc_cpu_s": 0.1679, "run_wait_s": 0.03, "others_cores": 1.9, "runnable_per_core": 2.5}
+    f = _feed(100, 0.0538, 0.830, base, slow)
+    assert f is not None and f.severity == "info" and f.cause == "machine"
+    assert "2.5 tasks a core were runnable (1.5 in its baseline)" in f.summary
+    # the same growth with the queue as it was: the run's own doubling, a warning
+    f = _feed(100, 0.0538, 0.830, base, {**slow, "runnable_per_core": 1.5})
+    assert f is not None and f.severity == "warning"
+
+
+def test_spinning_threads_on_oversubscribed_cores_are_the_machine_and_real_work_stays_the_runs() -> None:
+    # measured on a 2-core machine full before the baseline, two busy processes more: the process's CPU
+    # time a step x5.3 (torch's threads spin at their barriers), the thread queued more than it ran
+    base = {"proc_cpu_s": 0.0114, "cpu_s": 0.0057, "run_wait_s": 0.0117, "others_cores": 1.34,
+            "runnable_per_core": 2.0}
+    slow = {"proc_cpu_s": 0.0600, "cpu_s": 0.030, "run_wait_s": 0.097, "others_cores": 1.60,
+            "runnable_per_core": 2.75}
+    f = _feed(100, 0.0106, 0.118, base, slow)
+    assert f is not None and f.severity == "info" and f.cause == "machine"
+    # the same load, but the thread ran more than it queued: its own work
+    f = _feed(100, 0.0106, 0.118, base, {**slow, "cpu_s": 0.100, "run_wait_s": 0.05})
+    assert f is not None and f.severity == "warning"
+
+
 def test_the_clock_reads_this_process_and_the_machine() -> None:
     clock = SchedClock()
     if clock.per_step(8) is None and clock._broken:
@@ -72,6 +99,7 @@ def test_the_clock_reads_this_process_and_the_machine() -> None:
     clock.close()
     assert got is not None and got["proc_cpu_s"] >= 0.05 / 8 * 0.9 and got["cpu_s"] > 0
     assert "others_cores" not in got or got["others_cores"] >= 0
+    assert "runnable_per_core" not in got or got["runnable_per_core"] > 0  # this thread is runnable itself
 
 
 def test_the_cpu_time_of_an_evaluation_between_two_steps_is_not_counted_as_the_steps_own() -> None:

@@ -99,9 +99,12 @@ class Notifier:
             w.stop()
         for w in self._workers:
             w.thread.join(max(0.0, deadline - time.time()))
-        # a target already said to be failing is not said again as left behind: one line per target
-        late = [w.target.shown for w in self._workers
-                if w.thread.is_alive() and f"failed {w.target.shown}" not in self._logged]
+        # one line per target: one already said to be failing is not said again as left behind, and one said
+        # as left behind is not said again when its tries end later (its key is taken here, under the lock)
+        with self._lock:
+            late = [w.target.shown for w in self._workers
+                    if w.thread.is_alive() and f"failed {w.target.shown}" not in self._logged]
+            self._logged.update(f"failed {shown}" for shown in late)
         if late:
             self.log("late", f"still sending after {self.close_wait:.0f} s, left behind: {', '.join(late)}")
 

@@ -24,7 +24,7 @@ from trainguard.preflight.runrules import (
 )
 from trainguard.preflight.schedule import fmt_duration, schedule_findings
 from trainguard.preflight.scratch import is_temporary
-from trainguard.rules.crash import RUN_CRASHED
+from trainguard.rules.crash import RUN_CRASHED, TEARDOWN_EXPLAINED
 from trainguard.store.reader import RunReader
 from trainguard.store.status import read_status
 
@@ -69,6 +69,16 @@ def load_start(start_dir: Path, *, mode: str, exit_code: int, scratch: str, orig
             "crash_event_id": max((e["id"] for e in reader.events("crash")), default=None),
             "ranks": _rank_stops(every_rank),
         }
+
+
+def _stopped_then_aborted(start: dict[str, Any]) -> bool:
+    """Every rank made its steps and was stopped by the preflight, and the only error is the C++ runtime's
+    abort at the process's teardown (gloo's process-group teardown racing its threads, rules/crash.py): the
+    resume itself worked; what ended badly is the exit, which the real run's own end would show."""
+    ranks = start.get("ranks") or {}
+    errors = [f for f in start["findings"] if f.severity == "error"]
+    return bool(ranks) and all(r.get("stopped_at") is not None for r in ranks.values()) and bool(errors) and \
+        all(TEARDOWN_EXPLAINED in (f.summary or "") for f in errors)
 
 
 def _rank_stops(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -119,7 +129,7 @@ def judge(first: dict[str, Any], resume: dict[str, Any] | None, sim: dict[str, A
         specific = _where_it_crashed(first, crash)
         if specific is not None:
             findings.insert(0, specific)
-    if resume is not None and resume["state"] != "completed":
+    if resume is not None and resume["state"] != "completed" and not _stopped_then_aborted(resume):
         findings.append(resume_failed(resume, last_checkpoint(first) or "?"))
     findings += schedule_findings(sim or {})
     have = {f.name for f in findings}
@@ -231,6 +241,8 @@ def summarize(first: dict[str, Any], resume: dict[str, Any] | None, sim: dict[st
                    "not run (the first start failed)" if resume is None else
                    "ok" if resume["state"] == "completed" and _named(resume, "resume-read") else
                    "ran, but the script never read guard.resume_from" if resume["state"] == "completed" else
+                   "ok, then the process aborted at its teardown (gloo's, after its steps)"
+                   if _stopped_then_aborted(resume) else
                    f"failed ({resume['state']})"),
         "schedule": {k: v for k, v in (sim or {}).items() if k != "curve"} or None,
         "peak_rss_bytes": peak_rss, "cuda_peak_bytes": stop.get("cuda_peak_bytes"),

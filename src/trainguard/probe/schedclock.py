@@ -9,6 +9,9 @@
   training thread waits for them in a futex, which is neither CPU nor run-queue wait of its own);
 - the machine's busy time from the first line of `/proc/stat` (every core, steal included), less the
   process's own: `others_cores`, how many cores other processes kept busy over the interval.
+- the tasks runnable now over the cores (`/proc/loadavg`'s fourth field): `runnable_per_core`. Busy
+  cores saturate: on a machine already full before the run's baseline, other processes cannot keep more
+  cores busy, but more of them still queue for the same cores.
 
 `throughput-drop` compares them with the wall time of a step: a slowdown that the process's CPU time does
 not share is not the run's work; when other processes' load rose with it, it is the machine's.
@@ -32,6 +35,8 @@ class SchedClock:
     def __init__(self) -> None:
         self._fd: int | None = None
         self._stat: int | None = None
+        self._loadavg: int | None = None
+        self._cores = os.cpu_count() or 1
         self._broken = False
         self._last: tuple[int, int, int, float, float, float | None] | None = None  # step, ns, ns, proc, wall, busy
 
@@ -55,7 +60,19 @@ class SchedClock:
         wall = now[4] - last[4]
         if now[5] is not None and last[5] is not None and wall > 0:
             out["others_cores"] = max(0.0, (now[5] - last[5]) - (now[3] - last[3])) / wall
+        runnable = self._runnable()
+        if runnable is not None:
+            out["runnable_per_core"] = runnable / self._cores
         return out
+
+    def _runnable(self) -> int | None:
+        """Tasks runnable at this moment, machine-wide (this thread included)."""
+        try:
+            if self._loadavg is None:
+                self._loadavg = os.open("/proc/loadavg", os.O_RDONLY)
+            return int(os.pread(self._loadavg, 128, 0).split()[3].split(b"/")[0])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def _busy(self) -> float | None:
         """Seconds every core of the machine was busy (user, nice, system, irq, softirq, steal) since boot."""
@@ -69,7 +86,7 @@ class SchedClock:
         return (user + nice + system + irq + softirq + steal) / _TICK
 
     def close(self) -> None:
-        for fd in (self._fd, self._stat):
+        for fd in (self._fd, self._stat, self._loadavg):
             if fd is not None:
                 os.close(fd)
-        self._fd = self._stat = None
+        self._fd = self._stat = self._loadavg = None

@@ -104,8 +104,12 @@ class ThroughputDrop(Rule):
     model's 2 ms steps is not reported). Then it says whose slowdown it is, from the process's own CPU
     time per step (every thread, sampled by the probe every 8th step) and other processes' load (the
     training thread waited for a CPU others held, Linux schedstat, for at least half the extra time;
-    or other processes kept half a core more busy than in the baseline, /proc/stat). CPU time that
-    tripled is the run's own work: a warning. CPU time that grew less is the machine's when its load
+    or other processes kept half a core more busy than in the baseline, /proc/stat; or, on a machine
+    whose cores were already full, a quarter more runnable tasks a core than in the baseline and at
+    least one a core, /proc/loadavg). CPU time that
+    tripled is the run's own work: a warning, unless the load shows and the training thread's wait for
+    a CPU grew more than its own CPU time (oversubscribed cores make torch's threads spin at their
+    barriers: x3-x6 seen) and the growth stays under x10. CPU time that grew less is the machine's when its load
     shows (contended cores stretch the CPU time of the same work: torch's threads spin longer at their
     barriers; x1.4 to x2.9 seen): info, cause `machine`; the run's when it doubled with no load to
     blame: a warning; otherwise the run waits off the CPU each step (a sleep, a read, a lock, cores
@@ -146,7 +150,7 @@ class ThroughputDrop(Rule):
     code, name, severity = "TG522", "throughput-drop", "warning"
     needs = (STEP_TIME,)
     W = 50
-    CLOCK = ("cpu_s", "run_wait_s", "proc_cpu_s", "others_cores")  # probe/schedclock.py, every 8th step
+    CLOCK = ("cpu_s", "run_wait_s", "proc_cpu_s", "others_cores", "runnable_per_core")  # probe/schedclock.py, every 8th step
 
     def __init__(self, plan: dict[str, Any]) -> None:
         super().__init__(plan)
@@ -205,7 +209,7 @@ class ThroughputDrop(Rule):
                                 evidence=evidence)
         cpu_base, cpu_now = cpu
         evidence.update({"cpu_s_baseline": cpu_base, "cpu_s_recent": cpu_now})
-        for key in ("run_wait_s", "others_cores"):
+        for key in ("run_wait_s", "others_cores", "runnable_per_core"):
             if (pair := self._clock(key)) is not None:
                 evidence[f"{key}_baseline"], evidence[f"{key}_recent"] = pair
         cpu_words = f"the process's own CPU time per step went from {cpu_base * 1e3:.1f} to {cpu_now * 1e3:.1f} ms"
@@ -216,7 +220,7 @@ class ThroughputDrop(Rule):
         # machine's when other processes' load shows (on contended cores the same work costs more CPU time:
         # torch's threads spin at their barriers longer, caches are shared; x1.4-x2.9 seen), the run's when
         # it doubled with no load to blame, and otherwise the run waits off the CPU (at most a note).
-        if more and (grew >= 3 or (grew >= 2 and not load)):
+        if more and (grew >= 3 or (grew >= 2 and not load)) and not (load and grew < 10 and self._queued()):
             return self.finding(step=onset, evidence=evidence, fix=look,
                                 summary=f"{summary}; data wait is {share:.0%} of it; {cpu_words}")
         slow = (f"{summary}, but {cpu_words} (x{grew:.1f} against x{now / base:.1f} for the wall time): the extra "
@@ -232,6 +236,14 @@ class ThroughputDrop(Rule):
                             fix="py-spy dump the loop to see what it waits on; if other jobs share the machine, give "
                                 "the run dedicated cores")
 
+    def _queued(self) -> bool:
+        """The training thread's wait for a CPU grew more than its own CPU time did: on cores oversubscribed
+        by other processes torch's threads spin at their barriers, so the process's CPU time a step grows
+        x3-x6 (seen on a 2-core machine full before the baseline, with two busy processes more) without any
+        work of the run's; the thread then spends more of the extra time queued than running."""
+        cpu, wait = self._clock("cpu_s"), self._clock("run_wait_s")
+        return cpu is not None and wait is not None and wait[1] - wait[0] > cpu[1] - cpu[0] > 0
+
     def _machine_load(self, extra_s: float) -> str:
         """What shows other processes held the CPUs during the slow steps (empty when nothing does)."""
         said = []
@@ -242,6 +254,11 @@ class ThroughputDrop(Rule):
         others = self._clock("others_cores")
         if others is not None and others[1] - others[0] >= 0.5:
             said.append(f"other processes kept {others[1]:.1f} cores busy ({others[0]:.1f} in its baseline)")
+        # busy cores saturate on a machine already full before the baseline; the queue for them does not
+        queue = self._clock("runnable_per_core")
+        if not said and queue is not None and queue[1] >= 1.0 and queue[1] - queue[0] >= 0.25:
+            said.append(f"{queue[1]:.1f} tasks a core were runnable ({queue[0]:.1f} in its baseline): more "
+                        "processes queued for the same cores")
         return " and ".join(said)
 
     def _clock(self, key: str) -> tuple[float, float] | None:
