@@ -29,10 +29,6 @@ SEVERE = {"warning", "error"}
 # Items still wrong, each with the mechanism it lacks (a verdict is never fitted to one file). strict: an
 # item that turns right must leave this list.
 STILL_WRONG = {
-    "textlog/abhinavagarwalla__swav-cifar10__train.log":
-        "false-alarm: several launches appended in one file are read as one run: the rows of an earlier launch "
-        "that collapsed at ln(50) (3.9121 flat) are loss-not-decreasing's first window; needs the reader to "
-        "judge the last launch",
     "textlog/JunyiJ__PostTraining-LLM-Small__ppo_20251228_2.log":
         "false-alarm: TG521 on 30 lines a step that are the RL loop's own printed samples (prompts and "
         "completions, each step ~277 s by its '[timing]' lines); the output event carries only a line count, "

@@ -21,6 +21,7 @@ from trainguard.ingest.events import (
     Facts,
     Source,
     is_eval_name,
+    launch_event,
     metrics_to_events,
     sniff_binary,
     to_number,
@@ -377,9 +378,15 @@ def _json_rows(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
 
 def _merged(rows: Iterable[dict[str, Any]], key: str | None, facts: Facts,
             parts: tuple[str, ...]) -> Iterator[dict[str, Any]]:
-    """Rows → events, rows of the same step merged (Lightning writes one row per logging call)."""
+    """Rows → events, rows of the same step merged (Lightning writes one row per logging call).
+
+    A row back at the table's first step after later ones is another launch appended to the same file (Keras'
+    `CSVLogger(append=True)` over a second `fit`, a script run again): a `launch` event goes before it. A
+    resumed run's rows go on from a later step and are no new launch."""
     current: int | None = None
     merged: dict[str, float] = {}
+    first: int | None = None
+    advanced = False
     for row in rows:
         step = _step_of(row, key)
         if step is None:
@@ -388,6 +395,13 @@ def _merged(rows: Iterable[dict[str, Any]], key: str | None, facts: Facts,
         if current is not None and step != current:
             yield from metrics_to_events(current, merged, facts, parts_from=parts or _loss_parts(tuple(merged)))
             merged = {}
+            if step <= (first if first is not None else step) and advanced:
+                yield launch_event(current, "the step column is back at its first value")
+                advanced = False
+        if first is None:
+            first = step
+        elif step > first:
+            advanced = True
         current = step
         for name, value in row.items():
             if name is None or name == key or str(name).lower() in STEP_NAMES:

@@ -51,7 +51,7 @@ declare_text(
                     "num_training_steps", "train_steps", "total_iterations", "total iterations", "total_iters",
                     "num_iterations"),
         plan_epochs=("epochs", "num_epochs", "max_epochs", "n_epochs", "train_epochs", "total_epochs",
-                     "num_train_epochs", "epoch_num", "nb_epochs", "max_epoch"),
+                     "num_train_epochs", "epoch_num", "nb_epochs", "max_epoch", "n_epoch"),
         not_evaluation=(r"\bsample\s*[:=#]?\s*\d+\s*[,|]", r"^\s*\w*eval\w*_(?:period|interval|freq|steps|every)\b"),
         sample=("Epoch {epoch}/{epochs} - Train Loss: {loss}, Val Loss: {val}",
                 "step {step} loss={loss} lr=0.0001",
