@@ -239,3 +239,45 @@ def test_a_command_lines_n_epoch_is_the_plan(tmp_path: Path) -> None:
     d = diagnose_path(_write(tmp_path, "train.log", lines))
     f = [f for f in d.findings if f.name == "log-ends-unfinished"]
     assert f and f[0].severity == "warning" and "of 100" in f[0].summary
+
+
+def _ultralytics_events(folder: Path, epochs: range, per_batch: int = 3) -> None:
+    """Ultralytics' TensorBoard callback: `train/*_loss` per batch and `metrics/*`, `val/*` per epoch, all at
+    the epoch as the step (callbacks/tensorboard.py `_log_scalars(..., trainer.epoch + 1)`)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(str(folder))
+    for e in epochs:
+        for b in range(per_batch):
+            w.add_scalar("train/box_loss", 1.5 - e / 100 - b / 1000, e)
+            w.add_scalar("train/cls_loss", 2.0 - e / 50, e)
+        w.add_scalar("metrics/mAP50(B)", 0.1 + e / 200, e)
+        w.add_scalar("metrics/mAP50-95(B)", 0.05 + e / 400, e)
+        w.add_scalar("val/box_loss", 1.4 - e / 200, e)
+    w.close()
+
+
+def test_tensorboard_files_beside_an_ultralytics_plan_read_as_its_epochs(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    done, cut = tmp_path / "train", tmp_path / "train2"
+    _ultralytics_events(done, range(1, 31))
+    (done / "args.yaml").write_text("task: detect\nepochs: 30\npatience: 100\n")
+    d = diagnose_path(done)
+    assert d.state == "completed" and d.steps == 30 and _severe(done) == []
+    _ultralytics_events(cut, range(1, 8))
+    (cut / "args.yaml").write_text("task: detect\nepochs: 30\npatience: 100\n")
+    d = diagnose_path(cut)
+    assert d.state == "unfinished" and "log-ends-unfinished" in _severe(cut)
+
+
+def test_llmc_log_files_hellaswag_line_is_an_evaluation_at_its_own_step(tmp_path: Path) -> None:
+    """llm.c's Logger: `s:%d tel:%.4f` (val loss) and, with HellaSwag on, `s:%d eval:%.4f` at the same step,
+    both before that step's `s:%d trl:...`; the loop ends with an evaluation at step N (no train step N)."""
+    lines = []
+    for s in range(0, 1001):
+        if s % 250 == 0:
+            lines += [f"s:{s} tel:{_loss(s // 10) + 0.1:.4f}", f"s:{s} eval:{0.25 + s / 10000:.4f}"]
+        lines.append(f"s:{s} trl:{_loss(s // 10):.4f} lr:0.000600 norm:0.25")
+    lines += ["s:1001 tel:0.6000", "s:1001 eval:0.3500"]
+    d = diagnose_path(_write(tmp_path, "main.log", lines))
+    assert d.state == "completed"

@@ -73,7 +73,7 @@ def read_csv(path: Path, fmt: str = "csv", delimiter: str = ",") -> Source:
         if stated.length:
             plan["total_steps"] = stated.length
         rows = epochend.judge(rows, epoch_col, facts, stated, lr_schedule=fmt in ("ultralytics results.csv", "yolov5 results.csv"))
-    return Source(path=path, format=fmt, events=_merged(rows, key, facts, parts), facts=facts, plan=plan,
+    return Source(path=path, format=fmt, events=merged(rows, key, facts, parts), facts=facts, plan=plan,
                   log_like=log_like)
 
 
@@ -199,7 +199,7 @@ def read_jsonl(path: Path) -> Source:
         elif fmt == "llama-factory trainer_log.jsonl":
             fmt = "json lines"
     parts = contract.parts_from if contract is not None else ()
-    return Source(path=path, format=fmt, events=_merged(_summaries(rows, facts), None, facts, parts), plan=plan,
+    return Source(path=path, format=fmt, events=merged(_summaries(rows, facts), None, facts, parts), plan=plan,
                   facts=facts, log_like=log_like)
 
 
@@ -376,7 +376,7 @@ def _json_rows(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
                 facts.skipped += 1
 
 
-def _merged(rows: Iterable[dict[str, Any]], key: str | None, facts: Facts,
+def merged(rows: Iterable[dict[str, Any]], key: str | None, facts: Facts,
             parts: tuple[str, ...]) -> Iterator[dict[str, Any]]:
     """Rows → events, rows of the same step merged (Lightning writes one row per logging call).
 
