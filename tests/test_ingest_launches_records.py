@@ -281,3 +281,33 @@ def test_llmc_log_files_hellaswag_line_is_an_evaluation_at_its_own_step(tmp_path
     lines += ["s:1001 tel:0.6000", "s:1001 eval:0.3500"]
     d = diagnose_path(_write(tmp_path, "main.log", lines))
     assert d.state == "completed"
+
+
+@pytest.mark.parametrize("prefix", ["", "2024-04-30 10:00:00.123 | INFO     | autotrain.trainers.common:on_log:226 - ",
+                                    "INFO:root:", "\x1b[32m2024-04-30 10:00:00,123 - __main__ - INFO - "])
+def test_the_trainers_logs_dict_behind_a_logging_prefix(tmp_path: Path, prefix: str) -> None:
+    """transformers' Trainer.log: `{'loss': .., 'grad_norm': .., 'learning_rate': .., 'epoch': ..}` per logging
+    step, `{'eval_loss': ..}` per evaluation, `{'train_runtime': ..}` at the end; printed bare by its progress
+    callback, or as a logger's message (AutoTrain's loguru `on_log`, a script's `logger.info(logs)`)."""
+    lines = []
+    for s in range(1, 61):
+        lines.append(prefix + str({"loss": _loss(s), "grad_norm": 1.2, "learning_rate": 5e-05, "epoch": s / 60}))
+        if s % 20 == 0:
+            lines.append(prefix + str({"eval_loss": _loss(s) + 0.1, "eval_runtime": 3.2, "epoch": s / 60}))
+    lines.append(prefix + str({"train_runtime": 120.5, "train_loss": 1.1, "epoch": 1.0}))
+    path = _write(tmp_path, "train.log", lines)
+    curve = _curve(path)
+    assert len(curve) == 60 and curve[0][1] == _loss(1) and curve[-1][1] == _loss(60)
+    assert read_text_log(path) and diagnose_path(path).evals == 3
+
+
+def test_a_config_printed_as_a_repr_one_field_a_line_is_no_evaluation(tmp_path: Path) -> None:
+    """nerfstudio/tyro print the config dataclass pretty, one `name=value,` a line; its `eval_*` fields are
+    settings (`eval_num_rays_per_batch=4096,`), and the run below crashed before any step."""
+    lines = ["Difix3DTrainerConfig(", "    steps_per_eval_batch=500,", "    pipeline=PipelineConfig(",
+             "        datamanager=DataManagerConfig(", "            eval_num_rays_per_batch=4096,",
+             "            eval_num_images_to_sample_from=-1,", "        ),", "    ),", ")",
+             "Traceback (most recent call last):", '  File "train.py", line 9, in <module>',
+             "RuntimeError: CUDA error: device-side assert triggered"]
+    d = diagnose_path(_write(tmp_path, "train.log", lines))
+    assert d.evals == 0 and d.state == "crashed"

@@ -675,6 +675,10 @@ class _LineParser:
     def _metrics(self, line: str) -> list[dict[str, Any]]:
         if line.startswith("{") and line.endswith("}"):
             return self._dict_line(line)
+        if line.endswith("}") and (brace := line.find("{'")) > 0 and line.find("}") == len(line) - 1:
+            # the Trainer's `logs` dict as the message of a logger (`... | INFO | ...:on_log:226 - {'loss': ...}`,
+            # `logger.info(logs)`): the same record behind a prefix
+            return self._dict_line(line[brace:])
         bar = _TQDM.search(line) if "/" in line and "[" in line else None
         if bar is not None and not _PROGRESS.search(line):
             drawn = self._bar_line(line, bar)

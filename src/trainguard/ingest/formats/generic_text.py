@@ -52,7 +52,10 @@ declare_text(
                     "num_iterations"),
         plan_epochs=("epochs", "num_epochs", "max_epochs", "n_epochs", "train_epochs", "total_epochs",
                      "num_train_epochs", "epoch_num", "nb_epochs", "max_epoch", "n_epoch"),
-        not_evaluation=(r"\bsample\s*[:=#]?\s*\d+\s*[,|]", r"^\s*\w*eval\w*_(?:period|interval|freq|steps|every)\b"),
+        # (a line that is only `name=value,`: one field of a config printed as a Python repr, a dataclass or
+        # Namespace pretty-printed one field a line, as nerfstudio and tyro print theirs: a setting)
+        not_evaluation=(r"\bsample\s*[:=#]?\s*\d+\s*[,|]", r"^\s*\w*eval\w*_(?:period|interval|freq|steps|every)\b",
+                        r"^[A-Za-z_]\w*=[^\s,=()]+,$"),
         sample=("Epoch {epoch}/{epochs} - Train Loss: {loss}, Val Loss: {val}",
                 "step {step} loss={loss} lr=0.0001",
                 "ep: {epoch}, batch: {batch}, time: 9.17, ntokens: 485.20/513, loss: {loss}",
