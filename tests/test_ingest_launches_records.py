@@ -311,3 +311,19 @@ def test_a_config_printed_as_a_repr_one_field_a_line_is_no_evaluation(tmp_path: 
              "RuntimeError: CUDA error: device-side assert triggered"]
     d = diagnose_path(_write(tmp_path, "train.log", lines))
     assert d.evals == 0 and d.state == "crashed"
+
+
+def test_a_step_counter_restarting_under_each_epochs_heading_is_no_relaunch(tmp_path: Path) -> None:
+    # `print(f"Epoch {e}/{n}")` then `print(f"iter {i} loss={loss}")`, the counter restarting each epoch
+    lines = []
+    for e in range(1, 6):
+        lines.append(f"Epoch {e}/5")
+        lines += [f"iter {i} loss={_loss(e * 10 + i // 10):.4f}" for i in range(0, 100, 10)]
+    events = list(read_text_log(_write(tmp_path, "train.log", lines)).events)
+    assert [e["kind"] for e in events].count("launch") == 0
+
+
+def test_a_tables_step_counted_within_its_epoch_is_no_relaunch(tmp_path: Path) -> None:
+    rows = ["epoch,step,loss,lr"] + [f"{e},{s},{_loss(e * 10 + s)},0.001" for e in range(4) for s in range(10)]
+    kinds = [e["kind"] for e in open_source(_write(tmp_path, "metrics.csv", rows)).events]
+    assert kinds.count("launch") == 0

@@ -385,22 +385,26 @@ def merged(rows: Iterable[dict[str, Any]], key: str | None, facts: Facts,
     resumed run's rows go on from a later step and are no new launch."""
     current: int | None = None
     merged: dict[str, float] = {}
-    first: int | None = None
+    first: tuple[float, int] | None = None
     advanced = False
     for row in rows:
         step = _step_of(row, key)
         if step is None:
             facts.skipped += 1
             continue
+        # the position, with the row's epoch when the table has one beside its step (a step counted within
+        # the epoch restarts at each epoch: no launch)
+        epoch = to_number(row.get("epoch")) if key != "epoch" else None
+        pos = (epoch if epoch is not None and epoch == epoch else -1.0, step)
         if current is not None and step != current:
             yield from metrics_to_events(current, merged, facts, parts_from=parts or _loss_parts(tuple(merged)))
             merged = {}
-            if step <= (first if first is not None else step) and advanced:
+            if first is not None and pos <= first and advanced:
                 yield launch_event(current, "the step column is back at its first value")
                 advanced = False
         if first is None:
-            first = step
-        elif step > first:
+            first = pos
+        elif pos > first:
             advanced = True
         current = step
         for name, value in row.items():

@@ -489,6 +489,8 @@ class _LineParser:
             pos: tuple[int, ...] = (int(at.group(1)), int(at.group(2)))
         elif epoch is not None:
             pos = (epoch[0], step if step is not None else -1)
+        elif step is not None and self.epoch_max is not None:
+            pos = (self.epoch_max, step)  # under an epoch's heading (`Epoch 3/10` printed on its own line)
         elif step is not None:
             pos = (step,)
         else:
