@@ -327,3 +327,10 @@ def test_a_tables_step_counted_within_its_epoch_is_no_relaunch(tmp_path: Path) -
     rows = ["epoch,step,loss,lr"] + [f"{e},{s},{_loss(e * 10 + s)},0.001" for e in range(4) for s in range(10)]
     kinds = [e["kind"] for e in open_source(_write(tmp_path, "metrics.csv", rows)).events]
     assert kinds.count("launch") == 0
+
+
+def test_a_lone_ultralytics_event_file_reads_its_loss_parts_as_steps(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    _ultralytics_events(tmp_path / "tb", range(1, 21))
+    d = diagnose_path(next((tmp_path / "tb").glob("events.out.tfevents.*")))
+    assert d.steps == 20 and d.evals == 20

@@ -7,13 +7,14 @@ read file after file, in name order (the file name starts with its creation time
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UserError
-from trainguard.ingest.events import Facts, Source, metrics_to_events, sniff_binary_ok
+from trainguard.ingest.events import LOSS_NAMES, Facts, Source, metrics_to_events, sniff_binary_ok
 
 PATTERN = "events.out.tfevents.*"
 
@@ -68,7 +69,20 @@ def _per_epoch(paths: list[Path], facts: Facts, contract: Any) -> Source:
 
 def _events(paths: list[Path], facts: Facts) -> Iterator[dict[str, Any]]:
     for step, merged in _steps(paths, facts):
-        yield from metrics_to_events(step, merged, facts)
+        # Ultralytics' and YOLOv5's callbacks log no total, only `train/box_loss`, `train/cls_loss`...: the
+        # parts, whose sum is the loss they train on (without their plan file beside: a lone event file)
+        yield from metrics_to_events(step, merged, facts, parts_from=_parts_without_total(tuple(merged)))
+
+
+@functools.lru_cache(maxsize=64)
+def _parts_without_total(tags: tuple[str, ...]) -> tuple[str, ...]:
+    """("_loss",) when the step's training tags are only loss parts and no total (`train/box_loss`,
+    `train/cls_loss`, `train/dfl_loss`): a Hugging Face run's closing `train/train_loss` beside its
+    `train/train_runtime` is no part."""
+    train = [t for t in tags if t.startswith("train/")]
+    if any(t.lower() in LOSS_NAMES for t in tags) or len(train) < 2:
+        return ()
+    return ("_loss",) if all(t.endswith("_loss") for t in train) else ()
 
 
 def _steps(paths: list[Path], facts: Facts) -> Iterator[tuple[int, dict[str, float]]]:
