@@ -334,3 +334,22 @@ def test_a_lone_ultralytics_event_file_reads_its_loss_parts_as_steps(tmp_path: P
     _ultralytics_events(tmp_path / "tb", range(1, 21))
     d = diagnose_path(next((tmp_path / "tb").glob("events.out.tfevents.*")))
     assert d.steps == 20 and d.evals == 20
+
+
+def test_a_line_glued_after_a_bar_of_unknown_total_is_its_own_line(tmp_path: Path) -> None:
+    """Lightning's validation bar before its first batch knows no total (`0/?`); a logger's line printed while
+    it is drawn lands after it, behind tqdm's cursor-up code."""
+    bar = "\rValidation: |          | 0/? [00:00<?, ?it/s]\x1b[A"
+    lines = [f"{bar}[\x1b[37m12/09/24 14:03:31\x1b[0m] \x1b[34mINFO\x1b[0m   Epoch {e}: v_recons 4.545e-01  "
+             f"loss {_loss(e):.3e}  kl 5.591e+00" for e in range(30)]
+    curve = _curve(_write(tmp_path, "train.out", lines))
+    assert len(curve) == 30 and curve[0][1] == float(f"{_loss(0):.3e}")
+
+
+def test_lightnings_epoch_bars_kept_at_their_last_redraw_are_steps_of_the_run(tmp_path: Path) -> None:
+    """Lightning's TQDMProgressBar describes its training bar `Epoch {current_epoch}`; a saved output (W&B's
+    output.log, `> out.txt`) often keeps only each epoch's last redraw, the count always at its total."""
+    lines = [f"Epoch {e}: 100%|##########| 352/352 [00:24<00:00, 14.09it/s, v_num=gbej, "
+             f"train/loss_total_step={_loss(e):.3f}, val/accuracy=0.{60 + e}]" for e in range(15)]
+    curve = _curve(_write(tmp_path, "output.log", lines))
+    assert [s for s, _ in curve] == [352 * (e + 1) for e in range(15)]

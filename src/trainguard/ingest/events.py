@@ -20,7 +20,8 @@ from trainguard.rules.signatures import Scanner
 # Metric names, lower-cased, as the frameworks and people write them.
 LOSS_NAMES = ("loss", "train_loss", "train/loss", "loss_step", "train_loss_step", "training_loss",
               "train/loss_step", "tr_loss", "total_loss", "batch_loss", "mean_loss", "train_mean_loss",
-              "train/mean_loss", "avg_loss", "train_avg_loss")  # a total under the name of how it is reduced
+              "train/mean_loss", "avg_loss", "train_avg_loss",  # a total under the name of how it is reduced
+              "loss_total", "train/loss_total", "train_loss_total", "train/loss_total_step")  # (Lightning's _step)
 LR_NAMES = ("lr", "learning_rate", "train/lr", "train/learning_rate", "lr-adamw", "lr-adam", "lr-sgd",
             "lr/pg0", "x/lr0", "learning-rate")  # x/lr0: YOLOv5's results.csv
 GRAD_NAMES = ("grad_norm", "gradient_norm", "train/grad_norm", "grad-norm", "gnorm", "grad norm")

@@ -135,6 +135,11 @@ _EPOCH_AT = re.compile(r"\bepoch\b\s*[:=]?\s*\[\s*(\d{1,9})\s*\]\s*\[\s*(\d{1,12
 # several words allowed (`System/Peak GPU Memory (MB)`), a value with thousands commas (`10,919`)
 _BLOCK_ROW = re.compile(r"^\s{2,}([A-Za-z][^=]{0,120}?)\s*=\s*(" + _NUM + r"|-?\d{1,3}(?:,\d{3})+(?:\.\d+)?)\s*$",
                         re.IGNORECASE)
+# a tqdm bar of unknown total (`Validation: |          | 0/? [00:00<?, ?it/s]`, Lightning's before its first
+# batch) with another line glued after it (a logger's line printed while the bar is drawn)
+_UNKNOWN_BAR = re.compile(r"^[^|\n]{0,80}\|[^|\n]{0,200}\|\s*\d{1,12}/\?\s*\[[^\]]{0,200}\]")
+# Lightning's training bar, described by its epoch (`Epoch 14: 100%|###| 352/352 [...]`)
+_BAR_EPOCH = re.compile(r"^\s*Epoch (\d{1,9}):\s")
 # a line that is no statement at all (a stray `50`, `---`): it neither ends nor continues the run
 _LR_PRINTED = re.compile(r"\b(?:lr|learning[_ ]rate)\s*[:=]?\s*0\.(0+)(?![\d.eE])", re.IGNORECASE)
 _WORD_BEFORE = re.compile(r"([A-Za-z]\w{0,30})\s+$")
@@ -346,6 +351,7 @@ class _LineParser:
         self.queued: list[dict[str, Any]] = []  # `launch` events, handed out before the line's own events
         self.block: tuple[int, dict[str, float]] | None = None  # an open multi-line record: its step, its metrics
         self.block_rows = 0  # the lines that continued a record
+        self.bar_epoch_first: int | None = None  # the epoch the first `Epoch N:` bar named
 
     def feed(self, lineno: int, line: str) -> list[dict[str, Any]]:
         facts = self.facts
@@ -681,6 +687,9 @@ class _LineParser:
             # the Trainer's `logs` dict as the message of a logger (`... | INFO | ...:on_log:226 - {'loss': ...}`,
             # `logger.info(logs)`): the same record behind a prefix
             return self._dict_line(line[brace:])
+        if "/?" in line and (glued := _UNKNOWN_BAR.match(line)) is not None:
+            rest = line[glued.end():].strip()
+            return self._metrics(rest) if rest else []  # the bar says nothing; the line after it is its own
         bar = _TQDM.search(line) if "/" in line and "[" in line else None
         if bar is not None and not _PROGRESS.search(line):
             drawn = self._bar_line(line, bar)
@@ -880,7 +889,14 @@ class _LineParser:
         n, total = int(bar.group(1)), int(bar.group(2))
         if _EPOCH_BAR.match(line) and line.lower().lstrip().startswith(("validation", "sanity")):
             return []  # Lightning's validation bar counts eval batches, not steps
-        if n < self.bar_last and total == self.bar_total:
+        if (named := _BAR_EPOCH.match(line)) is not None:
+            # Lightning's `Epoch 14: 100%|...| 352/352`: the epoch its description names places the bar, also
+            # where a saved output kept only each epoch's last redraw (the count never goes back)
+            epoch = int(named.group(1))
+            if self.bar_epoch_first is None:
+                self.bar_epoch_first = epoch
+            self.bar_offset = max(0, epoch - self.bar_epoch_first) * total
+        elif n < self.bar_last and total == self.bar_total:
             self.bar_offset += self.bar_total  # a bar that restarts each epoch
         self.bar_last, self.bar_total = n, total
         post = _bar_postfix(line)
