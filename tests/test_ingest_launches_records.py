@@ -353,3 +353,17 @@ def test_lightnings_epoch_bars_kept_at_their_last_redraw_are_steps_of_the_run(tm
              f"train/loss_total_step={_loss(e):.3f}, val/accuracy=0.{60 + e}]" for e in range(15)]
     curve = _curve(_write(tmp_path, "output.log", lines))
     assert [s for s, _ in curve] == [352 * (e + 1) for e in range(15)]
+
+
+def test_a_lightning_table_whose_loss_is_logged_per_epoch_only(tmp_path: Path) -> None:
+    """Lightning's CSVLogger with `self.log("train_loss", loss, on_step=False, on_epoch=True)`: the loss is
+    written once per epoch as `train_loss_epoch`, on the row of the epoch's last step; validation rows between."""
+    rows = ["epoch,step,train_acc_epoch,train_loss_epoch,val_acc,val_loss"]
+    for e in range(30):
+        step = (e + 1) * 10 - 1
+        rows.append(f"{e},{step},,,{0.5 + e / 100},{_loss(e) + 0.1}")
+        rows.append(f"{e},{step},{0.4 + e / 100},{_loss(e)},,")
+    version = tmp_path / "lightning_logs" / "version_0"
+    _write(version, "metrics.csv", rows)
+    d = diagnose_path(tmp_path)
+    assert d.steps == 30 and d.evals == 30 and d.state == "completed"

@@ -63,7 +63,13 @@ def read_csv(path: Path, fmt: str = "csv", delimiter: str = ",") -> Source:
         plan["step_unit"] = "epoch"
     if fmt == "lightning metrics.csv" and epoch_col is not None and step_col is not None:
         log_like = True
-        if _loss_per_epoch(path, delimiter, epoch_col):
+        epoch_loss = _epoch_only_loss(header)
+        if epoch_loss is not None:
+            # `self.log("train_loss", ..., on_step=False, on_epoch=True)`: only the epoch's mean is written,
+            # under `<name>_epoch`; it is the run's loss curve, one row per epoch
+            rows = ({**row, epoch_loss[:-6]: row.get(epoch_loss)} for row in rows)
+            plan["step_unit"] = "epoch"
+        elif _loss_per_epoch(path, delimiter, epoch_col):
             plan["step_unit"] = "epoch"
         stated = read_plan(path.parent, contract)
         rows = _lightning_end(rows, epoch_col, step_col, facts, stated.length)
@@ -89,6 +95,14 @@ def _loss_per_epoch(path: Path, delimiter: str, epoch_col: str) -> bool:
         if with_loss > len(epochs) + 1:
             return False
     return len(epochs) >= 2 and with_loss > 0
+
+
+def _epoch_only_loss(header: list[str]) -> str | None:
+    """Lightning's `<loss>_epoch` column (`train_loss_epoch`) where the table has no step-level loss column."""
+    low = [h.strip().lower() for h in header]
+    if any(h in LOSS_NAMES for h in low):
+        return None
+    return next((h for h, lo in zip(header, low) if lo.endswith("_epoch") and lo[:-6] in LOSS_NAMES), None)
 
 
 def _keras_history(low: list[str]) -> bool:
