@@ -354,6 +354,13 @@ class _LineParser:
         self.bar_epoch_first: int | None = None  # the epoch the first `Epoch N:` bar named
 
     def feed(self, lineno: int, line: str) -> list[dict[str, Any]]:
+        """The events one line brings, a `launch` event (see `_returns`) before the line's own."""
+        out = self._feed(lineno, line)
+        if self.queued:
+            out, self.queued = self.queued + out, []
+        return out
+
+    def _feed(self, lineno: int, line: str) -> list[dict[str, Any]]:
         facts = self.facts
         stripped = line.strip()
         if not stripped:
@@ -365,7 +372,7 @@ class _LineParser:
                     self.block[1][row.group(1).strip().lower()] = number
                 self.block_rows += 1  # one record is one log call: its rows are no flood of output
                 return []
-            return self.close_block() + self.feed(lineno, line)
+            return self.close_block() + self._feed(lineno, line)
         self.lineno = lineno
         facts.last_line = stripped[:500]
         if not _STRAY.match(stripped):
@@ -1061,14 +1068,9 @@ def _events(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
     with open(path, "rb") as f:
         for lineno, line in enumerate(iter_lines(f, facts), 1):
             facts.lines = lineno
-            got = parser.feed(lineno, line)
-            if parser.queued:
-                yield from parser.queued
-                parser.queued.clear()
-            yield from got
-    yield from parser.close_block()
-    if parser.queued:
-        yield from parser.queued
+            yield from parser.feed(lineno, line)
+    closed = parser.close_block()
+    yield from parser.queued + closed
     parser.finish()
     if parser.step:
         # newline-ended lines only: a tqdm bar's carriage-return redraws scroll nothing
