@@ -367,3 +367,20 @@ def test_a_lightning_table_whose_loss_is_logged_per_epoch_only(tmp_path: Path) -
     _write(version, "metrics.csv", rows)
     d = diagnose_path(tmp_path)
     assert d.steps == 30 and d.evals == 30 and d.state == "completed"
+
+
+def test_an_earlier_launchs_crash_is_not_the_ending_of_a_later_launch_that_trains(tmp_path: Path) -> None:
+    crashed = [f"step {s} loss={_loss(s):.4f} lr=0.0001" for s in range(1, 300)]
+    crashed += ["Traceback (most recent call last):", '  File "train.py", line 40, in <module>',
+                "RuntimeError: CUDA error: an illegal memory access was encountered"]
+    again = [f"step {s} loss={_loss(s):.4f} lr=0.0001" for s in range(1, 400)] + ["Training complete"]
+    d = diagnose_path(_write(tmp_path, "train.log", crashed + again))
+    assert d.state == "completed" and _severe(tmp_path / "train.log") == []
+    # the crash stays the ending when no launch trains after it
+    d = diagnose_path(_write(tmp_path, "crash.log", again[:-1] + crashed[-3:]))
+    assert d.state == "crashed"
+    # and a relaunch that dies before training leaves the crash of the run before it... and its own
+    prompt = ["me@box:~$ python infer.py", "Traceback (most recent call last):", '  File "infer.py", line 2',
+              "ModuleNotFoundError: No module named 'foo'"]
+    d = diagnose_path(_write(tmp_path, "both.log", crashed + prompt))
+    assert d.state == "crashed"

@@ -453,7 +453,12 @@ class _LineParser:
                                   "plan_epochs": self.plan_epochs, "plan_steps": self.plan_steps,
                                   "plan_total": self.plan_total, "closing": self.closing,
                                   "ends_with": self.facts.ends_with, "cut_off": self.facts.cut_off,
-                                  "eval_steps": self.eval_steps}
+                                  "eval_steps": self.eval_steps, "traceback": self.facts.traceback}
+        elif self.before_launch is not None and self.facts.traceback is not None:
+            # a launch that crashed before it trained, after one that trained: the earlier one stays the run
+            # unless a later launch trains, and then neither crash is that launch's ending
+            self.before_launch["traceback"] = self.before_launch.get("traceback") or self.facts.traceback
+        self.facts.traceback = None  # an earlier launch's crash is not the ending of the launch that follows
         self.steps_at_launch = self.trained
         self.facts.completed = None
         self.closing = None
@@ -607,6 +612,8 @@ class _LineParser:
             for name, value in self.before_launch.items():
                 if name == "completed":
                     facts.completed = facts.completed or value
+                elif name == "traceback":
+                    facts.traceback = facts.traceback or value
                 elif name in ("ends_with", "cut_off"):
                     setattr(facts, name, value)
                 else:
