@@ -29,10 +29,6 @@ SEVERE = {"warning", "error"}
 # Items still wrong, each with the mechanism it lacks (a verdict is never fitted to one file). strict: an
 # item that turns right must leave this list.
 STILL_WRONG = {
-    "textlog/abhinavagarwalla__swav-cifar10__train.log":
-        "false-alarm: several launches appended in one file are read as one run: the rows of an earlier launch "
-        "that collapsed at ln(50) (3.9121 flat) are loss-not-decreasing's first window; needs the reader to "
-        "judge the last launch",
     "ultralytics/0x90Vold__Plant-Disease-Detection__train2/results.csv":
         "miss: the args.yaml its verdict cites is not in the corpus folder; one row in warmup cannot show the plan",
     "ultralytics/Arthas1998__yolo_gas__exp2-New/results.csv":

@@ -86,6 +86,8 @@ def _open_dir(p: Path) -> Source:
     run = wandb.run_folder(p)
     if run is not None:
         return wandb.read_run(run)
+    if (p / "metrics.json").is_file():  # detectron2's OUTPUT_DIR: JSONWriter's metrics.json beside its events
+        return tables.read_jsonl(p / "metrics.json")
     files = tensorboard.event_files(p)
     if files:
         return tensorboard.read_tensorboard(files)
@@ -96,7 +98,8 @@ def _open_dir(p: Path) -> Source:
     if len(logs) == 1:
         return textlog.read_text_log(logs[0])
     raise UserError(f"{p}: nothing trainguard can read here (looked for trainer_state.json, lightning_logs/, "
-                    "metrics.csv, results.csv, vis_data/scalars.json, trainer_log.jsonl, logging.jsonl, a W&B run folder, TensorBoard event files, "
+                    "metrics.csv, results.csv, vis_data/scalars.json, trainer_log.jsonl, logging.jsonl, a W&B run folder, "
+                    "metrics.json, TensorBoard event files, "
                     "output.log or one *.log)")
 
 

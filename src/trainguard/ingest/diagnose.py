@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.findings import CHECKPOINTS, Finding, most_severe_first
-from trainguard.ingest.events import Source
+from trainguard.ingest.events import EVENT_LAUNCH, Source
 from trainguard.rules.sightings import launcher_only, sighting_finding, state_of
 from trainguard.rules.signatures import LAUNCH_FAILED, Sighting, signature_of
 
@@ -64,12 +64,26 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
     found: list[Finding] = []
     last_step: int | None = None
     kinds: set[str] = set()
+    # A reader's `launch` event: another launch of the script begins in the same file (a relaunch appended,
+    # a fit run again). The log is judged on its last launch that trains: the rules start afresh at each one,
+    # and the launch before is kept only until the new one logs a training step.
+    trained = False
+    before: tuple[Any, list[Finding], int | None] | None = None
     for ev in source.events:
-        kinds.add(ev.get("kind") or "")
-        if ev.get("kind") == "step":
+        kind = ev.get("kind") or ""
+        if kind == EVENT_LAUNCH:
+            if trained or before is None:
+                before = (engine, found, last_step)
+            engine, found, trained = _fresh(engine, plan, idle), [], False
+            continue
+        kinds.add(kind)
+        if kind == "step":
             last_step = ev.get("step")
+            trained = trained or ev.get("loss") is not None
         if engine is not None:
             found.extend(engine.feed(ev))
+    if before is not None and not trained:
+        engine, found, last_step = before  # the last launch logged no training: the one before it is the run
     if engine is not None:
         found.extend(engine.end())
         notes.extend(engine.errors)
@@ -172,6 +186,16 @@ def _with_contract(plan: dict[str, Any], format_name: str) -> dict[str, Any]:
     if c.lr_decays_only:
         extra["lr_decays_only"] = True
     return {**extra, **plan}
+
+
+def _fresh(engine: Any, plan: dict[str, Any], idle: list[Any]) -> Any:
+    """A new rules engine for the next launch, with the same rules left out as the first."""
+    if engine is None:
+        return None
+    fresh, _ = _engine(plan)
+    skip = {type(r) for r in idle}
+    fresh.rules = [r for r in fresh.rules if type(r) not in skip]
+    return fresh
 
 
 def _engine(plan: dict[str, Any]) -> tuple[Any, list[str]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from trainguard.rules.signatures import Scanner
 # Metric names, lower-cased, as the frameworks and people write them.
 LOSS_NAMES = ("loss", "train_loss", "train/loss", "loss_step", "train_loss_step", "training_loss",
               "train/loss_step", "tr_loss", "total_loss", "batch_loss", "mean_loss", "train_mean_loss",
-              "train/mean_loss", "avg_loss", "train_avg_loss")  # a total under the name of how it is reduced
+              "train/mean_loss", "avg_loss", "train_avg_loss",  # a total under the name of how it is reduced
+              "loss_total", "train/loss_total", "train_loss_total", "train/loss_total_step")  # (Lightning's _step)
 LR_NAMES = ("lr", "learning_rate", "train/lr", "train/learning_rate", "lr-adamw", "lr-adam", "lr-sgd",
             "lr/pg0", "x/lr0", "learning-rate")  # x/lr0: YOLOv5's results.csv
 GRAD_NAMES = ("grad_norm", "gradient_norm", "train/grad_norm", "grad-norm", "gnorm", "grad norm")
@@ -27,6 +29,15 @@ STEP_NAMES = ("step", "global_step", "iteration", "iter", "it", "train/global_st
               "current_steps", "_step")  # LLaMA-Factory's trainer_log.jsonl; W&B history exports
 EVAL_PREFIXES = ("eval_", "eval/", "val_", "val/", "valid_", "validation_", "validation/", "test_", "test/",
                  "dev_", "evaluation_", "metrics/")
+
+
+# A reader's event that another launch of the script begins in the same file (a relaunch appended to the log,
+# a fit run again): `diagnose` judges the last launch that trains (`launch_event`).
+EVENT_LAUNCH = "launch"
+
+
+def launch_event(step: int | None, why: str) -> dict[str, Any]:
+    return event(EVENT_LAUNCH, step, {"why": why})
 
 
 @dataclass
@@ -191,12 +202,22 @@ def _first(values: dict[str, str], names: tuple[str, ...]) -> str | None:
     return None
 
 
+_NUL_RUNS = re.compile(rb"\x00+")
+
+
 def sniff_binary(head: bytes, path: Path) -> None:
     """Refuses what is not text: NUL bytes, or mostly bytes that no text encoding uses."""
     if not head:
         return
     if b"\x00" in head:
-        raise UserError(f"{path} is a binary file, not a log or a metrics file")
+        # A log truncated while its writer kept its offset (`> train.log` under a running job, a copy taken
+        # mid-write) holds a hole of NUL bytes: a few long runs, text around them. A binary file's NULs are
+        # many short runs among its other control bytes.
+        runs = _NUL_RUNS.findall(head)
+        text = _NUL_RUNS.sub(b"", head)
+        if len(runs) > 8 or len(text) < 64:
+            raise UserError(f"{path} is a binary file, not a log or a metrics file")
+        head = text
     control = sum(1 for b in head if b < 32 and b not in (9, 10, 13, 27, 8, 12))
     if control > len(head) * 0.05:
         raise UserError(f"{path} does not look like text ({control} control bytes in its first {len(head)})")

@@ -24,10 +24,13 @@ _NOT_METRICS = ("mode", "epoch", "iter", "lr", "time", "data_time", "memory", "m
 
 
 def is_log_json(name: str, first: dict[str, Any]) -> bool:
-    """The meta record (env_info, config) or a first `log()` record (mode, epoch, iter)."""
+    """The meta record (env_info, config) or a first `log()` record (mode train/val, epoch, iter): copied
+    without its meta record, or renamed (`log.json`), the records are still TextLoggerHook's own."""
     if "env_info" in first and "config" in first:
         return True
-    return name.lower().endswith(".log.json") and {"mode", "epoch", "iter"} <= set(first)
+    if not {"mode", "epoch", "iter"} <= set(first):
+        return False
+    return name.lower().endswith(".log.json") or first.get("mode") in ("train", "val")
 
 
 def plan_of(first: dict[str, Any]) -> tuple[str, int] | None:

@@ -21,6 +21,7 @@ from trainguard.ingest.events import (
     Facts,
     Source,
     is_eval_name,
+    launch_event,
     metrics_to_events,
     sniff_binary,
     to_number,
@@ -62,7 +63,13 @@ def read_csv(path: Path, fmt: str = "csv", delimiter: str = ",") -> Source:
         plan["step_unit"] = "epoch"
     if fmt == "lightning metrics.csv" and epoch_col is not None and step_col is not None:
         log_like = True
-        if _loss_per_epoch(path, delimiter, epoch_col):
+        epoch_loss = _epoch_only_loss(header)
+        if epoch_loss is not None:
+            # `self.log("train_loss", ..., on_step=False, on_epoch=True)`: only the epoch's mean is written,
+            # under `<name>_epoch`; it is the run's loss curve, one row per epoch
+            rows = ({**row, epoch_loss[:-6]: row.get(epoch_loss)} for row in rows)
+            plan["step_unit"] = "epoch"
+        elif _loss_per_epoch(path, delimiter, epoch_col):
             plan["step_unit"] = "epoch"
         stated = read_plan(path.parent, contract)
         rows = _lightning_end(rows, epoch_col, step_col, facts, stated.length)
@@ -72,7 +79,7 @@ def read_csv(path: Path, fmt: str = "csv", delimiter: str = ",") -> Source:
         if stated.length:
             plan["total_steps"] = stated.length
         rows = epochend.judge(rows, epoch_col, facts, stated, lr_schedule=fmt in ("ultralytics results.csv", "yolov5 results.csv"))
-    return Source(path=path, format=fmt, events=_merged(rows, key, facts, parts), facts=facts, plan=plan,
+    return Source(path=path, format=fmt, events=merged(rows, key, facts, parts), facts=facts, plan=plan,
                   log_like=log_like)
 
 
@@ -88,6 +95,14 @@ def _loss_per_epoch(path: Path, delimiter: str, epoch_col: str) -> bool:
         if with_loss > len(epochs) + 1:
             return False
     return len(epochs) >= 2 and with_loss > 0
+
+
+def _epoch_only_loss(header: list[str]) -> str | None:
+    """Lightning's `<loss>_epoch` column (`train_loss_epoch`) where the table has no step-level loss column."""
+    low = [h.strip().lower() for h in header]
+    if any(h in LOSS_NAMES for h in low):
+        return None
+    return next((h for h, lo in zip(header, low) if lo.endswith("_epoch") and lo[:-6] in LOSS_NAMES), None)
 
 
 def _keras_history(low: list[str]) -> bool:
@@ -198,7 +213,7 @@ def read_jsonl(path: Path) -> Source:
         elif fmt == "llama-factory trainer_log.jsonl":
             fmt = "json lines"
     parts = contract.parts_from if contract is not None else ()
-    return Source(path=path, format=fmt, events=_merged(_summaries(rows, facts), None, facts, parts), plan=plan,
+    return Source(path=path, format=fmt, events=merged(_summaries(rows, facts), None, facts, parts), plan=plan,
                   facts=facts, log_like=log_like)
 
 
@@ -375,19 +390,36 @@ def _json_rows(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
                 facts.skipped += 1
 
 
-def _merged(rows: Iterable[dict[str, Any]], key: str | None, facts: Facts,
+def merged(rows: Iterable[dict[str, Any]], key: str | None, facts: Facts,
             parts: tuple[str, ...]) -> Iterator[dict[str, Any]]:
-    """Rows → events, rows of the same step merged (Lightning writes one row per logging call)."""
+    """Rows → events, rows of the same step merged (Lightning writes one row per logging call).
+
+    A row back at the table's first step after later ones is another launch appended to the same file (Keras'
+    `CSVLogger(append=True)` over a second `fit`, a script run again): a `launch` event goes before it. A
+    resumed run's rows go on from a later step and are no new launch."""
     current: int | None = None
     merged: dict[str, float] = {}
+    first: tuple[float, int] | None = None
+    advanced = False
     for row in rows:
         step = _step_of(row, key)
         if step is None:
             facts.skipped += 1
             continue
+        # the position, with the row's epoch when the table has one beside its step (a step counted within
+        # the epoch restarts at each epoch: no launch)
+        epoch = to_number(row.get("epoch")) if key != "epoch" else None
+        pos = (epoch if epoch is not None and epoch == epoch else -1.0, step)
         if current is not None and step != current:
             yield from metrics_to_events(current, merged, facts, parts_from=parts or _loss_parts(tuple(merged)))
             merged = {}
+            if first is not None and pos <= first and advanced:
+                yield launch_event(current, "the step column is back at its first value")
+                advanced = False
+        if first is None:
+            first = pos
+        elif pos > first:
+            advanced = True
         current = step
         for name, value in row.items():
             if name is None or name == key or str(name).lower() in STEP_NAMES:

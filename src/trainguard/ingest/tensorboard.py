@@ -7,13 +7,14 @@ read file after file, in name order (the file name starts with its creation time
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UserError
-from trainguard.ingest.events import Facts, Source, metrics_to_events, sniff_binary_ok
+from trainguard.ingest.events import LOSS_NAMES, Facts, Source, metrics_to_events, sniff_binary_ok
 
 PATTERN = "events.out.tfevents.*"
 
@@ -30,10 +31,62 @@ def read_tensorboard(paths: list[Path]) -> Source:
     for p in paths:
         sniff_binary_ok(p)
     facts = Facts(mtime=max(p.stat().st_mtime for p in paths))
+    beside = _epoch_table_contract(paths[0].parent)
+    if beside is not None:
+        return _per_epoch(paths, facts, beside)
     return Source(path=paths[0], format="tensorboard event files", events=_events(paths, facts), facts=facts)
 
 
+def _epoch_table_contract(folder: Path) -> Any:
+    """The one-row-per-epoch writer (Ultralytics, YOLOv5) whose plan file sits beside these event files: its
+    TensorBoard callback logs the same values as its results.csv, at the epoch as the step."""
+    from trainguard.ingest import formats
+
+    for name in ("ultralytics results.csv", "yolov5 results.csv"):
+        c = formats.contract(name)
+        if c is not None and any((folder / f).is_file() for f in c.plan_files):
+            return c
+    return None
+
+
+def _per_epoch(paths: list[Path], facts: Facts, contract: Any) -> Source:
+    """Event files of an Ultralytics or YOLOv5 run folder, read as its results.csv would be (`tables`): the
+    step is the epoch, `train/*_loss` are the loss parts, and the plan file beside them says how the run
+    ended against its planned epochs (and patience). Per-batch values logged at the epoch's step merge
+    into that epoch's row (its last value each)."""
+    from trainguard.ingest import epochend, tables
+    from trainguard.ingest.plans import read_plan
+
+    stated = read_plan(paths[0].parent, contract)
+    rows = ({"epoch": step, **values} for step, values in _steps(paths, facts))
+    judged = epochend.judge(rows, "epoch", facts, stated, lr_schedule=True)
+    plan: dict[str, Any] = {"parts_relation": contract.parts, "step_unit": "epoch"}
+    if stated.length:
+        plan["total_steps"] = stated.length
+    return Source(path=paths[0], format="tensorboard event files", facts=facts, plan=plan, log_like=True,
+                  events=tables.merged(judged, "epoch", facts, contract.parts_from))
+
+
 def _events(paths: list[Path], facts: Facts) -> Iterator[dict[str, Any]]:
+    for step, merged in _steps(paths, facts):
+        # Ultralytics' and YOLOv5's callbacks log no total, only `train/box_loss`, `train/cls_loss`...: the
+        # parts, whose sum is the loss they train on (without their plan file beside: a lone event file)
+        yield from metrics_to_events(step, merged, facts, parts_from=_parts_without_total(tuple(merged)))
+
+
+@functools.lru_cache(maxsize=64)
+def _parts_without_total(tags: tuple[str, ...]) -> tuple[str, ...]:
+    """("_loss",) when the step's training tags are only loss parts and no total (`train/box_loss`,
+    `train/cls_loss`, `train/dfl_loss`): a Hugging Face run's closing `train/train_loss` beside its
+    `train/train_runtime` is no part."""
+    train = [t for t in tags if t.startswith("train/")]
+    if any(t.lower() in LOSS_NAMES for t in tags) or len(train) < 2:
+        return ()
+    return ("_loss",) if all(t.endswith("_loss") for t in train) else ()
+
+
+def _steps(paths: list[Path], facts: Facts) -> Iterator[tuple[int, dict[str, float]]]:
+    """(step, its scalars) in the order written, the scalars of consecutive records at one step merged."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     # TensorBoard logs a warning per damaged record; the count goes in `facts.skipped` instead.
@@ -48,7 +101,7 @@ def _events(paths: list[Path], facts: Facts) -> Iterator[dict[str, Any]]:
                     continue
                 step = int(ev.step)
                 if current is not None and step != current:
-                    yield from metrics_to_events(current, merged, facts)
+                    yield current, merged
                     merged = {}
                 current = step
                 for value in ev.summary.value:
@@ -58,7 +111,7 @@ def _events(paths: list[Path], facts: Facts) -> Iterator[dict[str, Any]]:
         except Exception:  # a truncated or damaged file: keep what was read before the damage
             facts.skipped += 1
     if current is not None:
-        yield from metrics_to_events(current, merged, facts)
+        yield current, merged
 
 
 def _scalar(value: Any) -> float | None:

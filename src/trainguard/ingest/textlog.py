@@ -36,6 +36,7 @@ from trainguard.ingest.events import (
     Source,
     event,
     is_eval_name,
+    launch_event,
     metrics_to_events,
     sniff_binary,
     to_number,
@@ -128,6 +129,17 @@ _STEP_ONLY = re.compile(r"(?:^|[\s\]|:>\-])(?:current\s+|global[_ ])?(?:step|ite
 _GLOG = re.compile(r"^[IW]\d{4} \d\d:\d\d:\d\d(?:\.\d+)?\s+\d+\s+[^\]\s]+:\d+\] ")
 # a shell prompt with a command after it (`user@host:~/dir$ python infer.py ...`): a new launch starts
 _PROMPT = re.compile(r"^[\w.\-]+@[\w.\-]+:[^\s$#]*[$#] +\S")
+# `Epoch: [3][50]` (SwAV, DINO, MoCo's ProgressMeter without its `/N`): the epoch, then the iteration within it
+_EPOCH_AT = re.compile(r"\bepoch\b\s*[:=]?\s*\[\s*(\d{1,9})\s*\]\s*\[\s*(\d{1,12})\s*[/\]]", re.IGNORECASE)
+# one metric of a multi-line record (a declared `block_head` opens it): an indented `name=value`, a name of
+# several words allowed (`System/Peak GPU Memory (MB)`), a value with thousands commas (`10,919`)
+_BLOCK_ROW = re.compile(r"^\s{2,}([A-Za-z][^=]{0,120}?)\s*=\s*(" + _NUM + r"|-?\d{1,3}(?:,\d{3})+(?:\.\d+)?)\s*$",
+                        re.IGNORECASE)
+# a tqdm bar of unknown total (`Validation: |          | 0/? [00:00<?, ?it/s]`, Lightning's before its first
+# batch) with another line glued after it (a logger's line printed while the bar is drawn)
+_UNKNOWN_BAR = re.compile(r"^[^|\n]{0,80}\|[^|\n]{0,200}\|\s*\d{1,12}/\?\s*\[[^\]]{0,200}\]")
+# Lightning's training bar, described by its epoch (`Epoch 14: 100%|###| 352/352 [...]`)
+_BAR_EPOCH = re.compile(r"^\s*Epoch (\d{1,9}):\s")
 # a line that is no statement at all (a stray `50`, `---`): it neither ends nor continues the run
 _LR_PRINTED = re.compile(r"\b(?:lr|learning[_ ]rate)\s*[:=]?\s*0\.(0+)(?![\d.eE])", re.IGNORECASE)
 _WORD_BEFORE = re.compile(r"([A-Za-z]\w{0,30})\s+$")
@@ -137,7 +149,7 @@ _WORD = re.compile(r"[A-Za-z]{2,}")
 
 
 # every declared plan setting's name holds one of these (checked in tests): a line without any is no setting
-_PLAN_HINTS = ("max", "num", "total", "epochs", "train_", "learning_steps", "anneal", "batch", "scheduled")
+_PLAN_HINTS = ("max", "num", "total", "epochs", "train_", "learning_steps", "anneal", "batch", "scheduled", "n_epoch")
 
 
 class _Contracts:
@@ -157,6 +169,8 @@ class _Contracts:
         self.weighted = _union(r.weighted_parts for r in rules if r.weighted_parts)
         self.closing = _union(p for r in rules for p in r.closing)
         self.launch = _union(p for r in rules for p in r.launch)
+        self.block_head = _union(r.block_head for r in rules if r.block_head)
+        self.parts_after = _union(r.parts_after for r in rules if r.parts_after)
         # the short names a writer gives a position or a metric, each with the lines it applies on
         self.keys: list[tuple[re.Pattern[str] | None, dict[str, str]]] = [
             (re.compile(r.keys_when, re.IGNORECASE) if r.keys_when else None, {k.lower(): v for k, v in r.keys.items()})
@@ -215,7 +229,13 @@ def read_text_log(path: Path) -> Source:
     """A Source over a log file; its events are read lazily, in one pass, in constant memory."""
     facts = Facts()
     with open(path, "rb") as f:
-        sniff_binary(f.read(8192), path)
+        head = f.read(8192)
+        while head and not head.strip(b"\x00") and len(head) < 4 * BLOCK:
+            # a log that starts with a hole of NUL bytes (truncated under its writer): its text comes after
+            if not (more := f.read(BLOCK)):
+                break
+            head += more
+        sniff_binary(head.lstrip(b"\x00")[:8192] or head[:8192], path)
     facts.mtime = path.stat().st_mtime
     plan = {"total_steps": total} if (total := _peek_total(path)) else {}
     return Source(path=path, format="text log", events=_events(path, facts), plan=plan, facts=facts,
@@ -278,6 +298,8 @@ def _decode(raw: bytes) -> str:
         text = raw.decode("latin-1")  # never fails: a log whose encoding changed still reads
     if "\x1b" in text:
         text = _ANSI.sub("", text)
+    if "\x00" in text:
+        text = text.replace("\x00", "")  # a hole a truncated log left (see `sniff_binary`)
     return text
 
 
@@ -322,12 +344,35 @@ class _LineParser:
         self.before_launch: dict[str, Any] | None = None
         self.steps_at_launch = 0
         self.trained = 0  # training rows seen, kept or not (a relaunch's rows below the steps read are dropped)
+        # the position (epoch, iteration or step) of the log's first training row, and whether a later row got
+        # past it: a training row back at that position after that begins another launch (see `_returns`)
+        self.first_pos: tuple[int, ...] | None = None
+        self.advanced = False
+        self.queued: list[dict[str, Any]] = []  # `launch` events, handed out before the line's own events
+        self.block: tuple[int, dict[str, float]] | None = None  # an open multi-line record: its step, its metrics
+        self.block_rows = 0  # the lines that continued a record
+        self.bar_epoch_first: int | None = None  # the epoch the first `Epoch N:` bar named
 
     def feed(self, lineno: int, line: str) -> list[dict[str, Any]]:
+        """The events one line brings, a `launch` event (see `_returns`) before the line's own."""
+        out = self._feed(lineno, line)
+        if self.queued:
+            out, self.queued = self.queued + out, []
+        return out
+
+    def _feed(self, lineno: int, line: str) -> list[dict[str, Any]]:
         facts = self.facts
         stripped = line.strip()
         if not stripped:
             return []
+        if self.block is not None:
+            if (row := _BLOCK_ROW.match(line)) is not None:
+                number = to_number(row.group(2).replace(",", ""))
+                if number is not None and len(self.block[1]) < 256:
+                    self.block[1][row.group(1).strip().lower()] = number
+                self.block_rows += 1  # one record is one log call: its rows are no flood of output
+                return []
+            return self.close_block() + self._feed(lineno, line)
         self.lineno = lineno
         facts.last_line = stripped[:500]
         if not _STRAY.match(stripped):
@@ -369,6 +414,9 @@ class _LineParser:
             self._epoch_seen(*ep)  # a position (`Epoch 3/500`, `=== Epoch 4 ===`), not a mention (`from epoch 66`)
         if c.launch is not None and c.launch.search(stripped):
             self._new_launch()
+        if c.block_head is not None and "=" in stripped and (head := c.block_head.search(stripped)) is not None:
+            self._open_block(head)
+            return []
         if any(h in low for h in _PLAN_HINTS) and c.plan.search(line) is not None:
             self._plan_line(line)
         if stripped[-1] == "|" and (kv := _KV_ROW.search(stripped)) is not None:
@@ -398,19 +446,85 @@ class _LineParser:
         """A shell prompt and a command: what follows is another launch (an inference script after training, a
         relaunch). The log is judged on its last launch that trains; how the one before stood is kept for the
         case that this one never logs a training step."""
+        self.queued.append(launch_event(self.step, "launch"))
         if self.trained > self.steps_at_launch:  # the launch now closing trained: the one to fall back on
             self.before_launch = {"completed": self.facts.completed, "epoch_max": self.epoch_max,
                                   "epoch_zero": self.epoch_zero, "epochs_of": self.epochs_of,
                                   "plan_epochs": self.plan_epochs, "plan_steps": self.plan_steps,
                                   "plan_total": self.plan_total, "closing": self.closing,
                                   "ends_with": self.facts.ends_with, "cut_off": self.facts.cut_off,
-                                  "eval_steps": self.eval_steps}
+                                  "eval_steps": self.eval_steps, "traceback": self.facts.traceback}
+        elif self.before_launch is not None and self.facts.traceback is not None:
+            # a launch that crashed before it trained, after one that trained: the earlier one stays the run
+            # unless a later launch trains, and then neither crash is that launch's ending
+            self.before_launch["traceback"] = self.before_launch.get("traceback") or self.facts.traceback
+        self.facts.traceback = None  # an earlier launch's crash is not the ending of the launch that follows
         self.steps_at_launch = self.trained
         self.facts.completed = None
         self.closing = None
         self.epoch_max, self.epochs_of, self.epoch_zero = None, None, False
         self.eval_steps = []  # the cadence of this launch's evaluations, not the last launch's
 
+
+    def _open_block(self, head: re.Match[str]) -> None:
+        """A declared record head (`[step=10/2500,epoch=0]`): the position and plan; its metrics follow."""
+        found = {k: int(v) for k, v in head.groupdict().items() if v is not None}
+        if "step" not in found:
+            return
+        if found.get("total"):
+            self.plan_total = found["total"]
+        if "epoch" in found:
+            self._epoch_seen(found["epoch"], None)
+        self.block = (found["step"], {})
+
+    def close_block(self) -> list[dict[str, Any]]:
+        """The open record's metrics as one step (and its evaluations), named by the declared `keys`."""
+        if self.block is None:
+            return []
+        step, raw = self.block
+        self.block = None
+        metrics: dict[str, float] = {}
+        for name, value in raw.items():
+            meaning = next((keys[name] for when, keys in self.c.keys if when is None and name in keys), None)
+            if meaning is None:
+                metrics.setdefault(name, value)
+            elif meaning.startswith("eval:"):
+                metrics.setdefault(f"val_{meaning[5:]}", value)
+            elif meaning not in ("step", "epoch", "batch"):
+                metrics[meaning] = value
+        if any(k in LOSS_NAMES for k in metrics):
+            self._returns("", None, step)
+        return self._emit(step, metrics, parts=False)
+
+    def _returns(self, line: str, epoch: tuple[int, int | None] | None, step: int | None) -> None:
+        """A launch boundary the positions themselves show: a training row back at the log's first position
+        (its epoch and iteration, or its printed step) after the log had got past it is another launch of the
+        script appended to the same file (a restart from scratch, typically after its config is printed
+        again). A resumed run goes on from a later position: it never returns to the first one."""
+        # with its epoch when the line names one: a counter within the epoch restarts at each epoch
+        at = _EPOCH_AT.search(line) if epoch is not None else None
+        if at is not None:
+            pos: tuple[int, ...] = (int(at.group(1)), int(at.group(2)))
+        elif epoch is not None:
+            pos = (epoch[0], step if step is not None else -1)
+        elif step is not None and self.epoch_max is not None:
+            pos = (self.epoch_max, step)  # under an epoch's heading (`Epoch 3/10` printed on its own line)
+        elif step is not None:
+            pos = (step,)
+        else:
+            return
+        first = self.first_pos
+        if first is None or len(first) != len(pos):
+            if first is None:
+                self.first_pos = pos
+            return
+        if pos > first:
+            self.advanced = True
+        elif self.advanced:
+            self._new_launch()
+            # the new launch's rows count from its own start: none is dropped as a step already read
+            self.step, self.bar_offset, self.bar_last, self.relaunch, self.pending = 0, 0, 0, None, None
+            self.advanced = False
 
     def _epoch_seen(self, epoch: int, of: int | None) -> None:
         """Any line naming its epoch (`Epoch 3/500`, `End of epoch 16 / 200`): how far the run got."""
@@ -498,6 +612,8 @@ class _LineParser:
             for name, value in self.before_launch.items():
                 if name == "completed":
                     facts.completed = facts.completed or value
+                elif name == "traceback":
+                    facts.traceback = facts.traceback or value
                 elif name in ("ends_with", "cut_off"):
                     setattr(facts, name, value)
                 else:
@@ -581,6 +697,13 @@ class _LineParser:
     def _metrics(self, line: str) -> list[dict[str, Any]]:
         if line.startswith("{") and line.endswith("}"):
             return self._dict_line(line)
+        if line.endswith("}") and (brace := line.find("{'")) > 0 and line.find("}") == len(line) - 1:
+            # the Trainer's `logs` dict as the message of a logger (`... | INFO | ...:on_log:226 - {'loss': ...}`,
+            # `logger.info(logs)`): the same record behind a prefix
+            return self._dict_line(line[brace:])
+        if "/?" in line and (glued := _UNKNOWN_BAR.match(line)) is not None:
+            rest = line[glued.end():].strip()
+            return self._metrics(rest) if rest else []  # the bar says nothing; the line after it is its own
         bar = _TQDM.search(line) if "/" in line and "[" in line else None
         if bar is not None and not _PROGRESS.search(line):
             drawn = self._bar_line(line, bar)
@@ -588,6 +711,12 @@ class _LineParser:
             rest = line[bar.end():].strip()
             return drawn + self._metrics(rest) if rest else drawn
         pairs = _pairs(line)
+        if pairs and self.c.parts_after is not None and (after := self.c.parts_after.search(line)) is not None:
+            losses = {k: v for k, v in _pairs(line[after.end():]).items() if k not in _NOT_METRICS}
+            if losses:  # each value a loss of the model, the total their sum (the writer prints none)
+                pairs = {k: v for k, v in pairs.items() if k not in losses}
+                pairs.update({f"loss_{k}": v for k, v in losses.items()})
+                pairs["loss"] = math.fsum(losses.values())
         if not pairs or len(pairs) == 1 and next(iter(pairs)) in ("step", "iter", "iteration", "global_step"):
             if (only := _STEP_ONLY.search(line)) is not None:
                 self.pending = (self.lineno, int(only.group(1)))  # `iter = 43080`: its metrics are on the next line
@@ -610,7 +739,9 @@ class _LineParser:
         if train and epoch and epoch[1] and epoch[0] == epoch[1] > 1:
             # `Epoch 100/100 - Train Loss: ...`: the last of the planned epochs was reached
             self.facts.completed = self.facts.completed or f"reached the last epoch: {line[:120]}"
-        step = self._position(line, epoch, bool(train))
+        # a writer's own position key (declared `keys`) says more than a word the line happens to hold: the
+        # CycleGAN template's `iters` is its counter within the epoch, not a step of the run
+        step = None if "batch" in keyed and epoch is not None else self._position(line, epoch, bool(train))
         if step is None and "step" in keyed:
             step = keyed["step"]
         elif step is None and "batch" in keyed:
@@ -634,6 +765,8 @@ class _LineParser:
             # curve, one row per epoch
             self.epoch_axis = True
             train, step = {"loss": alias}, epoch[0]
+        if train and any(k in LOSS_NAMES for k in train):
+            self._returns(line, epoch, step)
         if epoch is not None and (train or evals):
             self._epoch_seen(*epoch)
         out: list[dict[str, Any]] = []
@@ -770,7 +903,14 @@ class _LineParser:
         n, total = int(bar.group(1)), int(bar.group(2))
         if _EPOCH_BAR.match(line) and line.lower().lstrip().startswith(("validation", "sanity")):
             return []  # Lightning's validation bar counts eval batches, not steps
-        if n < self.bar_last and total == self.bar_total:
+        if (named := _BAR_EPOCH.match(line)) is not None:
+            # Lightning's `Epoch 14: 100%|...| 352/352`: the epoch its description names places the bar, also
+            # where a saved output kept only each epoch's last redraw (the count never goes back)
+            epoch = int(named.group(1))
+            if self.bar_epoch_first is None:
+                self.bar_epoch_first = epoch
+            self.bar_offset = max(0, epoch - self.bar_epoch_first) * total
+        elif n < self.bar_last and total == self.bar_total:
             self.bar_offset += self.bar_total  # a bar that restarts each epoch
         self.bar_last, self.bar_total = n, total
         post = _bar_postfix(line)
@@ -936,9 +1076,11 @@ def _events(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
         for lineno, line in enumerate(iter_lines(f, facts), 1):
             facts.lines = lineno
             yield from parser.feed(lineno, line)
+    closed = parser.close_block()
+    yield from parser.queued + closed
     parser.finish()
     if parser.step:
         # newline-ended lines only: a tqdm bar's carriage-return redraws scroll nothing
-        yield event("output", parser.step, {"lines": facts.newlines})
+        yield event("output", parser.step, {"lines": max(0, facts.newlines - parser.block_rows)})
     if parser.tb is not None and len(parser.tb) > 1:
         facts.traceback = parser.tb  # a traceback cut off by the end of the file

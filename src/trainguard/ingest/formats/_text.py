@@ -62,6 +62,15 @@ class TextRules:
     keys_when: str | None = None
     """A regex a line must match for `keys` to apply (llm.c's `s` means the step only on its own lines);
     None: on every line."""
+    parts_after: str | None = None
+    """A regex of the writer's loss line whose every named value after the match is one loss of the model,
+    the writer printing no total (the pix2pix/CycleGAN template's `(epoch: 3, iters: 400, time: ...) G_GAN:
+    0.71 G_L1: 12.3 ...`): the values are read as loss parts and the step's loss is their sum."""
+    block_head: str | None = None
+    """A regex of a line that opens a multi-line record (OLMo's `[step=10/2500,epoch=0]`): named groups `step`
+    and optionally `total` (the planned steps) and `epoch`. The record's metrics follow, one per indented
+    `name=value` line (`    train/CrossEntropyLoss=9.298`, thousands written `10,919`), until the first
+    line that is not one; `keys` name what they are."""
     sample: tuple[str, ...] = ()
     """A few lines shaped exactly as the writer prints them (placeholders `{step}`, `{epoch}`, `{total}`,
     `{loss}`), from which tests build a log: the writer's format strings, not lines copied from a log."""

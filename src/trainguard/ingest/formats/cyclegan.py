@@ -21,7 +21,15 @@ declare_text(
     ),
     TextRules(
         format="cyclegan console",
-        sample=("[epoch: {epoch}/{epochs}, iter: {batch}/{batches}] total: {loss}",
+        # `(epoch: 3, iters: 400, time: 0.113, data: 0.002) ` (newer versions print `[Rank 0] ` first and `, `
+        # between the values): what follows is one value per loss in model.loss_names
+        parts_after=r"\(epoch:\s*\d+,\s*iters:\s*\d+,\s*time:\s*[\d.]+,\s*data:\s*[\d.]+\)\s*,?",
+        keys={"iters": "batch"},
+        keys_when=r"\(epoch:\s*\d+,\s*iters:",
+        # (a model whose loss_names hold one loss prints one value: its loss; several print the parts)
+        sample=("(epoch: {epoch}, iters: {batch}, time: 0.113, data: 0.002) G: {loss} ",
+                "[Rank 0] (epoch: {epoch}, iters: {batch}, time: 1.283, data: 0.862) , G: {loss}",
+                "[epoch: {epoch}/{epochs}, iter: {batch}/{batches}] total: {loss}",
                 "End of epoch {epoch} / {epochs} \t Time Taken: 393 sec"),
     ),
 )

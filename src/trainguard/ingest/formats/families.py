@@ -24,6 +24,7 @@ from trainguard.ingest.formats import (  # noqa: F401
     mmengine,
     mmengine_console,
     nanogpt,
+    olmo,
     pytorch_examples,
     ssl_console,
     theano_tutorials,

@@ -33,6 +33,11 @@ declare_text(
                "a number followed by a sentence's period (`Loss: 0.2154.`) is the number",
                "a shell prompt with a command (`user@host:~/dir$ python infer.py`) starts another launch: the log "
                "is judged on its last launch that trains",
+               "a training row back at the log's first position (its epoch and iteration, its printed step, or "
+               "its step under an epoch's heading) after the log got past it starts another launch too (a script "
+               "run again into the same file); a resumed run goes on from a later position and stays one run",
+               "a Hugging Face `logs` dict printed as a logger's message (`... - {'loss': 2.31, ...}`) is read "
+               "as the bare dict; a line that is only `name=value,` is a field of a config printed as a repr",
                "glog-prefixed information and warnings (`W0530 14:48:26.433000 123 file.py:12] Traceback ...`) "
                "are never a crash",
                "a plan printed and no training step after it: the run never trained (cut off at its start)"),
@@ -51,8 +56,11 @@ declare_text(
                     "num_training_steps", "train_steps", "total_iterations", "total iterations", "total_iters",
                     "num_iterations"),
         plan_epochs=("epochs", "num_epochs", "max_epochs", "n_epochs", "train_epochs", "total_epochs",
-                     "num_train_epochs", "epoch_num", "nb_epochs", "max_epoch"),
-        not_evaluation=(r"\bsample\s*[:=#]?\s*\d+\s*[,|]", r"^\s*\w*eval\w*_(?:period|interval|freq|steps|every)\b"),
+                     "num_train_epochs", "epoch_num", "nb_epochs", "max_epoch", "n_epoch"),
+        # (a line that is only `name=value,`: one field of a config printed as a Python repr, a dataclass or
+        # Namespace pretty-printed one field a line, as nerfstudio and tyro print theirs: a setting)
+        not_evaluation=(r"\bsample\s*[:=#]?\s*\d+\s*[,|]", r"^\s*\w*eval\w*_(?:period|interval|freq|steps|every)\b",
+                        r"^[A-Za-z_]\w*=[^\s,=()]+,$"),
         sample=("Epoch {epoch}/{epochs} - Train Loss: {loss}, Val Loss: {val}",
                 "step {step} loss={loss} lr=0.0001",
                 "ep: {epoch}, batch: {batch}, time: 9.17, ntokens: 485.20/513, loss: {loss}",

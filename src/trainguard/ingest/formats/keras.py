@@ -18,7 +18,10 @@ declare(
         completion="none",
         parts="independent",
         notes=("`loss` = sum of loss_weights[k] x <k>_loss plus regularisation: the weights are not written, so "
-               "the heads' losses cannot be checked against the total",),
+               "the heads' losses cannot be checked against the total",
+               "`append=True` over several `fit` calls writes each fit's epochs from 0 again, with no second "
+               "header: a row back at the first epoch begins another launch, and the file is judged on its last "
+               "fit that trains",),
         step_unit="epoch",
     ),
     FormatContract(

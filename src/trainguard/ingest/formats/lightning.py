@@ -24,7 +24,9 @@ declare(
         parts="independent",
         notes=("a metric logged on_epoch only appears on the epoch-end row, at the last step of the epoch",
                "`*_loss` columns beside a `loss`/`mean_loss` total are parts; with no total at all, the mean"
-               " of the parts does not stand for one"),
+               " of the parts does not stand for one",
+               "a loss logged on_epoch only (`train_loss_epoch`, no step-level loss column) is the run's loss "
+               "curve, one row per epoch"),
         plan_files=("hparams.yaml",), plan_keys=("max_epochs", "num_epochs", "epochs", "n_epochs"),
         step_unit="optimizer-step",
     ),

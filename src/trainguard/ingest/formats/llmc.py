@@ -24,7 +24,7 @@ declare_text(
     TextRules(
         format="llm.c console",
         keys={"s": "step", "trl": "loss", "tel": "eval:loss"},
-        keys_when=r"(?:^|\s)s:\d+\s+t[re]l:",
+        keys_when=r"(?:^|\s)s:\d+\s+(?:t[re]l|eval):",
         sample=("s:{step} trl:{loss} lr:0.000600 norm:0.25",
                 "step {step:4d}/{total} | loss {loss} (-0.12z)| norm 1.2345 (+0.50z)| lr 6.00e-04 | 120.5 ms | "
                 "41.2% bf16 MFU | 435000 tok/s"),
