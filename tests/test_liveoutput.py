@@ -98,3 +98,18 @@ def test_printed_step_loss_and_lr_reach_the_status_line(tmp_path: Path) -> None:
     assert state.scratch["output"] == {"step": 20, "loss": 2.1, "lr": 9.0e-05}
     line = statusline.render(state, 60.0, [], None)
     assert "step 20" in line and "loss 2.1" in line and "lr 9.00e-05" in line
+
+
+def test_a_multi_line_record_still_open_when_the_process_ends_is_read(tmp_path: Path) -> None:
+    # OLMo's console: a `[step=N/M]` line, then its metrics indented one a line; the last record is closed
+    # by no later line, only by the process's end. Its NaN is the last step's, and must be found.
+    _run(tmp_path, """
+        for step in range(1, 41):
+            loss = float("nan") if step == 40 else 4.0 - step * 0.02
+            print(f"2025-12-11 00:30:18.925\\thost:0\\tolmo.train:979\\tINFO\\t[step={step}/40,epoch=0]")
+            print(f"    train/CrossEntropyLoss={loss:.4f}")
+            print("    optim/learning_rate_group0=5e-05", flush=True)
+    """)
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    nan = [f for f in status["findings"] if f["name"] == "nonfinite-loss"]
+    assert nan and nan[0]["step"] == 40, status["findings"]

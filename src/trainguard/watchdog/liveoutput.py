@@ -89,6 +89,16 @@ class OutputRulesMonitor:
     def finish(self, state: Any) -> list[Finding]:
         """After the process ended: the last lines it printed, then the rules' end-of-run checks."""
         found = self.poll(state)
+        # a multi-line record still open (OLMo's `[step=N/M]` and its indented lines) ends with the process:
+        # nothing more will be printed after it
+        last = [e for e in (self._keep(e) for e in self.parser.close_block()) if e is not None]
+        if last:
+            for e in last:
+                e["t"] = e.get("t") or state.now
+            self._store(state, last)
+            engine = self._engine()
+            if engine is not None:
+                found += [self._mark(f) for f in engine.feed_all(last)]
         if self.printed is not None:
             self.printed.close()
         if self.engine is not None and self.probe != "watch":
