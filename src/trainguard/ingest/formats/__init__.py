@@ -117,3 +117,15 @@ def render_markdown() -> str:
         out += [f"- **note**: {n}" for n in c.notes]
         out.append("")
     return "\n".join(out)
+
+
+def render_table() -> str:
+    """The README's format table: per format, what `diagnose` reads (metrics, step axis, plan, completion)."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    out = ["| format | metrics read | step axis | plan | completion |", "|---|---|---|---|---|"]
+    for c in sorted(all_formats(), key=lambda c: (c.family.lower(), c.name)):
+        out.append(f"| **{cell(c.name)}** ({cell(c.family)}) | {cell(c.metrics)} | {cell(c.step_axis)} | "
+                   f"{cell(c.plan)} | {cell(c.completion)} |")
+    return "\n".join(out)
