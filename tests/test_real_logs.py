@@ -35,7 +35,8 @@ STILL_WRONG = {
         "miss (accept list in question): TG105 lr-restarts-at-resume names the restart (8.92e-4 -> 0.01 at epoch 25, "
         "cause jump-after-decay), the code for exactly this, but the verdict accepts only TG207/102/103/602/203",
     "tensorboard/Arthas1998__yolo_gas__exp2-New":
-        "miss: a resumed run whose LR schedule restarts (8.9e-4 -> 0.01) as mAP halves: no rule names a schedule restart yet",
+        "miss (accept list in question): TG105 lr-restarts-at-resume names the restart from the YOLO writer's x/lr0 "
+        "tag (8.92e-4 -> 0.01 at epoch 25), but the verdict accepts only TG207/102/103/602/203",
     "ultralytics/AI23mani__Parking_space_dedction/results.csv":
         "miss: the args.yaml its verdict cites is not in the corpus folder; three rows, all in LR warmup, cannot show the plan",
     "ultralytics/1WangXT__Pipeline_Defect_Recognition__exp3/results.csv":

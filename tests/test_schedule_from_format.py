@@ -89,3 +89,21 @@ def test_a_printed_zero_over_most_of_the_log_is_still_lr_zero(tmp_path: Path) ->
     path = _llmc_log(tmp_path / "main.log", 6000, 1200, 10**9)
     found = [f for f in diagnose_source(open_source(path)).findings if f.code == "TG101"]
     assert len(found) == 1 and 1100 <= found[0].step <= 1250
+
+
+@pytest.mark.parametrize("lr_tag, said", [("x/lr0", True), ("lr", False)])
+def test_a_yolo_writers_event_file_restarting_its_schedule_is_said_and_a_generic_one_is_not(
+        tmp_path: Path, lr_tag: str, said: bool) -> None:
+    # the TensorBoard callback's tags as YOLOv5 writes them (utils/loggers: train/*_loss, metrics/*, x/lr0..2),
+    # through torch's own SummaryWriter; a generic `lr` tag promises no schedule
+    from torch.utils.tensorboard import SummaryWriter
+
+    lrs = [_lr(e, 25) for e in range(25)] + [0.01] + [_lr(e, 40) for e in range(26, 40)]
+    with SummaryWriter(str(tmp_path / "exp")) as w:
+        for e, lr in enumerate(lrs):
+            w.add_scalar("train/box_loss", 0.06 - 0.0005 * e, e)
+            w.add_scalar("train/obj_loss", 0.03, e)
+            w.add_scalar("metrics/mAP_0.5", 0.1 + 0.35 * (1 - 0.9 ** e), e)
+            w.add_scalar(lr_tag, lr, e)
+    found = _tg105(tmp_path / "exp")
+    assert (len(found) == 1 and found[0].step == 25) if said else found == []

@@ -34,7 +34,31 @@ def read_tensorboard(paths: list[Path]) -> Source:
     beside = _epoch_table_contract(paths[0].parent)
     if beside is not None:
         return _per_epoch(paths, facts, beside)
-    return Source(path=paths[0], format="tensorboard event files", events=_events(paths, facts), facts=facts)
+    plan: dict[str, Any] = {}
+    if _yolo_tags(paths[0]):
+        plan["lr_decays_only"] = True  # the YOLO writers' schedule: lr0 x lf(epoch), only decaying after warm-up
+    return Source(path=paths[0], format="tensorboard event files", events=_events(paths, facts), facts=facts,
+                  plan=plan)
+
+
+YOLO_LR_TAGS = ("x/lr0", "lr/pg0")  # YOLOv5's and Ultralytics' TensorBoard callbacks (the LR of param group 0)
+PEEK_RECORDS = 200
+
+
+def _yolo_tags(path: Path) -> bool:
+    """Whether the first records of an event file are a YOLO writer's: its LR tag beside `metrics/mAP...`."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    tags: set[str] = set()
+    try:
+        for i, ev in enumerate(EventFileLoader(str(path)).Load()):
+            if i >= PEEK_RECORDS:
+                break
+            if ev.HasField("summary"):
+                tags.update(v.tag for v in ev.summary.value)
+    except Exception:  # a damaged file: the full read reports it
+        return False
+    return any(t in tags for t in YOLO_LR_TAGS) and any(t.startswith("metrics/mAP") for t in tags)
 
 
 def _epoch_table_contract(folder: Path) -> Any:
@@ -60,7 +84,8 @@ def _per_epoch(paths: list[Path], facts: Facts, contract: Any) -> Source:
     stated = read_plan(paths[0].parent, contract)
     rows = ({"epoch": step, **values} for step, values in _steps(paths, facts))
     judged = epochend.judge(rows, "epoch", facts, stated, lr_schedule=True)
-    plan: dict[str, Any] = {"parts_relation": contract.parts, "step_unit": "epoch"}
+    plan: dict[str, Any] = {"parts_relation": contract.parts, "step_unit": "epoch",
+                            "lr_decays_only": contract.lr_decays_only}
     if stated.length:
         plan["total_steps"] = stated.length
     return Source(path=paths[0], format="tensorboard event files", facts=facts, plan=plan, log_like=True,
