@@ -2,10 +2,10 @@
 
 A family module declares its `FormatContract` (the prose a person reads) together with a `TextRules`
 (the patterns and keys the reader uses) through `declare_text`. The reader (`trainguard.ingest.textlog`)
-knows no framework by name: it compiles the union of every declared `TextRules` once, so a new printed
-format is a new family module, not a new branch in the reader. Tests generate each format's real-world
-variants (logging prefixes, colour codes, tqdm redraws, appended relaunches, CRLF, cut last lines) from
-`TextRules.sample`, the writer's own line shapes.
+knows no framework by name: it compiles the union of every declared `TextRules` once (in `ingest.textlines`),
+so a new printed format is a new family module, not a new branch in the reader. Tests generate each
+format's real-world variants (logging prefixes, colour codes, tqdm redraws, appended relaunches, CRLF, cut
+last lines) from `TextRules.sample`, the writer's own line shapes.
 
 This module declares no format itself (its name starts with `_`).
 """
