@@ -384,3 +384,23 @@ def test_an_earlier_launchs_crash_is_not_the_ending_of_a_later_launch_that_train
               "ModuleNotFoundError: No module named 'foo'"]
     d = diagnose_path(_write(tmp_path, "both.log", crashed + prompt))
     assert d.state == "crashed"
+
+
+# -- argparse's refusal, then the command run again into the same file ---------------------------------
+
+_USAGE = ["usage: train.py [-h] [--weights WEIGHTS] [--name NAME]",
+          "train.py: error: argument --name: expected one argument"]
+
+
+def test_a_refused_command_line_followed_by_pages_of_a_later_launch_is_not_how_the_run_ended(tmp_path: Path) -> None:
+    # argparse exits 2 at its error line (Lib/argparse.py ArgumentParser.error): what follows is another launch
+    later = [f"iter {i}: loss {4.0 - i * 0.01:.4f}, time 10.00ms, mfu 30.00%" for i in range(60)]
+    d = diagnose_path(_write(tmp_path, "nohup.out", _USAGE + later))
+    assert d.state != "launch-failed" and d.steps >= 59  # (iter 0 is the position before the first step)
+    assert not [f for f in d.findings if f.severity == "error"]
+
+
+def test_a_refused_command_line_that_ends_the_log_is_a_failed_launch(tmp_path: Path) -> None:
+    # a wrapper's few lines after it (job control, an epilogue) do not make it another launch
+    d = diagnose_path(_write(tmp_path, "nohup.out", _USAGE + ["[1]+  Exit 2   python train.py --name", "done"]))
+    assert d.state == "launch-failed"

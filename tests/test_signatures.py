@@ -164,6 +164,11 @@ def test_every_signature_is_declared_with_a_known_state_and_a_fix() -> None:
     "Killed 3 enemies in level 2", "epoch 1 step 100 loss 2.31 memory: 3328", "INFO: Setting default device to cuda",
     "Sending process 32371 closing signal SIGTERM", "loss=0.5 ppl=1.6 (no segfaults today)",
     "   exitcode  : 0 (pid: 12)", "[I ProcessGroupNCCL.cpp:686] ProcessGroupNCCL initialization options: TIMEOUT(ms): 600000",
+    # TensorFlow's and glog's warnings: the program goes on (TensorFlow falls back to the CPU and trains)
+    "2021-03-04 10:11:12.345678: W tensorflow/stream_executor/platform/default/dso_loader.cc:55] Could not load "
+    "dynamic library 'libcudart.so.10.0'; dlerror: libcudart.so.10.0: cannot open shared object file: No such file",
+    "W0530 12:00:00.000000 4242 dso_loader.cc:55] Could not load dynamic library libcudnn.so.7: cannot open shared "
+    "object file",
 ])
 def test_ordinary_lines_are_no_failure(line: str) -> None:
     assert match_line(line) is None

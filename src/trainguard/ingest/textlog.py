@@ -190,6 +190,8 @@ class _LineParser(_ParserState):
                 return []
             return self.close_block() + self._feed(lineno, line)
         self.lineno = lineno
+        if facts.launch_error is not None:
+            self.after_launch_error += 1  # argparse exits at its error: lines after it are another launch's
         facts.last_line = stripped[:500]
         if not _STRAY.match(stripped):
             facts.last_word = facts.last_line
@@ -215,6 +217,7 @@ class _LineParser(_ParserState):
         elif self.usage and (m := _USAGE_ERROR.match(stripped)):
             # argparse refused the command line and exited 2: a run that failed at launch
             facts.launch_error = stripped[:300]
+            self.after_launch_error = 0
             self.usage = False
         c = self.c
         low = stripped.lower()

@@ -26,6 +26,7 @@ from trainguard.ingest.textlines import (
 )
 
 TRACEBACK_LINES = 400  # lines kept of one traceback
+LAUNCH_ERROR_TAIL = 20  # lines after a launch's refusal that can only be another launch's (a wrapper adds a few)
 
 
 class _ParserState:
@@ -68,6 +69,7 @@ class _ParserState:
         self.closing: str | None = None  # a closing line (declared `closing`) no training step has followed yet
         # a launch started at a shell prompt: how the launch before it stood, kept in case this one never trains
         self.before_launch: dict[str, Any] | None = None
+        self.after_launch_error = 0  # non-blank lines printed after argparse's `error:` line
         self.steps_at_launch = 0
         self.trained = 0  # training rows seen, kept or not (a relaunch's rows below the steps read are dropped)
         # the position (epoch, iteration or step) of the log's first training row, and whether a later row got
@@ -226,6 +228,10 @@ class _ParserState:
     def finish(self) -> None:
         """At the end of the log: the run held against the plan it states (see the module docstring)."""
         facts = self.facts
+        if facts.launch_error is not None and self.after_launch_error >= LAUNCH_ERROR_TAIL:
+            # argparse's error exits the process: a log that goes on for pages after it holds a later launch
+            # (the command fixed and run again into the same file), and the refusal is not how it ended
+            facts.launch_error = None
         if self.before_launch is not None and self.trained == self.steps_at_launch:
             # the last launch logged no training step (an inference or export script run after training)
             for name, value in self.before_launch.items():

@@ -349,6 +349,12 @@ _TOKENS = ("rror", "egmentation", "Kill", "kill", "emory", "FATAL", "CANCEL", "b
            "Exception", "Interrupt", "ault", "llocate", "RESOURCE_EXHAUSTED", "OOM", "Traceback")
 
 
+# a native logger's information or warning line (TensorFlow/absl's `W tensorflow/.../dso_loader.cc:55] ...`,
+# glog's `W0530 12:00:00.000 42 file.cc:55] ...`): the program says it goes on (TensorFlow without the CUDA
+# library it could not load falls back to the CPU and trains), so no failure signature is read from it
+_NATIVE_NOTICE = re.compile(r"^:?\s*(?:[IW]\s+[\w/.\-]+\.(?:cc|cpp|cu|h|hpp):\d+\]|[IW]\d{4} [\d:.]+\s+\d+ \S+:\d+\])\s")
+
+
 def _may_match(line: str) -> bool:
     return any(token in line for token in _TOKENS)
 
@@ -383,7 +389,7 @@ def match_line(line: str) -> Signature | None:
     if not _may_match(line):
         return None
     text = strip_prefix(line)
-    if not text or "closing signal" in text:
+    if not text or "closing signal" in text or _NATIVE_NOTICE.match(text):
         return None  # (torchrun's "Sending process 42 closing signal SIGTERM" stops the others: a consequence)
     sig = classify(text, lines_only=True)
     if sig is not None:
@@ -487,8 +493,10 @@ class Scanner:
         sig = match_line(text)
         if sig is None:
             return None
+        # a process's end whatever follows, except a refused launch: training rows after it are a later launch
+        # of the command, fixed and run again into the same file (it is judged like a crash: by the rows after)
         seen = Sighting(sig, lineno, line.strip()[:300], progress, after_completion=completed,
-                        terminal=sig.cause in TERMINAL or sig.state != CRASHED)
+                        terminal=sig.cause in TERMINAL or sig.state not in (CRASHED, LAUNCH_FAILED))
         if sig.cause == "native-exception":
             self._terminate = seen
         if len(self.sightings) < self.keep:
