@@ -14,6 +14,7 @@ is covered once per scenario in tests/test_zoo.py without running the scenarios 
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -24,7 +25,8 @@ from headless import ARTIFACTS, chromium, render
 from tgtest import ROOT, run_trainguard
 
 from trainguard.report.build import build_report
-from trainguard.report.load import load_run
+from trainguard.report.compare import speed, speedup
+from trainguard.report.load import Column, RunData, load_run
 from trainguard.report.series import BUCKETS, downsample
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -224,8 +226,11 @@ def test_identical_runs_give_an_interval_that_contains_one(two_runs: tuple[Path,
     sp = json.loads((tmp_path / "comparison.json").read_text())["speed"]
     assert sp["run_to_run"]["known"] and sp["run_to_run"]["runs_a"] == 2 and sp["run_to_run"]["df"] == 2
     lo, hi = sp["speedup_ci95"]
-    assert lo <= 1.0 <= hi, sp
-    assert "no measurable difference" in proc.stdout
+    # A 95% interval misses the truth one time in twenty by design (one CI run: 1.002-1.07x); its coverage is
+    # measured over many seeded trials below. Here, on real runs, identical configurations are never told
+    # apart by more than a few percent, and the verdict follows the interval.
+    assert lo <= 1.03 and hi >= 1 / 1.03, sp
+    assert ("no measurable difference" in proc.stdout) == (lo <= 1.0 <= hi), proc.stdout
     # the gate decides on the interval with the repeats' spread in it (on a busy machine three baselines can
     # spread wider than the real 2-3x speedup: then it is honestly not met)
     faster = run_trainguard("compare", str(a), str(fast), "--repeat-a", str(again[0]), "--repeat-a", str(again[1]),
@@ -235,6 +240,43 @@ def test_identical_runs_give_an_interval_that_contains_one(two_runs: tuple[Path,
     assert (faster.returncode == 0) == (sp["speedup_ci95"][0] >= 1.1), (faster.stderr, sp)
     bad = run_trainguard("compare", str(a), str(fast), "--run-noise", "2", "--out", str(tmp_path))
     assert bad.returncode == 2 and "--run-noise" in bad.stderr
+
+
+def _synthetic_run(rng: np.random.Generator, factor: float, steps: int = 60) -> RunData:
+    # one run's step times: the machine's mood for this run (factor) times each step's own jitter
+    t = 0.02 * factor * np.exp(rng.normal(0, 0.05, steps))
+    return RunData(Path("synthetic"), {}, {}, [], [], columns={"step_time": Column(t, np.ones(steps, bool))})
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("run_sd", [0.03, 0.10])
+def test_the_interval_covers_one_for_identical_configurations_nineteen_times_in_twenty(run_sd: float) -> None:
+    # The claim behind "95% interval": over many comparisons of identical configurations (two runs a side,
+    # each run slowed or sped by a random 3% or 10%), the interval contains 1 at least ~95% of the time.
+    # Within-run resampling alone would cover far less: the runs' moods are what it cannot see.
+    rng = np.random.default_rng(2026)
+    covered = 0
+    trials = 300
+    for _ in range(trials):
+        a = [_synthetic_run(rng, math.exp(rng.normal(0, run_sd))) for _ in range(2)]
+        b = [_synthetic_run(rng, math.exp(rng.normal(0, run_sd))) for _ in range(2)]
+        sp = speedup(a[0], b[0], speed(a[0], None), speed(b[0], None), None, repeats_a=a[1:], repeats_b=b[1:])
+        lo, hi = sp["speedup_ci95"]
+        covered += lo <= 1.0 <= hi
+    assert covered / trials >= 0.91, covered
+
+
+@pytest.mark.unit
+def test_the_interval_tells_a_real_speedup_from_the_runs_moods() -> None:
+    # the other half of the claim: a real 1.3x with 3% run-to-run noise is called faster nearly always
+    rng = np.random.default_rng(11)
+    faster = 0
+    for _ in range(100):
+        a = [_synthetic_run(rng, 1.3 * math.exp(rng.normal(0, 0.03))) for _ in range(2)]
+        b = [_synthetic_run(rng, math.exp(rng.normal(0, 0.03))) for _ in range(2)]
+        sp = speedup(a[0], b[0], speed(a[0], None), speed(b[0], None), None, repeats_a=a[1:], repeats_b=b[1:])
+        faster += sp["speedup_ci95"][0] > 1.0 and sp["verdict"].startswith("B is faster")
+    assert faster >= 90, faster
 
 
 def test_compare_says_when_convergence_differs(two_runs: tuple[Path, Path], tmp_path: Path) -> None:
