@@ -205,6 +205,19 @@ def test_detectron2_finished_run_medians_are_not_judged_as_a_sum(tmp_path: Path)
     assert not {"loss-parts-dont-sum", "loss-parts-imbalanced"} & {f.name for f in d.findings}
 
 
+def test_detectron2_evaluation_written_as_a_row_of_its_own_keeps_the_training_rows_end(tmp_path: Path) -> None:
+    # plain_train_net.py's do_test after training (or a custom loop's writer): an evaluation-only row with the
+    # last iteration and no eta_seconds; the training row before it still says the run reached its end
+    rows = detectron2_rows(2000, 1999) + [json.dumps({"iteration": 1999, "bbox/AP": 31.5, "bbox/AP50": 55.0})]
+    p = tmp_path / "metrics.json"
+    p.write_text("\n".join(rows) + "\n")
+    d = diagnose_path(p)
+    assert d.state == "completed" and d.evals == 1
+    cut = detectron2_rows(3000, 400) + [json.dumps({"iteration": 400, "bbox/AP": 12.0})]
+    p.write_text("\n".join(cut) + "\n")
+    assert tg531(diagnose_path(p)) is not None  # and a cut run stays cut, evaluation row or not
+
+
 def test_detectron2_cut_off_by_its_eta(tmp_path: Path) -> None:
     p = tmp_path / "metrics.json"
     p.write_text("\n".join(detectron2_rows(3000, 400)) + '\n{"iteration": 41')  # and a truncated last line

@@ -53,6 +53,16 @@ def test_a_yolov5_run_resumed_properly_continues_its_schedule_and_is_quiet(tmp_p
     assert _tg105(_write(tmp_path / "exp", [_lr(e, 40) for e in range(40)])) == []
 
 
+def test_a_restart_a_third_of_the_way_into_the_decay_is_said_and_a_warm_up_rise_is_not(tmp_path: Path) -> None:
+    # lf at 40% of a linear decay is 0.6: a restart there rises 1.65x, far above any rounding of the writer
+    lrs = [_lr(e, 40) for e in range(16)] + [_lr(e - 16, 40) for e in range(16, 40)]
+    found = _tg105(_write(tmp_path / "exp", lrs))
+    assert len(found) == 1 and found[0].step == 16 and 1.5 < found[0].evidence["ratio"] < 1.8
+    # the warm-up's rise (the weight groups from 0 to lr0 over the first epochs) comes before any decay
+    warm = [0.01 * min(1.0, (e + 1) / 4) * _lr(e, 40) / 0.01 for e in range(40)]
+    assert _tg105(_write(tmp_path / "warm", warm)) == []
+
+
 def test_a_generic_csv_whose_lr_restarts_is_a_schedule_someone_chose(tmp_path: Path) -> None:
     # SGDR: the same jump, in a format that promises no monotone schedule
     lrs = [0.01 * (1 - (e % 20) / 20) + 1e-4 for e in range(40)]

@@ -23,7 +23,9 @@ def rows(records: Iterable[dict[str, Any]], facts: Facts) -> Iterator[dict[str, 
     last: dict[str, float | None] = {}
     for rec in records:
         it = to_number(rec.get("iteration"))
-        if it is not None:
+        # an evaluation written as a row of its own (a test after training, a custom loop's writer) carries no
+        # ETA: it says nothing of how much training was left, so the training row before it still decides
+        if it is not None and (rec.get("eta_seconds") is not None or not last):
             last = {"iteration": it, "eta": to_number(rec.get("eta_seconds")), "time": to_number(rec.get("time"))}
         yield {(f"eval/{k}" if str(k).startswith(EVAL_TASKS) else k): v for k, v in rec.items()}
     _verdict(last, facts)

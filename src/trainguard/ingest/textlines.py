@@ -109,6 +109,7 @@ _BAR_EPOCH = re.compile(r"^\s*Epoch (\d{1,9}):\s")
 # a line that is no statement at all (a stray `50`, `---`): it neither ends nor continues the run
 _LR_PRINTED = re.compile(r"\b(?:lr|learning[_ ]rate)\s*[:=]?\s*0\.(0+)(?![\d.eE])", re.IGNORECASE)
 _WORD_BEFORE = re.compile(r"([A-Za-z]\w{0,30})\s+$")
+_BEFORE = 128  # characters looked back for it: a search from the line's start made a long line quadratic
 _STRAY = re.compile(r"^[\W\d_]{0,8}$")
 # a line of many words that merely holds numbers (`[eval] A car travels at 62 km/h for 2 hours`): not metrics
 _WORD = re.compile(r"[A-Za-z]{2,}")
@@ -208,7 +209,7 @@ def _pairs(line: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for m in _PAIR.finditer(line):  # _NUM only matches what float() reads
         key = _key(m.group(1))
-        if key in out and (word := _WORD_BEFORE.search(line, 0, m.start(1))) is not None:
+        if key in out and (word := _WORD_BEFORE.search(line, max(0, m.start(1) - _BEFORE), m.start(1))) is not None:
             # `Loss: 50.14  Rc Loss: 50.04  KL Loss: 0.99`: the later ones are terms under their own words, not
             # the total overwritten; not parts either: whether (and with what weights) they sum is not printed
             key = _key(f"{word.group(1)}_{key}_term")

@@ -411,9 +411,11 @@ class LrRestartsAtResume(Rule):
     multiplying an LR already restored) instead of continuing.
 
     Where the log's format says its schedule only decays after the warm-up (Ultralytics and YOLOv5:
-    lr0 x lf(epoch), lf falling from 1 to lrf), no resume needs to be seen: an LR that jumps 5x or more
-    above the row before, after at least three rows of decay, is the schedule started over (cause
+    lr0 x lf(epoch), lf falling from 1 to lrf), no resume needs to be seen: an LR 1.5x or more above the
+    row before, after at least three rows of decay, is the schedule started over (cause
     `jump-after-decay`), the usual trace of a run resumed into the same folder with a rebuilt optimizer.
+    A restart at a fraction f of a linear decay to lrf jumps by 1/(1 - f): 1.5x from a third of the way
+    on; such a schedule never rises by rounding (the writers print 5 significant digits).
 
     ## Why it matters
     A checkpoint that holds the model and the optimizer but not the scheduler resumes with a fresh
@@ -440,6 +442,7 @@ class LrRestartsAtResume(Rule):
     code, name, severity = "TG105", "lr-restarts-at-resume", "warning"
     needs = (LR,)
     OFF = 5.0  # times the planned LR, either way
+    RISE = 1.5  # times the row before, in a schedule that never rises after its warm-up
     REMEMBER = 512
     WINDOW = 50  # steps after the resume judged against the plan
 
@@ -487,7 +490,7 @@ class LrRestartsAtResume(Rule):
         return found
 
     def _jump(self, step: int, lr: float) -> Finding | None:
-        """In a schedule that only decays after its warm-up: an LR 5x above the row before, after decay."""
+        """In a schedule that only decays after its warm-up: an LR 1.5x above the row before, after decay."""
         if self.last is None:
             return None
         prev_step, prev = self.last
@@ -495,14 +498,14 @@ class LrRestartsAtResume(Rule):
             self.decaying += 1
             return None
         decayed, self.decaying = self.decaying, 0
-        if decayed < 3 or prev <= 0 or lr < self.OFF * prev:
+        if decayed < 3 or prev <= 0 or lr < self.RISE * prev:
             return None
         self.done = True
         peak = max(self.lr_at.values(), default=lr)
         back = " (back at the run's peak)" if lr >= 0.5 * peak else ""
         return self.finding(
             step=step, cause="jump-after-decay",
-            summary=f"the LR jumped from {fmt(prev)} at step {prev_step} to {fmt(lr)} at step {step} ({lr / prev:.0f}x)"
+            summary=f"the LR jumped from {fmt(prev)} at step {prev_step} to {fmt(lr)} at step {step} ({lr / prev:.1f}x)"
                     f"{back} after {decayed} steps of decay, in a schedule that only decays after its warm-up: it "
                     "started over instead of continuing (a resume with a rebuilt optimizer or scheduler)",
             fix="resume with the framework's own resume (YOLO: `resume=True` / `--resume` on the last.pt of the "
