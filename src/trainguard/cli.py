@@ -328,6 +328,12 @@ def diagnose(path: str, as_json: bool, alive: bool) -> None:
     target = Path(path) if Path(path).exists() else resolve_run(path)
     if target.is_dir() and is_run_dir(target):
         _diagnose_run_folder(target, as_json, alive)
+    if target.is_dir():  # a folder of several runs (runs/exp1, runs/exp2; version_0..N): each on its own
+        from trainguard.ingest import runs
+
+        several = runs.run_folders(target)
+        if several:
+            sys.exit(runs.report(target, several, as_json, alive, echo))
     d = diagnose_path(target, alive=alive)
     if as_json:
         echo(json.dumps(d.to_dict(), default=str))
@@ -374,7 +380,8 @@ def _diagnose_run_folder(run_dir: Any, as_json: bool, alive: bool) -> None:
     with RunReader(run_dir) as reader:
         findings = most_severe_first(merged(reader.run_findings(), found))
     if as_json:
-        echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
+        # a rule's warning and its escalation are one finding, as the text and status.json show it
+        echo(json.dumps(escalations_merged([f.to_dict() for f in findings]), indent=2, default=str))
     else:
         shown: dict[str, Any] = dict(st) if st else {"state": "unknown (no status.json)"}
         shown["findings"] = escalations_merged([f.to_dict() for f in findings])

@@ -24,6 +24,9 @@ _QUALIFIER = r"(?:(?:train|training|val|valid|validation|eval|evaluation|test|de
 _END = r"(?!\w|\.\d)"  # where a number ends: `Loss: 0.2154.` ends a sentence, `1.2.3` is no number
 _PAIR = re.compile(r"(?<![\w/.\-])(" + _QUALIFIER + r"[A-Za-z][\w/.\-]*)\s*[=:]\s*(" + _NUM + r")" + _END,
                    re.IGNORECASE)
+# an LR printed as a list, one per parameter group (`lr: [0.00999]`, `Lr: [0.01, 0.01]`, `lr=[0.0001]`)
+_LIST_LR = re.compile(r"(?<![\w/.\-])(lr|learning[_ ]rate)\s*[=:]\s*\[\s*(" + _NUM + r")\s*(?:,\s*" + _NUM
+                      + r"\s*){0,63}\]", re.IGNORECASE)
 _SPACED = re.compile(r"\b(" + _QUALIFIER + r"(?:loss|lr|learning_rate|grad_norm|norm))\s+(" + _NUM + r")" + _END,
                      re.IGNORECASE)
 # one cell of a `| lr 20.0000 | loss   nan |` table (pytorch/examples, fairseq): a name, then its number
@@ -219,6 +222,10 @@ def _pairs(line: str) -> dict[str, float]:
                     and (key := _key(m.group(1))) not in _NOT_METRICS and int(frac.group(1)):
                 # `Accuracy: 9897/10000 (99%)` (pytorch/examples' test line): a fraction, not a count
                 out[key] = float(m.group(2)) / int(frac.group(1))
+    if "[" in line and (lr := _LIST_LR.search(line)) is not None:
+        # `lr: [0.00999]` (HRNet-seg, DeepSpeed's `lr=[0.0001]`), `Lr: [0.01, 0.01]`: one LR per parameter
+        # group, printed as a list; the first group's is the run's LR, as `lr/pg0` is in the YOLO writers
+        out.setdefault(_key(lr.group(1)), float(lr.group(2)))
     if line.count("|") >= 2:  # `| lr 20.0000 | loss   nan |`: each cell a name and its number
         table, rest = {}, []
         for cell in line.split("|"):

@@ -100,21 +100,35 @@ def read_text_log(path: Path) -> Source:
             head += more
         sniff_binary(head.lstrip(b"\x00")[:8192] or head[:8192], path)
     facts.mtime = path.stat().st_mtime
-    plan = {"total_steps": total} if (total := _peek_total(path)) else {}
+    plan = _peek_plan(path)
     return Source(path=path, format="text log", events=_events(path, facts), plan=plan, facts=facts,
                   log_like=True)
 
 
-def _peek_total(path: Path, limit: int = 4 * BLOCK) -> int | None:
-    """The planned steps, when a progress bar in the first megabytes says it (the rules need it first)."""
+def _peek_plan(path: Path, limit: int = 4 * BLOCK) -> dict[str, Any]:
+    """What the rules need first, from the first megabytes: the planned steps (`total_steps`), when a progress
+    bar says it, and how much of its planned epochs went before the log's first step (`starts_at`, a share:
+    a resumed run's log that opens at `Epoch: [300/484]` starts at 0.62 of its plan; its steps are counted
+    from its first epoch, so only this says where in the plan they are)."""
     parser = _LineParser(Facts())
     with open(path, "rb") as f:
         head = f.read(limit)
+    plan: dict[str, Any] = {}
+    start: float | None = None
     for lineno, line in enumerate(iter_lines(_Bytes(head), Facts()), 1):
         parser.feed(lineno, line)
+        if start is None and parser.step > 0:
+            epochs = parser.epochs_of or parser.plan_epochs
+            first = parser.first_epoch
+            # (epochs counted from 0 or 1: a log that opens at epoch 0 or 1 starts at its plan's start)
+            start = max(0, first - (0 if parser.epoch_zero else 1)) / epochs if first is not None and epochs else 0.0
+            if start > 0:
+                plan["starts_at"] = round(min(1.0, start), 4)
         if parser.plan_total:
-            return parser.plan_total
-    return None
+            plan["total_steps"] = parser.plan_total
+            if start is not None:
+                break
+    return plan
 
 
 class _Bytes:

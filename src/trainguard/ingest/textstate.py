@@ -222,7 +222,10 @@ class _ParserState:
 
     def _steps_of_epochs(self, epochs: int, per: int, at: tuple[int, int]) -> str:
         total = epochs * per
-        return (f"step {self.step:,} of {total:,} ({100 * self.step / total:.1f}%), step {at[1]:,} of {per:,} in "
+        # the position in the whole plan: the epochs before this one (counted from 0 or 1), not only those in
+        # the log (a resumed run's log opens at its 300th epoch; its own step count starts there)
+        step = max(self.step, (at[0] - (0 if self.epoch_zero else 1)) * per + at[1])
+        return (f"step {step:,} of {total:,} ({100 * step / total:.1f}%), step {at[1]:,} of {per:,} in "
                 f"epoch {at[0]} of {epochs}")
 
     def finish(self) -> None:
