@@ -258,6 +258,42 @@ def test_a_results_txt_that_is_no_yolo_table_is_read_as_a_log(tmp_path: Path) ->
     assert d.format == "text log" and d.state == "completed"
 
 
+def yolov7_console(path: Path, epochs: int, last: int, *, end: str = "done", batches: int = 40) -> Path:
+    """YOLOv7's train.py console: the header each epoch, the bar redrawn with the row as its description
+    (carriage returns), test.py's header bar and its `all` row, 'N epochs completed in H hours.' at the end."""
+    text = f"Namespace(adam=False, batch_size=16, epochs={epochs}, img_size=[640, 640], notest=False)\n"
+    for e in range(last + 1):
+        text += "\n" + ("%10s" * 8) % ("Epoch", "gpu_mem", "box", "obj", "cls", "total", "labels", "img_size") + "\n"
+        mean = [0.0, 0.0, 0.0]
+        for i in range(batches):
+            g = e * batches + i
+            now = (0.06 * math.exp(-g / 300) + 0.02, 0.03 * math.exp(-g / 400) + 0.01, 0.02 * math.exp(-g / 200))
+            mean = [(m * i + x) / (i + 1) for m, x in zip(mean, now, strict=True)]
+            row = ("%10s" * 2 + "%10.4g" * 6) % (f"{e}/{epochs - 1}", "7.31G", *mean, sum(mean), 37, 640)
+            text += f"\r{row}: {100 * (i + 1) // batches:3d}%|#####     | {i + 1}/{batches} [00:10<00:10,  3.9it/s]"
+        text += "\n" + ("%20s" + "%12s" * 6) % ("Class", "Images", "Labels", "P", "R", "mAP@.5", "mAP@.5:.95")
+        m = 0.6 * (1 - math.exp(-e / 25))
+        text += ": 100%|#####| 8/8 [00:02<00:00,  3.1it/s]\n"
+        text += ("%20s" + "%12i" * 2 + "%12.3g" * 4) % ("all", 128, 929, 0.5 + m / 3, 0.4 + m / 3, m, 0.6 * m) + "\n"
+    if end == "done":
+        text += f"{last + 1} epochs completed in 1.234 hours.\n"
+    elif end == "oom":
+        text += ('Traceback (most recent call last):\n  File "train.py", line 612, in <module>\n'
+                 "    train(hyp, opt, device, tb_writer)\nRuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB\n")
+    path.write_text(text)
+    return path
+
+
+def test_yolov7_console_rows_are_read_under_their_header(tmp_path: Path) -> None:
+    done = diagnose_path(yolov7_console(tmp_path / "done.log", 10, 9))
+    assert done.state == "completed" and done.steps == 400 and done.evals == 10 and severe(done) == []
+    assert not any(need in ("parts", "eval") for _, need in done.not_run)
+    cut = diagnose_path(yolov7_console(tmp_path / "cut.log", 300, 12, end=""))
+    assert cut.state == "unfinished" and "of 12,000 (4.3%)" in next(f.summary for f in cut.findings if f.code == "TG531")
+    oom = diagnose_path(yolov7_console(tmp_path / "oom.log", 300, 12, end="oom"))
+    assert oom.state == "crashed" and "TG501" in codes(oom)
+
+
 # -- 5. an LR printed as a list, and a log that begins late in its plan ----------------------------------
 
 def test_an_lr_printed_as_a_list_is_the_first_groups_lr() -> None:

@@ -140,6 +140,10 @@ class _Contracts:
         self.launch = _union(p for r in rules for p in r.launch)
         self.block_head = _union(r.block_head for r in rules if r.block_head)
         self.parts_after = _union(r.parts_after for r in rules if r.parts_after)
+        # tables printed without names on their rows: (header, columns), and the header's literal words (a line
+        # with none of them is no header: one substring test instead of each header's search)
+        self.columns = [(re.compile(head, re.IGNORECASE), cols) for r in rules for head, cols in r.columns]
+        self.columns_hints = tuple(sorted({h for r in rules for head, _ in r.columns if (h := _literal(head))}))
         # the short names a writer gives a position or a metric, each with the lines it applies on
         self.keys: list[tuple[re.Pattern[str] | None, dict[str, str]]] = [
             (re.compile(r.keys_when, re.IGNORECASE) if r.keys_when else None, {k.lower(): v for k, v in r.keys.items()})

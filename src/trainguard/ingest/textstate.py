@@ -66,6 +66,7 @@ class _ParserState:
         self.relaunch: int | None = None  # the last step of a relaunch not yet past the earlier launch's steps
         self.pending: tuple[int, int] | None = None  # (line, step) of a step printed alone: the next line's record
         self.lineno = 0
+        self.table: tuple[str, ...] | None = None  # the columns of a table without names on its rows, once opened
         self.closing: str | None = None  # a closing line (declared `closing`) no training step has followed yet
         # a launch started at a shell prompt: how the launch before it stood, kept in case this one never trains
         self.before_launch: dict[str, Any] | None = None

@@ -71,6 +71,15 @@ class TextRules:
     and optionally `total` (the planned steps) and `epoch`. The record's metrics follow, one per indented
     `name=value` line (`    train/CrossEntropyLoss=9.298`, thousands written `10,919`), until the first
     line that is not one; `keys` name what they are."""
+    columns: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Tables the writer prints without names on their rows (YOLOv7's `      12/299     3.21G    0.0561 ...`): each
+    a regex of the header line that opens it, and each column's meaning in order. After the header (until
+    another table's), a line whose first fields fill the columns is a row. Meanings: "epoch/last" (the 0-based
+    epoch over the last planned one), "loss" (the total), "part:<name>" (a loss part of it), "eval:<metric>"
+    (an evaluation's metric: the row is an evaluation at the current step), "=<text>" (the field must read so:
+    the row of all classes), "" (no metric: memory, a count, a size). A tqdm bar drawn after a training row
+    (`: 100%|###| 119/119 [...]`) places it within its epoch: the step is the batch, absolute with the epochs
+    before."""
     sample: tuple[str, ...] = ()
     """A few lines shaped exactly as the writer prints them (placeholders `{step}`, `{epoch}`, `{total}`,
     `{loss}`), from which tests build a log: the writer's format strings, not lines copied from a log."""

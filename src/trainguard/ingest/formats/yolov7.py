@@ -37,3 +37,39 @@ declare(
         parts_from=("train/",), lr_decays_only=True,
     ),
 )
+
+# -- its console: the same row as the progress bar's description, under a header printed each epoch ---------
+
+from trainguard.ingest.formats._text import TextRules, declare_text  # noqa: E402
+
+declare_text(
+    FormatContract(
+        name="yolov7 console", family="YOLOv7 / YOLOR",
+        writer="WongKinYiu/yolov7 train.py train() (logger.info of ('%10s' * 8) % ('Epoch', 'gpu_mem', 'box', 'obj', "
+               "'cls', 'total', 'labels', 'img_size') each epoch, then the tqdm bar whose description is the row); "
+               "test.py test() (('%20s' + '%12s' * 6) % ('Class', 'Images', 'Labels', 'P', 'R', 'mAP@.5', "
+               "'mAP@.5:.95') as its bar, then the `all` row); '%g epochs completed in %.3f hours.'",
+        files=("*.log", "*.out", "nohup.out"),
+        metrics="rows without names under the header: epoch/last, gpu_mem, box, obj, cls (the epoch's running mean "
+                "loss parts), total (their sum), labels, img_size; the test's `all` row: P, R, mAP@.5, mAP@.5:.95",
+        step_axis="the bar's i/n counts batches within the epoch: absolute with the epochs before (a batch, not an "
+                  "optimizer step: the optimizer steps every 64 / batch_size batches)",
+        plan="the `/N` of the row's first field: the last planned epoch (epochs - 1)",
+        completion="'N epochs completed in H hours.' after the last epoch; or the last planned epoch's row",
+        parts="sum",
+        notes=("the row's losses are running means over the epoch so far (they restart each epoch)",),
+    ),
+    TextRules(
+        format="yolov7 console",
+        completion=(r"\d+ epochs completed in [\d.]+ hours",),
+        columns=(
+            (r"\bepoch\s+gpu_mem\s+box\s+obj\s+cls\s+total\s+labels\s+img_size\b",
+             ("epoch/last", "", "part:box_loss", "part:obj_loss", "part:cls_loss", "loss", "", "")),
+            (r"\bclass\s+images\s+labels\s+p\s+r\s+map@\.5\s+map@\.5:\.95",
+             ("=all", "", "", "eval:precision", "eval:recall", "eval:map50", "eval:map50_95")),
+        ),
+        sample=("     Epoch   gpu_mem       box       obj       cls     total    labels  img_size",
+                "{epoch}/{epochs}     7.31G   0.05614   0.02542   0.02831   {loss}        56       640: 100%|#####| "
+                "119/119 [01:12<00:00,  1.64it/s]"),
+    ),
+)
