@@ -229,6 +229,17 @@ def test_scheduler_cut_before_the_first_epoch_of_a_yolo_run(tmp_path: Path) -> N
     assert d.state == "cut-off" and codes(d) == ["TG503"]
 
 
+def test_a_folder_of_only_the_schedulers_files_reads_its_out_as_the_log(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "slurm-55.out").write_text("".join(f"step {s} loss={2.0 - s / 100:.3f}\n" for s in range(1, 40)))
+    (job / "slurm-55.err").write_text(TIME_LIMIT)
+    d = diagnose_path(job)
+    assert d.path.name == "slurm-55.out" and d.state == "cut-off" and "TG503" in codes(d)
+    (job / "slurm-55.err").write_text("")  # its twin: nothing in the .err, the .out alone says it stops
+    assert diagnose_path(job).state == "unfinished"
+
+
 # -- 4. YOLOv7's results.txt -----------------------------------------------------------------------------
 
 def test_yolov7_results_txt_completed_at_its_last_planned_epoch(tmp_path: Path) -> None:

@@ -80,6 +80,23 @@ def with_side_logs(d: Diagnosis, folder: Path) -> Diagnosis:
     return replace(d, state=side.state, findings=most_severe_first(kept + ending), notes=d.notes + [note])
 
 
+def scheduler_log(folder: Path, now: float | None = None, alive: bool = False) -> Diagnosis | None:
+    """A folder that holds nothing but the scheduler's output files: the newest `.out` (else `.err`) is the run's
+    log (the others, read by `with_side_logs`, may still say how it ended). None when there is none or it
+    holds nothing readable."""
+    from trainguard.errors import UserError
+    from trainguard.ingest.diagnose import diagnose_path
+
+    logs = side_logs(folder, None)
+    ordered = [p for p in reversed(logs) if p.suffix == ".out"] + [p for p in reversed(logs) if p.suffix == ".err"]
+    for log in ordered[:2]:
+        try:
+            return diagnose_path(log, now=now, alive=alive)
+        except UserError:
+            continue
+    return None
+
+
 def before_first_epoch(folder: Path, now: float | None = None, alive: bool = False) -> Diagnosis | None:
     """A YOLO run folder with its plan file but no epoch table yet: a run that never finished an epoch.
     None when the folder is no such thing; UserError when it says otherwise (saved weights: an epoch did end).

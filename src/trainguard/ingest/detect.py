@@ -110,7 +110,7 @@ def _open_dir(p: Path) -> Source:
     raise UserError(f"{p}: nothing trainguard can read here (looked for trainer_state.json, lightning_logs/, "
                     "metrics.csv, results.csv, vis_data/scalars.json, trainer_log.jsonl, logging.jsonl, a W&B run folder, "
                     "metrics.json, TensorBoard event files, "
-                    "output.log or one *.log)")
+                    "output.log or one *.log, slurm-*.out / *.err)")
 
 
 def newest_lightning_version(p: Path) -> Path | None:

@@ -187,7 +187,9 @@ def diagnose_path(path: str | Path, now: float | None = None, ended: str | None 
             source.facts.completed = ended
         d = diagnose_source(source, now=now, rules=rules, alive=alive)
     except UserError:
-        first = beside.before_first_epoch(folder, now=now, alive=alive) if folder is not None else None
+        if folder is None:
+            raise
+        first = beside.before_first_epoch(folder, now=now, alive=alive) or beside.scheduler_log(folder, now, alive)
         if first is None:
             raise
         d = first
