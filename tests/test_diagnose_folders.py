@@ -16,6 +16,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from trainguard.errors import UserError
 from trainguard.ingest import runs
@@ -367,3 +369,23 @@ def test_nonfinite_loss_escalation_is_one_finding(tmp_path: Path) -> None:
     assert len(tg301) == 1 and tg301[0].severity == "error"
     assert tg301[0].evidence["earlier"][0]["severity"] == "warning"
     assert json.dumps(d.to_dict(), default=str).count('"TG301"') == 1
+
+
+# -- damaged input: one line, never a traceback -----------------------------------------------------------
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_damaged_yolov7_files_read_or_refuse_in_one_line(tmp_path: Path, data: st.DataObject) -> None:
+    run = yolov7_results(tmp_path / "exp", 30, 12)
+    console = yolov7_console(tmp_path / "console.log", 30, 2, batches=5)
+    for path in (run / "results.txt", console):
+        raw = bytearray(path.read_bytes())
+        for _ in range(data.draw(st.integers(1, 8))):
+            at = data.draw(st.integers(0, len(raw) - 1))
+            raw[at:at + data.draw(st.integers(0, 12))] = data.draw(st.binary(max_size=12))
+        path.write_bytes(bytes(raw))
+        try:
+            diagnose_path(path)
+            diagnose_path(run)
+        except UserError:
+            pass
