@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,25 @@ def test_a_yolo_folder_whose_table_is_gone_is_refused_in_one_line(tmp_path: Path
     (run / "weights" / "last.pt").unlink()
     proc = run_trainguard("diagnose", str(run), "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["state"] == "unfinished"
+
+
+NAN_RUN = """
+import torch, trainguard
+m = torch.nn.Linear(4, 1); o = torch.optim.SGD(m.parameters(), lr=0.05)
+g = trainguard.watch(m, o, total_steps=120)
+for i in range(120):
+    loss = m(torch.randn(8, 4)).pow(2).mean()
+    loss.backward(); o.step(); o.zero_grad()
+    g.step(loss * float("nan") if i >= 60 else loss)
+g.finish()
+"""
+
+
+def test_a_run_folders_escalated_finding_is_one_in_its_json(tmp_path: Path) -> None:
+    # TG301 warns at the first non-finite loss and escalates to an error past its rate: one finding
+    (tmp_path / "train.py").write_text(NAN_RUN)
+    run_dir = tmp_path / "run"
+    run_trainguard("run", "--run-dir", str(run_dir), "--", sys.executable, "train.py", cwd=tmp_path)
+    found = json.loads(run_trainguard("diagnose", "--json", str(run_dir)).stdout)
+    tg301 = [f for f in found if f["code"] == "TG301"]
+    assert len(tg301) == 1 and tg301[0]["severity"] == "error", tg301
