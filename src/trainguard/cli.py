@@ -313,7 +313,8 @@ def check(config: str, dataset_size: int | None, do_fix: bool, output: str | Non
 def diagnose(path: str, as_json: bool, alive: bool) -> None:
     """Diagnose a run: a trainguard run folder (the health rules over its store, by path or name), or a
     run nobody watched: a log, an output folder (Hugging Face, Lightning, Ultralytics), a metrics file
-    (CSV, JSON Lines, trainer_state.json) or TensorBoard event files.
+    (CSV, JSON Lines, trainer_state.json) or TensorBoard event files. A folder of several runs (runs/exp1,
+    runs/exp2; lightning_logs/version_0..N) is diagnosed run by run, the worst first.
 
     A run folder's diagnosis starts with how the run ended and lists the findings recorded while it ran
     (a crash and its root cause, a hang) with what the rules find now, each once.
