@@ -134,6 +134,21 @@ def test_event_files_of_one_folder_are_one_run_as_tensorboard_reads_them(tmp_pat
     assert diagnose_path(tmp_path / "run").steps == 200
 
 
+def test_a_writer_reopened_on_the_same_folder_is_judged_from_its_restart(tmp_path: Path) -> None:
+    # the same script run again into the same log dir: a second file whose tags start over. TensorBoard's
+    # loader lets the new steps replace the old ones; diagnose judges the run from that launch on
+    bad = falling(200)
+    bad[120:] = [float("nan")] * 80
+    tb_run(tmp_path / "run", bad)
+    tb_run(tmp_path / "run", falling(200))
+    d = diagnose_path(tmp_path / "run")
+    assert "TG301" not in codes(d) and severe(d) == []
+    # its twin: the failing run last is the one judged
+    tb_run(tmp_path / "again", falling(200))
+    tb_run(tmp_path / "again", bad)
+    assert "TG301" in codes(diagnose_path(tmp_path / "again"))
+
+
 def test_keras_train_and_validation_writers_are_one_fit(tmp_path: Path) -> None:
     fit = tmp_path / "logs" / "fit" / "20240101-120000"
     tb_run(fit / "train", falling(50), tag="epoch_loss")
