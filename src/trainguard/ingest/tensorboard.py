@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UserError
-from trainguard.ingest.events import LOSS_NAMES, Facts, Source, launch_event, metrics_to_events, sniff_binary_ok
+from trainguard.ingest.events import (
+    LOSS_NAMES,
+    Facts,
+    Source,
+    launch_event,
+    metrics_to_events,
+    sniff_binary_ok,
+)
 
 PATTERN = "events.out.tfevents.*"
 
