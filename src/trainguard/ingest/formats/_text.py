@@ -66,11 +66,6 @@ class TextRules:
     """A regex of the writer's loss line whose every named value after the match is one loss of the model,
     the writer printing no total (the pix2pix/CycleGAN template's `(epoch: 3, iters: 400, time: ...) G_GAN:
     0.71 G_L1: 12.3 ...`): the values are read as loss parts and the step's loss is their sum."""
-    block_head: str | None = None
-    """A regex of a line that opens a multi-line record (OLMo's `[step=10/2500,epoch=0]`): named groups `step`
-    and optionally `total` (the planned steps) and `epoch`. The record's metrics follow, one per indented
-    `name=value` line (`    train/CrossEntropyLoss=9.298`, thousands written `10,919`), until the first
-    line that is not one; `keys` name what they are."""
     columns: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """Tables the writer prints without names on their rows (YOLOv7's `      12/299     3.21G    0.0561 ...`): each
     a regex of the header line that opens it, and each column's meaning in order. After the header (until
@@ -80,6 +75,11 @@ class TextRules:
     the row of all classes), "" (no metric: memory, a count, a size). A tqdm bar drawn after a training row
     (`: 100%|###| 119/119 [...]`) places it within its epoch: the step is the batch, absolute with the epochs
     before."""
+    block_head: str | None = None
+    """A regex of a line that opens a multi-line record (OLMo's `[step=10/2500,epoch=0]`): named groups `step`
+    and optionally `total` (the planned steps) and `epoch`. The record's metrics follow, one per indented
+    `name=value` line (`    train/CrossEntropyLoss=9.298`, thousands written `10,919`), until the first
+    line that is not one; `keys` name what they are."""
     sample: tuple[str, ...] = ()
     """A few lines shaped exactly as the writer prints them (placeholders `{step}`, `{epoch}`, `{total}`,
     `{loss}`), from which tests build a log: the writer's format strings, not lines copied from a log."""
