@@ -313,7 +313,8 @@ def check(config: str, dataset_size: int | None, do_fix: bool, output: str | Non
 def diagnose(path: str, as_json: bool, alive: bool) -> None:
     """Diagnose a run: a trainguard run folder (the health rules over its store, by path or name), or a
     run nobody watched: a log, an output folder (Hugging Face, Lightning, Ultralytics), a metrics file
-    (CSV, JSON Lines, trainer_state.json) or TensorBoard event files.
+    (CSV, JSON Lines, trainer_state.json) or TensorBoard event files. A folder of several runs (runs/exp1,
+    runs/exp2; lightning_logs/version_0..N) is diagnosed run by run, the worst first.
 
     A run folder's diagnosis starts with how the run ended and lists the findings recorded while it ran
     (a crash and its root cause, a hang) with what the rules find now, each once.
@@ -328,6 +329,12 @@ def diagnose(path: str, as_json: bool, alive: bool) -> None:
     target = Path(path) if Path(path).exists() else resolve_run(path)
     if target.is_dir() and is_run_dir(target):
         _diagnose_run_folder(target, as_json, alive)
+    if target.is_dir():  # a folder of several runs (runs/exp1, runs/exp2; version_0..N): each on its own
+        from trainguard.ingest import runs
+
+        several = runs.run_folders(target)
+        if several:
+            sys.exit(runs.report(target, several, as_json, alive, echo))
     d = diagnose_path(target, alive=alive)
     if as_json:
         echo(json.dumps(d.to_dict(), default=str))
@@ -374,7 +381,8 @@ def _diagnose_run_folder(run_dir: Any, as_json: bool, alive: bool) -> None:
     with RunReader(run_dir) as reader:
         findings = most_severe_first(merged(reader.run_findings(), found))
     if as_json:
-        echo(json.dumps([f.to_dict() for f in findings], indent=2, default=str))
+        # a rule's warning and its escalation are one finding, as the text and status.json show it
+        echo(json.dumps(escalations_merged([f.to_dict() for f in findings]), indent=2, default=str))
     else:
         shown: dict[str, Any] = dict(st) if st else {"state": "unknown (no status.json)"}
         shown["findings"] = escalations_merged([f.to_dict() for f in findings])

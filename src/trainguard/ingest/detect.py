@@ -1,7 +1,7 @@
 """What a PATH is, and the reader for it: a log, an output folder, a metrics file, TensorBoard files.
 
 A folder is searched in this order: Hugging Face (`trainer_state.json`, `checkpoint-N/`), Lightning
-(`lightning_logs/version_N/metrics.csv`, newest version), `metrics.csv`, Ultralytics `results.csv`,
+(`lightning_logs/version_N/metrics.csv`, newest version), `metrics.csv`, Ultralytics `results.csv`, YOLOv7 `results.txt`,
 mmengine `vis_data/scalars.json`, LLaMA-Factory's `trainer_log.jsonl`, ms-swift's `logging.jsonl`, a W&B run folder (`files/wandb-summary.json`), TensorBoard event files,
 then a log (`output.log`, `*.log`, `*.txt`). Anything else is refused with one
 line naming what was looked for.
@@ -40,6 +40,11 @@ def _open_file(p: Path) -> Source:
         return hf.read_trainer_state(p, p.parent.parent if p.parent.name.startswith("checkpoint-") else p.parent)
     if name.startswith("events.out.tfevents."):
         return tensorboard.read_tensorboard([p])
+    if name == "results.txt":
+        from trainguard.ingest import yolotxt
+
+        if yolotxt.looks_like(p):  # YOLOv7's per-epoch table (any other results.txt is read as a log)
+            return yolotxt.read_results_txt(p)
     if name.endswith(".tsv"):
         return tables.read_csv(p, "tab-separated table", "\t")
     if name.endswith(".csv"):
@@ -75,6 +80,11 @@ def _open_dir(p: Path) -> Source:
     for name, fmt in (("metrics.csv", "lightning metrics.csv"), ("results.csv", "ultralytics results.csv")):
         if (p / name).is_file():
             return tables.read_csv(p / name, fmt)
+    if (p / "results.txt").is_file():  # YOLOv7's per-epoch table, when it is one
+        from trainguard.ingest import yolotxt
+
+        if yolotxt.looks_like(p / "results.txt"):
+            return yolotxt.read_results_txt(p / "results.txt")
     for scalars in (p / "scalars.json", p / "vis_data" / "scalars.json"):  # mmengine's LocalVisBackend
         if scalars.is_file():
             return tables.read_jsonl(scalars)
@@ -100,7 +110,7 @@ def _open_dir(p: Path) -> Source:
     raise UserError(f"{p}: nothing trainguard can read here (looked for trainer_state.json, lightning_logs/, "
                     "metrics.csv, results.csv, vis_data/scalars.json, trainer_log.jsonl, logging.jsonl, a W&B run folder, "
                     "metrics.json, TensorBoard event files, "
-                    "output.log or one *.log)")
+                    "output.log or one *.log, slurm-*.out / *.err)")
 
 
 def newest_lightning_version(p: Path) -> Path | None:

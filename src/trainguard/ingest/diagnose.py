@@ -132,9 +132,18 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
     have = set(facts.fields) | {k for k in kinds if k not in ("step", "eval")}
     have |= {CHECKPOINTS.key} if "checkpoint" in kinds else set()
     not_run = _not_run(engine, have, plan, idle)
-    return Diagnosis(path=source.path, format=source.format, state=state, findings=most_severe_first(found),
+    return Diagnosis(path=source.path, format=source.format, state=state, findings=most_severe_first(escalated(found)),
                      not_run=not_run, steps=facts.steps, evals=facts.evals, lines=facts.lines,
                      skipped=facts.skipped, notes=notes)
+
+
+def escalated(findings: list[Finding]) -> list[Finding]:
+    """One finding per rule that escalated (TG301's warning at the first non-finite loss, then its error once
+    the rate passed its limit): the most severe stays, the lesser ones go into its evidence under "earlier"
+    (`findings.escalations_merged`, as status.json shows them)."""
+    from trainguard.findings import escalations_merged
+
+    return [Finding.from_dict(f) for f in escalations_merged([f.to_dict() for f in findings])]
 
 
 _FRACTION = re.compile(r"\(([\d.]+)%\)")
@@ -162,13 +171,29 @@ def _with_plan_fraction(finding: Finding, cut_off: str | None) -> Finding:
 
 def diagnose_path(path: str | Path, now: float | None = None, ended: str | None = None,
                   rules: bool = True, alive: bool = False) -> Diagnosis:
-    """`ended`: how the run ended when something else knows (a watchdog's status.json), else None."""
+    """`ended`: how the run ended when something else knows (a watchdog's status.json), else None.
+
+    A folder is also asked what its metrics cannot say (`beside`): the scheduler's output files beside them
+    decide how the run ended, and a YOLO run folder with its plan but no epoch table yet is a run that never
+    finished an epoch."""
+    from trainguard.errors import UserError
+    from trainguard.ingest import beside
     from trainguard.ingest.detect import open_source
 
-    source = open_source(path)
-    if ended:
-        source.facts.completed = ended
-    return diagnose_source(source, now=now, rules=rules, alive=alive)
+    folder = Path(path) if not ended and Path(path).is_dir() else None
+    try:
+        source = open_source(path)
+        if ended:
+            source.facts.completed = ended
+        d = diagnose_source(source, now=now, rules=rules, alive=alive)
+    except UserError:
+        if folder is None:
+            raise
+        first = beside.before_first_epoch(folder, now=now, alive=alive) or beside.scheduler_log(folder, now, alive)
+        if first is None:
+            raise
+        d = first
+    return beside.with_side_logs(d, folder) if folder is not None else d
 
 
 def _with_contract(plan: dict[str, Any], format_name: str) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 Scalars logged at the same step (`train/loss`, `lr-AdamW`, `val/loss`...) are merged into one step
 row and one eval event. A folder with several event files (a run restarted, train and val writers) is
-read file after file, in name order (the file name starts with its creation time).
+read file after file, in name order (the file name starts with its creation time), as one run: TensorBoard's
+`DirectoryWatcher` reads a directory so. A later file that logs a tag again from an earlier step is a
+restart (TensorBoard lets it replace the later steps): the run is judged from that launch on.
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import UserError
-from trainguard.ingest.events import LOSS_NAMES, Facts, Source, metrics_to_events, sniff_binary_ok
+from trainguard.ingest.events import (
+    LOSS_NAMES,
+    Facts,
+    Source,
+    launch_event,
+    metrics_to_events,
+    sniff_binary_ok,
+)
 
 PATTERN = "events.out.tfevents.*"
 
@@ -93,10 +102,23 @@ def _per_epoch(paths: list[Path], facts: Facts, contract: Any) -> Source:
 
 
 def _events(paths: list[Path], facts: Facts) -> Iterator[dict[str, Any]]:
-    for step, merged in _steps(paths, facts):
-        # Ultralytics' and YOLOv5's callbacks log no total, only `train/box_loss`, `train/cls_loss`...: the
-        # parts, whose sum is the loss they train on (without their plan file beside: a lone event file)
-        yield from metrics_to_events(step, merged, facts, parts_from=_parts_without_total(tuple(merged)))
+    # the furthest step each tag reached in the files of each directory read so far: a later file of the same
+    # directory that logs a tag at an earlier step is a restart (a writer reopened on the same log dir), whose
+    # steps TensorBoard's loader lets replace the later ones (`purge_orphaned_data`, by tag): the run is judged
+    # from that launch on, as a log with a relaunch appended is
+    reached: dict[tuple[Path, str], int] = {}
+    for i, path in enumerate(paths):
+        deciding = i > 0 and any(d == path.parent for d, _ in reached)
+        for step, merged in _steps([path], facts):
+            if deciding and (shared := [t for t in merged if (path.parent, t) in reached]):
+                deciding = False
+                if any(step < reached[(path.parent, t)] for t in shared):
+                    yield launch_event(step, f"{path.name} logs {shared[0]} again from step {step}")
+            for tag in merged:
+                reached[(path.parent, tag)] = max(step, reached.get((path.parent, tag), step))
+            # Ultralytics' and YOLOv5's callbacks log no total, only `train/box_loss`, `train/cls_loss`...: the
+            # parts, whose sum is the loss they train on (without their plan file beside: a lone event file)
+            yield from metrics_to_events(step, merged, facts, parts_from=_parts_without_total(tuple(merged)))
 
 
 @functools.lru_cache(maxsize=64)

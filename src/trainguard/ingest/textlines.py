@@ -24,6 +24,9 @@ _QUALIFIER = r"(?:(?:train|training|val|valid|validation|eval|evaluation|test|de
 _END = r"(?!\w|\.\d)"  # where a number ends: `Loss: 0.2154.` ends a sentence, `1.2.3` is no number
 _PAIR = re.compile(r"(?<![\w/.\-])(" + _QUALIFIER + r"[A-Za-z][\w/.\-]*)\s*[=:]\s*(" + _NUM + r")" + _END,
                    re.IGNORECASE)
+# an LR printed as a list, one per parameter group (`lr: [0.00999]`, `Lr: [0.01, 0.01]`, `lr=[0.0001]`)
+_LIST_LR = re.compile(r"(?<![\w/.\-])(lr|learning[_ ]rate)\s*[=:]\s*\[\s*(" + _NUM + r")\s*(?:,\s*" + _NUM
+                      + r"\s*){0,63}\]", re.IGNORECASE)
 _SPACED = re.compile(r"\b(" + _QUALIFIER + r"(?:loss|lr|learning_rate|grad_norm|norm))\s+(" + _NUM + r")" + _END,
                      re.IGNORECASE)
 # one cell of a `| lr 20.0000 | loss   nan |` table (pytorch/examples, fairseq): a name, then its number
@@ -138,6 +141,10 @@ class _Contracts:
         self.launch = _union(p for r in rules for p in r.launch)
         self.block_head = _union(r.block_head for r in rules if r.block_head)
         self.parts_after = _union(r.parts_after for r in rules if r.parts_after)
+        # tables printed without names on their rows: (header, columns), and the header's literal words (a line
+        # with none of them is no header: one substring test instead of each header's search)
+        self.columns = [(re.compile(head, re.IGNORECASE), cols) for r in rules for head, cols in r.columns]
+        self.columns_hints = tuple(sorted({h for r in rules for head, _ in r.columns if (h := _literal(head))}))
         # the short names a writer gives a position or a metric, each with the lines it applies on
         self.keys: list[tuple[re.Pattern[str] | None, dict[str, str]]] = [
             (re.compile(r.keys_when, re.IGNORECASE) if r.keys_when else None, {k.lower(): v for k, v in r.keys.items()})
@@ -220,6 +227,10 @@ def _pairs(line: str) -> dict[str, float]:
                     and (key := _key(m.group(1))) not in _NOT_METRICS and int(frac.group(1)):
                 # `Accuracy: 9897/10000 (99%)` (pytorch/examples' test line): a fraction, not a count
                 out[key] = float(m.group(2)) / int(frac.group(1))
+    if "[" in line and (lr := _LIST_LR.search(line)) is not None:
+        # `lr: [0.00999]` (HRNet-seg, DeepSpeed's `lr=[0.0001]`), `Lr: [0.01, 0.01]`: one LR per parameter
+        # group, printed as a list; the first group's is the run's LR, as `lr/pg0` is in the YOLO writers
+        out.setdefault(_key(lr.group(1)), float(lr.group(2)))
     if line.count("|") >= 2:  # `| lr 20.0000 | loss   nan |`: each cell a name and its number
         table, rest = {}, []
         for cell in line.split("|"):

@@ -100,21 +100,35 @@ def read_text_log(path: Path) -> Source:
             head += more
         sniff_binary(head.lstrip(b"\x00")[:8192] or head[:8192], path)
     facts.mtime = path.stat().st_mtime
-    plan = {"total_steps": total} if (total := _peek_total(path)) else {}
+    plan = _peek_plan(path)
     return Source(path=path, format="text log", events=_events(path, facts), plan=plan, facts=facts,
                   log_like=True)
 
 
-def _peek_total(path: Path, limit: int = 4 * BLOCK) -> int | None:
-    """The planned steps, when a progress bar in the first megabytes says it (the rules need it first)."""
+def _peek_plan(path: Path, limit: int = 4 * BLOCK) -> dict[str, Any]:
+    """What the rules need first, from the first megabytes: the planned steps (`total_steps`), when a progress
+    bar says it, and how much of its planned epochs went before the log's first step (`starts_at`, a share:
+    a resumed run's log that opens at `Epoch: [300/484]` starts at 0.62 of its plan; its steps are counted
+    from its first epoch, so only this says where in the plan they are)."""
     parser = _LineParser(Facts())
     with open(path, "rb") as f:
         head = f.read(limit)
+    plan: dict[str, Any] = {}
+    start: float | None = None
     for lineno, line in enumerate(iter_lines(_Bytes(head), Facts()), 1):
         parser.feed(lineno, line)
+        if start is None and parser.step > 0:
+            epochs = parser.epochs_of or parser.plan_epochs
+            first = parser.first_epoch
+            # (epochs counted from 0 or 1: a log that opens at epoch 0 or 1 starts at its plan's start)
+            start = max(0, first - (0 if parser.epoch_zero else 1)) / epochs if first is not None and epochs else 0.0
+            if start > 0:
+                plan["starts_at"] = round(min(1.0, start), 4)
         if parser.plan_total:
-            return parser.plan_total
-    return None
+            plan["total_steps"] = parser.plan_total
+            if start is not None:
+                break
+    return plan
 
 
 class _Bytes:
@@ -164,6 +178,9 @@ def _decode(raw: bytes) -> str:
     if "\x00" in text:
         text = text.replace("\x00", "")  # a hole a truncated log left (see `sniff_binary`)
     return text
+
+_TABLE_EPOCH = re.compile(r"(\d{1,9})/(\d{1,9})")  # a table's `epoch/last` field (`12/299`)
+
 
 class _LineParser(_ParserState):
     """One pass over a log, a line at a time: each line's records, blocks and metrics as events (where the run
@@ -231,6 +248,10 @@ class _LineParser(_ParserState):
         if "poch" in low and (ep := _epoch_of(line)) is not None and (ep[1] is not None or (
                 len(line) < 500 and _EPOCH_HEAD.search(line))):
             self._epoch_seen(*ep)  # a position (`Epoch 3/500`, `=== Epoch 4 ===`), not a mention (`from epoch 66`)
+        if c.columns and (self.table is not None or any(h in low for h in c.columns_hints)):
+            rows = self._table_line(stripped, low)
+            if rows is not None:
+                return rows
         if c.launch is not None and c.launch.search(stripped):
             self._new_launch()
         if c.block_head is not None and "=" in stripped and (head := c.block_head.search(stripped)) is not None:
@@ -260,6 +281,58 @@ class _LineParser(_ParserState):
         return self._metrics(stripped)
 
     # -- what a format's contract adds ------------------------------------------------------------
+
+    def _table_line(self, stripped: str, low: str) -> list[dict[str, Any]] | None:
+        """A declared table's header (it opens the table) or one of its rows, as events; None for any other line."""
+        if any(h in low for h in self.c.columns_hints):
+            for head, opened in self.c.columns:
+                if head.search(stripped):
+                    self.table = opened
+                    return []
+        cols = self.table
+        if cols is None:
+            return None
+        fields = stripped.split(None, len(cols))
+        if len(fields) < len(cols):
+            return None
+        values: dict[str, float] = {}
+        evals: dict[str, float] = {}
+        position: tuple[int, int] | None = None
+        for meaning, text in zip(cols, fields, strict=False):
+            text = text.rstrip(":")
+            if meaning == "epoch/last":
+                m = _TABLE_EPOCH.fullmatch(text)
+                if m is None:
+                    return None
+                position = (int(m.group(1)), int(m.group(2)))
+            elif meaning.startswith("="):
+                if text.lower() != meaning[1:].lower():
+                    return None
+            elif meaning:
+                number = to_number(text)
+                if number is None:
+                    return None  # a line that only starts like a row
+                if meaning.startswith("eval:"):
+                    evals[meaning[5:]] = number
+                else:
+                    values[meaning[5:] if meaning.startswith("part:") else meaning] = number
+        if evals and not values:
+            at = self.step
+            return self._eval(at, evals)
+        if position is None or not values:
+            return None
+        epoch, last = position
+        self._epoch_seen(epoch, last + 1)  # `12/299`: epoch 12 of 0..299, 300 planned
+        if self.first_epoch is None:
+            self.first_epoch = epoch
+        bar = _TQDM.search(fields[-1]) if len(fields) > len(cols) else None
+        if bar is None:
+            return []  # a row without its bar: no place within the epoch (its redraw with one follows)
+        n, per = int(bar.group(1)), int(bar.group(2))
+        if n == 0:
+            return []
+        self.steps_per_epoch, self.epoch_at = per, (epoch, n)
+        return self._emit(max(0, epoch - self.first_epoch) * per + n, values, parts=True)
 
     def _open_block(self, head: re.Match[str]) -> None:
         """A declared record head (`[step=10/2500,epoch=0]`): the position and plan; its metrics follow."""

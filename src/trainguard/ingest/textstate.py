@@ -66,6 +66,7 @@ class _ParserState:
         self.relaunch: int | None = None  # the last step of a relaunch not yet past the earlier launch's steps
         self.pending: tuple[int, int] | None = None  # (line, step) of a step printed alone: the next line's record
         self.lineno = 0
+        self.table: tuple[str, ...] | None = None  # the columns of a table without names on its rows, once opened
         self.closing: str | None = None  # a closing line (declared `closing`) no training step has followed yet
         # a launch started at a shell prompt: how the launch before it stood, kept in case this one never trains
         self.before_launch: dict[str, Any] | None = None
@@ -222,7 +223,10 @@ class _ParserState:
 
     def _steps_of_epochs(self, epochs: int, per: int, at: tuple[int, int]) -> str:
         total = epochs * per
-        return (f"step {self.step:,} of {total:,} ({100 * self.step / total:.1f}%), step {at[1]:,} of {per:,} in "
+        # the position in the whole plan: the epochs before this one (counted from 0 or 1), not only those in
+        # the log (a resumed run's log opens at its 300th epoch; its own step count starts there)
+        step = max(self.step, (at[0] - (0 if self.epoch_zero else 1)) * per + at[1])
+        return (f"step {step:,} of {total:,} ({100 * step / total:.1f}%), step {at[1]:,} of {per:,} in "
                 f"epoch {at[0]} of {epochs}")
 
     def finish(self) -> None:

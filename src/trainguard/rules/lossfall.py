@@ -44,6 +44,10 @@ class LossNotDecreasing(Rule):
     Look at a batch: do inputs and targets line up? Is the LR sensible for the optimizer? Do the
     other rules name a cause (`lr-reaches-zero`, `weights-not-updating`)?
 
+    A log that begins well into its run (a resumed run's log whose first loss is past 10% of its plan, or,
+    without a plan, past step 1000 and 20 logging intervals) is not judged: the part where a run that
+    learns shows it is not in the log.
+
     A source whose loss rows are epochs (`step_unit: epoch` in the plan its reader states) is judged
     once, when it ends, over all its epochs (at least 16): its first half against its second.
 
@@ -81,6 +85,7 @@ class LossNotDecreasing(Rule):
         self.weights: dict[str, float] = {}  # the latest reported weights
         self.weighted = False  # the reported weights changed: the total is judged at fixed weights
         self.first_step: int | None = None
+        self.second_step: int | None = None  # with the first, the log's interval: a late start is beyond it
         self.n = 0
         self.next_check = self.w
         self.decided = False
@@ -107,6 +112,8 @@ class LossNotDecreasing(Rule):
         self.n += 1
         if self.first_step is None:
             self.first_step = row["step"]
+        elif self.second_step is None:
+            self.second_step = row["step"]
         for name, w in (row.get("weights") or {}).items():
             if finite(w):
                 self.weights[name] = w
@@ -161,7 +168,26 @@ class LossNotDecreasing(Rule):
             )
         return None
 
+    def begins_late(self) -> bool:
+        """Whether the loss seen starts well into its run (a resumed run's log, a log kept from its middle):
+        the early part, where a run that learns shows it, is not in it, and a loss that no longer falls much
+        later in a plan is no sign of a run that does not learn. With a plan: the first loss is past 10% of
+        it (beyond one logging interval). Without: past the rule's own patience (1000 steps) and past 20
+        logging intervals (a run that logs every 1000th step starts at step 1000, not late). A reader that
+        counts the log's steps from its own first epoch states where in the plan that is (`starts_at`)."""
+        if (self.plan.get("starts_at") or 0) >= 0.1:  # the reader knows where in its plan the log begins
+            return True
+        if self.first_step is None:
+            return False
+        gap = max(1, (self.second_step - self.first_step) if self.second_step is not None else 1)
+        if self.total_steps:
+            return self.first_step - gap >= 0.1 * self.total_steps
+        return self.first_step >= max(self.patience, 20 * gap)
+
     def _judge(self, step: int, can_wait: bool, can_wait_longer: bool = False) -> Finding | None:
+        if self.begins_late():
+            self.decided = True
+            return None
         k = len(self.losses) // 2
         series, judged = self._series()
         first, recent = series[:k], series[-k:]

@@ -167,7 +167,7 @@ SIGNATURES: tuple[Signature, ...] = (
                                 r"|\boom-kill:|\boom_reaper: reaped process|Killed process \d+ \(.*total-vm"),
               KILLED, "the kernel's OOM killer ended the process: the host ran out of memory", _HOST_OOM_FIX),
     Signature("job-memory-limit", _re(
-        r"oom-kill event\(s\) in|Exceeded (?:job|step) memory limit|exceeded memory limit \(\d+ > \d+\), being killed"
+        r"oom[-_]kill events?(?:\(s\))? in|Exceeded (?:job|step) memory limit|exceeded memory limit \(\d+ > \d+\), being killed"
         r"|task \d+: Out Of Memory|TERM_MEMLIMIT|job killed after reaching LSF memory usage limit"),
               KILLED, "the job scheduler killed the job for exceeding its memory request (the cgroup's OOM killer)",
               "Request more memory for the job (SLURM: #SBATCH --mem=64G or --mem-per-cpu; LSF: -M / rusage[mem=]), "

@@ -66,6 +66,15 @@ class TextRules:
     """A regex of the writer's loss line whose every named value after the match is one loss of the model,
     the writer printing no total (the pix2pix/CycleGAN template's `(epoch: 3, iters: 400, time: ...) G_GAN:
     0.71 G_L1: 12.3 ...`): the values are read as loss parts and the step's loss is their sum."""
+    columns: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Tables the writer prints without names on their rows (YOLOv7's `      12/299     3.21G    0.0561 ...`): each
+    a regex of the header line that opens it, and each column's meaning in order. After the header (until
+    another table's), a line whose first fields fill the columns is a row. Meanings: "epoch/last" (the 0-based
+    epoch over the last planned one), "loss" (the total), "part:<name>" (a loss part of it), "eval:<metric>"
+    (an evaluation's metric: the row is an evaluation at the current step), "=<text>" (the field must read so:
+    the row of all classes), "" (no metric: memory, a count, a size). A tqdm bar drawn after a training row
+    (`: 100%|###| 119/119 [...]`) places it within its epoch: the step is the batch, absolute with the epochs
+    before."""
     block_head: str | None = None
     """A regex of a line that opens a multi-line record (OLMo's `[step=10/2500,epoch=0]`): named groups `step`
     and optionally `total` (the planned steps) and `epoch`. The record's metrics follow, one per indented

@@ -33,4 +33,5 @@ from trainguard.ingest.formats import (  # noqa: F401
     ultralytics,
     wandb,
     wandb_console,
+    yolov7,
 )
