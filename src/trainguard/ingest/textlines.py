@@ -93,6 +93,14 @@ _STEP_ONLY = re.compile(r"(?:^|[\s\]|:>\-])(?:current\s+|global[_ ])?(?:step|ite
 # glog's line prefix (absl, torch's C++ and `torch._logging`): `W0530 14:48:26.433000 2622492 file.py:1233] `;
 # an I/W line is information or a warning, never a crash, whatever it quotes
 _GLOG = re.compile(r"^[IW]\d{4} \d\d:\d\d:\d\d(?:\.\d+)?\s+\d+\s+[^\]\s]+:\d+\] ")
+# a Python logging record at a level below ERROR that quotes a traceback: `[2023-11-29 11:04:57,788]
+# torch._dynamo.convert_frame: [WARNING] Traceback (most recent call last):` (torch 2.0/2.1's `torch._logging`
+# format `[%(asctime)s] %(name)s: [%(levelname)s] %(message)s`), `2024-01-02 10:00:00 - trainer - WARNING -
+# Traceback ...`. The logger writes every line of the quoted traceback behind the same prefix; a handled
+# exception (a compile fallback, a retried download) the run went on from, never the run's end
+QUOTED_TB_LEVELS = ("WARNING", "WARN", "INFO", "DEBUG")
+_QUOTED_TB = re.compile(r"^(?P<prefix>\S.*?[\[\s|:\-](?:" + "|".join(QUOTED_TB_LEVELS) + r")[\]\s|:\-]\s*(?:[-|:]\s*)?)"
+                        r"Traceback \(most recent call last\)")
 # a shell prompt with a command after it (`user@host:~/dir$ python infer.py ...`): a new launch starts
 _PROMPT = re.compile(r"^[\w.\-]+@[\w.\-]+:[^\s$#]*[$#] +\S")
 # `Epoch: [3][50]` (SwAV, DINO, MoCo's ProgressMeter without its `/N`): the epoch, then the iteration within it

@@ -62,6 +62,7 @@ from trainguard.ingest.textlines import (
     _PROGRESS,
     _PROMPT,
     _QUOTED,
+    _QUOTED_TB,
     _RECORD,
     _SPACED,
     _STEP_ONLY,
@@ -195,6 +196,15 @@ class _LineParser(_ParserState):
         facts.last_line = stripped[:500]
         if not _STRAY.match(stripped):
             facts.last_word = facts.last_line
+        # (before the failure signatures: a quoted traceback's exception line is no failure of the run)
+        if self.quoted is not None:
+            if line.startswith(self.quoted):
+                return []  # the rest of a traceback a logger quotes below ERROR level (`_QUOTED_TB`)
+            self.quoted = None
+        if self.tb is None and "Traceback (most recent call last)" in line and not line.startswith("Traceback") \
+                and (q := _QUOTED_TB.match(line)) is not None:
+            self.quoted = q.group("prefix")
+            return []
         facts.signs.feed(lineno, line, facts.steps + facts.evals, facts.completed is not None)
         if line[:1] in "IW" and (g := _GLOG.match(line)) is not None:
             rest = line[g.end():]

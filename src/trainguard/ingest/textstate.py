@@ -41,6 +41,7 @@ class _ParserState:
         self.bar_total = 0
         self.plan_total: int | None = None
         self.tb: list[str] | None = None
+        self.quoted: str | None = None  # the line prefix of a traceback a logger quotes as a warning
         self.first_epoch: int | None = None  # the first epoch number seen: a per-epoch counter counts from it
         self.usage = False  # inside argparse's `usage:` block
         self.last_eval: tuple[int | None, dict[str, float]] = (None, {})

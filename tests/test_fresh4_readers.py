@@ -1,0 +1,148 @@
+"""Readers and rules on shapes a fresh corpus of real logs showed (issue 30, fresh4): a traceback a logger
+quotes below ERROR level (torch._dynamo's compile fallbacks), an LSF time limit after such warnings, fixed-
+decimals evaluations on a converged run, and a log PowerShell wrote as UTF-16. Each case has a twin the
+reader or rule must still name. Fixtures are generated here from each writer's contract, never copied.
+Run: pytest tests/test_fresh4_readers.py
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.ingest.diagnose import diagnose_source
+from trainguard.ingest.textlog import read_text_log
+from trainguard.rules.engine import run_rules
+
+pytestmark = pytest.mark.unit
+
+SEEDS = range(4)
+
+
+def _diagnose(tmp_path: Path, lines: list[str], *, name: str = "train.log", encoding: str = "utf-8",
+              newline: str = "\n") -> Any:
+    path = tmp_path / name
+    path.write_bytes(newline.join(lines).encode(encoding) + newline.encode(encoding))
+    return diagnose_source(read_text_log(path))
+
+
+def _severe(d: Any) -> list[str]:
+    return [f.code for f in d.findings if f.severity in ("warning", "error")]
+
+
+# -- a traceback a logger quotes as a warning ------------------------------------------------------------------
+
+# torch 2.0/2.1's `torch._logging` record format: `[%(asctime)s] %(name)s: [%(levelname)s] %(message)s`,
+# one record per line of a multi-line message; and the stdlib's common `%(asctime)s - %(name)s - %(levelname)s`
+PREFIXES = (
+    "[2023-11-29 11:04:57,788] torch._dynamo.convert_frame: [WARNING] ",
+    "2024-03-02 10:00:01,123 - trainer - WARNING - ",
+    "[2024-03-02 10:00:01] torch._inductor.utils: [INFO] ",
+)
+
+
+def _quoted(prefix: str, exception: str = "FileNotFoundError: [Errno 2] No such file or directory: 'ldconfig'") -> list[str]:
+    return [prefix + line for line in (
+        "WON'T CONVERT forward /home/u/model.py line 53",
+        "due to: ",
+        "Traceback (most recent call last):",
+        '  File "/usr/lib/python3.10/concurrent/futures/_base.py", line 403, in __get_result',
+        "    raise self._exception",
+        "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
+        exception,
+        "",
+        "Set TORCH_LOGS=\"+dynamo\" and TORCHDYNAMO_VERBOSE=1 for more information",
+    )]
+
+
+def _epoch_lines(first: int, last: int, of: int, rng: random.Random) -> list[str]:
+    out = []
+    for e in range(first, last + 1):
+        loss = 0.04 * math.exp(-e / 30) + 0.001 + rng.uniform(0, 1e-4)
+        out.append(f"Epoch [{e}/{of}], Train Loss: {loss:.4f}, Train L1 Loss: {10 * loss:.4f}")
+        out.append(f"Epoch [{e}/{of}], Validation Loss: {1.1 * loss:.4f}, Validation L1: {11 * loss:.4f}")
+    return out
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_traceback_quoted_in_a_warning_is_no_crash(tmp_path: Path, prefix: str, seed: int) -> None:
+    rng = random.Random(seed)
+    quoted = _quoted(prefix) * rng.randint(1, 4)
+    lines = ["wandb: Syncing run run-0", *quoted, *_epoch_lines(1, 40, 40, rng)]
+    d = _diagnose(tmp_path, lines)
+    assert d.state == "completed" and "TG501" not in _severe(d), (d.state, _severe(d))
+    # the twin: the same warnings, then the run's own traceback, unprefixed, ends the log
+    crashed = [*lines[:-20], "Traceback (most recent call last):", '  File "train.py", line 88, in <module>',
+               "    loss.backward()", "RuntimeError: CUDA error: an illegal memory access was encountered"]
+    d = _diagnose(tmp_path, crashed, name="crashed.log")
+    assert "TG501" in _severe(d) or "TG571" in _severe(d), _severe(d)
+
+
+def test_a_time_limit_after_quoted_warnings_is_the_ending(tmp_path: Path) -> None:
+    """LSF's report after a job whose output held only compile-fallback warnings: the scheduler's cut is the
+    ending, not the quoted `FileNotFoundError`."""
+    lines = [*_quoted(PREFIXES[0]) * 3, "User defined signal 2", "", "-" * 60,
+             "Sender: LSF System <lsfadmin@hpc.example.org>",
+             "Subject: Job 19593344: <WeightInit_0> in cluster <dcc> Exited", "",
+             "TERM_RUNLIMIT: job killed after reaching LSF run time limit.", "Exited with exit code 140.", ""]
+    d = _diagnose(tmp_path, lines, name="job.md")
+    assert d.state != "crashed" and {"TG552", "TG503"} & set(_severe(d)), (d.state, _severe(d))
+
+
+def test_an_error_level_traceback_is_not_taken_as_quoted(tmp_path: Path) -> None:
+    """`logger.exception` writes at ERROR: a failure the run may not survive; it is not skipped as a warning."""
+    rng = random.Random(0)
+    lines = [*_epoch_lines(1, 5, 40, rng), *_quoted("2024-03-02 10:00:01,123 - trainer - ERROR - ")]
+    d = _diagnose(tmp_path, lines)
+    assert d.state != "completed" and _severe(d), (d.state, _severe(d))
+
+
+# -- evaluations printed to a fixed number of decimals on a converged run -----------------------------------
+
+
+def _named(events: list[dict], name: str) -> list:
+    return [f for f in run_rules(events, {}) if f.name == name]
+
+
+def _epochs(train: list[float], evals: list[dict], lr: list[float] | None = None) -> list[dict]:
+    out: list[dict] = []
+    for e, (loss, data) in enumerate(zip(train, evals, strict=True)):
+        row: dict[str, Any] = {"kind": "step", "step": e, "t": float(e), "loss": loss}
+        if lr is not None:
+            row["lr"] = lr[e]
+        out += [row, {"kind": "eval", "step": e, "t": float(e), "data": data}]
+    return out
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_converged_run_printing_four_decimals_is_not_frozen(seed: int) -> None:
+    """`Validation Loss: 0.0017, Validation L1: 0.2677` for a dozen epochs while the training loss, which fell
+    from 0.64, creeps by 0.3%: the weights settle, the rounded results repeat by design."""
+    rng = random.Random(seed)
+    n = 300
+    train = [0.2 + 0.45 * math.exp(-e / 25) + rng.uniform(-2e-4, 2e-4) for e in range(n)]
+    evals = [{"loss": round(0.0017 + 0.01 * math.exp(-e / 20), 4),
+              "l1": round(0.2677 + 0.2 * math.exp(-e / 25), 4)} for e in range(n)]
+    assert _named(_epochs(train, evals), "eval-metrics-frozen") == []
+    # the twin: the same rounded results frozen while the training loss is still falling fast (a stale copy)
+    falling = [2.0 * math.exp(-e / 40) + 0.1 for e in range(n)]
+    stale = [{"loss": 0.0017, "l1": 0.2677}] * n
+    assert _named(_epochs(falling, stale), "eval-metrics-frozen")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_loss_printed_to_two_digits_is_not_said_equal_to_five(seed: int) -> None:
+    """`eval loss 0.0019` at five evaluations while `l1` moves: two significant digits cannot show a loss
+    equal to five; a loss printed to six (`1.38629`) still can."""
+    rng = random.Random(seed)
+    train = [0.5 * math.exp(-e / 10) + 0.1 + rng.uniform(0, 0.01) for e in range(12)]
+    coarse = [{"loss": 0.0019, "l1": round(0.29 + rng.uniform(0, 0.01), 4)} for _ in range(12)]
+    assert _named(_epochs(train, coarse), "eval-metrics-frozen") == []
+    fine = [{"loss": 1.38629, "acc": round(0.25 + rng.uniform(-0.02, 0.02), 4)} for _ in range(12)]
+    (f,) = _named(_epochs(train, fine), "eval-metrics-frozen")
+    assert "ln(4)" in f.summary
