@@ -7,6 +7,7 @@ Run: pytest tests/test_fresh4_readers.py
 
 from __future__ import annotations
 
+import codecs
 import math
 import random
 from pathlib import Path
@@ -26,7 +27,8 @@ SEEDS = range(4)
 def _diagnose(tmp_path: Path, lines: list[str], *, name: str = "train.log", encoding: str = "utf-8",
               newline: str = "\n") -> Any:
     path = tmp_path / name
-    path.write_bytes(newline.join(lines).encode(encoding) + newline.encode(encoding))
+    mark = codecs.BOM_UTF16_BE if encoding == "utf-16-be" else b""  # (`utf-16` writes its own, little-endian)
+    path.write_bytes(mark + (newline.join(lines) + newline).encode(encoding))
     return diagnose_source(read_text_log(path))
 
 
@@ -146,3 +148,90 @@ def test_a_loss_printed_to_two_digits_is_not_said_equal_to_five(seed: int) -> No
     fine = [{"loss": 1.38629, "acc": round(0.25 + rng.uniform(-0.02, 0.02), 4)} for _ in range(12)]
     (f,) = _named(_epochs(train, fine), "eval-metrics-frozen")
     assert "ln(4)" in f.summary
+
+
+# -- LeRobot's console: big-number steps, and a log PowerShell captured as UTF-16 -------------------------------
+
+LEROBOT_LINE = ("INFO 2026-05-06 {hh:02d}:{mm:02d}:59 ot_train.py:357 step:{step} smpl:{smpl} ep:18 epch:{epch:.2f} "
+                "loss:{loss:.3f} grdn:{grdn:.3f} lr:1.0e-05 updt_s:0.510 data_s:0.030")
+
+
+def _big(n: float) -> str:
+    """LeRobot's `format_big_number(n)` (precision 0), as its writer defines it."""
+    for suffix in ("", "K", "M", "B", "T", "Q"):
+        if abs(n) < 1000:
+            return f"{n:.0f}{suffix}"
+        n /= 1000
+    return f"{n:.0f}Q"
+
+
+def _lerobot(last: int, every: int = 200, *, end: bool = True, powershell: bool = False) -> list[str]:
+    out = ["WARNING:root:'torchcodec' is not available in your platform, falling back to 'pyav' as a default decoder"]
+    if powershell:  # PowerShell wraps the first stderr line of a native command as an ErrorRecord
+        out = [f"python.exe : {out[0]}", "At line:1 char:1", "+ python -m lerobot.scripts.train ...",
+               "+ ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~", "    + CategoryInfo          : NotSpecified: (WARNING:root:...:String) "
+               "[], RemoteException", "    + FullyQualifiedErrorId : NativeCommandError", ""]
+    out.append(f"INFO 2026-05-06 17:13:00 ot_train.py:164 {{'batch_size': 32, 'steps': {last}, 'log_freq': {every}}}")
+    for i, step in enumerate(range(every, last + 1, every)):
+        loss = 5.9 * math.exp(-step / 2000) + 0.02
+        out.append(LEROBOT_LINE.format(hh=17 + i // 60 % 6, mm=i % 60, step=_big(step), smpl=_big(32 * step),
+                                       epch=step / 540, loss=loss, grdn=97 * math.exp(-step / 5000) + 2))
+    if end:
+        out.append("INFO 2026-05-07 00:24:56 ot_train.py:438 End of training")
+    if powershell:
+        out.append("System.Management.Automation.RemoteException")
+        out.append("model.safetensors: 100%|##########| 206M/206M [00:08<00:00, 24.1MB/s]")
+    return out
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-16-be"])
+def test_lerobot_big_number_steps_are_read_exactly(tmp_path: Path, encoding: str) -> None:
+    d = _diagnose(tmp_path, _lerobot(20_000), encoding=encoding, newline="\r\n" if encoding != "utf-8" else "\n")
+    assert d.state == "completed" and d.steps == 100 and _severe(d) == [], (d.state, d.steps, _severe(d))
+    src = read_text_log(tmp_path / "train.log")
+    steps = [e["step"] for e in src.events if e.get("kind") == "step"]
+    assert steps == list(range(200, 20_001, 200)), steps[:8]
+    # the twin: the same writer cut at 6,400 of 20,000 steps, no `End of training`
+    cut = _diagnose(tmp_path, _lerobot(6_400, end=False) + [], name="cut.log", encoding=encoding)
+    assert cut.state != "completed" and {"TG531", "TG503", "TG552"} & set(_severe(cut)), (cut.state, _severe(cut))
+
+
+def test_powershell_wrapping_of_stderr_is_no_failure(tmp_path: Path) -> None:
+    """`python train.py 2>&1 | Tee-Object log.txt` in Windows PowerShell 5: UTF-16, CRLF, the first stderr line
+    wrapped as a NativeCommandError, each empty stderr line as `System.Management.Automation.RemoteException`."""
+    d = _diagnose(tmp_path, _lerobot(4_000, powershell=True), encoding="utf-16", newline="\r\n")
+    assert d.state == "completed" and _severe(d) == [], (d.state, _severe(d))
+    # the twin: a real exception the run ended on, in the same capture
+    crashed = [*_lerobot(4_000, end=False, powershell=True)[:-2], "Traceback (most recent call last):",
+               '  File "lerobot/scripts/train.py", line 290, in train', "    loss.backward()",
+               "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+    d = _diagnose(tmp_path, crashed, name="crashed.log", encoding="utf-16", newline="\r\n")
+    assert {"TG501", "TG503"} & set(_severe(d)), _severe(d)
+
+
+# -- a detector's foreground-only losses at exactly 0 together ----------------------------------------------
+
+
+def _yolox_rows(n: int, empty: set[int], clamped: set[int]) -> list[dict]:
+    """YOLOX prints every loss with `{:.1f}`: iou/l1/cls are averaged over foreground matches only, so a batch
+    with none prints them as 0.0 while conf_loss (over all anchors) and the total stay finite."""
+    rows = []
+    for s in range(n):
+        iou, cls, conf = round(2.5 - s / n, 1), round(0.7 - 0.3 * s / n, 1), round(4.0 - 3 * s / n, 1)
+        if s in empty:
+            iou = cls = 0.0
+        if s in clamped:
+            iou = 0.0  # one part alone at 0: a NaN replaced before it was printed
+        rows.append({"kind": "step", "step": s, "t": float(s), "loss": iou + cls + conf,
+                     "parts": {"iou_loss": iou, "l1_loss": 0.0, "conf_loss": conf, "cls_loss": cls}})
+    return rows
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_foreground_losses_at_zero_together_are_no_clamp(seed: int) -> None:
+    rng = random.Random(seed)
+    empty = set(rng.sample(range(30, 200), 6))
+    assert [f for f in run_rules(_yolox_rows(200, empty, set()), {}) if f.name == "nonfinite-loss"] == []
+    clamped = {rng.randrange(40, 200)} - empty
+    found = [f for f in run_rules(_yolox_rows(200, empty, clamped), {}) if f.name == "nonfinite-loss"]
+    assert found and found[0].cause == "zeroed", [f.summary for f in found]

@@ -144,6 +144,7 @@ class _Contracts:
         self.closing = _union(p for r in rules for p in r.closing)
         self.launch = _union(p for r in rules for p in r.launch)
         self.block_head = _union(r.block_head for r in rules if r.block_head)
+        self.abbreviated = _union(r.abbreviated for r in rules if r.abbreviated)
         self.parts_after = _union(r.parts_after for r in rules if r.parts_after)
         # the short names a writer gives a position or a metric, each with the lines it applies on
         self.keys: list[tuple[re.Pattern[str] | None, dict[str, str]]] = [
@@ -162,6 +163,19 @@ class _Contracts:
         names = "|".join(re.escape(k).replace(r"\ ", r"[ _]") for k in keys)
         self.plan = re.compile(r"(?<![\w.\-])(?:--)?(" + names + r")['\"]?\s*(?:[:=]\s*|\s+)(\d{1,3}(?:,\d{3})+|\d{1,12})"
                                r"(?:\.0+)?(?![\w./]|,\d)", re.IGNORECASE)
+
+
+_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12, "Q": 10**15}
+
+
+def exact_count(printed: str, last: int | None, every: int | None) -> int:
+    """The count a big-number print stands for (`1K`: 500 <= n < 1500 as rounded to 0 decimals): the last
+    count plus the cadence when the print allows it, else the print's nominal value."""
+    unit = _SUFFIX[printed[-1]] if printed[-1] in _SUFFIX else 1
+    nominal = float(printed[:-1] if unit > 1 else printed) * unit
+    if last is not None and every and unit > 1 and abs(last + every - nominal) <= unit / 2:
+        return last + every
+    return int(nominal)
 
 
 def _literal(pattern: str) -> str | None:

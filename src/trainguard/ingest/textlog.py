@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trainguard.ingest.encoding import open_utf8
 from trainguard.ingest.events import (
     LOSS_NAMES,
     Facts,
@@ -79,6 +80,7 @@ from trainguard.ingest.textlines import (
     _pairs,
     _part_names,
     _summary_loss,
+    exact_count,
 )
 from trainguard.ingest.textstate import _ParserState
 
@@ -92,7 +94,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 def read_text_log(path: Path) -> Source:
     """A Source over a log file; its events are read lazily, in one pass, in constant memory."""
     facts = Facts()
-    with open(path, "rb") as f:
+    with open_utf8(path) as f:  # (a PowerShell-written log is UTF-16: its text, re-encoded as UTF-8)
         head = f.read(8192)
         while head and not head.strip(b"\x00") and len(head) < 4 * BLOCK:
             # a log that starts with a hole of NUL bytes (truncated under its writer): its text comes after
@@ -109,7 +111,7 @@ def read_text_log(path: Path) -> Source:
 def _peek_total(path: Path, limit: int = 4 * BLOCK) -> int | None:
     """The planned steps, when a progress bar in the first megabytes says it (the rules need it first)."""
     parser = _LineParser(Facts())
-    with open(path, "rb") as f:
+    with open_utf8(path) as f:
         head = f.read(limit)
     for lineno, line in enumerate(iter_lines(_Bytes(head), Facts()), 1):
         parser.feed(lineno, line)
@@ -353,6 +355,8 @@ class _LineParser(_ParserState):
         return [event("eval", at, evals)]
 
     def _metrics(self, line: str) -> list[dict[str, Any]]:
+        if self.c.abbreviated is not None and ":" in line and (ab := self.c.abbreviated.search(line)) is not None:
+            line = self._exact_step(line, ab)
         if line.startswith("{") and line.endswith("}"):
             return self._dict_line(line)
         if line.endswith("}") and (brace := line.find("{'")) > 0 and line.find("}") == len(line) - 1:
@@ -449,6 +453,18 @@ class _LineParser(_ParserState):
         elif not out and pairs and any(k.startswith(_SUMMARY) for k in pairs):
             self.facts.ends_with = "summary"  # `Epoch 20 - Average Train Loss: 0.0038`: an epoch's end
         return out
+
+    def _exact_step(self, line: str, ab: re.Match[str]) -> str:
+        """The line with its big-number step (`step:1K`) written out: the step after the last plus the cadence
+        the exact prints showed (`step:200`, `step:400`), as far as the rounding agrees."""
+        printed = ab.group("count")
+        n = exact_count(printed, self.abbr_last, self.abbr_every)
+        if self.abbr_last is not None and n <= self.abbr_last:
+            self.abbr_every = None  # a count that went back: another launch, its cadence to learn again
+        elif self.abbr_last is not None and printed[-1].isdigit():
+            self.abbr_every = n - self.abbr_last
+        self.abbr_last = n
+        return line[:ab.start("count")] + str(n) + line[ab.end("count"):]
 
     def _keyed(self, line: str, pairs: dict[str, float]) -> dict[str, int]:
         """A writer's own short names (declared `keys`): positions taken out of `pairs` (returned), metrics
@@ -551,7 +567,7 @@ def _events(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
     # the lines printed per step, as the watchdog counts them live (for `log-flood`): one count at the
     # start, one at the end
     yield event("output", 0, {"lines": 0})
-    with open(path, "rb") as f:
+    with open_utf8(path) as f:
         for lineno, line in enumerate(iter_lines(f, facts), 1):
             facts.lines = lineno
             yield from parser.feed(lineno, line)

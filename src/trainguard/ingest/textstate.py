@@ -42,6 +42,8 @@ class _ParserState:
         self.plan_total: int | None = None
         self.tb: list[str] | None = None
         self.quoted: str | None = None  # the line prefix of a traceback a logger quotes as a warning
+        self.abbr_last: int | None = None  # the last step a big-number print stood for (`step:1K`)
+        self.abbr_every: int | None = None  # the cadence of the steps printed exactly before the rounding began
         self.first_epoch: int | None = None  # the first epoch number seen: a per-epoch counter counts from it
         self.usage = False  # inside argparse's `usage:` block
         self.last_eval: tuple[int | None, dict[str, float]] = (None, {})
