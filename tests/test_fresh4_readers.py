@@ -235,3 +235,42 @@ def test_foreground_losses_at_zero_together_are_no_clamp(seed: int) -> None:
     clamped = {rng.randrange(40, 200)} - empty
     found = [f for f in run_rules(_yolox_rows(200, empty, clamped), {}) if f.name == "nonfinite-loss"]
     assert found and found[0].cause == "zeroed", [f.summary for f in found]
+
+
+# -- a crash, then the script relaunched from its last checkpoint into the same log --------------------------
+
+
+def _steps(first: int, last: int, every: int = 100) -> list[str]:
+    return [f"step {s:>8d} | phase 2 | loss_G {2.5 * math.exp(-s / 1e6) + 0.1 * math.sin(s):.4f} | lr 1.00e-05"
+            for s in range(first, last + 1, every)]
+
+
+CRASH = ["Traceback (most recent call last):", '  File "train.py", line 46, in infinite_loader',
+         "    for batch in loader:", "RuntimeError: DataLoader worker (pid(s) 1529) exited unexpectedly"]
+
+
+def test_a_relaunch_from_a_checkpoint_after_a_crash_is_judged_on_its_own(tmp_path: Path) -> None:
+    """The process that raised a traceback prints no row after it: a row back before the step reached is the
+    script run again from its checkpoint (`Resuming from checkpoint_1225000.pt`), whose end is the log's end."""
+    lines = ["Resuming from ./checkpoints/checkpoint_0705000.pt", *_steps(705_000, 1_229_400),
+             "Resuming from ./checkpoints/checkpoint_1225000.pt", *CRASH,
+             "Resuming from ./checkpoints/checkpoint_1225000.pt", *_steps(1_225_000, 1_499_900),
+             "Training complete. Final checkpoint: ./checkpoints/checkpoint_final.pt"]
+    d = _diagnose(tmp_path, lines)
+    assert d.state == "completed" and "TG501" not in _severe(d), (d.state, _severe(d))
+    # the twins: the crash with no relaunch after it; a relaunch that crashes again
+    d = _diagnose(tmp_path, lines[:lines.index(CRASH[-1]) + 1], name="crashed.log")
+    assert "TG501" in _severe(d), _severe(d)
+    again = [*lines[:-1 - len(_steps(1_225_000, 1_499_900))], *_steps(1_225_000, 1_300_000), *CRASH]
+    d = _diagnose(tmp_path, again, name="again.log")
+    assert "TG501" in _severe(d), _severe(d)
+
+
+def test_an_ending_line_before_a_rewind_is_not_the_relaunch_s_ending(tmp_path: Path) -> None:
+    """detectron2 prints `Total training time` from its hooks even when the loop died: a crash, a relaunch
+    that ends on that line, a relaunch from its checkpoint that stops unlogged. The crash is the news."""
+    lines = [*_steps(100, 5_800), *CRASH, *_steps(5_500, 15_000),
+             "[11/16 07:29:12] d2.engine.hooks INFO: Total training time: 2:44:02 (0:55:51 on hooks)",
+             *_steps(14_900, 29_600)]
+    d = _diagnose(tmp_path, lines)
+    assert d.state != "completed" and {"TG501", "TG531"} & set(_severe(d)), (d.state, _severe(d))

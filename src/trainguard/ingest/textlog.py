@@ -543,6 +543,14 @@ class _LineParser(_ParserState):
     def _emit(self, step: int, pairs: dict[str, float], *, parts: bool) -> list[dict[str, Any]]:
         if any(k in LOSS_NAMES for k in pairs):
             self.trained += 1
+        if (self.facts.traceback is not None or self.facts.completed is not None) and self.tb is None \
+                and 0 <= step < self.step and any("loss" in k for k in pairs):
+            # a training row back before the step the log had reached, after a traceback or an ending line:
+            # the script relaunched from a checkpoint (`Resuming from checkpoint_1225000.pt`), another launch
+            # whose ending neither is (once it says it completed: see `finish`); the process that raised
+            # the traceback prints no row after it, and detectron2 prints `Total training time` on a crash too
+            self.resumed_after = self.facts.traceback or self.resumed_after
+            self._new_launch()
         if step <= self.step or not pairs:
             if 0 <= step <= 1 < self.step // 100 and any(k in LOSS_NAMES for k in pairs):
                 # a fresh launch appended to the log (its steps start again from the beginning): the earlier
