@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.findings import CHECKPOINTS, Finding, most_severe_first
+from trainguard.ingest.encoding import unit, wide_encoding
 from trainguard.ingest.events import EVENT_LAUNCH, Source
 from trainguard.rules.sightings import launcher_only, sighting_finding, state_of
 from trainguard.rules.signatures import LAUNCH_FAILED, Sighting, signature_of
@@ -275,8 +276,12 @@ def _killed_rank(path: Path, last_step: int | None) -> Finding | None:
 def _tail_lines(path: Path) -> list[str]:
     try:
         with open(path, "rb") as fh:
+            encoding = wide_encoding(fh.read(4))
             fh.seek(max(0, fh.seek(0, 2) - TAIL_BYTES))
-            return fh.read(TAIL_BYTES).decode("utf-8", "replace").splitlines()
+            tail = fh.read(TAIL_BYTES)
+        if encoding is not None:  # (a UTF-16 log's tail, cut to whole code units: its text)
+            return tail[len(tail) % unit(encoding):].decode(encoding, "replace").splitlines()
+        return tail.decode("utf-8", "replace").splitlines()
     except (OSError, ValueError):
         return []
 

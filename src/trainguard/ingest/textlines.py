@@ -96,6 +96,14 @@ _STEP_ONLY = re.compile(r"(?:^|[\s\]|:>\-])(?:current\s+|global[_ ])?(?:step|ite
 # glog's line prefix (absl, torch's C++ and `torch._logging`): `W0530 14:48:26.433000 2622492 file.py:1233] `;
 # an I/W line is information or a warning, never a crash, whatever it quotes
 _GLOG = re.compile(r"^[IW]\d{4} \d\d:\d\d:\d\d(?:\.\d+)?\s+\d+\s+[^\]\s]+:\d+\] ")
+# a Python logging record at a level below ERROR that quotes a traceback: `[2023-11-29 11:04:57,788]
+# torch._dynamo.convert_frame: [WARNING] Traceback (most recent call last):` (torch 2.0/2.1's `torch._logging`
+# format `[%(asctime)s] %(name)s: [%(levelname)s] %(message)s`), `2024-01-02 10:00:00 - trainer - WARNING -
+# Traceback ...`. The logger writes every line of the quoted traceback behind the same prefix; a handled
+# exception (a compile fallback, a retried download) the run went on from, never the run's end
+QUOTED_TB_LEVELS = ("WARNING", "WARN", "INFO", "DEBUG")
+_QUOTED_TB = re.compile(r"^(?P<prefix>\S.*?[\[\s|:\-](?:" + "|".join(QUOTED_TB_LEVELS) + r")[\]\s|:\-]\s*(?:[-|:]\s*)?)"
+                        r"Traceback \(most recent call last\)")
 # a shell prompt with a command after it (`user@host:~/dir$ python infer.py ...`): a new launch starts
 _PROMPT = re.compile(r"^[\w.\-]+@[\w.\-]+:[^\s$#]*[$#] +\S")
 # `Epoch: [3][50]` (SwAV, DINO, MoCo's ProgressMeter without its `/N`): the epoch, then the iteration within it
@@ -140,6 +148,7 @@ class _Contracts:
         self.closing = _union(p for r in rules for p in r.closing)
         self.launch = _union(p for r in rules for p in r.launch)
         self.block_head = _union(r.block_head for r in rules if r.block_head)
+        self.abbreviated = _union(r.abbreviated for r in rules if r.abbreviated)
         self.parts_after = _union(r.parts_after for r in rules if r.parts_after)
         # tables printed without names on their rows: (header, columns), and the header's literal words (a line
         # with none of them is no header: one substring test instead of each header's search)
@@ -162,6 +171,19 @@ class _Contracts:
         names = "|".join(re.escape(k).replace(r"\ ", r"[ _]") for k in keys)
         self.plan = re.compile(r"(?<![\w.\-])(?:--)?(" + names + r")['\"]?\s*(?:[:=]\s*|\s+)(\d{1,3}(?:,\d{3})+|\d{1,12})"
                                r"(?:\.0+)?(?![\w./]|,\d)", re.IGNORECASE)
+
+
+_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12, "Q": 10**15}
+
+
+def exact_count(printed: str, last: int | None, every: int | None) -> int:
+    """The count a big-number print stands for (`1K`: 500 <= n < 1500 as rounded to 0 decimals): the last
+    count plus the cadence when the print allows it, else the print's nominal value."""
+    unit = _SUFFIX[printed[-1]] if printed[-1] in _SUFFIX else 1
+    nominal = float(printed[:-1] if unit > 1 else printed) * unit
+    if last is not None and every and unit > 1 and abs(last + every - nominal) <= unit / 2:
+        return last + every
+    return int(nominal)
 
 
 def _literal(pattern: str) -> str | None:

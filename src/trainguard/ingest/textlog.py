@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trainguard.ingest.encoding import open_utf8
 from trainguard.ingest.events import (
     LOSS_NAMES,
     Facts,
@@ -62,6 +63,7 @@ from trainguard.ingest.textlines import (
     _PROGRESS,
     _PROMPT,
     _QUOTED,
+    _QUOTED_TB,
     _RECORD,
     _SPACED,
     _STEP_ONLY,
@@ -78,6 +80,7 @@ from trainguard.ingest.textlines import (
     _pairs,
     _part_names,
     _summary_loss,
+    exact_count,
 )
 from trainguard.ingest.textstate import _ParserState
 
@@ -91,7 +94,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 def read_text_log(path: Path) -> Source:
     """A Source over a log file; its events are read lazily, in one pass, in constant memory."""
     facts = Facts()
-    with open(path, "rb") as f:
+    with open_utf8(path) as f:  # (a PowerShell-written log is UTF-16: its text, re-encoded as UTF-8)
         head = f.read(8192)
         while head and not head.strip(b"\x00") and len(head) < 4 * BLOCK:
             # a log that starts with a hole of NUL bytes (truncated under its writer): its text comes after
@@ -111,7 +114,7 @@ def _peek_plan(path: Path, limit: int = 4 * BLOCK) -> dict[str, Any]:
     a resumed run's log that opens at `Epoch: [300/484]` starts at 0.62 of its plan; its steps are counted
     from its first epoch, so only this says where in the plan they are)."""
     parser = _LineParser(Facts())
-    with open(path, "rb") as f:
+    with open_utf8(path) as f:
         head = f.read(limit)
     plan: dict[str, Any] = {}
     start: float | None = None
@@ -212,6 +215,15 @@ class _LineParser(_ParserState):
         facts.last_line = stripped[:500]
         if not _STRAY.match(stripped):
             facts.last_word = facts.last_line
+        # (before the failure signatures: a quoted traceback's exception line is no failure of the run)
+        if self.quoted is not None:
+            if line.startswith(self.quoted):
+                return []  # the rest of a traceback a logger quotes below ERROR level (`_QUOTED_TB`)
+            self.quoted = None
+        if self.tb is None and "Traceback (most recent call last)" in line and not line.startswith("Traceback") \
+                and (q := _QUOTED_TB.match(line)) is not None:
+            self.quoted = q.group("prefix")
+            return []
         facts.signs.feed(lineno, line, facts.steps + facts.evals, facts.completed is not None)
         if line[:1] in "IW" and (g := _GLOG.match(line)) is not None:
             rest = line[g.end():]
@@ -416,6 +428,8 @@ class _LineParser(_ParserState):
         return [event("eval", at, evals)]
 
     def _metrics(self, line: str) -> list[dict[str, Any]]:
+        if self.c.abbreviated is not None and ":" in line and (ab := self.c.abbreviated.search(line)) is not None:
+            line = self._exact_step(line, ab)
         if line.startswith("{") and line.endswith("}"):
             return self._dict_line(line)
         if line.endswith("}") and (brace := line.find("{'")) > 0 and line.find("}") == len(line) - 1:
@@ -513,6 +527,18 @@ class _LineParser(_ParserState):
             self.facts.ends_with = "summary"  # `Epoch 20 - Average Train Loss: 0.0038`: an epoch's end
         return out
 
+    def _exact_step(self, line: str, ab: re.Match[str]) -> str:
+        """The line with its big-number step (`step:1K`) written out: the step after the last plus the cadence
+        the exact prints showed (`step:200`, `step:400`), as far as the rounding agrees."""
+        printed = ab.group("count")
+        n = exact_count(printed, self.abbr_last, self.abbr_every)
+        if self.abbr_last is not None and n <= self.abbr_last:
+            self.abbr_every = None  # a count that went back: another launch, its cadence to learn again
+        elif self.abbr_last is not None and printed[-1].isdigit():
+            self.abbr_every = n - self.abbr_last
+        self.abbr_last = n
+        return line[:ab.start("count")] + str(n) + line[ab.end("count"):]
+
     def _keyed(self, line: str, pairs: dict[str, float]) -> dict[str, int]:
         """A writer's own short names (declared `keys`): positions taken out of `pairs` (returned), metrics
         renamed in it to what they are (`trl` -> `loss`, `tel` -> `val_loss`)."""
@@ -590,6 +616,14 @@ class _LineParser(_ParserState):
     def _emit(self, step: int, pairs: dict[str, float], *, parts: bool) -> list[dict[str, Any]]:
         if any(k in LOSS_NAMES for k in pairs):
             self.trained += 1
+        if (self.facts.traceback is not None or self.facts.completed is not None) and self.tb is None \
+                and 0 <= step < self.step and any("loss" in k for k in pairs):
+            # a training row back before the step the log had reached, after a traceback or an ending line:
+            # the script relaunched from a checkpoint (`Resuming from checkpoint_1225000.pt`), another launch
+            # whose ending neither is (once it says it completed: see `finish`); the process that raised
+            # the traceback prints no row after it, and detectron2 prints `Total training time` on a crash too
+            self.resumed_after = self.facts.traceback or self.resumed_after
+            self._new_launch()
         if step <= self.step or not pairs:
             if 0 <= step <= 1 < self.step // 100 and any(k in LOSS_NAMES for k in pairs):
                 # a fresh launch appended to the log (its steps start again from the beginning): the earlier
@@ -614,7 +648,7 @@ def _events(path: Path, facts: Facts) -> Iterator[dict[str, Any]]:
     # the lines printed per step, as the watchdog counts them live (for `log-flood`): one count at the
     # start, one at the end
     yield event("output", 0, {"lines": 0})
-    with open(path, "rb") as f:
+    with open_utf8(path) as f:
         for lineno, line in enumerate(iter_lines(f, facts), 1):
             facts.lines = lineno
             yield from parser.feed(lineno, line)

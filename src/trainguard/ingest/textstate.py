@@ -41,6 +41,10 @@ class _ParserState:
         self.bar_total = 0
         self.plan_total: int | None = None
         self.tb: list[str] | None = None
+        self.quoted: str | None = None  # the line prefix of a traceback a logger quotes as a warning
+        self.resumed_after: list[str] | None = None  # the traceback a relaunch from a checkpoint followed
+        self.abbr_last: int | None = None  # the last step a big-number print stood for (`step:1K`)
+        self.abbr_every: int | None = None  # the cadence of the steps printed exactly before the rounding began
         self.first_epoch: int | None = None  # the first epoch number seen: a per-epoch counter counts from it
         self.usage = False  # inside argparse's `usage:` block
         self.last_eval: tuple[int | None, dict[str, float]] = (None, {})
@@ -232,6 +236,10 @@ class _ParserState:
     def finish(self) -> None:
         """At the end of the log: the run held against the plan it states (see the module docstring)."""
         facts = self.facts
+        if self.resumed_after is not None and facts.completed is None and facts.traceback is None:
+            # a relaunch from a checkpoint after a crash that never said it completed: the crash stays the
+            # news of how the run went (the relaunch may have died unlogged, as the first launch did)
+            facts.traceback = self.resumed_after
         if facts.launch_error is not None and self.after_launch_error >= LAUNCH_ERROR_TAIL:
             # argparse's error exits the process: a log that goes on for pages after it holds a later launch
             # (the command fixed and run again into the same file), and the refusal is not how it ended

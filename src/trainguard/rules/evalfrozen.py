@@ -49,6 +49,10 @@ _SCORE = re.compile(r"map|precision|recall|acc|f1|dice|iou|auc|bleu|rouge|top-?[
 _NOT_SCORE = ("loss", "err", "wer", "cer", "ppl", "perplexity", "fpr", "eer", "best", "std")
 PINNED_SCORE = 0.01  # a score at or below this (of 1, or of 100 %) is at its floor
 FROZEN_EVALS = 5  # evaluations in a row, for one metric while others move
+FROZEN_DIGITS = 5  # one loss-like metric frozen: equal to 5 significant digits, which its print must carry
+PLATEAU_DIGITS = 4  # results printed to at most 4 significant digits repeat on a plateau: ten in a row
+SETTLED = 0.01  # a training loss within 1% of its value when the streak began: the run has converged
+LEARNED = 0.1  # ... after it had fallen (or risen) more than 10% from its first value: it learned, then settled
 # a run from scratch often scores 0 through its first epochs (a detector's warm-up: no box passes the
 # confidence threshold yet); ten evaluations at the floor are no warm-up any more
 SCORES_AT_ZERO_EVALS = 10
@@ -57,6 +61,13 @@ SCORES_AT_ZERO_EVALS = 10
 def _score(name: Any) -> bool:
     low = str(name).lower()
     return _SCORE.search(low) is not None and not any(w in low for w in _NOT_SCORE) and _model_metric(name)
+
+
+def _digits(value: float) -> int:
+    """The significant digits a value was printed with, as far as its float shows (0.0017: 2, 0.2714: 4;
+    a float computed, not printed, shows 7 or more)."""
+    mant = f"{abs(value):.7e}".split("e")[0].replace(".", "").rstrip("0")
+    return max(1, len(mant))
 
 
 def _uniform_classes(value: float) -> int | None:
@@ -80,8 +91,13 @@ class EvalMetricsFrozen(Rule):
     uniform guess over K classes. NaN and inf are left to `nonfinite-loss`.
 
     While the training goes on between the repeats (its loss changed, its LR is not 0), three identical
-    evaluations are not enough: the streak must reach five (ten when every result has one significant
-    digit, like `Val Loss=0.0005`). Five, too, while the LR is in its schedule's tail (at most 1% of its
+    evaluations are not enough: the streak must reach five (ten when every result is printed to at most
+    four significant digits, like `Val Loss=0.0005` or `Validation L1: 0.2714`: a model still improving,
+    or on a validation plateau, prints the same rounded numbers for several evaluations). Results printed
+    to at most four digits on a converged run are not frozen at all: a training loss that fell more than
+    10% from its first value and has stayed within 1% (or its own print's step) since the streak began,
+    with an LR that is not 0, says the weights settled by design. The per-metric check needs a loss
+    printed to five significant digits or more: `0.0019` five times over shows no equality to five. Five, too, while the LR is in its schedule's tail (at most 1% of its
     peak, or printed as 0 below the print's resolution): a decay to 0 at the planned end holds the
     weights nearly still by design. And at the end of the run: every higher-is-better score of the
     evaluations (mAP, precision, recall, accuracy, F1, Dice, IoU) at or below 0.01 over at least the last
@@ -133,6 +149,7 @@ class EvalMetricsFrozen(Rule):
         self.loss: float | None = None  # the latest training loss
         self.loss_at_eval: float | None = None  # the training loss at the previous evaluation
         self.trained = False  # the training moved at some point between the evaluations of the streak
+        self.loss_at_start: float | None = None  # the training loss when the streak of identical results began
         self.first_loss: float | None = None
         # higher-is-better scores (mAP, accuracy, F1, Dice), for `_pinned_at_zero`: how many evaluations
         # carried each, and the latest evaluations in a row with every score at the floor
@@ -222,6 +239,7 @@ class EvalMetricsFrozen(Rule):
             self.key = key
             self.same.clear()
             self.trained = False
+            self.loss_at_start = self.loss
         elif moved:
             # a loss printed to 4 decimals repeats between some epochs of a run that learns: one change in
             # the streak is enough to say the training went on
@@ -231,9 +249,14 @@ class EvalMetricsFrozen(Rule):
         # between evaluations that differ: five in a row, not three
         coarse = all(float(f"{v:.3g}") == v for _, v in key)
         need = FROZEN_EVALS if coarse or self.trained or self.lr_tail else 3
-        if self.trained and all(float(f"{v:.1g}") == v for _, v in key):
-            # one significant digit (`Val Loss=0.0005`): the print's step is 10-50% of the value, so a model
-            # still improving prints the same number for many evaluations while its training loss moves
+        fixed = all(_digits(v) <= PLATEAU_DIGITS for _, v in key)
+        if fixed and self._settled():
+            return None  # a converged run: its training loss as still as its rounded evaluations
+        if (self.trained or self.lr_tail) and fixed:
+            # a fixed-decimals print (`Validation Loss: 0.0017, Validation L1: 0.2714`, one to four significant
+            # digits): the print's step is 0.04-50% of the value, so a model still improving, or on the
+            # validation plateau of a run that keeps fitting its training set, prints the same numbers for
+            # several evaluations while its training metrics move; a stale copy stays frozen for good
             need = 2 * FROZEN_EVALS
         if self.same.count < need:
             return None
@@ -247,6 +270,19 @@ class EvalMetricsFrozen(Rule):
                 "trained, not a copy",
             evidence={"metrics": dict(key), "steps": list(steps), "detected_step": event.get("step")},
         )
+
+    def _settled(self) -> bool:
+        """The training loss moved less than `SETTLED` (relative) since the streak began: the weights barely
+        change, by convergence or a schedule's tail, so evaluations printed to a few digits repeat by design.
+        (A stale copy of the model is told by a training loss that goes on falling while the results stay.)"""
+        a, b, first = self.loss_at_start, self.loss, self.first_loss
+        if a is None or b is None or first is None or not finite(a) or not finite(b) or a == 0 or self.lr == 0:
+            return False  # (weights held by an LR of 0 are TG203's own case: seed 002)
+        if abs(first - b) <= LEARNED * abs(first):
+            return False  # a loss that never fell: not converged, stuck
+        # (a loss printed to 2 digits, `0.0011`, moves by its print's step from one batch to the next)
+        step = 10.0 ** (math.floor(math.log10(abs(a))) - _digits(a) + 1)
+        return abs(b - a) <= max(SETTLED * abs(a), step * 1.000001)
 
     def _one_frozen(self, event: dict[str, Any], data: dict[str, Any]) -> Finding | None:
         step = event.get("step")
@@ -268,6 +304,8 @@ class EvalMetricsFrozen(Rule):
             if len(run) < FROZEN_EVALS:
                 continue
             values = [v for _, v in run]
+            if all(_digits(v) < FROZEN_DIGITS for v in values):
+                continue  # printed to fewer digits than `equal to 5 significant digits` needs: no equality shown
             spread = max(values) - min(values)
             if spread > FROZEN_SPREAD * abs(median(values)):
                 continue

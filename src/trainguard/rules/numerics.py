@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import collections.abc
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,9 @@ class NonfiniteLoss(_RateRule):
     fp16 overflow; fix the cause instead of clamping.
 
     ## Known false positives
-    A loss part that can legitimately reach exactly zero (a hinge or margin loss).
+    A loss part that can legitimately reach exactly zero (a hinge or margin loss). Not one: two or more
+    parts at exactly 0 at the same step beside a finite loss (a detector's foreground-only box and class
+    losses on a batch with no positive target, YOLOX's `iou_loss: 0.0 ... cls_loss: 0.0`).
 
     ## Options
     None.
@@ -167,16 +170,26 @@ class NonfiniteLoss(_RateRule):
         if _nonfinite(row.get("loss")):
             bad["loss"] = row["loss"]
         zeroed: dict[str, float] = {}
+        together = 0  # parts at exactly 0 at this step that were above 0 before
         for name, value in (row.get("parts") or {}).items():
             if _nonfinite(value):
                 bad[f"part {name}"] = value
                 continue
             hist = self.part_hist.setdefault(name, collections.deque(maxlen=20))
-            if value == 0 and len(hist) >= 10 and min(hist) > 0 and median(list(hist)) > 1e-3:
+            together += value == 0 and bool(hist) and median(list(hist)) > 0
+            # (printed to a few decimals, `conf_loss: 0.0` of YOLOX's `{:.1f}`, a small value rounds to 0: a
+            # clamp is claimed only ten print steps above it)
+            if value == 0 and len(hist) >= 10 and min(hist) > 0 \
+                    and median(list(hist)) > max(1e-3, 10 * _print_step(hist)):
                 zeroed[name] = median(list(hist))
                 continue  # the clamped zero stays out of the history it is judged against
             if finite(value):
                 hist.append(value)
+        if zeroed and together >= 2 and finite(row.get("loss")):
+            # several parts at exactly 0 together beside a finite loss: a batch without one positive target (a
+            # detector's box, IoU and class losses are computed over foreground matches only: YOLOX, YOLO,
+            # DETR-style matchers), not a clamped NaN, which zeroes the one part that overflowed
+            zeroed = {}
         if not bad and not self.hits and finite(row.get("loss")):
             self.train_finite += 1
         out: list[Finding] = []
@@ -204,6 +217,18 @@ class NonfiniteLoss(_RateRule):
                 evidence={"part": name, "value": 0.0, "recent_median": med, "detected_step": step},
             )
         return out + (self._count(row, bool(bad or zeroed), first) or [])
+
+
+def _print_step(values: collections.abc.Iterable[float]) -> float:
+    """The finest decimal step the values show (0.1 for `0.2, 0.3`; 1e-4 for `0.2473`): a print's resolution,
+    when they were printed to a fixed number of decimals; ~0 for computed floats."""
+    places = 0
+    for v in values:
+        text = repr(float(v))
+        if "e" in text or "E" in text:
+            return 0.0
+        places = max(places, len(text.split(".")[1].rstrip("0")) if "." in text else 0)
+    return 10.0 ** -places if places < 12 else 0.0
 
 
 class NonfiniteGrad(_RateRule):

@@ -473,7 +473,7 @@ class Scanner:
                 self.meaningful_after += 1
             return None
         text = strip_prefix(line)
-        if not text:
+        if not text or POWERSHELL_WRAPPING.match(text):
             return None
         self.meaningful_after += 1
         if self.first_traceback_at is None and text.startswith("Traceback (most recent call last)"):
@@ -527,6 +527,14 @@ class Scanner:
             return [first] + [s for s in fatal if s is not first]
         return fatal
 
+
+# Windows PowerShell's rendering of a native command's stderr in a captured log (`python train.py 2>&1 |
+# Tee-Object log.txt`): its first stderr line wrapped as an ErrorRecord (`+ CategoryInfo : NotSpecified: (...)
+# [], RemoteException`, `+ FullyQualifiedErrorId : NativeCommandError`, `At line:1 char:1`), and each empty
+# stderr line as the bare type name `System.Management.Automation.RemoteException`. PowerShell's wrapping of
+# ordinary output, never the program's failure
+POWERSHELL_WRAPPING = re.compile(r"^(?:System\.Management\.Automation\.RemoteException|\+ (?:CategoryInfo|"
+                                 r"FullyQualifiedErrorId)\s*:.*|At line:\d+ char:\d+)$")
 
 # signatures of a process's end (beyond those whose state is not `crashed`): nothing runs on after these
 TERMINAL = frozenset({"segfault", "bus-error", "abort", "native-exception", "native-assert", "teardown-abort",

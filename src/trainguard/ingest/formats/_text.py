@@ -80,6 +80,10 @@ class TextRules:
     and optionally `total` (the planned steps) and `epoch`. The record's metrics follow, one per indented
     `name=value` line (`    train/CrossEntropyLoss=9.298`, thousands written `10,919`), until the first
     line that is not one; `keys` name what they are."""
+    abbreviated: str | None = None
+    """A regex of the writer's step line whose named group `count` is the step printed by a big-number
+    formatter (LeRobot's `format_big_number`: `800`, then `1K`, `2K`, ..., `1M`): the reader takes a rounded
+    count as the last step plus the log's cadence when that agrees with the rounding, else its nominal value."""
     sample: tuple[str, ...] = ()
     """A few lines shaped exactly as the writer prints them (placeholders `{step}`, `{epoch}`, `{total}`,
     `{loss}`), from which tests build a log: the writer's format strings, not lines copied from a log."""

@@ -16,6 +16,7 @@ from trainguard.ingest.formats import (  # noqa: F401
     improved_diffusion,
     keras,
     keras_console,
+    lerobot,
     lightning,
     lightning_console,
     llmc,
