@@ -88,6 +88,21 @@ def test_spinning_threads_on_oversubscribed_cores_are_the_machine_and_real_work_
     assert f is not None and f.severity == "warning"
 
 
+def test_spinning_that_grew_the_cpu_time_x13_is_the_machine_where_it_spread_over_the_threads() -> None:
+    # measured on a loaded 2-core machine (the zoo's quiet_throughput_cores_loaded beside three busy
+    # processes): the process's CPU time a step x13, the training thread's own share of the extra 49%
+    base = {"proc_cpu_s": 0.0046, "cpu_s": 0.0024, "run_wait_s": 0.0016, "others_cores": 0.95,
+            "runnable_per_core": 2.5}
+    slow = {"proc_cpu_s": 0.0612, "cpu_s": 0.0309, "run_wait_s": 0.083, "others_cores": 1.53,
+            "runnable_per_core": 3.5}
+    f = _feed(100, 0.0017, 0.114, base, slow)
+    assert f is not None and f.severity == "info" and f.cause == "machine", f
+    # the same growth all on the training thread (a decode fallen back to the main process) under the
+    # same load: the run's own work, whatever the queue says
+    f = _feed(100, 0.0017, 0.114, base, {**slow, "cpu_s": 0.0590})
+    assert f is not None and f.severity == "warning"
+
+
 def test_the_clock_reads_this_process_and_the_machine() -> None:
     clock = SchedClock()
     if clock.per_step(8) is None and clock._broken:

@@ -109,7 +109,10 @@ class ThroughputDrop(Rule):
     least one a core, /proc/loadavg). CPU time that
     tripled is the run's own work: a warning, unless the load shows and the training thread's wait for
     a CPU grew more than its own CPU time (oversubscribed cores make torch's threads spin at their
-    barriers: x3-x6 seen) and the growth stays under x10. CPU time that grew less is the machine's when its load
+    barriers: x3-x13 seen) and either the growth stays under x10 or the extra CPU time is spread over the
+    process's threads (the training thread's own share of it at most 70%: spinning adds to every thread
+    alike, 1/T of it to the training thread's; work the run added on its training thread, a decode in the
+    main process, is all its own). CPU time that grew less is the machine's when its load
     shows (contended cores stretch the CPU time of the same work: torch's threads spin longer at their
     barriers; x1.4 to x2.9 seen): info, cause `machine`; the run's when it doubled with no load to
     blame: a warning; otherwise the run waits off the CPU each step (a sleep, a read, a lock, cores
@@ -220,7 +223,7 @@ class ThroughputDrop(Rule):
         # machine's when other processes' load shows (on contended cores the same work costs more CPU time:
         # torch's threads spin at their barriers longer, caches are shared; x1.4-x2.9 seen), the run's when
         # it doubled with no load to blame, and otherwise the run waits off the CPU (at most a note).
-        if more and (grew >= 3 or (grew >= 2 and not load)) and not (load and grew < 10 and self._queued()):
+        if more and (grew >= 3 or (grew >= 2 and not load)) and not (load and self._queued() and (grew < 10 or self._spread())):
             return self.finding(step=onset, evidence=evidence, fix=look,
                                 summary=f"{summary}; data wait is {share:.0%} of it; {cpu_words}")
         slow = (f"{summary}, but {cpu_words} (x{grew:.1f} against x{now / base:.1f} for the wall time): the extra "
@@ -243,6 +246,17 @@ class ThroughputDrop(Rule):
         work of the run's; the thread then spends more of the extra time queued than running."""
         cpu, wait = self._clock("cpu_s"), self._clock("run_wait_s")
         return cpu is not None and wait is not None and wait[1] - wait[0] > cpu[1] - cpu[0] > 0
+
+    def _spread(self) -> bool:
+        """The extra CPU time a step is spread over the process's threads rather than the training thread's own:
+        torch's threads spinning at their barriers on oversubscribed cores add to each thread alike (the
+        training thread's share of the extra was 49-52% with two threads on a loaded 2-core machine), where work the
+        run added on its training thread (a decode fallen back to the main process) is nearly all that thread's."""
+        thread, proc = self._clock("cpu_s"), self._clock("proc_cpu_s")
+        if thread is None or proc is None:
+            return False
+        extra = proc[1] - proc[0]
+        return extra > 0 and thread[1] - thread[0] <= 0.7 * extra
 
     def _machine_load(self, extra_s: float) -> str:
         """What shows other processes held the CPUs during the slow steps (empty when nothing does)."""
