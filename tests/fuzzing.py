@@ -891,11 +891,77 @@ def gen_jsonlines(rng: random.Random, folder: Path) -> list[str]:
     return ["diagnose", str(rng.choice([path, path.parent]))] + (["--json"] if rng.random() < 0.3 else [])
 
 
+_SCHEDULER_ENDS = ["slurmstepd: error: *** JOB 4242 ON node7 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***",
+                   "slurmstepd: error: Detected 1 oom_kill event in StepId=4242.0. Some of the step tasks have been "
+                   "OOM Killed.", "TERM_RUNLIMIT: job killed after reaching LSF run time limit.",
+                   "Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\nRuntimeError: boom",
+                   "Killed", ""]
+
+
+def _one_run(rng: random.Random, run: Path) -> None:
+    """One run's folder as one of the writers leaves it: a YOLO folder (results.csv / results.txt, or only its
+    args.yaml / opt.yaml), TensorBoard event files, a LeRobot console; the scheduler's files beside it now
+    and then; every file damaged now and then."""
+    run.mkdir(parents=True, exist_ok=True)
+    kind = rng.choice(["ultralytics", "yolov5", "yolov7", "tensorboard", "lerobot"])
+    epochs = rng.choice([3, 300, 0, -1])
+    files: dict[str, bytes] = {}
+    if kind in ("ultralytics", "yolov5", "yolov7"):
+        plan = "args.yaml" if kind == "ultralytics" else "opt.yaml"
+        files[plan] = f"epochs: {_number(rng) if rng.random() < 0.2 else epochs}\npatience: 100\n".encode()
+        if rng.random() < 0.7 and kind == "yolov7":
+            rows = [f"{e}/{epochs - 1}  6.1G  0.05  0.02  0.01  0.08  12  640  0.5  0.4  {_cell(rng, 0.3)}  0.2  "
+                    f"0.04  0.01  0.005" for e in range(rng.randint(0, 40))]
+            files["results.txt"] = "\n".join(rows).encode()
+        elif rng.random() < 0.7:
+            head = "epoch,train/box_loss,train/cls_loss,metrics/mAP50(B),val/box_loss,lr/pg0"
+            rows = [head] + [f"{e},{_cell(rng, 0.1)},{_cell(rng, 0.05)},{_cell(rng, 0.3)},0.08,0.001"
+                             for e in range(rng.randint(0, 40))]
+            files["results.csv"] = "\n".join(rows).encode()
+        if rng.random() < 0.3:
+            (run / "weights").mkdir(exist_ok=True)
+            if rng.random() < 0.5:
+                (run / "weights" / "last.pt").write_bytes(_garbage(rng).encode("utf-8", "surrogatepass"))
+    elif kind == "tensorboard":
+        for i in range(rng.randint(1, 3)):
+            files[f"events.out.tfevents.{1000 + i}.host.{i}"] = _tb_template()
+    else:
+        lines = [f"INFO 2026-01-01 00:00:00 ts/train.py:200 step:{k}K smpl:{32 * k}K ep:{k} epch:0.{k} "
+                 f"loss:{_cell(rng, 0.5)} grdn:1.2 lr:1.0e-04 updt_s:0.1 data_s:0.0" for k in range(rng.randint(0, 30))]
+        files["train.log"] = _encode("\n".join(lines), rng) if rng.random() < 0.3 else "\n".join(lines).encode()
+    if rng.random() < 0.4:
+        files[f"slurm-{rng.randint(1, 10**6)}.out"] = ("step 1 loss 2.0\n" + rng.choice(_SCHEDULER_ENDS)).encode()
+        if rng.random() < 0.5:
+            files[f"slurm-{rng.randint(1, 10**6)}.err"] = rng.choice(_SCHEDULER_ENDS).encode()
+    for name, data in files.items():
+        (run / name).write_bytes(_mutate(data, rng) if rng.random() < 0.4 else data)
+
+
+def gen_run_folders(rng: random.Random, folder: Path) -> list[str]:
+    """A parent folder of several runs (`runs/exp`, `exp2`, `lightning_logs/version_N`-like), or one run, as
+    the writers leave them; a link now and then that points out of the folder (never followed) or at a FIFO."""
+    top = folder / "runs"
+    names = rng.sample(["exp", "exp2", "train", "train2", "version_0", "version_1", "detect/train"], rng.randint(1, 4))
+    for name in names:
+        _one_run(rng, top / name)
+    if rng.random() < 0.1:
+        outside = folder / "outside"
+        outside.mkdir()
+        (outside / "results.csv").write_text("epoch,train/box_loss\n0,1.0\n")
+        (top / "linked").symlink_to(outside)
+        (top / names[0] / "slurm-9.out").unlink(missing_ok=True)
+        (top / names[0] / "slurm-9.out").symlink_to(outside / "results.csv")
+    if rng.random() < 0.05:
+        os.mkfifo(top / names[-1] / "slurm-77.err")
+    target = rng.choice([top, top / names[0], folder])
+    return ["diagnose", str(target)] + (["--json"] if rng.random() < 0.3 else [])
+
+
 TARGETS: dict[str, Callable[[random.Random, Path], list[str]]] = {
     "textlog": gen_textlog, "csv": gen_csv, "jsonl": gen_jsonl, "trainer_state": gen_trainer_state,
     "tensorboard": gen_tensorboard, "run_folder": gen_run_folder, "check": gen_check, "special": gen_special,
     "run_store": gen_run_store, "cache": gen_cache, "textlog_family": gen_textlog_family, "table": gen_table,
-    "plan_config": gen_plan_config, "jsonlines": gen_jsonlines,
+    "plan_config": gen_plan_config, "jsonlines": gen_jsonlines, "run_folders": gen_run_folders,
 }
 
 

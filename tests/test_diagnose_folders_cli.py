@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -33,6 +34,24 @@ def test_a_folder_of_runs_prints_a_section_per_run_worst_first(tmp_path: Path) -
     # one run of them, alone: as before
     alone = run_trainguard("diagnose", str(tmp_path / "runs" / "exp1"), "--json")
     assert alone.returncode == 0 and json.loads(alone.stdout)["format"] == "tensorboard event files"
+
+
+def test_a_folder_holding_one_run_reads_that_run_and_never_a_linked_one(tmp_path: Path) -> None:
+    # `runs/detect/` after the first training: one run below it; a link planted beside it (to a run elsewhere)
+    # is not followed, nor a scheduler file that links out of the run folder
+    ultralytics_run(tmp_path / "runs" / "detect" / "train", 20, 20)
+    elsewhere = ultralytics_run(tmp_path / "elsewhere", 20, 5)
+    (tmp_path / "elsewhere" / "slurm-1.out").write_text(
+        "slurmstepd: error: *** JOB 1 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***\n")
+    (tmp_path / "runs" / "detect" / "linked").symlink_to(elsewhere)
+    (tmp_path / "runs" / "detect" / "train" / "slurm-2.out").symlink_to(tmp_path / "elsewhere" / "slurm-1.out")
+    doc = json.loads(run_trainguard("diagnose", str(tmp_path / "runs" / "detect"), "--json").stdout)
+    assert doc["format"] == "ultralytics results.csv" and doc["state"] == "completed", doc
+    assert Path(doc["path"]).parent.name == "train" and not doc["findings"]
+    # with the one run gone, the folder holds nothing it reads: refused in one line, the link not followed
+    shutil.rmtree(tmp_path / "runs" / "detect" / "train")
+    refused = run_trainguard("diagnose", str(tmp_path / "runs" / "detect"))
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
 
 
 def test_a_yolo_folder_whose_table_is_gone_is_refused_in_one_line(tmp_path: Path) -> None:

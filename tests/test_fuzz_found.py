@@ -73,3 +73,15 @@ def test_a_short_step_key_whose_value_is_no_position_is_no_step(tmp_path: Path, 
     src = read_text_log(log)
     steps = [e["step"] for e in src.events if e["kind"] == "step"]
     assert steps == sorted(steps) and len(steps) >= 8
+
+
+def test_a_big_number_step_of_hundreds_of_digits_is_left_as_printed(tmp_path: Path) -> None:
+    # LeRobot's `step:1K` is written out from the cadence; a print past any float made int(inf) raise
+    # (OverflowError): `diagnose` exited 70
+    lines = [f"INFO ts/train.py:200 step:{k}K smpl:{32 * k}K ep:1 epch:0.1 loss:{1 / k:.3f} grdn:1.2 lr:1.0e-04"
+             for k in range(1, 12)]
+    lines.insert(5, f"INFO ts/train.py:200 step:{'9' * 400}K smpl:1K ep:1 epch:0.1 loss:0.2 grdn:1.2 lr:1.0e-04")
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n")
+    steps = [e["step"] for e in read_text_log(log).events if e["kind"] == "step"]
+    assert steps[:5] == [1000, 2000, 3000, 4000, 5000]  # read on, the cadence from the exact prints kept

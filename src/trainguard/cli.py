@@ -329,13 +329,20 @@ def diagnose(path: str, as_json: bool, alive: bool) -> None:
     target = Path(path) if Path(path).exists() else resolve_run(path)
     if target.is_dir() and is_run_dir(target):
         _diagnose_run_folder(target, as_json, alive)
-    if target.is_dir():  # a folder of several runs (runs/exp1, runs/exp2; version_0..N): each on its own
-        from trainguard.ingest import runs
+    from trainguard.ingest import runs
 
+    if target.is_dir():  # a folder of several runs (runs/exp1, runs/exp2; version_0..N): each on its own
         several = runs.run_folders(target)
         if several:
             sys.exit(runs.report(target, several, as_json, alive, echo))
-    d = diagnose_path(target, alive=alive)
+    try:
+        d = diagnose_path(target, alive=alive)
+    except UserError:
+        # `runs/` holding one run (`runs/exp/`): that run, as if it had been named
+        one = runs.single_run(target) if target.is_dir() else None
+        if one is None:
+            raise
+        d = diagnose_path(one, alive=alive)
     if as_json:
         echo(json.dumps(d.to_dict(), default=str))
     else:

@@ -62,6 +62,18 @@ def _own_files(folder: Path) -> bool:
 def run_folders(folder: Path) -> list[Path]:
     """The runs a folder holds when it holds several (each a folder, in name order); [] when it is one run
     (or none: then the single-run readers say what they found)."""
+    found = _runs_below(folder)
+    return found if len(found) >= 2 else []
+
+
+def single_run(folder: Path) -> Path | None:
+    """The one run below a folder that is not a run itself (`runs/` holding only `exp/`), for when the
+    single-run readers find nothing in the folder itself; None when there is not exactly one."""
+    found = _runs_below(folder)
+    return found[0] if len(found) == 1 else None
+
+
+def _runs_below(folder: Path) -> list[Path]:
     if _VERSION.match(folder.name) or own_run(folder):
         return []
     try:
@@ -75,7 +87,7 @@ def run_folders(folder: Path) -> list[Path]:
                 found.append(root)
     except OSError:
         return []
-    return sorted(found) if len(found) >= 2 else []
+    return sorted(found)
 
 
 def _event_roots(folder: Path) -> list[Path]:

@@ -173,14 +173,18 @@ class _Contracts:
                                r"(?:\.0+)?(?![\w./]|,\d)", re.IGNORECASE)
 
 
+MAX_COUNT = 1e18  # steps or samples no run reaches; a longer print is damage
 _SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12, "Q": 10**15}
 
 
-def exact_count(printed: str, last: int | None, every: int | None) -> int:
+def exact_count(printed: str, last: int | None, every: int | None) -> int | None:
     """The count a big-number print stands for (`1K`: 500 <= n < 1500 as rounded to 0 decimals): the last
-    count plus the cadence when the print allows it, else the print's nominal value."""
+    count plus the cadence when the print allows it, else the print's nominal value; None for a print no
+    count could be (hundreds of digits: past any float)."""
     unit = _SUFFIX[printed[-1]] if printed[-1] in _SUFFIX else 1
     nominal = float(printed[:-1] if unit > 1 else printed) * unit
+    if not nominal < MAX_COUNT:
+        return None
     if last is not None and every and unit > 1 and abs(last + every - nominal) <= unit / 2:
         return last + every
     return int(nominal)

@@ -532,6 +532,8 @@ class _LineParser(_ParserState):
         the exact prints showed (`step:200`, `step:400`), as far as the rounding agrees."""
         printed = ab.group("count")
         n = exact_count(printed, self.abbr_last, self.abbr_every)
+        if n is None:
+            return line
         if self.abbr_last is not None and n <= self.abbr_last:
             self.abbr_every = None  # a count that went back: another launch, its cadence to learn again
         elif self.abbr_last is not None and printed[-1].isdigit():
