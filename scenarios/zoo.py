@@ -437,7 +437,7 @@ def judge(name: str, exp: dict[str, Any], rc: int | None, status: dict[str, Any]
 # at the third identical evaluation (its scenarios check the step); every other rule within 5% of the
 # planned run or 200 steps, whichever is smaller.
 FAST_RULES = {"lr-reaches-zero", "nonfinite-loss", "nonfinite-grad", "weights-not-updating"}
-UNBUDGETED = {"eval-metrics-frozen"}
+UNBUDGETED = {"eval-metrics-frozen", "eval-loss-rising"}  # judged at evaluations (their scenarios check the step)
 # Issue 20's contracts are checked where the code runs: within the sampling gap (stats_every, 10 steps).
 CONTRACT_RULES = {"step-updates-nothing", "frozen-params-updated", "grads-never-reset", "eval-in-train-mode",
                   "eval-before-train-init", "autocast-runs-fp32", "loss-broadcasts-batch", "replicas-diverged",

@@ -84,3 +84,18 @@ def test_a_run_folders_escalated_finding_is_one_in_its_json(tmp_path: Path) -> N
     found = json.loads(run_trainguard("diagnose", "--json", str(run_dir)).stdout)
     tg301 = [f for f in found if f["code"] == "TG301"]
     assert len(tg301) == 1 and tg301[0]["severity"] == "error", tg301
+
+
+def test_a_folder_none_of_whose_runs_can_be_read_is_refused_and_the_rules_not_run_are_one_line(tmp_path: Path) -> None:
+    # two Lightning versions whose event files hold no scalar a reader knows: refused as one such run is
+    for v in (0, 1):
+        tb_run(tmp_path / "lightning_logs" / f"version_{v}", [0.5], tag="hp_metric")
+    refused = run_trainguard("diagnose", str(tmp_path))
+    assert refused.returncode == 2 and "none of its 2 runs could be read" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    # one readable run: the rules that had no data are counted in one line, listed with --verbose
+    tb_run(tmp_path / "ok", falling(120))
+    short = run_trainguard("diagnose", str(tmp_path / "ok"))
+    assert "rules need data this source does not hold: --verbose lists them" in short.stdout
+    assert "no update_ratio" not in short.stdout
+    assert "no update_ratio" in run_trainguard("diagnose", "--verbose", str(tmp_path / "ok")).stdout

@@ -272,7 +272,9 @@ def test_wandb_run_folder_console_crash_and_summary_plan(tmp_path: Path) -> None
                           config={"epochs": 30}, output="epoch 1 loss=2.3\nTraceback (most recent call last):\n"
                           '  File "train.py", line 9, in <module>\n    step()\nKeyboardInterrupt\n')
     d = diagnose_path(tmp_path)  # the project folder: wandb/ then its newest run
-    assert d.format == "wandb run folder" and d.state == "crashed" and "run-crashed" in severe(d)
+    # Ctrl-C's KeyboardInterrupt: someone stopped it (killed by SIGINT, as the watchdog says), not a crash
+    assert d.format == "wandb run folder" and d.state == "killed" and "run-killed" in severe(d)
+    assert next(f for f in d.findings if f.name == "run-killed").cause == "interrupted"
     done = write_wandb(tmp_path / "done", summary={"_step": 99, "epoch": 10, "val_loss": 0.5, "lr": 1e-4},
                        config={"epochs": 10})
     d = diagnose_path(done)
@@ -284,6 +286,23 @@ def test_wandb_run_folder_console_crash_and_summary_plan(tmp_path: Path) -> None
     assert severe(diagnose_path(quiet)) == []  # a console with no metrics and no plan: nothing to say
     with pytest.raises(UserError, match="never logged"):
         diagnose_path(write_wandb(tmp_path / "empty", summary={"_step": 0, "_runtime": 0.9, "parameter_count": 5}))
+
+
+def _nanogpt_console(last: int) -> str:
+    return "".join(f"step {i}: train loss {2 - i / 5000:.4f}, val loss {2.1 - i / 6000:.4f}\n" if i % 250 == 0 else
+                   f"iter {i}: loss {2 - i / 5000:.4f}, time 57.71ms, mfu 6.24%\n" for i in range(0, last + 1, 10))
+
+
+def test_wandb_run_folder_step_plan_from_config(tmp_path: Path) -> None:
+    # nanoGPT under wandb: max_iters only in config.yaml, `iter` in the summary, the console's iter lines
+    done = write_wandb(tmp_path / "done", summary={"iter": 5000, "train/loss": 1.0, "_step": 20},
+                       config={"max_iters": 5000, "eval_interval": 250}, output=_nanogpt_console(5000))
+    d = diagnose_path(done)
+    assert d.state == "completed" and severe(d) == []
+    cut = write_wandb(tmp_path / "cut", summary={"iter": 3000, "train/loss": 1.4, "_step": 12},
+                      config={"max_iters": 5000}, output=_nanogpt_console(3000))
+    f = tg531(diagnose_path(cut))
+    assert f is not None and "3000" in f.summary and "max_iters 5000" in f.summary, f.summary
 
 
 # -- ms-swift / Keras / Hugging Face ---------------------------------------------------------------------

@@ -272,3 +272,21 @@ def test_torchrun_summary_without_the_rank_traceback_says_how_the_rank_died(tmp_
     killed = d.findings[0]
     assert d.state == "killed" and killed.code == "TG503" and killed.evidence["line"] == 3
     assert any("torchrun's summary" in c for c in killed.evidence["consequences"])
+
+
+def test_a_traceback_ending_in_keyboardinterrupt_is_a_run_someone_stopped(tmp_path: Path) -> None:
+    # Ctrl-C in a nanoGPT loop: Python's traceback ends `KeyboardInterrupt`; nothing in the code failed
+    steps = "".join(f"iter {i}: loss {2.5 - i / 1000:.4f}, time 57.71ms, mfu 6.24%\n" for i in range(0, 1340, 10))
+    stopped = steps + ('Traceback (most recent call last):\n  File "train.py", line 320, in <module>\n'
+                       "    lossf = loss.item() * gradient_accumulation_steps\nKeyboardInterrupt\n")
+    log = tmp_path / "train.log"
+    log.write_text(stopped)
+    d = diagnose_path(log)
+    assert d.state == "killed" and [f.code for f in d.findings if f.severity == "error"] == ["TG503"]
+    f = next(f for f in d.findings if f.code == "TG503")
+    assert f.cause == "interrupted" and "Ctrl-C" in f.summary and f.where == "train.py:320 (<module>)"
+    # its twin: a real exception in the same place is the code's crash; a handler's line that names the
+    # interrupt is no failure of its own
+    log.write_text(stopped.replace("KeyboardInterrupt\n", "RuntimeError: CUDA error: an illegal memory access\n"))
+    assert diagnose_path(log).state == "crashed"
+    assert match_line("KeyboardInterrupt received: saving a checkpoint before exiting") is None

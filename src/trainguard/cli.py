@@ -310,7 +310,8 @@ def check(config: str, dataset_size: int | None, do_fix: bool, output: str | Non
 @click.option("--alive", is_flag=True,
               help="Also ask whether the run may still be going, from when the log was last written (without it, "
                    "no verdict depends on the file's modification time).")
-def diagnose(path: str, as_json: bool, alive: bool) -> None:
+@click.option("--verbose", "-v", is_flag=True, help="List each rule that could not run and the data it lacked.")
+def diagnose(path: str, as_json: bool, alive: bool, verbose: bool) -> None:
     """Diagnose a run: a trainguard run folder (the health rules over its store, by path or name), or a
     run nobody watched: a log, an output folder (Hugging Face, Lightning, Ultralytics), a metrics file
     (CSV, JSON Lines, trainer_state.json) or TensorBoard event files. A folder of several runs (runs/exp1,
@@ -328,7 +329,7 @@ def diagnose(path: str, as_json: bool, alive: bool) -> None:
 
     target = Path(path) if Path(path).exists() else resolve_run(path)
     if target.is_dir() and is_run_dir(target):
-        _diagnose_run_folder(target, as_json, alive)
+        _diagnose_run_folder(target, as_json, alive, verbose)
     from trainguard.ingest import runs
 
     if target.is_dir():  # a folder of several runs (runs/exp1, runs/exp2; version_0..N): each on its own
@@ -346,7 +347,7 @@ def diagnose(path: str, as_json: bool, alive: bool) -> None:
     if as_json:
         echo(json.dumps(d.to_dict(), default=str))
     else:
-        for line in render(d):
+        for line in render(d, verbose):
             echo(line)
     sys.exit(1 if any(f.severity == "error" for f in d.findings) else 0)
 
@@ -358,7 +359,7 @@ def _probe_recorded(run_dir: Any) -> bool:
         return reader.step_count() > 0
 
 
-def _diagnose_run_folder(run_dir: Any, as_json: bool, alive: bool) -> None:
+def _diagnose_run_folder(run_dir: Any, as_json: bool, alive: bool, verbose: bool = False) -> None:
     """A run folder: how it ended and what it recorded while it ran (a crash with its root cause, a hang),
     with what the health rules find over its store now (or, for a run without the probe, what the log readers
     find in its output.log); a finding both give is shown once, as recorded."""
@@ -380,7 +381,7 @@ def _diagnose_run_folder(run_dir: Any, as_json: bool, alive: bool) -> None:
         found = diagnose_run(run_dir)
     else:  # a run without the probe: its captured output is all there is to re-read
         d = diagnose_path(run_dir / "output.log", ended=f"status.json: {st['state']}" if ended else None, alive=alive)
-        found, extra = d.findings, limits(d)
+        found, extra = d.findings, limits(d, verbose)
     if ended:
         # the watchdog saw the ending: its word on it stands (a log's last traceback may be only the
         # consequence of a stop, or of another rank's failure)

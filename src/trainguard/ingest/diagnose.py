@@ -19,8 +19,9 @@ from typing import Any
 from trainguard.findings import CHECKPOINTS, Finding, most_severe_first
 from trainguard.ingest.encoding import unit, wide_encoding
 from trainguard.ingest.events import EVENT_LAUNCH, Source
+from trainguard.rules.ending import RUN_KILLED
 from trainguard.rules.sightings import launcher_only, sighting_finding, state_of
-from trainguard.rules.signatures import LAUNCH_FAILED, Sighting, signature_of
+from trainguard.rules.signatures import KILLED, LAUNCH_FAILED, Sighting, signature_of
 
 # "done", "Done.", "all done!", "finished": printed alone as a script's last line, its end (anywhere else, a
 # "done" line may close a data-preparation step long before the run ended)
@@ -126,7 +127,8 @@ def diagnose_source(source: Source, now: float | None = None, rules: bool = True
                                                snapshot=facts.snapshot, mtime=facts.mtime, now=now, alive=alive,
                                                cut_off=facts.cut_off))
     if not (facts.steps or facts.evals or crashed or facts.warnings or facts.completed):
-        raise UserError(f"{source.path}: read {facts.lines} lines as {source.format} but found no training "
+        unit = "lines" if source.log_like or source.format.startswith("text") else "records"
+        raise UserError(f"{source.path}: read {facts.lines} {unit} as {source.format} but found no training "
                         "metrics, progress or traceback in them")
     state = ending or ("completed" if facts.completed else "unfinished" if log_like else "unknown")
     # what the source carried, in the names of the rules' needs: the step fields it filled, its events
@@ -309,6 +311,13 @@ def _traceback_ending(name: str, crash: Finding, printed: list[Sighting], first_
     sig = signature_of(crash.cause)
     if sig is not None and sig.state == LAUNCH_FAILED and not progress:
         return crash, LAUNCH_FAILED  # (a module missing at import: the script never started training)
+    if sig is not None and sig.state == KILLED:
+        # KeyboardInterrupt's traceback: someone stopped the run (Ctrl-C), the code did not fail; as the live
+        # watchdog says of the same end (killed by SIGINT)
+        at = f" at {crash.where}" if crash.where else ""
+        return Finding.of(RUN_KILLED, step=crash.step, cause=sig.cause, fix=sig.fix, source="diagnose",
+                          where=crash.where, evidence=crash.evidence,
+                          summary=f"the run was stopped: {sig.meaning} ({crash.exception}{at})"), KILLED
     return crash, "crashed"
 
 
@@ -331,8 +340,9 @@ def _first_of_each(warnings: list[tuple[int, str]]) -> list[tuple[tuple[int, str
     return [((first, name), count) for name, (first, count) in seen.items()]
 
 
-def render(d: Diagnosis) -> list[str]:
-    """The report as lines of text: what was read, the findings with their fixes, the rules not run."""
+def render(d: Diagnosis, verbose: bool = False) -> list[str]:
+    """The report as lines of text: what was read, the findings with their fixes, the rules not run (one
+    line; `verbose`: each, with the data it lacked)."""
     head = f"{d.path}: {d.format}, {d.steps} steps, {d.evals} evaluations"
     if d.lines:
         head += f", {d.lines} lines/records"
@@ -347,17 +357,20 @@ def render(d: Diagnosis) -> list[str]:
             out.append(f"    where: {f.where}")
         if f.fix:
             out.append(f"    fix: {f.fix}")
-    return out + limits(d)
+    return out + limits(d, verbose)
 
 
-def limits(d: Diagnosis) -> list[str]:
-    """The rules that could not run for lack of data in the source, and the reader's notes, as lines."""
+def limits(d: Diagnosis, verbose: bool = False) -> list[str]:
+    """The rules that could not run for lack of data in the source (a count; `verbose`: each, by the data it
+    lacked), and the reader's notes, as lines."""
     out = []
-    if d.not_run:
+    if d.not_run and verbose:
         by_need: dict[str, list[str]] = {}
         for rule, need in d.not_run:
             by_need.setdefault(need, []).append(rule)
         out.append("  rules that could not run, for lack of data in this source:")
         out.extend(f"    no {need}: {', '.join(rules)}" for need, rules in by_need.items())
+    elif d.not_run:
+        out.append(f"  ({len(d.not_run)} rules need data this source does not hold: --verbose lists them)")
     out.extend(f"  note: {n}" for n in d.notes)
     return out

@@ -138,10 +138,17 @@ def to_dict(folder: Path, results: list[Diagnosis | tuple[Path, str]]) -> dict[s
 
 
 def report(folder: Path, runs: list[Path], as_json: bool, alive: bool, echo: Callable[[str], Any]) -> int:
-    """Prints each run's diagnosis, the worst first; the exit code: 1 when any run has an error finding."""
+    """Prints each run's diagnosis, the worst first; the exit code: 1 when any run has an error finding (a
+    folder none of whose runs can be read is refused, exit 2, as one such run is)."""
+    from trainguard.errors import UserError
     from trainguard.ingest.diagnose import limits, render
 
     results = diagnose_runs(folder, runs, alive=alive)
+    if not any(isinstance(d, Diagnosis) for d in results):  # nothing read: bad input, as one run's refusal is
+        first = results[0]
+        assert not isinstance(first, Diagnosis)
+        raise UserError(f"{folder}: none of its {len(results)} runs could be read (the first, {first[0].name}: "
+                        f"{first[1]})")
     if as_json:
         echo(json.dumps(to_dict(folder, results), default=str))
     else:
@@ -149,8 +156,8 @@ def report(folder: Path, runs: list[Path], as_json: bool, alive: bool, echo: Cal
         for d in results:
             echo("")
             if isinstance(d, Diagnosis):  # the rules that could not run: once, by `diagnose` on one run
-                lines = render(d)
-                for line in lines[:len(lines) - len(limits(d))] + [f"  note: {n}" for n in d.notes]:
+                lines = render(d, verbose=True)
+                for line in lines[:len(lines) - len(limits(d, verbose=True))] + [f"  note: {n}" for n in d.notes]:
                     echo(line)
             else:
                 echo(f"{d[0]}: not read: {d[1]}")

@@ -66,9 +66,13 @@ def read_run(folder: Path) -> Source:
 
 def _after_console(events: Iterator[dict[str, Any]], facts: Facts, summary: dict[str, Any], planned: int | None,
                    key: str | None) -> Iterator[dict[str, Any]]:
-    yield from events
+    last: int | None = None
+    for event in events:
+        if event.get("kind") == "step" and isinstance(event.get("step"), int):
+            last = event["step"]
+        yield event
     if facts.traceback is not None or facts.steps or facts.evals:
-        _judge(summary, facts, planned, key, console=True)
+        _judge(summary, facts, planned, key, console=True, last_step=last)
         return
     # the console shows no metric the text reader knows: the summary's last values stand for the run
     metrics = _metrics(summary)
@@ -86,8 +90,24 @@ def _summary_events(summary: dict[str, Any], metrics: dict[str, float], facts: F
     _judge(summary, facts, planned, key, console=False)
 
 
-def _judge(summary: dict[str, Any], facts: Facts, planned: int | None, key: str | None, *, console: bool) -> None:
-    """The summary's `epoch` against the config's planned epochs; silent when either is missing."""
+# the summary's keys that hold the step a loop reached (nanoGPT logs `iter`; the HF integration `train/global_step`)
+SUMMARY_STEPS = ("iter", "step", "global_step", "train/global_step", "iteration")
+
+
+def _judge(summary: dict[str, Any], facts: Facts, planned: int | None, key: str | None, *, console: bool,
+           last_step: int | None = None) -> None:
+    """The summary's `epoch` against the config's planned epochs, or the last step against its planned steps;
+    silent when either is missing."""
+    if planned and key and "epoch" not in key and facts.traceback is None:
+        reached = last_step if last_step is not None else next(
+            (int(v) for k in SUMMARY_STEPS if (v := to_number(summary.get(k))) is not None and 0 <= v < 1e15), None)
+        if reached is not None:
+            if reached + 1 >= planned:  # a loop over range(N) logs N - 1 last; nanoGPT's `iter_num > max_iters` N
+                facts.completed = facts.completed or f"step {reached} reaches the {key} {planned} of config.yaml"
+            elif not console or facts.completed is None:
+                facts.ends_with = "step"
+                facts.last_line = f"the run stops at step {reached} of the {key} {planned} config.yaml plans"
+            return
     epoch = to_number(summary.get("epoch"))
     if planned and key and "epoch" in key and epoch is not None and epoch == epoch:
         if epoch >= planned or (epoch + 1 >= planned and _counts_from_zero(summary)):

@@ -37,6 +37,7 @@ from trainguard.rules.lossscale import InitialLossOff
 from trainguard.rules.memory import DeviceMemoryNearFull, MemoryCreep
 from trainguard.rules.model import ExpertCollapse, PerplexityImplausible
 from trainguard.rules.numerics import ClipBeforeUnscale, GradScalerCollapse, NonfiniteGrad, NonfiniteLoss
+from trainguard.rules.overfit import EvalLossRising
 from trainguard.rules.process import CheckpointStale, DataWaitDominant, LogFlood, ThroughputDrop
 from trainguard.rules.progress import ParamsWithoutGrad, WeightsNotUpdating
 from trainguard.rules.ranks import GradNormsDiffer, NonfiniteOnOneRank, RankStopped, StragglerRank
@@ -52,7 +53,7 @@ HEALTH_RULES: list[type[Rule]] = [
     # TG1xx schedule and LR, TG2xx learning progress, TG3xx numerics, TG4xx loss composition
     LrReachesZero, ScheduleHorizonMismatch, LrCyclesToZero, LrRestartsAtResume,
     WeightsNotUpdating, ParamsWithoutGrad, EvalMetricsFrozen, LossNotDecreasing, InitialLossOff, LossDiverging,
-    LossSpike, LossDiverged,
+    LossSpike, LossDiverged, EvalLossRising,
     NonfiniteLoss, NonfiniteGrad, GradScalerCollapse, ClipBeforeUnscale,
     LossPartsImbalanced, LossPartVanished, LossPartsDontSum, LossWeightStalled,
     # TG52x process (TG501-509, crashes, hangs and artifacts, are the watchdog's)

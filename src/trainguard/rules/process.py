@@ -364,11 +364,15 @@ class CheckpointStale(Rule):
     a bare `except`.
 
     ## Example
-    `TG526 checkpoint-stale [warning] at step 120: no checkpoint since step 100 (50 steps ago); the run
-    saved every 20 steps until then`
+    `TG526 checkpoint-stale [warning] at step 120: no checkpoint from step 100 to step 150 (50 steps); the
+    run saved every 20 steps until then`
 
     ## What to change
     Check the save condition and its `try`; save on a step count (`guard.due("save", every=N)`).
+
+    A run that saves only on a new best evaluation (nanoGPT's `always_save_checkpoint=False`, a
+    best-model callback) is not judged on its saves once they have all come with a new best: its saves
+    stop because the evaluation stopped improving, which its evaluation curve shows, not its saver.
 
     ## Known false positives
     A run that saves more often at the start by design.
@@ -390,14 +394,31 @@ class CheckpointStale(Rule):
         self.coarse = False  # past MAX_SIZES sizes, gaps are counted to 3 significant digits
         self.saves: collections.deque[int] = collections.deque(maxlen=10)  # the latest, for the evidence
         self.interval: float | None = None
+        self.best: float | None = None  # the lowest evaluation loss so far
+        self.best_at: int | None = None  # the step of the evaluation that set it
+        self.on_best = 0  # saves made at the step of a new best evaluation
+        self.other = 0  # saves made anywhere else, and new bests that went unsaved
+        self.unsaved_best: int | None = None  # the step of the latest new best, until a save comes with it
 
     def on_event(self, event: dict[str, Any]) -> None:
-        if event.get("kind") == "checkpoint" and event.get("step") is not None:
-            if not self.saves or event["step"] > self.saves[-1]:
-                step = int(event["step"])
+        kind, at = event.get("kind"), event.get("step")
+        if kind == "eval" and isinstance(at, int):
+            loss = (event.get("data") or {}).get("loss")
+            if finite(loss) and (self.best is None or loss < self.best):
+                if self.unsaved_best is not None and self.saves:
+                    self.other += 1  # a new best came and went without a save: not a save-on-best policy
+                self.best, self.best_at, self.unsaved_best = loss, at, at
+        if kind == "checkpoint" and at is not None:
+            if not self.saves or at > self.saves[-1]:
+                step = int(at)
                 if self.saves:
                     self._count_gap(step - self.saves[-1])
                 self.saves.append(step)
+                if step == self.best_at:
+                    self.on_best += 1
+                    self.unsaved_best = None
+                else:
+                    self.other += 1
 
     def _count_gap(self, gap: int) -> None:
         if not self.coarse and len(self.gaps) >= self.MAX_SIZES:
@@ -418,10 +439,12 @@ class CheckpointStale(Rule):
         since = row["step"] - self.saves[-1]
         if since < 2.5 * interval or since < interval + 10:
             return None
+        if self.on_best >= 2 and not self.other:
+            return None  # it saves on a new best evaluation only: no new best since, so no save
         return self.finding(
             step=int(self.saves[-1] + interval),
-            summary=f"no checkpoint since step {self.saves[-1]} ({since} steps ago); the run saved every "
-                    f"{fmt(interval)} steps until then",
+            summary=f"no checkpoint from step {self.saves[-1]} to step {row['step']} ({since} steps); the run saved "
+                    f"every {fmt(interval)} steps until then",
             fix="check the save condition and its try/except; save on a step count (guard.due('save', every=N))",
             evidence={"last_checkpoint_step": self.saves[-1], "interval": interval, "steps_since": since,
                       "checkpoints": list(self.saves), "detected_step": row["step"]},

@@ -241,6 +241,11 @@ SIGNATURES: tuple[Signature, ...] = (
               KILLED, "it was terminated (SIGTERM): a job scheduler's preemption or time limit, or a person",
               "Find who sent it (the scheduler's record of the job); make the script save a checkpoint on SIGTERM "
               "and resume from it.", weak=True),
+    Signature("interrupted", _re(r"^(?:[\w.]+\.)?KeyboardInterrupt\b"),
+              KILLED, "it was interrupted (Ctrl-C, SIGINT): a person, a notebook's stop button or a launcher stopped it",
+              "Nothing in the code to fix: it was stopped on purpose; resume from its last checkpoint if it should go "
+              "on. If nobody stopped it, find who sent SIGINT (a launcher tearing the job down).", weak=True,
+              lines=False),  # a traceback's exception only: a line that merely names it is often a handler's
     # -- failed launches -------------------------------------------------------------------------------
     Signature("script-not-found", _re(r"can't open file .*\[Errno 2\] No such file or directory"
                                       r"|^(?:/bin/)?(?:ba|z|)sh: (?:line \d+: )?\S+: No such file or directory$"

@@ -16,12 +16,15 @@ declare(
         files=("files/output.log", "files/wandb-summary.json", "files/config.yaml", "files/wandb-metadata.json"),
         metrics="output.log read as a text log; wandb-summary.json's last values when the console holds none",
         step_axis="output.log: the text log's steps; the summary: `_step`, the count of wandb.log calls",
-        plan="config.yaml: epochs / num_epochs / max_epochs / max_steps (each under `value:`)",
-        completion="the summary's `epoch` at the planned epochs; a traceback in output.log is a crash",
+        plan="config.yaml: epochs / num_epochs / max_epochs, or max_steps / max_iters (nanoGPT) / total_steps (each "
+             "under `value:`)",
+        completion="the summary's `epoch` at the planned epochs, or the last step (the console's, else the summary's "
+                   "`iter` / `step` / `global_step`) at the planned steps; a traceback in output.log is a crash",
         parts="independent",
         notes=("the summary is rewritten during the run: it shows where the run was, not that it finished",
                "a run whose summary holds no metric never logged one"),
         plan_files=("files/config.yaml",),
-        plan_keys=("epochs", "num_epochs", "max_epochs", "n_epochs"),
+        plan_keys=("epochs", "num_epochs", "max_epochs", "n_epochs", "max_steps", "max_iters", "total_steps",
+                   "num_iterations", "train_steps"),
     ),
 )
