@@ -526,3 +526,32 @@ def test_llama_factory_closing_summary_record_one_short_of_total_steps(tmp_path:
     # an evaluation as the last record is no summary: the run stopped one step short of its plan
     p.write_text("\n".join(rows + [rec(200, eval_loss=0.5)]) + "\n")
     assert tg531(diagnose_path(p)) is not None
+
+
+def _lightning_csv(folder: Path, epochs: int, per_epoch: int = 100, test: bool = False, planned: int | None = None) -> Path:
+    """CSVLogger's file for `self.log("train_loss", on_epoch=True)` and `self.log("val_loss")`: an epoch's
+    validation row and its epoch-end row at the epoch's last step; trainer.test() adds a test_* row."""
+    folder.mkdir(parents=True)
+    rows = ["epoch,step,train_loss_epoch,val_loss,test_loss"]
+    for e in range(epochs):
+        step = (e + 1) * per_epoch - 1
+        rows += [f"{e},{step},,{1.0 / (e + 1):.4f},", f"{e},{step},{1.1 / (e + 1):.4f},,"]
+    if test:
+        rows.append(f"{epochs},{epochs * per_epoch},,,{1.0 / epochs:.4f}")
+    (folder / "metrics.csv").write_text("\n".join(rows) + "\n")
+    if planned is not None:
+        (folder / "hparams.yaml").write_text(f"max_epochs: {planned}\nlr: 0.001\n")
+    return folder
+
+
+def test_lightning_metrics_csv_ending_on_an_epoch_end_row_is_no_proof_of_an_end(tmp_path: Path) -> None:
+    # CSVLogger flushes every flush_logs_every_n_steps and at fit's end: a kill leaves an epoch-end row last too
+    d = diagnose_path(_lightning_csv(tmp_path / "v0", 8))
+    assert d.state == "unknown" and severe(d) == []
+    planned = diagnose_path(_lightning_csv(tmp_path / "v1", 8, planned=20))
+    f = tg531(planned)
+    assert f is not None and f.severity == "info" and "epoch 7 of the 20 hparams.yaml plans" in f.summary
+    assert "without a plan" not in f.summary
+    # fit() returned: trainer.test() wrote its row; or the last planned epoch closed
+    assert diagnose_path(_lightning_csv(tmp_path / "v2", 8, test=True)).state == "completed"
+    assert diagnose_path(_lightning_csv(tmp_path / "v3", 20, planned=20)).state == "completed"

@@ -71,8 +71,9 @@ def log_ends_unfinished(path: str, last_line: str | None, lines: int, last_step:
     elif ends_with in ("eval", "summary"):
         severity, cause = "info", "boundary"
         what = "an evaluation" if ends_with == "eval" else "an epoch's summary"
-        summary = (f"{path} ends{at} right after {what}, without a completion line and without a plan that "
-                   f"says how long the run was meant to be{quote}")
+        planless = "" if last_line and " plans " in last_line else (" and without a plan that says how long the run "
+                                                                   "was meant to be")
+        summary = f"{path} ends{at} right after {what}, without a completion line{planless}{quote}"
     else:
         cause = "among-steps"
         last = f' (its last line: "{last_line[:120]}")' if last_line else ""

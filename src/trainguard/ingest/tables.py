@@ -149,31 +149,46 @@ def _lightning_end(rows: Iterable[dict[str, Any]], epoch_col: str, step_col: str
                    planned: int | None) -> Iterator[dict[str, Any]]:
     """Passes the rows on, noting which epochs closed (an `*_epoch` or validation value in them).
 
-    The last epoch closed: the run ended at an epoch's end. It did not, but earlier ones did: a
-    `max_steps` limit or a kill, which the file cannot tell apart (info). No epoch ever closed although
-    `hparams.yaml` plans `planned` of them: the run stopped inside its first epoch (a warning).
+    CSVLogger flushes its rows every `flush_logs_every_n_steps` and at the end of `fit`, so a file that
+    ends on an epoch-end row says nothing of whether training was over: a killed run ends there as often.
+    What does say it: `trainer.test()` rows after the last epoch (`fit` returned), or the last epoch
+    `hparams.yaml` plans. Its last epoch closed short of the plan: EarlyStopping (it prints only to the
+    console) or a kill, which the file cannot tell apart (info); the last epoch did not close but
+    earlier ones did: a `max_steps` limit or a kill (info). No epoch ever closed although `hparams.yaml`
+    plans some: the run stopped inside its first epoch (a warning). No plan and no test: unknown.
     """
     closed: set[int] = set()
     epoch = step = None
+    tested = False  # a `test_*` value after the fit's rows: trainer.test() ran, so fit() returned
     for row in rows:
         e, s = to_number(row.get(epoch_col)), to_number(row.get(step_col))
         if e is not None and abs(e) < 1e15:  # also false for NaN
             epoch = int(e)
         if s is not None and abs(s) < 1e15:
             step = int(s)
-        if epoch is not None and epoch not in closed and any(
-                (str(k).endswith("_epoch") or is_eval_name(str(k))) and to_number(v) is not None for k, v in row.items()):
+        values = [str(k) for k, v in row.items() if to_number(v) is not None]
+        if any(k.startswith("test") for k in values):
+            tested = True
+        elif epoch is not None and epoch not in closed and any(k.endswith("_epoch") or is_eval_name(k) for k in values):
             closed.add(epoch)
+            tested = False
         yield row
     if epoch is None:
         return
-    if epoch in closed:
-        facts.completed = f"its last epoch ({epoch}) ends with the epoch-end row Lightning writes when an epoch closes"
-    elif closed:
+    last = max(closed) if closed else None
+    if tested and closed:
+        facts.completed = f"test rows after its last epoch ({last}): trainer.test() ran, so fit() returned"
+    elif last is not None and planned and last + 1 >= planned:
+        facts.completed = f"its last epoch ({last}) is the last of the {planned} hparams.yaml plans"
+    elif last is not None and last == epoch and planned:
         facts.ends_with = "summary"
-        facts.last_line = (f"epoch {epoch}, step {step}, after epochs up to {max(closed)} closed: a max_steps "
+        facts.last_line = (f"epoch {last} of the {planned} hparams.yaml plans closed, then nothing: EarlyStopping "
+                           "(it says so only on the console) or a kill")
+    elif closed and last != epoch:
+        facts.ends_with = "summary"
+        facts.last_line = (f"epoch {epoch}, step {step}, after epochs up to {last} closed: a max_steps "
                            "limit or a kill")
-    elif planned:
+    elif planned and not closed:
         facts.ends_with = "step"
         facts.last_line = (f"epoch {epoch}, step {step}: not one of the {planned} epochs hparams.yaml plans "
                            "closed (Lightning writes an epoch-end row when an epoch closes)")

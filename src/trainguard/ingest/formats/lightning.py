@@ -20,7 +20,8 @@ declare(
                 "train and validation of one step on separate rows",
         step_axis="step = trainer.global_step (optimizer updates); epoch column beside it",
         plan="hparams.yaml beside it (max_epochs / epochs, if the module saved them)",
-        completion="the last epoch's epoch-end row (an *_epoch or val_* value), or the last planned epoch",
+        completion="test_* rows after the last epoch (trainer.test() ran: fit() returned), or the last planned "
+                   "epoch closed; an epoch-end row alone is no end (CSVLogger flushes at intervals: a kill leaves one)",
         parts="independent",
         notes=("a metric logged on_epoch only appears on the epoch-end row, at the last step of the epoch",
                "`*_loss` columns beside a `loss`/`mean_loss` total are parts; with no total at all, the mean"
