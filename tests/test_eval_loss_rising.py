@@ -64,3 +64,18 @@ def test_an_evaluation_loss_rising_with_a_training_loss_of_its_size_is_no_memori
 def test_a_best_at_one_of_the_last_evaluations_is_no_rise() -> None:
     # a noisy evaluation whose lowest value comes late: nothing to climb from
     assert _run(falling, lambda s: 3.0 if s < 4500 else 1.0) == []
+
+
+def test_an_evaluations_batches_at_one_step_are_one_evaluation() -> None:
+    # `Test: [i/242] Loss X` lines, each an evaluation event at the same step: batch losses 1.1-7.5 around a
+    # flat mean; judged one by one, the lucky batches make a best that the next batches "double"
+    rule = EvalLossRising({})
+    found = []
+    batches = [3.5, 7.5, 4.9, 1.1, 2.2, 6.0, 3.0, 2.4]
+    for step in range(1, 6001):
+        rule.on_step({"step": step, "loss": falling(step)})
+        if step % 250 == 0:
+            for b in batches:
+                if (f := rule.on_event({"kind": "eval", "step": step, "data": {"loss": b}})) is not None:
+                    found.append(f)
+    assert rule.end() is None and found == []

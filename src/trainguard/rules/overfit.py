@@ -64,6 +64,7 @@ class EvalLossRising(Rule):
         # (step, evaluation level, training loss then): the best level so far, and the levels held above it
         self.best: tuple[int, float, float | None] | None = None
         self.held: list[tuple[int, float, float | None]] = []
+        self.pending: tuple[int, list[float], float | None] | None = None  # this step's evaluation, its batches
         self.done = False
 
     def on_step(self, row: dict[str, Any]) -> Finding | None:
@@ -78,11 +79,29 @@ class EvalLossRising(Rule):
         loss = (event.get("data") or {}).get("loss")
         if not finite(loss):
             return None
-        self.evals.append(float(loss))
+        # Several at one step are one evaluation's batches (`Test: [10/242] Loss ...`): their mean is its loss,
+        # taken when the next step's evaluation begins (or at the end)
+        found = None
+        if self.pending is not None and event["step"] != self.pending[0]:
+            found = self._evaluation(*self.pending)
+            self.pending = None
+        if self.pending is None:
+            self.pending = (event["step"], [], median(list(self.recent)) if self.recent else None)
+        if len(self.pending[1]) < 10_000:
+            self.pending[1].append(float(loss))
+        return found
+
+    def end(self) -> Finding | None:
+        if self.pending is None or self.done:
+            return None
+        pending, self.pending = self.pending, None
+        return self._evaluation(*pending)
+
+    def _evaluation(self, step: int, losses: list[float], train: float | None) -> Finding | None:
+        self.evals.append(sum(losses) / len(losses))
         if len(self.evals) < 3:
             return None
-        train = median(list(self.recent)) if self.recent else None
-        now = (event["step"], median(list(self.evals)), train)
+        now = (step, median(list(self.evals)), train)
         if self.best is None or now[1] <= self.best[1]:
             self.best, self.held = now, []
             return None
