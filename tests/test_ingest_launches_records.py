@@ -366,7 +366,8 @@ def test_a_lightning_table_whose_loss_is_logged_per_epoch_only(tmp_path: Path) -
     version = tmp_path / "lightning_logs" / "version_0"
     _write(version, "metrics.csv", rows)
     d = diagnose_path(tmp_path)
-    assert d.steps == 30 and d.evals == 30 and d.state == "completed"
+    # (no hparams.yaml plan and no test rows: whether the 30th epoch was the last is not in the file)
+    assert d.steps == 30 and d.evals == 30 and d.state == "unknown"
 
 
 def test_an_earlier_launchs_crash_is_not_the_ending_of_a_later_launch_that_trains(tmp_path: Path) -> None:
