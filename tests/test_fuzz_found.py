@@ -85,3 +85,13 @@ def test_a_big_number_step_of_hundreds_of_digits_is_left_as_printed(tmp_path: Pa
     log.write_text("\n".join(lines) + "\n")
     steps = [e["step"] for e in read_text_log(log).events if e["kind"] == "step"]
     assert steps[:5] == [1000, 2000, 3000, 4000, 5000]  # read on, the cadence from the exact prints kept
+
+
+def test_a_sample_counter_of_thousands_of_digits_is_no_position(tmp_path: Path) -> None:
+    # pytorch/examples' `Train Epoch: 1 [640/60000 (1%)]` with a counter past int()'s 4,300 digits: it raised
+    # (ValueError) and `diagnose` exited 70
+    lines = [f"Train Epoch: 1 [{64 * i}/1280 (5%)]\tLoss: {1 / i:.4f}" for i in range(1, 15)]
+    lines.insert(4, f"Train Epoch: 1 [{'9' * 5000}/1280 (5%)]\tLoss: 0.5")
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n")
+    assert [e for e in read_text_log(log).events if e["kind"] == "step"]

@@ -190,8 +190,14 @@ class _LineParser(_ParserState):
     stands and how it ended: `_ParserState`)."""
 
     def feed(self, lineno: int, line: str) -> list[dict[str, Any]]:
-        """The events one line brings, a `launch` event (see `_returns`) before the line's own."""
-        out = self._feed(lineno, line)
+        """The events one line brings, a `launch` event (see `_returns`) before the line's own. A line whose
+        numbers no count or value can be (thousands of digits: int() refuses past 4,300, a float overflows)
+        is skipped as unreadable, like a truncated record: damage, not the run's data."""
+        try:
+            out = self._feed(lineno, line)
+        except (ValueError, OverflowError):
+            self.facts.skipped += 1
+            out = []
         if self.queued:
             out, self.queued = self.queued + out, []
         return out

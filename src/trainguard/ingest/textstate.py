@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from trainguard.ingest.events import Facts, launch_event
@@ -155,9 +156,9 @@ class _ParserState:
         (`Epoch(val) [1][5/5]`) counts evaluation batches, not steps."""
         if train:
             for pattern in self.c.samples:
-                if (m := pattern.search(line)) is not None:
+                if (m := pattern.search(line)) is not None and _counts(m):
                     return self._samples(int(m.group(1)), int(m.group(2)), int(m.group(3)))
-            if "," in line and (m := _EPOCH_ITER.search(line)) is not None:
+            if "," in line and (m := _EPOCH_ITER.search(line)) is not None and _counts(m):
                 return self._epoch_iter(int(m.group(1)), int(m.group(2)), int(m.group(3)) if m.group(3) else None)
         return self._step_of(line, epoch if train else None, progress=train)
 
@@ -325,3 +326,9 @@ class _ParserState:
             self.tb = None
         elif len(self.tb) > TRACEBACK_LINES:
             self.tb = self.tb[:10] + self.tb[-TRACEBACK_LINES // 2:]
+
+
+def _counts(m: re.Match[str]) -> bool:
+    """Every number the match captured could be a count (a print of thousands of digits is damage, and int()
+    refuses past 4,300 of them)."""
+    return all(g is None or len(g) <= 18 for g in m.groups())
