@@ -128,6 +128,7 @@ def test_event_files_of_one_folder_are_one_run_as_tensorboard_reads_them(tmp_pat
     # a restart writes a second event file into the same folder: TensorBoard's DirectoryWatcher reads the
     # folder's files as one run, and so does diagnose
     tb_run(tmp_path / "run", falling(100))
+    _started_earlier(tmp_path / "run")
     tb_run(tmp_path / "run", falling(200)[100:], start=100)
     assert len(list((tmp_path / "run").glob("events.out.tfevents.*"))) == 2
     assert runs.run_folders(tmp_path / "run") == []
@@ -140,13 +141,25 @@ def test_a_writer_reopened_on_the_same_folder_is_judged_from_its_restart(tmp_pat
     bad = falling(200)
     bad[120:] = [float("nan")] * 80
     tb_run(tmp_path / "run", bad)
+    _started_earlier(tmp_path / "run")
     tb_run(tmp_path / "run", falling(200))
     d = diagnose_path(tmp_path / "run")
     assert "TG301" not in codes(d) and severe(d) == []
     # its twin: the failing run last is the one judged
     tb_run(tmp_path / "again", falling(200))
+    _started_earlier(tmp_path / "again")
     tb_run(tmp_path / "again", bad)
     assert "TG301" in codes(diagnose_path(tmp_path / "again"))
+
+
+def _started_earlier(folder: Path) -> None:
+    """The event file a writer left, renamed as if written 100 s before the next: two launches are seconds
+    apart at least, and one process's two writers in the same second are ordered by a counter that sorts
+    as text (`.9` after `.10`), which made this test flaky."""
+    for f in folder.glob("events.out.tfevents.*"):
+        parts = f.name.split(".")
+        parts[3] = f"{int(parts[3]) - 100:010d}"
+        f.rename(f.with_name(".".join(parts)))
 
 
 def test_keras_train_and_validation_writers_are_one_fit(tmp_path: Path) -> None:
