@@ -63,7 +63,7 @@ class EvalLossRising(Rule):
         self.evals: collections.deque[float] = collections.deque(maxlen=3)  # the last evaluation losses
         # (step, evaluation level, training loss then): the best level so far, and the levels held above it
         self.best: tuple[int, float, float | None] | None = None
-        self.held: list[tuple[int, float, float | None]] = []
+        self.held: collections.deque[tuple[int, float, float | None]] = collections.deque(maxlen=self.HELD)
         self.pending: tuple[int, list[float], float | None] | None = None  # this step's evaluation, its batches
         self.done = False
 
@@ -103,11 +103,12 @@ class EvalLossRising(Rule):
             return None
         now = (step, median(list(self.evals)), train)
         if self.best is None or now[1] <= self.best[1]:
-            self.best, self.held = now, []
+            self.best = now
+            self.held.clear()
             return None
         best = self.best[1]
         if not (best > 0 and now[1] >= self.TIMES * best and now[1] >= best + self.ABOVE):
-            self.held = []
+            self.held.clear()
             return None
         self.held.append(now)
         return self._judge() if len(self.held) >= self.HELD else None
@@ -121,7 +122,7 @@ class EvalLossRising(Rule):
         if not now >= self.GAP * now_train:
             return None  # a model that does about as well on data it never saw has not memorised its own
         self.done = True
-        last = self.held[-self.HELD:]
+        last = list(self.held)
         return self.finding(
             step=last[0][0],
             summary=f"the evaluation loss rose from its best level {fmt(best)} (step {best_step}) to {fmt(now)} (step "

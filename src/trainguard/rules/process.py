@@ -395,7 +395,6 @@ class CheckpointStale(Rule):
         self.saves: collections.deque[int] = collections.deque(maxlen=10)  # the latest, for the evidence
         self.interval: float | None = None
         self.best: float | None = None  # the lowest evaluation loss so far
-        self.best_at: int | None = None  # the step of the evaluation that set it
         self.on_best = 0  # saves made at the step of a new best evaluation
         self.other = 0  # saves made anywhere else, and new bests that went unsaved
         self.unsaved_best: int | None = None  # the step of the latest new best, until a save comes with it
@@ -407,14 +406,14 @@ class CheckpointStale(Rule):
             if finite(loss) and (self.best is None or loss < self.best):
                 if self.unsaved_best is not None and self.saves:
                     self.other += 1  # a new best came and went without a save: not a save-on-best policy
-                self.best, self.best_at, self.unsaved_best = loss, at, at
+                self.best, self.unsaved_best = loss, at
         if kind == "checkpoint" and at is not None:
             if not self.saves or at > self.saves[-1]:
                 step = int(at)
                 if self.saves:
                     self._count_gap(step - self.saves[-1])
                 self.saves.append(step)
-                if step == self.best_at:
+                if step == self.unsaved_best:
                     self.on_best += 1
                     self.unsaved_best = None
                 else:
